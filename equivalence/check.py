@@ -1,0 +1,250 @@
+"""`check`: does a level compute the component's function, forward and backward?
+
+"Identical outputs" in this repo means exactly this and nothing looser:
+
+  for every output, every updated buffer and the gradient of every differentiable input,
+      relative error  ||level - ref|| / ||ref||  <=  the bound for the dtype (tolerances.py)
+  where ref is the float64 reference of equivalence/specs evaluated on the *same* inputs
+  (the level's inputs, rounded to its dtype, then widened to float64), driven by the same
+  random upstream gradient; and every value is finite, with the expected shape and dtype.
+
+Inputs are fresh random numbers for every check (the seed is reported, so a failure can
+be replayed with `seed=`). Outputs are poisoned: while a level runs, torch fills every
+uninitialized allocation (torch.empty & co.) with NaN, so a kernel that forgets to write
+an element produces a NaN, and a NaN never passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import levels
+from levels.contract import COMPONENTS
+
+from . import specs
+from .tolerances import tolerance
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise ValueError(f"argument 'dtype' must be one of float32, float16, bfloat16; got {dtype!r}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def fresh_seed() -> int:
+    return random.SystemRandom().randrange(2 ** 31)
+
+
+@dataclass
+class Comparison:
+    name: str  # e.g. "out", "grad q", "running_var"
+    rel_err: float
+    max_abs_err: float
+    ok: bool
+    problem: str = ""  # non-numeric failures: NaN, wrong shape or dtype
+
+
+@dataclass
+class CheckResult:
+    component: str
+    level: str
+    variant: str
+    dtype: str
+    device: str
+    size: str
+    seed: int | None
+    status: str  # "pass", "fail", "error" or "skip"
+    reason: str = ""
+    tolerance: float | None = None
+    tf32: bool = False
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def worst(self) -> Comparison | None:
+        finite = [c for c in self.comparisons if c.rel_err == c.rel_err]
+        pool = [c for c in self.comparisons if not c.ok] or finite
+        return max(pool, key=lambda c: c.rel_err, default=None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Fill every uninitialized allocation with NaN while the block runs."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    # Deterministic mode is the switch that makes torch honour fill_uninitialized_memory;
+    # warn_only keeps ops without a deterministic variant running (warnings muted below).
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+
+def flatten(outputs) -> list:
+    """(out, (h, c)) -> [out, h, c]: components return nested tuples."""
+    if isinstance(outputs, (tuple, list)):
+        return [t for o in outputs for t in flatten(o)]
+    return [outputs]
+
+
+def compare(name: str, got, ref: torch.Tensor, bound: float, dtype: torch.dtype,
+            scale: torch.Tensor | None = None) -> Comparison:
+    """Relative error of `got` against `ref` (or against ||scale|| where ref is exactly 0)."""
+    nan = float("nan")
+    if not isinstance(got, torch.Tensor):
+        return Comparison(name, nan, nan, False, f"expected a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(ref.shape):
+        return Comparison(name, nan, nan, False,
+                          f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+    if got.dtype != dtype:
+        return Comparison(name, nan, nan, False, f"dtype {got.dtype}, expected {dtype}")
+    if got.device != ref.device:
+        return Comparison(name, nan, nan, False, f"device {got.device}, expected {ref.device}")
+    got64 = got.detach().to(torch.float64)
+    if not torch.isfinite(got64).all():
+        bad = int((~torch.isfinite(got64)).sum())
+        return Comparison(name, nan, nan, False, f"{bad} non-finite value(s) (NaN/Inf)")
+    diff = got64 - ref
+    ref_norm = float(torch.linalg.vector_norm(ref if scale is None else scale))
+    rel = float(torch.linalg.vector_norm(diff)) / max(ref_norm, torch.finfo(torch.float64).tiny)
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    return Comparison(name, rel, max_abs, rel <= bound)
+
+
+def _prepare(case: specs.Case):
+    """Leaf tensors for the level (grads on) and their float64 twins for the reference."""
+    level_args, ref_args = {}, {}
+    for name, value in case.args.items():
+        if not isinstance(value, torch.Tensor):
+            level_args[name] = ref_args[name] = value
+            continue
+        wants_grad = name in case.differentiable
+        level_args[name] = value.detach().clone().requires_grad_(wants_grad)
+        ref_args[name] = value.detach().to(torch.float64).requires_grad_(wants_grad)
+    return level_args, ref_args
+
+
+def run_case(fn, case: specs.Case, upstream=None):
+    """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
+
+    Inputs are fresh leaf copies, so the case itself (its buffers too) never changes."""
+    level_args, _ = _prepare(case)
+    outs = flatten(fn(**level_args))
+    outs += [level_args[name] for name in case.mutated]
+    inputs = [level_args[name] for name in case.differentiable]
+    if upstream is None:
+        grads = [None] * len(inputs)
+    else:
+        pairs = list(zip(outs[:case.n_returned], upstream))
+        if not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _ in pairs):
+            raise RuntimeError("an output does not require grad: the level has no backward for it")
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                    allow_unused=True)
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads)
+
+
+def reference_case(case: specs.Case, seed: int):
+    """The float64 reference, forward and backward, and the upstream gradient it used.
+
+    The upstream gradient is random, one per output, rounded to the case's dtype so that
+    the level (which receives it in that dtype) and the reference see the same numbers."""
+    _, ref_args = _prepare(case)
+    outs = specs.get(case.component).reference(ref_args)
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    upstream = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=case.dtype)
+                for o in outs[:case.n_returned]]
+    inputs = [ref_args[name] for name in case.differentiable]
+    grads = torch.autograd.grad(outs[:case.n_returned], inputs,
+                                [u.to(torch.float64) for u in upstream])
+    return [o.detach() for o in outs], list(grads), upstream
+
+
+def check_case(component: str, level: str, dtype, device, size: str, variant: str,
+               seed: int | None = None) -> CheckResult:
+    info = levels.resolve(level)
+    dtype = resolve_dtype(dtype)
+    device = torch.device(device)
+    seed = fresh_seed() if seed is None else seed
+    result = CheckResult(component, info.name, variant, dtype_name(dtype), str(device), size, seed,
+                         status="skip")
+    reason = levels.status(info.name, device, component)
+    if reason:
+        result.reason = reason
+        return result
+    module = levels.get(info.name)
+    result.tf32 = bool(module.uses_tf32(component, device, dtype))
+    bound = tolerance(dtype, tf32=result.tf32)
+    result.tolerance = bound
+
+    case = specs.get(component).case(size, variant, dtype, device, seed)
+    ref_outs = None
+    try:
+        ref_outs, ref_grads, upstream = reference_case(case, seed)
+        with poisoned_allocations():
+            outs, grads = run_case(getattr(module, component), case, upstream=upstream)
+    except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
+        result.status = "error"
+        where = "reference" if ref_outs is None else "level"
+        tb = traceback.extract_tb(exc.__traceback__)[-1]
+        result.reason = f"{where} raised {type(exc).__name__}: {exc} ({tb.filename}:{tb.lineno})"
+        return result
+
+    if len(outs) != len(ref_outs):
+        result.status = "fail"
+        result.reason = f"returned {len(outs)} tensors, expected {len(ref_outs)} ({case.outputs})"
+        return result
+    for name, got, ref in zip(case.outputs, outs, ref_outs):
+        result.comparisons.append(compare(name, got, ref, bound, dtype))
+    ref_grad = dict(zip(case.differentiable, ref_grads))
+    for name, got in zip(case.differentiable, grads):
+        if got is None:
+            result.comparisons.append(Comparison(f"grad {name}", float("nan"), float("nan"), False,
+                                                 "no gradient (input unused by the graph)"))
+        elif name in case.zero_gradients:
+            scale = ref_grad[case.zero_gradients[name]]
+            result.comparisons.append(compare(f"grad {name} (exactly 0)", got, ref_grad[name], bound,
+                                              dtype, scale=scale))
+        else:
+            result.comparisons.append(compare(f"grad {name}", got, ref_grad[name], bound, dtype))
+    result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
+    return result
+
+
+def check(component: str | None = None, level: str | int | None = None, dtype="float32",
+          device="cpu", size: str = "tiny", seed: int | None = None,
+          variant: str | None = None) -> list[CheckResult]:
+    """Check one or all components at one or all levels: one result per variant."""
+    results = []
+    for comp in ([component] if component else COMPONENTS):
+        spec = specs.get(comp)
+        for lvl in ([level] if level is not None else levels.LEVEL_NAMES):
+            for var in ([variant] if variant else spec.variants):
+                results.append(check_case(comp, lvl, dtype, device, size, var, seed))
+    return results

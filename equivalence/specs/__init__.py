@@ -1,0 +1,116 @@
+"""One spec per component: what to feed it, what it must compute, and what a call costs.
+
+A spec module (`equivalence/specs/<component>.py`) defines
+
+    SIZES          preset name -> shape parameters: 'tiny' (tests, interpreters),
+                   'small' (CPU runs), 'bench' (the GPU), sometimes more
+    VARIANTS       variant name -> non-tensor keyword arguments (causal, training, ...)
+    OUTPUTS        names of the flattened outputs, in order
+    DIFFERENTIABLE the arguments whose gradients are checked
+    MUTATED        variant -> buffers the call updates in place (checked like outputs)
+    ZERO_GRADIENTS variant -> {input: other input} (optional): gradients that are exactly
+                   zero in that variant, measured against the other input's gradient norm
+    make_args(shape, dtype, device, generator) -> dict of arguments, in signature order
+    reference(**args) -> tuple of float64 outputs, written from the math (never by
+                   calling a level), then the new values of the MUTATED buffers
+    flops(args) / min_bytes(args) -> {'fwd': ..., 'bwd': ...} for one call
+
+`Spec` wraps such a module with the generic parts (sizes and variants by name, seeding).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from levels.contract import COMPONENTS
+
+
+@dataclass(frozen=True)
+class Case:
+    """One concrete call: a component at a size and variant, with fresh inputs."""
+    component: str
+    size: str
+    variant: str
+    args: dict
+    differentiable: tuple[str, ...]
+    mutated: tuple[str, ...]
+    outputs: tuple[str, ...]
+    zero_gradients: dict
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.tensors().values())).dtype
+
+    @property
+    def n_returned(self) -> int:
+        """How many of `outputs` the call returns (the rest are buffers it updates)."""
+        return len(self.outputs) - len(self.mutated)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.args.items() if isinstance(v, torch.Tensor)}
+
+    def shapes(self) -> dict[str, tuple]:
+        return {k: tuple(v.shape) for k, v in self.tensors().items()}
+
+
+class Spec:
+    def __init__(self, module: ModuleType):
+        self.name = module.__name__.rsplit(".", 1)[1]
+        self.module = module
+        self.sizes: dict[str, dict] = module.SIZES
+        self.variants: dict[str, dict] = module.VARIANTS
+        self.outputs: tuple[str, ...] = tuple(module.OUTPUTS)
+        self.differentiable: tuple[str, ...] = tuple(module.DIFFERENTIABLE)
+
+    def case(self, size: str, variant: str, dtype: torch.dtype, device, seed: int) -> Case:
+        if size not in self.sizes:
+            raise ValueError(f"argument 'size' must be one of {sorted(self.sizes)} for {self.name}; "
+                             f"got {size!r}")
+        if variant not in self.variants:
+            raise ValueError(f"argument 'variant' must be one of {sorted(self.variants)} for "
+                             f"{self.name}; got {variant!r}")
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        args = self.module.make_args(self.sizes[size], dtype, torch.device(device), generator)
+        args.update(self.variants[variant])
+        mutated = tuple(self.module.MUTATED.get(variant, ()))
+        zero = dict(getattr(self.module, "ZERO_GRADIENTS", {}).get(variant, {}))
+        return Case(self.name, size, variant, args, self.differentiable, mutated,
+                    self.outputs + mutated, zero)
+
+    def reference(self, args: dict) -> tuple[torch.Tensor, ...]:
+        return tuple(self.module.reference(**args))
+
+    def flops(self, args: dict) -> dict[str, int]:
+        return self.module.flops(args)
+
+    def min_bytes(self, args: dict) -> dict[str, int]:
+        return self.module.min_bytes(args)
+
+
+def randn(shape, generator, dtype, device, scale=1.0, shift=0.0) -> torch.Tensor:
+    """Draw on the CPU in float32 (same numbers on every device), then cast and move."""
+    t = torch.randn(shape, generator=generator, dtype=torch.float32) * scale + shift
+    return t.to(device=device, dtype=dtype)
+
+
+def uniform(shape, generator, dtype, device, low, high) -> torch.Tensor:
+    t = torch.rand(shape, generator=generator, dtype=torch.float32) * (high - low) + low
+    return t.to(device=device, dtype=dtype)
+
+
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def get(component: str) -> Spec:
+    if component not in COMPONENTS:
+        raise ValueError(f"argument 'component' must be one of {', '.join(COMPONENTS)}; "
+                         f"got {component!r}")
+    return Spec(importlib.import_module(f"{__name__}.{component}"))
+
+
+__all__ = ["Case", "Spec", "get", "nbytes", "randn", "uniform"]

@@ -1,0 +1,53 @@
+"""Attention: softmax(q k^T * scale) v, optionally causal."""
+
+import math
+
+import torch
+
+from . import nbytes, randn
+
+SIZES = {
+    "tiny": dict(B=1, H=2, N=37, D=16),  # N not a multiple of any block size
+    "small": dict(B=2, H=4, N=256, D=64),
+    "bench": dict(B=4, H=16, N=4096, D=128),
+}
+VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True)}
+OUTPUTS = ("out",)
+DIFFERENTIABLE = ("q", "k", "v")
+MUTATED: dict = {}
+
+
+def make_args(shape, dtype, device, generator):
+    B, H, N, D = shape["B"], shape["H"], shape["N"], shape["D"]
+    return dict(q=randn((B, H, N, D), generator, dtype, device),
+                k=randn((B, H, N, D), generator, dtype, device),
+                v=randn((B, H, N, D), generator, dtype, device),
+                causal=False, scale=None)
+
+
+def reference(q, k, v, causal=False, scale=None):
+    Nq, D = q.shape[-2:]
+    Nk = k.shape[-2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    if causal:  # query i may look at keys j <= i
+        i = torch.arange(Nq, device=q.device)[:, None]
+        j = torch.arange(Nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    p = e / e.sum(dim=-1, keepdim=True)
+    return (torch.einsum("bhij,bhjd->bhid", p, v),)
+
+
+def flops(args):
+    q, k = args["q"], args["k"]
+    B, H, Nq, D = q.shape
+    fwd = 4 * B * H * Nq * k.shape[2] * D  # two GEMMs: q k^T and p v
+    if args.get("causal"):
+        fwd //= 2
+    return {"fwd": fwd, "bwd": fwd * 5 // 2}  # five GEMMs in the backward (FlashAttention-2 count)
+
+
+def min_bytes(args):
+    q, k, v = args["q"], args["k"], args["v"]
+    return {"fwd": nbytes(q, k, v, q), "bwd": 2 * nbytes(q, k, v, q)}  # + dO, O; dQ, dK, dV

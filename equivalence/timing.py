@@ -1,0 +1,109 @@
+"""Timing one callable, the same way for every level.
+
+Rules (the reasons are the lesson):
+- The first call is timed on its own, wall clock, synchronized: it contains compilation
+  (torch.compile, Triton JIT, nvcc) and allocator warm-up, which steady state must not.
+- Then warm-up calls, then many timed calls; we report the median (robust to the odd
+  context switch) and the 20th/80th percentiles as the spread.
+- GPU: CUDA events around each call, and the L2 cache flushed before each one (as
+  triton.testing.do_bench does), so a 50 MB tensor is not "read" from a 50 MB cache.
+- CPU: torch.utils.benchmark.Timer, which handles threads and picks the repeat count.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    runs: int
+    method: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_first_call(fn, device: torch.device) -> float:
+    """Milliseconds of one synchronized call (use it on the very first call)."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    pos = q * (len(values) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+_L2_FLUSH: dict = {}
+
+
+def _time_cuda(fn, device: torch.device, min_time_s: float, warmup: int, max_runs: int) -> Timing:
+    flush = _L2_FLUSH.setdefault(device, torch.empty(256 * 2 ** 20, dtype=torch.int8, device=device))
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    times: list[float] = []
+    budget_end = time.perf_counter() + min_time_s
+    while len(times) < max_runs and (len(times) < 10 or time.perf_counter() < budget_end):
+        batch = []
+        for _ in range(10):
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            batch.append((start, end))
+        torch.cuda.synchronize(device)
+        times += [s.elapsed_time(e) for s, e in batch]
+    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), len(times),
+                  "cuda-events, L2 flushed")
+
+
+def _time_cpu(fn, min_time_s: float, warmup: int) -> Timing:
+    from torch.utils import benchmark
+
+    for _ in range(warmup):
+        fn()
+    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time_s)
+    per_call = [t * 1e3 for t in m.times]  # each entry is already a per-call mean of one block
+    return Timing(m.median * 1e3, _quantile(per_call, 0.2), _quantile(per_call, 0.8),
+                  m.number_per_run * len(m.times), "torch.utils.benchmark")
+
+
+def time_fn(fn, device, min_time_s: float = 0.3, warmup: int = 3, max_runs: int = 1000) -> Timing:
+    """Steady-state timing of `fn()` (call `time_first_call` before it for the cold start)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _time_cuda(fn, device, min_time_s, warmup, max_runs)
+    return _time_cpu(fn, min_time_s, warmup)
+
+
+def peak_memory_mb(fn, device) -> float | None:
+    """Extra GPU memory one call needs at its peak, above what was allocated before it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2 ** 20

@@ -1,0 +1,105 @@
+"""Level 1 — native PyTorch: idiomatic, vectorized tensor code.
+
+What it adds (over a Python loop): whole-tensor operations. A batched matmul hands the
+arithmetic to cuBLAS (GPU) or oneDNN/MKL (CPU); a convolution goes to cuDNN; broadcasting
+replaces loops. That already gets the heavy FLOPs onto tuned library kernels.
+
+What it costs: every op is a separate kernel launch, and every intermediate makes a full
+round trip through memory. LayerNorm here reads and writes `x`-sized tensors about six
+times; attention materializes the whole (Nq x Nk) score matrix, twice (scores and
+probabilities); the LSTM launches ~10 kernels per time step. Levels 2-5 remove exactly
+these round trips and launches.
+
+Statistics (mean, variance) are computed in float32 even for 16-bit inputs, as real
+models do: a bfloat16 sum over 4096 elements would lose ~3 significant digits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
+                       validate_mlp)
+
+
+def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
+    return None  # runs wherever torch runs
+
+
+def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
+    if device.type != "cuda" or dtype != torch.float32:
+        return False
+    if component == "conv_bn":
+        return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def attention(q, k, v, causal=False, scale=None):
+    # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
+    # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
+    # that Level 4 builds by hand.)
+    s = validate_attention(q, k, v, causal, scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s["scale"]
+    if causal:
+        future = torch.ones(s["Nq"], s["Nk"], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    # Written out op by op (F.layer_norm is already a hand-fused kernel, the thing
+    # Levels 3-5 rebuild). Each line below is one kernel and one pass over memory.
+    validate_layer_norm(x, weight, bias, eps)
+    x32 = x.float()
+    mean = x32.mean(dim=-1, keepdim=True)
+    centered = x32 - mean
+    var = (centered * centered).mean(dim=-1, keepdim=True)
+    y = centered * torch.rsqrt(var + eps)
+    return (y * weight.float() + bias.float()).to(x.dtype)
+
+
+def mlp(x, w1, b1, w2, b2):
+    validate_mlp(x, w1, b1, w2, b2)
+    hidden = F.linear(x, w1, b1)  # GEMM with the bias folded in (addmm)
+    hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
+    return F.linear(hidden, w2, b2)
+
+
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    # The input projection does not depend on h, so all T steps share one big GEMM
+    # (B*T rows) before the loop; only h @ W_hh^T must stay inside it.
+    x_proj = F.linear(x, w_ih, b_ih + b_hh)  # (B, T, 4H)
+    h, c = h0[0], c0[0]
+    outputs = []
+    for t in range(s["T"]):
+        gates = x_proj[:, t] + h @ w_hh.t()
+        i, f, g, o = gates.chunk(4, dim=-1)  # nn.LSTM's gate order
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
+
+
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                         stride, padding, eps, momentum, training)
+    y = F.conv2d(x, conv_weight, conv_bias, stride=s["stride"], padding=s["padding"])
+    y32 = y.float()
+    if training:
+        mean = y32.mean(dim=(0, 2, 3))
+        var = y32.var(dim=(0, 2, 3), unbiased=False)  # normalize with the biased variance...
+        with torch.no_grad():
+            n = y.numel() // y.shape[1]
+            # ...but track the unbiased one, exactly as BatchNorm2d does.
+            running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
+            running_var.mul_(1 - momentum).add_(momentum * (var * n / (n - 1)).to(running_var.dtype))
+    else:
+        mean, var = running_mean.float(), running_var.float()
+    scale = bn_weight.float() * torch.rsqrt(var + eps)
+    shift = bn_bias.float() - mean * scale
+    out = y32 * scale[None, :, None, None] + shift[None, :, None, None]
+    return out.to(x.dtype)
