@@ -1,0 +1,225 @@
+"""nn.Module wrappers: the same five components as layers, at any level.
+
+    layer = levels.nn.LSTM.from_torch(torch_lstm, level="native")
+    y = layer(x)
+    layer.level = "triton"          # same weights, next rung of the ladder
+    levels.nn.set_level(model, 3)   # every levels.nn layer inside a model
+
+Parameters are named and shaped like torch's own modules, so weights load from them:
+`from_torch(...)` copies a torch module, and `load_state_dict` accepts its state_dict
+(MultiheadAttention, LayerNorm, LSTM directly; MLP and ConvBN as `fc1.*`/`fc2.*` and
+`conv.*`/`bn.*`). The forward pass is one call to the component of the chosen level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import get as _get_level
+from . import resolve as _resolve
+
+
+class _Leveled(nn.Module):
+    component: str = ""
+
+    def __init__(self, level="native"):
+        super().__init__()
+        self.level = level
+
+    @property
+    def level(self) -> str:
+        return self._level
+
+    @level.setter
+    def level(self, value) -> None:
+        self._level = _resolve(value).name  # raises ValueError naming the choices
+
+    def _fn(self):
+        return getattr(_get_level(self._level), self.component)
+
+    def extra_repr(self) -> str:
+        return f"level={self._level!r}"
+
+
+def set_level(model: nn.Module, level) -> nn.Module:
+    """Switch every levels.nn layer inside `model` to `level`; returns `model`."""
+    name = _resolve(level).name
+    for m in model.modules():
+        if isinstance(m, _Leveled):
+            m.level = name
+    return model
+
+
+def _require(cond: bool, what: str, got) -> None:
+    if not cond:
+        raise ValueError(f"from_torch: expected {what}; got {got}")
+
+
+class LayerNorm(_Leveled):
+    component = "layer_norm"
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, level="native", device=None, dtype=None):
+        super().__init__(level)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(normalized_shape, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape, device=device, dtype=dtype))
+
+    def forward(self, x):
+        return self._fn()(x, self.weight, self.bias, self.eps)
+
+    @classmethod
+    def from_torch(cls, m: nn.LayerNorm, level="native") -> "LayerNorm":
+        _require(len(m.normalized_shape) == 1 and m.elementwise_affine and m.bias is not None,
+                 "nn.LayerNorm over one dimension with weight and bias", m)
+        new = cls(m.normalized_shape[0], m.eps, level, m.weight.device, m.weight.dtype)
+        new.load_state_dict(m.state_dict())
+        return new
+
+
+class MLP(_Leveled):
+    component = "mlp"
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 level="native", device=None, dtype=None):
+        super().__init__(level)
+        self.fc1 = nn.Linear(in_features, hidden_features, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return self._fn()(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+
+    @classmethod
+    def from_torch(cls, fc1: nn.Linear, fc2: nn.Linear, level="native") -> "MLP":
+        """From the two linears of a Linear -> GELU -> Linear block."""
+        _require(fc1.bias is not None and fc2.bias is not None, "two nn.Linear with biases", (fc1, fc2))
+        new = cls(fc1.in_features, fc1.out_features, fc2.out_features, level, fc1.weight.device,
+                  fc1.weight.dtype)
+        new.fc1.load_state_dict(fc1.state_dict())
+        new.fc2.load_state_dict(fc2.state_dict())
+        return new
+
+
+class LSTM(_Leveled):
+    """One layer, batch_first, parameters named as nn.LSTM's (weight_ih_l0, ...)."""
+
+    component = "lstm"
+
+    def __init__(self, input_size: int, hidden_size: int, level="native", device=None, dtype=None):
+        super().__init__(level)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        kw = dict(device=device, dtype=dtype)
+        self.weight_ih_l0 = nn.Parameter(torch.empty(4 * hidden_size, input_size, **kw))
+        self.weight_hh_l0 = nn.Parameter(torch.empty(4 * hidden_size, hidden_size, **kw))
+        self.bias_ih_l0 = nn.Parameter(torch.empty(4 * hidden_size, **kw))
+        self.bias_hh_l0 = nn.Parameter(torch.empty(4 * hidden_size, **kw))
+        bound = 1 / math.sqrt(hidden_size)  # nn.LSTM's initialization
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, x, hx=None):
+        if hx is None:
+            zeros = x.new_zeros(1, x.shape[0], self.hidden_size) if x.dim() == 3 else None
+            hx = (zeros, zeros)
+        return self._fn()(x, hx[0], hx[1], self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0,
+                          self.bias_hh_l0)
+
+    @classmethod
+    def from_torch(cls, m: nn.LSTM, level="native") -> "LSTM":
+        _require(m.num_layers == 1 and not m.bidirectional and m.bias and m.proj_size == 0,
+                 "a one-layer, one-direction nn.LSTM with biases and no projection", m)
+        _require(m.batch_first, "nn.LSTM(batch_first=True) (levels.nn.LSTM is batch_first)", m)
+        new = cls(m.input_size, m.hidden_size, level, m.weight_ih_l0.device, m.weight_ih_l0.dtype)
+        new.load_state_dict(m.state_dict())
+        return new
+
+
+class MultiheadAttention(_Leveled):
+    """Self/cross attention with input and output projections, batch_first, like
+    nn.MultiheadAttention(batch_first=True) without dropout. The projections are plain
+    F.linear at every level: the component under study is the attention core."""
+
+    component = "attention"
+
+    def __init__(self, model_dim: int, n_heads: int, bias: bool = True, level="native", device=None,
+                 dtype=None):
+        super().__init__(level)
+        if model_dim % n_heads:
+            raise ValueError(f"argument 'n_heads' must divide model_dim={model_dim}; got {n_heads}")
+        self.model_dim, self.n_heads = model_dim, n_heads
+        kw = dict(device=device, dtype=dtype)
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * model_dim, model_dim, **kw))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * model_dim, **kw)) if bias else None
+        self.out_proj = nn.Linear(model_dim, model_dim, bias=bias, **kw)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+
+    def _heads(self, t):
+        B, N, _ = t.shape
+        return t.view(B, N, self.n_heads, self.model_dim // self.n_heads).transpose(1, 2)
+
+    def forward(self, query, key=None, value=None, causal: bool = False):
+        key = query if key is None else key
+        value = key if value is None else value
+        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None,) * 3
+        q = self._heads(nn.functional.linear(query, w_q, b_q))
+        k = self._heads(nn.functional.linear(key, w_k, b_k))
+        v = self._heads(nn.functional.linear(value, w_v, b_v))
+        out = self._fn()(q, k, v, causal=causal)
+        B, H, N, D = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention, level="native") -> "MultiheadAttention":
+        _require(m.batch_first and m._qkv_same_embed_dim and m.bias_k is None and not m.add_zero_attn
+                 and m.dropout == 0.0,
+                 "nn.MultiheadAttention(batch_first=True, dropout=0) without kdim/vdim, bias_k or "
+                 "add_zero_attn", m)
+        new = cls(m.embed_dim, m.num_heads, m.in_proj_bias is not None, level,
+                  m.in_proj_weight.device, m.in_proj_weight.dtype)
+        new.load_state_dict(m.state_dict())
+        return new
+
+
+class ConvBN(_Leveled):
+    """Conv2d then BatchNorm2d. `conv` and `bn` hold the parameters and buffers (named as
+    torch's, so their state_dicts load); the forward is one call to conv_bn at `level`,
+    in training or eval mode as the module is."""
+
+    component = "conv_bn"
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 bias: bool = True, eps: float = 1e-5, momentum: float = 0.1, level="native",
+                 device=None, dtype=None):
+        super().__init__(level)
+        kw = dict(device=device, dtype=dtype)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, bias=bias, **kw)
+        self.bn = nn.BatchNorm2d(out_channels, eps=eps, momentum=momentum, **kw)
+
+    def forward(self, x):
+        if self.training:
+            self.bn.num_batches_tracked += 1
+        return self._fn()(x, self.conv.weight, self.conv.bias, self.bn.weight, self.bn.bias,
+                          self.bn.running_mean, self.bn.running_var, stride=self.conv.stride,
+                          padding=self.conv.padding, eps=self.bn.eps, momentum=self.bn.momentum,
+                          training=self.training)
+
+    @classmethod
+    def from_torch(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, level="native") -> "ConvBN":
+        _require(conv.groups == 1 and conv.dilation == (1, 1) and conv.padding_mode == "zeros"
+                 and isinstance(conv.padding, tuple),
+                 "nn.Conv2d with groups=1, dilation=1 and numeric zero padding", conv)
+        _require(bn.affine and bn.track_running_stats and bn.momentum is not None,
+                 "nn.BatchNorm2d with affine=True, track_running_stats=True and a numeric momentum", bn)
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                  conv.bias is not None, bn.eps, bn.momentum, level, conv.weight.device,
+                  conv.weight.dtype)
+        new.conv.load_state_dict(conv.state_dict())
+        new.bn.load_state_dict(bn.state_dict())
+        new.train(bn.training)
+        return new
+
+
+__all__ = ["ConvBN", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "set_level"]

@@ -1,0 +1,74 @@
+"""The `levels` command line: exit codes, tables, and the files `compare` writes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import levels.native as native
+from equivalence.cli import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, main
+
+
+def test_check_passes_with_exit_0(capsys):
+    assert main(["check", "--level", "native", "--component", "layer_norm,mlp"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "layer_norm" in out and "bfloat16" in out and "4 passed, 0 failed" in out
+
+
+def test_check_fails_with_exit_1(monkeypatch, capsys):
+    original = native.layer_norm
+    monkeypatch.setattr(native, "layer_norm", lambda x, weight, bias, eps=1e-5:
+                        original(x, weight, bias * 0, eps))
+    assert main(["check", "--level", "1", "--component", "layer_norm", "--dtype", "fp32"]) == EXIT_FAILED
+    assert "fail" in capsys.readouterr().out
+
+
+def test_check_nothing_runnable_exit_3(capsys):
+    assert main(["check", "--level", "cuda", "--component", "mlp"]) == EXIT_NOTHING_RAN
+    assert "skip" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["check", "--component", "softmax"], ["check", "--level", "7"],
+                                  ["check", "--dtype", "int8", "--level", "1"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    assert main(argv) == EXIT_USAGE
+    assert "must be one of" in capsys.readouterr().out
+
+
+def test_check_writes_json(tmp_path):
+    path = tmp_path / "check.json"
+    assert main(["check", "--level", "native", "--component", "lstm", "--dtype", "fp32",
+                 "--json", str(path)]) == EXIT_OK
+    [row] = json.loads(path.read_text())
+    assert row["status"] == "pass" and row["seed"] is not None and row["comparisons"]
+
+
+def test_compare_writes_json_and_png(tmp_path, capsys):
+    code = main(["compare", "--level", "native,cuda", "--component", "mlp,conv_bn", "--size", "tiny",
+                 "--check-size", "tiny", "--out", str(tmp_path)])
+    assert code == EXIT_OK
+    report = json.loads((tmp_path / "compare.json").read_text())
+    rows = {(r["component"], r["level"]): r for r in report["rows"]}
+    assert rows["mlp", "native"]["check"] == "pass"
+    assert rows["mlp", "native"]["fwd"]["median_ms"] > 0
+    assert rows["conv_bn", "native"]["first_call_ms"] > 0
+    assert rows["mlp", "cuda"]["status"] == "skip" and "not implemented" in rows["mlp", "cuda"]["reason"]
+    assert len(rows["conv_bn", "native"]["checks"]) == 2  # eval and train
+    assert report["environment"]["torch"]
+    png = (tmp_path / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "compare.json" in capsys.readouterr().out
+
+
+def test_agree_prints_matrix(capsys):
+    assert main(["agree", "--component", "attention", "--variant", "causal"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "float64 reference" in out and "native" in out
+
+
+def test_help_teaches_the_levels():
+    out = subprocess.run([sys.executable, "-m", "equivalence", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for word in ("native", "torchscript", "compile", "triton", "cuda", "float64 reference"):
+        assert word in out

@@ -1,0 +1,25 @@
+"""Level 1 passes the harness: every component, forward and backward, fp32 and bf16, CPU."""
+
+import pytest
+
+from equivalence import specs
+from equivalence.check import check
+from levels.contract import COMPONENTS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_native_passes(component, dtype):
+    results = check(component, "native", dtype, "cpu", "tiny")
+    assert len(results) == len(specs.get(component).variants)
+    for r in results:
+        assert r.status == "pass", (r.variant, r.reason, r.comparisons)
+        # outputs, updated buffers and every gradient were all compared
+        n_grads = len(specs.get(component).differentiable)
+        assert len(r.comparisons) >= 1 + n_grads
+
+
+@pytest.mark.parametrize("component", ["attention", "conv_bn"])
+def test_native_passes_small_fp16(component):
+    for r in check(component, "native", "float16", "cpu", "small"):
+        assert r.status == "pass", (r.variant, r.reason, r.worst)

@@ -1,0 +1,79 @@
+"""levels.nn layers load torch's weights, match torch's modules, and switch level."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import levels
+from levels import nn as lnn
+
+
+def test_layer_norm_from_torch():
+    ref = nn.LayerNorm(33)
+    nn.init.normal_(ref.weight)
+    m = lnn.LayerNorm.from_torch(ref)
+    x = torch.randn(4, 7, 33)
+    torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_from_torch():
+    fc1, fc2 = nn.Linear(16, 48), nn.Linear(48, 10)
+    m = lnn.MLP.from_torch(fc1, fc2)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(m(x), fc2(F.gelu(fc1(x))))
+
+
+def test_lstm_from_torch_and_state_dict():
+    ref = nn.LSTM(12, 20, batch_first=True)
+    m = lnn.LSTM.from_torch(ref)
+    x = torch.randn(3, 6, 12)
+    out, (h, c) = m(x)
+    want, (wh, wc) = ref(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(c, wc)
+    fresh = lnn.LSTM(12, 20)
+    fresh.load_state_dict(ref.state_dict())  # parameter names are nn.LSTM's
+    torch.testing.assert_close(fresh(x)[0], want)
+    with pytest.raises(ValueError, match="batch_first"):
+        lnn.LSTM.from_torch(nn.LSTM(12, 20))
+
+
+def test_multihead_attention_from_torch():
+    ref = nn.MultiheadAttention(32, 4, batch_first=True)
+    m = lnn.MultiheadAttention.from_torch(ref)
+    x = torch.randn(2, 9, 32)
+    mask = torch.ones(9, 9, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(m(x), ref(x, x, x, need_weights=False)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m(x, causal=True), ref(x, x, x, attn_mask=mask, need_weights=False)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_from_torch_tracks_running_stats(training):
+    conv, bn = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2)
+    bn.train(training)
+    m = lnn.ConvBN.from_torch(conv, bn)
+    x = torch.randn(4, 3, 10, 10)
+    torch.testing.assert_close(m(x), bn(conv(x)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.bn.running_mean, bn.running_mean)
+    torch.testing.assert_close(m.bn.running_var, bn.running_var)
+    assert int(m.bn.num_batches_tracked) == int(bn.num_batches_tracked)
+
+
+def test_level_switching():
+    model = nn.Sequential(lnn.LayerNorm(8), lnn.MLP(8, 16))
+    assert model[0].level == "native" and "level='native'" in repr(model)
+    lnn.set_level(model, 2)
+    assert model[0].level == model[1].level == "torchscript"
+    model[1].level = "compiled"
+    assert model[1].level == "compile"
+    with pytest.raises(ValueError, match="argument 'level'"):
+        model[0].level = "fortran"
+    model[0].level = "cuda"
+    if levels.status("cuda") is not None:
+        with pytest.raises(NotImplementedError):
+            model[0](torch.randn(2, 8))

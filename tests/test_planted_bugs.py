@@ -1,0 +1,149 @@
+"""The harness must catch real bugs. Each test plants one into Level 1 and expects `check`
+to fail; a harness that passes these is a harness that cannot fail."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import levels.native as native
+from equivalence.check import check
+
+ORIGINAL = {name: getattr(native, name) for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn")}
+
+
+def plant(monkeypatch, component, fn):
+    monkeypatch.setattr(native, component, fn)
+
+
+def failed(component, dtype, variant=None, status="fail"):
+    """The results that did not pass; each must have failed the way expected ("fail": the
+    numbers were compared and are wrong; "error": the level raised), never by accident."""
+    results = check(component, "native", dtype, "cpu", "tiny", variant=variant)
+    assert results, "nothing was checked"
+    bad = [r for r in results if r.status != "pass"]
+    for r in bad:
+        assert r.status == status, (r.status, r.reason)
+    return bad
+
+
+DTYPES = ["float32", "bfloat16"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wrong_attention_scale_is_caught(monkeypatch, dtype):
+    # 1/D instead of 1/sqrt(D): a classic slip
+    plant(monkeypatch, "attention",
+          lambda q, k, v, causal=False, scale=None: ORIGINAL["attention"](q, k, v, causal, 1 / q.shape[-1]))
+    assert failed("attention", dtype, "full")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_off_by_one_causal_mask_is_caught(monkeypatch, dtype):
+    def leaky(q, k, v, causal=False, scale=None):  # each query also sees the next key
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(2), float("-inf"))
+        return torch.softmax(s, -1) @ v
+    plant(monkeypatch, "attention", leaky)
+    bad = failed("attention", dtype, "causal")
+    assert bad and bad[0].variant == "causal"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dropped_mlp_bias_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "mlp", lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1)), w2) + 0 * b2)
+    bad = failed("mlp", dtype)
+    assert any(c.name == "out" and not c.ok for c in bad[0].comparisons)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tanh_gelu_is_caught_in_fp32(monkeypatch, dtype):
+    # The tanh approximation differs from erf GELU by ~1e-3: caught at fp32, and honestly
+    # *not* a bug bf16 can see (its rounding is larger), so only fp32 must fail.
+    plant(monkeypatch, "mlp", lambda x, w1, b1, w2, b2:
+          F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2))
+    if dtype == "float32":
+        assert failed("mlp", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_lstm_gate_order_is_caught(monkeypatch, dtype):
+    def swap_if(t):  # treat rows as (f, i, g, o) instead of (i, f, g, o)
+        i, f, g, o = t.chunk(4, dim=0)
+        return torch.cat([f, i, g, o])
+    plant(monkeypatch, "lstm", lambda x, h0, c0, w_ih, w_hh, b_ih, b_hh: ORIGINAL["lstm"](
+        x, h0, c0, swap_if(w_ih), swap_if(w_hh), swap_if(b_ih), swap_if(b_hh)))
+    assert failed("lstm", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dropped_layer_norm_bias_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "layer_norm", lambda x, weight, bias, eps=1e-5:
+          ORIGINAL["layer_norm"](x, weight, bias * 0, eps))
+    assert failed("layer_norm", dtype)
+
+
+def test_biased_running_variance_is_caught(monkeypatch):
+    # BatchNorm2d tracks the *unbiased* variance; tracking the biased one is a real bug that
+    # only the running-statistics comparison can see. It moves running_var by m/(n-1) ~ 2e-3
+    # at the tiny size: visible at fp32, below bf16's resolution (so fp32 only).
+    def biased(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride=1,
+               padding=0, eps=1e-5, momentum=0.1, training=False):
+        rv = running_var
+        rv0 = rv.clone()
+        out = ORIGINAL["conv_bn"](x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, rv,
+                                  stride, padding, eps, momentum, training)
+        n = out.numel() // out.shape[1]
+        with torch.no_grad():  # undo the n/(n-1) correction of the update just made
+            rv.copy_(rv0 * (1 - momentum) + (rv - rv0 * (1 - momentum)) * (n - 1) / n)
+        return out
+    plant(monkeypatch, "conv_bn", biased)
+    bad = failed("conv_bn", "float32", "train")
+    assert [c.name for c in bad[0].comparisons if not c.ok] == ["running_var"]
+
+
+def test_nan_is_caught(monkeypatch):
+    def poisoned(x, weight, bias, eps=1e-5):
+        y = ORIGINAL["layer_norm"](x, weight, bias, eps)
+        return y.index_fill(-1, torch.tensor([3]), float("nan"))
+    plant(monkeypatch, "layer_norm", poisoned)
+    bad = failed("layer_norm", "float32")
+    assert "non-finite" in bad[0].comparisons[0].problem
+
+
+def test_unwritten_output_is_caught(monkeypatch):
+    # A "kernel" that forgets the last row: its torch.empty output is poisoned with NaN
+    # while the check runs, so the forgotten row cannot pass by luck (e.g. zeros).
+    def forgetful(x, weight, bias, eps=1e-5):
+        y = ORIGINAL["layer_norm"](x, weight, bias, eps)
+        out = torch.empty_like(y)
+        out[..., :-1, :] = y[..., :-1, :]
+        return out
+    plant(monkeypatch, "layer_norm", forgetful)
+    bad = failed("layer_norm", "float32")
+    assert "non-finite" in bad[0].comparisons[0].problem
+
+
+def test_wrong_output_dtype_is_caught(monkeypatch):
+    # e.g. a kernel that accumulates in fp32 and forgets to cast back
+    plant(monkeypatch, "layer_norm", lambda x, weight, bias, eps=1e-5:
+          ORIGINAL["layer_norm"](x.float(), weight.float(), bias.float(), eps))
+    bad = failed("layer_norm", "bfloat16")
+    assert "dtype" in bad[0].comparisons[0].problem
+
+
+def test_missing_backward_is_caught(monkeypatch):
+    plant(monkeypatch, "layer_norm", lambda x, weight, bias, eps=1e-5:
+          ORIGINAL["layer_norm"](x, weight, bias, eps).detach())
+    bad = failed("layer_norm", "float32", status="error")
+    assert "grad" in bad[0].reason
+
+
+def test_a_crashing_level_is_an_error_not_a_skip(monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+    plant(monkeypatch, "mlp", boom)
+    bad = failed("mlp", "float32", status="error")
+    assert "kernel exploded" in bad[0].reason

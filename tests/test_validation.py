@@ -1,0 +1,105 @@
+"""Bad inputs raise a clear error naming the argument, at every level that can run here,
+before any kernel sees them."""
+
+import pytest
+import torch
+
+import levels
+from equivalence import specs
+from levels.contract import COMPONENTS
+
+
+def runnable(component):
+    return [n for n in levels.LEVEL_NAMES if levels.status(n, "cpu", component) is None]
+
+
+def good_args(component):
+    case = specs.get(component).case("tiny", next(iter(specs.get(component).variants)),
+                                     torch.float32, "cpu", seed=0)
+    return dict(case.args)
+
+
+def expect(component, exc, arg, **changes):
+    """Every runnable level raises `exc` mentioning `arg` for these changed arguments."""
+    names = runnable(component)
+    assert "native" in names
+    for name in names:
+        args = good_args(component) | changes
+        with pytest.raises(exc) as info:
+            getattr(levels.get(name), component)(**args)
+        assert f"'{arg}'" in str(info.value), (name, str(info.value))
+        assert component in str(info.value)
+
+
+def test_attention_bad_inputs():
+    a = good_args("attention")
+    q = a["q"]
+    expect("attention", ValueError, "k", k=a["k"][..., :8])  # head dim mismatch
+    expect("attention", ValueError, "q", q=q[0])  # rank 3
+    expect("attention", TypeError, "q", q=q.to(torch.int32))  # integer dtype
+    expect("attention", TypeError, "v", v=a["v"].double())  # mixed dtypes
+    expect("attention", ValueError, "k", k=a["k"].to("meta"))  # mixed devices
+    expect("attention", ValueError, "k", k=a["k"][:, :, :5], v=a["v"][:, :, :5], causal=True)
+    expect("attention", ValueError, "scale", scale=-1.0)
+    expect("attention", TypeError, "causal", causal=1)
+    expect("attention", TypeError, "q", q=q.numpy())
+
+
+def test_layer_norm_bad_inputs():
+    a = good_args("layer_norm")
+    expect("layer_norm", ValueError, "weight", weight=a["weight"][:-1])
+    expect("layer_norm", ValueError, "bias", bias=a["bias"][None])
+    expect("layer_norm", TypeError, "x", x=a["x"].long())
+    expect("layer_norm", TypeError, "weight", weight=a["weight"].half())
+    expect("layer_norm", ValueError, "eps", eps=0.0)
+
+
+def test_mlp_bad_inputs():
+    a = good_args("mlp")
+    expect("mlp", ValueError, "w1", w1=a["w1"].t())
+    expect("mlp", ValueError, "w2", w2=a["w2"][:, :-1])
+    expect("mlp", ValueError, "b1", b1=a["b1"][:-1])
+    expect("mlp", ValueError, "w1", w1=a["w1"][None])
+    expect("mlp", TypeError, "b2", b2=a["b2"].to(torch.bfloat16))
+
+
+def test_lstm_bad_inputs():
+    a = good_args("lstm")
+    expect("lstm", ValueError, "x", x=a["x"][0])
+    expect("lstm", ValueError, "h0", h0=a["h0"][0])
+    expect("lstm", ValueError, "c0", c0=a["c0"][:, :1])
+    expect("lstm", ValueError, "w_hh", w_hh=a["w_hh"][:-1])
+    expect("lstm", ValueError, "w_ih", w_ih=a["w_ih"][:, :-1])
+    expect("lstm", TypeError, "x", x=a["x"].to(torch.int64))
+    expect("lstm", ValueError, "b_hh", b_hh=a["b_hh"].to("meta"))
+
+
+def test_conv_bn_bad_inputs():
+    a = good_args("conv_bn")
+    expect("conv_bn", ValueError, "conv_weight", conv_weight=a["conv_weight"][:, :-1])
+    expect("conv_bn", ValueError, "x", x=a["x"][0])
+    expect("conv_bn", ValueError, "running_var", running_var=a["running_var"][:-1])
+    expect("conv_bn", ValueError, "stride", stride=0)
+    expect("conv_bn", TypeError, "padding", padding=(1, 1, 1))
+    expect("conv_bn", ValueError, "momentum", momentum=1.5)
+    expect("conv_bn", TypeError, "training", training="yes")
+    expect("conv_bn", TypeError, "x", x=a["x"].to(torch.uint8))
+    expect("conv_bn", ValueError, "x", x=a["x"][:, :, :1, :1], padding=0)  # smaller than the kernel
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_component_rejects_integer_input(component):
+    first = next(k for k, v in good_args(component).items() if isinstance(v, torch.Tensor))
+    expect(component, TypeError, first, **{first: good_args(component)[first].to(torch.int32)})
+
+
+def test_unknown_level_is_a_clear_error():
+    with pytest.raises(ValueError, match="argument 'level' must be one of 1=native"):
+        levels.resolve("tensorflow")
+    assert levels.resolve(3).name == "compile" and levels.resolve("4").name == "triton"
+
+
+def test_unavailable_level_says_why():
+    assert "not implemented" in levels.status("cuda", "cpu")
+    with pytest.raises(NotImplementedError, match="Level 5"):
+        levels.get("cuda").mlp(*good_args("mlp").values())
