@@ -38,6 +38,7 @@ def synchronize(device: torch.device) -> None:
 
 def time_first_call(fn, device: torch.device) -> float:
     """Milliseconds of one synchronized call (use it on the very first call)."""
+    device = torch.device(device)
     synchronize(device)
     start = time.perf_counter()
     fn()

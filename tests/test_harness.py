@@ -1,0 +1,79 @@
+"""The harness's own parts: seeding, poisoning, timing, profiling, agreement."""
+
+import pytest
+import torch
+
+import levels.native as native
+from equivalence import specs
+from equivalence.agreement import REFERENCE, agreement
+from equivalence.check import check, poisoned_allocations
+from equivalence.profile import Profile, break_even_calls, profile
+from equivalence.timing import time_first_call, time_fn
+
+
+def test_inputs_are_fresh_random_and_replayable():
+    spec = specs.get("mlp")
+    a = spec.case("tiny", "default", torch.float32, "cpu", seed=1).args["x"]
+    b = spec.case("tiny", "default", torch.float32, "cpu", seed=2).args["x"]
+    c = spec.case("tiny", "default", torch.float32, "cpu", seed=1).args["x"]
+    assert not torch.equal(a, b) and torch.equal(a, c)
+    assert a.abs().min() > 0 or (a != 0).float().mean() > 0.99  # never zeros
+    seeds = {check("layer_norm", "native")[0].seed for _ in range(3)}
+    assert len(seeds) == 3  # a new seed for every check
+
+
+def test_poisoning_fills_new_allocations_with_nan():
+    with poisoned_allocations():
+        t = torch.empty(1000)
+    assert torch.isnan(t).all()
+    before = torch.are_deterministic_algorithms_enabled()
+    with poisoned_allocations():
+        pass
+    assert torch.are_deterministic_algorithms_enabled() == before  # state restored
+
+
+def test_time_fn_reports_median_and_spread():
+    x = torch.randn(256, 256)
+    t = time_fn(lambda: x @ x, "cpu", min_time_s=0.05)
+    assert t.runs >= 1 and 0 < t.p20_ms <= t.median_ms * 1.5 and t.p80_ms >= t.p20_ms
+    assert time_first_call(lambda: x @ x, "cpu") > 0
+
+
+def test_profile_skips_with_reason_and_times_native():
+    p = profile("mlp", "cuda", size="tiny")
+    assert p.status == "skip" and "not implemented" in p.reason
+    p = profile("layer_norm", "native", size="tiny", min_time_s=0.01)
+    assert p.status == "ok" and p.fwd["median_ms"] > 0 and p.fwd_bwd["median_ms"] > 0
+    assert p.throughput("fwd")["tbps"] > 0 and p.flops["fwd"] > 0
+
+
+def _p(first, steady):
+    return Profile("mlp", "x", "default", "float32", "cpu", "tiny", {}, "ok", first_call_ms=first,
+                   fwd_bwd={"median_ms": steady})
+
+
+def test_break_even_calls():
+    native_p = _p(1.0, 1.0)
+    # 101 + (n-1)*0.5 <= n*1.0  <=>  n >= 201
+    assert break_even_calls(_p(101.0, 0.5), native_p) == 201
+    assert break_even_calls(_p(0.5, 0.5), native_p) == 1
+    assert break_even_calls(_p(50.0, 2.0), native_p) is None  # slower: never pays off
+
+
+def test_agreement_matrix_shows_a_disagreeing_level(monkeypatch):
+    a = agreement("layer_norm", level_names=["native", "cuda"])
+    assert a.names == [REFERENCE, "native"] and "cuda" in a.skipped
+    assert a.matrix[0][0] == 0 and a.matrix[0][1] < 1e-5
+    original = native.layer_norm
+    monkeypatch.setattr(native, "layer_norm", lambda x, weight, bias, eps=1e-5: original(x, weight, bias, 1e-1))
+    a = agreement("layer_norm", level_names=["native"])
+    assert a.matrix[0][1] > 1e-3
+
+
+def test_spec_rejects_unknown_size_and_variant():
+    with pytest.raises(ValueError, match="argument 'size'"):
+        specs.get("lstm").case("huge", "default", torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="argument 'variant'"):
+        specs.get("attention").case("tiny", "sliding", torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="argument 'component'"):
+        specs.get("softmax")
