@@ -239,12 +239,20 @@ def check_case(component: str, level: str, dtype, device, size: str, variant: st
 
 def check(component: str | None = None, level: str | int | None = None, dtype="float32",
           device="cpu", size: str = "tiny", seed: int | None = None,
-          variant: str | None = None) -> list[CheckResult]:
-    """Check one or all components at one or all levels: one result per variant."""
+          variant: str | None = None, repeat: int = 1) -> list[CheckResult]:
+    """Check one or all components at one or all levels: one result per variant and round.
+
+    `repeat` > 1 checks each case again with new inputs of the same shapes: a level may run
+    different code once warm (TorchScript's profiling executor fuses from the second call
+    with a given shape on), and that code must be right too."""
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"argument 'repeat' must be an int >= 1; got {repeat!r}")
     results = []
     for comp in ([component] if component else COMPONENTS):
         spec = specs.get(comp)
         for lvl in ([level] if level is not None else levels.LEVEL_NAMES):
             for var in ([variant] if variant else spec.variants):
-                results.append(check_case(comp, lvl, dtype, device, size, var, seed))
+                for r in range(repeat):
+                    round_seed = None if seed is None else seed + 7919 * r
+                    results.append(check_case(comp, lvl, dtype, device, size, var, round_seed))
     return results

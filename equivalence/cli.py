@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Exit code 0 only if every check that could run passed.")
     _add_filters(p, "tiny", "input size preset: tiny (default), small, bench")
     p.add_argument("--variant", help="one variant only (attention: full/causal; conv_bn: eval/train)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="check every case N times with fresh inputs of the same shapes; TorchScript "
+                        "runs its fused graph from the 2nd call on, so use 2 to check that too")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     p = sub.add_parser("compare", formatter_class=fmt,
@@ -162,7 +165,8 @@ def cmd_check(args, console) -> int:
             for level in _split(args.level) or levels.LEVEL_NAMES:
                 for dtype in dtypes:
                     status.update(f"checking {comp} · {level} · {dtype} on {device}")
-                    results += check(comp, level, dtype, device, args.size, args.seed, args.variant)
+                    results += check(comp, level, dtype, device, args.size, args.seed, args.variant,
+                                     args.repeat)
     console.print(_check_table(results, f"levels check — size '{args.size}', device {device}"))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,5 +1,339 @@
-"""Level 3 — torch.compile. Not built yet (issue #3)."""
+"""Level 3 — torch.compile: the Level 1 code, captured by Dynamo and compiled by Inductor.
 
-from ._pending import pending_level
+What it adds over TorchScript: no restricted language. Dynamo reads the bytecode of plain
+Python, records every tensor op into one FX graph (fullgraph=True: any construct it
+cannot capture is an error here, not a silent "graph break" back to eager), AOTAutograd
+derives the backward graph ahead of time, and Inductor lowers both graphs to generated
+code: Triton kernels on a GPU, C++/OpenMP loops with SIMD on a CPU. It fuses far more than
+pointwise chains — reductions with their producers and consumers (LayerNorm's statistics
+and normalization become one kernel), epilogues after GEMMs, the whole LSTM cell — and it
+fuses the backward too. Matmuls and convolutions stay library calls (cuBLAS/cuDNN, oneDNN)
+unless max-autotune finds a generated template that beats them.
 
-globals().update(pending_level("Level 3 (torch.compile) is not implemented yet (issue #3)"))
+It also rewrites: Inductor's pattern matcher recognizes textbook attention
+(matmul -> scale -> softmax -> matmul) and replaces it with one fused
+scaled_dot_product_attention call (a flash-attention kernel, on the CPU too), so for
+`attention` without a mask no kernel of Inductor's own is generated at all. The causal
+variant here masks with masked_fill, a shape the patterns did not match on the builds we
+tried (torch 2.13), and gets Inductor's own fused softmax kernel between two GEMMs;
+`explain` shows what your build does. `configure(sdpa_rewrite=False)` (or
+`levels explain --component attention --level compile`) shows what Inductor writes for the
+full variant when the rewrite is off.
+
+What it costs: compilation. The first call with a new shape, dtype, variant, grad mode or
+deterministic setting traces and compiles (seconds; tens of seconds for the unrolled LSTM
+loop or with max-autotune); later calls check guards and launch the cached code. The
+harness times the first call separately and `levels compare` reports the break-even call
+count. Note that the equivalence check runs under torch.use_deterministic_algorithms,
+which Dynamo guards on: the check and the timing compile separate graphs.
+
+Settings (documented choices, changeable with `configure()` or environment variables):
+  mode     LEVELS_COMPILE_MODE. Default: "default" on a CPU, "max-autotune-no-cudagraphs"
+           on a GPU (autotunes GEMM/conv templates against cuBLAS/cuDNN: slower compile,
+           faster kernels). CUDA graphs stay off: the harness passes fresh tensors every
+           call, and conv_bn's training mode updates its running statistics in place,
+           both of which CUDA-graph replay would turn into copies or errors.
+  dynamic  LEVELS_COMPILE_DYNAMIC=1. Default False: every new shape compiles a graph
+           specialized to it (the fastest code, one compile per shape). True compiles
+           symbolic-shape kernels that serve all sizes, at some speed cost.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
+                       validate_mlp)
+
+DEFAULT_MODES = {"cpu": "default", "cuda": "max-autotune-no-cudagraphs"}
+KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
+
+# Each distinct (shape, dtype, variant, grad mode, deterministic mode) is one more compiled
+# graph of the same function. Dynamo's default limit of 8 per function turns the 9th into a
+# hard error under fullgraph=True; a full check + benchmark run needs a few dozen.
+RECOMPILE_LIMIT = 64
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name} must be 0 or 1; got {value!r}")
+
+
+def _check_mode(mode: str, what: str) -> str:
+    if mode == "reduce-overhead":
+        raise ValueError(f"{what} must not be 'reduce-overhead' here: CUDA graphs replay fixed "
+                         "buffers, but every call gets fresh tensors and conv_bn(training=True) "
+                         "updates its inputs in place")
+    if mode != "auto" and mode not in KNOWN_MODES:
+        raise ValueError(f"{what} must be 'auto' or one of {', '.join(KNOWN_MODES)}; got {mode!r}")
+    return mode
+
+
+_ENV_MODE = os.environ.get("LEVELS_COMPILE_MODE") or "auto"
+_check_mode(_ENV_MODE, "environment variable LEVELS_COMPILE_MODE")
+
+_lock = threading.Lock()
+_settings = {"mode": None if _ENV_MODE == "auto" else _ENV_MODE,
+             "dynamic": bool(_env_flag("LEVELS_COMPILE_DYNAMIC")),
+             "sdpa_rewrite": True}
+_compiled: dict = {}
+
+
+def configure(mode: str | None = None, dynamic: bool | None = None,
+              sdpa_rewrite: bool | None = None) -> dict:
+    """Change how Level 3 compiles; arguments left as None keep their current value.
+
+    mode: a torch.compile mode ("default", "max-autotune-no-cudagraphs", ...) or "auto"
+      for the per-device default. dynamic: compile for symbolic shapes. sdpa_rewrite:
+      False turns Inductor's pattern matcher off (it is what rewrites attention into
+      scaled_dot_product_attention; it also does a few other rewrites). Returns the
+      settings now in force. Functions compiled earlier are dropped, not mixed."""
+    if mode is not None:
+        _check_mode(mode, "argument 'mode'")
+    for name, value in (("dynamic", dynamic), ("sdpa_rewrite", sdpa_rewrite)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"argument '{name}' must be a bool or None; got {value!r}")
+    with _lock:
+        if mode is not None:
+            _settings["mode"] = None if mode == "auto" else mode
+        if dynamic is not None:
+            _settings["dynamic"] = dynamic
+        if sdpa_rewrite is not None:
+            _settings["sdpa_rewrite"] = sdpa_rewrite
+        _compiled.clear()
+        return dict(_settings)
+
+
+def settings(device: str | torch.device = "cpu") -> dict:
+    """The settings a call on `device` compiles with: mode, dynamic, sdpa_rewrite."""
+    device = torch.device(device)
+    mode = _settings["mode"] or DEFAULT_MODES.get(device.type, "default")
+    return {"mode": mode, "dynamic": _settings["dynamic"],
+            "sdpa_rewrite": _settings["sdpa_rewrite"]}
+
+
+def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
+    """The keyword arguments for torch.compile that this level uses on `device`."""
+    s = settings(device) | overrides
+    kwargs = {"fullgraph": True, "dynamic": s["dynamic"]}
+    if s["sdpa_rewrite"]:
+        kwargs["mode"] = s["mode"]
+    else:
+        # torch.compile takes a mode *or* options; a mode is just a set of options.
+        from torch._inductor import list_mode_options
+        kwargs["options"] = {**list_mode_options(s["mode"], s["dynamic"]), "pattern_matcher": False}
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------
+# The math, written exactly as one would in eager PyTorch (as Level 1), without the input
+# validation: that runs eagerly before the call, so that a bad input fails with the
+# contract's error instead of inside a trace.
+# ---------------------------------------------------------------------------------------
+
+def attention_math(q, k, v, causal: bool, scale: float):
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def layer_norm_math(x, weight, bias, eps: float):
+    # Two reductions and a pointwise chain: Inductor emits one kernel per row block that
+    # computes mean and variance and writes the normalized output (a "persistent reduction").
+    x32 = x.float()
+    mean = x32.mean(dim=-1, keepdim=True)
+    centered = x32 - mean
+    var = (centered * centered).mean(dim=-1, keepdim=True)
+    y = centered * torch.rsqrt(var + eps)
+    return (y * weight.float() + bias.float()).to(x.dtype)
+
+
+def mlp_math(x, w1, b1, w2, b2):
+    # F.linear + exact GELU, as in Level 1: Inductor applies the bias and the GELU in one
+    # pass over the GEMM's output (and recomputes GELU's input in the backward).
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    # Dynamo unrolls the Python loop: T copies of the cell in one graph, each a GEMM plus
+    # one fused kernel for all the gate math. Long sequences mean long compiles.
+    x_proj = F.linear(x, w_ih, b_ih + b_hh)
+    h, c = h0[0], c0[0]
+    outputs = []
+    for t in range(x.shape[1]):
+        gates = x_proj[:, t] + h @ w_hh.t()
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
+
+
+def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                 stride, padding, eps: float, momentum: float, training: bool):
+    # Eval mode: Inductor fuses the normalization into one pass after the convolution. It
+    # folds BN into the conv weights only when weights are constants (freezing, inference
+    # with torch._inductor.config.freezing=True), which a training-capable call is not.
+    # Training mode: the in-place running-stat updates are captured too: AOTAutograd
+    # turns them into a functional graph plus copies back into the caller's buffers.
+    y32 = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding).float()
+    if training:
+        mean = y32.mean(dim=(0, 2, 3))
+        var = y32.var(dim=(0, 2, 3), unbiased=False)
+        n = y32.numel() // y32.shape[1]
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_((momentum * mean).to(running_mean.dtype))
+            unbiased = var * n / (n - 1)
+            running_var.mul_(1 - momentum).add_((momentum * unbiased).to(running_var.dtype))
+    else:
+        mean, var = running_mean.float(), running_var.float()
+    scale = bn_weight.float() * torch.rsqrt(var + eps)
+    shift = bn_bias.float() - mean * scale
+    return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
+
+
+MATH = {"attention": attention_math, "layer_norm": layer_norm_math, "mlp": mlp_math,
+        "lstm": lstm_math, "conv_bn": conv_bn_math}
+
+
+def compiled(component: str, device: str | torch.device = "cpu"):
+    """The torch.compile'd math of `component` for `device` (built once per settings)."""
+    if component not in MATH:
+        raise ValueError(f"argument 'component' must be one of {', '.join(MATH)}; "
+                         f"got {component!r}")
+    kwargs = compile_kwargs(device)
+    key = (component, repr(sorted(kwargs.items())))
+    with _lock:
+        if key not in _compiled:
+            if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
+                torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+            _compiled[key] = torch.compile(MATH[component], **kwargs)
+        return _compiled[key]
+
+
+def reset() -> None:
+    """Forget every compiled graph (all of Dynamo's, not only ours): the next call
+    compiles again, which is how a notebook shows the cost of the first call."""
+    with _lock:
+        _compiled.clear()
+    torch._dynamo.reset()
+
+
+def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
+    device = torch.device(device)
+    try:
+        from torch._dynamo import is_dynamo_supported
+        if not is_dynamo_supported():
+            return "torch.compile (Dynamo) does not support this Python / platform"
+    except Exception as exc:  # noqa: BLE001
+        return f"torch.compile is not usable here: {type(exc).__name__}: {exc}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "no CUDA device here (torch.cuda.is_available() is False)"
+        from torch.utils._triton import has_triton
+        if not has_triton():
+            return ("Inductor generates GPU kernels in Triton, and Triton is not installed or "
+                    "does not support this GPU")
+    elif device.type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+            get_cpp_compiler()
+        except Exception as exc:  # noqa: BLE001
+            return f"Inductor needs a C++ compiler for CPU code and found none ({exc})"
+    return None
+
+
+def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
+    # Inductor's pointwise and reduction kernels compute fp32 in fp32. GEMMs (extern calls
+    # or max-autotune templates) and convolutions follow the same switches as eager.
+    if torch.device(device).type != "cuda" or dtype != torch.float32:
+        return False
+    if component == "conv_bn":
+        return torch.backends.cudnn.allow_tf32
+    if component in ("attention", "mlp", "lstm"):
+        return torch.backends.cuda.matmul.allow_tf32
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# The contract: validate eagerly, then call the compiled math. `prepare` is public so that
+# `equivalence.explain` can compile the same math on the same arguments.
+# ---------------------------------------------------------------------------------------
+
+def _prepare_attention(q, k, v, causal=False, scale=None):
+    s = validate_attention(q, k, v, causal, scale)
+    return (q, k, v, causal, s["scale"])
+
+
+def _prepare_layer_norm(x, weight, bias, eps=1e-5):
+    validate_layer_norm(x, weight, bias, eps)
+    return (x, weight, bias, float(eps))
+
+
+def _prepare_mlp(x, w1, b1, w2, b2):
+    validate_mlp(x, w1, b1, w2, b2)
+    return (x, w1, b1, w2, b2)
+
+
+def _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+
+
+def _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                     stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                         stride, padding, eps, momentum, training)
+    return (x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            s["stride"], s["padding"], float(eps), float(momentum), training)
+
+
+_PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
+            "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn}
+
+
+def prepare(component: str, *args, **kwargs) -> tuple:
+    """Validate a contract call and return the positional arguments of `MATH[component]`."""
+    if component not in _PREPARE:
+        raise ValueError(f"argument 'component' must be one of {', '.join(MATH)}; "
+                         f"got {component!r}")
+    return _PREPARE[component](*args, **kwargs)
+
+
+def attention(q, k, v, causal=False, scale=None):
+    args = _prepare_attention(q, k, v, causal, scale)
+    return compiled("attention", q.device)(*args)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    args = _prepare_layer_norm(x, weight, bias, eps)
+    return compiled("layer_norm", x.device)(*args)
+
+
+def mlp(x, w1, b1, w2, b2):
+    args = _prepare_mlp(x, w1, b1, w2, b2)
+    return compiled("mlp", x.device)(*args)
+
+
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    args = _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return compiled("lstm", x.device)(*args)
+
+
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    args = _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
+                            running_var, stride, padding, eps, momentum, training)
+    return compiled("conv_bn", x.device)(*args)

@@ -91,3 +91,112 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
                                        running_var, s["stride"], s["padding"], float(eps),
                                        float(momentum), training)
 
+
+
+# ---------------------------------------------------------------------------------------
+# explain: what the kernels are, and (on a GPU) what the compiler made of them.
+# ---------------------------------------------------------------------------------------
+
+_PTX_MARKERS = {  # instruction -> what it tells a reader
+    "wgmma.mma_async": "Hopper warpgroup tensor-core MMA",
+    "mma.sync": "warp-level tensor-core MMA (pre-Hopper path)",
+    "ldmatrix": "shared -> registers in MMA fragment layout",
+    "cp.async.bulk.tensor": "TMA bulk tensor copy",
+    "cp.async": "asynchronous global -> shared copy (pipelining)",
+    "ld.global.v4": "16-byte vector global loads",
+    "ld.global": "global loads (all widths)",
+    "st.global.v4": "16-byte vector global stores",
+    "bar.sync": "block-wide barriers",
+    "fma.rn.f32": "fp32 fused multiply-adds (CUDA cores)",
+    "ld.local": "local-memory (spill) loads",
+}
+
+
+def _warm_up(component: str, device: torch.device) -> None:
+    """Run the component once, forward and backward, at a small size so its kernels compile.
+    (Inputs made here, not from equivalence.specs: levels never import the harness.)"""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        t = torch.randn(shape, generator=g) * scale + shift
+        return t.to(device=device, dtype=torch.bfloat16).requires_grad_(True)
+
+    if component == "layer_norm":
+        out = layer_norm(rnd(64, 1024), rnd(1024, shift=1.0), rnd(1024))
+    elif component == "mlp":
+        out = mlp(rnd(256, 256, scale=0.1), rnd(512, 256, scale=0.06), rnd(512), rnd(256, 512, scale=0.04),
+                  rnd(256))
+    elif component == "conv_bn":
+        x = rnd(2, 64, 16, 16).detach().to(memory_format=torch.channels_last).requires_grad_(True)
+        w = rnd(64, 64, 3, 3, scale=0.04).detach().to(memory_format=torch.channels_last)
+        rm, rv = torch.zeros(64, device=device, dtype=torch.bfloat16), torch.ones(
+            64, device=device, dtype=torch.bfloat16)
+        out = conv_bn(x, w.requires_grad_(True), rnd(64), rnd(64, shift=1.0), rnd(64), rm, rv,
+                      1, 1, training=False)
+        out.float().sum().backward()
+        out = conv_bn(x, w, rnd(64), rnd(64, shift=1.0), rnd(64), rm, rv, 1, 1, training=True)
+    else:
+        return
+    out.float().sum().backward()
+    torch.cuda.synchronize(device)
+
+
+def _compiled(kernel, device: torch.device) -> list:
+    caches = getattr(kernel, "device_caches", None)
+    if caches is None:
+        return []
+    entry = caches.get(device.index if device.index is not None else torch.cuda.current_device())
+    if not entry:
+        return []
+    return list(entry[0].values())
+
+
+def _summary(name: str, ck) -> list[str]:
+    md = ck.metadata
+    lines = [f"  [{name}] warps={getattr(md, 'num_warps', '?')} stages={getattr(md, 'num_stages', '?')} "
+             f"shared={getattr(md, 'shared', '?')} B registers={getattr(ck, 'n_regs', '?')} "
+             f"spills={getattr(ck, 'n_spills', '?')}"]
+    ptx = ck.asm.get("ptx", "")
+    counts = [f"{ins}: {ptx.count(ins)}" for ins in _PTX_MARKERS if ptx.count(ins)]
+    lines.append("     PTX " + (", ".join(counts) if counts else "(no marker instructions)"))
+    try:
+        from triton.tools.disasm import get_sass
+        sass = get_sass(ck.asm["cubin"])
+        ops = ["HGMMA", "HMMA", "LDSM", "LDGSTS", "LDG.E.128", "STG.E.128", "FFMA", "LDL", "STL"]
+        lines.append("     SASS " + ", ".join(f"{op}: {sass.count(op)}" for op in ops if op in sass))
+    except Exception as exc:  # noqa: BLE001 - SASS needs cuobjdump; PTX above still informs
+        lines.append(f"     SASS unavailable ({type(exc).__name__}: {str(exc)[:80]})")
+    return lines
+
+
+def explain(component: str, device: str | torch.device = "cpu", warm_up: bool = True) -> str:
+    """Kernel source of `component`'s Triton kernels; on a GPU, a summary of each compiled
+    specialization (registers, shared memory, spills, the instructions that matter).
+    warm_up=False summarizes only what this process already compiled (e.g. after a benchmark)."""
+    import inspect
+
+    device = torch.device(device)
+    try:
+        module = _kernels(component)
+    except ModuleNotFoundError:
+        return f"Level 4 (Triton) has no {component} kernel yet"
+    kernels = list(getattr(module, "KERNELS", []))
+    parts = [f"Level 4 (Triton) — {component}: {len(kernels)} kernel(s) in {module.__name__}",
+             (module.__doc__ or "").strip(), ""]
+    for k in kernels:
+        fn = getattr(k, "fn", k)
+        parts += [f"# ---- {fn.__name__} " + "-" * 40, inspect.getsource(fn)]
+    if device.type == "cuda" and not INTERPRETED:
+        if warm_up:
+            _warm_up(component, device)
+        parts.append(f"# ---- compiled on {torch.cuda.get_device_name(device)} " + "-" * 20)
+        for k in kernels:
+            name = getattr(k, "fn", k).__name__
+            compiled = _compiled(k, device)
+            if not compiled:
+                parts.append(f"  [{name}] not compiled by the warm-up call")
+            for ck in compiled:
+                parts += _summary(name, ck)
+    else:
+        parts.append("(compiled-code summary: run on a CUDA GPU without TRITON_INTERPRET)")
+    return "\n".join(parts)

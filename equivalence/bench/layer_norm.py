@@ -1,0 +1,85 @@
+"""layer_norm speed goals (issue 4): Triton forward >= 0.9x copy bandwidth and >= 1.0x
+torch.compile, fp32 and bf16 at 16384x4096; backward >= 0.6x copy bandwidth counting the
+bytes it must move (read x and dy, write dx)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import levels
+from equivalence import specs
+
+from . import copy_tbps
+from . import Figure
+from ..timing import time_first_call, time_fn
+
+
+def figure(component, name, level, dtype, shape, fn, device, *, flops=None, nbytes=None,
+           baseline=None, baseline_ms=None, goal=None, notes="", extra=None) -> Figure:
+    """Time `fn` (first call separately, then steady state) and build a Figure."""
+    first_ms = time_first_call(fn, device)
+    t = time_fn(fn, device)
+    ratio = baseline_ms / t.median_ms if baseline_ms else None
+    return Figure(component=component, name=name, level=level,
+                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=t.median_ms,
+                  spread_ms=(t.p20_ms, t.p80_ms),
+                  tflops=flops / (t.median_ms * 1e-3) / 1e12 if flops else None,
+                  tbps=nbytes / (t.median_ms * 1e-3) / 1e12 if nbytes else None,
+                  baseline=baseline, baseline_ms=baseline_ms, ratio=ratio, goal=goal,
+                  met=(ratio >= goal) if (goal is not None and ratio is not None) else None,
+                  notes=notes, extra={"first_call_ms": first_ms, "runs": t.runs} | (extra or {}))
+
+
+def needs_cuda(device) -> str | None:
+    if torch.device(device).type != "cuda":
+        return "the Level 4 speed goals are H100 figures: needs a CUDA GPU"
+    return None
+
+
+unavailable_reason = needs_cuda
+
+
+def run(device) -> list:
+    device = torch.device(device)
+    spec = specs.get("layer_norm")
+    shape = spec.sizes["bench"]
+    triton_level = levels.get("triton")
+    compiled_ln = torch.compile(F.layer_norm)
+    figs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(0)
+        args = spec.module.make_args(shape, dtype, device, gen)
+        x, w, b, eps = args["x"], args["weight"], args["bias"], args["eps"]
+        N = x.shape[-1]
+        nbytes = spec.min_bytes(args)
+        copy = copy_tbps(x.numel() * x.element_size(), device, dtype)
+        copy_fwd_ms = nbytes["fwd"] / (copy * 1e12) * 1e3
+        copy_bwd_ms = nbytes["bwd"] / (copy * 1e12) * 1e3
+        shp = {"M": x.numel() // N, "N": N}
+        with torch.no_grad():
+            ours = lambda: triton_level.layer_norm(x, w, b, eps)  # noqa: E731
+            comp = lambda: compiled_ln(x, (N,), w, b, eps)  # noqa: E731
+            f_comp = figure("layer_norm", f"forward {shp['M']}x{N}", "compile", dtype, shp, comp,
+                            device, nbytes=nbytes["fwd"], notes="torch.compile(F.layer_norm)")
+            figs.append(figure("layer_norm", f"forward {shp['M']}x{N}", "triton", dtype, shp, ours,
+                               device, nbytes=nbytes["fwd"], baseline=f"copy {copy:.2f} TB/s",
+                               baseline_ms=copy_fwd_ms, goal=0.9,
+                               extra={"copy_tbps": copy}))
+            figs.append(figure("layer_norm", f"forward {shp['M']}x{N}", "triton", dtype, shp, ours,
+                               device, nbytes=nbytes["fwd"], baseline="torch.compile(F.layer_norm)",
+                               baseline_ms=f_comp.ms, goal=1.0))
+            figs.append(f_comp)
+        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+        y = triton_level.layer_norm(xg, wg, bg, eps)
+        dy = torch.randn_like(y)
+        bwd = lambda: torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)  # noqa: E731
+        figs.append(figure("layer_norm", f"backward {shp['M']}x{N}", "triton", dtype, shp, bwd,
+                           device, nbytes=nbytes["bwd"], baseline=f"copy {copy:.2f} TB/s",
+                           baseline_ms=copy_bwd_ms, goal=0.6, extra={"copy_tbps": copy}))
+        yc = compiled_ln(xg, (N,), wg, bg, eps)
+        bwd_c = lambda: torch.autograd.grad(yc, (xg, wg, bg), dy, retain_graph=True)  # noqa: E731
+        figs.append(figure("layer_norm", f"backward {shp['M']}x{N}", "compile", dtype, shp, bwd_c,
+                           device, nbytes=nbytes["bwd"], notes="torch.compile(F.layer_norm)"))
+        del y, yc, xg, wg, bg
+    return figs

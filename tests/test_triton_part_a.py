@@ -1,0 +1,190 @@
+"""Level 4 (Triton), part A: layer_norm, mlp and conv_bn, forward and backward.
+
+Without a GPU these run in Triton's CPU interpreter (slow: sizes stay tiny). Every case is
+compared with the float64 reference of equivalence/specs at the fixed tolerance of its
+dtype — outputs, every gradient and the running statistics conv_bn updates — with
+uninitialized memory poisoned by NaN. @pytest.mark.gpu tests repeat this on CUDA at
+fp16/bf16/fp32 with odd sizes (widths 1023/4097, row counts that are no multiple of a tile).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# First: without a GPU this sets TRITON_INTERPRET=1 before anything imports triton.
+import levels.triton as L4  # isort: skip
+from equivalence import specs
+from equivalence.check import check, compare, poisoned_allocations
+from equivalence.tolerances import tolerance
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _args(component, shape, dtype, seed=0, **variant):
+    g = torch.Generator().manual_seed(seed)
+    args = specs.get(component).module.make_args(shape, dtype, torch.device(DEVICE), g)
+    args.update(variant)
+    return args
+
+
+def _check_against_reference(component, args, dtype, seed=0, mutated=()):
+    """Forward + backward of Level 4 vs the float64 spec: outputs, buffers and all grads."""
+    spec = specs.get(component)
+    names = [n for n in spec.differentiable if args.get(n) is not None]
+    mine = {n: (v.detach().clone().requires_grad_(n in names) if isinstance(v, torch.Tensor) else v)
+            for n, v in args.items()}
+    ref = {n: (v.detach().to(torch.float64).requires_grad_(n in names)
+               if isinstance(v, torch.Tensor) else v) for n, v in args.items()}
+    ref_out = spec.reference(ref)
+    g = torch.Generator().manual_seed(seed + 1)
+    upstream = torch.randn(ref_out[0].shape, generator=g).to(dtype=dtype, device=DEVICE)
+    ref_grads = torch.autograd.grad(ref_out[0], [ref[n] for n in names], upstream.double())
+    with poisoned_allocations():
+        out = getattr(L4, component)(**mine)
+        grads = torch.autograd.grad(out, [mine[n] for n in names], upstream)
+    bound = tolerance(dtype, tf32=L4.uses_tf32(component, torch.device(DEVICE), dtype))
+    results = [compare("out", out.detach(), ref_out[0].detach(), bound, dtype)]
+    results += [compare(n, mine[n], r.detach(), bound, dtype) for n, r in zip(mutated, ref_out[1:])]
+    for n, got, r in zip(names, grads, ref_grads):
+        zero = getattr(spec.module, "ZERO_GRADIENTS", {}).get(
+            "train" if args.get("training") else "eval", {})
+        scale = dict(zip(names, ref_grads)).get(zero[n]) if n in zero else None
+        results.append(compare(f"grad {n}", got, r.detach(), bound, dtype, scale=scale))
+    bad = [c for c in results if not c.ok]
+    assert not bad, f"{component} {dtype}: " + "; ".join(
+        f"{c.name}: rel {c.rel_err:.3g} > {bound:g} {c.problem}" for c in bad)
+
+
+# ------------------------------------------------------------------- the harness, tiny --
+
+@pytest.mark.parametrize("component", ["layer_norm", "mlp", "conv_bn"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_harness_tiny(component, dtype):
+    results = check(component, "triton", dtype=dtype, device=DEVICE, size="tiny")
+    assert len(results) == len(specs.get(component).variants)
+    for r in results:
+        assert r.status == "pass", f"{r.variant}: {r.status} {r.reason} {r.worst}"
+
+
+# ------------------------------------------------------------- odd shapes, CPU or GPU --
+
+@pytest.mark.parametrize("N", [1, 7, 300])
+def test_layer_norm_odd_widths(N):
+    _check_against_reference("layer_norm", _args("layer_norm", dict(rows=(3,), N=N), torch.float32,
+                                                 seed=N), torch.float32)
+
+
+def test_layer_norm_strided_rows():
+    args = _args("layer_norm", dict(rows=(4, 5), N=33), torch.float32, seed=2)
+    args["x"] = args["x"].transpose(0, 1).contiguous().transpose(0, 1)  # rows not evenly strided
+    _check_against_reference("layer_norm", args, torch.float32)
+
+
+def test_mlp_odd_sizes_3d_input():
+    _check_against_reference("mlp", _args("mlp", dict(rows=(3, 11), K=17, hidden=45, N=9),
+                                          torch.float32, seed=3), torch.float32)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_channels_last_rect_kernel_no_bias(training):
+    shape = dict(N=2, C_in=5, H=7, W=6, C_out=6, k=3, stride=(1, 2), padding=(0, 1),
+                 channels_last=True)
+    args = _args("conv_bn", shape, torch.float32, seed=4, training=training)
+    w = args["conv_weight"][:, :, :2, :]  # a 2x3 kernel, as a strided view
+    args["conv_weight"] = w
+    args["conv_bias"] = None
+    _check_against_reference("conv_bn", args, torch.float32,
+                             mutated=("running_mean", "running_var") if training else ())
+
+
+def test_conv_bn_train_updates_running_stats_once():
+    # The running statistics move in forward only (not again in backward), like BatchNorm2d.
+    args = _args("conv_bn", specs.get("conv_bn").sizes["tiny"], torch.float32, training=True)
+    rm, rv = args["running_mean"].clone(), args["running_var"].clone()
+    x = args["x"].clone().requires_grad_(True)
+    out = L4.conv_bn(x, args["conv_weight"], args["conv_bias"], args["bn_weight"], args["bn_bias"],
+                     rm, rv, args["stride"], args["padding"], training=True)
+    after_fwd = rm.clone(), rv.clone()
+    out.sum().backward()
+    assert not torch.equal(after_fwd[0], args["running_mean"])
+    assert torch.equal(after_fwd[0], rm) and torch.equal(after_fwd[1], rv)
+
+
+# --------------------------------------------------------------- errors of this level --
+
+def test_layer_norm_rejects_rows_too_wide_for_registers():
+    x = torch.randn(1, 65537, device=DEVICE)
+    w = torch.ones(65537, device=DEVICE)
+    with pytest.raises(ValueError, match=r"layer_norm: argument 'x'.*65536.*65537"):
+        L4.layer_norm(x, w, w)
+
+
+@pytest.mark.parametrize("component", ["layer_norm", "mlp", "conv_bn"])
+def test_float64_is_refused_by_name(component):
+    args = _args(component, specs.get(component).sizes["tiny"], torch.float64)
+    with pytest.raises(TypeError, match=rf"{component}: argument 'x'.*float64"):
+        getattr(L4, component)(**args)
+
+
+def test_gemm_rejects_mismatched_operands():
+    from triton_kernels.gemm import gemm
+    a = torch.randn(4, 5, device=DEVICE)
+    with pytest.raises(ValueError, match=r"gemm: argument 'b' must be of shape \(5, 3\)"):
+        gemm(a, torch.randn(6, 3, device=DEVICE)[:5].t().t()[:4])
+    with pytest.raises(ValueError, match="activation"):
+        gemm(a, torch.randn(5, 3, device=DEVICE), activation="relu")
+
+
+# ------------------------------------------------------------------------------ GPU only --
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,N", [((1000,), 1023), ((3, 77), 4097), ((513,), 1), ((64,), 16384)])
+def test_layer_norm_gpu(dtype, rows, N):
+    _check_against_reference("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N),
+                             dtype)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,K,hidden,N", [((1000,), 512, 1536, 257), ((7, 33), 100, 300, 65),
+                                             ((2048,), 1024, 4096, 1024)])
+def test_mlp_gpu(dtype, rows, K, hidden, N):
+    _check_against_reference("mlp", _args("mlp", dict(rows=rows, K=K, hidden=hidden, N=N), dtype,
+                                          seed=K), dtype)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [
+    dict(N=4, C_in=64, H=30, W=31, C_out=96, k=3, stride=1, padding=1, channels_last=True),
+    dict(N=3, C_in=19, H=17, W=20, C_out=33, k=3, stride=2, padding=1),
+])
+def test_conv_bn_gpu(dtype, training, shape):
+    _check_against_reference("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"],
+                                              training=training), dtype,
+                             mutated=("running_mean", "running_var") if training else ())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_gpu_transposed_views_and_accumulate(dtype):
+    from triton_kernels.gemm import gemm
+    a = torch.randn(1000, 320, device="cuda", dtype=dtype)
+    w = torch.randn(200, 320, device="cuda", dtype=dtype) * 0.05
+    ref = a.double() @ w.double().t()
+    out = gemm(a, w.t())
+    assert compare("gemm", out, ref, tolerance(dtype), dtype).ok
+    c = torch.randn(1000, 200, device="cuda", dtype=dtype)
+    ref2 = c.double() + ref
+    gemm(a, w.t(), out=c, accumulate=True)
+    assert compare("gemm accumulate", c, ref2, tolerance(dtype), dtype).ok

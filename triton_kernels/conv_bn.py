@@ -1,0 +1,661 @@
+"""Conv2d + BatchNorm2d in Triton: implicit-GEMM convolution, BN folded or fused around it.
+
+What it adds over torch.compile / cuDNN + a BN kernel:
+- Eval: BatchNorm is an affine map per output channel, so it folds into the convolution:
+  w' = w * gamma / sqrt(var + eps),  b' = (b - mean) * gamma / sqrt(var + eps) + beta.
+  One tiny kernel folds (and re-lays the weight out as (C_out, kH, kW, C_in), K-major),
+  then a single convolution writes the final output: no BN pass over the activations.
+- The convolution is an *implicit GEMM*: out[p, o] = sum_k A[p, k] * B[k, o] with
+  p = (n, h_out, w_out), k = (i, j, c). A = im2col(x) is never built in memory: each
+  program gathers its (BLOCK_M x BLOCK_K) slice of it straight from x (masked at the
+  padding), so the GEMM reads x about kH*kW times from L2/SMEM, not from a 9x larger
+  im2col buffer. k is ordered (i, j, c) so that with channels_last x consecutive k are
+  consecutive addresses (wide, coalesced loads).
+- Train: the convolution writes y in fp32; a chunked kernel computes per-channel mean and
+  M2 (sum of squared deviations) per chunk of rows, and a finalize kernel merges the
+  chunks with Chan's formula (exact, no E[y^2] - E[y]^2 cancellation), updates
+  running_mean / running_var in place (unbiased variance, as BatchNorm2d) and produces
+  the per-channel scale/shift that one elementwise kernel applies.
+- Backward, all with this file's kernels: dX is a transposed convolution (implicit GEMM
+  gathering dY), dW an implicit GEMM over the p axis (split over chunks of p for
+  parallelism, partial sums reduced by a second kernel, no atomics). In eval mode
+  dgamma = rstd * (sum_k w[o,k] G[o,k] + (b - mean) sum_p dY[p,o]) with G = dY^T im2col(x),
+  the same G that gives dW: y is never recomputed or stored.
+
+Measured (H100, bf16 channels_last, N=32, 128 -> 256, 64x64, 3x3 pad 1,
+reports/h100-triton-part-a.json): eval forward 0.263 ms = 295 TFLOP/s, 1.08x eager
+cuDNN Conv2d + BatchNorm2d (goal 0.75x); train forward 0.76x, train forward+backward
+0.54x (the statistics and BN-backward passes over y are separate kernels).
+
+What it costs: our own tiling and tuning instead of cuDNN's; the batch statistics need a
+pass over y between the convolution and the output (train mode is not the fast path).
+
+Layouts: x, conv_weight and the incoming gradient may have any strides (NCHW or
+channels_last); kernels take all four strides. The output is allocated channels_last
+(the natural layout of an implicit GEMM's (p, o) tile). The incoming gradient is copied
+to channels_last once if it is not already (`.contiguous(memory_format=...)`, a no-op
+when it is), so that it can be read as a (P, C_out) matrix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm import column_sum
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---------------------------------------------------------------------------------------
+# Convolution forward: out[p, o] = bias[o] + sum_{i,j,c} x[n, c, h*sh-ph+i, w*sw-pw+j] w[o,c,i,j]
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr,
+                    P, C_in, H, W, C_out, H_out, W_out,
+                    sxn, sxc, sxh, sxw, swo, swc, swi, swj, sop, soo,
+                    sh, sw, ph, pw,
+                    KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(P, BLOCK_M)
+    num_pid_n = tl.cdiv(C_out, BLOCK_N)
+    group_size = GROUP_M * num_pid_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_o = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_K)
+    p_ok = offs_p < P
+    o_ok = offs_o < C_out
+    n = offs_p // (H_out * W_out)
+    hw = offs_p % (H_out * W_out)
+    h0 = (hw // W_out) * sh - ph
+    w0 = (hw % W_out) * sw - pw
+    x_row = x_ptr + n * sxn
+    w_col = w_ptr + offs_o * swo
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_blocks = tl.cdiv(C_in, BLOCK_K)
+    # One flat loop over (kernel offset, channel block): a single loop the compiler can
+    # software-pipeline, instead of a short inner loop restarted kH*kW times.
+    for t in range(0, KH * KW * c_blocks):
+        ij = t // c_blocks
+        c = (t % c_blocks) * BLOCK_K + offs_c
+        i = ij // KW
+        j = ij % KW
+        hi = h0 + i
+        wi = w0 + j
+        in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        c_ok = c < C_in
+        a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
+                    mask=in_img[:, None] & c_ok[None, :], other=0.0)
+        b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
+                    mask=c_ok[:, None] & o_ok[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_p[:, None] * sop + offs_o[None, :] * soo,
+             acc.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & o_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------
+# dX: a transposed convolution. dx[n, c, h, w] = sum_{i,j,o} dy[n, o, ho, wo] w[o, c, i, j]
+# where h = ho*sh - ph + i, i.e. ho = (h + ph - i) / sh when that divides exactly.
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
+                      Q, C_in, H, W, C_out, H_out, W_out,
+                      sdp, sdo, swo, swc, swi, swj, sxn, sxc, sxh, sxw,
+                      sh, sw, ph, pw,
+                      KH: tl.constexpr, KW: tl.constexpr,
+                      UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # input pixels (n, h, w)
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels
+    offs_o = tl.arange(0, BLOCK_K)
+    q_ok = offs_q < Q
+    c_ok = offs_c < C_in
+    n = offs_q // (H * W)
+    hw = offs_q % (H * W)
+    h = hw // W
+    w = hw % W
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    o_blocks = tl.cdiv(C_out, BLOCK_K)
+    for t in range(0, KH * KW * o_blocks):
+        ij = t // o_blocks
+        o = (t % o_blocks) * BLOCK_K + offs_o
+        i = ij // KW
+        j = ij % KW
+        hn = h + ph - i
+        wn = w + pw - j
+        ho = hn // sh
+        wo = wn // sw
+        # Only exact multiples of the stride map back to an output pixel.
+        ok = q_ok & (hn >= 0) & (wn >= 0) & (hn % sh == 0) & (wn % sw == 0) \
+            & (ho < H_out) & (wo < W_out)
+        p = (n * H_out + ho) * W_out + wo
+        o_ok = o < C_out
+        a = tl.load(dy_ptr + p[:, None] * sdp + o[None, :] * sdo,
+                    mask=ok[:, None] & o_ok[None, :], other=0.0)
+        b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc + i * swi + j * swj,
+                    mask=o_ok[:, None] & c_ok[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    dx_ptrs = dx_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + offs_c[None, :] * sxc
+    tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------
+# dW: G[o, (i, j, c)] = sum_p dy[p, o] * x[n, c, ho*sh-ph+i, wo*sw-pw+j], split over chunks
+# of p (P is large, C_out x K small: without the split only a handful of programs run).
+# Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them.
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
+                      P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
+                      sdp, sdo, sxn, sxc, sxh, sxw,
+                      sh, sw, ph, pw,
+                      KW: tl.constexpr,
+                      UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_o = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # flat (i, j, c)
+    o_ok = offs_o < C_out
+    k_ok = offs_k < K_total
+    i = offs_k // (KW * C_in)
+    j = (offs_k // C_in) % KW
+    c = offs_k % C_in
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    p_first = split * p_per_split
+    for p0 in range(0, p_per_split, BLOCK_K):
+        p = p_first + p0 + tl.arange(0, BLOCK_K)
+        p_ok = (p < P) & (p0 + tl.arange(0, BLOCK_K) < p_per_split)
+        n = p // (H_out * W_out)
+        hw = p % (H_out * W_out)
+        h0 = (hw // W_out) * sh - ph
+        w0 = (hw % W_out) * sw - pw
+        a = tl.load(dy_ptr + p[None, :] * sdp + offs_o[:, None] * sdo,
+                    mask=p_ok[None, :] & o_ok[:, None], other=0.0)
+        hi = h0[:, None] + i[None, :]
+        wi = w0[:, None] + j[None, :]
+        ok = p_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        b = tl.load(x_ptr + (n * sxn)[:, None] + c[None, :] * sxc + hi * sxh + wi * sxw,
+                    mask=ok, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    part = part_ptr + split * C_out * K_total + offs_o[:, None] * K_total + offs_k[None, :]
+    tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def wgrad_finish_kernel(part_ptr, splits, C_out, K_total, C_in,
+                        dw_ptr, sdwo, sdwc, sdwi, sdwj, w_ptr, swo, swc, swi, swj,
+                        scale_ptr, invstd_ptr, mean_ptr, bias_ptr, sum_dy_ptr,
+                        dgamma_ptr, dbeta_ptr, dbias_ptr,
+                        KW: tl.constexpr, EVAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """One program per output channel o: G[o, :] = sum of the split partials, then
+    train: dW = G.  eval (conv ran on w' = w * scale): dW = scale * G, and the BN grads."""
+    o = tl.program_id(0)
+    if EVAL:
+        scale = tl.load(scale_ptr + o)
+    wdot = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K_total, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        k_ok = k < K_total
+        g = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, splits):
+            g += tl.load(part_ptr + (s * C_out + o) * K_total + k, mask=k_ok, other=0.0)
+        i = k // (KW * C_in)
+        j = (k // C_in) % KW
+        c = k % C_in
+        if EVAL:
+            w = tl.load(w_ptr + o * swo + c * swc + i * swi + j * swj, mask=k_ok, other=0.0)
+            wdot += w.to(tl.float32) * g
+            g = g * scale
+        tl.store(dw_ptr + o * sdwo + c * sdwc + i * sdwi + j * sdwj,
+                 g.to(dw_ptr.dtype.element_ty), mask=k_ok)
+    if EVAL:
+        # sum_p dY[p,o] * (y[p,o] - mean[o]) with y = conv(x, w) + b: the conv part is
+        # sum_k w[o,k] G[o,k], the rest is (b - mean) * sum_p dY.
+        s_dy = tl.load(sum_dy_ptr + o)
+        shift = -tl.load(mean_ptr + o).to(tl.float32)
+        if HAS_BIAS:
+            shift += tl.load(bias_ptr + o).to(tl.float32)
+            tl.store(dbias_ptr + o, (scale * s_dy).to(dbias_ptr.dtype.element_ty))
+        dgamma = tl.load(invstd_ptr + o) * (tl.sum(wdot, axis=0) + shift * s_dy)
+        tl.store(dgamma_ptr + o, dgamma.to(dgamma_ptr.dtype.element_ty))
+        tl.store(dbeta_ptr + o, s_dy.to(dbeta_ptr.dtype.element_ty))
+
+
+# ---------------------------------------------------------------------------------------
+# Eval: fold BatchNorm into the convolution's weight and bias.
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def fold_bn_kernel(w_ptr, swo, swc, swi, swj, bias_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr,
+                   wf_ptr, bf_ptr, scale_ptr, invstd_ptr, C_in, K_total, eps,
+                   KW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program o: w'[o, i, j, c] = w[o, c, i, j] * s,  b'[o] = (b - mean) * s + beta,
+    s = gamma / sqrt(var + eps). w' is written K-major, (C_out, kH, kW, C_in)."""
+    o = tl.program_id(0)
+    invstd = 1.0 / tl.sqrt(tl.load(var_ptr + o).to(tl.float32) + eps)
+    scale = tl.load(gamma_ptr + o).to(tl.float32) * invstd
+    for k0 in range(0, K_total, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        k_ok = k < K_total
+        i = k // (KW * C_in)
+        j = (k // C_in) % KW
+        c = k % C_in
+        w = tl.load(w_ptr + o * swo + c * swc + i * swi + j * swj, mask=k_ok, other=0.0)
+        tl.store(wf_ptr + o * K_total + k, (w.to(tl.float32) * scale).to(wf_ptr.dtype.element_ty),
+                 mask=k_ok)
+    shift = -tl.load(mean_ptr + o).to(tl.float32)
+    if HAS_BIAS:
+        shift += tl.load(bias_ptr + o).to(tl.float32)
+    tl.store(bf_ptr + o, shift * scale + tl.load(beta_ptr + o).to(tl.float32))
+    tl.store(scale_ptr + o, scale)
+    tl.store(invstd_ptr + o, invstd)
+
+
+# ---------------------------------------------------------------------------------------
+# Train: batch statistics of y (P, C) fp32, chunked, merged with Chan's formula.
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    chunk = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < C
+    first = chunk * rows_per_chunk
+    count = tl.minimum(rows_per_chunk, P - first).to(tl.float32)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        acc += tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+    mean = tl.sum(acc, axis=0) / count
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for r in range(0, rows_per_chunk, BLOCK_P):  # second pass: the chunk is still in L2
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        d = tl.where(mask, y - mean[None, :], 0.0)
+        acc += d * d
+    tl.store(part_mean_ptr + chunk * C + cols, mean, mask=c_ok)
+    tl.store(part_m2_ptr + chunk * C + cols, tl.sum(acc, axis=0), mask=c_ok)
+
+
+@triton.jit
+def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
+                          gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr,
+                          mean_ptr, invstd_ptr, scale_ptr, shift_ptr, eps, momentum,
+                          BLOCK_C: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < C
+    total = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for s in range(0, chunks):
+        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
+        total += n_s * tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0)
+    mean = total / P
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for s in range(0, chunks):
+        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
+        d = tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0) - mean
+        m2 += tl.load(part_m2_ptr + s * C + cols, mask=c_ok, other=0.0) + n_s * d * d
+    invstd = 1.0 / tl.sqrt(m2 / P + eps)  # normalize with the biased variance
+    scale = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) * invstd
+    shift = tl.load(beta_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) - mean * scale
+    tl.store(mean_ptr + cols, mean, mask=c_ok)
+    tl.store(invstd_ptr + cols, invstd, mask=c_ok)
+    tl.store(scale_ptr + cols, scale, mask=c_ok)
+    tl.store(shift_ptr + cols, shift, mask=c_ok)
+    # ...but track the unbiased variance, exactly as BatchNorm2d does.
+    rm = tl.load(run_mean_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
+    rv = tl.load(run_var_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
+    rm = (1.0 - momentum) * rm + momentum * mean
+    rv = (1.0 - momentum) * rv + momentum * (m2 / (P - 1))
+    tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
+def channel_affine_kernel(y_ptr, scale_ptr, shift_ptr, out_ptr, P, C, sop, soo,
+                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < P)[:, None] & (cols < C)[None, :]
+    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=cols < C, other=0.0)
+    shift = tl.load(shift_ptr + cols, mask=cols < C, other=0.0)
+    out = y * scale[None, :] + shift[None, :]
+    tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo, out.to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# Train backward through BN: dy_conv = gamma * invstd * (dY - mean(dY) - xhat * mean(dY xhat)).
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_ptr,
+                          P, C, rows_per_chunk, chunks,
+                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    chunk = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < C
+    mean = tl.load(mean_ptr + cols, mask=c_ok, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=c_ok, other=0.0)
+    s_dy = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    s_dyx = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    first = chunk * rows_per_chunk
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
+                     other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        s_dy += dy
+        s_dyx += dy * (y - mean[None, :]) * invstd[None, :]
+    tl.store(part_ptr + chunk * C + cols, tl.sum(s_dy, axis=0), mask=c_ok)
+    tl.store(part_ptr + (chunks + chunk) * C + cols, tl.sum(s_dyx, axis=0), mask=c_ok)
+
+
+@triton.jit
+def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
+                           BLOCK_C: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < C
+    s_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    s_dyx = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for s in range(0, chunks):
+        s_dy += tl.load(part_ptr + s * C + cols, mask=c_ok, other=0.0)
+        s_dyx += tl.load(part_ptr + (chunks + s) * C + cols, mask=c_ok, other=0.0)
+    tl.store(sums_ptr + cols, s_dy, mask=c_ok)
+    tl.store(sums_ptr + C + cols, s_dyx, mask=c_ok)
+    tl.store(dbeta_ptr + cols, s_dy.to(dbeta_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(dgamma_ptr + cols, s_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
+def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, sums_ptr,
+                        dyc_ptr, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < C
+    mask = (rows < P)[:, None] & c_ok[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
+                 other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+    mean = tl.load(mean_ptr + cols, mask=c_ok, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=c_ok, other=0.0)
+    gamma = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
+    m_dy = tl.load(sums_ptr + cols, mask=c_ok, other=0.0) / P
+    m_dyx = tl.load(sums_ptr + C + cols, mask=c_ok, other=0.0) / P
+    xhat = (y - mean[None, :]) * invstd[None, :]
+    dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
+    tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
+             mask=mask)
+
+
+KERNELS = [conv_fwd_kernel, conv_dgrad_kernel, conv_wgrad_kernel, wgrad_finish_kernel,
+           fold_bn_kernel, stats_partial_kernel, stats_finalize_kernel, channel_affine_kernel,
+           bn_bwd_partial_kernel, bn_bwd_finalize_kernel, bn_bwd_apply_kernel]
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 dots use input_precision="ieee"
+
+
+# ---------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------
+
+def _fwd_configs():
+    return [
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                      num_stages=3, num_warps=8),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
+                      num_stages=3, num_warps=8),
+    ]
+
+
+conv_fwd_autotuned = triton.autotune(
+    configs=_fwd_configs(),
+    key=["P", "C_in", "C_out", "H", "W", "sxn", "sxc", "sxh", "sxw", "swo", "swc"],
+)(conv_fwd_kernel)
+
+
+def _dot_cfg(dtype):
+    """(precision, fixed tile config) for the GEMM-like kernels without autotuning."""
+    if INTERPRETED:
+        return "ieee", dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+    if dtype == torch.float32:  # "ieee" fp32 runs on CUDA cores: small tiles
+        return "ieee", dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3)
+    return "tf32", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+def _w_strides(w):
+    return w.stride(0), w.stride(1), w.stride(2), w.stride(3)
+
+
+def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW):
+    """out2d[p, o] = conv(x, w)[p, o] (+ bias). w given as a tensor + its (o, c, i, j) strides."""
+    N, C_in, H, W = x.shape
+    P = N * s["H_out"] * s["W_out"]
+    C_out = out2d.shape[1]
+    precision, cfg = _dot_cfg(x.dtype)
+    args = (x, w_ptr_t, bias if bias is not None else out2d, out2d,
+            P, C_in, H, W, C_out, s["H_out"], s["W_out"], *x.stride(), *w_strides,
+            out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"])
+    common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
+                  DOT_PRECISION=precision)
+    if INTERPRETED or x.dtype == torch.float32:
+        grid = (triton.cdiv(P, cfg["BLOCK_M"]) * triton.cdiv(C_out, cfg["BLOCK_N"]),)
+        conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
+    else:
+        def grid(meta):
+            return (triton.cdiv(P, meta["BLOCK_M"]) * triton.cdiv(C_out, meta["BLOCK_N"]),)
+        conv_fwd_autotuned[grid](*args, **common)
+
+
+def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
+    N, C_in, H, W = x_like.shape
+    dx = torch.empty_like(x_like)  # keeps x's memory format
+    precision, cfg = _dot_cfg(x_like.dtype)
+    Q = N * H * W
+    grid = (triton.cdiv(Q, cfg["BLOCK_M"]), triton.cdiv(C_in, cfg["BLOCK_N"]))
+    conv_dgrad_kernel[grid](dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"], s["W_out"],
+                            dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
+                            *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **cfg)
+    return dx
+
+
+def _conv_wgrad_partials(dy2d, x, s, kH, kW):
+    """fp32 partials (splits, C_out, kH*kW*C_in) of G = dY^T im2col(x), and their count."""
+    N, C_in, H, W = x.shape
+    P, C_out = dy2d.shape
+    K_total = kH * kW * C_in
+    precision, cfg = _dot_cfg(x.dtype)
+    tiles = triton.cdiv(C_out, cfg["BLOCK_M"]) * triton.cdiv(K_total, cfg["BLOCK_N"])
+    if INTERPRETED:
+        splits = min(2, triton.cdiv(P, cfg["BLOCK_K"]))
+    else:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        splits = max(1, min(triton.cdiv(P, 1024), triton.cdiv(2 * sms, tiles)))
+    per_split = triton.cdiv(triton.cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    splits = triton.cdiv(P, per_split)
+    part = torch.empty((splits, C_out, K_total), device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(C_out, cfg["BLOCK_M"]), triton.cdiv(K_total, cfg["BLOCK_N"]), splits)
+    conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"], K_total,
+                            per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
+                            *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **cfg)
+    return part, splits
+
+
+def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
+    """(rows per chunk, chunks) for the per-channel reductions over P."""
+    target = 2 if INTERPRETED else 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    rows = triton.cdiv(triton.cdiv(P, target), BLOCK_P) * BLOCK_P
+    return rows, triton.cdiv(P, rows)
+
+
+def _dims(x, w, stride, padding):
+    N, C_in, H, W = x.shape
+    C_out, _, kH, kW = w.shape
+    H_out = (H + 2 * padding[0] - kH) // stride[0] + 1
+    W_out = (W + 2 * padding[1] - kW) // stride[1] + 1
+    return dict(stride=tuple(stride), padding=tuple(padding), H_out=H_out, W_out=W_out)
+
+
+def _as_rows(t4: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W) channels_last tensor -> its (N*H*W, C) matrix view (no copy)."""
+    return t4.permute(0, 2, 3, 1).reshape(-1, t4.shape[1])
+
+
+_RED = dict(BLOCK_P=32, BLOCK_C=32)  # tiles of the per-channel reduction/elementwise kernels
+
+
+class _ConvBN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, gamma, beta, running_mean, running_var, stride, padding, eps,
+                momentum, training):
+        s = _dims(x, w, stride, padding)
+        N, C_in = x.shape[:2]
+        C_out, _, kH, kW = w.shape
+        P = N * s["H_out"] * s["W_out"]
+        K_total = C_in * kH * kW
+        dev = x.device
+        f32 = dict(device=dev, dtype=torch.float32)
+        out = torch.empty((N, C_out, s["H_out"], s["W_out"]), device=dev, dtype=x.dtype,
+                          memory_format=torch.channels_last)
+        out2d = _as_rows(out)
+        ctx.meta = (s, kH, kW, training, b is not None, P)
+        if not training:
+            w_f = torch.empty((C_out, kH, kW, C_in), device=dev, dtype=x.dtype)
+            b_f, scale, invstd = (torch.empty((C_out,), **f32) for _ in range(3))
+            fold_bn_kernel[(C_out,)](w, *_w_strides(w), b if b is not None else b_f, gamma, beta,
+                                     running_mean, running_var, w_f, b_f, scale, invstd,
+                                     C_in, K_total, eps, KW=kW, HAS_BIAS=b is not None,
+                                     BLOCK=256 if INTERPRETED else 1024)
+            wf_strides = (K_total, 1, kW * C_in, C_in)  # (o, c, i, j) of the (o, i, j, c) layout
+            _conv_fwd(x, w_f, wf_strides, b_f, out2d, s, kH, kW)
+            ctx.save_for_backward(x, w, w_f, b, running_mean, scale, invstd)
+            return out
+        # Training: conv (fp32 y) -> batch statistics -> per-channel affine.
+        y = torch.empty((P, C_out), **f32)
+        _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW)
+        rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
+        part_mean = torch.empty((chunks, C_out), **f32)
+        part_m2 = torch.empty((chunks, C_out), **f32)
+        c_blocks = triton.cdiv(C_out, _RED["BLOCK_C"])
+        stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows, **_RED)
+        mean, invstd, scale, shift = (torch.empty((C_out,), **f32) for _ in range(4))
+        stats_finalize_kernel[(c_blocks,)](part_mean, part_m2, chunks, rows, P, C_out, gamma, beta,
+                                           running_mean, running_var, mean, invstd, scale, shift,
+                                           eps, momentum, BLOCK_C=_RED["BLOCK_C"])
+        channel_affine_kernel[(triton.cdiv(P, _RED["BLOCK_P"]), c_blocks)](
+            y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
+        ctx.save_for_backward(x, w, y, mean, invstd, gamma)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        s, kH, kW, training, has_bias, P = ctx.meta
+        # An explicit copy only when the incoming gradient is not channels_last already.
+        dy2d = _as_rows(dout.contiguous(memory_format=torch.channels_last))
+        C_out = dy2d.shape[1]
+        dx = dw = db = dgamma = dbeta = None
+        if not training:
+            x, w, w_f, b, running_mean, scale, invstd = ctx.saved_tensors
+            dev, dt = x.device, x.dtype
+            sum_dy = column_sum(dy2d, out_dtype=torch.float32)
+            part, splits = _conv_wgrad_partials(dy2d, x, s, kH, kW)
+            dw = torch.empty_like(w)
+            dgamma = torch.empty((C_out,), device=dev, dtype=dt)
+            dbeta = torch.empty((C_out,), device=dev, dtype=dt)
+            db = torch.empty((C_out,), device=dev, dtype=dt) if has_bias else None
+            wgrad_finish_kernel[(C_out,)](part, splits, C_out, part.shape[2], x.shape[1],
+                                          dw, *dw.stride(), w, *_w_strides(w),
+                                          scale, invstd, running_mean,
+                                          b if has_bias else scale, sum_dy, dgamma, dbeta,
+                                          db if has_bias else dbeta,
+                                          KW=kW, EVAL=True, HAS_BIAS=has_bias,
+                                          BLOCK=256 if INTERPRETED else 1024)
+            if ctx.needs_input_grad[0]:
+                K_total = part.shape[2]
+                dx = _conv_dgrad(dy2d, w_f, (K_total, 1, kW * x.shape[1], x.shape[1]), x, s,
+                                 kH, kW)
+            return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
+        x, w, y, mean, invstd, gamma = ctx.saved_tensors
+        dev, dt = x.device, x.dtype
+        rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
+        c_blocks = triton.cdiv(C_out, _RED["BLOCK_C"])
+        part = torch.empty((2, chunks, C_out), device=dev, dtype=torch.float32)
+        bn_bwd_partial_kernel[(chunks, c_blocks)](dy2d, dy2d.stride(0), dy2d.stride(1), y, mean,
+                                                  invstd, part, P, C_out, rows, chunks, **_RED)
+        sums = torch.empty((2, C_out), device=dev, dtype=torch.float32)
+        dgamma = torch.empty((C_out,), device=dev, dtype=dt)
+        dbeta = torch.empty((C_out,), device=dev, dtype=dt)
+        bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
+                                            BLOCK_C=_RED["BLOCK_C"])
+        dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
+        bn_bwd_apply_kernel[(triton.cdiv(P, _RED["BLOCK_P"]), c_blocks)](
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
+            **_RED)
+        if has_bias:
+            # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not assumed.
+            db = column_sum(dyc, out_dtype=dt)
+        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW)
+        dw = torch.empty_like(w)
+        wgrad_finish_kernel[(C_out,)](part_w, splits, C_out, part_w.shape[2], x.shape[1],
+                                      dw, *dw.stride(), w, *_w_strides(w),
+                                      sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
+                                      KW=kW, EVAL=False, HAS_BIAS=False,
+                                      BLOCK=256 if INTERPRETED else 1024)
+        if ctx.needs_input_grad[0]:
+            dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
+        return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
+
+
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride, padding, eps, momentum, training):
+    """Called by levels.triton.conv_bn after the shared validation (stride/padding as pairs)."""
+    if x.dtype == torch.float64:
+        raise TypeError("conv_bn: argument 'x' must be float16, bfloat16 or float32 for the Triton "
+                        "kernels; got torch.float64")
+    for name, t in (("x", x), ("conv_weight", conv_weight)):
+        span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+        if span >= 2 ** 31:
+            raise ValueError(f"conv_bn: argument '{name}' spans {span} elements; the Triton "
+                             f"kernels use 32-bit offsets and need < 2**31")
+    return _ConvBN.apply(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                         tuple(stride), tuple(padding), eps, momentum, training)

@@ -1,0 +1,285 @@
+"""A tiled matrix product in Triton, with a fused epilogue: the workhorse of Level 4.
+
+    gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=False,
+         preact_out=None) -> out
+        out = act( a @ b  [+ out if accumulate]  [+ bias[None, :]] )
+        a: (M, K), b: (K, N), any strides (pass `w.t()` views, never copies);
+        bias: (N,) or None; activation: None or "gelu" (exact, erf);
+        preact_out: (M, N) or None: with activation="gelu", also stores the value before
+        the GELU (what the MLP backward needs), in the same pass;
+        out: (M, N) tensor to write (any strides), else a new one of dtype
+        out_dtype (default a.dtype); accumulate=True adds the old contents of `out`.
+
+    gemm_gelu_backward(a, b, preact, out=None) -> (a @ b) * gelu'(preact)
+        the MLP backward's dH = (dY @ W2) * GELU'(H) in one pass: the (M, N) product
+        never goes to memory before being multiplied by the derivative.
+
+    column_sum(x, out_dtype=None) -> x.sum(0), fp32 accumulation: bias gradients.
+
+Plain launchers, no autograd here (triton_kernels/mlp.py and lstm.py build on them).
+
+What a tiled GEMM teaches: each program owns one BLOCK_M x BLOCK_N tile of the output,
+walks K in BLOCK_K steps and keeps the running sum in fp32 registers; `tl.dot` maps the
+(BLOCK_M x BLOCK_K) @ (BLOCK_K x BLOCK_N) step onto the tensor cores (wgmma on H100)
+and `num_stages` lets the compiler prefetch the next tiles while this one multiplies.
+The *epilogue* — whatever happens to the tile between the last dot and the store — is
+where fusion is free: bias, GELU, or the GELU derivative cost a few instructions on data
+already in registers, instead of another full read and write of an (M, N) tensor.
+Programs are visited in "grouped" order (GROUP_M rows of tiles at a time), so tiles
+that share rows of A and columns of B run close together and hit in L2.
+
+Precision: fp32 inputs use input_precision="ieee" (true fp32 FMAs, no TF32 rounding,
+so the fp32 tolerance applies; slow on tensor-core GPUs, and declared so). 16-bit inputs
+run on the tensor cores with fp32 accumulation. Under TRITON_INTERPRET=1 tiles are
+upcast to fp32 before the dot, because the interpreter's bf16 arithmetic is wrong.
+
+Limits: element offsets are 32-bit (the launcher refuses operands spanning >= 2**31
+elements instead of silently wrapping around).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Epilogue codes (constexpr ints: cheap to branch on at compile time).
+EPI_NONE, EPI_GELU, EPI_GELU_SAVE, EPI_GELU_GRAD = 0, 1, 2, 3
+
+
+@triton.jit
+def gelu(x):
+    """Exact GELU, x * Phi(x), with Phi from erf (tl.erf: no libdevice import needed)."""
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def gelu_grad(x):
+    """d/dx [x * Phi(x)] = Phi(x) + x * phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)."""
+    cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
+    pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327
+    return cdf + x * pdf
+
+
+@triton.jit
+def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
+                M, N, K,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                stride_cm, stride_cn, stride_xm, stride_xn,
+                HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ACCUMULATE: tl.constexpr,
+                UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    # Grouped tile order: walk GROUP_M tile-rows down a column of tiles before moving
+    # right, so the B columns just loaded are reused by the next programs (L2 hits).
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * num_pid_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Out-of-range rows/columns are wrapped (not masked) for the loads: they read valid
+    # memory that only feeds output elements the store masks away. Unmasked loads keep
+    # the K loop lean; only K itself must be masked, since it is summed over.
+    a_rows = offs_m % M
+    b_cols = offs_n % N
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + b_cols[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # ---- epilogue: everything below touches registers only, until the final store ----
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if ACCUMULATE:
+        acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    aux_ptrs = aux_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn
+    if EPILOGUE == 2:  # gelu, keeping the pre-activation for the backward pass
+        tl.store(aux_ptrs, acc.to(aux_ptr.dtype.element_ty), mask=mask)
+    if EPILOGUE == 1 or EPILOGUE == 2:
+        acc = gelu(acc)
+    if EPILOGUE == 3:  # chain rule through GELU: dH = dG * GELU'(H)
+        pre = tl.load(aux_ptrs, mask=mask, other=0.0).to(tl.float32)
+        acc = acc * gelu_grad(pre)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _configs():
+    # H100-class choices (issue 4): 128x256x64 or 128x128x64 tiles, 3-4 stages, 8 warps.
+    # Two candidates only: every candidate is a separate compile for every new shape.
+    return [
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
+                      num_stages=3, num_warps=8),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                      num_stages=4, num_warps=8),
+    ]
+
+
+# One config under the interpreter (autotune with several fails there) and for
+# non-idempotent launches (accumulate=True: re-running a candidate config would add twice).
+_FIXED_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+_FIXED_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+_FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+
+gemm_autotuned = triton.autotune(
+    configs=_configs(),
+    key=["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "EPILOGUE",
+         "HAS_BIAS"],
+)(gemm_kernel)
+
+KERNELS = [gemm_kernel]
+
+
+def _check_matrix(name: str, t: torch.Tensor, shape: tuple) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"gemm: argument '{name}' must be a torch.Tensor; got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"gemm: argument '{name}' must be of shape {tuple(shape)}; "
+                         f"got {tuple(t.shape)}")
+    span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+    if span >= 2 ** 31:
+        raise ValueError(f"gemm: argument '{name}' spans {span} elements; the kernel uses 32-bit "
+                         f"offsets and needs < 2**31")
+
+
+def _launch(a, b, c, bias, aux, epilogue, accumulate):
+    M, K = a.shape
+    N = b.shape[1]
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: arguments 'a' and 'b' must share a dtype; got {a.dtype} and {b.dtype}")
+    if a.device != b.device or c.device != a.device:
+        raise ValueError(f"gemm: all tensors must be on one device; got a on {a.device}, "
+                         f"b on {b.device}, out on {c.device}")
+    for name, t, shape in (("a", a, (M, K)), ("b", b, (K, N)), ("out", c, (M, N))):
+        _check_matrix(name, t, shape)
+    if bias is not None:
+        _check_matrix("bias", bias, (N,))
+    if aux is not None:
+        _check_matrix("preact", aux, (M, N))
+    precision = "ieee" if a.dtype == torch.float32 else "tf32"  # "tf32" is a no-op for 16-bit
+    aux_t = aux if aux is not None else c
+    bias_t = bias if bias is not None else c
+    common = dict(HAS_BIAS=bias is not None, EPILOGUE=epilogue, ACCUMULATE=accumulate,
+                  UPCAST=INTERPRETED, DOT_PRECISION=precision)
+    args = (a, b, c, bias_t, aux_t, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), aux_t.stride(0), aux_t.stride(1))
+    if INTERPRETED or accumulate or a.dtype == torch.float32:
+        # fp32 "ieee" dots run on CUDA cores, where big tiles only waste shared memory.
+        cfg = _FIXED_INTERPRETED if INTERPRETED else (
+            _FIXED_GPU_FP32 if a.dtype == torch.float32 else _FIXED_GPU)
+        cfg = dict(cfg)
+        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+        gemm_kernel[grid](*args, **common, EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+    else:
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        # EVEN_K is a property of the config: 64 divides all the K of the bench sizes.
+        gemm_autotuned[grid](*args, **common, EVEN_K=K % 64 == 0)
+    return c
+
+
+def _output(a, N, out, out_dtype):
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"gemm: argument 'out' must be a torch.Tensor; got {type(out).__name__}")
+        return out
+    return torch.empty((a.shape[0], N), device=a.device, dtype=out_dtype or a.dtype)
+
+
+def gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=False,
+         preact_out=None):
+    """act(a @ b [+ out] [+ bias]); see the module docstring."""
+    if activation not in (None, "gelu"):
+        raise ValueError(f"gemm: argument 'activation' must be None or 'gelu'; got {activation!r}")
+    if accumulate and out is None:
+        raise ValueError("gemm: argument 'out' must be given when accumulate=True")
+    if preact_out is not None and activation != "gelu":
+        raise ValueError("gemm: argument 'preact_out' is only meaningful with activation='gelu'")
+    c = _output(a, b.shape[1], out, out_dtype)
+    if activation is None:
+        epilogue = EPI_NONE
+    else:
+        epilogue = EPI_GELU if preact_out is None else EPI_GELU_SAVE
+    return _launch(a, b, c, bias, preact_out, epilogue, bool(accumulate))
+
+
+def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None):
+    """(a @ b) * GELU'(preact), in one pass (the derivative is applied in the epilogue)."""
+    c = _output(a, b.shape[1], out, out_dtype)
+    return _launch(a, b, c, None, preact, EPI_GELU_GRAD, False)
+
+
+# ---------------------------------------------------------------------------------------
+# Column sums (bias gradients): partial sums per block of rows, then a second pass over
+# the partials. Each program owns distinct output cells, so no atomics and no races, and
+# the result is the same on every run (deterministic order).
+# ---------------------------------------------------------------------------------------
+
+@triton.jit
+def column_sum_kernel(x_ptr, part_ptr, M, N, stride_xm, stride_xn, rows_per_program,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    row0 = pid_m * rows_per_program
+    for r in range(0, rows_per_program, BLOCK_M):
+        offs_m = row0 + r + tl.arange(0, BLOCK_M)
+        mask = (offs_m[:, None] < M) & (offs_m[:, None] < row0 + rows_per_program) \
+            & (offs_n[None, :] < N)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn,
+                    mask=mask, other=0.0)
+        acc += x.to(tl.float32)
+    tl.store(part_ptr + pid_m * N + offs_n, tl.sum(acc, axis=0), mask=offs_n < N)
+
+
+KERNELS.append(column_sum_kernel)
+
+
+def column_sum(x, out_dtype=None, out=None):
+    """x.sum(0) for a 2-D x (any strides), accumulated in fp32."""
+    M, N = x.shape
+    BLOCK_M, BLOCK_N = (16, 32) if INTERPRETED else (32, 128)
+    # Enough row-chunks to fill the GPU, each a whole number of BLOCK_M rows.
+    chunks = 1 if INTERPRETED else max(1, min(triton.cdiv(M, 256), 64))
+    rows = triton.cdiv(triton.cdiv(M, chunks), BLOCK_M) * BLOCK_M
+    chunks = triton.cdiv(M, rows)
+    part = torch.empty((chunks, N), device=x.device, dtype=torch.float32)
+    column_sum_kernel[(chunks, triton.cdiv(N, BLOCK_N))](x, part, M, N, x.stride(0), x.stride(1),
+                                                        rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    if out is None:
+        out = torch.empty((N,), device=x.device, dtype=out_dtype or x.dtype)
+    # Second pass: the same kernel over the (chunks, N) partials, one chunk of all rows.
+    total = triton.cdiv(chunks, BLOCK_M) * BLOCK_M
+    column_sum_kernel[(1, triton.cdiv(N, BLOCK_N))](part, out, chunks, N, part.stride(0), 1,
+                                                   total, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    return out
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 dots are "ieee" on every device
