@@ -49,7 +49,7 @@ def agreement(component: str, dtype="float32", device="cpu", size="tiny", varian
     dtype = resolve_dtype(dtype)
     seed = fresh_seed() if seed is None else seed
     case = spec.case(size, variant, dtype, torch.device(device), seed)
-    ref_outs, ref_grads, upstream = reference_case(case, seed)
+    ref_outs, ref_grads, upstream, _ = reference_case(case, seed)
     results = {REFERENCE: ref_outs + ref_grads}
     skipped = {}
     for name in level_names or levels.LEVEL_NAMES:

@@ -84,6 +84,15 @@ class CheckResult:
         pool = [c for c in self.comparisons if not c.ok] or finite
         return max(pool, key=lambda c: c.rel_err, default=None)
 
+    def summary(self) -> str:
+        """One line: what was checked and, if it did not pass, why."""
+        head = f"{self.component}[{self.variant}] {self.level} {self.dtype} {self.device}: {self.status}"
+        if self.reason:
+            return f"{head} ({self.reason})"
+        bad = [f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g} {c.problem}".strip()
+               for c in self.comparisons if not c.ok]
+        return f"{head}" + (f" ({'; '.join(bad)})" if bad else "")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -171,27 +180,46 @@ def run_case(fn, case: specs.Case, upstream=None):
 
 
 def reference_case(case: specs.Case, seed: int):
-    """The float64 reference, forward and backward, and the upstream gradient it used.
+    """The float64 reference, forward and backward: (outputs, grads, upstream, scales).
 
     The upstream gradient is random, one per output, rounded to the case's dtype so that
-    the level (which receives it in that dtype) and the reference see the same numbers."""
+    the level (which receives it in that dtype) and the reference see the same numbers.
+    `scales` names the gradients that are exactly zero here, with what to measure them by."""
+    spec = specs.get(case.component)
     _, ref_args = _prepare(case)
-    outs = specs.get(case.component).reference(ref_args)
+    outs = spec.reference(ref_args)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     upstream = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=case.dtype)
                 for o in outs[:case.n_returned]]
+    upstream64 = [u.to(torch.float64) for u in upstream]
     inputs = [ref_args[name] for name in case.differentiable]
-    grads = torch.autograd.grad(outs[:case.n_returned], inputs,
-                                [u.to(torch.float64) for u in upstream])
-    return [o.detach() for o in outs], list(grads), upstream
+    grads = torch.autograd.grad(outs[:case.n_returned], inputs, upstream64)
+    scales = spec.zero_gradient_scales(ref_args, upstream64, dict(zip(case.differentiable, grads)))
+    return [o.detach() for o in outs], list(grads), upstream, scales
 
 
-def check_case(component: str, level: str, dtype, device, size: str, variant: str,
+def check_case(component: str, level: str, dtype, device, size: str | dict, variant: str,
                seed: int | None = None) -> CheckResult:
-    info = levels.resolve(level)
+    """One check on fresh random inputs of a size preset (or dict of shape parameters)."""
     dtype = resolve_dtype(dtype)
-    device = torch.device(device)
     seed = fresh_seed() if seed is None else seed
+    return _check(lambda: specs.get(component).case(size, variant, dtype, device, seed), level,
+                  component, variant, dtype, device, size if isinstance(size, str) else "custom", seed)
+
+
+def check_args(component: str, level: str | int, args: dict, seed: int | None = None) -> CheckResult:
+    """The same check on arguments you choose: odd shapes, strided views, channels_last...
+
+    `args` are the component's keyword arguments; the inputs are never modified."""
+    case = specs.get(component).case_from_args(args)
+    seed = fresh_seed() if seed is None else seed
+    device = next(iter(case.tensors().values())).device
+    return _check(lambda: case, level, component, case.variant, case.dtype, device, "custom", seed)
+
+
+def _check(make_case, level, component, variant, dtype, device, size, seed) -> CheckResult:
+    info = levels.resolve(level)
+    device = torch.device(device)
     result = CheckResult(component, info.name, variant, dtype_name(dtype), str(device), size, seed,
                          status="skip")
     reason = levels.status(info.name, device, component)
@@ -203,10 +231,10 @@ def check_case(component: str, level: str, dtype, device, size: str, variant: st
     bound = tolerance(dtype, tf32=result.tf32)
     result.tolerance = bound
 
-    case = specs.get(component).case(size, variant, dtype, device, seed)
+    case = make_case()
     ref_outs = None
     try:
-        ref_outs, ref_grads, upstream = reference_case(case, seed)
+        ref_outs, ref_grads, upstream, scales = reference_case(case, seed)
         with poisoned_allocations():
             outs, grads = run_case(getattr(module, component), case, upstream=upstream)
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
@@ -222,17 +250,15 @@ def check_case(component: str, level: str, dtype, device, size: str, variant: st
         return result
     for name, got, ref in zip(case.outputs, outs, ref_outs):
         result.comparisons.append(compare(name, got, ref, bound, dtype))
-    ref_grad = dict(zip(case.differentiable, ref_grads))
-    for name, got in zip(case.differentiable, grads):
+    for name, got, ref in zip(case.differentiable, grads, ref_grads):
         if got is None:
             result.comparisons.append(Comparison(f"grad {name}", float("nan"), float("nan"), False,
                                                  "no gradient (input unused by the graph)"))
-        elif name in case.zero_gradients:
-            scale = ref_grad[case.zero_gradients[name]]
-            result.comparisons.append(compare(f"grad {name} (exactly 0)", got, ref_grad[name], bound,
-                                              dtype, scale=scale))
+        elif name in scales:
+            result.comparisons.append(compare(f"grad {name} (exactly 0)", got, ref, bound, dtype,
+                                              scale=scales[name]))
         else:
-            result.comparisons.append(compare(f"grad {name}", got, ref_grad[name], bound, dtype))
+            result.comparisons.append(compare(f"grad {name}", got, ref, bound, dtype))
     result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
 

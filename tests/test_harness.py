@@ -77,3 +77,27 @@ def test_spec_rejects_unknown_size_and_variant():
         specs.get("attention").case("tiny", "sliding", torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match="argument 'component'"):
         specs.get("softmax")
+
+
+def test_check_args_takes_your_own_arguments():
+    from equivalence.check import check_args
+    args = specs.get("attention").case("tiny", "causal", torch.float32, "cpu", seed=3).args
+    args["q"] = args["q"].transpose(1, 2).contiguous().transpose(1, 2)  # a strided view
+    r = check_args("attention", "native", args)
+    assert r.passed and r.variant == "causal" and r.size == "custom", r.summary()
+    r = check_args("conv_bn", "native", specs.get("conv_bn").case(
+        dict(N=2, C_in=3, H=5, W=4, C_out=2, k=1, stride=1, padding=0), "train", torch.float32, "cpu", 1).args
+        | {"conv_bias": None})
+    assert r.passed and "grad conv_bias" not in str(r.comparisons), r.summary()
+
+
+def test_exactly_zero_gradients_are_measured_against_their_natural_scale(monkeypatch):
+    # Width-1 layernorm: the output is `bias` whatever x is, grad x is exactly 0. A level's
+    # rounding-sized grad x passes; a real one (here: forgetting the mean) fails.
+    r = check("layer_norm", "native", size=dict(rows=(33,), N=1))[0]
+    assert r.passed and any("grad x (exactly 0)" == c.name for c in r.comparisons), r.summary()
+    original = native.layer_norm
+    monkeypatch.setattr(native, "layer_norm", lambda x, weight, bias, eps=1e-5:
+                        x * weight / (1 + eps) ** 0.5 + bias)
+    r = check("layer_norm", "native", size=dict(rows=(33,), N=1))[0]
+    assert not r.passed and "grad x (exactly 0)" in r.summary()

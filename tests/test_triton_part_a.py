@@ -15,7 +15,7 @@ import torch
 # First: without a GPU this sets TRITON_INTERPRET=1 before anything imports triton.
 import levels.triton as L4  # isort: skip
 from equivalence import specs
-from equivalence.check import check, compare, poisoned_allocations
+from equivalence.check import check, check_args, compare
 from equivalence.tolerances import tolerance
 
 pytest.importorskip("triton")
@@ -31,32 +31,11 @@ def _args(component, shape, dtype, seed=0, **variant):
     return args
 
 
-def _check_against_reference(component, args, dtype, seed=0, mutated=()):
-    """Forward + backward of Level 4 vs the float64 spec: outputs, buffers and all grads."""
-    spec = specs.get(component)
-    names = [n for n in spec.differentiable if args.get(n) is not None]
-    mine = {n: (v.detach().clone().requires_grad_(n in names) if isinstance(v, torch.Tensor) else v)
-            for n, v in args.items()}
-    ref = {n: (v.detach().to(torch.float64).requires_grad_(n in names)
-               if isinstance(v, torch.Tensor) else v) for n, v in args.items()}
-    ref_out = spec.reference(ref)
-    g = torch.Generator().manual_seed(seed + 1)
-    upstream = torch.randn(ref_out[0].shape, generator=g).to(dtype=dtype, device=DEVICE)
-    ref_grads = torch.autograd.grad(ref_out[0], [ref[n] for n in names], upstream.double())
-    with poisoned_allocations():
-        out = getattr(L4, component)(**mine)
-        grads = torch.autograd.grad(out, [mine[n] for n in names], upstream)
-    bound = tolerance(dtype, tf32=L4.uses_tf32(component, torch.device(DEVICE), dtype))
-    results = [compare("out", out.detach(), ref_out[0].detach(), bound, dtype)]
-    results += [compare(n, mine[n], r.detach(), bound, dtype) for n, r in zip(mutated, ref_out[1:])]
-    for n, got, r in zip(names, grads, ref_grads):
-        zero = getattr(spec.module, "ZERO_GRADIENTS", {}).get(
-            "train" if args.get("training") else "eval", {})
-        scale = dict(zip(names, ref_grads)).get(zero[n]) if n in zero else None
-        results.append(compare(f"grad {n}", got, r.detach(), bound, dtype, scale=scale))
-    bad = [c for c in results if not c.ok]
-    assert not bad, f"{component} {dtype}: " + "; ".join(
-        f"{c.name}: rel {c.rel_err:.3g} > {bound:g} {c.problem}" for c in bad)
+def _passes(component, args):
+    """The harness's own check (equivalence.check.check_args) on these exact arguments:
+    outputs, updated buffers and every gradient against the float64 reference, poisoned."""
+    r = check_args(component, "triton", args)
+    assert r.passed, r.summary()
 
 
 # ------------------------------------------------------------------- the harness, tiny --
@@ -74,19 +53,17 @@ def test_harness_tiny(component, dtype):
 
 @pytest.mark.parametrize("N", [1, 7, 300])
 def test_layer_norm_odd_widths(N):
-    _check_against_reference("layer_norm", _args("layer_norm", dict(rows=(3,), N=N), torch.float32,
-                                                 seed=N), torch.float32)
+    _passes("layer_norm", _args("layer_norm", dict(rows=(3,), N=N), torch.float32, seed=N))
 
 
 def test_layer_norm_strided_rows():
     args = _args("layer_norm", dict(rows=(4, 5), N=33), torch.float32, seed=2)
     args["x"] = args["x"].transpose(0, 1).contiguous().transpose(0, 1)  # rows not evenly strided
-    _check_against_reference("layer_norm", args, torch.float32)
+    _passes("layer_norm", args)
 
 
 def test_mlp_odd_sizes_3d_input():
-    _check_against_reference("mlp", _args("mlp", dict(rows=(3, 11), K=17, hidden=45, N=9),
-                                          torch.float32, seed=3), torch.float32)
+    _passes("mlp", _args("mlp", dict(rows=(3, 11), K=17, hidden=45, N=9), torch.float32, seed=3))
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -97,8 +74,7 @@ def test_conv_bn_channels_last_rect_kernel_no_bias(training):
     w = args["conv_weight"][:, :, :2, :]  # a 2x3 kernel, as a strided view
     args["conv_weight"] = w
     args["conv_bias"] = None
-    _check_against_reference("conv_bn", args, torch.float32,
-                             mutated=("running_mean", "running_var") if training else ())
+    _passes("conv_bn", args)
 
 
 def test_conv_bn_train_updates_running_stats_once():
@@ -146,8 +122,7 @@ def test_gemm_rejects_mismatched_operands():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,N", [((1000,), 1023), ((3, 77), 4097), ((513,), 1), ((64,), 16384)])
 def test_layer_norm_gpu(dtype, rows, N):
-    _check_against_reference("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N),
-                             dtype)
+    _passes("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N))
 
 
 @pytest.mark.gpu
@@ -156,8 +131,7 @@ def test_layer_norm_gpu(dtype, rows, N):
 @pytest.mark.parametrize("rows,K,hidden,N", [((1000,), 512, 1536, 257), ((7, 33), 100, 300, 65),
                                              ((2048,), 1024, 4096, 1024)])
 def test_mlp_gpu(dtype, rows, K, hidden, N):
-    _check_against_reference("mlp", _args("mlp", dict(rows=rows, K=K, hidden=hidden, N=N), dtype,
-                                          seed=K), dtype)
+    _passes("mlp", _args("mlp", dict(rows=rows, K=K, hidden=hidden, N=N), dtype, seed=K))
 
 
 @pytest.mark.gpu
@@ -169,9 +143,7 @@ def test_mlp_gpu(dtype, rows, K, hidden, N):
     dict(N=3, C_in=19, H=17, W=20, C_out=33, k=3, stride=2, padding=1),
 ])
 def test_conv_bn_gpu(dtype, training, shape):
-    _check_against_reference("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"],
-                                              training=training), dtype,
-                             mutated=("running_mean", "running_var") if training else ())
+    _passes("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"], training=training))
 
 
 @pytest.mark.gpu

@@ -8,8 +8,9 @@ A spec module (`equivalence/specs/<component>.py`) defines
     OUTPUTS        names of the flattened outputs, in order
     DIFFERENTIABLE the arguments whose gradients are checked
     MUTATED        variant -> buffers the call updates in place (checked like outputs)
-    ZERO_GRADIENTS variant -> {input: other input} (optional): gradients that are exactly
-                   zero in that variant, measured against the other input's gradient norm
+    zero_gradient_scales(args, upstream, grads) -> {input: tensor} (optional): for inputs
+                   whose gradient is exactly zero on these arguments, the tensor whose norm
+                   the level's (rounding-sized) gradient is measured against instead
     make_args(shape, dtype, device, generator) -> dict of arguments, in signature order
     reference(**args) -> tuple of float64 outputs, written from the math (never by
                    calling a level), then the new values of the MUTATED buffers
@@ -39,7 +40,6 @@ class Case:
     differentiable: tuple[str, ...]
     mutated: tuple[str, ...]
     outputs: tuple[str, ...]
-    zero_gradients: dict
 
     @property
     def dtype(self) -> torch.dtype:
@@ -66,20 +66,38 @@ class Spec:
         self.outputs: tuple[str, ...] = tuple(module.OUTPUTS)
         self.differentiable: tuple[str, ...] = tuple(module.DIFFERENTIABLE)
 
-    def case(self, size: str, variant: str, dtype: torch.dtype, device, seed: int) -> Case:
-        if size not in self.sizes:
-            raise ValueError(f"argument 'size' must be one of {sorted(self.sizes)} for {self.name}; "
-                             f"got {size!r}")
+    def case(self, size: str | dict, variant: str, dtype: torch.dtype, device, seed: int) -> Case:
+        """Fresh random inputs for a size preset (or a dict of shape parameters) and variant."""
+        if isinstance(size, dict):
+            shape, size = size, "custom"
+        elif size in self.sizes:
+            shape = self.sizes[size]
+        else:
+            raise ValueError(f"argument 'size' must be one of {sorted(self.sizes)} for {self.name} "
+                             f"(or a dict of shape parameters); got {size!r}")
         if variant not in self.variants:
             raise ValueError(f"argument 'variant' must be one of {sorted(self.variants)} for "
                              f"{self.name}; got {variant!r}")
         generator = torch.Generator(device="cpu").manual_seed(seed)
-        args = self.module.make_args(self.sizes[size], dtype, torch.device(device), generator)
+        args = self.module.make_args(shape, dtype, torch.device(device), generator)
         args.update(self.variants[variant])
+        return self.case_from_args(args, size)
+
+    def case_from_args(self, args: dict, size: str = "custom") -> Case:
+        """A case made of arguments you choose (any shapes, strides or layouts). The variant
+        follows from the flags in `args` (a missing flag counts as False)."""
+        variant = next((name for name, flags in self.variants.items()
+                        if all(bool(args.get(k, False)) == v for k, v in flags.items())), None)
+        if variant is None:
+            raise ValueError(f"{self.name}: the arguments match no variant of {sorted(self.variants)}")
         mutated = tuple(self.module.MUTATED.get(variant, ()))
-        zero = dict(getattr(self.module, "ZERO_GRADIENTS", {}).get(variant, {}))
-        return Case(self.name, size, variant, args, self.differentiable, mutated,
-                    self.outputs + mutated, zero)
+        differentiable = tuple(n for n in self.differentiable if isinstance(args.get(n), torch.Tensor))
+        return Case(self.name, size, variant, dict(args), differentiable, mutated,
+                    self.outputs + mutated)
+
+    def zero_gradient_scales(self, args: dict, upstream, grads: dict) -> dict:
+        fn = getattr(self.module, "zero_gradient_scales", None)
+        return {} if fn is None else {k: v.detach() for k, v in fn(args, upstream, grads).items()}
 
     def reference(self, args: dict) -> tuple[torch.Tensor, ...]:
         return tuple(self.module.reference(**args))

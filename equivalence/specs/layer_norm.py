@@ -29,6 +29,15 @@ def reference(x, weight, bias, eps=1e-5):
     return ((x - mean) / torch.sqrt(var + eps) * weight + bias,)
 
 
+def zero_gradient_scales(args, upstream, grads):
+    # Width 1: x - mean(x) is exactly 0, the output is `bias` whatever x is, and grad x is
+    # exactly zero. Measure it against the size it has before that cancellation,
+    # rstd * weight * dy with rstd = 1/sqrt(eps).
+    if args["x"].shape[-1] != 1:
+        return {}
+    return {"x": upstream[0] * args["weight"] / args["eps"] ** 0.5}
+
+
 def flops(args):
     n = args["x"].numel()
     return {"fwd": 8 * n, "bwd": 12 * n}

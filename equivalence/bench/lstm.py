@@ -1,0 +1,74 @@
+"""LSTM speed goal: Level 4's persistent recurrence against nn.LSTM (cuDNN), same process.
+
+Forward (inference, no_grad), fp32 and bf16:
+  'bench'       B=8,  input 256, hidden 512, T=64   goal >= 1.0x nn.LSTM
+  'bench-large' B=64, input 512, hidden 512, T=100  reported, no goal
+FLOPs from equivalence/specs/lstm.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import Figure
+from .. import specs
+from ..timing import time_first_call, time_fn
+
+GOAL = 1.0
+SIZES = ("bench", "bench-large")
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def unavailable_reason(device) -> str | None:
+    if torch.device(device).type != "cuda":
+        return "the LSTM goal compares against cuDNN's nn.LSTM: needs a GPU"
+    import levels
+    return levels.status("triton", device, "lstm")
+
+
+def _cudnn_lstm(args):
+    I, H = args["x"].shape[-1], args["w_hh"].shape[1]
+    m = torch.nn.LSTM(I, H, batch_first=True).to(device=args["x"].device, dtype=args["x"].dtype)
+    with torch.no_grad():
+        for name in ("w_ih", "w_hh", "b_ih", "b_hh"):
+            getattr(m, f"{name.replace('w_', 'weight_').replace('b_', 'bias_')}_l0").copy_(args[name])
+    m.flatten_parameters()
+    return lambda: m(args["x"], (args["h0"], args["c0"]))
+
+
+def run(device) -> list[Figure]:
+    import levels
+    import triton_kernels.lstm as kernels
+
+    device = torch.device(device)
+    ours = levels.get("triton").lstm
+    spec = specs.get("lstm")
+    figures = []
+    for size in SIZES:
+        for dtype in DTYPES:
+            args = spec.case(size, "default", dtype, device, seed=0).args
+            shape = spec.sizes[size]
+            flops = spec.flops(args)["fwd"]
+            plan = kernels._plan(shape["B"], shape["H"], device)
+            call = lambda: ours(**args)  # noqa: E731
+            with torch.no_grad():
+                first = time_first_call(call, device)
+                t = time_fn(call, device)
+                try:
+                    base, why = time_fn(_cudnn_lstm(args), device), ""
+                except RuntimeError as exc:
+                    base, why = None, f"nn.LSTM unavailable at {dtype}: {exc}"
+            ratio = base.median_ms / t.median_ms if base else None
+            goal = GOAL if size == "bench" else None
+            figures.append(Figure(
+                component="lstm", name=f"forward {str(dtype)[6:]} {size}", level="triton",
+                dtype=str(dtype)[6:], shape=dict(shape), ms=t.median_ms,
+                spread_ms=(t.p20_ms, t.p80_ms), tflops=flops / t.median_ms / 1e9,
+                baseline="nn.LSTM (cuDNN)", baseline_ms=base.median_ms if base else None,
+                ratio=ratio, goal=goal,
+                met=(ratio >= goal) if (goal is not None and ratio is not None) else None,
+                notes=(f"recurrence mode {plan['mode']}, BLOCK_B={plan['BLOCK_B']} "
+                       f"BLOCK_H={plan['BLOCK_H']}; first call {first:.0f} ms. {why}").strip(),
+                extra={"us_per_step": 1e3 * t.median_ms / shape["T"],
+                       "baseline_us_per_step": 1e3 * base.median_ms / shape["T"] if base else None}))
+    return figures
