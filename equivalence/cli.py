@@ -169,8 +169,10 @@ def cmd_check(args, console) -> int:
                                      args.repeat)
     console.print(_check_table(results, f"levels check — size '{args.size}', device {device}"))
     if args.json:
+        from . import environment
         with open(args.json, "w") as f:
-            json.dump([r.to_dict() for r in results], f, indent=2)
+            json.dump({"environment": environment.describe(device), "command": sys.argv[1:],
+                       "results": [r.to_dict() for r in results]}, f, indent=2)
     ran = [r for r in results if r.status != "skip"]
     failed = [r for r in ran if not r.passed]
     console.print(f"{len(ran) - len(failed)} passed, {len(failed)} failed, "
@@ -226,7 +228,7 @@ def cmd_compare(args, console) -> int:
                       f"{r['first_call_ms']:.4g}" if r["first_call_ms"] else "—",
                       _ms(r["fwd"]), _ms(r["fwd_bwd"]),
                       f"{tp['tflops']:.3g}" if tp else "—", f"{tp['tbps']:.3g}" if tp else "—",
-                      "—" if be is None else str(be), (r["reason"] or r["notes"])[:70])
+                      "—" if be is None else str(be), (r["reason"] or r["notes"])[:120])
     console.print(table)
     console.print(f"wrote {json_path} and {png_path}")
     return EXIT_FAILED if failed else EXIT_OK
@@ -271,11 +273,12 @@ def cmd_bench(args, console) -> int:
 
     report = bench.run(_split(args.component, COMPONENTS, "component"), _device(args.device), args.out)
     table = Table(title=f"levels bench — {report['environment'].get('gpu') or 'CPU'}")
-    for col in ("component", "figure", "level", "ms", "TFLOP/s", "TB/s", "vs", "ratio", "goal", "met"):
+    for col in ("component", "figure", "level", "dtype", "ms", "TFLOP/s", "TB/s", "vs", "ratio", "goal",
+                "met"):
         table.add_column(col)
     for f in report["figures"]:
         met = {True: "[green]yes[/]", False: "[red]no[/]", None: ""}[f["met"]]
-        table.add_row(f["component"], f["name"], f["level"], f"{f['ms']:.4g}",
+        table.add_row(f["component"], f["name"], f["level"], f["dtype"], f"{f['ms']:.4g}",
                       f"{f['tflops']:.1f}" if f["tflops"] else "", f"{f['tbps']:.2f}" if f["tbps"] else "",
                       f["baseline"] or "", f"{f['ratio']:.2f}" if f["ratio"] else "",
                       f"≥{f['goal']}" if f["goal"] else "", met)

@@ -130,6 +130,12 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
         return Explanation(component, info.name, name, [Section(
             "no explain yet", f"Level {info.number} ({info.title}) has no explain yet: its code "
                               f"is in the module {info.module} and the files it calls.")])
+    if device.type == "cuda":
+        # Kernel levels summarize the code they compiled; compile it here, once per variant,
+        # forward and backward, on the spec's inputs (a level never imports the harness).
+        for var in variants:
+            _run(getattr(module, component), spec.case("small", var, dtype, device, seed=0))
+        torch.cuda.synchronize(device)
     return Explanation(component, info.name, name,
                        [Section(info.title, str(own(component, device)))])
 

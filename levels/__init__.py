@@ -20,12 +20,22 @@ import error as its reason; the harness shows it as skipped, never substitutes a
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
 from .contract import COMPONENTS
+
+# Without a GPU, Level 4 runs in Triton's CPU interpreter, which must be on before anything
+# imports triton (torch._dynamo does, so Level 3 would): triton.language builds its own
+# @jit helpers at import. So it is switched on here, at the root of the package; a triton
+# imported earlier than that makes Level 4 report itself unavailable, with this reason.
+TRITON_IMPORTED_TOO_EARLY = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ This module is thin on purpose: it validates with the shared contract, then call
 launcher in `triton_kernels/<component>.py`, which picks the grid and runs the kernels
 through an autograd.Function.
 
-Without a GPU, Level 4 runs in Triton's CPU interpreter (TRITON_INTERPRET=1), set here
-before any kernel is defined. It is slow (use the `tiny` sizes) and it does not emulate
+Without a GPU, Level 4 runs in Triton's CPU interpreter (TRITON_INTERPRET=1), switched on by
+`levels` itself before any kernel is defined. It is slow (use the `tiny` sizes) and it does not emulate
 bfloat16 arithmetic (the kernels upcast to fp32, as they must on a GPU anyway).
 """
 
@@ -27,10 +27,10 @@ import torch
 from .contract import (validate_attention, validate_conv_bn, validate_layer_norm,
                        validate_lstm, validate_mlp)
 
-if not torch.cuda.is_available():
-    # Must happen before `import triton`'s @triton.jit decorators run in triton_kernels.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from . import TRITON_IMPORTED_TOO_EARLY
 
+# `levels/__init__.py` has switched the interpreter on where there is no GPU (it must
+# happen before anything imports triton).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -43,6 +43,10 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
         import triton  # noqa: F401
     except ImportError as exc:
         return f"triton is not installed ({exc}); it ships for Linux only"
+    if INTERPRETED and TRITON_IMPORTED_TOO_EARLY:
+        return ("triton was imported before `levels`, so its interpreter (TRITON_INTERPRET=1) "
+                "could not be switched on in time: import levels first, or set TRITON_INTERPRET=1 "
+                "in the environment")
     if INTERPRETED and device.type != "cpu":
         return "TRITON_INTERPRET=1 is set: Triton kernels run on CPU tensors only in this process"
     if not INTERPRETED and device.type != "cuda":
@@ -112,35 +116,6 @@ _PTX_MARKERS = {  # instruction -> what it tells a reader
 }
 
 
-def _warm_up(component: str, device: torch.device) -> None:
-    """Run the component once, forward and backward, at a small size so its kernels compile.
-    (Inputs made here, not from equivalence.specs: levels never import the harness.)"""
-    g = torch.Generator(device="cpu").manual_seed(0)
-
-    def rnd(*shape, scale=1.0, shift=0.0):
-        t = torch.randn(shape, generator=g) * scale + shift
-        return t.to(device=device, dtype=torch.bfloat16).requires_grad_(True)
-
-    if component == "layer_norm":
-        out = layer_norm(rnd(64, 1024), rnd(1024, shift=1.0), rnd(1024))
-    elif component == "mlp":
-        out = mlp(rnd(256, 256, scale=0.1), rnd(512, 256, scale=0.06), rnd(512), rnd(256, 512, scale=0.04),
-                  rnd(256))
-    elif component == "conv_bn":
-        x = rnd(2, 64, 16, 16).detach().to(memory_format=torch.channels_last).requires_grad_(True)
-        w = rnd(64, 64, 3, 3, scale=0.04).detach().to(memory_format=torch.channels_last)
-        rm, rv = torch.zeros(64, device=device, dtype=torch.bfloat16), torch.ones(
-            64, device=device, dtype=torch.bfloat16)
-        out = conv_bn(x, w.requires_grad_(True), rnd(64), rnd(64, shift=1.0), rnd(64), rm, rv,
-                      1, 1, training=False)
-        out.float().sum().backward()
-        out = conv_bn(x, w, rnd(64), rnd(64, shift=1.0), rnd(64), rm, rv, 1, 1, training=True)
-    else:
-        return
-    out.float().sum().backward()
-    torch.cuda.synchronize(device)
-
-
 def _compiled(kernel, device: torch.device) -> list:
     caches = getattr(kernel, "device_caches", None)
     if caches is None:
@@ -169,10 +144,10 @@ def _summary(name: str, ck) -> list[str]:
     return lines
 
 
-def explain(component: str, device: str | torch.device = "cpu", warm_up: bool = True) -> str:
-    """Kernel source of `component`'s Triton kernels; on a GPU, a summary of each compiled
-    specialization (registers, shared memory, spills, the instructions that matter).
-    warm_up=False summarizes only what this process already compiled (e.g. after a benchmark)."""
+def explain(component: str, device: str | torch.device = "cpu") -> str:
+    """Kernel source of `component`'s Triton kernels; on a GPU, a summary of each
+    specialization this process has compiled (registers, shared memory, spills, the
+    instructions that matter). `levels explain` runs the component first, so there are some."""
     import inspect
 
     device = torch.device(device)
@@ -187,14 +162,12 @@ def explain(component: str, device: str | torch.device = "cpu", warm_up: bool = 
         fn = getattr(k, "fn", k)
         parts += [f"# ---- {fn.__name__} " + "-" * 40, inspect.getsource(fn)]
     if device.type == "cuda" and not INTERPRETED:
-        if warm_up:
-            _warm_up(component, device)
         parts.append(f"# ---- compiled on {torch.cuda.get_device_name(device)} " + "-" * 20)
         for k in kernels:
             name = getattr(k, "fn", k).__name__
             compiled = _compiled(k, device)
             if not compiled:
-                parts.append(f"  [{name}] not compiled by the warm-up call")
+                parts.append(f"  [{name}] not compiled in this process (not used by the calls so far)")
             for ck in compiled:
                 parts += _summary(name, ck)
     else:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-import levels
 from equivalence import bench, environment
 from equivalence.check import check
+from equivalence.explain import explain
 
 COMPONENTS = ["layer_norm", "mlp", "conv_bn"]
 
@@ -57,10 +57,9 @@ def main() -> int:
             print(f"{f['component']:10s} {f['name'][:28]:28s} {f['level']:8s} {f['dtype']:9s} "
                   f"{f['ms']:8.3f} {f['tflops'] or 0:7.1f} {f['tbps'] or 0:6.2f} "
                   f"{f['ratio'] or 0:6.3f} {f['goal'] or '':4} {str(f['met']):5s} {f['baseline'] or ''}")
-    L4 = levels.get("triton")
     for comp in COMPONENTS:
-        try:
-            text = L4.explain(comp, device, warm_up="--skip-bench" in sys.argv)
+        try:  # explain runs the component (small size, fwd+bwd) before summarizing its kernels
+            text = str(explain(comp, "triton", device, dtype="bfloat16"))
             report["explain"][comp] = text[text.find("# ---- compiled on"):]
         except Exception:  # noqa: BLE001 - report and go on to the benchmarks
             report["explain"][comp] = "explain failed:\n" + traceback.format_exc()

@@ -40,8 +40,10 @@ def test_check_writes_json(tmp_path):
     path = tmp_path / "check.json"
     assert main(["check", "--level", "native", "--component", "lstm", "--dtype", "fp32",
                  "--json", str(path)]) == EXIT_OK
-    [row] = json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    [row] = data["results"]
     assert row["status"] == "pass" and row["seed"] is not None and row["comparisons"]
+    assert data["environment"]["torch"] and data["environment"]["date"]
 
 
 def test_compare_writes_json_and_png(tmp_path, capsys):

@@ -1,6 +1,10 @@
 """Bad inputs raise a clear error naming the argument, at every level that can run here,
 before any kernel sees them."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -103,3 +107,12 @@ def test_unavailable_level_says_why():
     assert "not implemented" in levels.status("cuda", "cpu")
     with pytest.raises(NotImplementedError, match="Level 5"):
         levels.get("cuda").mlp(*good_args("mlp").values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is used only without a GPU")
+def test_triton_imported_too_early_is_reported_not_crashed():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import triton, levels; print(levels.status('triton', 'cpu', 'mlp'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    assert "triton was imported before `levels`" in out.stdout
