@@ -44,8 +44,8 @@ import os
 import threading
 
 import torch
-import torch.nn.functional as F
 
+from . import native
 from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
                        validate_mlp)
 
@@ -136,76 +136,22 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# The math, written exactly as one would in eager PyTorch (as Level 1), without the input
-# validation: that runs eagerly before the call, so that a bad input fails with the
-# contract's error instead of inside a trace.
+# The math is Level 1's, function for function, without the input validation: that runs
+# eagerly before the call, so a bad input fails with the contract's error instead of
+# inside a trace. What Inductor makes of each (see `levels explain ... --level compile`):
+#   attention   unmasked: rewritten into one fused SDPA call; causal: two GEMMs around
+#               one fused scale-mask-softmax kernel
+#   layer_norm  one "persistent reduction" kernel per row block: statistics and output
+#   mlp         the bias and the GELU in one pass over the first GEMM's output
+#   lstm        Dynamo unrolls the time loop: T copies of the cell in one graph, each a
+#               GEMM plus one fused kernel for all the gate math (long T, long compile)
+#   conv_bn     the normalization fused into one pass after the convolution; BN is folded
+#               into the weights only when they are constants (freezing), which a
+#               training-capable call is not; in training mode AOTAutograd turns the
+#               in-place running-stat updates into a functional graph plus copies back
 # ---------------------------------------------------------------------------------------
 
-def attention_math(q, k, v, causal: bool, scale: float):
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
-def layer_norm_math(x, weight, bias, eps: float):
-    # Two reductions and a pointwise chain: Inductor emits one kernel per row block that
-    # computes mean and variance and writes the normalized output (a "persistent reduction").
-    x32 = x.float()
-    mean = x32.mean(dim=-1, keepdim=True)
-    centered = x32 - mean
-    var = (centered * centered).mean(dim=-1, keepdim=True)
-    y = centered * torch.rsqrt(var + eps)
-    return (y * weight.float() + bias.float()).to(x.dtype)
-
-
-def mlp_math(x, w1, b1, w2, b2):
-    # F.linear + exact GELU, as in Level 1: Inductor applies the bias and the GELU in one
-    # pass over the GEMM's output (and recomputes GELU's input in the backward).
-    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
-
-
-def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-    # Dynamo unrolls the Python loop: T copies of the cell in one graph, each a GEMM plus
-    # one fused kernel for all the gate math. Long sequences mean long compiles.
-    x_proj = F.linear(x, w_ih, b_ih + b_hh)
-    h, c = h0[0], c0[0]
-    outputs = []
-    for t in range(x.shape[1]):
-        gates = x_proj[:, t] + h @ w_hh.t()
-        i, f, g, o = gates.chunk(4, dim=-1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        outputs.append(h)
-    return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
-
-
-def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
-                 stride, padding, eps: float, momentum: float, training: bool):
-    # Eval mode: Inductor fuses the normalization into one pass after the convolution. It
-    # folds BN into the conv weights only when weights are constants (freezing, inference
-    # with torch._inductor.config.freezing=True), which a training-capable call is not.
-    # Training mode: the in-place running-stat updates are captured too: AOTAutograd
-    # turns them into a functional graph plus copies back into the caller's buffers.
-    y32 = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding).float()
-    if training:
-        mean = y32.mean(dim=(0, 2, 3))
-        var = y32.var(dim=(0, 2, 3), unbiased=False)
-        n = y32.numel() // y32.shape[1]
-        with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_((momentum * mean).to(running_mean.dtype))
-            unbiased = var * n / (n - 1)
-            running_var.mul_(1 - momentum).add_((momentum * unbiased).to(running_var.dtype))
-    else:
-        mean, var = running_mean.float(), running_var.float()
-    scale = bn_weight.float() * torch.rsqrt(var + eps)
-    shift = bn_bias.float() - mean * scale
-    return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
-
-
-MATH = {"attention": attention_math, "layer_norm": layer_norm_math, "mlp": mlp_math,
-        "lstm": lstm_math, "conv_bn": conv_bn_math}
+MATH = {c: getattr(native, f"{c}_math") for c in ("attention", "layer_norm", "mlp", "lstm", "conv_bn")}
 
 
 def compiled(component: str, device: str | torch.device = "cpu"):
@@ -255,16 +201,7 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
     return None
 
 
-def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
-    # Inductor's pointwise and reduction kernels compute fp32 in fp32. GEMMs (extern calls
-    # or max-autotune templates) and convolutions follow the same switches as eager.
-    if torch.device(device).type != "cuda" or dtype != torch.float32:
-        return False
-    if component == "conv_bn":
-        return torch.backends.cudnn.allow_tf32
-    if component in ("attention", "mlp", "lstm"):
-        return torch.backends.cuda.matmul.allow_tf32
-    return False
+uses_tf32 = native.uses_tf32  # the same library GEMMs/convolutions as Level 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,30 +28,45 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
 
 
 def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cuda" or dtype != torch.float32:
+    """Whether fp32 math runs in TF32: only the library GEMMs and convolutions can, and they
+    follow torch's switches (Levels 2 and 3 make the same library calls, and share this)."""
+    if torch.device(device).type != "cuda" or dtype != torch.float32:
         return False
     if component == "conv_bn":
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    return torch.backends.cuda.matmul.allow_tf32
+    if component in ("attention", "mlp", "lstm"):
+        return torch.backends.cuda.matmul.allow_tf32
+    return False  # layer_norm: pointwise and reductions only
 
+
+# Each component is its contract function (validate, then compute) over a plain math
+# function. The math is public because Level 3 compiles exactly this code.
 
 def attention(q, k, v, causal=False, scale=None):
+    s = validate_attention(q, k, v, causal, scale)
+    return attention_math(q, k, v, causal, s["scale"])
+
+
+def attention_math(q, k, v, causal: bool, scale: float):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
     # that Level 4 builds by hand.)
-    s = validate_attention(q, k, v, causal, scale)
-    scores = torch.matmul(q, k.transpose(-2, -1)) * s["scale"]
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
-        future = torch.ones(s["Nq"], s["Nk"], dtype=torch.bool, device=q.device).triu(1)
+        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
+    validate_layer_norm(x, weight, bias, eps)
+    return layer_norm_math(x, weight, bias, float(eps))
+
+
+def layer_norm_math(x, weight, bias, eps: float):
     # Written out op by op (F.layer_norm is already a hand-fused kernel, the thing
     # Levels 3-5 rebuild). Each line below is one kernel and one pass over memory.
-    validate_layer_norm(x, weight, bias, eps)
     x32 = x.float()
     mean = x32.mean(dim=-1, keepdim=True)
     centered = x32 - mean
@@ -62,19 +77,27 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
+    return mlp_math(x, w1, b1, w2, b2)
+
+
+def mlp_math(x, w1, b1, w2, b2):
     hidden = F.linear(x, w1, b1)  # GEMM with the bias folded in (addmm)
     hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
     return F.linear(hidden, w2, b2)
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-    s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+
+
+def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     # The input projection does not depend on h, so all T steps share one big GEMM
     # (B*T rows) before the loop; only h @ W_hh^T must stay inside it.
     x_proj = F.linear(x, w_ih, b_ih + b_hh)  # (B, T, 4H)
     h, c = h0[0], c0[0]
     outputs = []
-    for t in range(s["T"]):
+    for t in range(x.shape[1]):
         gates = x_proj[:, t] + h @ w_hh.t()
         i, f, g, o = gates.chunk(4, dim=-1)  # nn.LSTM's gate order
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -87,19 +110,23 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                          stride, padding, eps, momentum, training)
-    y = F.conv2d(x, conv_weight, conv_bias, stride=s["stride"], padding=s["padding"])
-    y32 = y.float()
+    return conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                        s["stride"], s["padding"], float(eps), float(momentum), training)
+
+
+def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                 stride, padding, eps: float, momentum: float, training: bool):
+    y32 = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding).float()
     if training:
         mean = y32.mean(dim=(0, 2, 3))
         var = y32.var(dim=(0, 2, 3), unbiased=False)  # normalize with the biased variance...
         with torch.no_grad():
-            n = y.numel() // y.shape[1]
+            n = y32.numel() // y32.shape[1]
             # ...but track the unbiased one, exactly as BatchNorm2d does.
-            running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
-            running_var.mul_(1 - momentum).add_(momentum * (var * n / (n - 1)).to(running_var.dtype))
+            running_mean.mul_(1 - momentum).add_((momentum * mean).to(running_mean.dtype))
+            running_var.mul_(1 - momentum).add_((momentum * var * n / (n - 1)).to(running_var.dtype))
     else:
         mean, var = running_mean.float(), running_var.float()
     scale = bn_weight.float() * torch.rsqrt(var + eps)
     shift = bn_bias.float() - mean * scale
-    out = y32 * scale[None, :, None, None] + shift[None, :, None, None]
-    return out.to(x.dtype)
+    return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)

@@ -47,6 +47,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import native
 from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
                        validate_mlp)
 
@@ -251,16 +252,7 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
     return None
 
 
-def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
-    # The fused groups are pointwise (never TF32); the GEMMs and convolutions are the same
-    # cuBLAS / cuDNN calls as Level 1 and follow the same switches.
-    if torch.device(device).type != "cuda" or dtype != torch.float32:
-        return False
-    if component == "conv_bn":
-        return torch.backends.cudnn.allow_tf32
-    if component in ("attention", "mlp", "lstm"):
-        return torch.backends.cuda.matmul.allow_tf32
-    return False
+uses_tf32 = native.uses_tf32  # the same cuBLAS/cuDNN calls as Level 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from levels.contract import COMPONENTS
 
 from .. import environment
-from ..timing import time_fn
+from ..timing import time_first_call, time_fn
 
 
 @dataclass
@@ -46,6 +46,29 @@ class Figure:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def needs_cuda(device) -> str | None:
+    """The usual `unavailable_reason` of a benchmark module: the goals are GPU figures."""
+    if torch.device(device).type != "cuda":
+        return "the speed goals are H100 figures: needs a CUDA GPU"
+    return None
+
+
+def figure(component, name, level, dtype, shape, fn, device, *, flops=None, nbytes=None,
+           baseline=None, baseline_ms=None, goal=None, notes="", extra=None) -> Figure:
+    """Time `fn` (its first call separately, then the steady state) into a Figure."""
+    first_ms = time_first_call(fn, device)
+    t = time_fn(fn, device)
+    ratio = baseline_ms / t.median_ms if baseline_ms else None
+    return Figure(component=component, name=name, level=level,
+                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=t.median_ms,
+                  spread_ms=(t.p20_ms, t.p80_ms),
+                  tflops=flops / (t.median_ms * 1e-3) / 1e12 if flops else None,
+                  tbps=nbytes / (t.median_ms * 1e-3) / 1e12 if nbytes else None,
+                  baseline=baseline, baseline_ms=baseline_ms, ratio=ratio, goal=goal,
+                  met=(ratio >= goal) if (goal is not None and ratio is not None) else None,
+                  notes=notes, extra={"first_call_ms": first_ms, "runs": t.runs} | (extra or {}))
 
 
 def copy_tbps(nbytes: int, device, dtype=torch.float32) -> float:

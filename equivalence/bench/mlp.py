@@ -9,30 +9,7 @@ import torch
 import levels
 from equivalence import specs
 
-from . import Figure
-from ..timing import time_first_call, time_fn
-
-
-def figure(component, name, level, dtype, shape, fn, device, *, flops=None, nbytes=None,
-           baseline=None, baseline_ms=None, goal=None, notes="", extra=None) -> Figure:
-    """Time `fn` (first call separately, then steady state) and build a Figure."""
-    first_ms = time_first_call(fn, device)
-    t = time_fn(fn, device)
-    ratio = baseline_ms / t.median_ms if baseline_ms else None
-    return Figure(component=component, name=name, level=level,
-                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=t.median_ms,
-                  spread_ms=(t.p20_ms, t.p80_ms),
-                  tflops=flops / (t.median_ms * 1e-3) / 1e12 if flops else None,
-                  tbps=nbytes / (t.median_ms * 1e-3) / 1e12 if nbytes else None,
-                  baseline=baseline, baseline_ms=baseline_ms, ratio=ratio, goal=goal,
-                  met=(ratio >= goal) if (goal is not None and ratio is not None) else None,
-                  notes=notes, extra={"first_call_ms": first_ms, "runs": t.runs} | (extra or {}))
-
-
-def needs_cuda(device) -> str | None:
-    if torch.device(device).type != "cuda":
-        return "the Level 4 speed goals are H100 figures: needs a CUDA GPU"
-    return None
+from . import figure, needs_cuda
 
 
 unavailable_reason = needs_cuda
