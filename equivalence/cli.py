@@ -282,7 +282,8 @@ def cmd_bench(args, console) -> int:
                       f"{f['tflops']:.1f}" if f["tflops"] else "", f"{f['tbps']:.2f}" if f["tbps"] else "",
                       f["baseline"] or "", f"{f['ratio']:.2f}" if f["ratio"] else "",
                       f"≥{f['goal']}" if f["goal"] else "", met)
-    console.print(table)
+    if report["figures"]:
+        console.print(table)
     for comp, reason in report["skipped"].items():
         console.print(f"[yellow]skipped {comp}[/]: {reason}")
     console.print(f"wrote {args.out}/bench.json")

@@ -47,7 +47,7 @@ def test_check_writes_json(tmp_path):
 
 
 def test_compare_writes_json_and_png(tmp_path, capsys):
-    code = main(["compare", "--level", "native,cuda", "--component", "mlp,conv_bn", "--size", "tiny",
+    code = main(["compare", "--level", "native,triton,cuda", "--component", "mlp,conv_bn", "--size", "tiny",
                  "--check-size", "tiny", "--out", str(tmp_path)])
     assert code == EXIT_OK
     report = json.loads((tmp_path / "compare.json").read_text())
@@ -57,6 +57,8 @@ def test_compare_writes_json_and_png(tmp_path, capsys):
     assert rows["conv_bn", "native"]["first_call_ms"] > 0
     assert rows["mlp", "cuda"]["status"] == "skip" and "not implemented" in rows["mlp", "cuda"]["reason"]
     assert len(rows["conv_bn", "native"]["checks"]) == 2  # eval and train
+    if rows["mlp", "triton"]["status"] == "untimed":  # the interpreter: checked, never timed
+        assert rows["mlp", "triton"]["check"] == "pass" and rows["mlp", "triton"]["fwd"] is None
     assert report["environment"]["torch"]
     png = (tmp_path / "compare.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -74,3 +76,18 @@ def test_help_teaches_the_levels():
                          check=True).stdout
     for word in ("native", "torchscript", "compile", "triton", "cuda", "float64 reference"):
         assert word in out
+
+
+def test_explain_prints_the_components_ops(capsys):
+    assert main(["explain", "--component", "layer_norm", "--level", "native"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "aten" in out and ("mean" in out or "rsqrt" in out)
+
+
+def test_bench_without_gpu_says_why(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU this runs the real benchmark")
+    assert main(["bench", "--component", "layer_norm", "--out", str(tmp_path)]) == EXIT_NOTHING_RAN
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert json.loads((tmp_path / "bench.json").read_text())["skipped"]["layer_norm"]
