@@ -115,11 +115,20 @@ def uses_tf32(device, dtype) -> bool:
     return False  # no dot products
 
 
-def _tiling(N: int):
+# (width, element size) -> (BLOCK_M, num_warps) replacing the rule below in the forward
+# pass. Empty by default; `levels bench` fills it for a moment to time alternatives (the
+# bf16 forward misses its bandwidth goal with the rule's one-row, 8-warp programs).
+FORWARD_TILING: dict[tuple[int, int], tuple[int, int]] = {}
+
+
+def _tiling(N: int, element_size: int | None = None):
     """(BLOCK_M, BLOCK_N, num_warps): about 4-8K elements per program, whole rows."""
     BLOCK_N = triton.next_power_of_2(N)
     if INTERPRETED:
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
+    if (N, element_size) in FORWARD_TILING:
+        BLOCK_M, num_warps = FORWARD_TILING[(N, element_size)]
+        return BLOCK_M, BLOCK_N, num_warps
     BLOCK_M = max(1, 4096 // BLOCK_N)  # narrow rows: several rows per program
     elems = BLOCK_M * BLOCK_N
     num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
@@ -147,7 +156,7 @@ class _LayerNorm(torch.autograd.Function):
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         mean = torch.empty((M,), device=x.device, dtype=torch.float32)
         rstd = torch.empty((M,), device=x.device, dtype=torch.float32)
-        BLOCK_M, BLOCK_N, num_warps = _tiling(N)
+        BLOCK_M, BLOCK_N, num_warps = _tiling(N, x.element_size())
         layer_norm_fwd_kernel[(triton.cdiv(M, BLOCK_M),)](
             x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)

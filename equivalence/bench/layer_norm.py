@@ -1,6 +1,10 @@
 """layer_norm speed goals (issue 4): Triton forward >= 0.9x copy bandwidth and >= 1.0x
 torch.compile, fp32 and bf16 at 16384x4096; backward >= 0.6x copy bandwidth counting the
-bytes it must move (read x and dy, write dx)."""
+bytes it must move (read x and dy, write dx).
+
+The forward is also swept over (rows per program, warps) — figures named "forward sweep",
+no goal — to measure what the default tiling leaves on the table (bf16 missed 0.9x copy
+with one 8 KB row per 8-warp program: too few bytes in flight per thread?)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,27 @@ from . import copy_tbps, figure, needs_cuda
 
 
 unavailable_reason = needs_cuda
+
+SWEEP = ((1, 4), (1, 8), (2, 8), (2, 16), (4, 16))  # (BLOCK_M rows per program, num_warps)
+
+
+def _sweep(ours, x, dtype, shp, device, nbytes, copy_ms, copy) -> list:
+    import triton_kernels.layer_norm as kernels
+
+    key = (x.shape[-1], x.element_size())
+    reference = ours()
+    figs = []
+    for block_m, warps in SWEEP:
+        kernels.FORWARD_TILING[key] = (block_m, warps)
+        try:
+            err = float((ours().float() - reference.float()).norm() / reference.float().norm())
+            figs.append(figure("layer_norm", f"forward sweep BLOCK_M={block_m} warps={warps}",
+                               "triton", dtype, shp, ours, device, nbytes=nbytes,
+                               baseline=f"copy {copy:.2f} TB/s", baseline_ms=copy_ms,
+                               extra={"rel_diff_vs_default_tiling": err}))
+        finally:
+            kernels.FORWARD_TILING.pop(key)
+    return figs
 
 
 def run(device) -> list:
@@ -46,6 +71,7 @@ def run(device) -> list:
                                device, nbytes=nbytes["fwd"], baseline="torch.compile(F.layer_norm)",
                                baseline_ms=f_comp.ms, goal=1.0))
             figs.append(f_comp)
+            figs += _sweep(ours, x, dtype, shp, device, nbytes["fwd"], copy_fwd_ms, copy)
         xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
         y = triton_level.layer_norm(xg, wg, bg, eps)
         dy = torch.randn_like(y)
