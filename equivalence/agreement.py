@@ -9,7 +9,7 @@ level is from the truth and the rest how far levels are from one another.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -30,9 +30,6 @@ class Agreement:
     matrix: list[list[float]]
     skipped: dict[str, str]
     seed: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
