@@ -3,6 +3,7 @@
 One module per component (`equivalence/bench/<component>.py`) defines
 
     def run(device) -> list[Figure]
+    def unavailable_reason(device) -> str | None   (optional; default: needs a CUDA GPU)
 
 timing its level(s) and the baselines the goals name (eager PyTorch, torch.compile,
 cuDNN, SDPA backends, a plain copy for bandwidth) in the same process, with
@@ -100,7 +101,7 @@ def run(components=None, device=None, out_dir: str | Path | None = None) -> dict
             report["skipped"][c] = "no benchmark module for this component yet"
             continue
         module = importlib.import_module(f"{__name__}.{c}")
-        reason = getattr(module, "unavailable_reason", lambda d: None)(device)
+        reason = getattr(module, "unavailable_reason", needs_cuda)(device)
         if reason:
             report["skipped"][c] = reason
             continue

@@ -10,10 +10,8 @@ import torch.nn.functional as F
 import levels
 from equivalence import specs
 
-from . import figure, needs_cuda
+from . import figure
 
-
-unavailable_reason = needs_cuda
 
 
 def run(device) -> list:

@@ -14,10 +14,8 @@ import torch.nn.functional as F
 import levels
 from equivalence import specs
 
-from . import copy_tbps, figure, needs_cuda
+from . import copy_tbps, figure
 
-
-unavailable_reason = needs_cuda
 
 SWEEP = ((1, 4), (1, 8), (2, 8), (2, 16), (4, 16))  # (BLOCK_M rows per program, num_warps)
 

@@ -9,10 +9,8 @@ import torch
 import levels
 from equivalence import specs
 
-from . import figure, needs_cuda
+from . import figure
 
-
-unavailable_reason = needs_cuda
 
 
 def run(device) -> list:
