@@ -7,6 +7,11 @@ Rules (the reasons are the lesson):
   context switch) and the 20th/80th percentiles as the spread.
 - GPU: CUDA events around each call, and the L2 cache flushed before each one (as
   triton.testing.do_bench does), so a 50 MB tensor is not "read" from a 50 MB cache.
+  Events time the GPU's queue, so if Python enqueues a call more slowly than the GPU runs
+  it (autograd + several launches around a 0.2 ms kernel), the figure is the CPU's pace,
+  not the kernels': what a user feels, and the default. `prime=True` asks for kernel time
+  instead: a GPU-side sleep (torch.cuda._sleep) holds the queue while Python enqueues a
+  batch of calls, so no call waits for the CPU. Bandwidth goals use it, on both sides.
 - CPU: torch.utils.benchmark.Timer, which handles threads and picks the repeat count.
 """
 
@@ -26,6 +31,7 @@ class Timing:
     p80_ms: float
     runs: int
     method: str
+    cpu_enqueue_ms: float | None = None  # GPU: CPU time to enqueue one call (+ the L2 flush)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,16 +62,34 @@ def _quantile(values: list[float], q: float) -> float:
 _L2_FLUSH: dict = {}
 
 
-def _time_cuda(fn, device: torch.device, min_time_s: float, warmup: int, max_runs: int) -> Timing:
+_BATCH = 10
+_CYCLES_PER_S = 2.0e9  # above any SM clock we run on: a slower clock only sleeps longer
+
+
+def _time_cuda(fn, device: torch.device, min_time_s: float, warmup: int, max_runs: int,
+               prime: bool) -> Timing:
     flush = _L2_FLUSH.setdefault(device, torch.empty(256 * 2 ** 20, dtype=torch.int8, device=device))
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if prime and sleep is None:
+        raise RuntimeError("time_fn(prime=True) needs torch.cuda._sleep, which this torch lacks")
+    enqueue_s = []
     for _ in range(warmup):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        flush.zero_()
         fn()
+        enqueue_s.append(time.perf_counter() - t0)  # CPU time to enqueue, GPU still busy
     torch.cuda.synchronize(device)
+    # Sleep for twice the CPU time a batch takes to enqueue (plus 50 us per call for the
+    # events), so the GPU is still asleep when the batch's last call is in the queue.
+    cycles = int(2 * _BATCH * (min(enqueue_s) + 50e-6) * _CYCLES_PER_S)
     times: list[float] = []
     budget_end = time.perf_counter() + min_time_s
     while len(times) < max_runs and (len(times) < 10 or time.perf_counter() < budget_end):
+        if prime:
+            sleep(cycles)
         batch = []
-        for _ in range(10):
+        for _ in range(_BATCH):
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -75,7 +99,8 @@ def _time_cuda(fn, device: torch.device, min_time_s: float, warmup: int, max_run
         torch.cuda.synchronize(device)
         times += [s.elapsed_time(e) for s, e in batch]
     return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), len(times),
-                  "cuda-events, L2 flushed")
+                  "cuda-events, L2 flushed" + (", queue primed (kernel time)" if prime else ""),
+                  cpu_enqueue_ms=min(enqueue_s) * 1e3)
 
 
 def _time_cpu(fn, min_time_s: float, warmup: int) -> Timing:
@@ -89,11 +114,13 @@ def _time_cpu(fn, min_time_s: float, warmup: int) -> Timing:
                   m.number_per_run * len(m.times), "torch.utils.benchmark")
 
 
-def time_fn(fn, device, min_time_s: float = 0.3, warmup: int = 3, max_runs: int = 1000) -> Timing:
-    """Steady-state timing of `fn()` (call `time_first_call` before it for the cold start)."""
+def time_fn(fn, device, min_time_s: float = 0.3, warmup: int = 3, max_runs: int = 1000,
+            prime: bool = False) -> Timing:
+    """Steady-state timing of `fn()` (call `time_first_call` before it for the cold start).
+    prime=True (GPU only): kernel time, without the CPU's enqueue time; see the module doc."""
     device = torch.device(device)
     if device.type == "cuda":
-        return _time_cuda(fn, device, min_time_s, warmup, max_runs)
+        return _time_cuda(fn, device, min_time_s, warmup, max_runs, prime)
     return _time_cpu(fn, min_time_s, warmup)
 
 

@@ -39,6 +39,24 @@ def test_time_fn_reports_median_and_spread():
     assert time_first_call(lambda: x @ x, "cpu") > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_fn_primed_queue_excludes_the_cpu():
+    # 300 tiny launches: the CPU needs far longer to enqueue them than the GPU to run them,
+    # so the end-to-end figure is the CPU's pace and the primed one only the kernels'.
+    x = torch.randn(64, device="cuda")
+
+    def launches():
+        for _ in range(300):
+            x.add_(1e-6)
+
+    plain = time_fn(launches, "cuda", min_time_s=0.05)
+    primed = time_fn(launches, "cuda", min_time_s=0.05, prime=True)
+    assert "primed" in primed.method and "primed" not in plain.method
+    assert plain.cpu_enqueue_ms > 0
+    assert primed.median_ms < 0.9 * plain.median_ms, (primed, plain)
+
+
 def test_profile_skips_with_reason_and_times_native():
     p = profile("mlp", "cuda", size="tiny")
     assert p.status == "skip" and "not implemented" in p.reason

@@ -106,6 +106,18 @@ def test_float64_is_refused_by_name(component):
         getattr(L4, component)(**args)
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_mlp_with_subtiled_epilogue(split, monkeypatch):
+    # SPLIT_N=2 (the epilogue on two half tiles) is only ever picked by autotune on a GPU;
+    # pinning it here puts its reshape/split path and every epilogue (GELU+save, GELU',
+    # none) through the interpreter and the harness.
+    from triton_kernels import gemm
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, SPLIT_N=split, num_warps=4,
+               num_stages=1 if DEVICE == "cpu" else 3)
+    monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
+    _passes("mlp", _args("mlp", dict(rows=(37,), K=40, hidden=72, N=33), torch.float32, seed=split))
+
+
 def test_gemm_rejects_mismatched_operands():
     from triton_kernels.gemm import gemm
     a = torch.randn(4, 5, device=DEVICE)
@@ -123,6 +135,19 @@ def test_gemm_rejects_mismatched_operands():
 @pytest.mark.parametrize("rows,N", [((1000,), 1023), ((3, 77), 4097), ((513,), 1), ((64,), 16384)])
 def test_layer_norm_gpu(dtype, rows, N):
     _passes("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tiling", [(2, 8, 4), (4, 16, 2), (1, 4, 8)])
+def test_layer_norm_gpu_backward_tilings(dtype, tiling, monkeypatch):
+    # The tilings the benchmark sweeps must compute the same gradients (rows not a multiple
+    # of BLOCK_M or of the programs: the last program's share is ragged).
+    import triton_kernels.layer_norm as kernels
+    key = (1000, torch.empty((), dtype=dtype).element_size())
+    monkeypatch.setattr(kernels, "BACKWARD_TILING", {key: tiling})
+    _passes("layer_norm", _args("layer_norm", dict(rows=(777,), N=1000), dtype, seed=tiling[0]))
 
 
 @pytest.mark.gpu

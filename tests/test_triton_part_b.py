@@ -135,3 +135,16 @@ def test_lstm_gpu_recurrence_modes(mode, monkeypatch):
     monkeypatch.setattr(kernels, "_MODE", mode)
     assert kernels._plan(3, 48, torch.device("cuda"))["mode"] == mode
     _passes("lstm", _lstm_args(3, 9, 20, 48, torch.float32, seed=2))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dot", ["tf32x3", "ieee"])
+def test_lstm_gpu_fp32_dot_modes(dot, monkeypatch):
+    # fp32 recurrence dots: 3xTF32 (the default) and exact FMAs must both meet the fp32 bound.
+    import triton_kernels.lstm as kernels
+    monkeypatch.setattr(kernels, "FP32_DOT", dot)
+    _passes("lstm", _lstm_args(8, 64, 256, 512, torch.float32, seed=9))
+    monkeypatch.setattr(kernels, "FP32_DOT", "tf32")
+    with pytest.raises(ValueError, match="LSTM_TRITON_FP32_DOT"):
+        L4.lstm(**_lstm_args(2, 3, 4, 16, torch.float32))

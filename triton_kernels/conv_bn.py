@@ -23,9 +23,11 @@ What it adds over torch.compile / cuDNN + a BN kernel:
   the same G that gives dW: y is never recomputed or stored.
 
 Measured (H100, bf16 channels_last, N=32, 128 -> 256, 64x64, 3x3 pad 1,
-reports/h100-triton-part-a.json): eval forward 0.263 ms = 295 TFLOP/s, 1.08x eager
-cuDNN Conv2d + BatchNorm2d (goal 0.75x); train forward 0.76x, train forward+backward
-0.54x (the statistics and BN-backward passes over y are separate kernels).
+reports/h100-bench.json and h100-triton-part-a.json): eval forward 0.26-0.34 ms =
+228-301 TFLOP/s, 0.83-1.10x eager cuDNN Conv2d + BatchNorm2d over three runs (goal
+0.75x; the autotuner's pick between close configs varies from run to run); train forward
+0.63-0.76x, train forward+backward 0.43-0.60x (the statistics and BN-backward passes over
+y are separate kernels).
 
 What it costs: our own tiling and tuning instead of cuDNN's; the batch statistics need a
 pass over y between the convolution and the output (train mode is not the fast path).

@@ -12,12 +12,13 @@ What it costs: five GEMMs we tile and tune ourselves instead of cuBLAS's, an ext
 H = X W1^T + b1 in backward, costs a third more FLOPs), and the bias gradients as two
 column-sum passes. No torch matmul anywhere: that would be Level 1 in disguise.
 
-Measured (H100, bf16, M=8192, 4096 -> 16384 -> 4096, reports/h100-triton-part-a.json):
-forward 4.39 ms = 501 TFLOP/s vs eager cuBLAS + GELU 3.19 ms = 688 TFLOP/s (0.73x, goal
-1.0x missed); forward+backward 0.86x. The gap is the GEMM main loop itself, not the
-epilogue: cuBLAS runs a persistent, warp-specialized TMA kernel; this one issues cp.async
-+ wgmma from every warp, and its 128x256 tile with the GELU epilogue needs 255 registers
-and spills (see `levels explain --level triton`).
+Measured (H100, bf16, M=8192, 4096 -> 16384 -> 4096, reports/h100-bench.json): forward
+3.89 ms = 565 TFLOP/s vs eager cuBLAS + GELU 3.29 ms = 668 TFLOP/s (0.85x, goal 1.0x
+missed); forward+backward 0.94x. Subtiling the epilogue (gemm.py SPLIT_N) took the
+128x256 tile from 460-506 TFLOP/s (spilling: 42 and 292 registers) to 565-578. The rest
+of the gap is the GEMM main loop: cuBLAS runs a persistent, warp-specialized TMA kernel
+whose epilogue overlaps the next tile's loads; this one issues cp.async + wgmma from
+every warp and stops the tensor cores for its epilogue (`levels explain --level triton`).
 
 Shapes: x (..., K) is viewed as (M, K) (a copy only if its strides do not allow a view),
 w1 (hidden, K), w2 (N, hidden), as nn.Linear stores them; X @ W1^T is gemm(x, w1.t()).
