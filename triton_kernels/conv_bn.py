@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import column_sum
+from .gemm import column_sum, grouped_tile
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -65,14 +65,7 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr,
                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(P, BLOCK_M)
-    num_pid_n = tl.cdiv(C_out, BLOCK_N)
-    group_size = GROUP_M * num_pid_n
-    first_m = (pid // group_size) * GROUP_M
-    rows_in_group = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
+    pid_m, pid_n = grouped_tile(P, C_out, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_o = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -66,6 +66,20 @@ def gelu_grad(x):
 
 
 @triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n): this program's output tile, in grouped order. Walk GROUP_M tile-rows
+    down a column of tiles before moving right, so the B columns just loaded are reused by
+    the next programs (L2 hits). Shared by every tiled GEMM of Level 4 (conv_bn too)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * num_pid_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % group_size) % rows_in_group, (pid % group_size) // rows_in_group
+
+
+@triton.jit
 def _epilogue(acc, offs_m, offs_n, c_ptr, bias_ptr, aux_ptr, M, N,
               stride_cm, stride_cn, stride_xm, stride_xn,
               HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ACCUMULATE: tl.constexpr):
@@ -96,16 +110,7 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
                 UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr = 1):
-    # Grouped tile order: walk GROUP_M tile-rows down a column of tiles before moving
-    # right, so the B columns just loaded are reused by the next programs (L2 hits).
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group_size = GROUP_M * num_pid_n
-    first_m = (pid // group_size) * GROUP_M
-    rows_in_group = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

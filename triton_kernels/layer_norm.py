@@ -155,9 +155,9 @@ def _backward_tiling(N: int, element_size: int):
     with 16 warps and 2 programs per SM. Measured at 16384x4096 on an H100 (`levels bench`
     "backward sweep", kernel time): bf16 0.171 ms (0.83x copy) vs 0.222 ms (0.64x) for one
     row per iteration, 8 warps, 4 programs per SM; fp32 0.315 vs 0.327 ms."""
-    BLOCK_N = triton.next_power_of_2(N)
     if INTERPRETED:
-        return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4, 1
+        return (*_tiling(N), 1)
+    BLOCK_N = triton.next_power_of_2(N)
     if (N, element_size) in BACKWARD_TILING:
         BLOCK_M, num_warps, per_sm = BACKWARD_TILING[(N, element_size)]
         return BLOCK_M, BLOCK_N, num_warps, per_sm
