@@ -12,6 +12,14 @@ Inputs are fresh random numbers for every check (the seed is reported, so a fail
 be replayed with `seed=`). Outputs are poisoned: while a level runs, torch fills every
 uninitialized allocation (torch.empty & co.) with NaN, so a kernel that forgets to write
 an element produces a NaN, and a NaN never passes.
+
+Layouts are kept: the level receives copies with the caller's sizes, strides and storage
+offset, and the memory around them (a strided view's gaps, NaN-filled by the `strided`
+layout of equivalence/specs). After forward and backward every byte of every input's
+memory is compared with what it was: an input must be unchanged, and a buffer the call
+updates in place (running statistics) may change only at its own elements. A kernel that
+indexes a view as if its stride were 1 therefore fails twice: it reads NaN from the gaps,
+and if it writes, it writes where nothing may change.
 """
 
 from __future__ import annotations
@@ -73,6 +81,7 @@ class CheckResult:
     tolerance: float | None = None
     tf32: bool = False
     comparisons: list[Comparison] = field(default_factory=list)
+    layout: str = "contiguous"  # or "strided": every tensor argument a view (specs.LAYOUTS)
 
     @property
     def passed(self) -> bool:
@@ -86,10 +95,12 @@ class CheckResult:
 
     def summary(self) -> str:
         """One line: what was checked and, if it did not pass, why."""
-        head = f"{self.component}[{self.variant}] {self.level} {self.dtype} {self.device}: {self.status}"
+        case = self.variant if self.layout == "contiguous" else f"{self.variant}, {self.layout}"
+        head = f"{self.component}[{case}] {self.level} {self.dtype} {self.device}: {self.status}"
         if self.reason:
             return f"{head} ({self.reason})"
-        bad = [f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g} {c.problem}".strip()
+        bad = [f"{c.name}: {c.problem}" if c.problem else
+               f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g}"
                for c in self.comparisons if not c.ok]
         return f"{head}" + (f" ({'; '.join(bad)})" if bad else "")
 
@@ -147,24 +158,71 @@ def compare(name: str, got, ref: torch.Tensor, bound: float, dtype: torch.dtype,
     return Comparison(name, rel, max_abs, rel <= bound)
 
 
+def clone_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its sizes, strides and storage offset, and a copy of the whole
+    memory around it (a strided view's gaps included). `t.clone()` would not do: cloning a
+    strided view returns a contiguous tensor, and the level would never see the layout."""
+    copy = torch.empty(0, dtype=t.dtype, device=t.device)
+    return copy.set_(t.detach().untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+
+
+def _memory(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of t's whole storage, as a uint8 tensor aliasing it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _outside_view(t: torch.Tensor) -> torch.Tensor:
+    """Boolean mask over the bytes of t's storage: True where t has no element."""
+    size = t.element_size()
+    n = t.untyped_storage().nbytes() // size
+    inside = torch.zeros(n, dtype=torch.bool, device=t.device)
+    index = torch.arange(n, device=t.device).as_strided(t.size(), t.stride(), t.storage_offset())
+    inside[index.reshape(-1)] = True
+    return (~inside).repeat_interleave(size)
+
+
+def _memory_comparisons(case: specs.Case, args: dict, before: dict) -> list[Comparison]:
+    """Every input's memory after the call against `before`: inputs untouched, updated
+    buffers changed at their own elements only."""
+    found = []
+    for name, old in before.items():
+        changed = _memory(args[name]) != old
+        if name in case.mutated:
+            changed &= _outside_view(args[name])
+            what = f"{name}: memory around the view"
+            problem = "{} byte(s) outside the view were written"
+        else:
+            what = f"{name}: unchanged"
+            problem = "{} byte(s) of this input were written (inputs are read-only)"
+        n = int(changed.sum())
+        found.append(Comparison(what, 0.0 if n == 0 else float("nan"), 0.0 if n == 0 else float("nan"),
+                                n == 0, problem.format(n) if n else ""))
+    return found
+
+
 def _prepare(case: specs.Case):
-    """Leaf tensors for the level (grads on) and their float64 twins for the reference."""
+    """Leaf tensors for the level (grads on), laid out like the case's, and their float64
+    twins for the reference."""
     level_args, ref_args = {}, {}
     for name, value in case.args.items():
         if not isinstance(value, torch.Tensor):
             level_args[name] = ref_args[name] = value
             continue
         wants_grad = name in case.differentiable
-        level_args[name] = value.detach().clone().requires_grad_(wants_grad)
+        level_args[name] = clone_layout(value).requires_grad_(wants_grad)
         ref_args[name] = value.detach().to(torch.float64).requires_grad_(wants_grad)
     return level_args, ref_args
 
 
-def run_case(fn, case: specs.Case, upstream=None):
+def run_case(fn, case: specs.Case, upstream=None, memory: list | None = None):
     """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
 
-    Inputs are fresh leaf copies, so the case itself (its buffers too) never changes."""
+    Inputs are fresh leaf copies, so the case itself (its buffers too) never changes.
+    With a list as `memory`, the memory checks of every input (see the module doc) are
+    appended to it once forward and backward are done."""
     level_args, _ = _prepare(case)
+    before = {} if memory is None else {
+        name: _memory(t).clone() for name, t in level_args.items() if isinstance(t, torch.Tensor)}
     outs = flatten(fn(**level_args))
     outs += [level_args[name] for name in case.mutated]
     inputs = [level_args[name] for name in case.differentiable]
@@ -176,6 +234,8 @@ def run_case(fn, case: specs.Case, upstream=None):
             raise RuntimeError("an output does not require grad: the level has no backward for it")
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
                                     allow_unused=True)
+    if memory is not None:
+        memory.extend(_memory_comparisons(case, level_args, before))
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads)
 
 
@@ -199,29 +259,33 @@ def reference_case(case: specs.Case, seed: int):
 
 
 def check_case(component: str, level: str, dtype, device, size: str | dict, variant: str,
-               seed: int | None = None) -> CheckResult:
-    """One check on fresh random inputs of a size preset (or dict of shape parameters)."""
+               seed: int | None = None, layout: str = "contiguous") -> CheckResult:
+    """One check on fresh random inputs of a size preset (or dict of shape parameters),
+    in a layout of specs.LAYOUTS."""
     dtype = resolve_dtype(dtype)
     seed = fresh_seed() if seed is None else seed
-    return _check(lambda: specs.get(component).case(size, variant, dtype, device, seed), level,
-                  component, variant, dtype, device, size if isinstance(size, str) else "custom", seed)
+    return _check(lambda: specs.get(component).case(size, variant, dtype, device, seed, layout),
+                  level, component, variant, dtype, device,
+                  size if isinstance(size, str) else "custom", seed, layout)
 
 
 def check_args(component: str, level: str | int, args: dict, seed: int | None = None) -> CheckResult:
     """The same check on arguments you choose: odd shapes, strided views, channels_last...
 
-    `args` are the component's keyword arguments; the inputs are never modified."""
+    `args` are the component's keyword arguments, passed to the level with their own
+    sizes, strides and offsets (copies of them: the inputs are never modified)."""
     case = specs.get(component).case_from_args(args)
     seed = fresh_seed() if seed is None else seed
     device = next(iter(case.tensors().values())).device
-    return _check(lambda: case, level, component, case.variant, case.dtype, device, "custom", seed)
+    return _check(lambda: case, level, component, case.variant, case.dtype, device, "custom", seed,
+                  case.layout)
 
 
-def _check(make_case, level, component, variant, dtype, device, size, seed) -> CheckResult:
+def _check(make_case, level, component, variant, dtype, device, size, seed, layout) -> CheckResult:
     info = levels.resolve(level)
     device = torch.device(device)
     result = CheckResult(component, info.name, variant, dtype_name(dtype), str(device), size, seed,
-                         status="skip")
+                         status="skip", layout=layout)
     reason = levels.status(info.name, device, component)
     if reason:
         result.reason = reason
@@ -233,10 +297,12 @@ def _check(make_case, level, component, variant, dtype, device, size, seed) -> C
 
     case = make_case()
     ref_outs = None
+    memory: list[Comparison] = []
     try:
         ref_outs, ref_grads, upstream, scales = reference_case(case, seed)
         with poisoned_allocations():
-            outs, grads = run_case(getattr(module, component), case, upstream=upstream)
+            outs, grads = run_case(getattr(module, component), case, upstream=upstream,
+                                   memory=memory)
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
@@ -259,26 +325,34 @@ def _check(make_case, level, component, variant, dtype, device, size, seed) -> C
                                               scale=scales[name]))
         else:
             result.comparisons.append(compare(f"grad {name}", got, ref, bound, dtype))
+    result.comparisons += memory
     result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
 
 
 def check(component: str | None = None, level: str | int | None = None, dtype="float32",
           device="cpu", size: str = "tiny", seed: int | None = None,
-          variant: str | None = None, repeat: int = 1) -> list[CheckResult]:
-    """Check one or all components at one or all levels: one result per variant and round.
+          variant: str | None = None, repeat: int = 1, layout: str | None = None
+          ) -> list[CheckResult]:
+    """Check one or all components at one or all levels: one result per variant, layout
+    (both of specs.LAYOUTS unless `layout` names one) and round.
 
     `repeat` > 1 checks each case again with new inputs of the same shapes: a level may run
     different code once warm (TorchScript's profiling executor fuses from the second call
     with a given shape on), and that code must be right too."""
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"argument 'repeat' must be an int >= 1; got {repeat!r}")
+    if layout is not None and layout not in specs.LAYOUTS:
+        raise ValueError(f"argument 'layout' must be one of {', '.join(specs.LAYOUTS)}; "
+                         f"got {layout!r}")
     results = []
     for comp in ([component] if component else COMPONENTS):
         spec = specs.get(comp)
         for lvl in ([level] if level is not None else levels.LEVEL_NAMES):
             for var in ([variant] if variant else spec.variants):
-                for r in range(repeat):
-                    round_seed = None if seed is None else seed + 7919 * r
-                    results.append(check_case(comp, lvl, dtype, device, size, var, round_seed))
+                for lay in ([layout] if layout else specs.LAYOUTS):
+                    for r in range(repeat):
+                        round_seed = None if seed is None else seed + 7919 * r
+                        results.append(check_case(comp, lvl, dtype, device, size, var, round_seed,
+                                                  lay))
     return results

@@ -33,7 +33,7 @@ def _failures(results):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_harness_passes_all_components_forward_and_backward(dtype):
     results = check(level="compile", dtype=dtype, size="tiny")
-    assert len(results) == 7
+    assert len(results) == 14  # 7 variants of the five components x 2 layouts
     assert not _failures(results), _failures(results)
     # A second round with fresh inputs runs the cached graphs (no recompilation).
     results = check(level="compile", dtype=dtype, size="tiny")

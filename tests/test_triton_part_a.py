@@ -44,7 +44,7 @@ def _passes(component, args):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_harness_tiny(component, dtype):
     results = check(component, "triton", dtype=dtype, device=DEVICE, size="tiny")
-    assert len(results) == len(specs.get(component).variants)
+    assert len(results) == len(specs.get(component).variants) * len(specs.LAYOUTS)
     for r in results:
         assert r.status == "pass", f"{r.variant}: {r.status} {r.reason} {r.worst}"
 
@@ -127,6 +127,14 @@ def test_gemm_rejects_mismatched_operands():
         gemm(a, torch.randn(5, 3, device=DEVICE), activation="relu")
 
 
+def test_gemm_even_k_comes_from_each_config():
+    # EVEN_K drops the K mask from the main loop: it must follow the BLOCK_K of the config
+    # the autotuner picked (it used to assume 64 for every config).
+    from triton_kernels.gemm import even_k, gemm_autotuned
+    assert even_k({"K": 96, "BLOCK_K": 32}) and not even_k({"K": 96, "BLOCK_K": 64})
+    assert "EVEN_K" in gemm_autotuned.fn.values  # a heuristic evaluated after the pick
+
+
 # ------------------------------------------------------------------------------ GPU only --
 
 @pytest.mark.gpu
@@ -185,3 +193,28 @@ def test_gemm_gpu_transposed_views_and_accumulate(dtype):
     ref2 = c.double() + ref
     gemm(a, w.t(), out=c, accumulate=True)
     assert compare("gemm accumulate", c, ref2, tolerance(dtype), dtype).ok
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_gpu_widest_row(dtype):
+    # MAX_WIDTH: one 65536-wide row per program, in registers (spills are measured by
+    # scripts/device_layouts.py and recorded in reports/h100-layouts.json).
+    _passes("layer_norm", _args("layer_norm", dict(rows=(67,), N=65536), dtype, seed=1))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_layer_norm_gpu_beyond_2_31_elements():
+    # Row offsets past 2**31 elements: a 32-bit product would wrap and read row 0's memory.
+    M, N = 2 ** 19 + 3, 4096
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = L4.layer_norm(x, w, b)
+    for rows in (slice(0, 2), slice(M - 3, M)):
+        ref = specs.get("layer_norm").module.reference(x[rows].double(), w.double(), b.double())[0]
+        assert compare("rows", y[rows], ref, tolerance(torch.bfloat16), torch.bfloat16).ok, rows
+    del x, y

@@ -16,7 +16,8 @@ import torch
 # built at import time and only work in the interpreter if it is on by then).
 import levels.triton as L4  # isort: skip
 from equivalence import specs
-from equivalence.check import check, check_args
+from equivalence.check import check, check_args, compare
+from equivalence.tolerances import tolerance
 
 pytest.importorskip("triton")
 
@@ -102,6 +103,23 @@ def test_lstm_step_mode_with_several_column_programs(monkeypatch):
     _passes("lstm", _lstm_args(3, 4, 6, 20, torch.float32, seed=4))
 
 
+def test_lstm_rejects_an_unknown_launch_mode(monkeypatch):
+    # An unknown mode used to run the multi-program grid without its barrier.
+    import triton_kernels.lstm as kernels
+    monkeypatch.setattr(kernels, "_MODE", "persistant")
+    with pytest.raises(ValueError, match="LSTM_TRITON_MODE must be one of auto, persistent, step"):
+        L4.lstm(**_lstm_args(2, 3, 4, 16, torch.float32))
+
+
+def test_attention_refuses_a_slice_beyond_32_bit_offsets():
+    # 4 GiB of untouched virtual memory: nothing is computed, the launcher refuses first.
+    storage = torch.empty(2 ** 31 + 64, dtype=torch.float16, device=DEVICE)
+    q = storage.as_strided((1, 1, 2, 16), (0, 0, 2 ** 31, 1))
+    with pytest.raises(ValueError, match=r"attention: argument 'q' spans .* < 2\*\*31"):
+        L4.attention(q, q, q)
+    del storage
+
+
 # ------------------------------------------------------------------------------ GPU only --
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -148,3 +166,56 @@ def test_lstm_gpu_fp32_dot_modes(dot, monkeypatch):
     monkeypatch.setattr(kernels, "FP32_DOT", "tf32")
     with pytest.raises(ValueError, match="LSTM_TRITON_FP32_DOT"):
         L4.lstm(**_lstm_args(2, 3, 4, 16, torch.float32))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_attention_gpu_beyond_2_31_elements():
+    # Batch/head offsets past 2**31 elements are 64-bit: the last batch must be right.
+    B, H, N, D = 1024, 16, 1024, 128
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        o = L4.attention(q, k, v)
+    last = slice(B - 1, B)
+    ref = specs.get("attention").module.reference(q[last].double(), k[last].double(), v[last].double())[0]
+    assert compare("last batch", o[last], ref, tolerance(torch.bfloat16), torch.bfloat16).ok
+    del q, k, v, o
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_lstm_gpu_beyond_2_31_elements():
+    # B * T * 4H = 2**31: the input projection's last batch rows sit past 32-bit offsets.
+    B, T, I, H = 128, 1024, 16, 4096
+    args = _lstm_args(B, T, I, H, torch.bfloat16, seed=3)
+    with torch.no_grad():
+        out, (h_t, c_t) = L4.lstm(**args)
+        rows = slice(B - 2, B)
+        ref = torch.nn.LSTM(I, H, batch_first=True).to("cuda", torch.float32)
+        for name, t in (("weight_ih_l0", "w_ih"), ("weight_hh_l0", "w_hh"), ("bias_ih_l0", "b_ih"),
+                        ("bias_hh_l0", "b_hh")):
+            getattr(ref, name).copy_(args[t].float())
+        expected, _ = ref(args["x"][rows].float(), (args["h0"][:, rows].float(),
+                                                  args["c0"][:, rows].float()))
+    assert compare("last rows", out[rows], expected.double(), tolerance(torch.bfloat16),
+                   torch.bfloat16).ok
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_lstm_gpu_barrier_gives_up_instead_of_hanging(monkeypatch):
+    # More programs than can be resident at once: the persistent barrier would wait
+    # forever. It must give up, return NaN (never a wrong number) and make check_barrier
+    # say why; then the next calls work again.
+    import triton_kernels.lstm as kernels
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 10 ** 6)  # "everything fits"
+    monkeypatch.setattr(kernels, "_MODE", "persistent")
+    monkeypatch.setattr(kernels, "SPIN_LIMIT", 2 ** 14)
+    args = _lstm_args(128, 3, 16, 8192, torch.bfloat16, seed=1)  # 4 x 512 programs
+    with torch.no_grad():
+        out, _ = L4.lstm(**args)
+    with pytest.raises(RuntimeError, match="gave up waiting at its grid barrier"):
+        kernels.check_barrier(wait=True)
+    assert torch.isnan(out).any()
+    monkeypatch.setattr(kernels, "_MODE", "step")
+    _passes("lstm", _lstm_args(3, 5, 8, 48, torch.float32, seed=2))

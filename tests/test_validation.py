@@ -104,7 +104,7 @@ def test_unknown_level_is_a_clear_error():
 
 
 def test_unavailable_level_says_why():
-    assert "not implemented" in levels.status("cuda", "cpu")
+    assert "needs a CUDA GPU" in levels.status("cuda", "cpu")
     with pytest.raises(NotImplementedError, match="Level 5"):
         levels.get("cuda").mlp(*good_args("mlp").values())
 

@@ -107,7 +107,9 @@ def _attn_fwd(Q, K, V, O, LSE,
               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
+    # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
@@ -142,7 +144,7 @@ def _attn_fwd(Q, K, V, O, LSE,
                                         BLOCK_N, False, True, UPCAST, PRECISION)
     # Every row saw at least one key (key 0 is visible to every query), so l_i > 0.
     out = acc / l_i[:, None]
-    tl.store(LSE + bh * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
+    tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
     tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
@@ -156,7 +158,9 @@ def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
                          stride_db, stride_dh, stride_dm, H, N_Q,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
+    # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = (offs_m < N_Q)[:, None]
@@ -164,7 +168,7 @@ def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
                 mask=ok, other=0.0).to(tl.float32)
     do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :],
                  mask=ok, other=0.0).to(tl.float32)
-    tl.store(DELTA + bh * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
+    tl.store(DELTA + bh.to(tl.int64) * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
 
 
 @triton.jit
@@ -218,7 +222,9 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
+    # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = (offs_n < N_K)[:, None]
@@ -231,8 +237,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         v = v.to(tl.float32)
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
-    lse_base = LSE + bh * N_Q
-    delta_base = DELTA + bh * N_Q
+    lse_base = LSE + bh.to(tl.int64) * N_Q
+    delta_base = DELTA + bh.to(tl.int64) * N_Q
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     if CAUSAL:
@@ -301,7 +307,9 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
+    # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
@@ -312,8 +320,8 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse = tl.load(LSE + bh * N_Q + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + bh * N_Q + offs_m, mask=row_ok, other=0.0)
+    lse = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -467,4 +475,12 @@ def attention(q, k, v, causal: bool, scale: float):
         raise ValueError(f"attention: argument 'q' must have a head dimension D in "
                          f"{', '.join(map(str, HEAD_DIMS))} for the Triton kernel "
                          f"(one register tile spans D); got D={D} in shape {tuple(q.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # Inside one (b, h) slice the kernels index with 32-bit offsets (fast address math
+        # in the inner loop); the batch and head offsets are 64-bit.
+        span = (t.shape[2] - 1) * abs(t.stride(2)) + (t.shape[3] - 1) * abs(t.stride(3))
+        if span >= 2 ** 31:
+            raise ValueError(f"attention: argument '{name}' spans {span} elements within one "
+                             f"(batch, head) slice; the Triton kernels need < 2**31 there "
+                             f"(shape {tuple(t.shape)}, strides {t.stride()})")
     return _FlashAttention.apply(q, k, v, causal, scale)

@@ -643,7 +643,15 @@ class _ConvBN(torch.autograd.Function):
 
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride, padding, eps, momentum, training):
-    """Called by levels.triton.conv_bn after the shared validation (stride/padding as pairs)."""
+    """Called by levels.triton.conv_bn after the shared validation (stride/padding as pairs).
+
+    Layouts: x and conv_weight go to the kernels with all four strides (NCHW, channels_last
+    or any view). The per-channel vectors are indexed `ptr + channel` by the kernels, so
+    they are made contiguous here (C_out elements each; autograd carries the gradients of
+    conv_bias, bn_weight and bn_bias back through the copies). The running statistics are
+    updated in place: the kernels update contiguous copies when the caller's buffers are
+    views, and the new values are then copied back through those views, so nothing but
+    their own elements is ever written."""
     if x.dtype == torch.float64:
         raise TypeError("conv_bn: argument 'x' must be float16, bfloat16 or float32 for the Triton "
                         "kernels; got torch.float64")
@@ -652,5 +660,12 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
         if span >= 2 ** 31:
             raise ValueError(f"conv_bn: argument '{name}' spans {span} elements; the Triton "
                              f"kernels use 32-bit offsets and need < 2**31")
-    return _ConvBN.apply(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
-                         tuple(stride), tuple(padding), eps, momentum, training)
+    conv_bias = conv_bias.contiguous() if conv_bias is not None else None
+    run_mean, run_var = running_mean.contiguous(), running_var.contiguous()
+    out = _ConvBN.apply(x, conv_weight, conv_bias, bn_weight.contiguous(), bn_bias.contiguous(),
+                        run_mean, run_var, tuple(stride), tuple(padding), eps, momentum, training)
+    if training:
+        for buffer, updated in ((running_mean, run_mean), (running_var, run_var)):
+            if updated is not buffer:  # .contiguous() made a copy: write it back through the view
+                buffer.copy_(updated)
+    return out

@@ -183,11 +183,18 @@ _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=
 # to it: what the benchmark's tile sweep and the tests of the subtiled epilogue use.
 CONFIG_OVERRIDE: dict | None = None
 
+def even_k(args: dict) -> bool:
+    """Whether K splits into whole BLOCK_K chunks, so the K loop may load without masks.
+    A property of the config the autotuner picked, so it is derived from that config's
+    BLOCK_K (a heuristic runs after the pick), never assumed from one tile size."""
+    return args["K"] % args["BLOCK_K"] == 0
+
+
 gemm_autotuned = triton.autotune(
     configs=_configs(),
     key=["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "EPILOGUE",
          "HAS_BIAS"],
-)(gemm_kernel)
+)(triton.heuristics({"EVEN_K": even_k})(gemm_kernel))
 
 KERNELS = [gemm_kernel]
 
@@ -216,6 +223,9 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate):
         _check_matrix(name, t, shape)
     if bias is not None:
         _check_matrix("bias", bias, (N,))
+        # The epilogue reads bias_ptr + offs_n (unit stride): a strided bias view is copied,
+        # N elements, which costs nothing next to the GEMM.
+        bias = bias.contiguous()
     if aux is not None:
         _check_matrix("preact", aux, (M, N))
     precision = "ieee" if a.dtype == torch.float32 else "tf32"  # "tf32" is a no-op for 16-bit
@@ -231,11 +241,10 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate):
             _FIXED_GPU_FP32 if a.dtype == torch.float32 else _FIXED_GPU)
         cfg = dict(CONFIG_OVERRIDE if CONFIG_OVERRIDE is not None else cfg)
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        gemm_kernel[grid](*args, **common, EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+        gemm_kernel[grid](*args, **common, EVEN_K=even_k({"K": K, **cfg}), **cfg)
     else:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        # EVEN_K is a property of the config: 64 divides all the K of the bench sizes.
-        gemm_autotuned[grid](*args, **common, EVEN_K=K % 64 == 0)
+        gemm_autotuned[grid](*args, **common)  # EVEN_K: from each config (even_k)
     return c
 
 

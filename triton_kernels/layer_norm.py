@@ -45,9 +45,12 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
+    # 64-bit row offsets: M * N reaches 2**31 at realistic sizes (65536 x 32768 in bf16 is
+    # 4 GiB), and a 32-bit product would wrap around silently.
+    row_off = rows.to(tl.int64)
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + row_off[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     mean = tl.sum(x, axis=1) / N
     # Centre before squaring (masked lanes must not contribute -mean).
@@ -57,7 +60,7 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + row_off[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mask)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
@@ -77,10 +80,11 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
     for r in range(0, rows_per_program, BLOCK_M):
         rows = first + r + tl.arange(0, BLOCK_M)
         row_ok = rows < M
+        row_off = rows.to(tl.int64)  # as in the forward: M * N may exceed 2**31
         mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask,
+        x = tl.load(x_ptr + row_off[:, None] * stride_xm + cols[None, :], mask=mask,
                     other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask,
+        dy = tl.load(dy_ptr + row_off[:, None] * stride_dym + cols[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
@@ -89,7 +93,7 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
         c1 = tl.sum(xhat * wdy, axis=1) / N
         c2 = tl.sum(wdy, axis=1) / N
         dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+        tl.store(dx_ptr + row_off[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += tl.sum(dy * xhat, axis=0)
         db_acc += tl.sum(dy, axis=0)
@@ -216,7 +220,13 @@ class _LayerNorm(torch.autograd.Function):
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
-    """Called by levels.triton.layer_norm after the shared validation."""
+    """Called by levels.triton.layer_norm after the shared validation.
+
+    Layouts: x may have any strides: its (M, N) row view keeps a row stride (a copy only
+    when the last dimension itself is strided, see _rows). weight and bias are indexed
+    `w_ptr + cols` by the kernels, so they are made contiguous here: a no-op for ordinary
+    parameters, an N-element copy for a strided view (autograd carries the gradient back
+    through the copy to the view)."""
     N = x.shape[-1]
     if N > MAX_WIDTH:
         raise ValueError(f"layer_norm: argument 'x' must have a last dimension <= {MAX_WIDTH} for "
@@ -224,4 +234,4 @@ def layer_norm(x, weight, bias, eps=1e-5):
     if x.dtype == torch.float64:
         raise TypeError("layer_norm: argument 'x' must be float16, bfloat16 or float32 for the "
                         "Triton kernels; got torch.float64")
-    return _LayerNorm.apply(x, weight, bias, eps)
+    return _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)

@@ -19,7 +19,14 @@ What it adds over Levels 1-3: the recurrence stops being ~10 kernel launches per
 A spin barrier is only safe when every program is resident at once, so the persistent
 path is used only when the grid fits the GPU's multiprocessors; otherwise the same kernel
 is launched once per time step (the "fused step kernel": one kernel per step instead of
-ten, c passed between launches through memory). Under the CPU interpreter, which runs
+ten, c passed between launches through memory). Fitting is judged on an idle GPU: other
+work on the same GPU (another stream, another process, an MPS share) can keep some of our
+programs from starting while the others spin on them, and two persistent launches that
+each fit can deadlock each other. So the barrier never waits forever: after SPIN_LIMIT
+polls (about a second) a program gives up, raises an error flag that stops every other
+program's wait at once, and from then on every program stores NaN instead of h and c, so
+the result is never silently wrong; the next call of `lstm` (or `check_barrier()`) raises
+a RuntimeError that says what happened and how to avoid it (LSTM_TRITON_MODE=step). Under the CPU interpreter, which runs
 programs one after another, a single program per batch block owns every hidden unit and
 needs no barrier.
 
@@ -72,9 +79,16 @@ def _tanh(z):
     return tl.where(z < 0, -t, t)
 
 
+# Polls of the barrier before a program gives up on the others (a poll is an acquire read
+# through L2, ~0.5-1 us): about a second, thousands of times a normal step's wait.
+SPIN_LIMIT = 2 ** 20
+
+
 @triton.jit
-def _grid_barrier(flags, pid_h, n_h, step, N_H_POW2: tl.constexpr):
-    """Wait until all n_h programs of this batch block have posted `step`.
+def _grid_barrier(flags, err, pid_h, n_h, step, N_H_POW2: tl.constexpr,
+                  SPIN_LIMIT: tl.constexpr):
+    """Wait until all n_h programs of this batch block have posted `step`; 1 if they did,
+    0 if this program gave up (SPIN_LIMIT polls, or another program raised `err`).
 
     Each program owns one flag: posting is an idempotent release exchange (so it does not
     matter how many threads execute it), waiting an acquire read of all flags."""
@@ -82,34 +96,44 @@ def _grid_barrier(flags, pid_h, n_h, step, N_H_POW2: tl.constexpr):
     tl.atomic_xchg(flags + pid_h, step, sem="release", scope="gpu")
     offs = tl.arange(0, N_H_POW2)
     mask = offs < n_h
-    # The loop carries a scalar only (the slowest program's step): a tensor carried
-    # through scf.while crashes Triton 3.6's layout pass.
+    # The loop carries scalars only (the slowest program's step, the poll count, the error
+    # flag): a tensor carried through scf.while crashes Triton 3.6's layout pass.
     slowest = tl.min(tl.where(mask, tl.atomic_add(flags + offs, 0, mask=mask, sem="acquire",
                                                   scope="gpu"), step))
-    while slowest < step:
+    polls = tl.full([], 0, tl.int32)
+    failed = tl.atomic_add(err, 0, sem="relaxed", scope="gpu")
+    while (slowest < step) & (polls < SPIN_LIMIT) & (failed == 0):
         slowest = tl.min(tl.where(mask, tl.atomic_add(flags + offs, 0, mask=mask, sem="acquire",
                                                       scope="gpu"), step))
+        polls += 1
+        failed = tl.atomic_add(err, 0, sem="relaxed", scope="gpu")
+    arrived = slowest >= step
+    # Gave up: tell every other program, so none of them waits out its own limit.
+    tl.atomic_xchg(err, 1, mask=arrived == 0, sem="relaxed", scope="gpu")
     tl.debug_barrier()
+    return arrived.to(tl.int32)
 
 
 # The two h_{t-1} sources are picked at run time; an argument equal to 1 would otherwise be
 # specialized into a compile-time constant and the two branches would disagree in type.
 @triton.jit(do_not_specialize=["stride_h0b", "stride_ob"])
-def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS,
+def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
               B, T, HID, t_begin, t_end,
               stride_xpb, stride_xpt, stride_h0b, stride_cinb, stride_wr, stride_wc,
               stride_ob, stride_ot,
               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
               SYNC: tl.constexpr, N_H_POW2: tl.constexpr, SAVE: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPIN_LIMIT: tl.constexpr):
     """Steps t_begin..t_end-1 for batch rows of pid 0 and hidden units of pid 1.
 
     XP: (B, T, 4H) fp32, x W_ih^T + b_ih. c enters from CIN and leaves through CT.
-    GATES (B, T, 4H) and CS (B, T, H), fp32, contiguous: saved for backward when SAVE."""
+    GATES (B, T, 4H) and CS (B, T, H), fp32, contiguous: saved for backward when SAVE.
+    H0 and CIN have a unit stride along H (the launcher makes them so), BHH is contiguous."""
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     n_h = tl.num_programs(1)
-    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    # 64-bit batch offsets: B * T * 4H can pass 2**31 (B=128, T=1000, H=4096).
+    offs_b = (pid_b * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
     offs_j = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     b_ok = offs_b < B
     j_ok = offs_j < HID
@@ -125,6 +149,9 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS,
     bias_o = tl.load(BHH + 3 * HID + offs_j, mask=j_ok, other=0.0).to(tl.float32)[None, :]
     # W_hh^T tiles (BLOCK_K, BLOCK_H) of the four gates: row k, column gate*H + j.
     w_cols = offs_j[None, :] * stride_wr
+    # 0 once a barrier gave up: h_{t-1} may be incomplete, so store NaN from then on. A
+    # tensor from the start: a loop-carried value must keep one type.
+    alive = tl.full([], 1, tl.int32)
     for t in range(t_begin, t_end):
         if t == 0:
             h_base = H0
@@ -164,6 +191,8 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS,
         gate_g = _tanh(acc_g + tl.load(xp + 2 * HID, mask=bj_ok, other=0.0) + bias_g)
         gate_o = _sigmoid(acc_o + tl.load(xp + 3 * HID, mask=bj_ok, other=0.0) + bias_o)
         c = gate_f * c + gate_i * gate_g
+        if SYNC:
+            c = tl.where(alive != 0, c, float("nan"))
         h_new = gate_o * _tanh(c)
         tl.store(OUT + offs_b[:, None] * stride_ob + t * stride_ot + offs_j[None, :],
                  h_new.to(OUT.dtype.element_ty), mask=bj_ok)
@@ -176,19 +205,21 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS,
             tl.store(g_ptrs + 3 * HID, gate_o, mask=bj_ok)
             tl.store(CS + offs_b[:, None] * (T * HID) + t * HID + offs_j[None, :], c, mask=bj_ok)
         if SYNC:
-            _grid_barrier(flags, pid_h, n_h, t - t_begin + 1, N_H_POW2)
+            if alive != 0:
+                alive = _grid_barrier(flags, ERR, pid_h, n_h, t - t_begin + 1, N_H_POW2,
+                                      SPIN_LIMIT)
         else:  # h_t goes back in through memory: this program's threads must see all of it
             tl.debug_barrier()
     tl.store(CT + offs_b[:, None] * HID + offs_j[None, :], c.to(CT.dtype.element_ty), mask=bj_ok)
 
 
 @triton.jit
-def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS,
+def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR,
               B, HID, t_hi, t_lo, T,
               stride_dob, stride_dot, stride_wr, stride_wc,
               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
               SYNC: tl.constexpr, N_H_POW2: tl.constexpr, FINAL: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPIN_LIMIT: tl.constexpr):
     """Steps t = t_hi-1 down to t_lo of backward through time; FINAL adds dh0 = dZ_0 W_hh.
 
     dc is carried in registers; it enters through DCIN (dc_T, or DC0 between step
@@ -197,7 +228,7 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS,
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     n_h = tl.num_programs(1)
-    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    offs_b = (pid_b * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)  # as in the forward
     offs_j = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     b_ok = offs_b < B
     j_ok = offs_j < HID
@@ -208,6 +239,7 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS,
     G4 = 4 * HID
 
     dc = tl.load(DCIN + bj, mask=bj_ok, other=0.0).to(tl.float32)
+    alive = tl.full([], 1, tl.int32)  # as in the forward: NaN once a barrier gave up
     for s in range(0, t_hi - t_lo):
         t = t_hi - 1 - s
         if t == T - 1:
@@ -218,6 +250,8 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS,
                                  UPCAST, PRECISION)
         dh += tl.load(DOUT + offs_b[:, None] * stride_dob + t * stride_dot + offs_j[None, :],
                       mask=bj_ok, other=0.0).to(tl.float32)
+        if SYNC:  # dZ_{t+1} of the other programs may be incomplete: poison all that follows
+            dh = tl.where(alive != 0, dh, float("nan"))
         g_ptrs = GATES + offs_b[:, None] * (T * G4) + t * G4 + offs_j[None, :]
         gate_i = tl.load(g_ptrs + 0 * HID, mask=bj_ok, other=0.0)
         gate_f = tl.load(g_ptrs + 1 * HID, mask=bj_ok, other=0.0)
@@ -241,7 +275,8 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS,
         tl.store(z_ptrs + 2 * HID, dz_g.to(DZ.dtype.element_ty), mask=bj_ok)
         tl.store(z_ptrs + 3 * HID, dz_o.to(DZ.dtype.element_ty), mask=bj_ok)
         if SYNC:
-            _grid_barrier(flags, pid_h, n_h, s + 1, N_H_POW2)
+            if alive != 0:
+                alive = _grid_barrier(flags, ERR, pid_h, n_h, s + 1, N_H_POW2, SPIN_LIMIT)
         else:
             tl.debug_barrier()
     tl.store(DC0 + bj, dc.to(DC0.dtype.element_ty), mask=bj_ok)
@@ -284,6 +319,9 @@ def _sm_count(device: torch.device) -> int:
 
 # Forced from the environment by the device script to time the alternatives side by side:
 # "persistent" (one launch, grid barrier), "step" (one launch per time step), or "auto".
+# Anything else is refused: a mode the launcher does not know would run the multi-program
+# grid without its barrier.
+MODES = ("auto", "persistent", "step")
 _MODE = os.environ.get("LSTM_TRITON_MODE", "auto")
 
 
@@ -292,6 +330,8 @@ NUM_WARPS = 4
 
 def _plan(B: int, H: int, device: torch.device) -> dict:
     """Tiles and mode. BLOCK_B >= 16 because tl.dot needs 16 rows."""
+    if _MODE not in MODES:
+        raise ValueError(f"lstm: LSTM_TRITON_MODE must be one of {', '.join(MODES)}; got {_MODE!r}")
     if INTERPRETED:
         # Programs run one after another here: one program must own every hidden unit.
         bh = triton.next_power_of_2(H)
@@ -325,6 +365,51 @@ def _precision(dtype) -> str:
     return FP32_DOT
 
 
+BARRIER_GAVE_UP = (
+    "lstm (Level 4, Triton): the persistent recurrence gave up waiting at its grid barrier: "
+    "not all of its programs could run at the same time (other work on this GPU: another "
+    "stream or process, an MPS share, or a second persistent LSTM running concurrently). That "
+    "call returned NaN, not a wrong number. Run the LSTM with the GPU to itself, or set "
+    "LSTM_TRITON_MODE=step (one launch per time step, no barrier).")
+
+# (event, pinned host copy of the error word) of persistent launches not yet known to have
+# finished. Reading the word at once would cost every call a synchronization; instead the
+# copy is queued behind the kernel and looked at by the next call (or check_barrier()).
+_WATCHED: list = []
+
+
+def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed flags (one per program, a row per batch block) and the shared error word."""
+    words = torch.zeros(n_b * n_h_pow2 + 1, device=device, dtype=torch.int32)
+    return words[:-1].view(n_b, n_h_pow2), words[-1:]
+
+
+def _watch(err: torch.Tensor) -> None:
+    if err.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return
+    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    host.copy_(err, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    _WATCHED.append((event, host))
+
+
+def check_barrier(wait: bool = False) -> None:
+    """Raise RuntimeError(BARRIER_GAVE_UP) if a finished persistent launch gave up at its
+    barrier; wait=True waits for the launches still running first."""
+    pending, failed = [], False
+    for event, host in _WATCHED:
+        if wait:
+            event.synchronize()
+        if event.query():
+            failed = failed or bool(host.item())
+        else:
+            pending.append((event, host))
+    _WATCHED[:] = pending
+    if failed:
+        raise RuntimeError(BARRIER_GAVE_UP)
+
+
 def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
     B, T, I = x.shape
     H = w_hh.shape[1]
@@ -342,15 +427,15 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
     p = _plan(B, H, x.device)
     n_b, n_h = triton.cdiv(B, p["BLOCK_B"]), triton.cdiv(H, p["BLOCK_H"])
     n_h_pow2 = triton.next_power_of_2(n_h)
-    flags = torch.zeros((n_b, n_h_pow2), device=x.device, dtype=torch.int32)
+    flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     w = w_hh
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
                   SAVE=save, UPCAST=INTERPRETED, PRECISION=_precision(x.dtype),
-                  num_warps=p["num_warps"])
+                  num_warps=p["num_warps"], SPIN_LIMIT=SPIN_LIMIT)
 
     def launch(t0, t1, c_in, sync):
-        _lstm_fwd[(n_b, n_h)](xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, B, T, H, t0, t1,
-                              T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0),
+        _lstm_fwd[(n_b, n_h)](xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B, T, H,
+                              t0, t1, T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0),
                               w.stride(1), out.stride(0), out.stride(1), SYNC=sync, **common)
 
     # 2. The recurrence.
@@ -359,6 +444,8 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
             launch(t, t + 1, c0_ if t == 0 else c_t, False)
     else:
         launch(0, T, c0_, p["mode"] == "persistent")
+        if p["mode"] == "persistent":
+            _watch(err)
     return out, c_t, gates, cs
 
 
@@ -371,15 +458,16 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
     p = _plan(B, H, x.device)
     n_b, n_h = triton.cdiv(B, p["BLOCK_B"]), triton.cdiv(H, p["BLOCK_H"])
     n_h_pow2 = triton.next_power_of_2(n_h)
-    flags = torch.zeros((n_b, n_h_pow2), device=x.device, dtype=torch.int32)
+    flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     d_out = d_out if d_out.stride(-1) == 1 else d_out.contiguous()
     d_hT, d_cT = d_hT[0].contiguous(), d_cT[0].contiguous()
     c0_ = c0[0].contiguous()
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
-                  UPCAST=INTERPRETED, PRECISION=_precision(x.dtype), num_warps=p["num_warps"])
+                  UPCAST=INTERPRETED, PRECISION=_precision(x.dtype), num_warps=p["num_warps"],
+                  SPIN_LIMIT=SPIN_LIMIT)
 
     def launch(t_hi, t_lo, dc_in, sync, final):
-        _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
+        _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags, err,
                               B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
                               w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
 
@@ -389,6 +477,7 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
         launch(0, 0, dc0, False, True)  # dh0 needs all of dZ_0: one more launch
     elif p["mode"] == "persistent":
         launch(T, 0, d_cT, True, True)
+        _watch(err)
     else:  # single program per batch block: its own dZ_0 is complete, no barrier needed
         launch(T, 0, d_cT, False, True)
 
@@ -420,7 +509,16 @@ class _LSTM(torch.autograd.Function):
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-    """One-layer batch_first LSTM, gates i, f, g, o; inputs already validated."""
+    """One-layer batch_first LSTM, gates i, f, g, o; inputs already validated.
+
+    Layouts: x may have any strides (its (B*T, I) view is a copy only when reshape needs
+    one); w_ih, w_hh go to the kernels with their strides (transposed storage is fine);
+    b_ih goes to gemm's epilogue (made contiguous there). The recurrence indexes h0, c0 and
+    b_hh with a unit stride along H, so they are made contiguous here: B*H and 4H elements,
+    nothing next to the recurrence, and autograd carries their gradients back through the
+    copies to the caller's views."""
+    check_barrier()  # a previous persistent call that gave up is reported, not forgotten
+    h0, c0, b_hh = h0.contiguous(), c0.contiguous(), b_hh.contiguous()
     inputs = (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     # Inside Function.forward grad mode is always off, so decide out here whether the
     # activations for backward (gates, c) must be saved at all (not under no_grad).

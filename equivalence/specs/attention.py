@@ -17,6 +17,18 @@ DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
 
 
+def strided(args):
+    """q, k and v cut out of one packed projection, as a fused qkv Linear produces them:
+    a (B, N, 3, H, D) buffer viewed as three (B, H, N, D) tensors (no dimension has unit
+    stride but D, and q, k, v interleave in memory)."""
+    q = args["q"]
+    B, H, N, D = q.shape  # make_args draws k and v of the same shape
+    packed = torch.empty((B, N, 3, H, D), dtype=q.dtype, device=q.device)
+    for i, name in enumerate(("q", "k", "v")):
+        args[name] = packed[:, :, i].transpose(1, 2).copy_(args[name])
+    return args
+
+
 def make_args(shape, dtype, device, generator):
     B, H, N, D = shape["B"], shape["H"], shape["N"], shape["D"]
     return dict(q=randn((B, H, N, D), generator, dtype, device),

@@ -16,6 +16,12 @@ VARIANTS = {"eval": dict(training=False), "train": dict(training=True)}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias")
 MUTATED = {"train": ("running_mean", "running_var")}
+# channels_last activations and weights (what model.to(memory_format=torch.channels_last)
+# gives), every per-channel vector a stride-2 view: the running statistics too, so the
+# in-place update must write through the view and nowhere between its elements.
+STRIDED = {"x": "channels_last", "conv_weight": "channels_last", "conv_bias": "every_other",
+           "bn_weight": "every_other", "bn_bias": "every_other", "running_mean": "every_other",
+           "running_var": "every_other"}
 
 
 def zero_gradient_scales(args, upstream, grads):

@@ -13,6 +13,7 @@ VARIANTS = {"default": {}}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("x", "weight", "bias")
 MUTATED: dict = {}
+STRIDED = {"x": "row_padded", "weight": "every_other", "bias": "every_other"}
 
 
 def make_args(shape, dtype, device, generator):

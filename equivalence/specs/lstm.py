@@ -14,6 +14,8 @@ VARIANTS = {"default": {}}
 OUTPUTS = ("output", "h_T", "c_T")
 DIFFERENTIABLE = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
 MUTATED: dict = {}
+STRIDED = {"x": "time_major", "h0": "last_every_other", "c0": "last_every_other",
+           "w_ih": "transposed", "w_hh": "transposed", "b_ih": "every_other", "b_hh": "every_other"}
 
 
 def make_args(shape, dtype, device, generator):

@@ -15,6 +15,8 @@ VARIANTS = {"default": {}}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("x", "w1", "b1", "w2", "b2")
 MUTATED: dict = {}
+STRIDED = {"x": "row_padded", "w1": "transposed", "b1": "every_other", "w2": "transposed",
+           "b2": "every_other"}
 
 
 def make_args(shape, dtype, device, generator):

@@ -1,0 +1,72 @@
+"""Compile Level 4's GPU-only code paths for an sm_90 GPU on a machine without one.
+
+Run as a script by tests/test_triton_compile.py, in a process where TRITON_INTERPRET is off
+(triton.jit then makes real JITFunctions): `triton.compile` only needs Triton's bundled
+compiler, not a GPU. The CPU tests run the interpreter, which never takes the paths that
+exist for the GPU alone (the persistent LSTM's grid barrier, 64-bit offsets in compiled
+code); this compiles them, so a Triton error there fails CI instead of a device run.
+Prints one line per kernel: name, PTX lines, and the count of instructions that matter."""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int = 4) -> str:
+    signature, constants = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            constants[(i,)] = constexprs[name]
+        else:
+            signature[name] = pointers.get(name, "i32")
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    return compiled.asm["ptx"]
+
+
+def main() -> int:
+    import triton_kernels.attention as attention
+    import triton_kernels.layer_norm as layer_norm
+    import triton_kernels.lstm as lstm
+
+    f32, bf16, i32 = "*fp32", "*bf16", "*i32"
+    jobs = []
+    for dt, precision in ((bf16, "tf32"), (f32, "tf32x3")):
+        common = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=64, SYNC=True, N_H_POW2=32, UPCAST=False,
+                      PRECISION=precision, SPIN_LIMIT=lstm.SPIN_LIMIT)
+        jobs.append((f"lstm_fwd {dt}", lstm._lstm_fwd,
+                     dict(XP=f32, H0=dt, CIN=dt, W=dt, BHH=dt, OUT=dt, CT=dt, GATES=f32, CS=f32,
+                          FLAGS=i32, ERR=i32), dict(common, SAVE=True)))
+        jobs.append((f"lstm_bwd {dt}", lstm._lstm_bwd,
+                     dict(DOUT=dt, DHT=dt, DCIN=dt, W=dt, GATES=f32, CS=f32, C0=dt, DZ=dt, DH0=dt,
+                          DC0=dt, FLAGS=i32, ERR=i32), dict(common, FINAL=True)))
+    jobs.append(("layer_norm_fwd bf16", layer_norm.layer_norm_fwd_kernel,
+                 dict(x_ptr=bf16, w_ptr=bf16, b_ptr=bf16, y_ptr=bf16, mean_ptr=f32, rstd_ptr=f32,
+                      eps="fp32"), dict(BLOCK_M=1, BLOCK_N=4096)))
+    jobs.append(("layer_norm_bwd bf16", layer_norm.layer_norm_bwd_kernel,
+                 dict(x_ptr=bf16, w_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, mean_ptr=f32, rstd_ptr=f32,
+                      dw_part_ptr=f32, db_part_ptr=f32), dict(BLOCK_M=4, BLOCK_N=4096)))
+    jobs.append(("attention_fwd bf16", attention._attn_fwd,
+                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, qk_scale="fp32"),
+                 dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, UPCAST=False,
+                      PRECISION="tf32")))
+    failed = 0
+    for name, fn, pointers, constexprs in jobs:
+        try:
+            ptx = compile_kernel(fn, pointers, constexprs)
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            continue
+        counts = {ins: ptx.count(ins) for ins in ("atom.", "mul.wide", "mma.", "wgmma")}
+        print(f"ok   {name}: {len(ptx.splitlines())} PTX lines, {counts}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
