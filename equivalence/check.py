@@ -20,6 +20,17 @@ memory is compared with what it was: an input must be unchanged, and a buffer th
 updates in place (running statistics) may change only at its own elements. A kernel that
 indexes a view as if its stride were 1 therefore fails twice: it reads NaN from the gaps,
 and if it writes, it writes where nothing may change.
+
+Your own code goes through exactly the same check: `check("layer_norm", fn=my_layer_norm)`
+or `check_args("layer_norm", args, fn=my_layer_norm)` for one function, or a module of your
+functions registered as a level (`levels.register("mine", module)`, then level="mine").
+Your function is called like a level's: the contract's keyword arguments, under poisoned
+allocations, in both layouts, with the same memory checks and the same bound (float32's
+unless you declare TF32: `uses_tf32=True`, or a `uses_tf32` attribute). Before it runs, the
+contract's validator (`levels.contract.VALIDATORS`) checks the arguments, as every level
+does first, so your kernel never sees an invalid input. A function that raises is an
+"error" (with the line that raised); one that returns the wrong number, type, shape or
+dtype of outputs a "fail" naming what was wrong.
 """
 
 from __future__ import annotations
@@ -214,6 +225,16 @@ def _prepare(case: specs.Case):
     return level_args, ref_args
 
 
+class WrongOutputs(Exception):
+    """The call returned something no backward can be driven through (not a tensor, or a
+    tensor of the wrong shape): `check` reports what is wrong with each output."""
+
+    def __init__(self, outs: list):
+        super().__init__("the outputs are not tensors of the expected shapes, so backward was "
+                         "not run")
+        self.outs = outs
+
+
 def run_case(fn, case: specs.Case, upstream=None, memory: list | None = None):
     """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
 
@@ -230,6 +251,8 @@ def run_case(fn, case: specs.Case, upstream=None, memory: list | None = None):
         grads = [None] * len(inputs)
     else:
         pairs = list(zip(outs[:case.n_returned], upstream))
+        if not all(isinstance(o, torch.Tensor) and o.shape == g.shape for o, g in pairs):
+            raise WrongOutputs([o.detach() if isinstance(o, torch.Tensor) else o for o in outs])
         if not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _ in pairs):
             raise RuntimeError("an output does not require grad: the level has no backward for it")
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
@@ -258,40 +281,85 @@ def reference_case(case: specs.Case, seed: int):
     return [o.detach() for o in outs], list(grads), upstream, scales
 
 
-def check_case(component: str, level: str, dtype, device, size: str | dict, variant: str,
-               seed: int | None = None, layout: str = "contiguous") -> CheckResult:
+def check_case(component: str, level: str | int | None, dtype, device, size: str | dict,
+               variant: str, seed: int | None = None, layout: str = "contiguous", *, fn=None,
+               uses_tf32=None) -> CheckResult:
     """One check on fresh random inputs of a size preset (or dict of shape parameters),
-    in a layout of specs.LAYOUTS."""
+    in a layout of specs.LAYOUTS, of a level or of your function `fn` (see `check`)."""
+    target = _target(component, level, fn, uses_tf32)
     dtype = resolve_dtype(dtype)
     seed = fresh_seed() if seed is None else seed
     return _check(lambda: specs.get(component).case(size, variant, dtype, device, seed, layout),
-                  level, component, variant, dtype, device,
+                  target, component, variant, dtype, device,
                   size if isinstance(size, str) else "custom", seed, layout)
 
 
-def check_args(component: str, level: str | int, args: dict, seed: int | None = None) -> CheckResult:
+def check_args(component: str, level: str | int | dict | None = None, args: dict | None = None,
+               seed: int | None = None, *, fn=None, uses_tf32=None) -> CheckResult:
     """The same check on arguments you choose: odd shapes, strided views, channels_last...
 
-    `args` are the component's keyword arguments, passed to the level with their own
-    sizes, strides and offsets (copies of them: the inputs are never modified)."""
+        check_args("attention", "triton", args)          # a level
+        check_args("attention", args, fn=my_attention)   # your function
+
+    `args` are the component's keyword arguments, passed to the level (or `fn`) with their
+    own sizes, strides and offsets (copies of them: the inputs are never modified)."""
+    if isinstance(level, dict):  # check_args(component, args, fn=...)
+        if args is not None:
+            raise ValueError("check_args: 'args' was given twice (as the second argument and "
+                             "as args=)")
+        level, args = None, level
+    if not isinstance(args, dict):
+        raise TypeError(f"check_args: argument 'args' must be a dict of the component's keyword "
+                        f"arguments; got {type(args).__name__}")
+    target = _target(component, level, fn, uses_tf32)
     case = specs.get(component).case_from_args(args)
     seed = fresh_seed() if seed is None else seed
     device = next(iter(case.tensors().values())).device
-    return _check(lambda: case, level, component, case.variant, case.dtype, device, "custom", seed,
+    return _check(lambda: case, target, component, case.variant, case.dtype, device, "custom", seed,
                   case.layout)
 
 
-def _check(make_case, level, component, variant, dtype, device, size, seed, layout) -> CheckResult:
-    info = levels.resolve(level)
+def _target(component: str, level, fn, uses_tf32=None):
+    """What a check runs: a level's name, or an `OwnLevel` wrapping your function `fn`."""
+    if fn is not None:
+        if level is not None:
+            raise ValueError(f"pass either a level or fn=, not both; got level={level!r} and "
+                             f"fn={getattr(fn, '__name__', fn)!r}")
+        return levels.own(component, fn, uses_tf32=uses_tf32)
+    if uses_tf32 is not None:
+        raise ValueError("argument 'uses_tf32' is for fn=: a level declares TF32 itself "
+                         "(its uses_tf32 function)")
+    if isinstance(level, levels.OwnLevel):
+        return level
+    if level is None:
+        raise ValueError("pass a level (a name such as 'native', or a registered one) or your "
+                         "function as fn=")
+    return levels.resolve(level).name
+
+
+def _open(target, device: torch.device, component: str):
+    """(name, reason it cannot run here or None, module) of a level name or an OwnLevel."""
+    if isinstance(target, levels.OwnLevel):
+        reason = target.status(device, component)
+        return target.name, reason, target
+    reason = levels.status(target, device, component)
+    return target, reason, None if reason else levels.get(target)
+
+
+def _check(make_case, target, component, variant, dtype, device, size, seed, layout) -> CheckResult:
     device = torch.device(device)
-    result = CheckResult(component, info.name, variant, dtype_name(dtype), str(device), size, seed,
+    name, reason, module = _open(target, device, component)
+    result = CheckResult(component, name, variant, dtype_name(dtype), str(device), size, seed,
                          status="skip", layout=layout)
-    reason = levels.status(info.name, device, component)
     if reason:
         result.reason = reason
         return result
-    module = levels.get(info.name)
-    result.tf32 = bool(module.uses_tf32(component, device, dtype))
+    try:
+        result.tf32 = bool(module.uses_tf32(component, device, dtype))
+    except Exception as exc:  # noqa: BLE001 - a user's uses_tf32 that fails is a reported error
+        result.status = "error"
+        result.reason = f"uses_tf32 raised {type(exc).__name__}: {exc}"
+        return result
     bound = tolerance(dtype, tf32=result.tf32)
     result.tolerance = bound
 
@@ -303,6 +371,8 @@ def _check(make_case, level, component, variant, dtype, device, size, seed, layo
         with poisoned_allocations():
             outs, grads = run_case(getattr(module, component), case, upstream=upstream,
                                    memory=memory)
+    except WrongOutputs as exc:  # a fail, not an error: say what is wrong with each output
+        outs, grads = exc.outs, None
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
@@ -312,10 +382,19 @@ def _check(make_case, level, component, variant, dtype, device, size, seed, layo
 
     if len(outs) != len(ref_outs):
         result.status = "fail"
-        result.reason = f"returned {len(outs)} tensors, expected {len(ref_outs)} ({case.outputs})"
+        kinds = sorted({type(o).__name__ for o in outs})
+        got = (f"{len(outs)} tensors" if kinds == ["Tensor"] else
+               f"{len(outs)} values ({', '.join(kinds)})")
+        result.reason = f"returned {got}, expected {len(ref_outs)} tensors ({case.outputs})"
         return result
-    for name, got, ref in zip(case.outputs, outs, ref_outs):
-        result.comparisons.append(compare(name, got, ref, bound, dtype))
+    for out_name, got, ref in zip(case.outputs, outs, ref_outs):
+        result.comparisons.append(compare(out_name, got, ref, bound, dtype))
+    if grads is None:
+        nan = float("nan")
+        result.comparisons.append(Comparison("backward", nan, nan, False,
+                                             "not run: the outputs are not what was expected"))
+        result.status = "fail"
+        return result
     for name, got, ref in zip(case.differentiable, grads, ref_grads):
         if got is None:
             result.comparisons.append(Comparison(f"grad {name}", float("nan"), float("nan"), False,
@@ -332,27 +411,39 @@ def _check(make_case, level, component, variant, dtype, device, size, seed, layo
 
 def check(component: str | None = None, level: str | int | None = None, dtype="float32",
           device="cpu", size: str = "tiny", seed: int | None = None,
-          variant: str | None = None, repeat: int = 1, layout: str | None = None
-          ) -> list[CheckResult]:
+          variant: str | None = None, repeat: int = 1, layout: str | None = None, *,
+          fn=None, uses_tf32=None) -> list[CheckResult]:
     """Check one or all components at one or all levels: one result per variant, layout
-    (both of specs.LAYOUTS unless `layout` names one) and round.
+    (both of specs.LAYOUTS unless `layout` names one) and round. Without `level`: the five
+    levels, then the registered ones (`levels.names()`).
+
+    `fn`: check your own function for `component` instead of a level (see the module doc);
+    the results' `level` is "fn:<its name>". `uses_tf32=True` declares that its float32
+    matmuls run in TF32 (default: `fn.uses_tf32` if set, else False). Passing both `level`
+    and `fn` is a ValueError.
 
     `repeat` > 1 checks each case again with new inputs of the same shapes: a level may run
     different code once warm (TorchScript's profiling executor fuses from the second call
     with a given shape on), and that code must be right too."""
+    if fn is not None and component is None:
+        raise ValueError("fn= checks one component: name it, e.g. check('layer_norm', fn=...)")
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"argument 'repeat' must be an int >= 1; got {repeat!r}")
     if layout is not None and layout not in specs.LAYOUTS:
         raise ValueError(f"argument 'layout' must be one of {', '.join(specs.LAYOUTS)}; "
                          f"got {layout!r}")
+    if fn is not None or level is not None or uses_tf32 is not None:
+        targets = [_target(component, level, fn, uses_tf32)]  # refuses fn with level, by name
+    else:
+        targets = list(levels.names())
     results = []
     for comp in ([component] if component else COMPONENTS):
         spec = specs.get(comp)
-        for lvl in ([level] if level is not None else levels.LEVEL_NAMES):
+        for lvl in targets:
             for var in ([variant] if variant else spec.variants):
                 for lay in ([layout] if layout else specs.LAYOUTS):
                     for r in range(repeat):
                         round_seed = None if seed is None else seed + 7919 * r
-                        results.append(check_case(comp, lvl, dtype, device, size, var, round_seed,
-                                                  lay))
+                        results.append(check_case(comp, lvl, dtype, device, size, var,
+                                                  round_seed, lay))
     return results

@@ -3,13 +3,24 @@
 For each (component, level) the report holds the check results (every variant, at the
 check size) and a profile (cold first call, steady-state forward and forward+backward,
 peak GPU memory, achieved TFLOP/s and TB/s, and the break-even call count against
-Level 1: how many calls before a compiler's start-up cost has paid for itself).
+Level 1: how many calls before a compiler's start-up cost has paid for itself, "never"
+for a level that is not faster in steady state). Each first call says whether it found
+a warm on-disk cache: a second run of the same report is not a cold start.
 A level that cannot run here is a row marked skipped, with its reason.
+
+Registered levels (`levels.register`) are rows after the five; your own functions are rows
+too, for one component: `compare(["layer_norm"], fns={"mine": my_layer_norm})`.
+
+Defaults are what a user of that device runs: bfloat16 on a GPU, float32 on a CPU (whose
+bf16 GEMMs are emulated on most chips), and torch.compile's "default" mode: max-autotune
+benchmarks dozens of GEMM/conv candidates per shape, minutes on a GPU, and is an option
+(`compile_mode=`, `levels compare --compile-mode`) for "how fast can Inductor get?".
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,15 +30,27 @@ import levels
 from levels.contract import COMPONENTS
 
 from . import environment, specs
+from .agreement import own_targets
 from .check import CheckResult, check_case, dtype_name, fresh_seed, resolve_dtype
 from .profile import Profile, break_even_calls, profile
+
+DEFAULT_COMPILE_MODE = "default"
+
+
+def default_dtype(device) -> str:
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+
+def resolve_compile_mode(requested: str | None = None) -> str:
+    """The mode compare runs Level 3 in: asked for, else $LEVELS_COMPILE_MODE, else default."""
+    return requested or os.environ.get("LEVELS_COMPILE_MODE") or DEFAULT_COMPILE_MODE
 
 
 @dataclass
 class Row:
     profile: Profile
     checks: list[CheckResult] = field(default_factory=list)
-    break_even_calls: float | None = None
+    break_even_calls: int | str | None = None
 
     @property
     def checked(self) -> str:
@@ -42,41 +65,86 @@ class Row:
                 "break_even_calls_vs_native": self.break_even_calls}
 
 
-def compare(components=None, level_names=None, dtype="float32", device=None, size=None,
-            check_size="small", seed=None, on_step=None) -> dict:
-    """Run the comparison; `on_step(description)` is called before each unit of work."""
+def compare(components=None, level_names=None, dtype=None, device=None, size=None,
+            check_size="small", seed=None, on_step=None, compile_mode: str | None = None, *,
+            fns: dict | None = None) -> dict:
+    """Run the comparison; `on_step(description)` is called before each unit of work.
+    dtype None: bfloat16 on a GPU, float32 on a CPU. compile_mode: Level 3's mode for this
+    run (see `resolve_compile_mode`); the level's own settings are restored afterwards.
+    level_names None: the five levels, then the registered ones. fns: your functions
+    ({name: function}) as rows after them, for one component (name it in `components`)."""
     device = torch.device(device) if device else environment.default_device()
     size = size or ("bench" if device.type == "cuda" else "small")
-    dtype = resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype or default_dtype(device))
     seed = fresh_seed() if seed is None else seed
     components = list(components or COMPONENTS)
-    names = [levels.resolve(name).name for name in (level_names or levels.LEVEL_NAMES)]
+    names = [levels.resolve(name).name for name in (level_names or levels.names())]
+    own = []
+    if fns is not None:
+        if len(components) != 1:
+            raise ValueError(f"fns= are functions of one component: pass components=[that one] "
+                             f"(to compare code of several components, register a module of them "
+                             f"with levels.register and name it in level_names); got components="
+                             f"{components}")
+        own = own_targets(components[0], fns)
+    mode = resolve_compile_mode(compile_mode)
+    with CompileMode(mode if "compile" in names else None, device):
+        rows = _rows(components, names + own, dtype, device, size, check_size, seed, on_step)
+    return {"environment": environment.describe(device),
+            "settings": {"components": components, "levels": names + [t.name for t in own],
+                         "dtype": dtype_name(dtype),
+                         "device": str(device), "size": size, "check_size": check_size,
+                         "seed": seed, "compile_mode": mode},
+            "rows": [r.to_dict() for r in rows]}
+
+
+class CompileMode:
+    """Level 3 in `mode` on `device` for the duration, then as it was (mode None: untouched).
+    Reconfiguring drops Level 3's compiled functions, so it only happens on a change."""
+
+    def __init__(self, mode: str | None, device):
+        self.mode, self.device, self.saved = mode, torch.device(device), None
+
+    def __enter__(self):
+        if self.mode is None:
+            return self
+        compiled = levels.get("compile")
+        current = compiled.settings(self.device)["mode"]
+        if current != self.mode:
+            self.saved = current
+            compiled.configure(mode=self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            levels.get("compile").configure(mode=self.saved)
+
+
+def _rows(components, targets, dtype, device, size, check_size, seed, on_step) -> list[Row]:
+    """One row per component and target: a level's name, or an OwnLevel (your function)."""
     rows: list[Row] = []
     for comp in components:
         spec = specs.get(comp)
         native = None
-        for name in names:
+        for target in targets:
+            name = getattr(target, "name", target)
             if on_step:
                 on_step(f"{comp} · {name}")
-            row = Row(profile(comp, name, dtype, device, size, seed=seed))
+            row = Row(profile(comp, target, dtype, device, size, seed=seed))
             if row.profile.status != "skip":
                 # an emulated level (Triton's interpreter) is checked at the size it can afford
                 at = check_size
                 if row.profile.status == "untimed":
                     at = "tiny"
                     row.profile.reason = f"checked at 'tiny', not timed: {row.profile.reason}"
-                row.checks = [check_case(comp, name, dtype, device, at, variant, seed)
+                row.checks = [check_case(comp, target, dtype, device, at, variant, seed)
                               for variant in spec.variants]
             if name == "native":
                 native = row.profile
             elif native is not None:
                 row.break_even_calls = break_even_calls(row.profile, native)
             rows.append(row)
-    return {"environment": environment.describe(device),
-            "settings": {"components": components, "levels": names, "dtype": dtype_name(dtype),
-                         "device": str(device), "size": size, "check_size": check_size,
-                         "seed": seed},
-            "rows": [r.to_dict() for r in rows]}
+    return rows
 
 
 def save(report: dict, out_dir) -> tuple[Path, Path]:
@@ -88,45 +156,7 @@ def save(report: dict, out_dir) -> tuple[Path, Path]:
     return json_path, png_path
 
 
-def plot(report: dict, path) -> None:
-    """One panel per component: steady-state fwd and fwd+bwd time per level (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    comps = report["settings"]["components"]
-    names = report["settings"]["levels"]
-    fig, axes = plt.subplots(1, len(comps), figsize=(3.2 * len(comps) + 1, 3.8), squeeze=False)
-    for ax, comp in zip(axes[0], comps):
-        rows = {r["level"]: r for r in report["rows"] if r["component"] == comp}
-        xs = range(len(names))
-        for offset, key, label in ((-0.2, "fwd", "forward"), (0.2, "fwd_bwd", "forward+backward")):
-            heights = [rows[n][key]["median_ms"] if rows.get(n, {}).get(key) else 0 for n in names]
-            ax.bar([x + offset for x in xs], heights, width=0.4, label=label)
-        for x, n in zip(xs, names):
-            r = rows.get(n)
-            if r is None or r["status"] != "ok":
-                label = {"skip": "skipped", "untimed": "checked, not timed"}.get(
-                    r["status"] if r else "", "error")
-                ax.text(x, 0.5, label,
-                        rotation=90, ha="center", va="bottom", transform=ax.get_xaxis_transform(),
-                        fontsize=8, color="gray")
-            elif r["check"] == "FAIL":
-                ax.text(x, 0.95, "check FAILED", rotation=90, ha="center", va="top",
-                        transform=ax.get_xaxis_transform(), fontsize=8, color="red")
-        ax.set_xticks(list(xs), [f"{levels.resolve(n).number} {n}" for n in names], rotation=45,
-                      ha="right", fontsize=8)
-        ax.set_yscale("log")
-        times = [r[k]["median_ms"] for r in rows.values() for k in ("fwd", "fwd_bwd") if r.get(k)]
-        if times:  # log-scale bars need a floor below the shortest one, or it looks like zero
-            ax.set_ylim(min(times) / 3, max(times) * 2)
-        ax.set_title(comp)
-        ax.set_ylabel("median ms (log)")
-    axes[0][0].legend(fontsize=8)
-    s, env = report["settings"], report["environment"]
-    where = env.get("gpu") or f"CPU ({env['cpu_threads']} threads)"
-    fig.suptitle(f"levels compare — {s['dtype']}, size '{s['size']}', {where}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def plot(report: dict, path) -> Path:
+    """compare.png: steady-state speed-up over native above first-call cost and break-even."""
+    from .plots import levels_figure
+    return levels_figure(report["rows"], report["settings"], report["environment"], path)

@@ -110,9 +110,14 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
     if device.type == "cuda" and not torch.cuda.is_available():
         reason = "no CUDA device here (torch.cuda.is_available() is False)"
     if reason:
-        return Explanation(component, info.name, name, [Section(
-            "unavailable", f"Level {info.number} ({info.title}) cannot run {component} on {name}:\n"
-                           f"{reason}")])
+        note = f"Level {info.number} ({info.title}) cannot run {component} on {name}:\n{reason}"
+        module = None if info.number == 0 else levels.get(info.name)
+        if getattr(module, "EXPLAIN_WITHOUT_DEVICE", False):
+            # Level 5's kernels can still be read, and their ptxas report made, with nvcc alone.
+            return Explanation(component, info.name, name, [
+                Section("runs elsewhere", note),
+                Section("the kernels", module.explain(component, device))])
+        return Explanation(component, info.name, name, [Section("unavailable", note)])
     explainers = {"native": _explain_native, "torchscript": _explain_torchscript,
                   "compile": _explain_compile}
     if info.name in explainers:

@@ -5,20 +5,39 @@ Two passes are timed, both with inputs that require grad (what training does):
   fwd+bwd  forward, then backward driven by a fixed random upstream gradient
 The very first fwd+bwd call is timed on its own (`first_call_ms`): for torch.compile it
 holds the compilation of both graphs, for Triton the JIT, for CUDA C++ the build.
+
+A first call is only as slow as the caches let it be: Inductor and Triton keep what they
+compiled on disk, and a second run of the same program skips most of the work. So each
+first call records whether it found a warm cache (`first_call_cache`): "cold" when the
+level's cache directory gained files during the call (it had to compile), "warm" when it
+gained none, "unknown" when the level cannot tell; None for levels without a disk cache.
+Another process writing to the same cache at the same moment can make a warm call look
+cold; the directory and the file count are kept in `first_call_cache_detail`.
+
+Optional extras (`levels profile` asks for them): the host time per call (the `tiny` size
+timed end to end: what a call costs the CPU, whatever the device), the fraction of this
+device's measured ceilings (`equivalence.ceilings`) and a torch.profiler Chrome trace.
+
+Your own code is timed the same way: a registered level by its name, one function with
+`profile(component, fn=my_function)` (its `level` is then "fn:<name>"; it runs behind the
+contract's validator, as a level's functions validate first). Profiling does not check:
+`check` does.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
-import levels
-
 from . import specs
-from .check import _prepare, dtype_name, flatten, fresh_seed, resolve_dtype
-from .timing import peak_memory_mb, time_first_call, time_fn
+from .check import _open, _prepare, _target, dtype_name, flatten, fresh_seed, resolve_dtype
+from .timing import peak_memory_mb, time_first_call, time_fn, time_host
+
+NEVER = "never"  # break-even of a level that is not faster in steady state
 
 
 @dataclass
@@ -33,22 +52,32 @@ class Profile:
     status: str  # "ok", "skip", "untimed" (runs, but its time means nothing) or "error"
     reason: str = ""
     first_call_ms: float | None = None
+    first_call_cache: str | None = None  # "cold", "warm", "unknown"; None: no disk cache
+    first_call_cache_detail: str = ""
     fwd: dict | None = None
     fwd_bwd: dict | None = None
+    host: dict | None = None  # fwd+bwd of the `tiny` size, calls back to back (time_host)
     peak_memory_mb: float | None = None
     flops: dict = field(default_factory=dict)
     min_bytes: dict = field(default_factory=dict)
+    ceilings: dict | None = None  # equivalence.ceilings.Ceilings.to_dict() of this device
+    trace: str | None = None  # path of the Chrome trace, if one was asked for
     notes: str = ""
 
     def throughput(self, which: str = "fwd") -> dict:
-        """Achieved TFLOP/s and TB/s of a pass (from the spec's FLOPs and minimum bytes)."""
+        """Achieved TFLOP/s and TB/s of a pass (from the spec's FLOPs and minimum bytes), and
+        with ceilings, their fractions of this device's matmul rate and copy bandwidth."""
         timing = self.fwd if which == "fwd" else self.fwd_bwd
         if not timing:
             return {}
         seconds = timing["median_ms"] * 1e-3
         fl = self.flops["fwd"] + (self.flops["bwd"] if which != "fwd" else 0)
         by = self.min_bytes["fwd"] + (self.min_bytes["bwd"] if which != "fwd" else 0)
-        return {"tflops": fl / seconds / 1e12, "tbps": by / seconds / 1e12}
+        rates = {"tflops": fl / seconds / 1e12, "tbps": by / seconds / 1e12}
+        if self.ceilings:
+            rates["of_matmul"] = rates["tflops"] / self.ceilings["matmul_tflops"]
+            rates["of_copy"] = rates["tbps"] / self.ceilings["copy_tbps"]
+        return rates
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,33 +106,123 @@ def _passes(fn, case: specs.Case, seed: int):
     return forward, forward_backward
 
 
-def profile(component: str, level, dtype="float32", device="cpu", size="small",
-            variant: str | None = None, seed: int | None = None, min_time_s: float = 0.3) -> Profile:
-    info = levels.resolve(level)
+# ---------------------------------------------------------------------------------------
+# Warm or cold: which on-disk cache a level's first call can hit, and whether it did.
+# ---------------------------------------------------------------------------------------
+
+def _cache_dirs(level: str, device: torch.device) -> list[Path]:
+    if level == "compile":
+        # Inductor keeps its generated C++/Triton, and on a GPU Triton's binaries, here
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        return [Path(cache_dir())]
+    if level == "triton" and device.type == "cuda":
+        try:
+            from triton import knobs
+            return [Path(knobs.cache.dir)]
+        except (ImportError, AttributeError):  # triton before 3.4 had no knobs
+            return [Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")]
+    return []
+
+
+def _count_files(dirs: list[Path]) -> int:
+    return sum(len(files) for d in dirs for _, _, files in os.walk(d))
+
+
+def _level5_build_report():
+    """Level 5 reports its own build (load_inline's cache is keyed by source and flags)."""
+    try:
+        from cuda_kernels.build import last_build
+    except Exception:  # noqa: BLE001 - an older build module, or none: we cannot tell
+        return None
+    return last_build
+
+
+def _level5_cache(last_build, before: dict | None) -> tuple[str, str]:
+    if last_build is None:
+        return "unknown", "cuda_kernels.build reports no last_build()"
+    after = last_build()
+    if not after or "cached" not in after:
+        return "unknown", "cuda_kernels.build.last_build() says nothing about its cache"
+    if after == before:  # built (or loaded) before this call: nothing to build now
+        return "warm", f"already loaded in this process from {after.get('dir', '?')}"
+    return ("warm" if after["cached"] else "cold"), str(after.get("dir", ""))
+
+
+def _timed_first_call(p: Profile, level: str, fn, device: torch.device) -> None:
+    dirs = _cache_dirs(level, device)
+    before = _count_files(dirs) if dirs else 0
+    last_build = _level5_build_report() if level == "cuda" else None
+    build_before = last_build() if last_build else None
+    p.first_call_ms = time_first_call(fn, device)
+    if dirs:
+        gained = _count_files(dirs) - before
+        p.first_call_cache = "cold" if gained > 0 else "warm"
+        p.first_call_cache_detail = f"{', '.join(map(str, dirs))} gained {gained} file(s)"
+    elif level == "cuda":
+        p.first_call_cache, p.first_call_cache_detail = _level5_cache(last_build, build_before)
+
+
+def _trace(fn, device: torch.device, path: Path, label: str) -> str:
+    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for i in range(3):
+            with record_function(f"{label} #{i + 1}"):  # one labelled span per call in the viewer
+                fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def profile(component: str, level=None, dtype="float32", device="cpu", size="small",
+            variant: str | None = None, seed: int | None = None, min_time_s: float = 0.3,
+            host_size: str | None = None, ceilings=None, trace_dir=None, *, fn=None) -> Profile:
+    """Profile one level, or your function `fn`, on one component (see the module doc).
+
+    host_size: also time this size preset end to end, calls back to back ("tiny": the
+    per-call overhead). ceilings: an equivalence.ceilings.Ceilings to express the rates as
+    fractions of. trace_dir: write a torch.profiler Chrome trace of three fwd+bwd calls
+    there, as <component>-<level>.json (open it in https://ui.perfetto.dev)."""
+    target = _target(component, level, fn)
     dtype = resolve_dtype(dtype)
     device = torch.device(device)
     spec = specs.get(component)
     variant = variant or next(iter(spec.variants))
     seed = fresh_seed() if seed is None else seed
     case = spec.case(size, variant, dtype, device, seed)
-    p = Profile(component, info.name, variant, dtype_name(dtype), str(device), size, case.shapes(),
-                status="skip", flops=spec.flops(case.args), min_bytes=spec.min_bytes(case.args))
-    reason = levels.status(info.name, device, component)
+    name, reason, module = _open(target, device, component)
+    p = Profile(component, name, variant, dtype_name(dtype), str(device),
+                size if isinstance(size, str) else "custom", case.shapes(), status="skip",
+                flops=spec.flops(case.args), min_bytes=spec.min_bytes(case.args),
+                ceilings=ceilings.to_dict() if ceilings is not None else None)
     if reason:
         p.reason = reason
         return p
-    module = levels.get(info.name)
     if getattr(module, "INTERPRETED", False):
         # An interpreter emulates the GPU program in NumPy: its time says nothing about the
         # kernel, and at this size it would take minutes. Checked, not timed.
         p.status, p.reason = "untimed", "Triton's CPU interpreter is an emulation, not a speed"
         return p
-    forward, forward_backward = _passes(getattr(module, component), case, seed)
+    fn = getattr(module, component)
+    forward, forward_backward = _passes(fn, case, seed)
     try:
-        p.first_call_ms = time_first_call(forward_backward, device)
+        _timed_first_call(p, name, forward_backward, device)
         p.fwd = time_fn(forward, device, min_time_s=min_time_s).to_dict()
         p.fwd_bwd = time_fn(forward_backward, device, min_time_s=min_time_s).to_dict()
         p.peak_memory_mb = peak_memory_mb(forward_backward, device)
+        if host_size is not None:
+            small = spec.case(host_size, variant, dtype, device, seed)
+            p.host = time_host(_passes(fn, small, seed)[1], device,
+                               min_time_s=min(min_time_s, 0.2)).to_dict()
+            p.host["size"] = host_size
+        if trace_dir is not None:
+            file_name = name.replace(":", "-")  # fn:my_layer_norm
+            p.trace = _trace(forward_backward, device,
+                             Path(trace_dir) / f"{component}-{file_name}.json",
+                             f"{component} {name} fwd+bwd")
     except Exception as exc:  # noqa: BLE001 - reported, never hidden
         p.status, p.reason = "error", f"{type(exc).__name__}: {exc}"
         return p
@@ -111,16 +230,50 @@ def profile(component: str, level, dtype="float32", device="cpu", size="small",
     return p
 
 
-def break_even_calls(level: Profile, baseline: Profile) -> float | None:
+def break_even_calls(level: Profile, baseline: Profile) -> int | str | None:
     """After how many calls a level's cold start has paid for itself against `baseline`.
 
-    calls n such that  first + (n-1)*steady  <=  n * baseline_steady; None if the level is
-    not faster in steady state (it never pays off), 1 if its first call is already cheaper."""
+    The smallest n with  first + (n-1)*steady  <=  n * baseline_steady  (fwd+bwd medians).
+    NEVER ("never") if the level is not faster in steady state: then no number of calls
+    pays for its first one, however cheap that was. None if either was not timed."""
     if level.status != "ok" or baseline.status != "ok":
         return None
     steady, base = level.fwd_bwd["median_ms"], baseline.fwd_bwd["median_ms"]
+    if steady >= base:
+        return NEVER
     if level.first_call_ms <= base:
         return 1
-    if steady >= base:
-        return None
     return math.ceil((level.first_call_ms - steady) / (base - steady))
+
+
+# ---------------------------------------------------------------------------------------
+# Scaling: one dimension of a size preset stretched, everything else as it is.
+# ---------------------------------------------------------------------------------------
+
+# The dimension a user grows first: the sequence for attention, the batch for the rest.
+SCALING_DIMS = {"attention": "N", "layer_norm": "rows", "mlp": "rows", "lstm": "B", "conv_bn": "N"}
+SCALING_FACTORS = (1 / 8, 1 / 4, 1 / 2, 1, 2)
+
+
+def scaling(component: str, level=None, dtype="float32", device="cpu", size="small",
+            variant: str | None = None, seed: int | None = None, factors=SCALING_FACTORS,
+            min_time_s: float = 0.1, *, fn=None) -> tuple[str, list[dict]]:
+    """Profile `level` (or your function `fn`) at `size` with its scaling dimension times
+    each factor.
+    Returns (dimension, points); a point is {"level", "value", "shape", "status", "fwd",
+    "fwd_bwd", "first_call_ms"}. Every new shape is a new compile for Level 3."""
+    spec = specs.get(component)
+    dim = SCALING_DIMS[component]
+    points = []
+    for factor in factors:
+        shape = dict(spec.sizes[size])
+        if isinstance(shape[dim], tuple):  # leading "rows" dimensions: stretch the first
+            shape[dim] = (max(1, round(shape[dim][0] * factor)), *shape[dim][1:])
+            value = shape[dim][0]
+        else:
+            shape[dim] = value = max(1, round(shape[dim] * factor))
+        p = profile(component, level, dtype, device, shape, variant, seed, min_time_s, fn=fn)
+        points.append({"level": p.level, "value": value, "shape": shape, "status": p.status,
+                       "reason": p.reason, "fwd": p.fwd, "fwd_bwd": p.fwd_bwd,
+                       "first_call_ms": p.first_call_ms})
+    return dim, points

@@ -13,6 +13,9 @@ Rules (the reasons are the lesson):
   instead: a GPU-side sleep (torch.cuda._sleep) holds the queue while Python enqueues a
   batch of calls, so no call waits for the CPU. Bandwidth goals use it, on both sides.
 - CPU: torch.utils.benchmark.Timer, which handles threads and picks the repeat count.
+- Host time (`time_host`): calls back to back, one synchronize per batch, wall clock. On a
+  problem too small to keep the device busy, that is what a call costs the CPU (Python,
+  validation, dispatch, autograd, launches): the floor under every time above.
 """
 
 from __future__ import annotations
@@ -122,6 +125,32 @@ def time_fn(fn, device, min_time_s: float = 0.3, warmup: int = 3, max_runs: int 
     if device.type == "cuda":
         return _time_cuda(fn, device, min_time_s, warmup, max_runs, prime)
     return _time_cpu(fn, min_time_s, warmup)
+
+
+def time_host(fn, device, min_time_s: float = 0.2, warmup: int = 3, batch: int = 20) -> Timing:
+    """Wall-clock milliseconds per call of `fn()` run back to back (see the module doc).
+    Only the end of each batch is synchronized, so a GPU that finishes each call before
+    the CPU has issued the next one adds nothing: use it on a tiny problem."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        # on a CPU the call *is* the host's work: time it as the steady state is timed (same
+        # Timer, same thread count), or the two could not be compared
+        t = _time_cpu(fn, min_time_s, warmup)
+        t.method += " (on a CPU, host time is the whole call)"
+        return t
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    per_call: list[float] = []
+    budget_end = time.perf_counter() + min_time_s
+    while len(per_call) < 5 or time.perf_counter() < budget_end:
+        start = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        synchronize(device)
+        per_call.append((time.perf_counter() - start) * 1e3 / batch)
+    return Timing(statistics.median(per_call), _quantile(per_call, 0.2), _quantile(per_call, 0.8),
+                  batch * len(per_call), "wall clock, calls back to back")
 
 
 def peak_memory_mb(fn, device) -> float | None:

@@ -4,6 +4,8 @@
     y = layer(x)
     layer.level = "triton"          # same weights, next rung of the ladder
     levels.nn.set_level(model, 3)   # every levels.nn layer inside a model
+    layer.level = "auto"            # each call: the fastest level that passes the harness
+                                    # for its shapes, dtype and device (levels/auto.py)
 
 Parameters are named and shaped like torch's own modules, so weights load from them:
 `from_torch(...)` copies a torch module, and `load_state_dict` accepts its state_dict
@@ -18,8 +20,16 @@ import math
 import torch
 from torch import nn
 
+from . import AUTO
 from . import get as _get_level
 from . import resolve as _resolve
+
+
+def _level_name(value) -> str:
+    """A level's name, or "auto"; raises ValueError naming the choices."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    return _resolve(value).name
 
 
 class _Leveled(nn.Module):
@@ -35,7 +45,7 @@ class _Leveled(nn.Module):
 
     @level.setter
     def level(self, value) -> None:
-        self._level = _resolve(value).name  # raises ValueError naming the choices
+        self._level = _level_name(value)
 
     def _fn(self):
         return getattr(_get_level(self._level), self.component)
@@ -45,8 +55,8 @@ class _Leveled(nn.Module):
 
 
 def set_level(model: nn.Module, level) -> nn.Module:
-    """Switch every levels.nn layer inside `model` to `level`; returns `model`."""
-    name = _resolve(level).name
+    """Switch every levels.nn layer inside `model` to `level` (or "auto"); returns `model`."""
+    name = _level_name(level)
     for m in model.modules():
         if isinstance(m, _Leveled):
             m.level = name

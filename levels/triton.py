@@ -39,6 +39,9 @@ def _kernels(component: str):
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
+    # the missing GPU first: it is the reason, whatever the interpreter setting says
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA GPU here: torch.cuda.is_available() is False"
     try:
         import triton  # noqa: F401
     except ImportError as exc:

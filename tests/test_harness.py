@@ -7,7 +7,7 @@ import levels.native as native
 from equivalence import specs
 from equivalence.agreement import REFERENCE, agreement
 from equivalence.check import check, poisoned_allocations
-from equivalence.profile import Profile, break_even_calls, profile
+from equivalence.profile import NEVER, Profile, break_even_calls, profile
 from equivalence.timing import time_first_call, time_fn
 
 
@@ -59,7 +59,7 @@ def test_time_fn_primed_queue_excludes_the_cpu():
 
 def test_profile_skips_with_reason_and_times_native():
     p = profile("mlp", "cuda", size="tiny")
-    assert p.status == "skip" and "not implemented" in p.reason
+    assert p.status == "skip" and "needs a CUDA GPU" in p.reason
     p = profile("layer_norm", "native", size="tiny", min_time_s=0.01)
     assert p.status == "ok" and p.fwd["median_ms"] > 0 and p.fwd_bwd["median_ms"] > 0
     assert p.throughput("fwd")["tbps"] > 0 and p.flops["fwd"] > 0
@@ -75,7 +75,21 @@ def test_break_even_calls():
     # 101 + (n-1)*0.5 <= n*1.0  <=>  n >= 201
     assert break_even_calls(_p(101.0, 0.5), native_p) == 201
     assert break_even_calls(_p(0.5, 0.5), native_p) == 1
-    assert break_even_calls(_p(50.0, 2.0), native_p) is None  # slower: never pays off
+    assert break_even_calls(_p(50.0, 2.0), native_p) == NEVER  # slower: never pays off
+
+
+def test_break_even_never_for_a_slower_level_with_a_cheap_first_call():
+    # issue 13: torchscript's first call (65 ms) was under native's steady time (85 ms), but
+    # its steady state is slower (105 ms): it was reported as paying off after 1 call
+    assert break_even_calls(_p(65.4, 105.0), _p(98.9, 85.2)) == NEVER
+    assert break_even_calls(_p(0.5, 1.0), _p(1.0, 1.0)) == NEVER  # as fast is not faster
+
+
+def test_break_even_unknown_when_either_was_not_timed():
+    untimed = _p(None, None)
+    untimed.status = "untimed"
+    assert break_even_calls(untimed, _p(1.0, 1.0)) is None
+    assert break_even_calls(_p(1.0, 0.5), untimed) is None
 
 
 def test_agreement_matrix_shows_a_disagreeing_level(monkeypatch):

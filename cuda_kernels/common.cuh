@@ -1,0 +1,85 @@
+// common.cuh — what every Level 5 kernel file shares. Pure CUDA: no torch header, ever.
+//
+// The contract between a `.cu` file and the one C++ binding (binding.cpp):
+//   * every host launcher is `extern "C" int levels_<component>_<op>(...)`, takes raw
+//     pointers, sizes and element strides as int64_t, a LevelsDtype code, a version number
+//     and a cudaStream_t, and returns a LevelsStatus (0 = launched, see below);
+//   * validation has already happened in Python (levels/contract.py): a launcher only
+//     refuses what its kernels cannot do (a version it does not have, a dtype a version
+//     does not support), by status code, and never prints or aborts.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+enum LevelsDtype { LEVELS_F32 = 0, LEVELS_F16 = 1, LEVELS_BF16 = 2 };
+
+// Status codes: 0 and the positive values are cudaError_t (after the launch, from
+// cudaGetLastError); the negative ones are ours. binding.cpp turns them into messages.
+enum LevelsStatus {
+  LEVELS_OK = 0,
+  LEVELS_BAD_VERSION = -1,      // no such version of this kernel
+  LEVELS_BAD_DTYPE = -2,        // this version does not support this dtype
+  LEVELS_UNSUPPORTED = -3,      // a size/layout this version cannot run (message in Python)
+};
+
+static inline int levels_launch_status() { return (int)cudaGetLastError(); }
+
+static inline int64_t levels_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- element conversions: every kernel computes in fp32 and stores in the input dtype ----
+template <typename T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---- reductions ----
+// A warp adds its 32 values with register shuffles: no shared memory, no barrier.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// A block adds one value per thread: warps reduce in registers, then warp 0 reduces the
+// per-warp partials from shared memory. `scratch` holds >= 32 floats; every thread gets
+// the total. Call it from all threads of the block (it has barriers).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : 0.0f;
+  if (warp == 0) v = warp_sum(v);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+
+// ---- dtype dispatch in a launcher: LEVELS_DISPATCH(dtype, T, launch<T>(...)) ----
+#define LEVELS_DISPATCH(code, T, ...)                         \
+  switch (code) {                                             \
+    case LEVELS_F32: { using T = float; __VA_ARGS__; break; } \
+    case LEVELS_F16: { using T = __half; __VA_ARGS__; break; } \
+    case LEVELS_BF16: { using T = __nv_bfloat16; __VA_ARGS__; break; } \
+    default: return LEVELS_BAD_DTYPE;                         \
+  }

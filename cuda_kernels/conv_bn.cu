@@ -1,0 +1,1046 @@
+// conv_bn.cu — Conv2d followed by BatchNorm2d, in CUDA C++ (Level 5). Pure CUDA: no torch header.
+//
+// The convolution is the expensive part (2 * P * C_out * K flops with P = N*H_out*W_out output
+// pixels and K = kH*kW*C_in); BatchNorm is per-channel arithmetic around it. The ladder is a
+// ladder of convolution kernels:
+//
+//   v1  direct convolution, one thread per output element (n, h, w, o): the formula,
+//       literally. Every thread re-reads its kH*kW*C_in inputs and weights from global
+//       memory (L1/L2 absorb most of it); nothing is shared between threads.
+//       Costs: about 2 loads per multiply-add. Exact fp32 arithmetic.
+//   v2  implicit GEMM with shared-memory tiles on CUDA cores: out[p, o] = sum_k A[p, k]
+//       B[k, o] with A = im2col(x), which is never built: each 64x64 block of outputs
+//       gathers its 64x16 slice of A straight from x (zeros at the padding) and its
+//       16x64 slice of B from the weight into shared memory, and every thread computes
+//       a 4x4 register tile from them, so one load from global memory now feeds 64
+//       (A) or 64 (B) multiply-adds instead of one. Exact fp32 arithmetic.
+//       Costs: a gather with an index decode per element; CUDA cores only (~60 TFLOP/s
+//       peak fp32 on an H100, against ~990 dense bf16 on the tensor cores).
+//   v3  implicit GEMM on the tensor cores (WMMA 16x16x16 fragments, fp16/bf16 operands,
+//       fp32 accumulation), 128x128x32 block tiles, the A and B tiles copied global ->
+//       shared with cp.async (16 bytes per copy, zero-filled at the padding) in a
+//       3-stage pipeline, so the copies of tile t+2 are in flight while the tensor cores
+//       work on tile t; BatchNorm (eval) folded into the weight and a per-channel bias
+//       added in the epilogue. Costs: 16-byte copies need C_in % 8 == 0 and 16-byte
+//       aligned rows (otherwise a scalar gather path fills the same tiles, slower);
+//       61 KB of shared memory per block. fp32 inputs fall back to v2 (exact
+//       fp32, see "fp32 and TF32" below).
+//
+// Around the convolution (the same kernels for every version):
+//   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
+//          w' = w * gamma / sqrt(var + eps),  b' = (b - mean) * gamma / sqrt(var + eps) + beta.
+//          One small kernel folds (fold_bn_kernel); the convolution then writes the final
+//          output: no pass over the activations for BN.
+//   train  the convolution writes y (without its bias) in fp32; stats_partial_kernel computes
+//          each chunk of rows' per-channel mean and M2 (sum of squared deviations) in two passes
+//          over the chunk (it is still in L2 for the second), stats_finalize_kernel merges the
+//          chunks with Chan's formula (exact: no E[y^2] - E[y]^2 cancellation), writes the new
+//          running statistics (unbiased variance, like BatchNorm2d) and a per-channel
+//          scale/shift, and channel_affine_kernel writes out = y * scale + shift.
+//          The conv bias is left out of y because the batch mean absorbs it exactly: it only
+//          enters the running mean (added in stats_finalize_kernel).
+//   backward (both modes; it uses the version-2 tiled main loop for every version: the speed
+//          goal is the eval forward, and dgrad/wgrad on tensor cores are future work)
+//          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
+//          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
+//          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
+//          dgamma = invstd * (sum_k w[o,k] G[o,k] + (b - mean) sum_p dY[p,o]) with
+//          G = dY^T im2col(x), the same G that gives dW = scale * G: y is never recomputed.
+//          In training, the BN backward (bn_bwd_*) turns dOut into dY of the convolution first.
+//
+// fp32 and TF32: v3 on fp32 inputs runs v2. WMMA has TF32 fragments, but they
+// would round every operand to 11 bits and the level would have to declare TF32 (bound 4e-3
+// instead of 1e-5) for the whole component; fp32 conv_bn stays exact at every version instead.
+//
+// Layouts (what the Python side, cuda_kernels/conv_bn.py, guarantees):
+//   x        (N, H, W, C_in) NHWC with any element strides sx_n, sx_h, sx_w, sx_c (the Python
+//            side passes the channels_last tensor permuted, so usually sx_c == 1);
+//   w        (C_out, kH, kW, C_in) contiguous ("K-major": k = (i, j, c) runs along memory);
+//   dy       (P, C_out) contiguous (the gradient of the NHWC output);
+//   outputs, y, dx, dw and every workspace are allocated contiguous by the binding.
+// Offsets into x, y, dy, dx are int64: an activation can exceed 2**31 elements.
+#include "common.cuh"
+
+#include <mma.h>
+
+namespace levels_conv_bn {
+
+// ---- candidates for common.cuh ----
+template <typename T> struct is_f32 { static constexpr bool value = false; };
+template <> struct is_f32<float> { static constexpr bool value = true; };
+
+// cp.async (sm_80+): a 16-byte global -> shared copy that does not pass through registers and
+// does not block the thread; src_bytes = 0 writes 16 zero bytes (the padding of a convolution).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+#endif
+}
+// ---- end of candidates ----
+
+// The shape of one convolution, as the launchers receive it.
+struct Geom {
+  int64_t N, H, W, C_in, C_out, kH, kW;
+  int64_t sh, sw, ph, pw;          // stride and padding
+  int64_t sx_n, sx_h, sx_w, sx_c;  // element strides of x as (N, H, W, C_in)
+  int64_t H_out, W_out;
+  int64_t P;  // N * H_out * W_out: output pixels, the GEMM's M
+  int64_t K;  // kH * kW * C_in: the GEMM's reduction, ordered (i, j, c)
+};
+
+// =========================================================================================
+// Version 1: direct convolution, one thread per output element.
+// =========================================================================================
+
+// Thread t computes out[p, o] with o = t % C_out: neighbouring threads share the pixel, so
+// their reads of x are the same address (one broadcast), and their stores are contiguous.
+template <typename T, typename TO>
+__global__ void conv_direct_kernel(Geom g,
+                                   const T* __restrict__ x,        // (N, H, W, C_in), strided
+                                   const T* __restrict__ w,        // (C_out, kH, kW, C_in)
+                                   const float* __restrict__ bias, // (C_out,) fp32 or nullptr
+                                   TO* __restrict__ out) {         // (P, C_out)
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= g.P * g.C_out) return;
+  const int64_t o = idx % g.C_out, p = idx / g.C_out;
+  const int64_t n = p / (g.H_out * g.W_out), hw = p % (g.H_out * g.W_out);
+  const int64_t h0 = (hw / g.W_out) * g.sh - g.ph, w0 = (hw % g.W_out) * g.sw - g.pw;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < g.kH; ++i) {
+    const int64_t hi = h0 + i;
+    if (hi < 0 || hi >= g.H) continue;  // padding: zeros contribute nothing
+    for (int64_t j = 0; j < g.kW; ++j) {
+      const int64_t wi = w0 + j;
+      if (wi < 0 || wi >= g.W) continue;
+      const T* xp = x + n * g.sx_n + hi * g.sx_h + wi * g.sx_w;
+      const T* wp = w + o * g.K + (i * g.kW + j) * g.C_in;
+      for (int64_t c = 0; c < g.C_in; ++c) acc += to_f32(xp[c * g.sx_c]) * to_f32(wp[c]);
+    }
+  }
+  if (bias) acc += bias[o];
+  out[p * g.C_out + o] = from_f32<TO>(acc);
+}
+
+// =========================================================================================
+// Version 2: a tiled GEMM main loop on CUDA cores, shared by the forward convolution and by
+// the backward's dgrad and wgrad. Each is an "Op": it says how to read element (m, k) of A
+// and (k, n) of B (the gather of the implicit GEMM) and where result (m, n) goes.
+//   Op::Row row(m)            what a row m of A needs, decoded once per thread (not per k)
+//   Op::Red red(k, k_end)     what column k of A needs, decoded once per k tile
+//   float a(Row, Red)         A[m, k], 0 outside the image / past the end
+//   float b(k, n, k_end)      B[k, n], 0 past the end
+//   void store(m, n, split, v)
+// =========================================================================================
+namespace tiled {
+constexpr int BM = 64, BN = 64, BK = 16, THREADS = 256;  // 4x4 outputs per thread
+
+template <typename Op>
+__global__ void __launch_bounds__(THREADS)
+gemm_kernel(Op op, int64_t M, int64_t Nn, int64_t R, int64_t red_per_split) {
+  // A is kept transposed (As[k][m]) so that a thread's 4 rows of A are 4 consecutive floats;
+  // the +4 keeps rows 16-byte aligned while shifting banks between rows.
+  __shared__ float As[BK][BM + 4];
+  __shared__ float Bs[BK][BN + 4];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;  // this thread's 4x4 outputs: rows ty*4.., cols tx*4..
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * BM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * BN;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * red_per_split;
+  const int64_t k_end = min(R, k_begin + red_per_split);
+
+  // Loads: thread -> A (m = tid/16 + 16r, k = tid%16): consecutive threads walk k, which is
+  // the contiguous channel axis of x for the forward convolution. B (k = tid/64 + 4r, n = tid%64).
+  typename Op::Row rows[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) rows[r] = op.row(m0 + tid / 16 + 16 * r, M);
+
+  float acc[4][4] = {};
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
+    const typename Op::Red kr = op.red(k0 + tid % 16, k_end);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) As[tid % 16][tid / 16 + 16 * r] = op.a(rows[r], kr);
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      Bs[tid / 64 + 4 * r][tid % 64] = op.b(k0 + tid / 64 + 4 * r, n0 + tid % 64, k_end);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();  // the tiles are overwritten by the next iteration
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+      if (m < M && n < Nn) op.store(m, n, blockIdx.z, acc[i][j]);
+    }
+}
+
+// Forward: A[p, k] = x[n, h0 + i, w0 + j, c] (k = (i, j, c)), B[k, o] = w[o, k],
+// out[p, o] = sum + bias[o].
+template <typename T, typename TO>
+struct ConvFwd {
+  Geom g;
+  const T* x;
+  const T* w;
+  const float* bias;  // nullable
+  TO* out;            // (P, C_out)
+  struct Row { int64_t base, h0, w0; bool ok; };
+  struct Red { int64_t i, j, c; bool ok; };
+  __device__ Row row(int64_t p, int64_t M) const {
+    Row r{0, 0, 0, p < M};
+    if (r.ok) {
+      const int64_t n = p / (g.H_out * g.W_out), hw = p % (g.H_out * g.W_out);
+      r.base = n * g.sx_n;
+      r.h0 = (hw / g.W_out) * g.sh - g.ph;
+      r.w0 = (hw % g.W_out) * g.sw - g.pw;
+    }
+    return r;
+  }
+  __device__ Red red(int64_t k, int64_t k_end) const {
+    const int64_t ij = k / g.C_in;
+    return Red{ij / g.kW, ij % g.kW, k % g.C_in, k < k_end};
+  }
+  __device__ float a(const Row& r, const Red& k) const {
+    const int64_t hi = r.h0 + k.i, wi = r.w0 + k.j;
+    if (!r.ok || !k.ok || hi < 0 || hi >= g.H || wi < 0 || wi >= g.W) return 0.0f;
+    return to_f32(x[r.base + hi * g.sx_h + wi * g.sx_w + k.c * g.sx_c]);
+  }
+  __device__ float b(int64_t k, int64_t o, int64_t k_end) const {
+    return (k < k_end && o < g.C_out) ? to_f32(w[o * g.K + k]) : 0.0f;
+  }
+  __device__ void store(int64_t p, int64_t o, int, float v) const {
+    out[p * g.C_out + o] = from_f32<TO>(bias ? v + bias[o] : v);
+  }
+};
+
+// dgrad: dx[q, c] = sum_{i, j, o} dy[p(q, i, j), o] w[o, i, j, c], q = (n, h, w) an input
+// pixel, and output pixel p exists only where h + ph - i is a non-negative multiple of the
+// stride (likewise for w). The GEMM: M = N*H*W, N = C_in, reduction (i, j, o).
+template <typename T>
+struct ConvDgrad {
+  Geom g;
+  const T* dy;  // (P, C_out) contiguous
+  const T* w;   // (C_out, kH, kW, C_in) contiguous
+  T* dx;        // (N*H*W, C_in) contiguous
+  struct Row { int64_t n, h, w; bool ok; };
+  struct Red { int64_t i, j, o; bool ok; };
+  __device__ Row row(int64_t q, int64_t M) const {
+    Row r{0, 0, 0, q < M};
+    if (r.ok) {
+      r.n = q / (g.H * g.W);
+      const int64_t hw = q % (g.H * g.W);
+      r.h = hw / g.W;
+      r.w = hw % g.W;
+    }
+    return r;
+  }
+  __device__ Red red(int64_t k, int64_t k_end) const {
+    const int64_t ij = k / g.C_out;
+    return Red{ij / g.kW, ij % g.kW, k % g.C_out, k < k_end};
+  }
+  __device__ float a(const Row& r, const Red& k) const {
+    const int64_t hn = r.h + g.ph - k.i, wn = r.w + g.pw - k.j;
+    if (!r.ok || !k.ok || hn < 0 || wn < 0 || hn % g.sh || wn % g.sw) return 0.0f;
+    const int64_t ho = hn / g.sh, wo = wn / g.sw;
+    if (ho >= g.H_out || wo >= g.W_out) return 0.0f;
+    return to_f32(dy[((r.n * g.H_out + ho) * g.W_out + wo) * g.C_out + k.o]);
+  }
+  __device__ float b(int64_t k, int64_t c, int64_t k_end) const {
+    if (k >= k_end || c >= g.C_in) return 0.0f;
+    const int64_t ij = k / g.C_out, o = k % g.C_out;
+    return to_f32(w[o * g.K + ij * g.C_in + c]);
+  }
+  __device__ void store(int64_t q, int64_t c, int, float v) const {
+    dx[q * g.C_in + c] = from_f32<T>(v);
+  }
+};
+
+// wgrad, computed transposed: G^T[k, o] = sum_p im2col(x)[p, k] dy[p, o] with M = K (i, j, c),
+// N = C_out and the reduction over the pixels p, split into blockIdx.z chunks: each chunk
+// writes its own fp32 slice part[split, o, k], summed later by wgrad_finish_kernel.
+template <typename T>
+struct ConvWgrad {
+  Geom g;
+  const T* x;
+  const T* dy;  // (P, C_out) contiguous
+  float* part;  // (splits, C_out, K)
+  struct Row { int64_t i, j, c; bool ok; };
+  struct Red { int64_t base, h0, w0; bool ok; };
+  __device__ Row row(int64_t k, int64_t M) const {
+    const int64_t ij = k / g.C_in;
+    return Row{ij / g.kW, ij % g.kW, k % g.C_in, k < M};
+  }
+  __device__ Red red(int64_t p, int64_t p_end) const {
+    Red r{0, 0, 0, p < p_end};
+    if (r.ok) {
+      const int64_t n = p / (g.H_out * g.W_out), hw = p % (g.H_out * g.W_out);
+      r.base = n * g.sx_n;
+      r.h0 = (hw / g.W_out) * g.sh - g.ph;
+      r.w0 = (hw % g.W_out) * g.sw - g.pw;
+    }
+    return r;
+  }
+  __device__ float a(const Row& k, const Red& p) const {
+    const int64_t hi = p.h0 + k.i, wi = p.w0 + k.j;
+    if (!k.ok || !p.ok || hi < 0 || hi >= g.H || wi < 0 || wi >= g.W) return 0.0f;
+    return to_f32(x[p.base + hi * g.sx_h + wi * g.sx_w + k.c * g.sx_c]);
+  }
+  __device__ float b(int64_t p, int64_t o, int64_t p_end) const {
+    return (p < p_end && o < g.C_out) ? to_f32(dy[p * g.C_out + o]) : 0.0f;
+  }
+  __device__ void store(int64_t k, int64_t o, int split, float v) const {
+    part[(static_cast<int64_t>(split) * g.C_out + o) * g.K + k] = v;
+  }
+};
+}  // namespace tiled
+
+// =========================================================================================
+// Version 3: implicit GEMM on the tensor cores (WMMA), cp.async 3-stage pipeline.
+// Block tile 128 (pixels) x 128 (output channels) x 32 (k); 8 warps as 2 x 4, each warp a
+// 64 x 32 tile = 4 x 2 WMMA accumulators (64 fp32 registers per thread).
+// =========================================================================================
+namespace wmma_conv {
+constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, THREADS = 256;
+constexpr int LDS = BK + 8;  // shared row pitch in elements: 80 bytes, so the 8 rows one WMMA
+                             // load touches start in different banks; a multiple of 16 bytes
+                             // (cp.async) and 16 rows = 1280 bytes keep fragments 32-byte aligned
+constexpr int WARPS_N = 4, WM = 64, WN = 32, FM = WM / 16, FN = WN / 16;
+constexpr int STAGE_ELEMS = (BM + BN) * LDS;
+constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;  // 61440: above the 48 KB default, opt in
+constexpr int EPI_LD = 20;                            // fp32 epilogue scratch pitch (16 + 4)
+static_assert(8 * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch must fit in the pipeline's smem");
+
+// VEC: 16-byte cp.async copies (C_in % 8 == 0, sx_c == 1, 16-byte aligned x rows and w), so a
+// group of 8 consecutive k is 8 consecutive channels of one pixel and one kernel offset.
+// Otherwise each element is gathered on its own (any C_in, any strides) into the same tiles.
+template <typename T, typename TO, bool VEC>
+__global__ void __launch_bounds__(THREADS, 2)  // 2 blocks per SM: at most 128 registers
+conv_kernel(Geom g,
+            const T* __restrict__ x,         // (N, H, W, C_in), strided
+            const T* __restrict__ w,         // (C_out, kH, kW, C_in) contiguous
+            const float* __restrict__ bias,  // (C_out,) fp32 or nullptr
+            TO* __restrict__ out) {          // (P, C_out) contiguous
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+  const int64_t n_tiles = (g.C_out + BN - 1) / BN;
+  // Neighbouring blocks take the output-channel tiles of the same pixels: they read the same
+  // slice of x at about the same time, so it comes from L2 once.
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) / n_tiles) * BM;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) % n_tiles) * BN;
+
+  // Each thread copies 2 rows x 8 k of A and of B per stage: rows tid/4 and tid/4 + 64, the
+  // 8-element group (tid % 4) * 8 of the tile's 32 k. The row decode is done once, here.
+  // Spatial coordinates and k (< K = kH*kW*C_in) fit in 32 bits; only memory offsets need 64:
+  // 32-bit indices keep the register count under the 128 that 2 blocks per SM allow.
+  const int kc = (tid % 4) * 8;
+  const int C_in = static_cast<int>(g.C_in), kW = static_cast<int>(g.kW), K = static_cast<int>(g.K);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  int64_t x_base[2];
+  int h0[2], w0[2];
+  bool p_ok[2], o_ok[2];
+  const T* w_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t p = m0 + tid / 4 + 64 * r;
+    p_ok[r] = p < g.P;
+    const int64_t pp = p_ok[r] ? p : 0;
+    const int64_t n = pp / (g.H_out * g.W_out), hw = pp % (g.H_out * g.W_out);
+    x_base[r] = n * g.sx_n;
+    h0[r] = static_cast<int>((hw / g.W_out) * g.sh - g.ph);
+    w0[r] = static_cast<int>((hw % g.W_out) * g.sw - g.pw);
+    const int64_t o = o0 + tid / 4 + 64 * r;
+    o_ok[r] = o < g.C_out;
+    w_row[r] = w + (o_ok[r] ? o : 0) * g.K;
+  }
+
+  auto load_tile = [&](int stage, int kt) {
+    T* As = smem + stage * STAGE_ELEMS;
+    T* Bs = As + BM * LDS;
+    const int k = kt * BK + kc;
+    if constexpr (VEC) {
+      const int ij = k / C_in, c = k % C_in, i = ij / kW, j = ij % kW;
+      const bool k_ok = k < K;  // K % 8 == 0 here: a group is wholly in or out
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int hi = h0[r] + i, wi = w0[r] + j;
+        const bool ok = k_ok && p_ok[r] && hi >= 0 && hi < H && wi >= 0 && wi < W;
+        const T* src = ok ? x + x_base[r] + hi * g.sx_h + wi * g.sx_w + c : x;
+        cp_async_16(As + (tid / 4 + 64 * r) * LDS + kc, src, ok);
+        const bool okw = k_ok && o_ok[r];
+        cp_async_16(Bs + (tid / 4 + 64 * r) * LDS + kc, okw ? w_row[r] + k : w, okw);
+      }
+    } else {
+      const T zero = from_f32<T>(0.0f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int ke = k + e;
+        const int ij = ke / C_in, c = ke % C_in, i = ij / kW, j = ij % kW;
+        const bool k_ok = ke < K;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int hi = h0[r] + i, wi = w0[r] + j;
+          const bool ok = k_ok && p_ok[r] && hi >= 0 && hi < H && wi >= 0 && wi < W;
+          As[(tid / 4 + 64 * r) * LDS + kc + e] =
+              ok ? x[x_base[r] + hi * g.sx_h + wi * g.sx_w + c * g.sx_c] : zero;
+          Bs[(tid / 4 + 64 * r) * LDS + kc + e] = (k_ok && o_ok[r]) ? w_row[r][ke] : zero;
+        }
+      }
+    }
+  };
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+  for (int a = 0; a < FM; ++a)
+#pragma unroll
+    for (int b = 0; b < FN; ++b) wmma::fill_fragment(acc[a][b], 0.0f);
+
+  const int KT = (K + BK - 1) / BK;
+  // Prologue: tiles 0 .. STAGES-2 in flight. One commit group per tile (empty groups are fine),
+  // so "wait until at most STAGES-2 groups are pending" always means "tile kt has landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_tile(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    // After this barrier tile kt is visible to all, and every warp has finished computing on
+    // tile kt-1, whose stage the prefetch below overwrites.
+    __syncthreads();
+    const int next = kt + STAGES - 1;
+    if (next < KT) load_tile(next % STAGES, next);
+    cp_async_commit();
+
+    const T* As = smem + (kt % STAGES) * STAGE_ELEMS;
+    const T* Bs = As + BM * LDS;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[FN];
+#pragma unroll
+      for (int a = 0; a < FM; ++a)
+        wmma::load_matrix_sync(fa[a], As + (warp_m * WM + a * 16) * LDS + kk, LDS);
+      // B[k, o] = w[o, k] sits in shared memory as Bs[o][k]: a column-major K x N matrix.
+#pragma unroll
+      for (int b = 0; b < FN; ++b)
+        wmma::load_matrix_sync(fb[b], Bs + (warp_n * WN + b * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int a = 0; a < FM; ++a)
+#pragma unroll
+        for (int b = 0; b < FN; ++b) wmma::mma_sync(acc[a][b], fa[a], fb[b], acc[a][b]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the epilogue's scratch
+
+  // Epilogue: a fragment's element -> (row, col) mapping is unspecified, so each 16x16
+  // accumulator goes through a per-warp fp32 scratch; then lane l owns row l/2, columns
+  // (l%2)*8 .. +7 of it: adds the bias, converts, stores 8 consecutive outputs (16 bytes
+  // for bf16/fp16, one vector store when the row is aligned).
+  float* scratch = reinterpret_cast<float*>(smem_raw) + warp * 16 * EPI_LD;
+  const int er = lane / 2, ec = (lane % 2) * 8;
+  constexpr int VEC_OUT = 16 / sizeof(TO);  // outputs per 16 bytes
+#pragma unroll
+  for (int a = 0; a < FM; ++a)
+#pragma unroll
+    for (int b = 0; b < FN; ++b) {
+      wmma::store_matrix_sync(scratch, acc[a][b], EPI_LD, wmma::mem_row_major);
+      __syncwarp();
+      const int64_t p = m0 + warp_m * WM + a * 16 + er;
+      const int64_t o = o0 + warp_n * WN + b * 16 + ec;
+      if (p < g.P) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          v[e] = scratch[er * EPI_LD + ec + e] + ((bias && o + e < g.C_out) ? bias[o + e] : 0.0f);
+        TO* dst = out + p * g.C_out + o;
+        if (g.C_out % VEC_OUT == 0 && o + 8 <= g.C_out) {
+          // p * C_out + o is a multiple of VEC_OUT elements: 16-byte aligned.
+          alignas(16) TO packed[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) packed[e] = from_f32<TO>(v[e]);
+#pragma unroll
+          for (int q = 0; q < 8 / VEC_OUT; ++q)
+            reinterpret_cast<uint4*>(dst)[q] = reinterpret_cast<const uint4*>(packed)[q];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            if (o + e < g.C_out) dst[e] = from_f32<TO>(v[e]);
+        }
+      }
+      __syncwarp();  // the scratch is rewritten by the next fragment
+    }
+#endif
+}
+}  // namespace wmma_conv
+
+// =========================================================================================
+// BatchNorm around the convolution.
+// =========================================================================================
+
+// Eval: block o folds channel o. w' keeps the (C_out, kH, kW, C_in) layout and the input dtype
+// (it feeds the same conv kernels); b', scale = gamma * invstd and invstd are fp32.
+template <typename T>
+__global__ void fold_bn_kernel(const T* __restrict__ w, const T* __restrict__ bias,  // nullable
+                               const T* __restrict__ gamma, const T* __restrict__ beta,
+                               const T* __restrict__ mean, const T* __restrict__ var, float eps,
+                               int64_t K, T* __restrict__ w_folded, float* __restrict__ b_folded,
+                               float* __restrict__ scale, float* __restrict__ invstd) {
+  const int64_t o = blockIdx.x;
+  const float is = 1.0f / sqrtf(to_f32(var[o]) + eps);
+  const float s = to_f32(gamma[o]) * is;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+    w_folded[o * K + k] = from_f32<T>(to_f32(w[o * K + k]) * s);
+  if (threadIdx.x == 0) {
+    const float shift = (bias ? to_f32(bias[o]) : 0.0f) - to_f32(mean[o]);
+    b_folded[o] = shift * s + to_f32(beta[o]);
+    scale[o] = s;
+    invstd[o] = is;
+  }
+}
+
+// The per-channel reductions over the P rows of a (P, C) matrix all use one shape: block
+// (32 channels) x (8 row lanes), one block per chunk of rows and 32 channels, so that a warp
+// reads 32 consecutive channels of one row (coalesced), and partial results per chunk are
+// merged by a second kernel (deterministic, no atomics).
+constexpr int RED_C = 32, RED_R = 8;
+
+// Sum over the 8 row lanes of a block; every thread of column threadIdx.x gets it.
+__device__ __forceinline__ float column_lanes_sum(float v, float (*buf)[RED_C + 1]) {
+  __syncthreads();  // buf may still be read by a previous call
+  buf[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int r = 0; r < RED_R; ++r) total += buf[r][threadIdx.x];
+  return total;
+}
+
+// Train: per chunk, the mean of y and the sum of squared deviations from it (M2). Two passes
+// over the chunk's rows: the second reads them from L2.
+__global__ void stats_partial_kernel(const float* __restrict__ y, int64_t P, int64_t C,
+                                     int64_t rows_per_chunk, float* __restrict__ part_mean,
+                                     float* __restrict__ part_m2) {
+  __shared__ float buf[RED_R][RED_C + 1];
+  const int64_t chunk = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * RED_C + threadIdx.x;
+  const int64_t first = chunk * rows_per_chunk, last = min(P, first + rows_per_chunk);
+  float s = 0.0f;
+  if (c < C)
+    for (int64_t r = first + threadIdx.y; r < last; r += RED_R) s += y[r * C + c];
+  const float mean = column_lanes_sum(s, buf) / static_cast<float>(last - first);
+  float m2 = 0.0f;
+  if (c < C)
+    for (int64_t r = first + threadIdx.y; r < last; r += RED_R) {
+      const float d = y[r * C + c] - mean;
+      m2 += d * d;
+    }
+  m2 = column_lanes_sum(m2, buf);
+  if (threadIdx.y == 0 && c < C) {
+    part_mean[chunk * C + c] = mean;
+    part_m2[chunk * C + c] = m2;
+  }
+}
+
+// Train: thread c merges its channel's chunks (Chan et al.: mean and M2 of a union from those
+// of the parts, in double: a few hundred steps per channel), then
+//   running_mean' = (1 - momentum) running_mean + momentum (mean + bias)
+//   running_var'  = (1 - momentum) running_var  + momentum var * P / (P - 1)   (unbiased)
+//   out = y * scale + shift with scale = gamma * invstd, shift = beta - mean * scale.
+template <typename T>
+__global__ void stats_finalize_kernel(const float* __restrict__ part_mean,
+                                      const float* __restrict__ part_m2, int64_t chunks,
+                                      int64_t rows_per_chunk, int64_t P, int64_t C,
+                                      const T* __restrict__ bias,  // nullable
+                                      const T* __restrict__ gamma, const T* __restrict__ beta,
+                                      const T* __restrict__ running_mean,
+                                      const T* __restrict__ running_var, float eps,
+                                      float momentum, float* __restrict__ mean_out,
+                                      float* __restrict__ invstd_out,
+                                      T* __restrict__ new_running_mean,
+                                      T* __restrict__ new_running_var, float* __restrict__ scale,
+                                      float* __restrict__ shift) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double n_a = 0.0, mean_a = 0.0, m2_a = 0.0;
+  for (int64_t s = 0; s < chunks; ++s) {
+    const double n_b = static_cast<double>(min(rows_per_chunk, P - s * rows_per_chunk));
+    const double mean_b = part_mean[s * C + c], m2_b = part_m2[s * C + c];
+    const double n = n_a + n_b, delta = mean_b - mean_a;
+    mean_a += delta * n_b / n;
+    m2_a += m2_b + delta * delta * n_a * n_b / n;
+    n_a = n;
+  }
+  const double var = m2_a / static_cast<double>(P);
+  const float is = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  const float mean = static_cast<float>(mean_a);
+  mean_out[c] = mean;
+  invstd_out[c] = is;
+  const float full_mean = mean + (bias ? to_f32(bias[c]) : 0.0f);
+  const float unbiased = static_cast<float>(var * static_cast<double>(P) / static_cast<double>(P - 1));
+  new_running_mean[c] = from_f32<T>((1.0f - momentum) * to_f32(running_mean[c]) + momentum * full_mean);
+  new_running_var[c] = from_f32<T>((1.0f - momentum) * to_f32(running_var[c]) + momentum * unbiased);
+  const float sc = to_f32(gamma[c]) * is;
+  scale[c] = sc;
+  shift[c] = to_f32(beta[c]) - mean * sc;
+}
+
+template <typename T>
+__global__ void channel_affine_kernel(const float* __restrict__ y, const float* __restrict__ scale,
+                                      const float* __restrict__ shift, T* __restrict__ out,
+                                      int64_t P, int64_t C) {
+  const int64_t total = P * C, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
+    const int64_t c = e % C;
+    out[e] = from_f32<T>(y[e] * scale[c] + shift[c]);
+  }
+}
+
+// sum_p m[p, c] per chunk of rows (dbeta-like sums of the backward).
+template <typename T>
+__global__ void column_sum_partial_kernel(const T* __restrict__ m, int64_t P, int64_t C,
+                                          int64_t rows_per_chunk, float* __restrict__ part) {
+  __shared__ float buf[RED_R][RED_C + 1];
+  const int64_t chunk = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * RED_C + threadIdx.x;
+  const int64_t first = chunk * rows_per_chunk, last = min(P, first + rows_per_chunk);
+  float s = 0.0f;
+  if (c < C)
+    for (int64_t r = first + threadIdx.y; r < last; r += RED_R) s += to_f32(m[r * C + c]);
+  s = column_lanes_sum(s, buf);
+  if (threadIdx.y == 0 && c < C) part[chunk * C + c] = s;
+}
+
+// Train backward, per chunk: sum dOut and sum dOut * xhat, xhat = (y - mean) * invstd.
+template <typename T>
+__global__ void bn_bwd_partial_kernel(const T* __restrict__ dout, const float* __restrict__ y,
+                                      const float* __restrict__ mean,
+                                      const float* __restrict__ invstd, int64_t P, int64_t C,
+                                      int64_t rows_per_chunk, int64_t chunks,
+                                      float* __restrict__ part) {  // (2, chunks, C)
+  __shared__ float buf[RED_R][RED_C + 1];
+  const int64_t chunk = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * RED_C + threadIdx.x;
+  const int64_t first = chunk * rows_per_chunk, last = min(P, first + rows_per_chunk);
+  float s_dy = 0.0f, s_dyx = 0.0f;
+  if (c < C) {
+    const float mu = mean[c], is = invstd[c];
+    for (int64_t r = first + threadIdx.y; r < last; r += RED_R) {
+      const float d = to_f32(dout[r * C + c]);
+      s_dy += d;
+      s_dyx += d * (y[r * C + c] - mu) * is;
+    }
+  }
+  s_dy = column_lanes_sum(s_dy, buf);
+  s_dyx = column_lanes_sum(s_dyx, buf);
+  if (threadIdx.y == 0 && c < C) {
+    part[chunk * C + c] = s_dy;
+    part[(chunks + chunk) * C + c] = s_dyx;
+  }
+}
+
+// Adds the chunks of `n_sums` stacked partials (n_sums, chunks, C) into sums (n_sums, C); the
+// first sum also goes to out0 and the second to out1 in the input dtype (nullable).
+template <typename T>
+__global__ void chunks_finalize_kernel(const float* __restrict__ part, int64_t chunks, int64_t C,
+                                       int n_sums, float* __restrict__ sums, T* __restrict__ out0,
+                                       T* __restrict__ out1) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int q = 0; q < n_sums; ++q) {
+    float s = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) s += part[(q * chunks + k) * C + c];
+    sums[q * C + c] = s;
+    T* o = q == 0 ? out0 : out1;
+    if (o) o[c] = from_f32<T>(s);
+  }
+}
+
+// Train backward: the gradient of the convolution's output,
+//   dy = gamma * invstd * (dOut - mean_p(dOut) - xhat * mean_p(dOut * xhat)).
+template <typename T>
+__global__ void bn_bwd_apply_kernel(const T* __restrict__ dout, const float* __restrict__ y,
+                                    const float* __restrict__ mean, const float* __restrict__ invstd,
+                                    const T* __restrict__ gamma, const float* __restrict__ sums,
+                                    int64_t P, int64_t C, T* __restrict__ dy) {
+  const int64_t total = P * C, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float inv_p = 1.0f / static_cast<float>(P);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
+    const int64_t c = e % C;
+    const float is = invstd[c];
+    const float xhat = (y[e] - mean[c]) * is;
+    const float g = to_f32(dout[e]) - sums[c] * inv_p - xhat * sums[C + c] * inv_p;
+    dy[e] = from_f32<T>(to_f32(gamma[c]) * is * g);
+  }
+}
+
+// Block o adds the wgrad splits of channel o: G[o, k] = sum_s part[s, o, k].
+//   train: dW = G.
+//   eval (the forward ran on w' = scale * w): dW = scale * G, and the BN/bias gradients
+//     dgamma = invstd * (sum_k w[o,k] G[o,k] + (b - mean) sum_p dOut),  dbeta = sum_p dOut,
+//     dbias = scale * sum_p dOut (written even without a bias: the binding then drops it).
+template <typename T>
+__global__ void wgrad_finish_kernel(const float* __restrict__ part, int64_t splits, int64_t C_out,
+                                    int64_t K, T* __restrict__ dw, bool eval,
+                                    const T* __restrict__ w, const float* __restrict__ scale,
+                                    const float* __restrict__ invstd, const T* __restrict__ mean,
+                                    const T* __restrict__ bias, const float* __restrict__ sum_dy,
+                                    T* __restrict__ dgamma, T* __restrict__ dbeta,
+                                    T* __restrict__ dbias) {
+  __shared__ float scratch[32];
+  const int64_t o = blockIdx.x;
+  const float s = eval ? scale[o] : 1.0f;
+  float wdot = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+    float g = 0.0f;
+    for (int64_t q = 0; q < splits; ++q) g += part[(q * C_out + o) * K + k];
+    if (eval) wdot += to_f32(w[o * K + k]) * g;
+    dw[o * K + k] = from_f32<T>(g * s);
+  }
+  if (!eval) return;  // uniform over the block: no thread skips the barrier below alone
+  wdot = block_sum(wdot, scratch);
+  if (threadIdx.x == 0) {
+    const float sdy = sum_dy[o];
+    const float shift = (bias ? to_f32(bias[o]) : 0.0f) - to_f32(mean[o]);
+    dgamma[o] = from_f32<T>(invstd[o] * (wdot + shift * sdy));
+    dbeta[o] = from_f32<T>(sdy);
+    dbias[o] = from_f32<T>(s * sdy);
+  }
+}
+
+// =========================================================================================
+// Launchers.
+// =========================================================================================
+
+static Geom make_geom(int64_t N, int64_t H, int64_t W, int64_t C_in, int64_t C_out, int64_t kH,
+                      int64_t kW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t sx_n,
+                      int64_t sx_h, int64_t sx_w, int64_t sx_c) {
+  Geom g{N, H, W, C_in, C_out, kH, kW, sh, sw, ph, pw, sx_n, sx_h, sx_w, sx_c, 0, 0, 0, 0};
+  g.H_out = (H + 2 * ph - kH) / sh + 1;
+  g.W_out = (W + 2 * pw - kW) / sw + 1;
+  g.P = N * g.H_out * g.W_out;
+  g.K = kH * kW * C_in;
+  return g;
+}
+
+// Rows per chunk of the per-channel reductions: at most ~512 chunks (enough blocks for the
+// GPU when C is small), at least 64 rows each.
+static int64_t chunk_rows(int64_t P) { return levels_cdiv(P, 512) > 64 ? levels_cdiv(P, 512) : 64; }
+static int64_t chunk_count(int64_t P) { return levels_cdiv(P, chunk_rows(P)); }
+
+// wgrad splits of the pixel axis: ~4096 pixels each (at most 64), rounded so none is empty.
+static int64_t wgrad_splits(int64_t P) {
+  int64_t s = levels_cdiv(P, 4096);
+  s = s < 1 ? 1 : (s > 64 ? 64 : s);
+  const int64_t per = levels_cdiv(P, s);
+  return levels_cdiv(P, per);
+}
+
+static bool tensor_cores_available() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 8;  // bf16 WMMA and cp.async
+}
+
+template <typename T, typename TO>
+static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const float* bias, TO* out,
+                    cudaStream_t stream) {
+  // v3 indexes k and the image coordinates in 32 bits (offsets stay 64-bit).
+  const bool fits_32 = g.K < (int64_t{1} << 30) && g.H < (int64_t{1} << 30) && g.W < (int64_t{1} << 30);
+  if (version == 3 && !is_f32<T>::value && fits_32 && tensor_cores_available()) {
+    if constexpr (!is_f32<T>::value) {
+      const bool vec = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
+                       g.sx_w % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
+      const int64_t blocks = levels_cdiv(g.P, wmma_conv::BM) * levels_cdiv(g.C_out, wmma_conv::BN);
+      auto kernel = vec ? wmma_conv::conv_kernel<T, TO, true> : wmma_conv::conv_kernel<T, TO, false>;
+      // Per device and kernel; cheap next to a convolution, so it is not cached.
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wmma_conv::SMEM_BYTES);
+      kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, wmma_conv::SMEM_BYTES, stream>>>(
+          g, x, w, bias, out);
+      return levels_launch_status();
+    }
+  }
+  if (version == 1) {
+    const int64_t blocks = levels_cdiv(g.P * g.C_out, 256);
+    conv_direct_kernel<T, TO><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g, x, w, bias, out);
+    return levels_launch_status();
+  }
+  // v2, and v3 where it cannot run (fp32, a GPU before sm_80, sizes past 32-bit indices).
+  tiled::ConvFwd<T, TO> op{g, x, w, bias, out};
+  const dim3 grid(static_cast<unsigned>(levels_cdiv(g.P, tiled::BM)),
+                  static_cast<unsigned>(levels_cdiv(g.C_out, tiled::BN)), 1);
+  tiled::gemm_kernel<<<grid, tiled::THREADS, 0, stream>>>(op, g.P, g.C_out, g.K, g.K);
+  return levels_launch_status();
+}
+
+template <typename T>
+static void conv_dgrad(const Geom& g, const T* dy, const T* w, T* dx, cudaStream_t stream) {
+  tiled::ConvDgrad<T> op{g, dy, w, dx};
+  const int64_t M = g.N * g.H * g.W, R = g.kH * g.kW * g.C_out;
+  const dim3 grid(static_cast<unsigned>(levels_cdiv(M, tiled::BM)),
+                  static_cast<unsigned>(levels_cdiv(g.C_in, tiled::BN)), 1);
+  tiled::gemm_kernel<<<grid, tiled::THREADS, 0, stream>>>(op, M, g.C_in, R, R);
+}
+
+template <typename T>
+static void conv_wgrad(const Geom& g, const T* dy, const T* x, float* part, cudaStream_t stream) {
+  const int64_t splits = wgrad_splits(g.P), per = levels_cdiv(g.P, splits);
+  tiled::ConvWgrad<T> op{g, x, dy, part};
+  const dim3 grid(static_cast<unsigned>(levels_cdiv(g.K, tiled::BM)),
+                  static_cast<unsigned>(levels_cdiv(g.C_out, tiled::BN)),
+                  static_cast<unsigned>(splits));
+  tiled::gemm_kernel<<<grid, tiled::THREADS, 0, stream>>>(op, g.K, g.C_out, g.P, per);
+}
+
+static dim3 reduction_grid(int64_t P, int64_t C) {
+  return dim3(static_cast<unsigned>(chunk_count(P)), static_cast<unsigned>(levels_cdiv(C, RED_C)), 1);
+}
+static unsigned elementwise_blocks(int64_t n) {
+  const int64_t b = levels_cdiv(n, 256);
+  return static_cast<unsigned>(b < 65536 ? b : 65536);  // grid-stride beyond
+}
+
+template <typename T>
+static int eval_fwd(int version, const Geom& g, const T* x, const T* w, const T* bias,
+                    const T* gamma, const T* beta, const T* mean, const T* var, float eps, T* out,
+                    T* w_folded, float* scale, float* invstd, float* work, cudaStream_t stream) {
+  float* b_folded = work;  // (C_out,)
+  fold_bn_kernel<T><<<static_cast<unsigned>(g.C_out), 256, 0, stream>>>(
+      w, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, scale, invstd);
+  return conv_fwd<T, T>(version, g, x, w_folded, b_folded, out, stream);
+}
+
+template <typename T>
+static int train_fwd(int version, const Geom& g, const T* x, const T* w, const T* bias,
+                     const T* gamma, const T* beta, const T* running_mean, const T* running_var,
+                     float eps, float momentum, T* out, float* y, float* mean, float* invstd,
+                     T* new_running_mean, T* new_running_var, float* work, cudaStream_t stream) {
+  const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
+  float* part_mean = work;             // (chunks, C)
+  float* part_m2 = work + chunks * C;  // (chunks, C)
+  float* scale = part_m2 + chunks * C; // (C,)
+  float* shift = scale + C;            // (C,)
+  const int status = conv_fwd<T, float>(version, g, x, w, nullptr, y, stream);
+  if (status != 0) return status;
+  stats_partial_kernel<<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
+      y, g.P, C, rows, part_mean, part_m2);
+  stats_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+      part_mean, part_m2, chunks, rows, g.P, C, bias, gamma, beta, running_mean, running_var, eps,
+      momentum, mean, invstd, new_running_mean, new_running_var, scale, shift);
+  channel_affine_kernel<T><<<elementwise_blocks(g.P * C), 256, 0, stream>>>(y, scale, shift, out,
+                                                                           g.P, C);
+  return levels_launch_status();
+}
+
+// sum over rows of a (P, C) matrix into sums (C,) fp32 (and out_t in T, nullable).
+template <typename T>
+static void column_sum(const T* m, int64_t P, int64_t C, float* part, float* sums, T* out_t,
+                       cudaStream_t stream) {
+  column_sum_partial_kernel<T><<<reduction_grid(P, C), dim3(RED_C, RED_R), 0, stream>>>(
+      m, P, C, chunk_rows(P), part);
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+      part, chunk_count(P), C, 1, sums, out_t, static_cast<T*>(nullptr));
+}
+
+template <typename T>
+static int eval_bwd(const Geom& g, const T* dout, const T* x, const T* w, const T* w_folded,
+                    const T* bias, const T* running_mean, const float* scale, const float* invstd,
+                    T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
+  const int64_t C = g.C_out, chunks = chunk_count(g.P);
+  float* sum_dy = work;                 // (C,)
+  float* col_part = sum_dy + C;         // (chunks, C)
+  float* w_part = col_part + chunks * C;  // (splits, C_out, K)
+  column_sum<T>(dout, g.P, C, col_part, sum_dy, static_cast<T*>(nullptr), stream);
+  conv_wgrad<T>(g, dout, x, w_part, stream);
+  wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
+      w_part, wgrad_splits(g.P), C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
+      dgamma, dbeta, dbias);
+  conv_dgrad<T>(g, dout, w_folded, dx, stream);
+  return levels_launch_status();
+}
+
+template <typename T>
+static int train_bwd(const Geom& g, const T* dout, const T* x, const T* w, const float* y,
+                     const float* mean, const float* invstd, const T* gamma, T* dx, T* dw,
+                     T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
+  const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
+  float* sums = work;                        // (2, C): sum dOut, sum dOut * xhat
+  float* bn_part = sums + 2 * C;             // (2, chunks, C)
+  float* col_part = bn_part + 2 * chunks * C;  // (chunks, C)
+  float* dbias_f = col_part + chunks * C;    // (C,)
+  float* w_part = dbias_f + C;               // (splits, C_out, K)
+  T* dyc = reinterpret_cast<T*>(w_part + wgrad_splits(g.P) * C * g.K);  // (P, C) in T
+  bn_bwd_partial_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
+      dout, y, mean, invstd, g.P, C, rows, chunks, bn_part);
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+      bn_part, chunks, C, 2, sums, dbeta, dgamma);
+  bn_bwd_apply_kernel<T><<<elementwise_blocks(g.P * C), 256, 0, stream>>>(
+      dout, y, mean, invstd, gamma, sums, g.P, C, dyc);
+  // Mathematically 0 (the batch mean absorbs the conv bias): computed, not assumed.
+  column_sum<T>(dyc, g.P, C, col_part, dbias_f, dbias, stream);
+  conv_wgrad<T>(g, dyc, x, w_part, stream);
+  wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
+      w_part, wgrad_splits(g.P), C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
+      nullptr, nullptr, nullptr, nullptr);
+  conv_dgrad<T>(g, dyc, w, dx, stream);
+  return levels_launch_status();
+}
+
+static bool known_version(int version) { return version >= 1 && version <= 3; }
+
+}  // namespace levels_conv_bn
+
+// =========================================================================================
+// The extern "C" interface (binding: cuda_kernels/conv_bn_binding.cpp).
+// Geometry arguments, in this order everywhere: N, H, W, C_in, C_out, kH, kW, stride_h,
+// stride_w, pad_h, pad_w, then x's element strides as (N, H, W, C_in): sx_n, sx_h, sx_w, sx_c.
+// =========================================================================================
+
+#define LEVELS_CONV_BN_GEOM_ARGS                                                             \
+  int64_t N, int64_t H, int64_t W, int64_t C_in, int64_t C_out, int64_t kH, int64_t kW,      \
+      int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t sx_n,         \
+      int64_t sx_h, int64_t sx_w, int64_t sx_c
+#define LEVELS_CONV_BN_GEOM                                                                  \
+  levels_conv_bn::make_geom(N, H, W, C_in, C_out, kH, kW, stride_h, stride_w, pad_h, pad_w,  \
+                            sx_n, sx_h, sx_w, sx_c)
+
+// fp32 workspace (in floats) that op `which` needs: 0 eval forward, 1 train forward,
+// 2 eval backward, 3 train backward (P output pixels, K = kH*kW*C_in; the train backward's
+// workspace also holds the (P, C_out) gradient of the convolution in the input dtype, which
+// is at most P*C_out floats).
+extern "C" int64_t levels_conv_bn_workspace_floats(int which, int64_t P, int64_t C_out, int64_t K) {
+  using namespace levels_conv_bn;
+  const int64_t chunks = chunk_count(P), wpart = wgrad_splits(P) * C_out * K;
+  switch (which) {
+    case 0: return C_out;
+    case 1: return (2 * chunks + 2) * C_out;
+    case 2: return C_out + chunks * C_out + wpart;
+    case 3: return 2 * C_out + 3 * chunks * C_out + C_out + wpart + P * C_out;
+    default: return -1;
+  }
+}
+
+// Eval: out (P, C_out) = BN(conv(x, w) + bias) with the running statistics, folded.
+// Also returns w_folded (C_out, K) in the input dtype and fp32 scale, invstd (C_out,) for the
+// backward. bias may be null. workspace: levels_conv_bn_workspace_floats(0, ...) floats.
+extern "C" int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, const void* w,
+                                       const void* bias, const void* gamma, const void* beta,
+                                       const void* running_mean, const void* running_var,
+                                       double eps, LEVELS_CONV_BN_GEOM_ARGS, void* out,
+                                       void* w_folded, float* scale, float* invstd,
+                                       float* workspace, cudaStream_t stream) {
+  using namespace levels_conv_bn;
+  if (!known_version(version)) return LEVELS_BAD_VERSION;
+  const Geom g = LEVELS_CONV_BN_GEOM;
+  LEVELS_DISPATCH(dtype, T,
+                  return eval_fwd<T>(version, g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                     static_cast<const T*>(bias), static_cast<const T*>(gamma),
+                                     static_cast<const T*>(beta), static_cast<const T*>(running_mean),
+                                     static_cast<const T*>(running_var), static_cast<float>(eps),
+                                     static_cast<T*>(out), static_cast<T*>(w_folded), scale, invstd,
+                                     workspace, stream));
+  return LEVELS_OK;
+}
+
+// Train: out (P, C_out) = BN(conv(x, w) + bias) with batch statistics. Also returns y (P, C_out)
+// fp32 (the convolution without its bias), the batch mean of y and invstd (fp32, for the
+// backward), and the new running statistics (input dtype; the caller copies them into its
+// buffers). workspace: levels_conv_bn_workspace_floats(1, ...) floats.
+extern "C" int levels_conv_bn_train_fwd(int dtype, int version, const void* x, const void* w,
+                                        const void* bias, const void* gamma, const void* beta,
+                                        const void* running_mean, const void* running_var,
+                                        double eps, double momentum, LEVELS_CONV_BN_GEOM_ARGS,
+                                        void* out, float* y, float* mean, float* invstd,
+                                        void* new_running_mean, void* new_running_var,
+                                        float* workspace, cudaStream_t stream) {
+  using namespace levels_conv_bn;
+  if (!known_version(version)) return LEVELS_BAD_VERSION;
+  const Geom g = LEVELS_CONV_BN_GEOM;
+  LEVELS_DISPATCH(dtype, T,
+                  return train_fwd<T>(version, g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                      static_cast<const T*>(bias), static_cast<const T*>(gamma),
+                                      static_cast<const T*>(beta),
+                                      static_cast<const T*>(running_mean),
+                                      static_cast<const T*>(running_var), static_cast<float>(eps),
+                                      static_cast<float>(momentum), static_cast<T*>(out), y, mean,
+                                      invstd, static_cast<T*>(new_running_mean),
+                                      static_cast<T*>(new_running_var), workspace, stream));
+  return LEVELS_OK;
+}
+
+// Eval backward from dout (P, C_out) contiguous: dx (N, H, W, C_in) contiguous, dw (C_out, K),
+// dbias, dgamma, dbeta (C_out,), all in the input dtype. Every version runs the tiled
+// (version 2) dgrad/wgrad. workspace: levels_conv_bn_workspace_floats(2, ...) floats.
+extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout, const void* x,
+                                       const void* w, const void* w_folded, const void* bias,
+                                       const void* running_mean, const float* scale,
+                                       const float* invstd, LEVELS_CONV_BN_GEOM_ARGS, void* dx,
+                                       void* dw, void* dbias, void* dgamma, void* dbeta,
+                                       float* workspace, cudaStream_t stream) {
+  using namespace levels_conv_bn;
+  if (!known_version(version)) return LEVELS_BAD_VERSION;
+  const Geom g = LEVELS_CONV_BN_GEOM;
+  LEVELS_DISPATCH(dtype, T,
+                  return eval_bwd<T>(g, static_cast<const T*>(dout), static_cast<const T*>(x),
+                                     static_cast<const T*>(w), static_cast<const T*>(w_folded),
+                                     static_cast<const T*>(bias),
+                                     static_cast<const T*>(running_mean), scale, invstd,
+                                     static_cast<T*>(dx), static_cast<T*>(dw),
+                                     static_cast<T*>(dbias), static_cast<T*>(dgamma),
+                                     static_cast<T*>(dbeta), workspace, stream));
+  return LEVELS_OK;
+}
+
+// Train backward from dout (P, C_out) contiguous, y/mean/invstd of the forward: dx, dw, dbias,
+// dgamma, dbeta as above. workspace: levels_conv_bn_workspace_floats(3, ...) floats.
+extern "C" int levels_conv_bn_train_bwd(int dtype, int version, const void* dout, const void* x,
+                                        const void* w, const float* y, const float* mean,
+                                        const float* invstd, const void* gamma,
+                                        LEVELS_CONV_BN_GEOM_ARGS, void* dx, void* dw, void* dbias,
+                                        void* dgamma, void* dbeta, float* workspace,
+                                        cudaStream_t stream) {
+  using namespace levels_conv_bn;
+  if (!known_version(version)) return LEVELS_BAD_VERSION;
+  const Geom g = LEVELS_CONV_BN_GEOM;
+  LEVELS_DISPATCH(dtype, T,
+                  return train_bwd<T>(g, static_cast<const T*>(dout), static_cast<const T*>(x),
+                                      static_cast<const T*>(w), y, mean, invstd,
+                                      static_cast<const T*>(gamma), static_cast<T*>(dx),
+                                      static_cast<T*>(dw), static_cast<T*>(dbias),
+                                      static_cast<T*>(dgamma), static_cast<T*>(dbeta), workspace,
+                                      stream));
+  return LEVELS_OK;
+}
+
+#undef LEVELS_CONV_BN_GEOM_ARGS
+#undef LEVELS_CONV_BN_GEOM

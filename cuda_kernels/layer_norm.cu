@@ -1,0 +1,749 @@
+// layer_norm.cu — LayerNorm over the last dimension, forward and backward, as a ladder.
+//
+//   y = (x - mean) * rstd * w + b,   mean = sum(x)/N,   rstd = 1/sqrt(sum((x-mean)^2)/N + eps)
+//
+// x is an (M, N) view: rows M apart by `stride_x` elements, columns adjacent (the Python
+// side, cuda_kernels/layer_norm.py, copies x only when its last dimension is strided).
+// weight, bias, y, dx, mean, rstd are contiguous (made so, or allocated so, by the caller).
+// Every version accumulates in fp32 and computes the variance in two passes (centre, then
+// square): exact to fp32 rounding whatever the mean, unlike E[x^2] - E[x]^2.
+//
+// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3):
+//   v1  one thread per row: the CPU loop moved onto the GPU. Each thread walks its row three
+//       times (mean, variance, output). Costs: a warp's 32 loads touch 32 rows, 32 cache
+//       lines at once (no coalescing), and only M threads exist (16384 rows: about one
+//       thread per CUDA core of an H100, far too few to hide memory latency).
+//   v2  one warp per row, lanes striding over the row, reductions by register shuffles
+//       (warp_sum): every load instruction of a warp reads 32 adjacent elements (coalesced)
+//       and there is no shared memory and no barrier. Costs: the row is still read three
+//       times (twice from L1/L2), loads are 4 or 2 bytes each, and one warp per row leaves
+//       a wide row (N = 65536) to 32 threads.
+//   v3  16-byte vector loads, the row held in registers, one block per wide row: each thread
+//       loads its share of the row once (ld.global.v4: 4 fp32 or 8 bf16/fp16 per instruction),
+//       both reductions run on registers, and y is written once: 2 bytes moved per byte of
+//       x, the floor. Narrow rows (N <= 256) get a warp per row (no barrier); wider rows a
+//       block of ceil(N/E) threads per row, E = two vectors (8 fp32, 16 bf16/fp16) up to 512
+//       threads, else 32 (a barrier per reduction). Costs: registers bound the width (16384
+//       here), and vector loads need aligned rows. So v3 FALLS BACK to a block-per-row loop
+//       that re-reads the row from L1/L2 (vectorized if aligned, else scalar) when the base
+//       pointers are not 16-byte aligned, the row stride or N is not a multiple of the
+//       vector width, or N > 16384.
+//
+// Backward versions (the same version number; forward vN pairs with backward vN):
+//   dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)),   xhat = (x - mean) * rstd
+//   dw = sum_rows dy*xhat,   db = sum_rows dy
+//   v1  one thread per row for dx (two walks over x and dy); dw/db by one thread per column
+//       walking all M rows (coalesced across threads, but only N threads and x, dy read a
+//       second time).
+//   v2  one warp per row for dx (shuffles); dw/db in two stages: P chunks of rows x 256
+//       columns, each thread summing its column over its chunk into a (P, N) fp32 buffer,
+//       then a kernel summing the P partial rows. Deterministic (no atomics), many more
+//       threads than v1. Costs: x and dy are still read twice (once for dx, once for dw/db):
+//       5 tensor passes where 3 are needed.
+//   v3  fused and persistent: P blocks (as many as fit on the GPU at once), each owning a
+//       contiguous chunk of rows, hold w and their partial dw/db for their columns in
+//       registers, load x and dy once per row with 16-byte loads, write dx, and accumulate
+//       dy*xhat and dy on the way: 3 tensor passes, the floor; then the same second-stage
+//       sum as v2. Both row reductions share one set of barriers (block_sum2). Costs: the
+//       row must fit in registers (N <= 8192), rows aligned as for the forward: otherwise
+//       v3's backward is v2's (said again in the launcher).
+//
+// Measured (H100, 16384 x 4096, kernel time with a primed queue, `levels bench`; TB/s counts
+// the bytes each direction must move: forward x + y, backward x + dy + dx):
+//                  forward fp32       forward bf16       backward fp32      backward bf16
+//   v1             0.28 TB/s  0.09x   0.15 TB/s  0.05x   0.15 TB/s  0.05x   0.07 TB/s  0.03x
+//   v2             1.39 TB/s  0.47x   1.20 TB/s  0.42x   1.18 TB/s  0.40x   0.98 TB/s  0.34x
+//   v3             2.93 TB/s  0.99x   2.83 TB/s  0.98x   2.64 TB/s  0.89x   2.11 TB/s  0.73x
+//   (x = of a device copy's bandwidth, 2.96 TB/s fp32, 2.87 bf16; torch.compile in the same
+//   run: forward 2.96 / 2.52 TB/s, backward 2.51 / 2.02 TB/s, so v3 is 0.99x / 1.12x of it
+//   forward and 1.05x / 1.05x backward.)
+#include "common.cuh"
+
+namespace levels_layer_norm {
+
+// ---- candidates for common.cuh ----
+
+// VEC elements that travel as one 16-byte load/store (ld.global.v4 / st.global.v4).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+// Two block-wide sums for the price of one set of barriers. `scratch` holds >= 32 float2;
+// call from all threads of the block; every thread gets both totals.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = (blockDim.x + 31) >> 5;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = make_float2(a, b);
+  __syncthreads();
+  float2 v = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : make_float2(0.0f, 0.0f);
+  if (warp == 0) {
+    v.x = warp_sum(v.x);
+    v.y = warp_sum(v.y);
+  }
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+
+// ---- constants of the launch plans ----
+constexpr int V1_THREADS = 128;       // v1: threads (= rows) per block
+constexpr int V2_ROWS = 8;            // v2: warps (= rows) per block of 256 threads
+constexpr int V3_WARP_E = 8;          // v3 forward, a warp per row: elements per lane
+constexpr int V3_ROWS = 8;            // v3 forward, a warp per row: rows per block
+constexpr int PARTIAL_THREADS = 256;  // v2 dw/db stage 1: columns per block
+constexpr int SUM_COLS = 32;          // stage 2: columns per block ...
+constexpr int SUM_LANES = 16;         // ... and partial rows summed in parallel per column
+constexpr int64_t V3_FWD_MAX_N = 32 * 512;  // widest row v3's forward keeps in registers
+constexpr int64_t V3_BWD_MAX_N = 16 * 512;  // ... and v3's backward
+
+template <typename T> __host__ __device__ constexpr int vec_width() { return 16 / (int)sizeof(T); }
+
+// =====================================================================================
+// Forward
+// =====================================================================================
+
+// v1: thread `row` owns row `row`. Three walks; its neighbours walk rows stride_x apart.
+template <typename T>
+__global__ void fwd_v1(const T* __restrict__ x,        // (M, N), rows stride_x apart
+                       const T* __restrict__ weight,   // (N,)
+                       const T* __restrict__ bias,     // (N,)
+                       T* __restrict__ y,              // (M, N) contiguous
+                       float* __restrict__ mean_out,   // (M,)
+                       float* __restrict__ rstd_out,   // (M,)
+                       int64_t M, int64_t N, int64_t stride_x, float eps) {
+  const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= M) return;
+  const T* xr = x + row * stride_x;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < N; ++i) sum += to_f32(xr[i]);
+  const float mean = sum / (float)N;
+  float sq = 0.0f;
+  for (int64_t i = 0; i < N; ++i) {
+    const float d = to_f32(xr[i]) - mean;
+    sq += d * d;
+  }
+  const float rstd = 1.0f / sqrtf(sq / (float)N + eps);
+  T* yr = y + row * N;
+  for (int64_t i = 0; i < N; ++i)
+    yr[i] = from_f32<T>((to_f32(xr[i]) - mean) * rstd * to_f32(weight[i]) + to_f32(bias[i]));
+  mean_out[row] = mean;
+  rstd_out[row] = rstd;
+}
+
+// v2: warp `row` owns row `row`; lane l reads columns l, l+32, ... (one 128-byte line per
+// load instruction in fp32). The early return is per warp, so every shuffle is full-warp.
+template <typename T>
+__global__ void fwd_v2(const T* __restrict__ x, const T* __restrict__ weight,
+                       const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ mean_out,
+                       float* __restrict__ rstd_out, int64_t M, int64_t N, int64_t stride_x,
+                       float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= M) return;
+  const T* xr = x + row * stride_x;
+  float sum = 0.0f;
+  for (int64_t i = lane; i < N; i += 32) sum += to_f32(xr[i]);
+  const float mean = warp_sum(sum) / (float)N;
+  float sq = 0.0f;
+  for (int64_t i = lane; i < N; i += 32) {
+    const float d = to_f32(xr[i]) - mean;
+    sq += d * d;
+  }
+  const float rstd = 1.0f / sqrtf(warp_sum(sq) / (float)N + eps);
+  T* yr = y + row * N;
+  for (int64_t i = lane; i < N; i += 32)
+    yr[i] = from_f32<T>((to_f32(xr[i]) - mean) * rstd * to_f32(weight[i]) + to_f32(bias[i]));
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// v3, row in registers. A "group" of threads owns one row: a warp (WARP_PER_ROW, blocks of
+// V3_ROWS rows) or the whole block (blockDim.x threads, one row per block). Thread t of the
+// group holds vectors t, t + G, t + 2G, ... (G = group size): each load instruction of a
+// warp reads 32 adjacent 16-byte vectors, 512 contiguous bytes.
+// Launcher guarantees: x, weight, bias, y 16-byte aligned; stride_x and N multiples of VEC;
+// N <= E * G.
+template <typename T, int E, bool WARP_PER_ROW, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS)
+fwd_v3_registers(const T* __restrict__ x, const T* __restrict__ weight,
+                 const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ mean_out,
+                 float* __restrict__ rstd_out, int64_t M, int64_t N, int64_t stride_x, float eps) {
+  constexpr int VEC = vec_width<T>();
+  constexpr int CHUNKS = E / VEC;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using V = Vec<T, VEC>;
+  __shared__ float scratch[32];
+
+  int64_t row;
+  int t, G;
+  if constexpr (WARP_PER_ROW) {
+    row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= M) return;  // whole warps leave; this variant has no block barrier
+    t = threadIdx.x & 31;
+    G = 32;
+  } else {
+    row = blockIdx.x;
+    t = threadIdx.x;
+    G = blockDim.x;
+  }
+  auto row_sum = [&](float v) {
+    if constexpr (WARP_PER_ROW) return warp_sum(v);
+    else return block_sum(v, scratch);
+  };
+
+  const int64_t n_vec = N / VEC;
+  const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+  float v[E];
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+      const V in = xr[k];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[c * VEC + j] = to_f32(in.v[j]);
+        sum += v[c * VEC + j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[c * VEC + j] = 0.0f;
+    }
+  }
+  const float mean = row_sum(sum) / (float)N;
+  float sq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    if ((int64_t)c * G + t < n_vec) {  // padding lanes hold 0, not x - mean: keep them out
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[c * VEC + j] - mean;
+        sq += d * d;
+      }
+    }
+  }
+  const float rstd = 1.0f / sqrtf(row_sum(sq) / (float)N + eps);
+
+  // weight and bias are loaded here, after the reductions, not with x: loading them early
+  // (to overlap their L2 latency with x's) was tried for bf16 and measured 0.66x copy
+  // instead of 0.90x at 16384x4096: 43 registers instead of 32 halved the blocks per SM.
+  const V* wv = reinterpret_cast<const V*>(weight);
+  const V* bv = reinterpret_cast<const V*>(bias);
+  V* yr = reinterpret_cast<V*>(y + row * N);
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+      const V wk = wv[k], bk = bv[k];
+      V out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        out.v[j] = from_f32<T>((v[c * VEC + j] - mean) * rstd * to_f32(wk.v[j]) + to_f32(bk.v[j]));
+      yr[k] = out;
+    }
+  }
+  if (t == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// v3's fallback for rows it cannot hold or cannot load by vectors: one block per row, the
+// row walked three times (the 2nd and 3rd mostly from L1/L2), VEC elements per load (VEC =
+// 16 bytes when aligned, 1 otherwise). Any N, any row stride.
+template <typename T, int VEC>
+__global__ void fwd_v3_loop(const T* __restrict__ x, const T* __restrict__ weight,
+                            const T* __restrict__ bias, T* __restrict__ y,
+                            float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t M,
+                            int64_t N, int64_t stride_x, float eps) {
+  using V = Vec<T, VEC>;
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t n_vec = N / VEC;  // launcher: N % VEC == 0
+  const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+  float sum = 0.0f;
+  for (int64_t k = threadIdx.x; k < n_vec; k += blockDim.x) {
+    const V in = xr[k];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += to_f32(in.v[j]);
+  }
+  const float mean = block_sum(sum, scratch) / (float)N;
+  float sq = 0.0f;
+  for (int64_t k = threadIdx.x; k < n_vec; k += blockDim.x) {
+    const V in = xr[k];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = to_f32(in.v[j]) - mean;
+      sq += d * d;
+    }
+  }
+  const float rstd = 1.0f / sqrtf(block_sum(sq, scratch) / (float)N + eps);
+  const V* wv = reinterpret_cast<const V*>(weight);
+  const V* bv = reinterpret_cast<const V*>(bias);
+  V* yr = reinterpret_cast<V*>(y + row * N);
+  for (int64_t k = threadIdx.x; k < n_vec; k += blockDim.x) {
+    const V in = xr[k], wk = wv[k], bk = bv[k];
+    V out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      out.v[j] = from_f32<T>((to_f32(in.v[j]) - mean) * rstd * to_f32(wk.v[j]) + to_f32(bk.v[j]));
+    yr[k] = out;
+  }
+  if (threadIdx.x == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// =====================================================================================
+// Backward
+// =====================================================================================
+
+// v1 dx: thread `row` owns row `row`; first walk: the two row sums, second walk: dx.
+template <typename T>
+__global__ void bwd_dx_v1(const T* __restrict__ dy,       // (M, N), rows stride_dy apart
+                          const T* __restrict__ x,        // (M, N), rows stride_x apart
+                          const T* __restrict__ weight,   // (N,)
+                          const float* __restrict__ mean, const float* __restrict__ rstd,  // (M,)
+                          T* __restrict__ dx,             // (M, N) contiguous
+                          int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x) {
+  const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= M) return;
+  const T* xr = x + row * stride_x;
+  const T* dyr = dy + row * stride_dy;
+  const float mu = mean[row], rs = rstd[row];
+  float c1 = 0.0f, c2 = 0.0f;
+  for (int64_t i = 0; i < N; ++i) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs, wdy = to_f32(weight[i]) * to_f32(dyr[i]);
+    c1 += xhat * wdy;
+    c2 += wdy;
+  }
+  c1 /= (float)N;
+  c2 /= (float)N;
+  T* dxr = dx + row * N;
+  for (int64_t i = 0; i < N; ++i) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs, wdy = to_f32(weight[i]) * to_f32(dyr[i]);
+    dxr[i] = from_f32<T>((wdy - xhat * c1 - c2) * rs);
+  }
+}
+
+// v1 dw/db: thread `col` walks column `col` down all M rows (adjacent threads read
+// adjacent columns: coalesced), recomputing xhat from x, mean and rstd.
+template <typename T>
+__global__ void bwd_dwdb_v1(const T* __restrict__ dy, const T* __restrict__ x,
+                            const float* __restrict__ mean, const float* __restrict__ rstd,
+                            T* __restrict__ dweight, T* __restrict__ dbias,  // (N,)
+                            int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x) {
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= N) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t m = 0; m < M; ++m) {
+    const float g = to_f32(dy[m * stride_dy + col]);
+    dw += g * (to_f32(x[m * stride_x + col]) - mean[m]) * rstd[m];
+    db += g;
+  }
+  dweight[col] = from_f32<T>(dw);
+  dbias[col] = from_f32<T>(db);
+}
+
+// v2 dx: warp `row` owns row `row`, lanes stride over it, the two sums by shuffles.
+template <typename T>
+__global__ void bwd_dx_v2(const T* __restrict__ dy, const T* __restrict__ x,
+                          const T* __restrict__ weight, const float* __restrict__ mean,
+                          const float* __restrict__ rstd, T* __restrict__ dx, int64_t M, int64_t N,
+                          int64_t stride_dy, int64_t stride_x) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= M) return;  // per warp
+  const T* xr = x + row * stride_x;
+  const T* dyr = dy + row * stride_dy;
+  const float mu = mean[row], rs = rstd[row];
+  float c1 = 0.0f, c2 = 0.0f;
+  for (int64_t i = lane; i < N; i += 32) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs, wdy = to_f32(weight[i]) * to_f32(dyr[i]);
+    c1 += xhat * wdy;
+    c2 += wdy;
+  }
+  c1 = warp_sum(c1) / (float)N;
+  c2 = warp_sum(c2) / (float)N;
+  T* dxr = dx + row * N;
+  for (int64_t i = lane; i < N; i += 32) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs, wdy = to_f32(weight[i]) * to_f32(dyr[i]);
+    dxr[i] = from_f32<T>((wdy - xhat * c1 - c2) * rs);
+  }
+}
+
+// v2 dw/db, stage 1: block (blockIdx.x, p) sums columns [256 blockIdx.x, +256) over rows
+// [p * rows_per_chunk, +rows_per_chunk) into partial row p of the (P, N) fp32 buffers.
+template <typename T>
+__global__ void bwd_dwdb_partial_v2(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const float* __restrict__ mean,
+                                    const float* __restrict__ rstd,
+                                    float* __restrict__ part_dw,  // (P, N) contiguous
+                                    float* __restrict__ part_db,  // (P, N) contiguous
+                                    int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x,
+                                    int64_t rows_per_chunk) {
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= N) return;
+  const int64_t p = blockIdx.y;
+  const int64_t first = p * rows_per_chunk;
+  const int64_t last = first + rows_per_chunk < M ? first + rows_per_chunk : M;
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t m = first; m < last; ++m) {
+    const float g = to_f32(dy[m * stride_dy + col]);
+    dw += g * (to_f32(x[m * stride_x + col]) - mean[m]) * rstd[m];
+    db += g;
+  }
+  part_dw[p * N + col] = dw;
+  part_db[p * N + col] = db;
+}
+
+// Stage 2 (v2 and v3): dweight[n] = sum_p part_dw[p, n] (and dbias). A block owns 32
+// columns; its 16 rows of threads each sum every 16th partial row (a warp reads 128
+// contiguous bytes), then the 16 sums of a column are added through shared memory.
+template <typename T>
+__global__ void sum_partials(const float* __restrict__ part_dw, const float* __restrict__ part_db,
+                             T* __restrict__ dweight, T* __restrict__ dbias, int64_t P,
+                             int64_t N) {
+  __shared__ float s_dw[SUM_LANES][SUM_COLS + 1];
+  __shared__ float s_db[SUM_LANES][SUM_COLS + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col = (int64_t)blockIdx.x * SUM_COLS + tx;
+  float dw = 0.0f, db = 0.0f;
+  if (col < N) {
+    for (int64_t p = ty; p < P; p += SUM_LANES) {
+      dw += part_dw[p * N + col];
+      db += part_db[p * N + col];
+    }
+  }
+  s_dw[ty][tx] = dw;
+  s_db[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && col < N) {
+    for (int i = 1; i < SUM_LANES; ++i) {
+      dw += s_dw[i][tx];
+      db += s_db[i][tx];
+    }
+    dweight[col] = from_f32<T>(dw);
+    dbias[col] = from_f32<T>(db);
+  }
+}
+
+// v3, fused and persistent: block b owns rows [b * rows_per_block, +rows_per_block) and
+// columns' vectors t, t + G, ... (G = blockDim.x), keeps weight and its dw/db partials for
+// those columns in registers across all its rows, and writes the partials once at the end.
+// x, dy and w stay in registers as loaded (16-bit types packed two to a register: half the
+// registers of fp32 copies; ptxas spilled the bf16 kernel at 64 registers when they were
+// widened up front), and are widened where used.
+// Launcher guarantees: dy, x, weight, dx 16-byte aligned; stride_dy, stride_x, N multiples of
+// VEC; N <= E * blockDim.x; part_dw/part_db hold gridDim.x rows of N floats.
+template <typename T, int E, int MIN_BLOCKS>
+__global__ void __launch_bounds__(512, MIN_BLOCKS)
+bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+             const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+             float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int64_t N,
+             int64_t stride_dy, int64_t stride_x, int64_t rows_per_block) {
+  constexpr int VEC = vec_width<T>();
+  constexpr int CHUNKS = E / VEC;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using V = Vec<T, VEC>;
+  __shared__ float2 scratch[32];
+  const int t = threadIdx.x, G = blockDim.x;
+  const int64_t n_vec = N / VEC;
+
+  // Padding lanes (k >= n_vec) hold w = 0 and dy = 0: they add nothing to any sum, and
+  // their dx is never stored.
+  V zero;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+  V w[CHUNKS];
+  float dw[E], db[E];
+  const V* wv = reinterpret_cast<const V*>(weight);
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    w[c] = k < n_vec ? wv[k] : zero;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[c * VEC + j] = db[c * VEC + j] = 0.0f;
+  }
+
+  const int64_t first = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
+#pragma unroll 1
+  for (int64_t row = first; row < last; ++row) {  // the same trip count for the whole block
+    const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+    const V* dyr = reinterpret_cast<const V*>(dy + row * stride_dy);
+    const float mu = mean[row], rs = rstd[row];
+    V xk[CHUNKS], gk[CHUNKS];
+    float c1 = 0.0f, c2 = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int64_t k = (int64_t)c * G + t;
+      xk[c] = k < n_vec ? xr[k] : zero;
+      gk[c] = k < n_vec ? dyr[k] : zero;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float wdy = to_f32(w[c].v[j]) * to_f32(gk[c].v[j]);
+        c1 += (to_f32(xk[c].v[j]) - mu) * rs * wdy;
+        c2 += wdy;
+      }
+    }
+    const float2 sums = block_sum2(c1, c2, scratch);
+    c1 = sums.x / (float)N;
+    c2 = sums.y / (float)N;
+    V* dxr = reinterpret_cast<V*>(dx + row * N);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      V out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int e = c * VEC + j;
+        const float xhat = (to_f32(xk[c].v[j]) - mu) * rs, g = to_f32(gk[c].v[j]);
+        out.v[j] = from_f32<T>((to_f32(w[c].v[j]) * g - xhat * c1 - c2) * rs);
+        dw[e] += g * xhat;
+        db[e] += g;
+      }
+      const int64_t k = (int64_t)c * G + t;
+      if (k < n_vec) dxr[k] = out;
+    }
+  }
+
+  float* pdw = part_dw + (int64_t)blockIdx.x * N;
+  float* pdb = part_db + (int64_t)blockIdx.x * N;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        pdw[k * VEC + j] = dw[c * VEC + j];
+        pdb[k * VEC + j] = db[c * VEC + j];
+      }
+    }
+  }
+}
+
+// =====================================================================================
+// Launchers
+// =====================================================================================
+
+static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// Threads for n work items, in whole warps, at most `cap`.
+static inline int threads_for(int64_t n, int cap) {
+  const int64_t t = levels_cdiv(n, 32) * 32;
+  return (int)(t < cap ? t : cap);
+}
+
+static int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return sms > 0 ? sms : 1;
+}
+
+template <typename T>
+static int fwd_v1_launch(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,
+                         int64_t M, int64_t N, int64_t stride_x, float eps, cudaStream_t stream) {
+  fwd_v1<T><<<(unsigned)levels_cdiv(M, V1_THREADS), V1_THREADS, 0, stream>>>(
+      x, w, b, y, mean, rstd, M, N, stride_x, eps);
+  return levels_launch_status();
+}
+
+template <typename T>
+static int fwd_v2_launch(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,
+                         int64_t M, int64_t N, int64_t stride_x, float eps, cudaStream_t stream) {
+  fwd_v2<T><<<(unsigned)levels_cdiv(M, V2_ROWS), V2_ROWS * 32, 0, stream>>>(
+      x, w, b, y, mean, rstd, M, N, stride_x, eps);
+  return levels_launch_status();
+}
+
+template <typename T>
+static int fwd_v3_launch(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,
+                         int64_t M, int64_t N, int64_t stride_x, float eps, cudaStream_t stream) {
+  constexpr int VEC = vec_width<T>();
+  // 16-byte loads need every row to start on a 16-byte boundary: the base pointers
+  // aligned, and the row stride and the width whole vectors (no stride when M == 1).
+  const bool vec_ok = aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y) &&
+                      N % VEC == 0 && (M == 1 || stride_x % VEC == 0);
+  const unsigned rows = (unsigned)M;  // one block per row below
+  // Elements per thread of the block-per-row path: two 16-byte vectors a thread in both
+  // fp32 and 16-bit types (4096 wide: 512 threads fp32, 256 threads bf16). One vector a
+  // thread (512 threads) left bf16 at 0.90x copy: twice the barriers per byte.
+  constexpr int BLOCK_E = 2 * VEC;
+  if (vec_ok && N <= 32 * V3_WARP_E) {  // narrow: a warp per row, V3_ROWS rows per block
+    fwd_v3_registers<T, V3_WARP_E, true, V3_ROWS * 32>
+        <<<(unsigned)levels_cdiv(M, V3_ROWS), V3_ROWS * 32, 0, stream>>>(x, w, b, y, mean, rstd,
+                                                                        M, N, stride_x, eps);
+  } else if (vec_ok && N <= BLOCK_E * 512) {  // a block of N/BLOCK_E threads per row
+    fwd_v3_registers<T, BLOCK_E, false, 512>
+        <<<rows, threads_for(levels_cdiv(N, BLOCK_E), 512), 0, stream>>>(x, w, b, y, mean, rstd,
+                                                                        M, N, stride_x, eps);
+  } else if (vec_ok && N <= V3_FWD_MAX_N) {  // 32 per thread: at most 512 threads
+    fwd_v3_registers<T, 32, false, 512><<<rows, threads_for(levels_cdiv(N, 32), 512), 0, stream>>>(
+        x, w, b, y, mean, rstd, M, N, stride_x, eps);
+  } else if (vec_ok) {  // too wide for registers: loop over the row, still by vectors
+    fwd_v3_loop<T, VEC><<<rows, threads_for(N / VEC, 1024), 0, stream>>>(x, w, b, y, mean, rstd,
+                                                                       M, N, stride_x, eps);
+  } else {  // misaligned, or a width that is no whole number of vectors: one element per load
+    fwd_v3_loop<T, 1><<<rows, threads_for(N, 512), 0, stream>>>(x, w, b, y, mean, rstd, M, N,
+                                                              stride_x, eps);
+  }
+  return levels_launch_status();
+}
+
+// The number P of partial rows (two fp32 buffers of P x N) a backward version needs, from
+// the sizes alone, so that the binding can allocate them (with torch's allocator) before
+// the launch. v3's fused kernel runs one block per partial row: as many blocks as fit on
+// the GPU at once. v2 (and v3 when it falls back to v2) splits the rows into P chunks so
+// that chunks x column blocks make about 8 blocks of 256 threads per SM.
+static int64_t v2_partials(int64_t M, int64_t N) {
+  const int64_t col_blocks = levels_cdiv(N, PARTIAL_THREADS);
+  const int64_t want = levels_cdiv(8 * (int64_t)sm_count(), col_blocks);
+  return want < M ? want : M;
+}
+
+struct BwdV3Plan {
+  bool fused;   // false: N too wide for registers; v2's kernels run instead
+  int E;        // elements per thread: 8 (N <= 4096) or 16 (N <= 8192)
+  int threads;  // per block, N / E rounded up to whole warps
+  int64_t P;    // partial rows
+};
+
+template <typename T>
+static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
+  BwdV3Plan plan{false, 0, 0, 0};
+  if (N > V3_BWD_MAX_N) {
+    plan.P = v2_partials(M, N);
+    return plan;
+  }
+  plan.fused = true;
+  plan.E = N <= 8 * 512 ? 8 : 16;
+  plan.threads = threads_for(levels_cdiv(N, plan.E), 512);
+  int per_sm = 1;
+  const cudaError_t err =
+      plan.E == 8
+          ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 8, 2>,
+                                                          plan.threads, 0)
+          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 16, 1>,
+                                                          plan.threads, 0);
+  if (err != cudaSuccess || per_sm < 1) {
+    (void)cudaGetLastError();  // not a launch error: do not let it surface as one
+    per_sm = 1;
+  }
+  const int64_t resident = (int64_t)sm_count() * per_sm;
+  plan.P = resident < M ? resident : M;
+  return plan;
+}
+
+template <typename T>
+static int bwd_launch(int version, const T* dy, const T* x, const T* w, const float* mean,
+                      const float* rstd, T* dx, T* dw, T* db, float* partials, int64_t P,
+                      int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x,
+                      cudaStream_t stream) {
+  if (version == 1) {
+    bwd_dx_v1<T><<<(unsigned)levels_cdiv(M, V1_THREADS), V1_THREADS, 0, stream>>>(
+        dy, x, w, mean, rstd, dx, M, N, stride_dy, stride_x);
+    bwd_dwdb_v1<T><<<(unsigned)levels_cdiv(N, 256), 256, 0, stream>>>(dy, x, mean, rstd, dw, db,
+                                                                      M, N, stride_dy, stride_x);
+    return levels_launch_status();
+  }
+  if (P < 1) return LEVELS_UNSUPPORTED;  // the caller allocated no partial rows
+  constexpr int VEC = vec_width<T>();
+  BwdV3Plan plan{false, 0, 0, 0};
+  if (version == 3) plan = bwd_v3_plan<T>(M, N);
+  // The same alignment rule as the forward's; where it fails, v3's backward is v2's.
+  const bool fused = plan.fused && aligned16(dy) && aligned16(x) && aligned16(w) &&
+                     aligned16(dx) && N % VEC == 0 &&
+                     (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0));
+  float* part_dw = partials;
+  float* part_db = partials + P * N;
+  // Whole chunks of rows_per rows; `used` <= P chunks are non-empty and get written.
+  const int64_t rows_per = levels_cdiv(M, P);
+  const int64_t used = levels_cdiv(M, rows_per);
+  if (fused) {
+    if (plan.E == 8)
+      bwd_v3_fused<T, 8, 2><<<(unsigned)used, plan.threads, 0, stream>>>(
+          dy, x, w, mean, rstd, dx, part_dw, part_db, M, N, stride_dy, stride_x, rows_per);
+    else
+      bwd_v3_fused<T, 16, 1><<<(unsigned)used, plan.threads, 0, stream>>>(
+          dy, x, w, mean, rstd, dx, part_dw, part_db, M, N, stride_dy, stride_x, rows_per);
+  } else {
+    bwd_dx_v2<T><<<(unsigned)levels_cdiv(M, V2_ROWS), V2_ROWS * 32, 0, stream>>>(
+        dy, x, w, mean, rstd, dx, M, N, stride_dy, stride_x);
+    const dim3 grid((unsigned)levels_cdiv(N, PARTIAL_THREADS), (unsigned)used);
+    bwd_dwdb_partial_v2<T><<<grid, PARTIAL_THREADS, 0, stream>>>(
+        dy, x, mean, rstd, part_dw, part_db, M, N, stride_dy, stride_x, rows_per);
+  }
+  sum_partials<T><<<(unsigned)levels_cdiv(N, SUM_COLS), dim3(SUM_COLS, SUM_LANES), 0, stream>>>(
+      part_dw, part_db, dw, db, used, N);
+  return levels_launch_status();
+}
+
+}  // namespace levels_layer_norm
+
+// =====================================================================================
+// extern "C" launchers: the switch over versions
+// =====================================================================================
+
+// y, mean, rstd = layer_norm(x, weight, bias). x: (M, N) with rows stride_x elements apart
+// and adjacent columns; weight, bias: contiguous (N,); y: contiguous (M, N); mean, rstd:
+// contiguous (M,) fp32. M, N >= 1.
+extern "C" int levels_layer_norm_fwd(int dtype, int version, const void* x, const void* weight,
+                                     const void* bias, void* y, float* mean, float* rstd,
+                                     int64_t M, int64_t N, int64_t stride_x, float eps,
+                                     cudaStream_t stream) {
+  using namespace levels_layer_norm;
+  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  LEVELS_DISPATCH(dtype, T, {
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(weight);
+    const T* bt = static_cast<const T*>(bias);
+    T* yt = static_cast<T*>(y);
+    switch (version) {
+      case 1: return fwd_v1_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      case 2: return fwd_v2_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      default: return fwd_v3_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+    }
+  });
+  return LEVELS_OK;  // not reached
+}
+
+// How many partial rows P the backward of `version` needs for these sizes: the caller
+// passes `partials`, a contiguous fp32 buffer of 2 * P * N floats (P may be 0: version 1
+// needs none). A negative value is a LevelsStatus.
+extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int64_t M, int64_t N) {
+  using namespace levels_layer_norm;
+  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (version == 1) return 0;
+  if (version == 2) return v2_partials(M, N);
+  LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
+  return LEVELS_OK;  // not reached
+}
+
+// dx, dweight, dbias of layer_norm. dy: (M, N), rows stride_dy apart; x: (M, N), rows
+// stride_x apart (both with adjacent columns); weight: contiguous (N,); mean, rstd: the
+// forward's, contiguous (M,) fp32; dx: contiguous (M, N); dweight, dbias: contiguous (N,);
+// partials: 2 * partial_rows * N fp32, partial_rows = levels_layer_norm_bwd_partials(dtype,
+// version, M, N) (any P >= 1 is correct for versions 2 and 3; the count only sets the split).
+extern "C" int levels_layer_norm_bwd(int dtype, int version, const void* dy, const void* x,
+                                     const void* weight, const float* mean, const float* rstd,
+                                     void* dx, void* dweight, void* dbias, float* partials,
+                                     int64_t partial_rows, int64_t M, int64_t N, int64_t stride_dy,
+                                     int64_t stride_x, cudaStream_t stream) {
+  using namespace levels_layer_norm;
+  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  LEVELS_DISPATCH(dtype, T, {
+    return bwd_launch<T>(version, static_cast<const T*>(dy), static_cast<const T*>(x),
+                         static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
+                         static_cast<T*>(dweight), static_cast<T*>(dbias), partials, partial_rows,
+                         M, N, stride_dy, stride_x, stream);
+  });
+  return LEVELS_OK;  // not reached
+}

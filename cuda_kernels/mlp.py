@@ -1,0 +1,269 @@
+"""MLP (linear -> exact GELU -> linear) on Level 5's GEMM ladder (cuda_kernels/gemm.cu).
+
+    mlp(x, w1, b1, w2, b2, version=None)          the entry levels/cuda.py calls, after the
+                                                  contract's validation; differentiable
+    gemm(a, b, bias=None, epilogue="none", aux=None, out_dtype=None, version=None)
+                                                  epilogue(a @ b) for any component: "none"
+                                                  (+bias), "gelu", "gelu_save" -> (act, pre),
+                                                  "gelu_grad" -> (a @ b) * GELU'(aux)
+    gemm_accumulate(c, a, b, bias=None, version=None)   c += a @ b (+ bias), in place
+    column_sum(x, out_dtype=None, version=None)   x.sum(0) in fp32 (bias gradients)
+
+The same design as Level 4 (triton_kernels/mlp.py): bias + GELU ride in the first GEMM's
+epilogue, which also stores the pre-activation H for backward; backward is five GEMMs of
+this level — dH = (dY W2) * GELU'(H) with the derivative in the epilogue, dX = dH W1,
+dW1 = dH^T X, dW2 = dY^T G — and two column sums. No torch matmul anywhere.
+
+Versions (LEVELS_CUDA_VERSION_MLP=n, or version=n): see VERSIONS and the top of gemm.cu.
+Versions 1-3 take every operand with its strides as it comes (transposed views, slices: no
+copies). Version 4 (tensor cores) reads 16-byte chunks along K, so it needs each operand
+as a K-major matrix with 16-byte aligned rows: A (M, K) and B as the (N, K) matrix, i.e.
+nn.Linear's weight itself for X W^T. `_k_major` makes that layout when an operand does not
+have it, with one copy: free for the forward of a contiguous input with K % 8 == 0, but
+backward's dgrad/wgrad GEMMs read W, dY, G, dH and X along their *other* dimension, so
+version 4 transposes them: 6 copies, ~450M elements read and written at the bench shape
+(M=8192, 4096 -> 16384 -> 4096), ~1.8 GB of traffic, ~0.6 ms at 3 TB/s next to ~10 ms of
+GEMMs. The rung that removes them is ldmatrix.trans for N-major tiles (not written yet).
+
+fp32 inputs: every version computes exact fp32 FMAs (version 4 runs version 3's kernel for
+fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+VERSIONS = {
+    1: "naive: one thread per output, operands straight from global memory",
+    2: "shared-memory tiles (32x32): each global element read once per tile",
+    3: "register tiling: 8x8 outputs per thread from a 128x128 tile (exact fp32 FMAs)",
+    4: "tensor cores: mma.sync + ldmatrix on swizzled shared memory, cp.async 3-stage "
+       "pipeline (fp32 runs version 3)",
+}
+DEFAULT_VERSION = 4
+ENV_VERSION = "LEVELS_CUDA_VERSION_MLP"
+_registered = False  # set by _register(), once the library is loaded
+TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
+EPILOGUES = ("none", "gelu", "gelu_save", "gelu_grad")
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 is exact fp32 FMAs at every version
+
+
+def resolve_version(version=None) -> int:
+    """version None: $LEVELS_CUDA_VERSION_MLP if set, else DEFAULT_VERSION."""
+    if version is None:
+        env = os.environ.get(ENV_VERSION, "").strip()
+        if env:
+            try:
+                version = int(env)
+            except ValueError:
+                raise ValueError(f"{ENV_VERSION} must be one of {sorted(VERSIONS)}; got {env!r}") from None
+        else:
+            version = DEFAULT_VERSION
+    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSIONS:
+        raise ValueError(f"mlp: argument 'version' must be one of {sorted(VERSIONS)}; got {version!r}")
+    return version
+
+
+def _ops():
+    """torch.ops.levels_cuda, building the library on first use. Once _register() has run
+    (build.load() calls it), a plain attribute read: torch.compile traces through it."""
+    if _registered:
+        return torch.ops.levels_cuda
+    from . import build
+
+    return build.ops()
+
+
+# ---------------------------------------------------------------------------------------
+# Operand layouts
+# ---------------------------------------------------------------------------------------
+
+def is_k_major(t: torch.Tensor) -> bool:
+    """What version 4's launcher accepts for an (R, K) operand: contiguous along K, rows 16
+    bytes apart a whole number of times, first row 16-byte aligned (torch's allocator
+    aligns storages to far more than 16 bytes, so the storage offset decides)."""
+    if not (t.stride(1) == 1 and t.stride(0) % 8 == 0):
+        return False
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace storage_offset() (an int, not a tensor). Inside a compiled
+        # graph the launcher's own pointer check is the guard: a misaligned view there is
+        # refused with an error naming the op, never read wrongly.
+        return True
+    return (t.storage_offset() * t.element_size()) % 16 == 0
+
+
+def _k_major(t: torch.Tensor) -> torch.Tensor:
+    """t (R, K) itself if is_k_major, else one copy (R*K elements read and written) into a
+    buffer with rows padded to a multiple of 8 elements, returned as its (R, K) view. The
+    pad is never read: the kernel's cp.async reads only the K valid elements of a row. A
+    differentiable copy, so autograd routes the gradient back to `t` through it."""
+    if is_k_major(t):
+        return t
+    K = t.shape[1]
+    pad = -K % 8
+    if pad == 0:
+        return t.clone(memory_format=torch.contiguous_format)
+    return F.pad(t, (0, pad))[:, :K]
+
+
+def _operands(a, b, version):
+    """(a, b) as the kernel of `version` takes them; b is the (K, N) matrix of a @ b."""
+    if version == 4 and a.dtype in TENSOR_CORE_DTYPES:
+        return _k_major(a), _k_major(b.t()).t()
+    return a, b
+
+
+def _out_fp32(a, out_dtype) -> bool:
+    if out_dtype is None or out_dtype == a.dtype:
+        return False
+    if out_dtype == torch.float32:
+        return True
+    raise ValueError(f"gemm: argument 'out_dtype' must be None, {a.dtype} or torch.float32; got {out_dtype}")
+
+
+# ---------------------------------------------------------------------------------------
+# Reusable launchers (no autograd): GEMM with epilogue, in-place accumulate, column sums
+# ---------------------------------------------------------------------------------------
+
+def gemm(a, b, bias=None, epilogue="none", aux=None, out_dtype=None, version=None):
+    """epilogue(a @ b [+ bias]) for a (M, K), b (K, N) (any strides; pass `w.t()` for an
+    nn.Linear weight w), bias (N,) or None; see the module docstring for `epilogue`.
+    Returns a new (M, N) tensor of out_dtype (default a.dtype; torch.float32 allowed),
+    or (act, pre) for "gelu_save"."""
+    v = resolve_version(version)
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"gemm: argument 'epilogue' must be one of {EPILOGUES}; got {epilogue!r}")
+    if (aux is not None) != (epilogue == "gelu_grad"):
+        raise ValueError("gemm: argument 'aux' (the pre-activation) is given with epilogue='gelu_grad' "
+                         "and only then")
+    out_fp32 = _out_fp32(a, out_dtype)
+    a, b = _operands(a, b, v)
+    bias = bias.contiguous() if bias is not None else None  # 1-D: cheap
+    ops = _ops()
+    if epilogue in ("none", "gelu"):
+        return ops.gemm_matmul(a, b, bias, epilogue == "gelu", out_fp32, v)
+    if out_fp32:
+        raise ValueError(f"gemm: epilogue {epilogue!r} writes the input dtype; out_dtype must be None")
+    if epilogue == "gelu_save":
+        return ops.gemm_matmul_gelu_save(a, b, bias, v)
+    if bias is not None:
+        raise ValueError("gemm: epilogue 'gelu_grad' takes no bias")
+    return ops.gemm_matmul_gelu_grad(a, b, aux, v)
+
+
+def gemm_accumulate(c, a, b, bias=None, version=None):
+    """c += a @ b (+ bias), in place through c's own strides (c: a.dtype or float32)."""
+    v = resolve_version(version)
+    a, b = _operands(a, b, v)
+    _ops().gemm_matmul_accumulate(c, a, b, bias.contiguous() if bias is not None else None, v)
+    return c
+
+
+def column_sum(x, out_dtype=None, version=None):
+    """x.sum(0) of a 2-D x (any strides), accumulated in fp32, deterministic."""
+    return _ops().gemm_column_sum(x, _out_fp32(x, out_dtype), resolve_version(version))
+
+
+# ---------------------------------------------------------------------------------------
+# The MLP: forward op (C++: two GEMM launches), autograd from this level's GEMMs
+# ---------------------------------------------------------------------------------------
+
+def mlp(x, w1, b1, w2, b2, version=None):
+    """Called by levels.cuda.mlp after the shared validation (x float16/bfloat16/float32 on
+    CUDA). What each argument is made into, and what it costs:
+      * x (..., K) is viewed as (M, K): reshape is a view whenever the strides allow it
+        (always for a contiguous x), a copy otherwise;
+      * b1, b2: .contiguous() (1-D, cheap);
+      * versions 1-3: x, w1, w2 go in with their strides, no copy;
+      * version 4, 16-bit: each of x, w1, w2 that is not K-major with 16-byte aligned rows
+        is copied once (_k_major; none is for contiguous inputs with K, hidden multiples
+        of 8). A hidden size that is not a multiple of 8 is zero-padded (w1 and b1 rows,
+        w2 columns: GELU(0) * 0 adds exactly nothing), so that the (M, hidden) activations
+        the second GEMM reads have aligned rows.
+    All copies happen outside the op, so autograd differentiates them."""
+    v = resolve_version(version)
+    K, N = x.shape[-1], w2.shape[0]
+    x2 = x.reshape(-1, K)
+    b1, b2 = b1.contiguous(), b2.contiguous()
+    if v == 4 and x.dtype in TENSOR_CORE_DTYPES:
+        pad = -w1.shape[0] % 8
+        if pad:
+            w1, b1, w2 = F.pad(w1, (0, 0, 0, pad)), F.pad(b1, (0, pad)), F.pad(w2, (0, pad))
+        x2, w1, w2 = _k_major(x2), _k_major(w1), _k_major(w2)
+    out, _pre, _act = _ops().mlp_fwd(x2, w1, b1, w2, b2, v)
+    return out.reshape(*x.shape[:-1], N)
+
+
+def _mlp_setup_context(ctx, inputs, output):
+    x, w1, b1, w2, b2, version = inputs
+    _out, pre, act = output
+    ctx.save_for_backward(x, w1, w2, pre, act)
+    ctx.version = version
+
+
+def _mlp_backward(ctx, grad_out, _grad_pre, _grad_act):
+    """pre and act are saved for backward, not used by callers: their gradients are ignored."""
+    x, w1, w2, pre, act = ctx.saved_tensors
+    v = ctx.version
+    needs = ctx.needs_input_grad
+    dx = dw1 = db1 = dw2 = db2 = None
+    dy = grad_out  # (M, N), any strides
+    if needs[3]:
+        dw2 = gemm(dy.t(), act, version=v)                       # dW2 = dY^T G
+    if needs[4]:
+        db2 = column_sum(dy, version=v)
+    if needs[0] or needs[1] or needs[2]:
+        dh = gemm(dy, w2, aux=pre, epilogue="gelu_grad", version=v)  # dH = (dY W2) * GELU'(H)
+        if needs[0]:
+            dx = gemm(dh, w1, version=v)                         # dX = dH W1
+        if needs[1]:
+            dw1 = gemm(dh.t(), x, version=v)                     # dW1 = dH^T X
+        if needs[2]:
+            db1 = column_sum(dh, version=v)
+    return dx, dw1, db1, dw2, db2, None
+
+
+def _register():
+    """Fake implementations of every op (shapes/dtypes for torch.compile and opcheck) and
+    the autograd of mlp_fwd. Called by build.load() once the library is loaded."""
+    global _registered
+    if _registered:
+        return
+    lib = "levels_cuda::"
+
+    def _new(a, rows, cols, fp32=False):
+        return a.new_empty((rows, cols), dtype=torch.float32 if fp32 else a.dtype)
+
+    @torch.library.register_fake(lib + "gemm_matmul")
+    def _(a, b, bias, gelu, out_fp32, version):
+        return _new(a, a.shape[0], b.shape[1], out_fp32)
+
+    @torch.library.register_fake(lib + "gemm_matmul_gelu_save")
+    def _(a, b, bias, version):
+        return _new(a, a.shape[0], b.shape[1]), _new(a, a.shape[0], b.shape[1])
+
+    @torch.library.register_fake(lib + "gemm_matmul_gelu_grad")
+    def _(a, b, pre, version):
+        return _new(a, a.shape[0], b.shape[1])
+
+    @torch.library.register_fake(lib + "gemm_matmul_accumulate")
+    def _(c, a, b, bias, version):
+        return None
+
+    @torch.library.register_fake(lib + "gemm_column_sum")
+    def _(x, out_fp32, version):
+        return x.new_empty((x.shape[1],), dtype=torch.float32 if out_fp32 else x.dtype)
+
+    @torch.library.register_fake(lib + "mlp_fwd")
+    def _(x, w1, b1, w2, b2, version):
+        M, hidden, N = x.shape[0], w1.shape[0], w2.shape[0]
+        return _new(x, M, N), _new(x, M, hidden), _new(x, M, hidden)
+
+    torch.library.register_autograd(lib + "mlp_fwd", _mlp_backward, setup_context=_mlp_setup_context)
+    _registered = True

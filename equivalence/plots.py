@@ -1,0 +1,290 @@
+"""Pictures of what `compare` and `profile` measured (matplotlib, Agg backend, PNG files).
+
+  levels_figure    per component: steady-state speed-up over native (fwd and fwd+bwd, p20/p80
+                   error bars) above the price of getting there: the first call (cold or warm
+                   cache) and the break-even call count. This is compare.png.
+  scaling_figure   time per call against problem size, per level, log-log: where the fixed
+                   per-call cost stops mattering and which level wins at which size.
+  roofline_figure  each level as a point (arithmetic intensity, achieved TFLOP/s) under the
+                   roofs this device really reaches (equivalence.ceilings), not a datasheet's.
+
+Every function takes the rows `compare` and `profile` write to JSON (Profile.to_dict() plus
+"check" and "break_even_calls_vs_native"), so a committed report can be drawn again later
+without a GPU. Each returns the path it wrote.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import levels
+
+PASSES = (("fwd", "forward"), ("fwd_bwd", "forward+backward"))
+COLORS = {"fwd": "#4C72B0", "fwd_bwd": "#DD8452"}
+LEVEL_COLORS = {"native": "#4C72B0", "torchscript": "#55A868", "compile": "#C44E52",
+                "triton": "#8172B2", "cuda": "#CCB974"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never open a window, never need a display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _timed(row: dict | None) -> bool:
+    return bool(row) and row["status"] == "ok" and row.get("check") != "FAIL"
+
+
+def _why_no_bar(row: dict | None) -> str:
+    if not row:
+        return "not run"
+    if row["status"] == "ok" and row.get("check") == "FAIL":
+        return "check FAILED"
+    return {"skip": "unavailable here", "untimed": "checked, not timed\n(interpreter)",
+            "error": "error"}.get(row["status"], row["status"])
+
+
+def _label(name: str) -> str:
+    try:
+        return f"{levels.resolve(name).number} {name}"
+    except ValueError:
+        return name
+
+
+def _speedup(row: dict, base: dict, key: str) -> tuple[float, float, float]:
+    """Speed-up of `row` over `base` and its p20/p80 range (the row's spread)."""
+    b, t = base[key]["median_ms"], row[key]
+    return b / t["median_ms"], b / t["p80_ms"], b / t["p20_ms"]
+
+
+def _log_limits(values, pad=2.0) -> tuple[float, float]:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not values:
+        return 0.1, 10.0
+    return min(values) / pad, max(values) * pad
+
+
+def _break_even_text(row: dict) -> str:
+    be = row.get("break_even_calls_vs_native")
+    if row["level"] == "native":
+        return "baseline"
+    if be is None:
+        return ""
+    return "never pays off" if be == "never" else f"pays off after {be} call{'s' * (be != 1)}"
+
+
+def _headline(rows: list[dict]) -> str:
+    """The one message of compare.png: the best steady-state win, and what first calls cost."""
+    native = {r["component"]: r for r in rows if r["level"] == "native" and _timed(r)}
+    wins = [(_speedup(r, native[r["component"]], "fwd_bwd")[0], r) for r in rows
+            if r["level"] != "native" and _timed(r) and r["component"] in native]
+    firsts = [r for r in rows if _timed(r) and r.get("first_call_ms")]
+    parts = []
+    if wins:
+        x, r = max(wins, key=lambda w: w[0])
+        if x > 1:
+            parts.append(f"{r['level']} is up to {x:.1f}× faster than native in steady state "
+                         f"({r['component']}, fwd+bwd)")
+        else:
+            parts.append("no level beats native in steady state here")
+    if firsts:
+        r = max(firsts, key=lambda r: r["first_call_ms"])
+        cache = f", {r['first_call_cache']} cache" if r.get("first_call_cache") else ""
+        parts.append(f"but a first call costs up to {r['first_call_ms'] / 1e3:.1f} s "
+                     f"({r['level']} {r['component']}{cache})")
+    return ", ".join(parts) or "nothing could be timed here"
+
+
+def _where(settings: dict, environment: dict) -> str:
+    device = environment.get("gpu") or f"CPU, {environment.get('cpu_threads', '?')} threads"
+    return f"{settings['dtype']}, size '{settings['size']}', {device}, torch {environment.get('torch')}"
+
+
+def _wrap(text: str, width_in: float, fontsize: float) -> str:
+    # about 0.55 em per character of DejaVu Sans: wrap to the figure, never cut a sentence
+    return textwrap.fill(text, max(30, int(width_in * 72 / (0.55 * fontsize))))
+
+
+def _times_axis(ax) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(
+        lambda ms, _: f"{ms:g} ms" if ms < 1000 else f"{ms / 1000:g} s"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _speedup_axis(ax) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.yaxis.set_major_locator(LogLocator(base=2))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def levels_figure(rows: list[dict], settings: dict, environment: dict, path) -> Path:
+    """Speed-up panels above first-call panels, one column per component (see module doc)."""
+    plt = _pyplot()
+    comps = list(dict.fromkeys(r["component"] for r in rows))
+    names = list(dict.fromkeys(r["level"] for r in rows))
+    by = {(r["component"], r["level"]): r for r in rows}
+    width = 2.2 + 3.0 * len(comps)
+    fig, axes = plt.subplots(2, len(comps), figsize=(width, 8.0), squeeze=False, sharey="row",
+                             layout="constrained", gridspec_kw={"height_ratios": [1.15, 1]})
+    xs = list(range(len(names)))
+    speedups, firsts = [], []
+    for col, comp in enumerate(comps):
+        top, bottom = axes[0][col], axes[1][col]
+        base = by.get((comp, "native"))
+        for offset, (key, label) in zip((-0.2, 0.2), PASSES):
+            for x, name in zip(xs, names):
+                row = by.get((comp, name))
+                if not (_timed(row) and _timed(base)):
+                    continue
+                s, lo, hi = _speedup(row, base, key)
+                speedups += [lo, hi]
+                top.bar(x + offset, s, width=0.4, color=COLORS[key],
+                        label=label if (col == 0 and x == 0) else None,
+                        yerr=[[s - lo], [hi - s]], capsize=2, error_kw={"lw": 0.8})
+        top.axhline(1.0, color="black", lw=0.8, ls="--")
+        top.set_title(comp, fontsize=11)
+        for x, name in zip(xs, names):
+            row = by.get((comp, name))
+            if not _timed(row):
+                color = "red" if row and row.get("check") == "FAIL" else "gray"
+                for ax in (top, bottom):
+                    ax.text(x, 0.5, _why_no_bar(row), rotation=90, ha="center", va="center",
+                            transform=ax.get_xaxis_transform(), fontsize=7, color=color)
+                continue
+            ms = row["first_call_ms"]
+            firsts.append(ms)
+            bottom.bar(x, ms, width=0.6, color=LEVEL_COLORS.get(name, "#999999"))
+            cache = row.get("first_call_cache")
+            note = "\n".join(t for t in (f"{cache} cache" if cache else "", _break_even_text(row)) if t)
+            bottom.text(x, ms * 1.25, note, ha="center", va="bottom", fontsize=6.5, rotation=90)
+        for ax in (top, bottom):
+            ax.set_xticks(xs, [_label(n) for n in names], rotation=40, ha="right", fontsize=8)
+            ax.set_xlim(-0.6, len(names) - 0.4)
+            ax.set_yscale("log")
+            ax.grid(axis="y", which="major", alpha=0.3)
+        _speedup_axis(top)
+        _times_axis(bottom)
+    lo, hi = _log_limits(speedups, pad=1.6)
+    axes[0][0].set_ylim(min(lo, 0.5), max(hi, 2.0))
+    lo, hi = _log_limits(firsts)
+    axes[1][0].set_ylim(lo, hi * 60)  # headroom for the labels above the tallest bar
+    axes[0][0].set_ylabel("steady-state speed-up over native\n(log; median, bars: p20–p80)")
+    axes[1][0].set_ylabel("first call, fwd+bwd (log)\nincl. compile / JIT / build")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(_wrap(_headline(rows), width, 11), fontsize=11, fontweight="bold")
+    fig.supxlabel(_wrap(_where(settings, environment) + ". Top: above the dashed line is faster than "
+                        "native. Bottom: the first call's cost; cold = it compiled, warm = it found "
+                        "its on-disk cache; pays off after n calls = the break-even against native.",
+                        width, 8.5), fontsize=8.5, color="#333333")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def scaling_figure(points: list[dict], component: str, dim: str, settings: dict,
+                   environment: dict, path) -> Path:
+    """Median fwd+bwd time against the size of dimension `dim`, one line per level.
+
+    points: {"level", "value" (of dim), "fwd_bwd": Timing dict} per measured size."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    names = list(dict.fromkeys(p["level"] for p in points))
+    for name in names:
+        mine = sorted((p for p in points if p["level"] == name and p.get("fwd_bwd")),
+                      key=lambda p: p["value"])
+        if not mine:
+            continue
+        x = [p["value"] for p in mine]
+        y = [p["fwd_bwd"]["median_ms"] for p in mine]
+        err = [[p["fwd_bwd"]["median_ms"] - p["fwd_bwd"]["p20_ms"] for p in mine],
+               [p["fwd_bwd"]["p80_ms"] - p["fwd_bwd"]["median_ms"] for p in mine]]
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=_label(name),
+                    color=LEVEL_COLORS.get(name))
+    measured = [p for p in points if p.get("fwd_bwd")]
+    if measured:  # a slope-1 guide through the largest point: linear in the work
+        big = max(measured, key=lambda p: p["value"])
+        xs = sorted({p["value"] for p in measured})
+        ref = big["fwd_bwd"]["median_ms"]
+        ax.plot(xs, [ref * v / big["value"] for v in xs], color="gray", lw=0.8, ls=":",
+                label="∝ size (guide)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"{dim} (the other dimensions as at size '{settings['size']}'; log₂)")
+    ax.set_ylabel("median time per fwd+bwd call (ms, log)")
+    ax.grid(which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{component}: flat on the left = per-call overhead, parallel to the guide = "
+                 "work-bound", fontsize=10)
+    fig.text(0.5, 0.005, _where(settings, environment) + "; bars: p20–p80", ha="center",
+             fontsize=8, color="#333333")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def roofline_figure(rows: list[dict], ceilings: dict, settings: dict, environment: dict,
+                    path) -> Path:
+    """Achieved TFLOP/s against arithmetic intensity (spec FLOPs / minimum bytes), per level
+    and pass, under min(matmul rate, copy bandwidth × intensity) measured on this device."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    peak, bw = ceilings["matmul_tflops"], ceilings["copy_tbps"]
+    points = []
+    for r in rows:
+        if not _timed(r):
+            continue
+        for key, marker in (("fwd", "o"), ("fwd_bwd", "s")):
+            tp = r["throughput"][key]
+            if not tp or not tp["tbps"]:
+                continue
+            ai = tp["tflops"] / tp["tbps"]  # FLOP per byte
+            points.append((ai, tp["tflops"], r, key, marker))
+    intensities = [p[0] for p in points] + [peak / bw]
+    lo, hi = min(intensities) / 8, max(intensities) * 8
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak, bw * x) for x in xs], color="black", lw=1.5)
+    ax.text(lo * 1.3, bw * lo * 1.3 * 3, f"copy {bw * 1e3:.3g} GB/s", fontsize=8)  # above its line
+    ax.text(hi / 1.3, peak * 1.15, f"{ceilings['dtype']} matmul {peak:.3g} TFLOP/s", fontsize=8,
+            ha="right")
+    for ai, tflops, r, key, marker in points:
+        ax.scatter(ai, tflops, marker=marker, s=40, color=LEVEL_COLORS.get(r["level"], "#999999"),
+                   edgecolor="black", lw=0.5, zorder=3)
+    for name in dict.fromkeys(p[2]["level"] for p in points):
+        ax.scatter([], [], marker="o", color=LEVEL_COLORS.get(name, "#999999"), label=_label(name))
+    ax.scatter([], [], marker="o", color="white", edgecolor="black", label="forward")
+    ax.scatter([], [], marker="s", color="white", edgecolor="black", label="forward+backward")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ys = [p[1] for p in points] or [peak]
+    ax.set_ylim(min(min(ys) / 5, bw * lo), peak * 3)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of the minimum traffic, log)")
+    ax.set_ylabel("achieved TFLOP/s (log)")
+    ax.grid(which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    comps = ", ".join(dict.fromkeys(r["component"] for r in rows))
+    ridge = peak / bw
+    bound = ("memory-bound" if points and max(p[0] for p in points) < ridge else "compute-bound"
+             if points and min(p[0] for p in points) >= ridge else "on both sides of the ridge")
+    best = max(points, key=lambda p: p[1] / min(peak, bw * p[0]), default=None)
+    message = f"{comps} is {bound} here"
+    if best:
+        message += (f"; best: {best[2]['level']} {dict(PASSES)[best[3]]} at "
+                    f"{best[1] / min(peak, bw * best[0]):.0%} of its roof")
+    ax.set_title(message, fontsize=10)
+    fig.text(0.5, 0.005, _where(settings, environment) + "; roofs measured on this device",
+             ha="center", fontsize=8, color="#333333")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

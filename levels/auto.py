@@ -1,0 +1,66 @@
+"""level="auto": each call runs the fastest level that passes the harness for it.
+
+    import levels
+    y = levels.auto.layer_norm(x, w, b)          # or levels.get("auto").layer_norm(...)
+    layer = levels.nn.LayerNorm(1024, level="auto")
+    levels.auto.choice("layer_norm", x, w, b)    # which level that call runs, and why
+
+Not a rung of the ladder: a chooser on top of it, with the same five functions. A call
+is classed by component, variant (causal, training), dtype, device and shape class (each
+dimension of the main input rounded up to a power of two); the first call of a class
+checks every level on its arguments against the float64 reference and times the ones
+that pass (one line on stderr says so; seconds, a compile included), and the decision is
+kept on disk per user (`equivalence.select`). Never chosen: a level unavailable here, one
+that fails the check, and Triton in its CPU interpreter (an emulation: its time says
+nothing about the kernel). Levels within 5% of the fastest count as equally fast, and
+then the lowest rung wins: less code, no compile, nothing gained by the rest.
+
+The choice needs the harness, so this module imports `equivalence` when a call is made,
+the one place where `levels` looks up at the package that checks it: the harness stays
+independent of `auto`, and `import levels` imports nothing of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import contract, get
+
+
+def choice(component: str, *args, **kwargs):
+    """The `equivalence.select.Decision` a call with these arguments gets (measured if new)."""
+    getattr(contract, f"validate_{component}")(*args, **kwargs)
+    from equivalence import select
+    return select.decide_for_call(component, args, kwargs)
+
+
+def _call(component: str, *args, **kwargs):
+    decision = choice(component, *args, **kwargs)
+    return getattr(get(decision.level), component)(*args, **kwargs)
+
+
+def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
+    return None  # native always runs, so there is always something to choose
+
+
+def attention(q, k, v, causal=False, scale=None):
+    return _call("attention", q, k, v, causal=causal, scale=scale)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    return _call("layer_norm", x, weight, bias, eps=eps)
+
+
+def mlp(x, w1, b1, w2, b2):
+    return _call("mlp", x, w1, b1, w2, b2)
+
+
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    return _call("lstm", x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+
+
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    return _call("conv_bn", x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
+                 running_var, stride=stride, padding=padding, eps=eps, momentum=momentum,
+                 training=training)

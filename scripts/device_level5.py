@@ -1,0 +1,390 @@
+"""Level 5 on a GPU, in one call: build (cold and warm), ptxas reports, the harness for every
+component x version x dtype x layout, opcheck of every op, the GPU tests, the benchmarks.
+
+    PYTHONPATH=. python3 scripts/device_level5.py --out $OUT [--quick] [--budget-s 540]
+
+Writes (flat in --out, at most 6 files): level5.json (everything, rewritten after every
+step so a kill loses only the step it interrupted), pytest-gpu.xml (junit of
+`pytest -m gpu tests/test_cuda_*.py`), bench.json (equivalence.bench of the Level 5
+components), and build-error.txt only if the build fails. Every step runs in try/except;
+once the time budget is spent the remaining steps are skipped and the JSON says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+BUILD_ONCE = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+t0 = time.perf_counter()
+from cuda_kernels import build
+try:
+    build.load()
+except build.BuildError as exc:
+    print(json.dumps({{"error": str(exc)}}))
+    sys.exit(0)
+print(json.dumps(build.last_build() | {{"process_s": time.perf_counter() - t0,
+                                         "registration_errors": build.registration_errors()}}))
+"""
+
+
+class Run:
+    def __init__(self, out: Path, budget_s: float):
+        self.out, self.start, self.budget = out, time.monotonic(), budget_s
+        self.report: dict = {"steps": {}, "skipped_for_budget": []}
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    def save(self):
+        (self.out / "level5.json").write_text(json.dumps(self.report, indent=1, default=str))
+
+    def step(self, name: str, fn, need_s: float = 10.0):
+        if self.left() < need_s:
+            print(f"[level5] {name}: skipped ({self.left():.0f} s of the budget left, needs ~{need_s:.0f})",
+                  flush=True)
+            self.report["skipped_for_budget"].append(name)
+            self.save()
+            return None
+        print(f"[level5] {name} ...", flush=True)
+        t0 = time.monotonic()
+        try:
+            result = fn()
+            status = "ok"
+        except Exception as exc:  # noqa: BLE001 - one failing step must not lose the others
+            result, status = {"error": f"{type(exc).__name__}: {exc}",
+                              "traceback": traceback.format_exc()[-3000:]}, "error"
+        seconds = round(time.monotonic() - t0, 2)
+        self.report["steps"][name] = {"status": status, "seconds": seconds, "result": result}
+        print(f"[level5] {name}: {status} in {seconds:.0f} s", flush=True)
+        self.save()
+        return result
+
+
+def step_environment():
+    from equivalence import environment
+
+    from cuda_kernels import build
+
+    info = environment.describe("cuda")
+    nvcc = build.find_nvcc()
+    info["nvcc"] = nvcc
+    if nvcc:
+        info["nvcc_version"] = subprocess.run([nvcc, "--version"], capture_output=True,
+                                              text=True).stdout.strip().splitlines()[-1]
+    info["kernel_files"] = [p.name for p in build.kernel_files()]
+    info["binding_fragments"] = [p.name for p in build.binding_fragments()]
+    info["component_modules"] = build.component_modules()
+    return info
+
+
+def _build_subprocess(cache: str, timeout: float, builder: str = "files") -> dict:
+    env = dict(os.environ, LEVELS_CUDA_CACHE=cache, LEVELS_CUDA_BUILDER=builder)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", BUILD_ONCE.format(root=str(ROOT))], capture_output=True,
+                       text=True, env=env, timeout=timeout)
+    lines = p.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"error": f"no output (rc {p.returncode})"}
+    result.update(wall_s=round(time.perf_counter() - t0, 2), rc=p.returncode, stderr=p.stderr[-3000:])
+    return result
+
+
+def step_build(run: Run, cache: str, builder: str, other: str | None):
+    """Cold and warm builds with `builder` (build.BUILDERS), and a cold build with `other`
+    for comparison (its own directory), then a load into this process."""
+    cold = _build_subprocess(cache, timeout=max(60.0, run.left() - 30), builder=builder)
+    if "error" in cold:
+        (run.out / "build-error.txt").write_text(cold["error"])
+        return {"cold": cold}
+    warm = _build_subprocess(cache, timeout=120, builder=builder)
+    compared = (_build_subprocess(cache, timeout=max(60.0, run.left() - 60), builder=other)
+                if other else None)
+    os.environ["LEVELS_CUDA_CACHE"] = cache  # this process loads the same (warm) build
+    os.environ["LEVELS_CUDA_BUILDER"] = builder
+    from cuda_kernels import build
+
+    t0 = time.perf_counter()
+    build.load()
+    in_process = build.last_build() | {"load_s": round(time.perf_counter() - t0, 3),
+                                       "registration_errors": build.registration_errors()}
+    return {"builder": builder, "cold": cold, "warm": warm, "this_process": in_process,
+            "cold_with_other_builder": {"builder": other, **(compared or {})},
+            "goals": {"cold_le_20s": cold.get("seconds", 1e9) <= 20, "warm_le_1s": warm.get("seconds", 1e9) <= 1}}
+
+
+def step_ptxas():
+    from cuda_kernels import build
+
+    return {p.name: build.ptxas_report(p) for p in build.kernel_files()}
+
+
+def _components():
+    import levels
+
+    cuda = levels.get("cuda")
+    return [c for c in levels.COMPONENTS if cuda.has_kernels(c)]
+
+
+def _versions(component: str) -> list[int]:
+    import importlib
+
+    module = importlib.import_module(f"cuda_kernels.{component}")
+    return sorted(getattr(module, "VERSIONS", {getattr(module, "DEFAULT_VERSION", 1): ""}))
+
+
+def _layouts() -> list[str]:
+    try:
+        from equivalence import specs
+        return list(getattr(specs, "LAYOUTS", ("contiguous",)))
+    except Exception:  # noqa: BLE001
+        return ["contiguous"]
+
+
+def _check(component, dtype, size, layout):
+    import inspect
+
+    from equivalence.check import check
+
+    if "layout" in inspect.signature(check).parameters:
+        return check(component, "cuda", dtype, "cuda", size, layout=layout)
+    return check(component, "cuda", dtype, "cuda", size)
+
+
+def step_harness(run: Run, quick: bool):
+    size = "tiny" if quick else "small"
+    rows, counts = [], {"pass": 0, "fail": 0, "error": 0, "skip": 0}
+    for c in _components():
+        env = f"LEVELS_CUDA_VERSION_{c.upper()}"
+        for version in _versions(c):
+            os.environ[env] = str(version)
+            try:
+                for dtype in DTYPES:
+                    for layout in _layouts():
+                        if run.left() < 60:
+                            rows.append({"component": c, "version": version, "note": "budget: stopped here"})
+                            return {"size": size, "counts": counts, "results": rows}
+                        try:
+                            results = _check(c, dtype, size, layout)
+                        except Exception as exc:  # noqa: BLE001
+                            rows.append({"component": c, "version": version, "dtype": dtype, "layout": layout,
+                                         "status": "error", "reason": f"{type(exc).__name__}: {exc}"})
+                            counts["error"] += 1
+                            continue
+                        for r in results:
+                            w = r.worst
+                            counts[r.status] = counts.get(r.status, 0) + 1
+                            rows.append({"component": c, "version": version, "dtype": dtype,
+                                         "layout": getattr(r, "layout", layout), "variant": r.variant,
+                                         "status": r.status, "reason": r.reason[:2000], "tf32": r.tf32,
+                                         "tolerance": r.tolerance, "seed": r.seed,
+                                         "worst": None if w is None else [w.name, w.rel_err, w.max_abs_err],
+                                         "failed": [[x.name, x.rel_err, x.problem] for x in r.comparisons
+                                                    if not x.ok]})
+                            print(f"  {c} v{version} {dtype} {layout} {r.variant}: {r.status}"
+                                  + (f" ({r.summary()[:200]})" if r.status != "pass" else ""), flush=True)
+            finally:
+                os.environ.pop(env, None)
+    return {"size": size, "counts": counts, "results": rows}
+
+
+def _capture_op_calls(fn, namespace: str = "levels_cuda"):
+    """Run fn; return {op: (args, kwargs)} of the first call of every levels_cuda op, with
+    tensors cloned (strides kept) so opcheck can replay them."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: dict = {}
+
+    def keep(v):
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            try:  # the same strides (a view's layout is part of what opcheck should see)
+                return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v)
+            except RuntimeError:  # overlapping strides (expand): a plain copy
+                return v.clone()
+        if isinstance(v, (list, tuple)):
+            return type(v)(keep(x) for x in v)
+        return v
+
+    class Capture(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace == namespace and func not in seen:
+                seen[func] = (keep(args), keep(kwargs))
+            return func(*args, **kwargs)
+
+    with Capture():
+        fn()
+    return seen
+
+
+def step_opcheck(run: Run):
+    import torch
+
+    from equivalence import specs
+    from equivalence.check import _prepare, flatten
+
+    import levels
+
+    cuda = levels.get("cuda")
+    rows = []
+    for c in _components():
+        env = f"LEVELS_CUDA_VERSION_{c.upper()}"
+        for version in _versions(c):
+            for dtype in (torch.float32, torch.bfloat16):
+                if run.left() < 60:
+                    rows.append({"component": c, "note": "budget: stopped here"})
+                    return rows
+                os.environ[env] = str(version)
+                try:
+                    spec = specs.get(c)
+                    for variant in spec.variants:
+                        case = spec.case("tiny", variant, dtype, "cuda", seed=0)
+
+                        def call():
+                            args, _ = _prepare(case)
+                            outs = [o for o in flatten(getattr(cuda, c)(**args))[:case.n_returned]
+                                    if isinstance(o, torch.Tensor) and o.requires_grad]
+                            if outs:
+                                torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
+
+                        calls = _capture_op_calls(call)
+                        for op, (args, kwargs) in calls.items():
+                            name = str(op)
+                            # forward ops are checked with grads on their non-mutated float inputs
+                            # (autograd registration); backward ops without (they have none)
+                            if not any(w in name for w in ("bwd", "backward", "grad")):
+                                schema_args = op._schema.arguments
+                                args = list(args)
+                                for i, a in enumerate(args):
+                                    mutated = i < len(schema_args) and schema_args[i].alias_info is not None \
+                                        and schema_args[i].alias_info.is_write
+                                    if isinstance(a, torch.Tensor) and a.is_floating_point() and not mutated:
+                                        args[i] = a.detach().requires_grad_()
+                                args = tuple(args)
+                            try:
+                                torch.library.opcheck(op, args, kwargs)
+                                status, why = "pass", ""
+                            except Exception as exc:  # noqa: BLE001
+                                status, why = "fail", f"{type(exc).__name__}: {str(exc)[:1500]}"
+                            rows.append({"component": c, "version": version, "dtype": str(dtype),
+                                         "variant": variant, "op": name, "status": status, "reason": why})
+                            print(f"  opcheck {name} v{version} {dtype} {variant}: {status}", flush=True)
+                except Exception as exc:  # noqa: BLE001
+                    rows.append({"component": c, "version": version, "dtype": str(dtype), "status": "error",
+                                 "reason": f"{type(exc).__name__}: {exc}"})
+                finally:
+                    os.environ.pop(env, None)
+    return rows
+
+
+def step_pytest(run: Run):
+    files = sorted(glob.glob(str(ROOT / "tests" / "test_cuda_*.py")))
+    xml = run.out / "pytest-gpu.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           f"--junitxml={xml}", *files]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                           timeout=max(30.0, run.left() - 45))
+        tail, rc = (p.stdout + p.stderr)[-4000:], p.returncode
+    except subprocess.TimeoutExpired as exc:
+        tail, rc = f"timed out after {exc.timeout:.0f} s\n{(exc.stdout or b'')[-2000:]!r}", None
+    summary = {"rc": rc, "files": [Path(f).name for f in files], "tail": tail}
+    if xml.exists():
+        root = ET.parse(xml).getroot()
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+        summary.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+        summary["time_s"] = float(suite.get("time", 0))
+        summary["not_passed"] = []
+        for case in suite.iter("testcase"):
+            for kind in ("failure", "error"):
+                el = case.find(kind)
+                if el is not None:
+                    summary["not_passed"].append({"test": f"{case.get('classname')}::{case.get('name')}",
+                                                  "kind": kind, "message": (el.get("message") or "")[:600]})
+    return summary
+
+
+def step_bench(run: Run):
+    comps = _components()
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from equivalence import bench; "
+            f"bench.run({comps!r}, 'cuda', {str(run.out)!r})")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                           timeout=max(30.0, run.left() - 10))
+        rc, tail = p.returncode, (p.stdout + p.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        rc, tail = None, f"timed out after {exc.timeout:.0f} s"
+    path = run.out / "bench.json"
+    if not path.exists():
+        return {"rc": rc, "tail": tail, "figures": []}
+    report = json.loads(path.read_text())
+    figures = [f for f in report["figures"] if f["level"] == "cuda" or "cuda" in f["name"].lower()]
+    short = [{k: f.get(k) for k in ("component", "name", "level", "dtype", "ms", "tflops", "tbps",
+                                     "baseline", "ratio", "goal", "met")} for f in report["figures"]]
+    return {"rc": rc, "tail": tail if rc else "", "level5_figures": len(figures), "figures": short,
+            "skipped": report.get("skipped")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="output directory ($OUT)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, no benchmarks")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting steps after this")
+    parser.add_argument("--builder", default="files", help="LEVELS_CUDA_BUILDER for the run")
+    parser.add_argument("--compare-builder", default="", help="also time a cold build with this one")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip (ptxas, harness, "
+                                                   "opcheck, pytest_gpu, bench)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = Run(out, args.budget_s)
+    run.report["args"] = vars(args)
+    cache = tempfile.mkdtemp(prefix="levels-cuda-cache-")  # cold: nothing cached (not under $OUT)
+
+    import torch
+    if not torch.cuda.is_available():
+        run.report["error"] = "no CUDA GPU here: this script is for the device"
+        run.save()
+        print("[level5] no CUDA GPU", flush=True)
+        return 1
+    run.step("environment", step_environment, need_s=1)
+    built = run.step("build", lambda: step_build(run, cache, args.builder,
+                                                 args.compare_builder or None), need_s=60)
+    skip = set(filter(None, args.skip.split(",")))
+    step = run.step
+    run.step = lambda name, fn, need_s=10.0: (None if name in skip else step(name, fn, need_s))
+    ok = bool(built) and "error" not in built.get("cold", {"error": 1}) and "this_process" in built
+    run.step("ptxas", step_ptxas, need_s=20)
+    if ok:
+        run.step("harness", lambda: step_harness(run, args.quick), need_s=60)
+        run.step("opcheck", lambda: step_opcheck(run), need_s=60)
+    else:
+        run.report["skipped_after_build_failure"] = ["harness", "opcheck"]
+    run.step("pytest_gpu", lambda: step_pytest(run), need_s=90)
+    if ok and not args.quick:
+        run.step("bench", lambda: step_bench(run), need_s=60)
+    run.report["total_s"] = round(time.monotonic() - run.start, 1)
+    run.save()
+    print(f"[level5] done in {run.report['total_s']:.0f} s; wrote {out / 'level5.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

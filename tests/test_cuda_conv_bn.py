@@ -1,0 +1,233 @@
+"""Level 5 (CUDA C++) conv_bn: every version of cuda_kernels/conv_bn.cu, eval and training,
+forward and backward, through the harness (float64 reference, NaN-poisoned allocations, the
+running statistics compared like outputs, memory outside the views checked untouched).
+
+v3 has two ways to fill its tiles (16-byte cp.async copies when C_in % 8 == 0 and the rows are
+16-byte aligned, an element-wise gather otherwise) and falls back to v2 for fp32, so the GPU
+shapes land on both paths: C_in 3, 5, 19 (gather), 16, 64 (cp.async), output channels and
+pixels that are no multiple of any tile (5, 33, 130 channels; 1 to 12k pixels), non-square
+kernels, strides 1-3, padding larger than half the kernel, batch 1, a 1x1 image.
+
+On a CPU: the version plumbing, and (with nvcc) that v3 really is tensor-core and cp.async
+code (PTX for sm_80 and sm_90)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from cuda_kernels import conv_bn as cb
+from equivalence import specs
+from equivalence.check import check, check_args
+
+ENV = cb.ENV_VERSION
+CU = Path(cb.__file__).with_suffix(".cu")
+VERSIONS = sorted(cb.VERSIONS)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ------------------------------------------------------------------------------ CPU --
+
+def test_every_version_is_named_in_the_kernel_file_and_the_module():
+    opening = CU.read_text().split("#include")[0]
+    for v in VERSIONS:
+        assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from {CU.name}'s header"
+    assert cb.DEFAULT_VERSION in cb.VERSIONS
+    # v3 runs fp32 on v2 (exact): no version declares TF32.
+    assert cb.uses_tf32(torch.device("cuda"), torch.float32) is False
+
+
+def test_version_comes_from_argument_then_environment_then_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert cb.resolve_version() == cb.DEFAULT_VERSION
+    assert cb.resolve_version(1) == 1
+    monkeypatch.setenv(ENV, "2")
+    assert cb.resolve_version() == 2
+    assert cb.resolve_version(3) == 3  # the argument wins
+    monkeypatch.setenv(ENV, "nine")
+    with pytest.raises(ValueError, match=rf"conv_bn: \${ENV} must be one of \[1, 2, 3\].*'nine'"):
+        cb.resolve_version()
+    with pytest.raises(ValueError, match=r"conv_bn: argument 'version' must be one of"):
+        cb.resolve_version(4)
+    with pytest.raises(ValueError, match=r"argument 'version'"):
+        cb.resolve_version(True)
+
+
+def test_float64_is_refused_by_name():
+    args = specs.get("conv_bn").module.make_args(specs.get("conv_bn").sizes["tiny"], torch.float64,
+                                                 torch.device("cpu"), torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match=r"conv_bn: argument 'x'.*float64"):
+        cb.conv_bn(args["x"], args["conv_weight"], args["conv_bias"], args["bn_weight"],
+                   args["bn_bias"], args["running_mean"], args["running_var"], (1, 1), (0, 0),
+                   1e-5, 0.1, False)
+
+
+@pytest.mark.parametrize("arch", ["80", "90"])
+def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
+    from cuda_kernels import build
+    if build.find_nvcc() is None:
+        pytest.skip(f"no nvcc here: {build.nvcc_available()}")
+    ptx = build.compile_ptx(CU, arch=arch)
+    assert "wmma.mma.sync" in ptx, "v3 has no tensor-core MMA"
+    assert "cp.async.cg.shared.global" in ptx, "v3 has no cp.async copies"
+    for name in ("conv_direct_kernel", "gemm_kernel", "conv_kernel", "fold_bn_kernel",
+                 "stats_partial_kernel", "stats_finalize_kernel", "bn_bwd_apply_kernel",
+                 "wgrad_finish_kernel"):
+        assert name in ptx, f"{name} missing from the PTX"
+
+
+# ------------------------------------------------------------------------------ GPU --
+
+def _args(shape, dtype, seed=0, **variant):
+    g = torch.Generator().manual_seed(seed)
+    args = specs.get("conv_bn").module.make_args(shape, dtype, torch.device("cuda"), g)
+    args.update(variant)
+    return args
+
+
+def _passes(args, version, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    r = check_args("conv_bn", "cuda", args)
+    assert r.passed, f"v{version}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_harness_tiny_every_version(version, dtype, layout, monkeypatch):
+    # "strided": x and the weight channels_last, every 1-D parameter and running statistic a
+    # stride-2 view into a NaN-filled buffer (updated through the view, nothing else touched).
+    monkeypatch.setenv(ENV, str(version))
+    results = check("conv_bn", "cuda", dtype=dtype, device="cuda", size="tiny", layout=layout)
+    assert len(results) == len(specs.get("conv_bn").variants)
+    for r in results:
+        assert r.status == "pass", f"v{version} {r.variant}: {r.status} {r.reason} {r.worst}"
+
+
+SHAPES = [
+    # C_in 3 -> 5, stride 2: the gather path, channels below every tile
+    dict(N=2, C_in=3, H=9, W=11, C_out=5, k=3, stride=2, padding=1),
+    # cp.async path (C_in % 8 == 0), one pixel tile plus a ragged one, batch 1
+    dict(N=1, C_in=16, H=13, W=13, C_out=40, k=3, stride=1, padding=1, channels_last=True),
+    # several pixel tiles and two output-channel tiles of v3, the second ragged (130 = 128 + 2)
+    dict(N=3, C_in=64, H=30, W=31, C_out=130, k=3, stride=1, padding=1, channels_last=True),
+    # NCHW x with C_in % 8 != 0, stride 2: gather, 4 x 5 kernel offsets
+    dict(N=3, C_in=19, H=17, W=20, C_out=33, k=3, stride=2, padding=1),
+    # padding larger than half the kernel, stride 3: output pixels that see only padding
+    dict(N=2, C_in=8, H=5, W=4, C_out=7, k=3, stride=3, padding=3, channels_last=True),
+    # a 1x1 image, 1x1 kernel (ResNet projection-like), 2 pixels in all
+    dict(N=2, C_in=24, H=1, W=1, C_out=9, k=1, stride=1, padding=0, channels_last=True),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s['C_in']}to{s['C_out']}_{s['H']}x{s['W']}")
+def test_odd_shapes(version, dtype, training, shape, monkeypatch):
+    _passes(_args(shape, dtype, seed=shape["C_in"], training=training), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [False, True])
+def test_rect_kernel_strided_weight_no_bias(version, dtype, training, monkeypatch):
+    # A 2x3 kernel taken as a strided slice of a 3x3 weight, channels_last x, no conv bias,
+    # stride (1, 2), padding (0, 1).
+    shape = dict(N=2, C_in=16, H=7, W=6, C_out=6, k=3, stride=(1, 2), padding=(0, 1),
+                 channels_last=True)
+    args = _args(shape, dtype, seed=4, training=training)
+    args["conv_weight"] = args["conv_weight"][:, :, :2, :]
+    args["conv_bias"] = None
+    _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_x_neither_nchw_nor_channels_last(version, dtype, monkeypatch):
+    # Every other column of a wider NCHW buffer: conv_bn.py copies it to channels_last once.
+    args = _args(dict(N=2, C_in=16, H=10, W=9, C_out=24, k=3, stride=1, padding=1), dtype, seed=7)
+    wide = torch.full((2, 16, 10, 18), float("nan"), device="cuda", dtype=dtype)
+    view = wide[..., ::2]
+    view.copy_(args["x"])
+    args["x"] = view
+    _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_running_stats_move_once_through_strided_views():
+    args = _args(specs.get("conv_bn").sizes["tiny"], torch.float32, training=True)
+    buf_m = torch.full((2 * 5,), float("nan"), device="cuda")
+    buf_v = torch.full((2 * 5,), float("nan"), device="cuda")
+    rm, rv = buf_m[::2], buf_v[::2]
+    rm.copy_(args["running_mean"])
+    rv.copy_(args["running_var"])
+    x = args["x"].clone().requires_grad_(True)
+    out = cb.conv_bn(x, args["conv_weight"], args["conv_bias"], args["bn_weight"],
+                     args["bn_bias"], rm, rv, (2, 2), (1, 1), 1e-5, 0.1, True)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    after = rm.clone(), rv.clone()
+    out.sum().backward()
+    assert not torch.equal(after[0], args["running_mean"])
+    assert torch.equal(after[0], rm) and torch.equal(after[1], rv)  # not again in backward
+    assert torch.isnan(buf_m[1::2]).all() and torch.isnan(buf_v[1::2]).all()
+
+
+def _op_inputs(dtype, training, grad):
+    shape = dict(N=2, C_in=16, H=9, W=7, C_out=12, k=3, stride=1, padding=1, channels_last=True)
+    a = _args(shape, dtype, seed=3)
+    x = a["x"].permute(0, 2, 3, 1)  # (N, H, W, C_in), as conv_bn.py passes it
+    w = a["conv_weight"].permute(0, 2, 3, 1).contiguous()
+    x, w, b, g, be = (t.detach().clone().requires_grad_(grad)
+                      for t in (x, w, a["conv_bias"], a["bn_weight"], a["bn_bias"]))
+    rm, rv = a["running_mean"], a["running_var"]
+    if training:
+        return (x, w, b, g, be, rm, rv, [1, 1], [1, 1], 1e-5, 0.1, 3)
+    return (x, w, b, g, be, rm, rv, [1, 1], [1, 1], 1e-5, 3)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_every_op(dtype):
+    from cuda_kernels import build
+    ops = build.ops()
+    for training, fwd, bwd in ((False, ops.conv_bn_eval_fwd, ops.conv_bn_eval_bwd),
+                               (True, ops.conv_bn_train_fwd, ops.conv_bn_train_bwd)):
+        torch.library.opcheck(fwd, _op_inputs(dtype, training, grad=True))
+        args = _op_inputs(dtype, training, grad=False)
+        res = fwd(*args)
+        x, w, b, g = args[0], args[1], args[2], args[3]
+        dout = torch.randn_like(res[0])
+        if training:
+            _, y, mean, invstd, _, _ = res
+            torch.library.opcheck(bwd, (dout, x, w, y, mean, invstd, g, [1, 1], [1, 1], 3))
+        else:
+            _, w_folded, scale, invstd = res
+            torch.library.opcheck(bwd, (dout, x, w, w_folded, b, args[5], scale, invstd, [1, 1],
+                                        [1, 1], 3))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("training", [False, True])
+def test_tensor_core_size(version, training, monkeypatch):
+    # Big enough for many v3 tiles and the pipeline's steady state (K = 1152: 36 k-tiles),
+    # bf16 channels_last: the path of the speed goal, forward and backward.
+    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
+                      channels_last=True), torch.bfloat16, seed=11, training=training)
+    _passes(args, version, monkeypatch)

@@ -1,0 +1,259 @@
+"""Level 5 (CUDA C++) layer_norm: every version of cuda_kernels/layer_norm.cu, forward and
+backward, through the harness (float64 reference, NaN-poisoned allocations, both layouts).
+
+Each version has paths chosen by size and alignment (v3: a warp per row, a block per row
+with 8 or 32 elements a thread, a looped fallback by vectors or by elements; its backward:
+fused with 8 or 16 elements a thread, or v2's kernels), so the GPU tests pick widths that
+land on every path, widths that are no multiple of anything (1, 7, 1023, 4097), rows the
+persistent backward splits raggedly, and views that defeat 16-byte loads.
+
+On a CPU: the version plumbing, and (with nvcc) that the kernels that hold a row in
+registers do not spill on sm_90a."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import levels
+from cuda_kernels import layer_norm as ln
+from equivalence import specs
+from equivalence.check import check, check_args
+
+ENV = ln.ENV_VERSION
+CU = Path(ln.__file__).with_suffix(".cu")
+VERSIONS = sorted(ln.VERSIONS)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ------------------------------------------------------------------------------ CPU --
+
+def test_every_version_is_named_in_the_kernel_file_and_the_module():
+    opening = CU.read_text().split("#include")[0]
+    for v in VERSIONS:
+        assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from {CU.name}'s header"
+    assert ln.DEFAULT_VERSION in ln.VERSIONS
+    assert ln.uses_tf32(torch.device("cuda"), torch.float32) is False
+
+
+def test_version_comes_from_argument_then_environment_then_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert ln.resolve_version() == ln.DEFAULT_VERSION
+    assert ln.resolve_version(1) == 1
+    monkeypatch.setenv(ENV, "2")
+    assert ln.resolve_version() == 2
+    assert ln.resolve_version(3) == 3  # the argument wins
+    monkeypatch.setenv(ENV, "nine")
+    with pytest.raises(ValueError, match=rf"\${ENV} must be one of \[1, 2, 3\].*'nine'"):
+        ln.resolve_version()
+    with pytest.raises(ValueError, match=r"layer_norm: argument 'version' must be one of"):
+        ln.resolve_version(4)
+    with pytest.raises(ValueError, match=r"argument 'version'"):
+        ln.resolve_version(True)
+
+
+def test_rows_view_copies_only_when_the_last_dimension_is_strided():
+    x = torch.randn(4, 5, 6)
+    assert ln._rows(x).data_ptr() == x.data_ptr()
+    padded = torch.randn(4, 9)[:, 1:7]  # row stride 9, offset 1: a view, no copy
+    r = ln._rows(padded)
+    assert r.data_ptr() == padded.data_ptr() and r.stride() == (9, 1)
+    t = torch.randn(6, 4).t()  # columns 4 apart: copied
+    assert ln._rows(t).stride() == (6, 1)
+    assert ln._rows(torch.randn(3, 1).expand(3, 1)).shape == (3, 1)
+
+
+def _ptxas(path: Path) -> dict[str, tuple[int, int, int]]:
+    """{kernel (demangled): (registers, spill stores, spill loads)} for sm_90a."""
+    out = subprocess.run(
+        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "--cubin",
+         "-Xptxas", "-v", "-I", str(path.parent), "-o", "/dev/null", str(path)],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = {}
+    pattern = (r"Compiling entry function '(\S+)'.*?\n.*?\n\s+\d+ bytes stack frame, (\d+) bytes "
+               r"spill stores, (\d+) bytes spill loads\n.*?Used (\d+) registers")
+    for name, stores, loads, regs in re.findall(pattern, out.stderr):
+        if shutil.which("cu++filt") or shutil.which("c++filt"):
+            tool = shutil.which("cu++filt") or shutil.which("c++filt")
+            name = subprocess.run([tool, name], capture_output=True, text=True).stdout.strip()
+        found[name] = (int(regs), int(stores), int(loads))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None,
+                    reason="nvcc not found: install the CUDA toolkit (or put it on PATH) to "
+                           "compile the Level 5 kernels")
+def test_register_resident_kernels_do_not_spill_on_sm90a():
+    # v3 holds a row (and, backward, weight and dw/db partials) in registers; a spill would
+    # turn those registers into local-memory traffic and the bandwidth goals with them.
+    report = _ptxas(CU)
+    held = {k: v for k, v in report.items() if "fwd_v3_registers" in k or "bwd_v3_fused" in k}
+    assert len(held) == 3 * 5, sorted(report)  # 3 dtypes x (3 forward + 2 backward) variants
+    spilled = {k: v for k, v in held.items() if v[1] or v[2]}
+    assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+
+
+# ------------------------------------------------------------------------------ GPU --
+
+def _args(rows, N, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return specs.get("layer_norm").module.make_args(dict(rows=rows, N=N), dtype,
+                                                    torch.device("cuda"), g)
+
+
+def _passes(args, version, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    r = check_args("layer_norm", "cuda", args)
+    assert r.passed, f"v{version}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    results = check("layer_norm", "cuda", dtype=dtype, device="cuda", size="tiny")
+    assert {r.layout for r in results} == set(specs.LAYOUTS)
+    for r in results:
+        assert r.passed, f"v{version}: {r.summary()}"
+
+
+# Widths that land on every path (see the module doc), and rows that split raggedly.
+SHAPES = [((513,), 1), ((3, 7), 7), ((37,), 256), ((1000,), 1023), ((129,), 4096),
+          ((3, 77), 4097), ((17,), 8192), ((9,), 12288), ((5,), 20000), ((3,), 65536)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,N", SHAPES)
+def test_odd_and_wide_rows(version, dtype, rows, N, monkeypatch):
+    _passes(_args(rows, N, dtype, seed=N), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["offset_by_one", "transposed", "sliced_3d", "one_row",
+                                    "strided_params"])
+def test_views(version, dtype, layout, monkeypatch):
+    N = 1024  # wide enough for v3's vector path when aligned
+    args = _args((96,), N, dtype, seed=7)
+    x = args["x"]
+    if layout == "offset_by_one":  # rows 2 bytes/4 bytes off 16: no vector loads
+        buf = torch.full((96, N + 8), float("nan"), dtype=dtype, device="cuda")
+        buf[:, 1:N + 1] = x
+        args["x"] = buf[:, 1:N + 1]
+    elif layout == "transposed":  # the last dimension strided: copied by the Python side
+        args["x"] = x.t().contiguous().t()
+    elif layout == "sliced_3d":  # (4, 24, N) out of a (4, 30, N + 16) buffer: aligned rows
+        buf = torch.full((4, 30, N + 16), float("nan"), dtype=dtype, device="cuda")
+        buf[:, 2:26, 8:N + 8] = x.view(4, 24, N)
+        args["x"] = buf[:, 2:26, 8:N + 8]
+    elif layout == "one_row":  # M == 1: its row stride means nothing
+        args["x"] = x[:1]
+    elif layout == "strided_params":
+        for name in ("weight", "bias"):
+            buf = torch.full((2 * N,), float("nan"), dtype=dtype, device="cuda")
+            buf[::2] = args[name]
+            args[name] = buf[::2]
+    _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_expanded_upstream_gradient_and_determinism(version):
+    # `.sum().backward()` hands the backward a stride-0 gradient; the dw/db reduction has
+    # no atomics, so two runs agree bit for bit.
+    args = _args((300,), 768, torch.float32, seed=3)
+    grads = []
+    for _ in range(2):
+        x, w, b = (args[n].detach().clone().requires_grad_(True) for n in ("x", "weight", "bias"))
+        ln.layer_norm(x, w, b, 1e-5, version=version).sum().backward()
+        grads.append((x.grad, w.grad, b.grad))
+    x, w, b = (args[n].detach().clone().requires_grad_(True) for n in ("x", "weight", "bias"))
+    torch.nn.functional.layer_norm(x, (768,), w, b, 1e-5).sum().backward()
+    for got, want in zip(grads[0], (x.grad, w.grad, b.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b_ in zip(*grads):
+        assert torch.equal(a, b_)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(version, dtype):
+    ln._fwd_op()  # builds and loads the library
+    ops = torch.ops.levels_cuda
+    args = _args((33,), 200, dtype, seed=version)
+    x, w, b = args["x"], args["weight"], args["bias"]
+    torch.library.opcheck(ops.layer_norm_fwd, (x, w, b, 1e-5, version))
+    xg = x.detach().clone().requires_grad_(True)
+    torch.library.opcheck(ops.layer_norm_fwd, (xg, w, b, 1e-5, version))
+    _, mean, rstd = ops.layer_norm_fwd(x, w, b, 1e-5, version)
+    dy = torch.randn_like(x)
+    torch.library.opcheck(ops.layer_norm_bwd, (dy, x, w, mean, rstd, version))
+
+
+BAD_VERSION = """
+import torch
+from cuda_kernels import layer_norm as ln
+ln._fwd_op()
+x = torch.randn(4, 64, device="cuda")
+w = torch.ones(64, device="cuda")
+try:
+    torch.ops.levels_cuda.layer_norm_fwd(x, w, w, 1e-5, 7)
+except RuntimeError as exc:
+    print("raised:", exc)
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_bad_version_is_an_error_naming_it():
+    # In a child process: an error thrown by the C++ binding must reach Python as a
+    # RuntimeError (a crash there would take the whole test session down).
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", BAD_VERSION], capture_output=True, text=True,
+                         cwd=root, timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
+    assert re.search(r"layer_norm_fwd \(version 7\): this version does not exist", out.stdout), \
+        out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_inside_torch_compile(version, monkeypatch):
+    # The ops have fake implementations and a registered autograd: Dynamo traces them into
+    # one graph (fullgraph=True: no break), and the compiled backward calls our backward op.
+    monkeypatch.setenv(ENV, str(version))
+    levels.get("cuda")
+    ln._fwd_op()  # the library must be loaded before tracing (Dynamo cannot trace a build)
+    args = _args((2, 50), 384, torch.bfloat16, seed=11)
+    x, w, b = (args[n].detach().clone().requires_grad_(True) for n in ("x", "weight", "bias"))
+
+    def f(x, w, b):
+        return torch.relu(ln.layer_norm(x, w, b, 1e-5)) + 1
+
+    torch._dynamo.reset()
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        out = fn(x, w, b)
+        results.append((out, *torch.autograd.grad(out.float().square().sum(), (x, w, b))))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)

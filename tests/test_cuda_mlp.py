@@ -1,0 +1,333 @@
+"""Level 5 (CUDA C++): the GEMM ladder of cuda_kernels/gemm.cu and the MLP built on it.
+
+CPU (CI): the version table and its environment variable, the operand layouts version 4
+needs (made on CPU tensors), and gemm.cu through nvcc alone: no register spills in the
+tensor-core kernels, and the instructions each rung is about (mma.sync, ldmatrix, cp.async)
+present in its PTX. Skipped with the reason where nvcc is missing.
+
+GPU (@pytest.mark.gpu): every version at fp32/fp16/bf16 — the harness (float64 reference,
+NaN-poisoned allocations, forward and every gradient) on the MLP at the tiny preset, odd
+sizes (no multiple of any tile: M=3, K=17, N=5; M=1000, 768 -> 3072), 3-D inputs and
+strided views; each GEMM epilogue directly against float64; column sums; fp32 output and
+in-place accumulation; an operand over 2**31 elements (int64 offsets); opcheck on every op.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cuda_kernels.mlp as K5
+from equivalence import specs
+from equivalence.tolerances import tolerance
+
+VERSIONS = sorted(K5.VERSIONS)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GEMM_CU = Path(K5.__file__).with_name("gemm.cu")
+
+
+# ------------------------------------------------------------------------ CPU: Python --
+
+def test_versions_and_environment(monkeypatch):
+    assert VERSIONS == [1, 2, 3, 4] and K5.DEFAULT_VERSION in K5.VERSIONS
+    monkeypatch.delenv(K5.ENV_VERSION, raising=False)
+    assert K5.resolve_version() == K5.DEFAULT_VERSION
+    monkeypatch.setenv(K5.ENV_VERSION, "2")
+    assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
+    for bad in (0, 5, "4", True):
+        with pytest.raises(ValueError, match="version"):
+            K5.resolve_version(bad)
+    monkeypatch.setenv(K5.ENV_VERSION, "fast")
+    with pytest.raises(ValueError, match=K5.ENV_VERSION):
+        K5.resolve_version()
+    assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(5, 17),                        # K % 8 != 0: padded rows
+    lambda: torch.randn(24, 16).t(),                   # column-major
+    lambda: torch.randn(10, 40)[:, 3:27],              # unaligned start
+    lambda: torch.randn(40)[1:33].view(4, 8),          # contiguous but 4 bytes off
+    lambda: torch.randn(3, 1, 16).expand(3, 2, 16)[:, 1],  # strided rows (32 apart): kept
+], ids=["odd-K", "transposed", "slice", "offset", "row-stride"])
+def test_k_major_makes_what_version_4_reads(make):
+    t = make().to(torch.bfloat16)
+    k = K5._k_major(t)
+    assert K5.is_k_major(k) and torch.equal(k, t)
+    if K5.is_k_major(t):
+        assert k is t  # no copy when none is needed
+
+
+def test_k_major_keeps_contiguous_weights_and_gradients():
+    w = torch.randn(64, 32, dtype=torch.bfloat16)
+    assert K5._k_major(w) is w  # nn.Linear's weight: already what version 4 reads
+    x = torch.randn(6, 9, requires_grad=True)
+    (K5._k_major(x) * 2).sum().backward()  # the copy is differentiable
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+# ------------------------------------------------------------------------ CPU: nvcc ---
+
+def _nvcc_reason():
+    from cuda_kernels import build
+    return build.nvcc_available()
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and _nvcc_reason() is not None,
+                                reason="nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
+
+
+@needs_nvcc
+def test_tensor_core_kernels_do_not_spill():
+    from cuda_kernels import build
+    report = build.ptxas_report(GEMM_CU, "90a")
+    names = [k.get("name", k["mangled"]) for k in report]
+    assert any("gemm_v4_kernel" in n for n in names), names
+    for k in report:
+        assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
+        if "gemm_v4_kernel" in k.get("name", k["mangled"]):
+            assert k["registers"] <= 255, k
+
+
+@needs_nvcc
+def test_each_rung_uses_its_instructions():
+    from cuda_kernels import build
+    ptx = build.compile_ptx(GEMM_CU, "80")
+    # version 4's three ideas; the epilogue's exact erf (no approximate intrinsics)
+    for instruction in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                        "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
+                        "cp.async.wait_group"):
+        assert instruction in ptx, instruction
+
+
+# ------------------------------------------------------------------------------ GPU ---
+
+def _rel(got, ref):
+    return float((got.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _gelu64(h):
+    return 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))
+
+
+def _gelu_grad64(h):
+    return 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))) + h * torch.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
+
+
+def _operands(M, K, N, dtype, layout, seed=0):
+    """a (M, K), b (K, N) in one of the layouts callers pass: 'linear' (b = W^T, the
+    nn.Linear weight as a view), 'row-major' b, or 'strided' (a transposed view, b a
+    column slice of a wider matrix)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(M, K, generator=g).to("cuda", dtype)
+    w = (torch.randn(N, K, generator=g) * K ** -0.5).to("cuda", dtype)
+    if layout == "linear":
+        return a, w.t()
+    if layout == "row-major":
+        return a, w.t().contiguous()
+    wide = torch.zeros(K, N + 7, device="cuda", dtype=dtype)
+    wide[:, 3:3 + N] = w.t()
+    return a.t().contiguous().t(), wide[:, 3:3 + N]
+
+
+SHAPES = [(3, 17, 5), (1000, 768, 3072), (130, 64, 257), (1, 8, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["linear", "row-major", "strided"])
+def test_gemm_epilogues_against_float64(version, dtype, shape, layout):
+    M, K, N = shape
+    a, b = _operands(M, K, N, dtype, layout, seed=M + K + N)
+    bias = torch.randn(N, device="cuda").to(dtype)
+    a64, b64, bias64 = a.double(), b.double(), bias.double()
+    h64 = a64 @ b64 + bias64
+    bound = tolerance(dtype)
+
+    plain = K5.gemm(a, b, bias, version=version)
+    assert plain.shape == (M, N) and plain.dtype == dtype
+    assert _rel(plain, h64) <= bound
+
+    act, pre = K5.gemm(a, b, bias, epilogue="gelu_save", version=version)
+    assert _rel(pre, h64) <= bound and _rel(act, _gelu64(pre.double())) <= bound
+    assert _rel(K5.gemm(a, b, bias, epilogue="gelu", version=version), _gelu64(h64)) <= bound
+
+    grad = K5.gemm(a, b, epilogue="gelu_grad", aux=pre, version=version)
+    assert _rel(grad, (a64 @ b64) * _gelu_grad64(pre.double())) <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gemm_fp32_output_and_accumulate(version, dtype):
+    a, b = _operands(67, 40, 33, dtype, "linear", seed=1)
+    ref = a.double() @ b.double()
+    out = K5.gemm(a, b, out_dtype=torch.float32, version=version)
+    assert out.dtype == torch.float32 and _rel(out, ref) <= tolerance(dtype)
+    # c += a @ b + bias, into a strided view of a bigger buffer; the rest untouched
+    big = torch.randn(33, 80, device="cuda").to(dtype)
+    before = big.clone()
+    c = big.t()[5:72]  # (67, 33), strides (1, 80)
+    bias = torch.randn(33, device="cuda").to(dtype)
+    K5.gemm_accumulate(c, a, b, bias, version=version)
+    assert _rel(c, before.t()[5:72].double() + ref + bias.double()) <= tolerance(dtype)
+    untouched = torch.ones_like(big, dtype=torch.bool)
+    untouched.t()[5:72] = False
+    assert torch.equal(big[untouched], before[untouched])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", [(1, 1), (1000, 3), (4097, 77)], ids=str)
+def test_column_sum(dtype, shape):
+    x = torch.randn(shape[1], shape[0], device="cuda").to(dtype).t()  # strided
+    ref = x.double().sum(0)
+    got = K5.column_sum(x)
+    assert got.dtype == dtype and _rel(got, ref) <= tolerance(dtype)
+    assert K5.column_sum(x, out_dtype=torch.float32).dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_version_4_refuses_a_layout_it_cannot_read():
+    """The op raises (naming op and version) instead of reading a layout it cannot read;
+    the Python side makes that layout instead. In a subprocess: a crash while raising
+    (seen on the H100 build, see the report) must fail this test, not end the session."""
+    code = (
+        "import torch, cuda_kernels.mlp as K5\n"
+        "a = torch.randn(16, 24, device='cuda', dtype=torch.bfloat16)\n"
+        "w = torch.randn(8, 24, device='cuda', dtype=torch.bfloat16)\n"
+        "try:\n"
+        "    K5._ops().gemm_matmul(a.t().contiguous().t(), w.t(), None, False, False, 4)\n"
+        "except RuntimeError as e:\n"
+        "    print('RAISED', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=str(Path(K5.__file__).resolve().parents[1]))
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert re.search(r"RAISED .*version 4.*sizes or layouts", proc.stdout), proc.stdout + proc.stderr
+    a = torch.randn(16, 24, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, 24, device="cuda", dtype=torch.bfloat16)
+    assert _rel(K5.gemm(a.t().contiguous().t(), w.t(), version=4), a.double() @ w.double().t()) <= 3.1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [3, 4])
+def test_int64_offsets(version):
+    """A over 2**31 elements: rows past the 32-bit range must be the right rows."""
+    M, K, N = (2 ** 31) // 512 + 300, 512, 8
+    try:
+        a = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    except torch.OutOfMemoryError:
+        pytest.skip("needs 4.3 GB of free GPU memory")
+    a.fill_(0.0)
+    a[-300:].normal_()
+    a[:300].normal_()
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    out = K5.gemm(a, b, version=version)
+    for rows in (slice(0, 300), slice(M - 300, M)):
+        assert _rel(out[rows], a[rows].double() @ b.double()) <= tolerance(torch.bfloat16)
+    assert float(out[300:M - 300].abs().max()) == 0.0
+    del a, out
+
+
+# ---------------------------------------------------------------- the MLP, harness ---
+
+def _mlp_args(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return specs.get("mlp").module.make_args(shape, dtype, torch.device("cuda"), g)
+
+
+def _passes(args, version, monkeypatch):
+    from equivalence.check import check_args
+    monkeypatch.setenv(K5.ENV_VERSION, str(version))
+    r = check_args("mlp", "cuda", args)
+    assert r.passed, r.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_harness_tiny(version, dtype, monkeypatch):
+    from equivalence.check import check
+    monkeypatch.setenv(K5.ENV_VERSION, str(version))
+    for r in check("mlp", "cuda", dtype=dtype, device="cuda", size="tiny"):
+        assert r.passed, r.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", [
+    dict(rows=(3,), K=17, hidden=45, N=5),         # nothing a multiple of anything
+    dict(rows=(3, 11), K=24, hidden=72, N=20),     # 3-D input
+    dict(rows=(1000,), K=768, hidden=3072, N=768),  # GPT-2-like, M not a tile multiple
+], ids=["3x17-45-5", "3d", "gpt2"])
+def test_harness_odd_sizes(version, dtype, shape, monkeypatch):
+    _passes(_mlp_args(shape, dtype, seed=shape["K"]), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_harness_strided_views(version, dtype, monkeypatch):
+    """x a transposed view of a 3-D buffer, w1 column-major, w2 and the biases slices."""
+    shape = dict(rows=(5, 7), K=40, hidden=56, N=24)
+    args = _mlp_args(shape, dtype, seed=11)
+    args["x"] = args["x"].transpose(0, 1).contiguous().transpose(0, 1)
+    args["w1"] = args["w1"].t().contiguous().t()
+    w2 = torch.zeros(shape["N"], shape["hidden"] + 3, device="cuda", dtype=args["w2"].dtype)
+    w2[:, 1:1 + shape["hidden"]] = args["w2"]
+    args["w2"] = w2[:, 1:1 + shape["hidden"]]
+    b1 = torch.zeros(2 * shape["hidden"], device="cuda", dtype=args["b1"].dtype)
+    b1[::2] = args["b1"]
+    args["b1"] = b1[::2]
+    _passes(args, version, monkeypatch)
+
+
+# ------------------------------------------------------------------------- opcheck ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_opcheck_every_op(version):
+    ops = K5._ops()
+    dt = torch.bfloat16 if version == 4 else torch.float32
+    a = torch.randn(33, 40, device="cuda", dtype=dt)
+    w = torch.randn(24, 40, device="cuda", dtype=dt)
+    bias = torch.randn(24, device="cuda", dtype=dt)
+    pre = torch.randn(33, 24, device="cuda", dtype=dt)
+    c = torch.randn(33, 24, device="cuda", dtype=dt)
+    w2 = torch.randn(16, 24, device="cuda", dtype=dt)
+    b2 = torch.randn(16, device="cuda", dtype=dt)
+    cases = [
+        (ops.gemm_matmul, (a, w.t(), bias, True, False, version)),
+        (ops.gemm_matmul, (a, w.t(), None, False, True, version)),
+        (ops.gemm_matmul_gelu_save, (a, w.t(), bias, version)),
+        (ops.gemm_matmul_gelu_grad, (a, w.t(), pre, version)),
+        (ops.gemm_matmul_accumulate, (c, a, w.t(), bias, version)),
+        (ops.gemm_column_sum, (pre, False, version)),
+    ]
+    leaves = [t.detach().clone().requires_grad_() for t in (a, w, bias, w2, b2)]
+    cases.append((ops.mlp_fwd, (*leaves, version)))  # with its autograd registration
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.gpu
+def test_compiled_module_calls_the_level_5_mlp():
+    import levels
+
+    level = levels.get("cuda")
+    args = _mlp_args(dict(rows=(64,), K=64, hidden=128, N=32), torch.bfloat16, seed=5)
+    names = ("x", "w1", "b1", "w2", "b2")
+    fn = torch.compile(lambda *t: level.mlp(*t), fullgraph=True)
+    eager = level.mlp(*(args[n] for n in names))
+    assert torch.equal(fn(*(args[n] for n in names)), eager)

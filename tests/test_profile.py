@@ -1,0 +1,107 @@
+"""Profiling: warm/cold first calls, host time, measured ceilings, scaling, traces."""
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from equivalence import ceilings, profile as prof
+from equivalence.profile import Profile, profile, scaling
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEVELS_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _blank(level="compile") -> Profile:
+    return Profile("mlp", level, "default", "float32", "cpu", "tiny", {}, "skip")
+
+
+def test_first_call_is_cold_when_the_cache_gains_files_and_warm_when_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(prof, "_cache_dirs", lambda level, device: [tmp_path])
+    p = _blank()
+    prof._timed_first_call(p, "compile", lambda: (tmp_path / "kernel.so").write_bytes(b"x"),
+                           torch.device("cpu"))
+    assert p.first_call_cache == "cold" and "gained 1 file" in p.first_call_cache_detail
+    assert p.first_call_ms > 0
+    p = _blank()
+    prof._timed_first_call(p, "compile", lambda: None, torch.device("cpu"))
+    assert p.first_call_cache == "warm" and "gained 0 file" in p.first_call_cache_detail
+
+
+def test_levels_without_a_disk_cache_say_nothing_about_one():
+    p = profile("layer_norm", "native", size="tiny", min_time_s=0.01)
+    assert p.status == "ok" and p.first_call_cache is None
+
+
+def test_compile_watches_inductors_cache_dir():
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    assert [str(d) for d in prof._cache_dirs("compile", torch.device("cpu"))] == [cache_dir()]
+
+
+def test_level5_cache_comes_from_its_build_report(monkeypatch):
+    build = types.ModuleType("cuda_kernels.build")
+    report = {"last": None}
+    build.last_build = lambda: report["last"]
+    monkeypatch.setitem(sys.modules, "cuda_kernels.build", build)
+
+    def builds(cached):
+        return lambda: report.update(last={"cached": cached, "dir": "/tmp/ext", "seconds": 1.0})
+
+    p = _blank("cuda")
+    prof._timed_first_call(p, "cuda", builds(False), torch.device("cpu"))
+    assert (p.first_call_cache, p.first_call_cache_detail) == ("cold", "/tmp/ext")
+    prof._timed_first_call(p, "cuda", builds(True), torch.device("cpu"))
+    assert p.first_call_cache == "warm"  # load_inline found the compiled library on disk
+    prof._timed_first_call(p, "cuda", lambda: None, torch.device("cpu"))
+    assert p.first_call_cache == "warm" and "already loaded" in p.first_call_cache_detail
+    report["last"] = {}  # a build module that does not say
+    prof._timed_first_call(p, "cuda", lambda: None, torch.device("cpu"))
+    assert p.first_call_cache == "unknown"
+
+
+def test_host_time_and_fractions_of_the_measured_ceilings(cache_dir):
+    c = ceilings.get("cpu", "float32")
+    assert c.source == "measured now" and c.copy_tbps > 0 and c.matmul_tflops > 0
+    p = profile("mlp", "native", size="small", min_time_s=0.02, host_size="tiny", ceilings=c)
+    assert p.status == "ok" and p.host["size"] == "tiny" and p.host["median_ms"] > 0
+    # the tiny problem is ~1000x less work: its time is the per-call floor, well under small's
+    assert p.host["median_ms"] < p.fwd_bwd["median_ms"]
+    tp = p.to_dict()["throughput"]["fwd_bwd"]
+    assert tp["of_matmul"] == pytest.approx(tp["tflops"] / c.matmul_tflops)
+    assert tp["of_copy"] == pytest.approx(tp["tbps"] / c.copy_tbps)
+    assert 0 < tp["of_matmul"] < 2  # a GEMM-bound MLP near, never far above, its own GEMM
+
+
+def test_ceilings_are_measured_once_and_cached_per_device_and_dtype(cache_dir, monkeypatch):
+    first = ceilings.get("cpu", "float32")
+    monkeypatch.setattr(ceilings, "_measure_copy_tbps", lambda d: pytest.fail("measured twice"))
+    monkeypatch.setattr(ceilings, "_measure_matmul_tflops", lambda d, t: pytest.fail("measured twice"))
+    again = ceilings.get("cpu", torch.float32)
+    assert again.source == str(cache_dir / "ceilings.json")
+    assert (again.copy_tbps, again.matmul_tflops) == (first.copy_tbps, first.matmul_tflops)
+    data = json.loads((cache_dir / "ceilings.json").read_text())
+    [key] = data
+    assert "torch " + torch.__version__ in key and "float32" in data[key]["matmul_tflops"]
+    monkeypatch.setattr(ceilings, "_measure_matmul_tflops", lambda d, t: 0.5)
+    assert ceilings.get("cpu", "bf16").matmul_tflops == 0.5  # a new dtype is measured
+
+
+def test_scaling_stretches_one_dimension():
+    dim, points = scaling("layer_norm", "native", size="tiny", factors=(0.5, 1, 2), min_time_s=0.01)
+    assert dim == "rows" and [p["value"] for p in points] == [1, 2, 4]
+    assert all(p["status"] == "ok" and p["fwd_bwd"]["median_ms"] > 0 for p in points)
+    assert points[2]["shape"]["N"] == points[0]["shape"]["N"]  # only rows changes
+
+
+def test_trace_is_a_chrome_trace(tmp_path):
+    p = profile("layer_norm", "native", size="tiny", min_time_s=0.01, trace_dir=tmp_path)
+    data = json.loads((tmp_path / "layer_norm-native.json").read_text())
+    assert p.trace.endswith("layer_norm-native.json") and data["traceEvents"]
+    names = {e.get("name", "") for e in data["traceEvents"]}
+    assert {"layer_norm native fwd+bwd #1", "layer_norm native fwd+bwd #3"} <= names
+    assert "aten::rsqrt" in names  # the ops inside each call, not only our labels
