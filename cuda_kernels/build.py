@@ -143,7 +143,7 @@ def binding_fragments(kernels_dir: Path = KERNELS_DIR) -> list[Path]:
 
 def component_modules(kernels_dir: Path = KERNELS_DIR) -> list[str]:
     """The Python sides of the components present (`cuda_kernels/<component>.py`)."""
-    skip = {"__init__", "build"}
+    skip = {"__init__", "build", "versions"}
     return sorted(p.stem for p in Path(kernels_dir).glob("*.py")
                   if p.stem not in skip and not p.stem.startswith("_"))
 

@@ -21,9 +21,10 @@ kernel; the backward (dgrad, wgrad) runs the version-2 tiled kernels for every v
 
 from __future__ import annotations
 
-import os
 
 import torch
+
+from . import versions
 
 VERSIONS = {
     1: "direct convolution, one thread per output element",
@@ -46,21 +47,8 @@ def uses_tf32(device, dtype) -> bool:
 
 
 def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_CONV_BN if set, else DEFAULT_VERSION."""
-    source = "argument 'version'"
-    if version is None:
-        raw = os.environ.get(ENV_VERSION)
-        if raw is None or raw.strip() == "":
-            return DEFAULT_VERSION
-        source = f"${ENV_VERSION}"
-        try:
-            version = int(raw)
-        except ValueError:
-            version = raw
-    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSIONS:
-        raise ValueError(f"conv_bn: {source} must be one of {sorted(VERSIONS)} (Level 5 "
-                         f"versions of cuda_kernels/conv_bn.cu); got {version!r}")
-    return version
+    """version=None: $LEVELS_CUDA_VERSION_CONV_BN if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
+    return versions.resolve("conv_bn", VERSIONS, DEFAULT_VERSION, version)
 
 
 def _out_hw(H, W, kH, kW, stride, padding):

@@ -25,9 +25,10 @@ Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else DEFA
 
 from __future__ import annotations
 
-import os
 
 import torch
+
+from . import versions
 
 VERSIONS = {
     1: "one thread per row: the CPU loop on the GPU (uncoalesced, M threads)",
@@ -45,21 +46,8 @@ def uses_tf32(device, dtype) -> bool:
 
 
 def resolve_version(version=None) -> int:
-    """The version to run: the argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else 3."""
-    source = "argument 'version'"
-    if version is None:
-        env = os.environ.get(ENV_VERSION)
-        if env is None:
-            return DEFAULT_VERSION
-        source = f"${ENV_VERSION}"
-        try:
-            version = int(env)
-        except ValueError:
-            version = env
-    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSIONS:
-        raise ValueError(f"layer_norm: {source} must be one of {sorted(VERSIONS)} (Level 5 "
-                         f"kernel versions); got {version!r}")
-    return version
+    """version=None: $LEVELS_CUDA_VERSION_LAYER_NORM if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
+    return versions.resolve("layer_norm", VERSIONS, DEFAULT_VERSION, version)
 
 
 # ------------------------------------------------------------------------ registration --

@@ -31,9 +31,10 @@ fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.
 
 from __future__ import annotations
 
-import os
 
 import torch
+
+from . import versions
 import torch.nn.functional as F
 
 VERSIONS = {
@@ -55,19 +56,8 @@ def uses_tf32(device, dtype) -> bool:
 
 
 def resolve_version(version=None) -> int:
-    """version None: $LEVELS_CUDA_VERSION_MLP if set, else DEFAULT_VERSION."""
-    if version is None:
-        env = os.environ.get(ENV_VERSION, "").strip()
-        if env:
-            try:
-                version = int(env)
-            except ValueError:
-                raise ValueError(f"{ENV_VERSION} must be one of {sorted(VERSIONS)}; got {env!r}") from None
-        else:
-            version = DEFAULT_VERSION
-    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSIONS:
-        raise ValueError(f"mlp: argument 'version' must be one of {sorted(VERSIONS)}; got {version!r}")
-    return version
+    """version=None: $LEVELS_CUDA_VERSION_MLP if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
+    return versions.resolve("mlp", VERSIONS, DEFAULT_VERSION, version)
 
 
 def _ops():

@@ -121,8 +121,12 @@ SHAPES = [
     dict(N=3, C_in=19, H=17, W=20, C_out=33, k=3, stride=2, padding=1),
     # padding larger than half the kernel, stride 3: output pixels that see only padding
     dict(N=2, C_in=8, H=5, W=4, C_out=7, k=3, stride=3, padding=3, channels_last=True),
-    # a 1x1 image, 1x1 kernel (ResNet projection-like), 2 pixels in all
-    dict(N=2, C_in=24, H=1, W=1, C_out=9, k=1, stride=1, padding=0, channels_last=True),
+    # a 1x1 image, 1x1 kernel (ResNet projection-like), 5 pixels in all. Not 2: with two
+    # pixels per channel the batch-normalized values are +-sqrt(var / (var + eps)), and the
+    # training gradient through BN is a cancellation of eps size (1 - xhat^2): every fp32
+    # implementation misses the fp32 bound there, PyTorch's own (Level 1) by 30-80x (measured
+    # on the CPU, 3 seeds; the H100 run of Level 5 missed it by the same 60-80x).
+    dict(N=5, C_in=24, H=1, W=1, C_out=9, k=1, stride=1, padding=0, channels_last=True),
 ]
 
 

@@ -1,0 +1,32 @@
+"""Which rung of a Level 5 ladder runs: one rule for every component.
+
+    version=None  ->  $LEVELS_CUDA_VERSION_<COMPONENT> if it is set, else the component's default
+
+so `LEVELS_CUDA_VERSION_MLP=2 levels bench --component mlp --level cuda` times version 2
+without touching the code, and `mlp(..., version=2)` picks one for a single call."""
+
+from __future__ import annotations
+
+import os
+
+
+def env_name(component: str) -> str:
+    return f"LEVELS_CUDA_VERSION_{component.upper()}"
+
+
+def resolve(component: str, versions: dict, default: int, version=None) -> int:
+    """The version to run; a ValueError naming where a bad value came from and the choices."""
+    source = "argument 'version'"
+    if version is None:
+        raw = os.environ.get(env_name(component), "").strip()
+        if not raw:
+            return default
+        source = f"${env_name(component)}"
+        try:
+            version = int(raw)
+        except ValueError:
+            version = raw
+    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
+        raise ValueError(f"{component}: {source} must be one of {sorted(versions)} (the Level 5 "
+                         f"kernel versions); got {version!r}")
+    return version
