@@ -48,7 +48,8 @@
 //       row must fit in registers (N <= 8192), rows aligned as for the forward: otherwise
 //       v3's backward is v2's (said again in the launcher).
 //
-// Measured (H100, 16384 x 4096, kernel time with a primed queue, `levels bench`; TB/s counts
+// Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
+// of `levels bench`; not yet in a committed report under reports/; TB/s counts
 // the bytes each direction must move: forward x + y, backward x + dy + dx):
 //                  forward fp32       forward bf16       backward fp32      backward bf16
 //   v1             0.28 TB/s  0.09x   0.15 TB/s  0.05x   0.15 TB/s  0.05x   0.07 TB/s  0.03x

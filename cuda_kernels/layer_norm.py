@@ -15,7 +15,8 @@ here with torch.library.register_autograd) calls `levels_cuda::layer_norm_bwd` o
 version: forward vN pairs with backward vN. Both are torch custom ops with fake (meta)
 implementations, so they trace into torch.compile graphs.
 
-Measured on an H100 at 16384x4096 (kernel time; the table per version is in layer_norm.cu):
+Measured on an H100 at 16384x4096 during development (kernel time; the table per version is
+in layer_norm.cu; not yet in a committed report: `levels bench --component layer_norm` makes one):
 v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s bf16 (0.98x,
 1.12x); backward 2.64 TB/s fp32 (0.89x copy, 1.05x compile), 2.11 TB/s bf16 (0.73x, 1.05x).
 v1 is 10-40x slower than v3, v2 2-3x.

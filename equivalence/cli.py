@@ -52,6 +52,7 @@ examples:
   levels agree --component lstm                level-vs-level agreement matrix
   levels explain --component mlp --level compile   what a level actually runs
   levels bench --component layer_norm          the speed goals (GPU), vs same-run baselines
+  levels doctor                                what works on this machine, and how to fix the rest
 
 exit codes: 0 all good, 1 a check failed (or a level raised), 2 bad arguments,
             3 nothing could run here (e.g. --device cuda without a GPU)
@@ -191,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--component", help="comma-separated (default: all with a benchmark)")
     p.add_argument("--device")
     p.add_argument("--out", default="levels-reports", help="directory for bench.json")
+    from . import doctor
+    doctor.add_parser(sub)
     return parser
 
 
@@ -649,9 +652,11 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+    from . import doctor
+
     handler = {"check": cmd_check, "compare": cmd_compare, "profile": cmd_profile,
                "select": cmd_select, "agree": cmd_agree, "explain": cmd_explain,
-               "bench": cmd_bench}[args.command]
+               "bench": cmd_bench, "doctor": doctor.run}[args.command]
     try:
         return handler(args, console)
     except NothingToRun as exc:

@@ -76,7 +76,7 @@ LEVELS: tuple[LevelInfo, ...] = (
     LevelInfo(4, "triton", "levels.triton", "Triton kernels",
               "hand-written block-level kernels: we choose tiling, fusion and what stays on chip",
               "we own correctness, the backward pass and the tuning"),
-    LevelInfo(5, "cuda", "levels.cuda", "CUDA C++ (load_inline)",
+    LevelInfo(5, "cuda", "levels.cuda", "CUDA C++ (torch.utils.cpp_extension)",
               "thread-level control: shared memory, warps, registers",
               "the most code, the slowest build, the easiest to get subtly wrong"),
 )

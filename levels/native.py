@@ -67,12 +67,14 @@ def layer_norm(x, weight, bias, eps=1e-5):
 def layer_norm_math(x, weight, bias, eps: float):
     # Written out op by op (F.layer_norm is already a hand-fused kernel, the thing
     # Levels 3-5 rebuild). Each line below is one kernel and one pass over memory.
+    ### BEGIN SOLUTION
     x32 = x.float()
     mean = x32.mean(dim=-1, keepdim=True)
     centered = x32 - mean
     var = (centered * centered).mean(dim=-1, keepdim=True)
     y = centered * torch.rsqrt(var + eps)
     return (y * weight.float() + bias.float()).to(x.dtype)
+    ### END SOLUTION
 
 
 def mlp(x, w1, b1, w2, b2):

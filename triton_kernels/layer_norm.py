@@ -50,6 +50,7 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     row_off = rows.to(tl.int64)
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
+    ### BEGIN SOLUTION
     x = tl.load(x_ptr + row_off[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     mean = tl.sum(x, axis=1) / N
@@ -64,6 +65,7 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
              mask=mask)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    ### END SOLUTION
 
 
 @triton.jit
@@ -82,6 +84,7 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
         row_ok = rows < M
         row_off = rows.to(tl.int64)  # as in the forward: M * N may exceed 2**31
         mask = row_ok[:, None] & col_ok[None, :]
+        ### BEGIN SOLUTION
         x = tl.load(x_ptr + row_off[:, None] * stride_xm + cols[None, :], mask=mask,
                     other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row_off[:, None] * stride_dym + cols[None, :], mask=mask,
@@ -97,6 +100,7 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += tl.sum(dy * xhat, axis=0)
         db_acc += tl.sum(dy, axis=0)
+        ### END SOLUTION
     tl.store(dw_part_ptr + pid * N + cols, dw_acc, mask=col_ok)
     tl.store(db_part_ptr + pid * N + cols, db_acc, mask=col_ok)
 
