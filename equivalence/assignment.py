@@ -225,12 +225,16 @@ def build(components, level_names, out_dir, repo=ROOT) -> list[BuiltPart]:
             what = f"{component}, Level {_LEVEL_NUMBER[level]} ({level})"
             for rel in part_files(component, level):
                 if rel not in files:
-                    continue
+                    continue  # refused below
                 text = new_text.get(rel, (repo / rel).read_text())
                 regions = regions_of(text, rel, component, level)
                 if regions:
                     new_text[rel] = blank(text, rel, regions, what)
                     part.regions[rel] = len(regions)
+            untracked = [f for f in part_files(component, level) if f not in files]
+            if untracked:
+                raise ValueError(f"{component} at level {level}: {', '.join(untracked)} is not "
+                                 f"among {repo}'s tracked files (git ls-files): commit it first")
             if not part.regions:
                 raise ValueError(f"{component} at level {level} has no solution region "
                                  f"(### BEGIN SOLUTION) in {', '.join(part_files(component, level))}: "

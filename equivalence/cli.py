@@ -53,6 +53,8 @@ examples:
   levels explain --component mlp --level compile   what a level actually runs
   levels bench --component layer_norm          the speed goals (GPU), vs same-run baselines
   levels doctor                                what works on this machine, and how to fix the rest
+  levels assignment build --components layer_norm --levels native,triton --out DIR
+  levels grade --repo DIR --gradescope results.json
 
 exit codes: 0 all good, 1 a check failed (or a level raised), 2 bad arguments,
             3 nothing could run here (e.g. --device cuda without a GPU)
@@ -193,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device")
     p.add_argument("--out", default="levels-reports", help="directory for bench.json")
     from . import doctor
+    from .grading import add_parsers as add_instructor_parsers
     doctor.add_parser(sub)
+    add_instructor_parsers(sub)  # `levels assignment build`, `levels grade`
     return parser
 
 
@@ -653,10 +657,12 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
     from . import doctor
+    from .grading import run_assignment, run_grade
 
     handler = {"check": cmd_check, "compare": cmd_compare, "profile": cmd_profile,
                "select": cmd_select, "agree": cmd_agree, "explain": cmd_explain,
-               "bench": cmd_bench, "doctor": doctor.run}[args.command]
+               "bench": cmd_bench, "doctor": doctor.run, "assignment": run_assignment,
+               "grade": run_grade}[args.command]
     try:
         return handler(args, console)
     except NothingToRun as exc:
