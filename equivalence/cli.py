@@ -207,14 +207,7 @@ def _device(value: str | None) -> str:
     import torch
 
     from . import environment
-    if value is None:
-        return str(environment.default_device())
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"argument '--device' must be cpu, cuda or cuda:N; got {value!r}")
+    device = environment.parse_device(value)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch is a CPU-only build (torch.version.cuda is None)"

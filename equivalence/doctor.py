@@ -418,19 +418,9 @@ def _level_rows(device, env: _Env) -> list[LevelRow]:
 def parse_device(value: str | None):
     """The device to diagnose. A malformed name is ValueError (exit 2); a valid one this
     machine lacks is diagnosed, not refused: saying why it is missing is the point."""
-    import torch
+    from .environment import parse_device as parse
 
-    from .environment import default_device
-
-    if value is None:
-        return default_device()
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"argument '--device' must be cpu, cuda or cuda:N; got {value!r}")
-    return device
+    return parse(value)
 
 
 def diagnose(device=None) -> Report:

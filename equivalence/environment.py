@@ -34,3 +34,19 @@ def describe(device="cpu") -> dict:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_device(value: str | None) -> torch.device:
+    """A --device value as a torch.device (None: the default device). A malformed name, or a
+    device type the levels do not run on, is a ValueError naming the choices; whether this
+    machine has that device is the caller's question (`levels doctor` diagnoses it, the
+    other commands refuse it)."""
+    if value is None:
+        return default_device()
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"argument '--device' must be cpu, cuda or cuda:N; got {value!r}")
+    return device
