@@ -17,6 +17,20 @@ DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
 
 
+def zero_gradient_scales(args, upstream, grads):
+    # One key: a softmax over a single score is exactly 1 whatever q and k are, so out = v
+    # and the gradients of q and k are exactly 0; a level's rounding-sized residue divided
+    # by a zero norm means nothing. Measure them against the size they have before the
+    # softmax's cancellation: dS would be dP = dO . v, so scale * dP k for q and
+    # scale * sum_i dP_i q_i for k.
+    q, k, v = args["q"], args["k"], args["v"]
+    if k.shape[2] != 1:
+        return {}
+    scale = args.get("scale") or q.shape[-1] ** -0.5
+    dp = (upstream[0] * v).sum(-1, keepdim=True)  # (B, H, Nq, 1)
+    return {"q": scale * dp * k, "k": scale * (dp * q).sum(2, keepdim=True)}
+
+
 def strided(args):
     """q, k and v cut out of one packed projection, as a fused qkv Linear produces them:
     a (B, N, 3, H, D) buffer viewed as three (B, H, N, D) tensors (no dimension has unit

@@ -1,0 +1,43 @@
+"""Determinism: the same inputs twice give bitwise the same outputs and gradients, at every
+level that runs here (tiny sizes, float32, both layouts, every variant).
+
+A level that is not deterministic must say why (atomics, autotuning) and the case is an
+xfail(strict=True) with that reason here. On the CPU none is: Levels 1-3 call the same
+library kernels with fixed threading, and Level 4 (the interpreter) reduces without atomics
+(triton_kernels/layer_norm.py, conv_bn.py, gemm.py say so). The first call is compared with
+the second, so a level that runs different code once warm (TorchScript's profiling executor
+fuses from the second call on) must still give the same bits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import levels
+import levels.triton  # noqa: F401  (first: the interpreter must be on before triton loads)
+from equivalence import specs
+from equivalence.check import poisoned_allocations, reference_case, run_case
+from levels.contract import COMPONENTS
+
+CASES = [(c, v, lay) for c in COMPONENTS for v in specs.get(c).variants for lay in specs.LAYOUTS]
+
+
+@pytest.mark.parametrize("level", ("native", "torchscript", "compile", "triton"))
+@pytest.mark.parametrize("component, variant, layout", CASES)
+def test_same_inputs_give_the_same_bits(level, component, variant, layout):
+    reason = levels.status(level, "cpu", component)
+    if reason:
+        pytest.skip(f"{level}: {reason}")
+    case = specs.get(component).case("tiny", variant, torch.float32, "cpu", seed=3, layout=layout)
+    _, _, upstream, _ = reference_case(case, seed=3)
+    fn = getattr(levels.get(level), component)
+    runs = []
+    for _ in range(2):
+        with poisoned_allocations():  # NaN where nothing was written: unwritten memory differs
+            runs.append(run_case(fn, case, upstream=upstream))
+    (outs1, grads1), (outs2, grads2) = runs
+    for name, a, b in zip(case.outputs, outs1, outs2):
+        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}]: {name} differs"
+    for name, a, b in zip(case.differentiable, grads1, grads2):
+        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}]: grad {name} differs"
