@@ -12,7 +12,11 @@ round trip per op. Autograd works through scripted functions: the executor build
 
 What it costs:
   * A restricted language (types are annotated, no arbitrary Python) and a warm-up
-    before the optimized graph exists; new shapes or dtypes re-profile.
+    before the optimized graph exists; new shapes or dtypes re-profile. The profiling
+    calls and the optimized graph round differently (the optimized graph is specialized and
+    may order operations differently), so the first calls of a shape and later ones can
+    differ in the last bits; once settled, the same inputs give the same bits
+    (tests/test_determinism.py).
   * Fusion only happens where the fuser has a code generator: CUDA by default. On the CPU
     the fuser needs a PyTorch built with LLVM, which the standard wheels are not, so on a
     CPU this level runs the same ATen kernels as Level 1 through an interpreter
