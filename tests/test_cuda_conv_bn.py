@@ -13,7 +13,6 @@ code (PTX for sm_80 and sm_90)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -31,31 +30,6 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 # ------------------------------------------------------------------------------ CPU --
-
-def test_every_version_is_named_in_the_kernel_file_and_the_module():
-    opening = CU.read_text().split("#include")[0]
-    for v in VERSIONS:
-        assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from {CU.name}'s header"
-    assert cb.DEFAULT_VERSION in cb.VERSIONS
-    # v3 runs fp32 on v2 (exact): no version declares TF32.
-    assert cb.uses_tf32(torch.device("cuda"), torch.float32) is False
-
-
-def test_version_comes_from_argument_then_environment_then_default(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
-    assert cb.resolve_version() == cb.DEFAULT_VERSION
-    assert cb.resolve_version(1) == 1
-    monkeypatch.setenv(ENV, "2")
-    assert cb.resolve_version() == 2
-    assert cb.resolve_version(3) == 3  # the argument wins
-    monkeypatch.setenv(ENV, "nine")
-    with pytest.raises(ValueError, match=rf"conv_bn: \${ENV} must be one of \[1, 2, 3\].*'nine'"):
-        cb.resolve_version()
-    with pytest.raises(ValueError, match=r"conv_bn: argument 'version' must be one of"):
-        cb.resolve_version(4)
-    with pytest.raises(ValueError, match=r"argument 'version'"):
-        cb.resolve_version(True)
-
 
 def test_float64_is_refused_by_name():
     args = specs.get("conv_bn").module.make_args(specs.get("conv_bn").sizes["tiny"], torch.float64,

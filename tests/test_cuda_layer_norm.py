@@ -36,30 +36,6 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 # ------------------------------------------------------------------------------ CPU --
 
-def test_every_version_is_named_in_the_kernel_file_and_the_module():
-    opening = CU.read_text().split("#include")[0]
-    for v in VERSIONS:
-        assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from {CU.name}'s header"
-    assert ln.DEFAULT_VERSION in ln.VERSIONS
-    assert ln.uses_tf32(torch.device("cuda"), torch.float32) is False
-
-
-def test_version_comes_from_argument_then_environment_then_default(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
-    assert ln.resolve_version() == ln.DEFAULT_VERSION
-    assert ln.resolve_version(1) == 1
-    monkeypatch.setenv(ENV, "2")
-    assert ln.resolve_version() == 2
-    assert ln.resolve_version(3) == 3  # the argument wins
-    monkeypatch.setenv(ENV, "nine")
-    with pytest.raises(ValueError, match=rf"\${ENV} must be one of \[1, 2, 3\].*'nine'"):
-        ln.resolve_version()
-    with pytest.raises(ValueError, match=r"layer_norm: argument 'version' must be one of"):
-        ln.resolve_version(4)
-    with pytest.raises(ValueError, match=r"argument 'version'"):
-        ln.resolve_version(True)
-
-
 def test_rows_view_copies_only_when_the_last_dimension_is_strided():
     x = torch.randn(4, 5, 6)
     assert ln._rows(x).data_ptr() == x.data_ptr()

@@ -35,21 +35,6 @@ GEMM_CU = Path(K5.__file__).with_name("gemm.cu")
 
 # ------------------------------------------------------------------------ CPU: Python --
 
-def test_versions_and_environment(monkeypatch):
-    assert VERSIONS == [1, 2, 3, 4] and K5.DEFAULT_VERSION in K5.VERSIONS
-    monkeypatch.delenv(K5.ENV_VERSION, raising=False)
-    assert K5.resolve_version() == K5.DEFAULT_VERSION
-    monkeypatch.setenv(K5.ENV_VERSION, "2")
-    assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
-    for bad in (0, 5, "4", True):
-        with pytest.raises(ValueError, match="version"):
-            K5.resolve_version(bad)
-    monkeypatch.setenv(K5.ENV_VERSION, "fast")
-    with pytest.raises(ValueError, match=K5.ENV_VERSION):
-        K5.resolve_version()
-    assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
-
-
 @pytest.mark.parametrize("make", [
     lambda: torch.randn(5, 17),                        # K % 8 != 0: padded rows
     lambda: torch.randn(24, 16).t(),                   # column-major
