@@ -65,6 +65,7 @@ inline void check(int status, const char* op, int64_t version) {
     case -1: why = "this version does not exist"; break;
     case -2: why = "this version does not support this dtype"; break;
     case -3: why = "this version does not support these sizes or layouts"; break;
+    case -4: why = "this version needs instructions this GPU does not have (wgmma: sm_90); pick a lower version"; break;
     default: why = std::string("CUDA error: ") + cudaGetErrorString(static_cast<cudaError_t>(status));
   }
   fail(std::string("levels_cuda::") + op + " (version " + std::to_string(version) + "): " + why);

@@ -3,7 +3,7 @@ torch/CUDA/GPU by torch's JIT extension builder (`torch.utils.cpp_extension.load
 `load_inline` with LEVELS_CUDA_BUILDER=inline), loaded as torch custom ops.
 
     from cuda_kernels import build
-    ops = build.ops()                 # builds on first use (~1 min cold on 16 cores, < 1 s warm)
+    ops = build.ops()                 # builds on first use (~10 s cold on 16 cores, < 1 s warm)
     ops.layer_norm_fwd(x, w, b, 1e-5, 3)
     build.last_build()                # {"seconds": 0.4, "cached": True, "dir": "..."}
     build.ptxas_report("cuda_kernels/layer_norm.cu")   # registers/smem/spills; nvcc only
@@ -18,8 +18,10 @@ files and one binding; for the real kernel files it is nvcc's optimizer):
     machinery: it writes its strings to files and calls the same builder) concatenates all
     CUDA sources into one cuda.cu, so one nvcc process compiles them one after another.
     Measured on the H100 (16 cores; reports/h100-level5.json): cold 174 s "files" vs 207 s
-    "inline" with the three part-A files, and 59 s "files" with nvcc's --split-compile=0
-    (below). LEVELS_CUDA_BUILDER=inline builds the load_inline way, for comparison;
+    "inline" with the three part-A files, 59 s "files" with nvcc's --split-compile=0
+    (below), and 7.3 s "files" (14.7 s "inline") once gemm.cu's epilogue was written once
+    per kernel instead of once per accumulator (store_tile: the file went from ~100 s to
+    ~20 s of single-threaded nvcc). LEVELS_CUDA_BUILDER=inline builds the load_inline way;
   * `--split-compile=0`: nvcc runs its optimizer (cicc) and ptxas on one thread per kernel
     group, up to the core count, instead of one thread per file: 174 s -> 59 s cold. The
     kernel files are ladders of templates (version x dtype x epilogue x tile), so one file
@@ -613,7 +615,7 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
         before = so.stat().st_mtime_ns if so.exists() else None
         expected_warm = before is not None and record.get("stamp") == stamp
         if not expected_warm:
-            log(f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, about a minute)...")
+            log(f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~10 s on 16 cores)...")
         t0 = time.perf_counter()
         try:
             path = builder(directory, verbose)

@@ -23,6 +23,7 @@ enum LevelsStatus {
   LEVELS_BAD_VERSION = -1,      // no such version of this kernel
   LEVELS_BAD_DTYPE = -2,        // this version does not support this dtype
   LEVELS_UNSUPPORTED = -3,      // a size/layout this version cannot run (message in Python)
+  LEVELS_BAD_ARCH = -4,         // this version needs instructions this GPU does not have
 };
 
 static inline int levels_launch_status() { return (int)cudaGetLastError(); }

@@ -19,7 +19,7 @@
 //   v3  implicit GEMM on the tensor cores (WMMA 16x16x16 fragments, fp16/bf16 operands,
 //       fp32 accumulation), 128x128x32 block tiles, the A and B tiles copied global ->
 //       shared with cp.async (16 bytes per copy, zero-filled at the padding) in a
-//       3-stage pipeline, so the copies of tile t+2 are in flight while the tensor cores
+//       4-stage pipeline, so the copies of tiles t+1..t+3 are in flight while the tensor cores
 //       work on tile t; BatchNorm (eval) folded into the weight and a per-channel bias
 //       added in the epilogue. Costs: 16-byte copies need C_in % 8 == 0 and 16-byte
 //       aligned rows (otherwise a scalar gather path fills the same tiles, slower);
@@ -321,18 +321,24 @@ struct ConvWgrad {
 }  // namespace tiled
 
 // =========================================================================================
-// Version 3: implicit GEMM on the tensor cores (WMMA), cp.async 3-stage pipeline.
+// Version 3: implicit GEMM on the tensor cores (WMMA), cp.async 4-stage pipeline.
 // Block tile 128 (pixels) x 128 (output channels) x 32 (k); 8 warps as 2 x 4, each warp a
 // 64 x 32 tile = 4 x 2 WMMA accumulators (64 fp32 registers per thread).
 // =========================================================================================
 namespace wmma_conv {
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, THREADS = 256;
+// STAGES: a build-time knob (-DLEVELS_CONV_V3_STAGES=n through LEVELS_CUDA_NVCC_FLAGS) so
+// that scripts/device_level5.py's sweep can measure the pipeline depth; the default is
+// what the sweep chose (reports/h100-level5.json: 4 stages 0.485 ms, 3: 0.505, 5: 0.516).
+#ifndef LEVELS_CONV_V3_STAGES
+#define LEVELS_CONV_V3_STAGES 4
+#endif
+constexpr int BM = 128, BN = 128, BK = 32, STAGES = LEVELS_CONV_V3_STAGES, THREADS = 256;
 constexpr int LDS = BK + 8;  // shared row pitch in elements: 80 bytes, so the 8 rows one WMMA
                              // load touches start in different banks; a multiple of 16 bytes
                              // (cp.async) and 16 rows = 1280 bytes keep fragments 32-byte aligned
 constexpr int WARPS_N = 4, WM = 64, WN = 32, FM = WM / 16, FN = WN / 16;
 constexpr int STAGE_ELEMS = (BM + BN) * LDS;
-constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;  // 61440: above the 48 KB default, opt in
+constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;  // 81920 at 4 stages: above the 48 KB default, opt in
 constexpr int EPI_LD = 20;                            // fp32 epilogue scratch pitch (16 + 4)
 static_assert(8 * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch must fit in the pipeline's smem");
 

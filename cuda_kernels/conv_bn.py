@@ -29,7 +29,7 @@ from . import versions
 VERSIONS = {
     1: "direct convolution, one thread per output element",
     2: "implicit GEMM with shared-memory tiles and 4x4 register tiles (CUDA cores, exact fp32)",
-    3: "implicit GEMM on tensor cores (WMMA, cp.async 3-stage pipeline), BN folded in the "
+    3: "implicit GEMM on tensor cores (WMMA, cp.async 4-stage pipeline), BN folded in the "
        "epilogue; fp32 inputs run version 2",
 }
 DEFAULT_VERSION = 3

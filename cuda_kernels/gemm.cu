@@ -1,5 +1,5 @@
 // gemm.cu — C[M,N] (+)= A[M,K] · B[K,N] with a fused epilogue: Level 5's matrix product,
-// a ladder of four versions (serves the MLP now, conv and the LSTM later).
+// a ladder of five versions (serves the MLP now, conv and the LSTM later).
 //
 //   version 1  naive: one thread per output element, the K loop straight from global
 //              memory. Threads of a warp take consecutive columns n, so the B and C accesses
@@ -24,13 +24,21 @@
 //              and the Python side copies: cuda_kernels/mlp.py).
 //              fp32 inputs in version 4 run version 3: exact fp32, no TF32 (the fp32 bound
 //              1e-5 stays; a TF32 path would have to be declared and held to 4e-3).
-//              Not here yet (the next rungs): ldmatrix.trans for N-major operands (no
-//              copies in backward), an epilogue staged through shared memory for 16-byte
-//              stores, and Hopper wgmma + TMA with producer/consumer warps (what cuBLAS
-//              runs on an H100).
+//   version 5  Hopper warpgroup MMA (sm_90 only): wgmma.mma_async reads both operands
+//              straight from the same swizzled shared memory through matrix descriptors
+//              (no ldmatrix, no fragments), 64x128x16 per instruction per warpgroup, issued
+//              asynchronously; twice version 4's tensor-core rate is available this way on
+//              an H100. Costs: Hopper only (elsewhere LEVELS_BAD_ARCH: run version 4), the
+//              descriptor encoding, 128 accumulator registers per thread.
+//              Not here yet (the next rungs): ldmatrix.trans / transposed descriptors for
+//              N-major operands (no copies in backward), TMA loads with producer/consumer
+//              warpgroups and mbarriers (what cuBLAS runs on an H100).
 //
-// Every version ends in the same epilogue, applied to the fp32 accumulator in registers
-// before the single store — that is where fusion is free:
+// Every version ends in the same epilogue, applied to the fp32 accumulator before the
+// single store — that is where fusion is free. Versions 1 and 2 apply it per element from
+// registers; versions 3 and 4 first stage the block's tile in shared memory (store_tile):
+// 16-byte stores of 8 neighbouring columns, and one copy of the epilogue code per kernel
+// instead of one per accumulator (a 2.4x shorter compile of this file):
 //   EPI_NONE       c = acc (+ bias[n])                   (+ old c when accumulate)
 //   EPI_GELU       c = GELU(acc + bias[n])               exact GELU (erf), not the tanh one
 //   EPI_GELU_SAVE  aux = acc + bias[n]; c = GELU(aux)    the pre-activation that backward needs
@@ -92,16 +100,8 @@ __device__ __forceinline__ void finish(float v, int64_t m, int64_t n, const EpiA
   *c = from_f32<TC>(v);
 }
 
-// Two neighbouring columns (n, n+1) of one row, as version 4's accumulator fragments hold
-// them: one 4- or 8-byte access instead of two scattered ones where C (and aux) are
-// contiguous along N and aligned, else element by element.
+// Two 16-bit values <-> two floats (the packed types __half2 / __nv_bfloat162).
 template <typename T> struct Pair;
-template <> struct Pair<float> {
-  using V = float2;
-  static __device__ __forceinline__ V make(float a, float b) { return make_float2(a, b); }
-  static __device__ __forceinline__ float lo(V v) { return v.x; }
-  static __device__ __forceinline__ float hi(V v) { return v.y; }
-};
 template <> struct Pair<__half> {
   using V = __half2;
   static __device__ __forceinline__ V make(float a, float b) { return __floats2half2_rn(a, b); }
@@ -115,46 +115,101 @@ template <> struct Pair<__nv_bfloat16> {
   static __device__ __forceinline__ float hi(V v) { return __high2float(v); }
 };
 
+// Eight neighbouring columns of one row as one (or two, for fp32) 16-byte access: what the
+// staged epilogue below moves per thread where C (and aux) are contiguous along N.
 template <typename T>
-__device__ __forceinline__ bool pair_aligned(const void* p, int64_t stride) {
-  return stride == 1 && reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  if constexpr (std::is_same<T, float>::value) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const typename Pair<T>::V* h = reinterpret_cast<const typename Pair<T>::V*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = Pair<T>::lo(h[i]);
+      v[2 * i + 1] = Pair<T>::hi(h[i]);
+    }
+  }
 }
 
-template <typename T, typename TC>
-__device__ __forceinline__ void finish_pair(float v0, float v1, int64_t m, int64_t n, int64_t N,
-                                            const EpiArgs& ep) {
-  TC* c = static_cast<TC*>(ep.c) + m * ep.stride_cm + n * ep.stride_cn;
-  // aux exists only for the epilogues that read or write it (it is nullptr otherwise)
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  if constexpr (std::is_same<T, float>::value) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint4 raw;
+    typename Pair<T>::V* h = reinterpret_cast<typename Pair<T>::V*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = Pair<T>::make(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The staged epilogue of versions 3 and 4: the block's finished accumulators sit in shared
+// memory as a ROWS x COLS fp32 tile (row stride ld floats) for output rows m0.., columns
+// n0..; every thread takes 8 consecutive columns of one row at a time, so a warp writes
+// whole 128-byte segments of C with 16-byte stores — from registers, each thread would own
+// scattered pairs of columns (the mma fragment layout) or 4-column strips (version 3).
+// Second reason: the loop is written once. The unrolled alternative (one inlined copy of
+// the epilogue per accumulator: 64 per thread, each with erff/expf) made gemm.cu take
+// ~100 s to compile; this way a kernel holds one copy.
+// Where C or aux is not contiguous along N, or unaligned, or the tile's right edge cuts
+// the chunk, the chunk goes element by element through finish(): any strides work.
+template <typename T, typename TC, int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0, int64_t n0, int64_t M,
+                                           int64_t N, const EpiArgs& ep) {
+  static_assert(COLS % 8 == 0, "whole chunks of 8 columns");
+  constexpr int CHUNKS = COLS / 8;
   const bool has_aux = ep.kind == EPI_GELU_SAVE || ep.kind == EPI_GELU_GRAD;
-  T* x = has_aux ? static_cast<T*>(ep.aux) + m * ep.stride_xm + n * ep.stride_xn : nullptr;
-  const bool pair = n + 1 < N && pair_aligned<TC>(c, ep.stride_cn) && (!has_aux || pair_aligned<T>(x, ep.stride_xn));
-  if (!pair) {
-    if (n < N) finish<T, TC>(v0, m, n, ep);
-    if (n + 1 < N) finish<T, TC>(v1, m, n + 1, ep);
-    return;
+#pragma unroll 1
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+    const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
+    const int64_t m = m0 + r, n = n0 + c8;
+    if (m >= M || n >= N) continue;
+    float v[8];
+    load8<float>(tile + r * ld + c8, v);
+    TC* c = static_cast<TC*>(ep.c) + m * ep.stride_cm + n * ep.stride_cn;
+    T* x = has_aux ? static_cast<T*>(ep.aux) + m * ep.stride_xm + n * ep.stride_xn : nullptr;
+    const bool vec = n + 8 <= N && ep.stride_cn == 1 && aligned16(c) &&
+                     (!has_aux || (ep.stride_xn == 1 && aligned16(x)));
+    if (!vec) {
+#pragma unroll 1
+      for (int j = 0; j < 8 && n + j < N; ++j) {
+        float vj = v[0];  // v[j] by selects: indexing v with a variable would put v in local memory
+#pragma unroll
+        for (int q = 1; q < 8; ++q) vj = q == j ? v[q] : vj;
+        finish<T, TC>(vj, m, n + j, ep);
+      }
+      continue;
+    }
+    if (ep.accumulate) {
+      float old[8];
+      load8<TC>(c, old);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += old[j];
+    }
+    if (ep.bias) {
+      const T* b = static_cast<const T*>(ep.bias) + n * ep.stride_bias;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += to_f32<T>(b[j * ep.stride_bias]);  // 1-D, L1-resident
+    }
+    if (ep.kind == EPI_GELU_SAVE) store8<T>(x, v);
+    if (ep.kind == EPI_GELU || ep.kind == EPI_GELU_SAVE) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = gelu(v[j]);
+    }
+    if (ep.kind == EPI_GELU_GRAD) {
+      float h[8];
+      load8<T>(x, h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] *= gelu_grad(h[j]);
+    }
+    store8<TC>(c, v);
   }
-  if (ep.accumulate) {
-    const typename Pair<TC>::V old = *reinterpret_cast<const typename Pair<TC>::V*>(c);
-    v0 += Pair<TC>::lo(old);
-    v1 += Pair<TC>::hi(old);
-  }
-  if (ep.bias) {
-    const T* b = static_cast<const T*>(ep.bias);
-    v0 += to_f32<T>(b[n * ep.stride_bias]);
-    v1 += to_f32<T>(b[(n + 1) * ep.stride_bias]);
-  }
-  typename Pair<T>::V* xv = reinterpret_cast<typename Pair<T>::V*>(x);
-  if (ep.kind == EPI_GELU_SAVE) *xv = Pair<T>::make(v0, v1);
-  if (ep.kind == EPI_GELU || ep.kind == EPI_GELU_SAVE) {
-    v0 = gelu(v0);
-    v1 = gelu(v1);
-  }
-  if (ep.kind == EPI_GELU_GRAD) {
-    const typename Pair<T>::V h = *xv;
-    v0 *= gelu_grad(Pair<T>::lo(h));
-    v1 *= gelu_grad(Pair<T>::hi(h));
-  }
-  *reinterpret_cast<typename Pair<TC>::V*>(c) = Pair<TC>::make(v0, v1);
 }
 
 // =====================================================================================
@@ -222,6 +277,8 @@ __global__ void gemm_v2_kernel(const T* __restrict__ A, int64_t stride_am, int64
 // =====================================================================================
 constexpr int V3_BM = 128, V3_BN = 128, V3_BK = 8, V3_TM = 8, V3_TN = 8;
 constexpr int V3_THREADS = (V3_BM / V3_TM) * (V3_BN / V3_TN);  // 256
+constexpr int V3_LD = V3_BN + 4;  // staged rows padded: a thread's float4 stores hit distinct banks
+constexpr int V3_SMEM = (V3_BM / 2) * V3_LD > V3_BK * (V3_BM + V3_BN) ? (V3_BM / 2) * V3_LD : V3_BK * (V3_BM + V3_BN);
 
 template <typename T, typename TC>
 __global__ void __launch_bounds__(V3_THREADS)
@@ -230,8 +287,11 @@ gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
                int64_t M, int64_t N, int64_t K, EpiArgs ep) {
   // Both tiles k-major in shared memory, so that for one k a thread reads its 8 rows of A
   // and its 8 columns of B as contiguous float4s.
-  __shared__ __align__(16) float As[V3_BK][V3_BM];
-  __shared__ __align__(16) float Bs[V3_BK][V3_BN];
+  // One buffer, two uses: the A and B tiles during the K loop, then half of the output
+  // tile (64 rows) at a time for the staged epilogue (store_tile).
+  __shared__ __align__(16) float smem[V3_SMEM];
+  float (*As)[V3_BM] = reinterpret_cast<float (*)[V3_BM]>(smem);
+  float (*Bs)[V3_BN] = reinterpret_cast<float (*)[V3_BN]>(smem + V3_BK * V3_BM);
   const int tid = threadIdx.x;
   const int tx = tid % (V3_BN / V3_TN), ty = tid / (V3_BN / V3_TN);  // 16 x 16 threads
   const int64_t tiles_n = cdiv(N, V3_BN);
@@ -275,14 +335,20 @@ gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
     }
     __syncthreads();
   }
+  // Epilogue in two halves (rows 0-63: acc[0..3], rows 64-127: acc[4..7]) through shared
+  // memory; the K loop's last barrier already freed the tiles.
 #pragma unroll
-  for (int i = 0; i < V3_TM; ++i) {
-    const int64_t m = m0 + (i / 4) * 64 + ty * 4 + (i % 4);
+  for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int j = 0; j < V3_TN; ++j) {
-      const int64_t n = n0 + (j / 4) * 64 + tx * 4 + (j % 4);
-      if (m < M && n < N) finish<T, TC>(acc[i][j], m, n, ep);
+    for (int i = 0; i < 4; ++i) {
+      float* row = smem + (ty * 4 + i) * V3_LD;
+      const float* a = acc[half * 4 + i];
+      *reinterpret_cast<float4*>(row + tx * 4) = make_float4(a[0], a[1], a[2], a[3]);
+      *reinterpret_cast<float4*>(row + 64 + tx * 4) = make_float4(a[4], a[5], a[6], a[7]);
     }
+    __syncthreads();
+    store_tile<T, TC, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
+    __syncthreads();  // the second half overwrites the buffer
   }
 }
 
@@ -377,7 +443,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
   constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
   constexpr int MT = WTM / 16, NT = WTN / 8;
   static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sA = reinterpret_cast<T*>(smem_raw);  // [STAGES][BM][BK], swizzled
   T* sB = sA + STAGES * BM * V4_BK;         // [STAGES][BN][BK], swizzled
 
@@ -449,22 +515,215 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     }
   }
   cp_async_wait<0>();  // nothing useful is pending; leave no copy in flight at exit
+  __syncthreads();     // every warp is done reading the last tiles: the buffer is free
 
-  // Epilogue from the accumulator fragments: lane holds rows g and g+8 (g = lane/4),
-  // columns 2*(lane%4) and +1 of each m16n8 tile, stored as pairs (finish_pair). Not done
-  // yet: staging the tile through shared memory for 16-byte stores.
+  // Epilogue: the accumulator fragments go to shared memory as an fp32 BM x BN tile (a
+  // lane holds rows g and g+8, g = lane/4, columns 2*(lane%4) and +1 of each m16n8 tile),
+  // then store_tile applies bias/GELU and writes C in 16-byte chunks. Rows are padded by 8
+  // floats: the float2 stores of a half-warp (rows g..g+3) then fall in distinct banks.
+  constexpr int LD = BN + 8;
+  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * V4_BK * (int)sizeof(T), "staged tile fits");
+  float* tile = reinterpret_cast<float*>(smem_raw);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t m = m0 + wm * WTM + mt * 16 + (lane >> 2) + h * 8;
-        const int64_t n = n0 + wn * WTN + nt * 8 + (lane & 3) * 2;
-        if (m < M) finish_pair<T, TC>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1], m, n, N, ep);
+        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
+        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
-    }
+  __syncthreads();
+  store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+}
+
+// =====================================================================================
+// version 5: Hopper warpgroup MMA (wgmma) — sm_90a only
+// =====================================================================================
+// What changes from version 4:
+//   * the unit of work is a warpgroup (4 warps, 128 threads), and one instruction,
+//     wgmma.mma_async m64n128k16, multiplies a 64x16 tile of A by a 16x128 tile of B into
+//     64 fp32 registers per thread. On an H100 this is the only way to the tensor cores'
+//     full rate: mma.sync (version 4) issues at about half of it;
+//   * both operands are read by the tensor cores straight from shared memory, described
+//     by a 64-bit "matrix descriptor" (address, strides, swizzle mode) — no ldmatrix, no
+//     fragments in registers. The shared layout is version 4's XOR swizzle, which is
+//     exactly the 128-byte swizzle the hardware understands (rows of 64 bf16 = 128 bytes,
+//     16-byte chunk c of row r at chunk c ^ (r % 8), 8-row groups 1024 bytes apart);
+//   * the instruction is asynchronous: issued, then committed as a group, then waited for
+//     (wgmma.commit_group / wait_group), so a warp can run ahead of its tensor cores.
+// Block tile 128 x BN (BN = 256 or 128), K step 64, two warpgroups (256 threads), each
+// owning 64 rows and all BN columns (BN/128 instructions per k16 step); all 256 threads
+// load tiles with version 4's cp.async pipeline (STAGES deep), and one group of MMAs stays
+// in flight across the loop's barrier.
+// Costs and limits: sm_90 only (other GPUs: LEVELS_BAD_ARCH, so version 4 is the one to
+// run there); 128 accumulator registers per thread at BN = 256; the same K-major layout
+// rules as version 4. Not here (the next rungs, fast.cu's path to 1.0x cuBLAS): TMA for the
+// loads, producer/consumer warpgroups with mbarriers so loads and MMAs overlap without
+// block-wide barriers, a persistent grid, clusters with TMA multicast.
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LEVELS_HAS_WGMMA 1
+#endif
+
+// STAGES: 4 x 48 KB at BN = 256 (5 would not fit in 227 KB). A build-time knob
+// (-DLEVELS_GEMM_V5_STAGES=n through LEVELS_CUDA_NVCC_FLAGS) for scripts/device_level5.py's sweep.
+#ifndef LEVELS_GEMM_V5_STAGES
+#define LEVELS_GEMM_V5_STAGES 4
+#endif
+constexpr int V5_STAGES = LEVELS_GEMM_V5_STAGES;
+static_assert(V5_STAGES >= 3, "one stage being read, one in flight, one being filled");
+
+// The shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout,
+// starting at shared address `addr` (1024-byte aligned for the first k16 slice; the next
+// slices of the same rows start 32, 64, 96 bytes further, which the hardware's swizzle
+// — computed from the address bits — handles).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);  // start address, in 16-byte units
+  desc |= (uint64_t)(16 >> 4) << 16;                  // leading-dimension byte offset (unused when swizzled K-major)
+  desc |= (uint64_t)(1024 >> 4) << 32;                // stride byte offset: 8 rows x 128 B to the next 8 rows
+  desc |= (uint64_t)1 << 62;                          // swizzle mode 1 = 128-byte
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes shared memory through the "generic proxy"; wgmma reads it through the
+// "async proxy": this fence orders the first before the second.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// An empty asm that "uses and redefines" an accumulator: keeps the compiler from reading
+// or moving it across the asynchronous MMA's issue and wait.
+__device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// One instruction for both 16-bit input types (TYPE: bf16 or f16): 64 accumulator registers
+// in, 64 out ("+f"), the two descriptors, and scale-d = 1 (D = A.B + D) as a predicate.
+#define LEVELS_WGMMA_M64N128K16(TYPE)                                                        \
+  asm volatile(                                                                           \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." #TYPE "." #TYPE " {"                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(desc_a), "l"(desc_b), "r"(1))
+
+// d[64] += A(64x16, descriptor) . B(16x128, descriptor), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+#ifdef LEVELS_HAS_WGMMA
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    LEVELS_WGMMA_M64N128K16(bf16);
+  } else {
+    LEVELS_WGMMA_M64N128K16(f16);
   }
+#endif
+}
+
+template <typename T, typename TC, int BN>
+__global__ void __launch_bounds__(256, 1)
+gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
+               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, THREADS = 256, NB = BN / 128;  // NB: m64n128 instructions per k16 step
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The swizzle pattern repeats every 1024 bytes and the descriptors assume tiles start on
+  // that boundary: align by hand (the launcher asks for 1 KB extra).
+  const uint32_t raw = smem_addr(smem_raw);
+  T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][BM][64]
+  T* sB = sA + V5_STAGES * BM * V4_BK;                                      // [STAGES][BN][64]
+
+  const int64_t grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
+  const int64_t pid = blockIdx.x, group = V4_GROUP_M * grid_n;
+  const int64_t first_m = (pid / group) * V4_GROUP_M;
+  const int64_t rows_in_group = grid_m - first_m < V4_GROUP_M ? grid_m - first_m : V4_GROUP_M;
+  const int64_t m0 = (first_m + (pid % group) % rows_in_group) * BM;
+  const int64_t n0 = ((pid % group) / rows_in_group) * BN;
+
+  const int wg = threadIdx.x / 128;  // warpgroup: rows wg*64 .. wg*64+63 of the tile
+  const int KT = (int)cdiv(K, V4_BK);
+  float acc[NB][64];
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+
+  // The pipeline keeps one group of MMAs in flight across iterations (wait_group 1): the
+  // tensor cores work on tile kt while the warps pass the barrier and start the copies of
+  // a later tile. So a stage may be refilled only once the MMAs two tiles back are done:
+  // copies run STAGES-2 tiles ahead (version 4: STAGES-1).
+#pragma unroll
+  for (int s = 0; s < V5_STAGES - 2; ++s) {
+    if (s < KT) {
+      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)s * V4_BK, K);
+      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)s * V4_BK, K);
+    }
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<V5_STAGES - 3>();  // this thread's copies of tile kt have landed
+    fence_proxy_async();
+    // After the barrier: tile kt is complete and visible to the async proxy, and every
+    // warpgroup has waited (below, one iteration ago) for its MMAs on tile kt-2, whose
+    // stage the copies below refill.
+    __syncthreads();
+    const int next = kt + V5_STAGES - 2;
+    if (next < KT) {
+      const int s = next % V5_STAGES;
+      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)next * V4_BK, K);
+      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)next * V4_BK, K);
+    }
+    cp_async_commit();
+
+    const uint32_t a_base = smem_addr(sA + (kt % V5_STAGES) * BM * V4_BK + wg * 64 * V4_BK);
+    const uint32_t b_base = smem_addr(sB + (kt % V5_STAGES) * BN * V4_BK);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < V4_BK / 16; ++kk)       // 4 k16 slices: +32 bytes each
+#pragma unroll
+      for (int j = 0; j < NB; ++j)                // B rows j*128.. (128 rows x 128 B apart)
+        wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of tile kt-1 are done; tile kt's may still run
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep(acc[j][i]);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Epilogue through shared memory, as version 4. The accumulator layout of m64nN is
+  // mma.sync's m16n8 layout repeated: warp w of the warpgroup owns rows 16w..16w+15; in
+  // register i, n8 block i/4, row (lane/4) + 8*((i/2)%2), column 2*(lane%4) + i%2.
+  constexpr int LD = BN + 8;
+  float* tile = reinterpret_cast<float*>(sA);
+  const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4;
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int r = wg * 64 + w * 16 + (lane >> 2) + 8 * ((i / 2) % 2);
+      const int col = j * 128 + (i / 4) * 8 + (lane & 3) * 2;
+      *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[j][i], acc[j][i + 1]);
+    }
+  __syncthreads();
+  store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+#endif
 }
 
 // =====================================================================================
@@ -582,6 +841,44 @@ int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
   }
 }
 
+template <typename T, typename TC, int BN>
+int launch_v5_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                     const EpiArgs& ep, cudaStream_t stream) {
+  constexpr int smem = V5_STAGES * (128 + BN) * V4_BK * (int)sizeof(T) + 1024;  // + alignment slack
+  static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits");
+  auto kernel = gemm_v5_kernel<T, TC, BN>;
+  static bool opted_in = false;
+  if (!opted_in) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return (int)err;
+    opted_in = true;
+  }
+  const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
+  if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
+  kernel<<<(unsigned)blocks, 256, smem, stream>>>(A, lda, B, ldb, M, N, K, ep);
+  return levels_launch_status();
+}
+
+template <typename T, typename TC>
+int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+  if constexpr (std::is_same<T, float>::value) {
+    return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);  // exact fp32
+  } else {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
+    const bool rows_ok = sak == 1 && sbk == 1 && sam % 8 == 0 && sbn % 8 == 0;
+    const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0;
+    if (!rows_ok || !base_ok) return LEVELS_UNSUPPORTED;
+    // 128x256 tiles when there are enough of them to give every SM one, else 128x128.
+    if (cdiv(M, 128) * cdiv(N, 256) >= num_sms())
+      return launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream);
+    return launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream);
+  }
+}
+
 template <typename T, typename TC>
 int launch(int version, const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbk, int64_t sbn,
            int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
@@ -592,6 +889,7 @@ int launch(int version, const void* a, int64_t sam, int64_t sak, const void* b, 
     case 2: return launch_v2<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     case 3: return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
+    case 5: return launch_v5<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -613,7 +911,7 @@ extern "C" int levels_gemm_matmul(int dtype, int version,
                                   int epilogue, int accumulate,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   if (epilogue < EPI_NONE || epilogue > EPI_GELU_GRAD) return LEVELS_UNSUPPORTED;
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
@@ -625,12 +923,12 @@ extern "C" int levels_gemm_matmul(int dtype, int version,
 }
 
 // out[n] = sum over m of x[m, n], fp32 accumulation; out is (N,) contiguous, float32 when
-// out_fp32 else the input dtype. One kernel serves every version (1-4) of the GEMM.
+// out_fp32 else the input dtype. One kernel serves every version (1-5) of the GEMM.
 extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int64_t stride_xm,
                                       int64_t stride_xn, void* out, int out_fp32, int64_t M, int64_t N,
                                       cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   if (N <= 0) return LEVELS_OK;
   const int64_t blocks = levels_cdiv(N, 32);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;

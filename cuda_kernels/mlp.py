@@ -16,21 +16,22 @@ dW1 = dH^T X, dW2 = dY^T G — and two column sums. No torch matmul anywhere.
 
 Versions (LEVELS_CUDA_VERSION_MLP=n, or version=n): see VERSIONS and the top of gemm.cu.
 Versions 1-3 take every operand with its strides as it comes (transposed views, slices: no
-copies). Version 4 (tensor cores) reads 16-byte chunks along K, so it needs each operand
+copies). Versions 4 and 5 (tensor cores) read 16-byte chunks along K, so they need each operand
 as a K-major matrix with 16-byte aligned rows: A (M, K) and B as the (N, K) matrix, i.e.
 nn.Linear's weight itself for X W^T. `_k_major` makes that layout when an operand does not
 have it, with one copy: free for the forward of a contiguous input with K % 8 == 0, but
 backward's dgrad/wgrad GEMMs read W, dY, G, dH and X along their *other* dimension, so
-version 4 transposes them: 6 copies, ~450M elements read and written at the bench shape
+versions 4 and 5 transpose them: 6 copies, ~450M elements read and written at the bench shape
 (M=8192, 4096 -> 16384 -> 4096), ~1.8 GB of traffic, ~0.6 ms at 3 TB/s next to ~10 ms of
 GEMMs. The rung that removes them is ldmatrix.trans for N-major tiles (not written yet).
 
-fp32 inputs: every version computes exact fp32 FMAs (version 4 runs version 3's kernel for
+fp32 inputs: every version computes exact fp32 FMAs (versions 4 and 5 run version 3's kernel for
 fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.
 """
 
 from __future__ import annotations
 
+import functools
 
 import torch
 
@@ -43,8 +44,12 @@ VERSIONS = {
     3: "register tiling: 8x8 outputs per thread from a 128x128 tile (exact fp32 FMAs)",
     4: "tensor cores: mma.sync + ldmatrix on swizzled shared memory, cp.async 3-stage "
        "pipeline (fp32 runs version 3)",
+    5: "Hopper wgmma: warpgroup MMAs read swizzled shared memory through descriptors, "
+       "asynchronously (sm_90 only; fp32 runs version 3)",
 }
-DEFAULT_VERSION = 4
+DEFAULT_VERSION = 4  # every GPU with mma.sync (sm_80 on)
+HOPPER_VERSION = 5   # the default where wgmma exists (sm_90: H100, H200)
+TENSOR_CORE_VERSIONS = (4, 5)  # the versions with version 4's operand layout rules
 ENV_VERSION = "LEVELS_CUDA_VERSION_MLP"
 _registered = False  # set by _register(), once the library is loaded
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
@@ -55,9 +60,21 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 is exact fp32 FMAs at every version
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def default_version() -> int:
+    """The best version this GPU has: HOPPER_VERSION on sm_90, else DEFAULT_VERSION."""
+    if torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0):
+        return HOPPER_VERSION
+    return DEFAULT_VERSION
+
+
 def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_MLP if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
-    return versions.resolve("mlp", VERSIONS, DEFAULT_VERSION, version)
+    """version=None: $LEVELS_CUDA_VERSION_MLP if set, else default_version() (cuda_kernels/versions.py)."""
+    return versions.resolve("mlp", VERSIONS, default_version(), version)
 
 
 def _ops():
@@ -104,7 +121,7 @@ def _k_major(t: torch.Tensor) -> torch.Tensor:
 
 def _operands(a, b, version):
     """(a, b) as the kernel of `version` takes them; b is the (K, N) matrix of a @ b."""
-    if version == 4 and a.dtype in TENSOR_CORE_DTYPES:
+    if version in TENSOR_CORE_VERSIONS and a.dtype in TENSOR_CORE_DTYPES:
         return _k_major(a), _k_major(b.t()).t()
     return a, b
 
@@ -171,7 +188,7 @@ def mlp(x, w1, b1, w2, b2, version=None):
         (always for a contiguous x), a copy otherwise;
       * b1, b2: .contiguous() (1-D, cheap);
       * versions 1-3: x, w1, w2 go in with their strides, no copy;
-      * version 4, 16-bit: each of x, w1, w2 that is not K-major with 16-byte aligned rows
+      * versions 4 and 5, 16-bit: each of x, w1, w2 that is not K-major with 16-byte aligned rows
         is copied once (_k_major; none is for contiguous inputs with K, hidden multiples
         of 8). A hidden size that is not a multiple of 8 is zero-padded (w1 and b1 rows,
         w2 columns: GELU(0) * 0 adds exactly nothing), so that the (M, hidden) activations
@@ -181,7 +198,7 @@ def mlp(x, w1, b1, w2, b2, version=None):
     K, N = x.shape[-1], w2.shape[0]
     x2 = x.reshape(-1, K)
     b1, b2 = b1.contiguous(), b2.contiguous()
-    if v == 4 and x.dtype in TENSOR_CORE_DTYPES:
+    if v in TENSOR_CORE_VERSIONS and x.dtype in TENSOR_CORE_DTYPES:
         pad = -w1.shape[0] % 8
         if pad:
             w1, b1, w2 = F.pad(w1, (0, 0, 0, pad)), F.pad(b1, (0, pad)), F.pad(w2, (0, pad))

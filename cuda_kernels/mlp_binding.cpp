@@ -4,8 +4,9 @@
 // cuda_kernels/mlp.py (register_autograd).
 //
 // Matrices are passed with their element strides, as they come; what version 4 needs
-// (rows contiguous along K, 16-byte aligned) is arranged by cuda_kernels/mlp.py, and a
-// launcher that cannot run a layout says so (LEVELS_UNSUPPORTED) instead of guessing.
+// (rows contiguous along K, 16-byte aligned) is arranged by cuda_kernels/mlp.py, or by
+// k_major below for a direct call, and a launcher that cannot run a layout says so
+// (LEVELS_UNSUPPORTED) instead of guessing.
 // In the gemm_* ops, `b` is the (K, N) matrix of C = A·B; pass `w.t()` for an nn.Linear
 // weight w (a view: for version 4 that is exactly the K-major layout it wants).
 
@@ -24,10 +25,30 @@ namespace levels_cuda_mlp {
 // gemm.cu's Epilogue codes.
 constexpr int EPI_NONE = 0, EPI_GELU = 1, EPI_GELU_SAVE = 2, EPI_GELU_GRAD = 3;
 
+// Versions 4 and 5 read A (M, K) and B as the (N, K) matrix in 16-byte chunks along K: rows
+// contiguous along K, 16-byte aligned. cuda_kernels/mlp.py hands operands over in that
+// layout already (its copies are outside the op, where autograd sees them), but the op can
+// be called with any strides — by torch.compile's graphs, torch.library.opcheck, a user —
+// and then an operand without it is copied here (R*K elements once) instead of refused.
+inline bool is_k_major(const at::Tensor& t) {
+  return t.stride(1) == 1 && t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+inline at::Tensor k_major(const at::Tensor& t) {  // t (R, K)
+  if (is_k_major(t)) return t;
+  const int64_t K = t.size(1), ld = (K + 7) / 8 * 8;
+  at::Tensor copy = at::empty({t.size(0), ld}, t.options()).narrow(1, 0, K);
+  copy.copy_(t);
+  return copy;
+}
+
 // c = epilogue(a · b); aux and bias may be undefined tensors.
-inline void matmul_into(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+inline void matmul_into(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in,
                         const std::optional<at::Tensor>& bias, const at::Tensor* aux, int epilogue,
                         bool accumulate, int64_t version, const char* op) {
+  const bool tensor_cores = (version == 4 || version == 5) && a_in.scalar_type() != at::kFloat;
+  const at::Tensor a = tensor_cores ? k_major(a_in) : a_in;
+  const at::Tensor b = tensor_cores ? k_major(b_in.t()).t() : b_in;
   const bool has_bias = bias.has_value() && bias->defined();
   const int status = levels_gemm_matmul(
       levels_cuda::dtype_code(a), static_cast<int>(version),

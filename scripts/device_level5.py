@@ -106,14 +106,24 @@ def _build_subprocess(cache: str, timeout: float, builder: str = "files") -> dic
 
 
 def step_build(run: Run, cache: str, builder: str, other: str | None):
-    """Cold and warm builds with `builder` (build.BUILDERS), and a cold build with `other`
-    for comparison (its own directory), then a load into this process."""
-    cold = _build_subprocess(cache, timeout=max(60.0, run.left() - 30), builder=builder)
-    if "error" in cold:
-        (run.out / "build-error.txt").write_text(cold["error"])
-        return {"cold": cold}
+    """A cold build by two processes started together into one empty cache (both must
+    succeed: one builds, the other waits on the lock and loads the result), a warm load,
+    a cold build with `other` for comparison (its own directory), then a load into this
+    process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    timeout = max(60.0, run.left() - 30)
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: _build_subprocess(cache, timeout, builder), range(2)))
+    errors = [b for b in both if "error" in b]
+    if errors:
+        (run.out / "build-error.txt").write_text(errors[0]["error"])
+        return {"cold": errors[0], "concurrent": both}
+    # The one that did not wait for the lock built; its time is the cold build's.
+    cold = min(both, key=lambda b: b.get("waited_for_lock_s", 0.0))
     warm = _build_subprocess(cache, timeout=120, builder=builder)
-    compared = (_build_subprocess(cache, timeout=max(60.0, run.left() - 60), builder=other)
+    compared = (_build_subprocess(tempfile.mkdtemp(prefix="levels-cuda-other-"),
+                                  timeout=max(60.0, run.left() - 60), builder=other)
                 if other else None)
     os.environ["LEVELS_CUDA_CACHE"] = cache  # this process loads the same (warm) build
     os.environ["LEVELS_CUDA_BUILDER"] = builder
@@ -123,9 +133,151 @@ def step_build(run: Run, cache: str, builder: str, other: str | None):
     build.load()
     in_process = build.last_build() | {"load_s": round(time.perf_counter() - t0, 3),
                                        "registration_errors": build.registration_errors()}
-    return {"builder": builder, "cold": cold, "warm": warm, "this_process": in_process,
+    return {"builder": builder, "cold": cold, "concurrent": both, "warm": warm,
+            "this_process": in_process,
             "cold_with_other_builder": {"builder": other, **(compared or {})},
-            "goals": {"cold_le_20s": cold.get("seconds", 1e9) <= 20, "warm_le_1s": warm.get("seconds", 1e9) <= 1}}
+            "goals": {"cold_le_20s": cold.get("seconds", 1e9) <= 20,
+                      "warm_le_1s": warm.get("seconds", 1e9) <= 1,
+                      "two_processes_both_succeed": len(both) == 2 and not errors}}
+
+
+# What ncu profiles: one kernel of each component at its bench shape (equivalence/specs),
+# after a warm-up call, with the clocks left alone (METHOD.md).
+NCU_TARGET = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from equivalence import specs
+component = {component!r}
+spec = specs.get(component)
+args = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
+if component == "mlp":
+    from cuda_kernels import mlp as k
+    x = args["x"].reshape(-1, args["x"].shape[-1])
+    call = lambda: k.gemm(x, args["w1"].t(), args["b1"], epilogue="gelu_save", version={version})
+elif component == "conv_bn":
+    from cuda_kernels import conv_bn as k
+    a = args
+    call = lambda: k.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                             a["running_mean"], a["running_var"], (a["stride"],) * 2, (a["padding"],) * 2,
+                             a["eps"], a["momentum"], False, version={version})
+else:
+    from cuda_kernels import layer_norm as k
+    call = lambda: k.layer_norm(args["x"], args["weight"], args["bias"], args["eps"])
+with torch.no_grad():
+    for _ in range(3):
+        call()
+torch.cuda.synchronize()
+"""
+
+NCU_KERNELS = {  # label: (component, kernel-name regex, version)
+    "mlp v5": ("mlp", "gemm_v5_kernel", 5), "mlp v4": ("mlp", "gemm_v4_kernel", 4),
+    "conv_bn v3": ("conv_bn", "conv_kernel", 3), "layer_norm v3": ("layer_norm", "fwd_v3", 3)}
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
+                "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
+
+
+def step_ncu(run: Run, only=()):
+    """Hardware counters of the kernel each speed goal depends on (the last warm call)."""
+    import csv
+    import io
+    import shutil
+
+    ncu = shutil.which("ncu") or next(iter(glob.glob("/opt/nvidia/nsight-compute/*/ncu")), None)
+    if not ncu:
+        return {"error": "ncu not found"}
+    results = {}
+    for component, (comp, kernel, version) in NCU_KERNELS.items():
+        if only and component not in only:
+            continue
+        if run.left() < 40:
+            results[component] = {"skipped": "budget"}
+            continue
+        cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
+               "-s", "2", "-c", "1", *[a for sec in NCU_SECTIONS for a in ("--section", sec)],
+               "--page", "details", "--csv", sys.executable, "-c",
+               NCU_TARGET.format(root=str(ROOT), component=comp, version=version)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(180.0, run.left() - 20),
+                               env=dict(os.environ))
+        except subprocess.TimeoutExpired:
+            results[component] = {"error": "timed out"}
+            continue
+        rows = [r for r in csv.reader(io.StringIO(p.stdout)) if len(r) > 4]
+        if not rows or rows[0][0] != "ID":
+            results[component] = {"rc": p.returncode, "tail": (p.stdout + p.stderr)[-2500:]}
+            continue
+        head = rows[0]
+        col = {name: head.index(name) for name in ("Kernel Name", "Section Name", "Metric Name",
+                                                   "Metric Unit", "Metric Value")}
+        metrics = [{"section": r[col["Section Name"]], "metric": r[col["Metric Name"]],
+                    "unit": r[col["Metric Unit"]], "value": r[col["Metric Value"]]} for r in rows[1:]]
+        results[component] = {"kernel": rows[1][col["Kernel Name"]][:200], "metrics": metrics}
+    return results
+
+
+# Build-time knobs (macros in the .cu files), each variant built into its own cache and
+# timed at the bench shapes against the baselines timed in the same process.
+SWEEP_VARIANTS = {
+    "default": "",
+    "conv v3 stages=4": "-DLEVELS_CONV_V3_STAGES=4",
+    "conv v3 stages=5": "-DLEVELS_CONV_V3_STAGES=5",
+    "gemm v5 stages=3": "-DLEVELS_GEMM_V5_STAGES=3",
+}
+
+SWEEP_TIMER = """
+import json, sys, torch, torch.nn.functional as F
+sys.path.insert(0, {root!r})
+from equivalence import specs
+from equivalence.timing import time_fn
+from cuda_kernels import build, conv_bn as kc, mlp as km
+build.load()
+out = {{"build": build.last_build()}}
+g = torch.Generator().manual_seed(0)
+spec = specs.get("conv_bn")
+a = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", g)
+st, pd = (a["stride"],) * 2, (a["padding"],) * 2
+def conv(v):
+    return lambda: kc.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                              a["running_mean"], a["running_var"], st, pd, a["eps"], a["momentum"], False, version=v)
+def cudnn():
+    y = F.conv2d(a["x"], a["conv_weight"], a["conv_bias"], stride=st, padding=pd)
+    return F.batch_norm(y, a["running_mean"], a["running_var"], a["bn_weight"], a["bn_bias"], training=False, eps=a["eps"])
+spec = specs.get("mlp")
+m = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", g)
+t = [m[n] for n in ("x", "w1", "b1", "w2", "b2")]
+def eager():
+    return F.linear(F.gelu(F.linear(t[0], t[1], t[2])), t[3], t[4])
+with torch.no_grad():
+    for name, fn in (("conv v3", conv(3)), ("cudnn conv+bn", cudnn), ("mlp v5", lambda: km.mlp(*t, version=5)),
+                     ("mlp v4", lambda: km.mlp(*t, version=4)), ("eager mlp", eager)):
+        fn()
+        out[name + " ms"] = time_fn(fn, "cuda").median_ms
+out["conv v3 / cudnn"] = out["cudnn conv+bn ms"] / out["conv v3 ms"]
+out["mlp v5 / eager"] = out["eager mlp ms"] / out["mlp v5 ms"]
+print(json.dumps(out))
+"""
+
+
+def step_sweep(run: Run, only=()):
+    results = {}
+    for name, flags in SWEEP_VARIANTS.items():
+        if only and name not in only:
+            continue
+        if run.left() < 45:
+            results[name] = {"skipped": "budget"}
+            continue
+        env = dict(os.environ, LEVELS_CUDA_CACHE=tempfile.mkdtemp(prefix="levels-sweep-"),
+                   LEVELS_CUDA_NVCC_FLAGS=flags)
+        try:
+            p = subprocess.run([sys.executable, "-c", SWEEP_TIMER.format(root=str(ROOT))], capture_output=True,
+                               text=True, env=env, timeout=min(240.0, run.left() - 10))
+            lines = p.stdout.strip().splitlines()
+            results[name] = json.loads(lines[-1]) if p.returncode == 0 and lines else {
+                "rc": p.returncode, "tail": (p.stdout + p.stderr)[-2000:]}
+        except subprocess.TimeoutExpired:
+            results[name] = {"error": "timed out"}
+        results[name]["flags"] = flags
+    return results
 
 
 def step_ptxas():
@@ -294,11 +446,11 @@ def step_opcheck(run: Run):
     return rows
 
 
-def step_pytest(run: Run):
+def step_pytest(run: Run, k: str = ""):
     files = sorted(glob.glob(str(ROOT / "tests" / "test_cuda_*.py")))
     xml = run.out / "pytest-gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           f"--junitxml={xml}", *files]
+           f"--junitxml={xml}", *(["-k", k] if k else []), *files]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                            timeout=max(30.0, run.left() - 45))
@@ -321,8 +473,8 @@ def step_pytest(run: Run):
     return summary
 
 
-def step_bench(run: Run):
-    comps = _components()
+def step_bench(run: Run, only=()):
+    comps = [c for c in _components() if not only or c in only]
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from equivalence import bench; "
             f"bench.run({comps!r}, 'cuda', {str(run.out)!r})")
     try:
@@ -350,7 +502,12 @@ def main(argv=None) -> int:
     parser.add_argument("--builder", default="files", help="LEVELS_CUDA_BUILDER for the run")
     parser.add_argument("--compare-builder", default="", help="also time a cold build with this one")
     parser.add_argument("--skip", default="", help="comma-separated steps to skip (ptxas, harness, "
-                                                   "opcheck, pytest_gpu, bench)")
+                                                   "opcheck, pytest_gpu, bench, ncu)")
+    parser.add_argument("--tests", default="", help="pytest -k expression for the GPU tests")
+    parser.add_argument("--sweep", default="", help="build-time knob variants to time: 'all' or "
+                                                    "names of SWEEP_VARIANTS (comma-separated)")
+    parser.add_argument("--components", default="", help="bench only these (comma-separated)")
+    parser.add_argument("--ncu", default="", help="ncu only these labels of NCU_KERNELS (comma-separated)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -377,9 +534,14 @@ def main(argv=None) -> int:
         run.step("opcheck", lambda: step_opcheck(run), need_s=60)
     else:
         run.report["skipped_after_build_failure"] = ["harness", "opcheck"]
-    run.step("pytest_gpu", lambda: step_pytest(run), need_s=90)
+    run.step("pytest_gpu", lambda: step_pytest(run, args.tests), need_s=90)
     if ok and not args.quick:
-        run.step("bench", lambda: step_bench(run), need_s=60)
+        run.step("bench", lambda: step_bench(run, [c for c in args.components.split(",") if c]), need_s=60)
+    if ok and args.sweep:
+        run.step("sweep", lambda: step_sweep(run, [x for x in args.sweep.split(",") if x and x != "all"]),
+                 need_s=45)
+    if ok:
+        run.step("ncu", lambda: step_ncu(run, [x for x in args.ncu.split(",") if x]), need_s=40)
     run.report["total_s"] = round(time.monotonic() - run.start, 1)
     run.save()
     print(f"[level5] done in {run.report['total_s']:.0f} s; wrote {out / 'level5.json'}", flush=True)
