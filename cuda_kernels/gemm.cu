@@ -432,6 +432,27 @@ __device__ __forceinline__ void v4_load_tile(T* s, const T* __restrict__ g, int6
   }
 }
 
+// Stage `stage` of the pipeline gets k-tile `kt` of both operands (versions 4 and 5).
+template <typename T, int BM, int BN, int THREADS>
+__device__ __forceinline__ void v4_load_stage(T* sA, T* sB, int stage, const T* __restrict__ A, int64_t lda,
+                                              const T* __restrict__ B, int64_t ldb, int64_t m0, int64_t n0,
+                                              int64_t M, int64_t N, int kt, int64_t K) {
+  v4_load_tile<T, BM, THREADS>(sA + stage * BM * V4_BK, A, lda, m0, M, (int64_t)kt * V4_BK, K);
+  v4_load_tile<T, BN, THREADS>(sB + stage * BN * V4_BK, B, ldb, n0, N, (int64_t)kt * V4_BK, K);
+}
+
+// Grouped tile order (as Level 4's grouped_tile): V4_GROUP_M tile-rows share the B columns
+// in L2. The block's output tile starts at (m0, n0).
+template <int BM, int BN>
+__device__ __forceinline__ void grouped_tile(int64_t M, int64_t N, int64_t& m0, int64_t& n0) {
+  const int64_t grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
+  const int64_t pid = blockIdx.x, group = V4_GROUP_M * grid_n;
+  const int64_t first_m = (pid / group) * V4_GROUP_M;
+  const int64_t rows_in_group = grid_m - first_m < V4_GROUP_M ? grid_m - first_m : V4_GROUP_M;
+  m0 = (first_m + (pid % group) % rows_in_group) * BM;
+  n0 = ((pid % group) / rows_in_group) * BN;
+}
+
 // Block tile BM x BN, WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) warp tile
 // of m16n8 accumulators. A: (M, K) rows contiguous (row stride lda); B: (N, K) K-major
 // (row stride ldb), i.e. B[k][n] of the contract at B + n*ldb + k.
@@ -447,13 +468,8 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
   T* sA = reinterpret_cast<T*>(smem_raw);  // [STAGES][BM][BK], swizzled
   T* sB = sA + STAGES * BM * V4_BK;         // [STAGES][BN][BK], swizzled
 
-  // Grouped tile order (as Level 4's grouped_tile).
-  const int64_t grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
-  const int64_t pid = blockIdx.x, group = V4_GROUP_M * grid_n;
-  const int64_t first_m = (pid / group) * V4_GROUP_M;
-  const int64_t rows_in_group = grid_m - first_m < V4_GROUP_M ? grid_m - first_m : V4_GROUP_M;
-  const int64_t m0 = (first_m + (pid % group) % rows_in_group) * BM;
-  const int64_t n0 = ((pid % group) / rows_in_group) * BN;
+  int64_t m0, n0;
+  grouped_tile<BM, BN>(M, N, m0, n0);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -466,8 +482,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) {
-      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)s * V4_BK, K);
-      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)s * V4_BK, K);
+      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K);
     }
     cp_async_commit();
   }
@@ -480,8 +495,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     const int next = kt + STAGES - 1;
     if (next < KT) {
       const int s = next % STAGES;
-      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)next * V4_BK, K);
-      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)next * V4_BK, K);
+      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K);
     }
     cp_async_commit();
 
@@ -645,12 +659,8 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
   T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][BM][64]
   T* sB = sA + V5_STAGES * BM * V4_BK;                                      // [STAGES][BN][64]
 
-  const int64_t grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
-  const int64_t pid = blockIdx.x, group = V4_GROUP_M * grid_n;
-  const int64_t first_m = (pid / group) * V4_GROUP_M;
-  const int64_t rows_in_group = grid_m - first_m < V4_GROUP_M ? grid_m - first_m : V4_GROUP_M;
-  const int64_t m0 = (first_m + (pid % group) % rows_in_group) * BM;
-  const int64_t n0 = ((pid % group) / rows_in_group) * BN;
+  int64_t m0, n0;
+  grouped_tile<BM, BN>(M, N, m0, n0);
 
   const int wg = threadIdx.x / 128;  // warpgroup: rows wg*64 .. wg*64+63 of the tile
   const int KT = (int)cdiv(K, V4_BK);
@@ -667,8 +677,7 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 #pragma unroll
   for (int s = 0; s < V5_STAGES - 2; ++s) {
     if (s < KT) {
-      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)s * V4_BK, K);
-      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)s * V4_BK, K);
+      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K);
     }
     cp_async_commit();
   }
@@ -683,8 +692,7 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     const int next = kt + V5_STAGES - 2;
     if (next < KT) {
       const int s = next % V5_STAGES;
-      v4_load_tile<T, BM, THREADS>(sA + s * BM * V4_BK, A, lda, m0, M, (int64_t)next * V4_BK, K);
-      v4_load_tile<T, BN, THREADS>(sB + s * BN * V4_BK, B, ldb, n0, N, (int64_t)next * V4_BK, K);
+      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K);
     }
     cp_async_commit();
 
