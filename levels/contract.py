@@ -17,6 +17,7 @@ the argument, what was expected and what was given.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -32,6 +33,41 @@ def _fail(component: str, arg: str, expected: str, got: object, exc=ValueError):
 
 def _describe(t: torch.Tensor) -> str:
     return f"a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
+
+
+def span(t: torch.Tensor) -> int:
+    """How many elements apart t's first and last elements are in memory: the largest
+    offset a kernel indexing t from its first element computes (0 for an empty tensor).
+    A view can span far more than it holds (two rows 2**31 apart hold 2 rows)."""
+    if t.numel() == 0:
+        return 0
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+
+
+def require_device(component: str, name: str, t: torch.Tensor, device_type: str, why: str):
+    """For a level whose kernels run on one kind of device only. The contract has already
+    put every tensor argument on one device, so checking the first one checks them all;
+    a kernel handed another device's pointer would read garbage or crash the process."""
+    if t.device.type != device_type:
+        _fail(component, name, f"a {device_type.upper()} tensor ({why})", _describe(t))
+
+
+def require_32bit_offsets(component: str, level: str, tensors: dict, extents: dict | None = None):
+    """For kernels that index with 32-bit offsets: every offset they compute must stay below
+    2**31, or it wraps around and the kernel reads and writes someone else's memory.
+    `tensors` are the caller's arguments (their spans count, see `span`); `extents` are the
+    element counts of the contiguous intermediates the kernels allocate, keyed by the
+    argument they grow with and what they are: {("x", "(M, hidden) activations"): M * hidden}."""
+    limit = 2 ** 31
+    for name, t in tensors.items():
+        if span(t) >= limit:
+            _fail(component, name, f"a tensor whose elements lie < 2**31 apart for {level}, whose "
+                  f"kernels index with 32-bit offsets", f"{_describe(t)} with strides "
+                  f"{tuple(t.stride())}, spanning {span(t)} elements")
+    for (name, what), elements in (extents or {}).items():
+        if elements > limit:
+            _fail(component, name, f"small enough that the {what} fit 32-bit offsets for {level} "
+                  f"(<= 2**31 elements)", f"{elements} elements")
 
 
 def _tensors(component: str, named: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -72,10 +108,11 @@ def _number(component: str, name: str, value, *, low=None, low_open=False, high=
               f"{type(value).__name__} {value!r}", TypeError)
     bad_low = low is not None and (value <= low if low_open else value < low)
     bad_high = high is not None and value > high
-    if bad_low or bad_high or value != value:
+    # Not finite is never meant: eps=inf or scale=inf turn every output into NaN or 0.
+    if bad_low or bad_high or not math.isfinite(value):
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
-        _fail(component, name, "a number " + " and ".join(s for s in (lo, hi) if s), value)
+        _fail(component, name, "a finite number " + " and ".join(s for s in (lo, hi) if s), value)
 
 
 def _flag(component: str, name: str, value):
@@ -199,11 +236,58 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
         # BatchNorm2d refuses this too: the unbiased running variance divides by n - 1.
         _fail(c, "x", "large enough for batch statistics in training mode (N*H_out*W_out >= 2)",
               _describe(x))
-    if training and (running_mean.requires_grad or running_var.requires_grad):
-        _fail(c, "running_mean", "a buffer that does not require grad (it is updated in place)",
-              "a tensor with requires_grad=True")
+    stats = {"running_mean": running_mean, "running_var": running_var}
+    for name, t in stats.items():
+        if t.requires_grad:
+            # torch's batch_norm refuses it too ("not differentiable with respect to
+            # argument 'running_mean'"): the statistics are data, never parameters, and a
+            # level would otherwise silently differ (one differentiates, another drops it).
+            _fail(c, name, "a buffer that does not require grad (running statistics are not "
+                  "differentiable)", f"{_describe(t)} with requires_grad=True")
+    if training:
+        _writable_buffers(c, stats, named)
     return dict(N=Nb, C_in=Cin, H=Hh, W=Ww, C_out=Cout, kH=kH, kW=kW, stride=(sh, sw),
                 padding=(ph, pw), H_out=Ho, W_out=Wo)
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b have an element in common. Exact for two 1-D views of one dtype (what
+    running statistics are: two interleaved views of one buffer do not overlap); for any
+    other pair, whether their byte ranges intersect (it may say yes for interleaved views)."""
+    if a.device != b.device or a.device.type == "meta" or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if a.dim() == 1 and b.dim() == 1 and a.dtype == b.dtype:
+        def offsets(t):
+            return {t.storage_offset() + i * t.stride(0) for i in range(t.shape[0])}
+        return not offsets(a).isdisjoint(offsets(b))
+
+    def byte_range(t):
+        start = t.storage_offset() * t.element_size()
+        return start, start + (span(t) + 1) * t.element_size()
+    (a0, a1), (b0, b1) = byte_range(a), byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
+def _writable_buffers(component: str, buffers: dict, named: dict):
+    """Buffers a call updates in place (training-mode running statistics) must be writable
+    element by element, and written by this call only through themselves."""
+    for name, t in buffers.items():
+        if t.numel() > 1 and t.stride(0) == 0:
+            # an expanded view: every channel's statistic is one memory location
+            _fail(component, name, "a buffer with one memory location per element (it is "
+                  "updated in place)", f"{_describe(t)} with strides {tuple(t.stride())} "
+                  f"(an expanded view: clone() it)")
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            _fail(component, name, "a buffer that can be updated in place here (it was created "
+                  "under torch.inference_mode, and is read-only outside it)",
+                  f"{_describe(t)} made in inference mode")
+        for other, u in named.items():
+            if other != name and _shares_memory(t, u):
+                _fail(component, name, f"a buffer sharing no memory with '{other}' (it is updated "
+                      f"in place, and '{other}' would change with it)",
+                      f"{_describe(t)} overlapping '{other}'")
 
 
 VALIDATORS = {

@@ -137,14 +137,16 @@ def _reason_on(component: str, device_type: str) -> str:
 def _ready(component: str, name: str, t: torch.Tensor):
     """After the contract's validation: refuse what no Level 5 kernel does, naming the
     argument, build the library (first call only), return cuda_kernels.<component>."""
+    # The dtype first: float64 is wrong at Level 5 on any machine, so a CPU says so too,
+    # before saying that it has no GPU.
+    if t.dtype == torch.float64:
+        _fail(component, name, "float32, float16 or bfloat16 at Level 5 (its kernels have no "
+                               "float64 path)", _describe(t), TypeError)
     if t.device.type != "cuda":
         if not torch.cuda.is_available():
             raise NotImplementedError(f"{component}: Level 5 (CUDA C++) "
                                       f"{_reason_on(component, t.device.type)}")
         _fail(component, name, "a CUDA tensor at Level 5 (its kernels run on the GPU)", _describe(t))
-    if t.dtype == torch.float64:
-        _fail(component, name, "float32, float16 or bfloat16 at Level 5 (its kernels have no "
-                               "float64 path)", _describe(t), TypeError)
     problem = _availability(component, t.device.index)
     if problem:
         raise (NotImplementedError if problem[0] == "N" else build.BuildError)(problem[1:])

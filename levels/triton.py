@@ -24,8 +24,8 @@ import os
 
 import torch
 
-from .contract import (validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+from .contract import (_describe, _fail, require_32bit_offsets, require_device, validate_attention,
+                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -70,23 +70,71 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
     return bool(getattr(module, "uses_tf32", lambda device, dtype: False)(device, dtype))
 
 
+# After the contract, what only this level needs (the launchers in triton_kernels/ check the
+# rest: head dimension, widths, float64), all before any kernel runs:
+#  - the device the kernels run on: the interpreter reads CPU memory, a compiled kernel
+#    GPU memory; the other one's pointer is garbage to it (or a crash);
+#  - offsets: the GEMMs behind mlp and lstm (triton_kernels/gemm.py) index with 32-bit
+#    offsets; gemm refuses too, but it can only name its own operands ('a', 'b');
+#  - attention's grid: (query blocks, B * H), and CUDA refuses a launch whose second axis
+#    exceeds 65535 ("invalid argument", after the outputs were allocated). The limit is
+#    the kernel's, so the interpreter keeps it too: the same call fails the same way.
+
+GRID_AXIS_LIMIT = 65535
+
+
+def _on_kernel_device(component: str, name: str, t: torch.Tensor):
+    if INTERPRETED:
+        require_device(component, name, t, "cpu", "Level 4 runs in Triton's CPU interpreter in "
+                       "this process: TRITON_INTERPRET=1")
+    else:
+        require_device(component, name, t, "cuda", "Level 4's kernels run on the GPU; to run them "
+                       "on CPU tensors, set TRITON_INTERPRET=1 before importing levels")
+
+
+def _gemm_reads(x: torch.Tensor) -> dict:
+    """{"x": x} if the GEMM indexes x's own memory, that is if x.reshape(-1, x.shape[-1]) is
+    a view (then it spans what x spans); {} if reshape copies x into a contiguous tensor,
+    whose offsets the extents checked below bound."""
+    try:
+        x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return {}
+    return {"x": x}
+
+
 def attention(q, k, v, causal=False, scale=None):
     s = validate_attention(q, k, v, causal, scale)
+    _on_kernel_device("attention", "q", q)
+    if s["B"] * s["H"] > GRID_AXIS_LIMIT:
+        _fail("attention", "q", f"at most {GRID_AXIS_LIMIT} (batch x heads) slices for Level 4 "
+              f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
+              f"limits to {GRID_AXIS_LIMIT}", f"{_describe(q)} ({s['B'] * s['H']} slices)")
     return _kernels("attention").attention(q, k, v, causal, s["scale"])
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
     validate_layer_norm(x, weight, bias, eps)
+    _on_kernel_device("layer_norm", "x", x)
     return _kernels("layer_norm").layer_norm(x, weight, bias, float(eps))
 
 
 def mlp(x, w1, b1, w2, b2):
-    validate_mlp(x, w1, b1, w2, b2)
+    s = validate_mlp(x, w1, b1, w2, b2)
+    _on_kernel_device("mlp", "x", x)
+    widest = max(s["K"], s["hidden"], s["N"])
+    require_32bit_offsets("mlp", "Level 4 (Triton)", {**_gemm_reads(x), "w1": w1, "w2": w2},
+                          {("x", "(rows, features) activations and their gradients"):
+                           s["M"] * widest})
     return _kernels("mlp").mlp(x, w1, b1, w2, b2)
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-    validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    _on_kernel_device("lstm", "x", x)
+    require_32bit_offsets("lstm", "Level 4 (Triton)", {**_gemm_reads(x), "w_ih": w_ih, "w_hh": w_hh},
+                          {("x", "(B*T, 4*hidden) gate pre-activations and their gradients"):
+                           s["B"] * s["T"] * 4 * s["H"]})
     return _kernels("lstm").lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
@@ -94,6 +142,7 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                          stride, padding, eps, momentum, training)
+    _on_kernel_device("conv_bn", "x", x)
     return _kernels("conv_bn").conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                        running_var, s["stride"], s["padding"], float(eps),
                                        float(momentum), training)
