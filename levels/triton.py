@@ -103,9 +103,19 @@ def _gemm_reads(x: torch.Tensor) -> dict:
     return {"x": x}
 
 
+def _no_float64_on_gpu(component: str, name: str, t: torch.Tensor):
+    """The interpreter runs tl.dot in float64 with numpy; compiled Triton has no float64
+    dot and fails inside its compiler (a CompilationError naming kernel source lines)."""
+    if t.dtype == torch.float64 and not INTERPRETED:
+        _fail(component, name, "float16, bfloat16 or float32 for Level 4's compiled kernels "
+              "(tl.dot has no float64 path on the GPU; Triton's CPU interpreter computes float64)",
+              _describe(t), TypeError)
+
+
 def attention(q, k, v, causal=False, scale=None):
     s = validate_attention(q, k, v, causal, scale)
     _on_kernel_device("attention", "q", q)
+    _no_float64_on_gpu("attention", "q", q)
     if s["B"] * s["H"] > GRID_AXIS_LIMIT:
         _fail("attention", "q", f"at most {GRID_AXIS_LIMIT} (batch x heads) slices for Level 4 "
               f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
@@ -132,6 +142,7 @@ def mlp(x, w1, b1, w2, b2):
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     _on_kernel_device("lstm", "x", x)
+    _no_float64_on_gpu("lstm", "x", x)
     require_32bit_offsets("lstm", "Level 4 (Triton)", {**_gemm_reads(x), "w_ih": w_ih, "w_hh": w_hh},
                           {("x", "(B*T, 4*hidden) gate pre-activations and their gradients"):
                            s["B"] * s["T"] * 4 * s["H"]})

@@ -187,7 +187,7 @@ def step_ncu(run: Run, only=()):
         return {"error": "ncu not found"}
     results = {}
     for component, (comp, kernel, version) in NCU_KERNELS.items():
-        if only and component not in only:
+        if (only and component not in only) or (ONLY and comp not in ONLY):
             continue
         if run.left() < 40:
             results[component] = {"skipped": "budget"}
@@ -286,11 +286,14 @@ def step_ptxas():
     return {p.name: build.ptxas_report(p) for p in build.kernel_files()}
 
 
+ONLY: tuple = ()  # --only: the components this run checks (all with kernels when empty)
+
+
 def _components():
     import levels
 
     cuda = levels.get("cuda")
-    return [c for c in levels.COMPONENTS if cuda.has_kernels(c)]
+    return [c for c in levels.COMPONENTS if cuda.has_kernels(c) and (not ONLY or c in ONLY)]
 
 
 def _versions(component: str) -> list[int]:
@@ -448,6 +451,9 @@ def step_opcheck(run: Run):
 
 def step_pytest(run: Run, k: str = ""):
     files = sorted(glob.glob(str(ROOT / "tests" / "test_cuda_*.py")))
+    if ONLY:  # the components' own test files, plus the build/version tests every component joins
+        keep = {f"test_cuda_{c}.py" for c in ONLY} | {"test_cuda_build.py", "test_cuda_versions.py"}
+        files = [f for f in files if Path(f).name in keep]
     xml = run.out / "pytest-gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
            f"--junitxml={xml}", *(["-k", k] if k else []), *files]
@@ -507,8 +513,12 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="", help="build-time knob variants to time: 'all' or "
                                                     "names of SWEEP_VARIANTS (comma-separated)")
     parser.add_argument("--components", default="", help="bench only these (comma-separated)")
+    parser.add_argument("--only", default="", help="harness, opcheck, GPU tests and bench of only these "
+                                                   "components (comma-separated)")
     parser.add_argument("--ncu", default="", help="ncu only these labels of NCU_KERNELS (comma-separated)")
     args = parser.parse_args(argv)
+    global ONLY
+    ONLY = tuple(c for c in args.only.split(",") if c)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = Run(out, args.budget_s)

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,12 +178,46 @@ def _args(component: str, p: dict, device="cpu") -> dict:
     return args
 
 
+# Cases tried and passed per (device, level, component), for the committed count of a run:
+# LEVELS_FUZZ_REPORT=reports/fuzz-gpu.json python -m pytest -m gpu tests/test_fuzz.py
+COUNTS: dict = {}
+
+
 def _check(component: str, level: str, p: dict, device="cpu"):
     reason = levels.status(level, device, component)
     if reason:
         pytest.skip(f"{level}: {reason}")
+    key = f"{torch.device(device).type} {level} {component}"
+    tally = COUNTS.setdefault(key, {"tried": 0, "passed": 0, "failed_params": []})
+    tally["tried"] += 1
     result = check_args(component, level, _args(component, p, device), seed=p["seed"])
+    if result.status == "pass":
+        tally["passed"] += 1
+    else:
+        tally["failed_params"].append(repr(p))
     assert result.status == "pass", f"{result.summary()}\n  params: {p}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_counts():
+    yield
+    path = os.environ.get("LEVELS_FUZZ_REPORT")
+    if path and COUNTS:
+        import datetime
+        import json
+        import platform
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        Path(path).write_text(json.dumps({
+            "what": "tests/test_fuzz.py: hypothesis cases tried and passed per device, level and "
+                    "component (a failing case stops its test: hypothesis shrinks it first, and "
+                    "the shrunk attempts count as tried)",
+            "command": f"LEVELS_FUZZ_REPORT={path} LEVELS_FUZZ_EXAMPLES={EXAMPLES} "
+                       f"python -m pytest {' '.join(sys.argv[1:])}",
+            "examples_per_test": EXAMPLES, "gpu": gpu, "torch": torch.__version__,
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "counts": COUNTS}, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------

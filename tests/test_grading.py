@@ -70,6 +70,8 @@ def test_student_copy_blanks_exactly_the_regions(student, tmp_path):
     files = assignment.repo_files(ROOT)
     assert sorted(assignment.repo_files(student)) == sorted(files)
     blanked = {"levels/native.py", "triton_kernels/layer_norm.py"}
+    # and every notebook's exercises (tests/test_assignment_notebooks.py checks how)
+    blanked |= {rel for rel in files if rel.endswith(".ipynb")}
     for rel in files:
         if rel not in blanked:
             assert (student / rel).read_bytes() == (ROOT / rel).read_bytes(), rel

@@ -1,0 +1,343 @@
+"""`levels assignment build` on the notebooks and hidden tests: every answer cut, every
+lesson kept, and a typo in a marker stops the build instead of handing out an answer.
+
+CPU only and quick: one build of the real repo (a copy of its tracked files, a few seconds),
+small synthetic repos for the failure modes, and one exercise run in a subprocess from the
+student copy. No whole notebook runs here: CI executes them all (--nbmake)."""
+
+import argparse
+import ast
+import io
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tokenize
+
+import pytest
+from rich.console import Console
+
+from equivalence import assignment, grading
+
+ROOT = assignment.ROOT
+NOTEBOOKS = sorted(rel for rel in assignment.repo_files(ROOT) if rel.endswith(".ipynb"))
+MARKER_TEXT = ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS")
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def source(cell):
+    text = cell["source"]
+    return "".join(text) if isinstance(text, list) else text
+
+
+def nbgrader(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def is_exercise(cell):
+    return bool(nbgrader(cell).get("solution") or nbgrader(cell).get("grade"))
+
+
+def as_python(cell_source):
+    """The cell as plain Python: IPython's `%line` magics and `!shell` lines become `pass`
+    (written here, not taken from assignment.py, so the check does not trust what it checks)."""
+    lines = cell_source.splitlines()
+    return "\n".join(line[:len(line) - len(line.lstrip())] + "pass"
+                     if line.lstrip().startswith(("%", "!")) else line for line in lines)
+
+
+def marker_lines(marker):
+    """(notebook, cell index) of every line of a code cell of the reference notebooks that
+    starts with `marker`, counted without assignment.py."""
+    found = []
+    for rel in NOTEBOOKS:
+        for index, cell in enumerate(load(ROOT / rel)["cells"]):
+            if cell["cell_type"] == "code":
+                found += [(rel, index) for line in source(cell).splitlines()
+                          if line.strip().startswith(marker)]
+    return found
+
+
+def code_sources(repo):
+    """The source of every code cell of `repo`'s notebooks."""
+    return [source(cell) for rel in NOTEBOOKS for cell in load(repo / rel)["cells"]
+            if cell["cell_type"] == "code"]
+
+
+def comment_markers(text):
+    """Line numbers of the comments of Python `text` that hold a marker."""
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return [t.start[0] for t in tokens
+            if t.type == tokenize.COMMENT and any(m in t.string for m in MARKER_TEXT)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The student copy of this repo: one component's marked parts blanked (whichever
+    component is marked first), every notebook cleared."""
+    marked = assignment.marked_parts(ROOT)
+    component = marked[0][0]
+    chosen = [(c, level) for c, level in marked if c == component]
+    out = tmp_path_factory.mktemp("assignment") / "student"
+    copy = assignment.build([component], [level for _, level in chosen], out)
+    return out, copy, chosen
+
+
+def test_no_marker_is_left_in_the_student_copy(built):
+    out, _, chosen = built
+    for rel in NOTEBOOKS:  # sources, outputs, metadata: the whole file
+        text = (out / rel).read_text(encoding="utf-8")
+        assert not [m for m in MARKER_TEXT if m in text], rel
+    chosen_files = {f for c, level in chosen for f in assignment.part_files(c, level)}
+    unchosen = [p for p in assignment.marked_parts(ROOT) if p not in chosen]
+    may_keep = {f for c, level in unchosen for f in assignment.part_files(c, level)}
+    for rel in assignment.repo_files(out):
+        if not (rel in chosen_files or rel.endswith((".py", ".cu", ".cuh"))):
+            continue  # Markdown may show the markers (it marks nothing); the rest is data
+        text = (out / rel).read_text(encoding="utf-8")
+        if rel in chosen_files:
+            assert not [m for m in MARKER_TEXT if m in text], rel
+        if rel.endswith(".py"):
+            kept = comment_markers(text)
+        elif rel.endswith((".cu", ".cuh")):
+            kept = [i + 1 for i, line in enumerate(text.splitlines())
+                    if line.strip().startswith("//") and any(m in line for m in MARKER_TEXT)]
+        else:
+            kept = []
+        # a part nobody chose keeps its regions, by design; nothing else may keep one
+        assert not kept or rel in may_keep, f"{rel}: marker comments left at lines {kept}"
+
+
+def test_every_region_of_the_notebooks_is_counted_and_cut(built):
+    out, copy, _ = built
+    begins = marker_lines(assignment.PY_BEGIN)
+    assert len(begins) == len(marker_lines(assignment.PY_END))
+    assert sum(nb.solutions for nb in copy.notebooks) == len(begins)
+    assert sum(nb.hidden_tests for nb in copy.notebooks) == len(
+        marker_lines(assignment.HIDDEN_BEGIN))
+    # every cell nbgrader calls a solution held a region (a typo would leave one without)
+    solution_cells = {(rel, i) for rel in NOTEBOOKS
+                      for i, cell in enumerate(load(ROOT / rel)["cells"])
+                      if nbgrader(cell).get("solution")}
+    assert solution_cells and solution_cells == set(begins)
+    assert len(begins) == sum(text.count("BEGIN SOLUTION") for text in code_sources(ROOT)), (
+        "a line names a solution marker without being one")
+
+    def stubs(repo):
+        return sum(1 for text in code_sources(repo)
+                   for a, b in itertools.pairwise(line.strip() for line in text.splitlines())
+                   if (a, b) == ("# YOUR CODE HERE", "raise NotImplementedError()"))
+
+    assert stubs(out) - stubs(ROOT) == len(begins)
+
+
+def test_every_code_cell_still_parses(built):
+    out, _, _ = built
+    for rel in NOTEBOOKS:
+        for index, cell in enumerate(load(out / rel)["cells"]):
+            if cell["cell_type"] == "code" and not source(cell).lstrip().startswith("%%"):
+                try:
+                    ast.parse(as_python(source(cell)))
+                except SyntaxError as e:
+                    pytest.fail(f"{rel} cell {index} no longer parses: {e}")
+
+
+def test_exercises_lose_their_outputs_and_lessons_keep_theirs(built):
+    out, copy, _ = built
+    reported = {nb.path: nb for nb in copy.notebooks}
+    pictures = 0
+    for rel in NOTEBOOKS:
+        text = (out / rel).read_text(encoding="utf-8")
+        # written as nbformat writes it, so the diff against the reference is the answers
+        assert text == json.dumps(json.loads(text), indent=1, sort_keys=True,
+                                  ensure_ascii=False) + "\n", rel
+        before, after = load(ROOT / rel)["cells"], load(out / rel)["cells"]
+        assert len(before) == len(after), rel
+        cleared, showed = [], []
+        for index, (old, new) in enumerate(zip(before, after)):
+            assert new["metadata"] == old["metadata"], f"{rel} cell {index}: metadata changed"
+            outputs = json.dumps(old.get("outputs", []))
+            if old["cell_type"] == "code" and is_exercise(old):
+                assert new["outputs"] == [] and new["execution_count"] is None, (rel, index)
+                cleared.append(index)
+            elif any(m in outputs for m in MARKER_TEXT):
+                # a lesson that printed a marked source: its output showed an answer
+                assert new["outputs"] == [] and new["source"] == old["source"], (rel, index)
+                cleared.append(index)
+                showed.append(index)
+            else:
+                assert new == old, f"{rel} cell {index} changed, and it is no exercise"
+                pictures += outputs.count('"image/png"')
+        assert reported[rel].cleared == cleared and reported[rel].showed_markers == showed
+    assert pictures > 0, "the lessons' pictures are gone from the student copy"
+
+
+def test_a_blanked_exercise_fails_its_grade_cell_and_the_reference_passes(built):
+    """Notebook 00's third exercise (an MLP checked by the harness), run from the student
+    copy after the notebook's setup cell only: the stub raises inside `check`, which reports
+    it, and the grade cell's assertion fails; the reference answer, run the same way in the
+    same process, passes. (Cheap because this exercise needs nothing but the setup cell.)"""
+    out, _, _ = built
+    rel = "notebooks/00_start_here.ipynb"
+
+    def cells_of(path):
+        cells = load(path)["cells"]
+        setup = next(c for c in cells if c["cell_type"] == "code")
+        by_id = {nbgrader(c).get("grade_id"): c for c in cells}
+        return [source(c) for c in (setup, by_id["00_start_here-ex3-solution"],
+                                    by_id["00_start_here-ex3-tests"])]
+
+    script = """
+import contextlib, io, json, sys
+runs = json.loads(sys.stdin.read())
+for name, (setup, exercise, grade) in runs.items():
+    ns = {}
+    exec(setup, ns)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(exercise, ns)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(grade, ns)
+        verdict = "passed"
+    except Exception as e:
+        verdict = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    print("VERDICT", json.dumps({"run": name, "exercise printed": printed.getvalue(),
+                                 "grade cell": verdict}))
+"""
+    runs = {"student": cells_of(out / rel), "reference": cells_of(ROOT / rel)}
+    proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(runs), cwd=out,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(out)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.removeprefix("VERDICT ") for line in proc.stdout.splitlines()
+             if line.startswith("VERDICT ")]
+    verdicts = {r["run"]: r for r in map(json.loads, lines)}
+    student, reference = verdicts["student"], verdicts["reference"]
+    assert "NotImplementedError" in student["exercise printed"], student
+    assert student["grade cell"].startswith("AssertionError"), student
+    assert reference["grade cell"] == "passed", reference
+
+
+# ---------------------------------------------------------------------------------------
+# Synthetic repos: hidden tests, and the mistakes that must stop a build
+# ---------------------------------------------------------------------------------------
+
+_CELL_IDS = itertools.count()
+
+
+def code_cell(text, grade_id=None, solution=False, grade=False, outputs=None):
+    cell = {"cell_type": "code", "execution_count": 3, "id": f"cell-{next(_CELL_IDS)}",
+            "metadata": {}, "outputs": outputs if outputs is not None else
+            [{"name": "stdout", "output_type": "stream", "text": ["42\n"]}],
+            "source": text.splitlines(keepends=True)}
+    if grade_id:
+        cell["metadata"]["nbgrader"] = {"grade": grade, "grade_id": grade_id, "locked": grade,
+                                        "schema_version": 3, "solution": solution}
+        if grade:
+            cell["metadata"]["nbgrader"]["points"] = 1
+    return cell
+
+
+def write_notebook(path, cells):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+
+
+EXERCISE = ("def area(r):\n"
+            "    ### BEGIN SOLUTION\n"
+            "    return 3.14159 * r * r\n"
+            "    ### END SOLUTION\n"
+            "\n"
+            "area(1.0)")
+GRADE = ("assert abs(area(2.0) - 12.566) < 1e-2\n"
+         "### BEGIN HIDDEN TESTS\n"
+         "assert abs(area(3.0) - 28.274) < 1e-2\n"
+         "### END HIDDEN TESTS\n"
+         "print('correct')")
+
+
+def test_hidden_tests_go_from_notebooks_and_python_files(tmp_path):
+    repo = tmp_path / "repo"
+    lesson = code_cell("x = 1\nx", outputs=[{"data": {"image/png": "iVBOR"}, "metadata": {},
+                                             "output_type": "display_data"}])
+    write_notebook(repo / "notebooks/lesson.ipynb",
+                   [lesson, code_cell(EXERCISE, "ex1-solution", solution=True),
+                    code_cell(GRADE, "ex1-tests", grade=True)])
+    (repo / "tests").mkdir()
+    (repo / "tests/test_area.py").write_text(
+        'def test_area():\n'
+        '    """Markers in a docstring are no region:\n'
+        '    ### BEGIN HIDDEN TESTS\n'
+        '    """\n'
+        '    assert True\n'
+        '    ### BEGIN HIDDEN TESTS\n'
+        '    assert 1 + 1 == 2  # the secret case\n'
+        '    ### END HIDDEN TESTS\n')
+    copy = assignment.build([], [], tmp_path / "student", repo=repo)
+
+    assert copy.parts == [] and copy.hidden_tests == {"tests/test_area.py": 1}
+    (nb,) = copy.notebooks
+    assert (nb.path, nb.solutions, nb.hidden_tests, nb.cleared) == (
+        "notebooks/lesson.ipynb", 1, 1, [1, 2])
+    tests = (tmp_path / "student/tests/test_area.py").read_text()
+    assert "secret" not in tests and tests.count("### BEGIN HIDDEN TESTS") == 1  # the docstring's
+    ast.parse(tests)
+    lesson_cell, exercise, grade = load(tmp_path / "student/notebooks/lesson.ipynb")["cells"]
+    assert lesson_cell == lesson
+    assert source(exercise) == ("def area(r):\n"
+                                "    # YOUR CODE HERE\n"
+                                "    raise NotImplementedError()\n"
+                                "\n"
+                                "area(1.0)")
+    assert source(grade) == "assert abs(area(2.0) - 12.566) < 1e-2\nprint('correct')"
+    assert exercise["outputs"] == grade["outputs"] == []
+    assert exercise["execution_count"] is grade["execution_count"] is None
+
+
+@pytest.mark.parametrize("cells, message", [
+    ([code_cell("x = 1"), code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n")],
+     r"notebooks/bad\.ipynb, cell 1, line 2: '### BEGIN SOLUTION' is never closed"),
+    ([code_cell("x = 1\n### END SOLUTION")],
+     r"notebooks/bad\.ipynb, cell 0, line 2: '### END SOLUTION' without a"),
+    ([code_cell("y = 2"), code_cell("## BEGIN SOLUTION\ny = 3\n## END SOLUTION")],
+     r"notebooks/bad\.ipynb, cell 1, line 1: '## BEGIN SOLUTION' looks like a marker"),
+    ([code_cell("y = 3", "ex-solution", solution=True)],
+     (r"notebooks/bad\.ipynb, cell 0: nbgrader's metadata marks it a solution cell, but it "
+      r"has no '### BEGIN SOLUTION'")),
+    ([code_cell("if True:\n    ### BEGIN HIDDEN TESTS\n    assert x\n    ### END HIDDEN TESTS\n")],
+     r"notebooks/bad\.ipynb, cell 0: once its regions are cut, the cell is no longer Python"),
+])
+def test_a_bad_marker_stops_the_build_naming_notebook_and_cell(tmp_path, cells, message):
+    write_notebook(tmp_path / "repo/notebooks/bad.ipynb", cells)
+    with pytest.raises(ValueError, match=message):
+        assignment.build([], [], tmp_path / "student", repo=tmp_path / "repo")
+    assert not (tmp_path / "student").exists(), "a refused build must write nothing"
+
+
+def test_the_command_reports_what_it_cut(tmp_path):
+    repo = tmp_path / "repo"
+    printed_source = code_cell("print(src)", outputs=[{
+        "name": "stdout", "output_type": "stream",
+        "text": ["def f():\n", "    ### BEGIN SOLUTION\n", "    return 1\n"]}])
+    write_notebook(repo / "notebooks/lesson.ipynb",
+                   [printed_source, code_cell(EXERCISE, "ex1-solution", solution=True),
+                    code_cell(GRADE, "ex1-tests", grade=True)])
+    sub = argparse.ArgumentParser().add_subparsers(dest="command")
+    grading.add_parsers(sub)
+    parser = sub._name_parser_map["assignment"]
+    args = parser.parse_args(["build", "--out", str(tmp_path / "student"), "--repo", str(repo)])
+    text = io.StringIO()
+    assert grading.run_assignment(args, Console(file=text, width=200)) == 0
+    assert ("cleared notebooks/lesson.ipynb: 1 solution region, 1 hidden-test region removed; "
+            "outputs of cells 0 (printed a marked source), 1, 2") in text.getvalue()
+    half = parser.parse_args(["build", "--components", "layer_norm",
+                              "--out", str(tmp_path / "other"), "--repo", str(repo)])
+    with pytest.raises(ValueError, match="'components' and 'levels' go together"):
+        grading.run_assignment(half, Console(file=io.StringIO()))
