@@ -54,4 +54,47 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
+
+// ---- added for attention.cu (append-only: the wrappers above are gemm.cu's) ----
+
+// ldmatrix with .trans: each 8x8 matrix is transposed on the way into registers, so a
+// tile stored [k][n] (n contiguous: V of P·V, dO and Q in the attention backward) arrives
+// as the "col" B operand of mma.sync without a transpose through shared memory. Lane
+// addresses follow the same pattern as ldmatrix_x4 for an A tile (rows k, lane & 15;
+// chunk lane >> 4); registers 0..3 are then b0, b1 of n8 tile 0 and b0, b1 of n8 tile 1.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 4 bytes global -> shared (cp.async.ca: sizes below 16 must go through L1); src_bytes 0
+// writes a zero. For small fp32 vectors whose rows are not 16-byte aligned (the
+// attention backward's log-sum-exp and delta rows).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// 2^x in one MUFU instruction (relative error ~2^-22, -inf -> +0, flushes denormal
+// results): the softmax of the 16-bit attention paths, whose P is rounded to 8 or 11
+// mantissa bits right after. The exact-fp32 paths use exp2f.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two fp32 values as one 32-bit register of two 16-bit values (lo in the low half): an
+// mma.sync A/B operand register, built from accumulators without a trip through memory.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 }  // namespace levels_mma

@@ -52,6 +52,8 @@ examples:
   levels agree --component lstm                level-vs-level agreement matrix
   levels explain --component mlp --level compile   what a level actually runs
   levels bench --component layer_norm          the speed goals (GPU), vs same-run baselines
+  levels bench --suite models                  every level vs the best library call at real models' shapes
+  levels bench --overhead                      what one call costs the host, per level
   levels doctor                                what works on this machine, and how to fix the rest
   levels assignment build --components layer_norm --levels native,triton --out DIR
   levels grade --repo DIR --gradescope results.json
@@ -193,7 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "points to the recorded H100 results instead.")
     p.add_argument("--component", help="comma-separated (default: all with a benchmark)")
     p.add_argument("--device")
-    p.add_argument("--out", default="levels-reports", help="directory for bench.json")
+    p.add_argument("--out", help="directory for bench.json (default levels-reports); with --suite or "
+                                 "--overhead a .json path or a directory (default reports/<gpu>-...json)")
+    from .bench.suite import add_suite_arguments
+    from .overhead import add_overhead_arguments
+    add_suite_arguments(p)
+    add_overhead_arguments(p)
     from . import doctor
     from .grading import add_parsers as add_instructor_parsers
     doctor.add_parser(sub)
@@ -611,6 +618,16 @@ def cmd_bench(args, console) -> int:
 
     from . import bench
 
+    if args.suite:
+        from .bench.suite import run_suite
+        return run_suite(args, console)
+    if args.overhead:
+        from .overhead import run_overhead
+        return run_overhead(args, console)
+    if args.level or args.shapes or args.resume:
+        raise ValueError("arguments '--level', '--shapes', '--resume' go with --suite (--level also "
+                         "with --overhead)")
+    args.out = args.out or "levels-reports"
     components = _split(args.component, COMPONENTS, "component")
     device = _device(args.device)
     if not device.startswith("cuda"):

@@ -7,6 +7,8 @@
                    per-call cost stops mattering and which level wins at which size.
   roofline_figure  each level as a point (arithmetic intensity, achieved TFLOP/s) under the
                    roofs this device really reaches (equivalence.ceilings), not a datasheet's.
+  suite_figure     `levels bench --suite models`: per component, each level's speed relative to
+                   the best library call at every shape of the model-shape suite.
 
 Every function takes the rows `compare` and `profile` write to JSON (Profile.to_dict() plus
 "check" and "break_even_calls_vs_native"), so a committed report can be drawn again later
@@ -286,5 +288,119 @@ def roofline_figure(rows: list[dict], ceilings: dict, settings: dict, environmen
              ha="center", fontsize=8, color="#333333")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def _suite_headline(report: dict) -> str:
+    """The suite's one message: how many goals the first level with figures meets, and
+    its slowest shape against the library."""
+    names = report["settings"]["levels"]
+    for name in names:
+        rows = [r for r in report["summary"] if r["level"] == name and r["goal"] is not None]
+        timed = [(e, e["levels"][name]) for e in report["entries"]
+                 if e["levels"].get(name, {}).get("ratio") is not None]
+        if not timed:
+            continue
+        met = sum(r["status"] == "met" for r in rows)
+        e, s = min(timed, key=lambda es: es[1]["ratio"])
+        text = (f"{_label(name)} meets {met} of {len(rows)} goals; slowest: {e['component']} "
+                f"{e['model']} {e['direction']} at {s['ratio']:.2f}× {e['best_library']}")
+        if report.get("smoke"):
+            text = "CPU smoke run (tiny twins, not the goals' shapes): " + text
+        return text
+    return "no level could be timed against a library call here"
+
+
+def suite_figure(report: dict, path) -> Path:
+    """`levels bench --suite models`: per component, one horizontal bar per shape and pass
+    and level: the level's speed relative to the best library call at that shape (best
+    library median / level median, p20-p80 whiskers), on one log scale shared by all
+    panels, with lines at parity (1×), at the component's goal and at the 0.7× floor."""
+    plt = _pyplot()
+    entries, names = report["entries"], report["settings"]["levels"]
+    goals, floor = report["settings"]["goals"], report["settings"]["floor"]
+    comps = list(dict.fromkeys(e["component"] for e in entries))
+    rows_of = {c: [e for e in entries if e["component"] == c] for c in comps}
+    bar_h = 0.8 / max(1, len(names))
+    row_in = 0.12 + 0.12 * len(names)
+    heights = [len(rows_of[c]) * row_in + 0.7 for c in comps]
+    width = 11.0
+    fig, axes = plt.subplots(len(comps), 1, figsize=(width, sum(heights) + 1.6), squeeze=False,
+                             sharex=True, layout="constrained",
+                             gridspec_kw={"height_ratios": heights})
+    ratios = []
+    for ax, comp in zip((a[0] for a in axes), comps):
+        rows = rows_of[comp]
+        ys = list(range(len(rows)))
+        whole_skips = []
+        for i, name in enumerate(names):
+            sides = [e["levels"].get(name) for e in rows]
+            if all(s is None or s["status"] == "skip" for s in sides):
+                why = next((s["reason"] for s in sides if s), "not run")
+                whole_skips.append(f"{_label(name)}: not run here ({why.splitlines()[0][:90]})")
+                continue
+            offset = (i - (len(names) - 1) / 2) * bar_h
+            for y, s in zip(ys, sides):
+                yy = y + offset
+                if s is not None and s.get("ratio") is not None:
+                    r = s["ratio"]
+                    lo, hi = s["ratio_spread"] or (r, r)
+                    ratios += [lo, hi]
+                    ax.barh(yy, r, height=bar_h * 0.9, color=LEVEL_COLORS.get(name, "#999999"),
+                            xerr=[[max(r - lo, 0)], [max(hi - r, 0)]], capsize=1.5,
+                            error_kw={"lw": 0.7}, label=_label(name) if y == 0 else None)
+                    ax.text(max(hi, r) * 1.04, yy, f"{r:.2f}×", va="center", fontsize=6.5)
+                else:
+                    status = "no library ran" if s and s["status"] == "ok" else \
+                        (s["status"] if s else "not run")
+                    ax.text(1.0, yy, f" {_label(name)}: {status}", va="center", fontsize=6.5,
+                            color="red" if status in ("error", "wrong") else "gray")
+        ax.axvline(1.0, color="black", lw=0.9, ls="--")
+        goal_lines = sorted({g for grp, g in goals.items() if grp.split()[0] == comp})
+        for g in goal_lines:
+            if g != 1.0:
+                ax.axvline(g, color="#2ca02c", lw=0.9, ls=":")
+        ax.axvline(floor, color="#d62728", lw=0.9, ls=":")
+        ax.set_yticks(ys, [f"{e['model']} — {e['description']}, {e['direction']}" for e in rows],
+                      fontsize=7.5)
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first shape at the top
+        goal_text = ", ".join(f"{grp.split(' ', 1)[1] + ' ' if ' ' in grp else ''}geomean ≥ {g:g}×"
+                              for grp, g in goals.items() if grp.split()[0] == comp)
+        ax.set_title(f"{comp}" + (f" — goal: {goal_text}" if goal_text else ""), fontsize=10,
+                     loc="left")
+        if whole_skips:
+            ax.text(0.99, 0.02, "\n".join(whole_skips), transform=ax.transAxes, ha="right",
+                    va="bottom", fontsize=6.5, color="gray")
+        ax.grid(axis="x", which="major", alpha=0.3)
+    ax0 = axes[0][0]
+    ax0.set_xscale("log", base=2)
+    lo, hi = _log_limits(ratios + [floor, 1.0], pad=1.4)
+    ax0.set_xlim(lo, hi * 1.5)  # room for the value labels right of the longest bar
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    for a in axes:
+        a[0].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}×"))
+        a[0].xaxis.set_minor_formatter(NullFormatter())
+    handles = [Patch(color=LEVEL_COLORS.get(n, "#999999"), label=_label(n)) for n in names]
+    handles += [Line2D([], [], color="black", ls="--", lw=0.9, label="as fast as the library"),
+                Line2D([], [], color="#2ca02c", ls=":", lw=0.9, label="goal, where not 1×"),
+                Line2D([], [], color="#d62728", ls=":", lw=0.9, label=f"floor {floor:g}×")]
+    # above the first panel, right of its title: constrained layout makes room for it
+    ax0.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=3, fontsize=7.5,
+               frameon=False)
+    axes[-1][0].set_xlabel(_wrap("speed relative to the best library call at that shape (library "
+                                 "median / level median, log scale; > 1×: the level is faster; "
+                                 "whiskers: p20–p80)", width - 2.5, 8.5), fontsize=8.5)
+    env = report["environment"]
+    device = env.get("gpu") or f"CPU, {env.get('cpu_threads', '?')} threads"
+    fig.suptitle(_wrap(_suite_headline(report), width, 11), fontsize=11, fontweight="bold")
+    fig.supxlabel(_wrap(f"{device}, torch {env.get('torch')}, triton {env.get('triton')}, "
+                        f"{report['settings']['dtype']}, {env.get('date', '')[:10]}. Libraries: "
+                        "SDPA (fastest of FLASH/EFFICIENT/CUDNN pinned), F.layer_norm, "
+                        "F.linear+GELU, nn.LSTM, F.conv2d+batch_norm, timed in the same run.",
+                        width, 8), fontsize=8, color="#333333")
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)

@@ -13,9 +13,11 @@ import torch
 from cuda_kernels import versions
 
 # component -> (its kernel file, how that file's opening comment names a version)
-KERNEL_FILES = {"layer_norm": ("layer_norm.cu", r"^//\s+v{v}\s"),
+KERNEL_FILES = {"attention": ("attention.cu", r"^//\s+v{v}\s"),
+                "layer_norm": ("layer_norm.cu", r"^//\s+v{v}\s"),
                 "conv_bn": ("conv_bn.cu", r"^//\s+v{v}\s"),
-                "mlp": ("gemm.cu", r"^//\s+version {v}\s")}
+                "mlp": ("gemm.cu", r"^//\s+version {v}\s"),
+                "lstm": ("lstm.cu", r"^//\s+v{v}\s")}
 
 
 @pytest.mark.parametrize("component", sorted(KERNEL_FILES))

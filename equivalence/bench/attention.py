@@ -4,9 +4,23 @@ Timed in the same process, bf16, B=4, H=16, N=4096, D=128, causal and not:
   forward  vs SDPA with the FLASH backend pinned (goal >= 1.1x) and with the cuDNN
            backend (stretch goal >= 0.8x); FLOPs 4*B*H*N^2*D, half of that when causal
   backward vs SDPA FLASH backward (goal >= 0.9x); FLOPs 2.5x the forward's
+
+Level 5 (CUDA C++, issue 11): every version of cuda_kernels/attention.cu, same shape and
+dtype, forward, backward alone and forward+backward, each against SDPA's FLASH backend
+timed in this run (cuDNN's ratio in `extra` where that backend runs). Goals for the best
+version (v4): forward >= 0.9x FLASH, backward >= 0.7x FLASH backward. Version 1 is not run
+at the bench shape: its score scratch alone is B*H*N*N*4 = 4.3 GB and one call takes
+minutes (one thread a query row, every score written and read back uncoalesced); it is
+timed, with v2-v4 and the same baselines, at a small shape (B1 H16 N1024 D128). A call
+that takes over SLOW_CALL_S is reported from that single call, not timed repeatedly.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -88,4 +102,130 @@ def run(device) -> list[Figure]:
                                "SDPA FLASH backend backward", t_flash, fwd_flops * 5 // 2,
                                GOAL_FLASH_BWD, f"first call (JIT compile) {first:.0f} ms"))
         del out_ours, out_flash, leaves
+    figures += _level5(device)
+    return figures
+
+
+# ---------------------------------------------------------------------------------------
+# Level 5: the CUDA C++ ladder
+# ---------------------------------------------------------------------------------------
+
+LEVEL5_SHAPES = {"bench": SHAPE, "small": dict(B=1, H=16, N=1024, D=128)}
+GOAL_L5_FWD, GOAL_L5_BWD = 0.9, 0.7  # of SDPA FLASH, for the default (best) version
+SLOW_CALL_S = 1.0
+
+
+@contextmanager
+def _cuda_version(version: int):
+    import cuda_kernels.attention as k5
+
+    old = os.environ.get(k5.ENV_VERSION)
+    os.environ[k5.ENV_VERSION] = str(version)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(k5.ENV_VERSION, None)
+        else:
+            os.environ[k5.ENV_VERSION] = old
+
+
+def _one_call_ms(fn, device) -> float:
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+class _Single:
+    """A Timing of one call (for versions too slow to time repeatedly)."""
+
+    def __init__(self, ms: float):
+        self.median_ms = self.p20_ms = self.p80_ms = ms
+        self.runs = 1
+
+
+def _l5_figure(name, shape, version, idea, t, flops, base_t, cudnn_t, goal, notes=""):
+    ratio = base_t.median_ms / t.median_ms
+    return Figure(component="attention", name=name, level="cuda", dtype="bfloat16", shape=shape,
+                  ms=t.median_ms, spread_ms=(t.p20_ms, t.p80_ms), tflops=flops / t.median_ms / 1e9,
+                  baseline="SDPA FLASH backend", baseline_ms=base_t.median_ms, ratio=ratio, goal=goal,
+                  met=(ratio >= goal) if goal else None, notes=notes,
+                  extra={"version": version, "idea": idea, "flops": flops, "runs": t.runs,
+                         "baseline_tflops": flops / base_t.median_ms / 1e9,
+                         "cudnn_ms": cudnn_t.median_ms if cudnn_t else None,
+                         "ratio_to_cudnn": cudnn_t.median_ms / t.median_ms if cudnn_t else None})
+
+
+def _level5(device) -> list[Figure]:
+    import levels
+
+    reason = levels.status("cuda", device, "attention")
+    if reason:
+        print(f"attention bench: Level 5 skipped: {reason}", file=sys.stderr)
+        return []
+    import cuda_kernels.attention as k5
+    from torch.nn.attention import SDPBackend
+
+    ours = levels.get("cuda").attention
+    flash, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
+    figures = []
+    for label, shp in LEVEL5_SHAPES.items():
+        B, H, N, D = shp["B"], shp["H"], shp["N"], shp["D"]
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v, do = (torch.randn((B, H, N, D), generator=g).to(device=device, dtype=DTYPE)
+                       for _ in range(4))
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        versions = [v_ for v_ in sorted(k5.VERSIONS) if label != "bench" or v_ != 1]
+        for causal in (False, True):
+            tag = "causal" if causal else "full"
+            shape = dict(shp, causal=causal, shape=label)
+            fwd_flops = 4 * B * H * N * N * D // (2 if causal else 1)
+
+            def fwd(fn):
+                return lambda: fn(q, k, v, causal)
+
+            def fwd_bwd(fn):
+                return lambda: torch.autograd.grad(fn(*leaves, causal), leaves, do)
+
+            def bwd_of(fn):
+                out = fn(*leaves, causal)
+                return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+            def maybe(make):  # cuDNN's backend is not built or not supported everywhere
+                try:
+                    return time_fn(make(), device)
+                except RuntimeError as exc:
+                    print(f"attention bench: cuDNN backend unavailable: {str(exc)[:200]}", file=sys.stderr)
+                    return None
+
+            with torch.no_grad():
+                base = {"forward": time_fn(fwd(flash), device)}
+                cud = {"forward": maybe(lambda: fwd(cudnn))}
+            base["backward"] = time_fn(bwd_of(flash), device)
+            cud["backward"] = maybe(lambda: bwd_of(cudnn))
+            base["forward+backward"] = time_fn(fwd_bwd(flash), device)
+            cud["forward+backward"] = maybe(lambda: fwd_bwd(cudnn))
+            flops = {"forward": fwd_flops, "backward": fwd_flops * 5 // 2,
+                     "forward+backward": fwd_flops * 7 // 2}
+            for version in versions:
+                for what in ("forward", "backward", "forward+backward"):
+                    name = f"{what} bf16 {tag} N{N} D{D} cuda v{version}"
+                    best = version == k5.DEFAULT_VERSION and label == "bench"
+                    goal = {"forward": GOAL_L5_FWD, "backward": GOAL_L5_BWD}.get(what) if best else None
+                    try:
+                        with _cuda_version(version), torch.set_grad_enabled(what != "forward"):
+                            fn = {"forward": fwd, "backward": bwd_of, "forward+backward": fwd_bwd}[what](ours)
+                            first = _one_call_ms(fn, device)  # the build, once, and the first call
+                            single = _one_call_ms(fn, device)
+                            if single > SLOW_CALL_S * 1e3:
+                                t, notes = _Single(single), f"one call > {SLOW_CALL_S:g} s: not timed repeatedly"
+                            else:
+                                t, notes = time_fn(fn, device), f"first call {first:.0f} ms"
+                        figures.append(_l5_figure(name, shape, version, k5.VERSIONS[version], t,
+                                                  flops[what], base[what], cud[what], goal, notes))
+                    except Exception as exc:  # noqa: BLE001 - one failing version must not hide the others
+                        print(f"attention bench: {name} failed: {type(exc).__name__}: {str(exc)[:300]}",
+                              file=sys.stderr)
     return figures

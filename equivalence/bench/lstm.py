@@ -12,9 +12,19 @@ same arithmetic as exact fp32) is timed too and reported in `extra`. Level 4's f
 recurrence runs its dots as 3xTF32 (triton_kernels/lstm.py FP32_DOT); the same kernel with
 exact fp32 FMA dots ("ieee") is timed as well, a figure without a goal, to show what the
 trick buys.
+
+Level 5 (CUDA C++, issue 11): every version of cuda_kernels/lstm.cu (v1 a step kernel per
+time step, v2 one persistent cooperative launch) at fp32 and bf16, both sizes, forward; and
+forward+backward at 'bench' (against nn.LSTM's forward+backward, same run). Goals at 'bench',
+forward, for the default version (v2): bf16 >= 5x nn.LSTM, fp32 >= 1.0x. The Level 4 figures
+are skipped (with the reason) where Level 4 cannot run, and the Level 5 ones likewise.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -31,7 +41,10 @@ def unavailable_reason(device) -> str | None:
     if torch.device(device).type != "cuda":
         return "the LSTM goal compares against cuDNN's nn.LSTM: needs a GPU"
     import levels
-    return levels.status("triton", device, "lstm")
+    triton, cuda = levels.status("triton", device, "lstm"), levels.status("cuda", device, "lstm")
+    if triton and cuda:
+        return f"Level 4: {triton}; Level 5: {cuda}"
+    return None
 
 
 def _cudnn_lstm(args):
@@ -46,9 +59,21 @@ def _cudnn_lstm(args):
 
 def run(device) -> list[Figure]:
     import levels
-    import triton_kernels.lstm as kernels
 
     device = torch.device(device)
+    figures = []
+    reason = levels.status("triton", device, "lstm")
+    if reason:
+        print(f"lstm bench: Level 4 skipped: {reason}", file=sys.stderr)
+    else:
+        figures += _level4(device)
+    return figures + _level5(device)
+
+
+def _level4(device) -> list[Figure]:
+    import levels
+    import triton_kernels.lstm as kernels
+
     ours = levels.get("triton").lstm
     spec = specs.get("lstm")
     figures = []
@@ -109,4 +134,122 @@ def run(device) -> list[Figure]:
                        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                        "baseline_exact_fp32_ms": exact.median_ms if exact else None,
                        "ratio_vs_exact_fp32": exact.median_ms / t.median_ms if exact else None}))
+    return figures
+
+
+# ---------------------------------------------------------------------------------------
+# Level 5: the recurrence ladder of cuda_kernels/lstm.cu
+# ---------------------------------------------------------------------------------------
+
+LEVEL5_GOALS = {torch.bfloat16: 5.0, torch.float32: 1.0}  # forward at 'bench', default version
+
+
+@contextmanager
+def _cuda_version(version: int):
+    import cuda_kernels.lstm as k5
+
+    old = os.environ.get(k5.ENV_VERSION)
+    os.environ[k5.ENV_VERSION] = str(version)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(k5.ENV_VERSION, None)
+        else:
+            os.environ[k5.ENV_VERSION] = old
+
+
+def _train_step(fn, leaves, upstream):
+    """One forward + backward: gradients of every leaf for the given output gradients."""
+    def go():
+        out, (h_n, c_n) = fn(*leaves)
+        torch.autograd.grad((out, h_n, c_n), leaves, upstream)
+    return go
+
+
+def _cudnn_train(args, leaves):
+    """nn.LSTM (cuDNN) forward + backward on the same values; the weights are its parameters."""
+    I, H = args["x"].shape[-1], args["w_hh"].shape[1]
+    m = torch.nn.LSTM(I, H, batch_first=True).to(device=args["x"].device, dtype=args["x"].dtype)
+    with torch.no_grad():
+        for name in ("w_ih", "w_hh", "b_ih", "b_hh"):
+            getattr(m, f"{name.replace('w_', 'weight_').replace('b_', 'bias_')}_l0").copy_(args[name])
+    m.flatten_parameters()
+    x, h0, c0 = leaves[0], leaves[1], leaves[2]
+    params = [x, h0, c0, *m.parameters()]
+
+    def go(upstream):
+        out, (h_n, c_n) = m(x, (h0, c0))
+        torch.autograd.grad((out, h_n, c_n), params, upstream)
+    return go
+
+
+def _level5(device) -> list[Figure]:
+    import levels
+
+    reason = levels.status("cuda", device, "lstm")
+    if reason:
+        print(f"lstm bench: Level 5 skipped: {reason}", file=sys.stderr)
+        return []
+    import cuda_kernels.lstm as k5
+
+    from . import figure
+
+    cuda = levels.get("cuda")
+    spec = specs.get("lstm")
+    names = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
+    figures = []
+    for size in SIZES:
+        for dtype in DTYPES:
+            args = spec.case(size, "default", dtype, device, seed=0).args
+            shape = dict(spec.sizes[size])
+            flops = spec.flops(args)
+            tensors = [args[n] for n in names]
+            dt = str(dtype)[6:]
+            with torch.no_grad():
+                try:
+                    base = figure("lstm", f"forward {dt} {size}", "native", dtype, shape,
+                                  _cudnn_lstm(args), device, flops=flops["fwd"],
+                                  notes="nn.LSTM (cuDNN), the Level 5 baseline of this run",
+                                  extra={"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32})
+                    figures.append(base)
+                except RuntimeError as exc:
+                    base = None
+                    print(f"lstm bench: nn.LSTM unavailable at {dt}: {exc}", file=sys.stderr)
+            train = size == "bench"
+            if train:
+                leaves = [t.detach().requires_grad_(True) for t in tensors]
+                B, T, H = shape["B"], shape["T"], shape["H"]
+                g = torch.Generator(device="cpu").manual_seed(1)
+                upstream = tuple(torch.randn(s, generator=g).to(device=device, dtype=dtype)
+                                 for s in ((B, T, H), (1, B, H), (1, B, H)))
+                try:
+                    cudnn_go = _cudnn_train(args, leaves)
+                    base_fb = figure("lstm", f"forward+backward {dt} {size}", "native", dtype, shape,
+                                     lambda: cudnn_go(upstream), device,
+                                     flops=flops["fwd"] + flops["bwd"], notes="nn.LSTM (cuDNN), autograd")
+                    figures.append(base_fb)
+                except RuntimeError as exc:
+                    base_fb = None
+                    print(f"lstm bench: nn.LSTM backward unavailable at {dt}: {exc}", file=sys.stderr)
+            for version in sorted(k5.VERSIONS):
+                goal = (LEVEL5_GOALS[dtype] if size == "bench" and version == k5.DEFAULT_VERSION
+                        else None)
+                runs = [("forward", lambda: cuda.lstm(*tensors), flops["fwd"], base, goal, False)]
+                if train:
+                    runs.append(("forward+backward", _train_step(cuda.lstm, leaves, upstream),
+                                 flops["fwd"] + flops["bwd"], base_fb, None, True))
+                for what, fn, fl, baseline, g_, grad in runs:
+                    name = f"{what} {dt} {size} cuda v{version}"
+                    try:
+                        with _cuda_version(version), torch.set_grad_enabled(grad):
+                            fig = figure("lstm", name, "cuda", dtype, shape, fn, device, flops=fl,
+                                         baseline="nn.LSTM (cuDNN)" if baseline else None,
+                                         baseline_ms=baseline.ms if baseline else None, goal=g_,
+                                         extra={"version": version, "idea": k5.VERSIONS[version]})
+                        fig.extra["us_per_step"] = 1e3 * fig.ms / shape["T"]
+                        figures.append(fig)
+                    except Exception as exc:  # noqa: BLE001 - one failing version must not hide the others
+                        print(f"lstm bench: {name} failed: {type(exc).__name__}: {str(exc)[:400]}",
+                              file=sys.stderr)
     return figures

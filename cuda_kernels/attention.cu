@@ -1,0 +1,1159 @@
+// attention.cu — out = softmax(q kᵀ · scale) v over (B, H, N, D) tensors, optionally causal,
+// forward and backward: Level 5's flash attention, a ladder of four versions.
+//
+//   v1  naive: one thread per query row; the row of scores goes to global memory (an fp32
+//       scratch of B*H*Nq*Nk*4 bytes the binding allocates: 4.3 GB at B4 H16 N4096), then
+//       softmax over it, then P·V. Every K/V element is read Nq times, the scores written
+//       and read twice. Costs: O(N²) memory and traffic; no reuse at all.
+//   v2  FlashAttention tiling on the CUDA cores: a block of 32 query rows (4 threads a row,
+//       each a quarter of D) streams K/V tiles of 32 keys through shared memory and keeps a
+//       running (online) softmax in fp32 registers: the N×N matrix never exists, each K/V
+//       element is read once per 32 queries. Exact fp32 FMAs: this is also the declared
+//       fp32 path of v3 and v4 (no TF32). Costs: 2 shuffles per score, no tensor cores.
+//   v3  tensor cores: mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate) fed by ldmatrix
+//       from padded (conflict-free) shared tiles; a warp owns 16 query rows, its Q
+//       fragments stay in registers for the whole key loop, the S accumulators are
+//       re-packed to 16-bit as the A operand of P·V without touching shared memory (the
+//       FlashAttention-2 register trick), V arrives as the B operand via ldmatrix.trans.
+//       Costs: 16-bit inputs only (fp32 runs v2), rows 16-byte aligned; loads are
+//       synchronous (the tensor cores idle while a tile arrives); causal only masks.
+//   v4  v3 + cp.async double buffering (the next K/V tile is in flight while this one is
+//       computed) + causal block skipping (key blocks entirely above the diagonal are never
+//       visited, blocks entirely below it run without the mask code). Costs: twice v3's
+//       K/V shared memory; a second, unmasked copy of the tile step in the binary.
+//
+// Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
+//   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,
+//   looping over query blocks) and a dQ kernel (one block per query block, looping over key
+//   blocks): no atomics, every gradient element written once by one thread: deterministic.
+//   forward v1, v2 (and fp32 at v3/v4)  ->  CUDA-core backward (exact fp32, v2's layout)
+//   forward v3                           ->  mma.sync backward, synchronous loads, masking
+//   forward v4                           ->  mma.sync backward, cp.async double buffering
+//                                            and causal block skipping
+//
+// The log-sum-exp the forward stores is in base 2 of the scaled scores:
+//   lse_i = log2 sum_j 2^(scale·log2(e)·q_i·k_j)   (= natural lse · log2(e))
+// so that the backward's P = 2^(scale·log2(e)·q·k − lse) is one FMA and one exp2.
+//
+// Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
+// dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
+// whose last dimension is strided). v3/v4 read 16-byte chunks, so for them every stride
+// of a dimension of size > 1 must be a multiple of 8 elements and the base 16-byte aligned
+// (else LEVELS_UNSUPPORTED; the Python side copies). Outputs out, lse, dq, dk, dv are
+// contiguous, written only inside their own extent. Offsets are int64.
+// Head dims D in {16, 32, 64, 128} at v2-v4 (one register tile spans D); v1 takes any D.
+
+#include "common.cuh"
+#include "mma.cuh"
+
+#include <math.h>
+#include <type_traits>
+
+namespace levels_attention {
+
+using namespace levels_mma;
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ---- candidates for common.cuh ----
+__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// ---- end of candidates ----
+
+// One (B, H, N, D) operand: element strides of batch, head and row; D has stride 1.
+struct Operand {
+  const void* ptr;
+  int64_t sb, sh, sn;
+};
+
+struct Params {
+  Operand q, k, v;        // inputs
+  Operand o, dout;        // backward: the forward's output and the upstream gradient
+  void* out;              // forward output (B, H, Nq, D), contiguous
+  float* lse;             // (B, H, Nq) fp32, base 2 (see the top of the file)
+  float* delta;           // (B, H, Nq) fp32: rowsum(dO · O), written by the preprocess
+  float* scratch;         // v1 only: (B*H, Nq, Nk) fp32 scores
+  void* dq;               // (B, H, Nq, D) contiguous
+  void* dk;               // (B, H, Nk, D) contiguous
+  void* dv;               // (B, H, Nk, D) contiguous
+  int64_t H, BH, Nq, Nk;
+  int D;
+  int causal;             // query i sees keys j <= i (Nq == Nk, checked by the binding)
+  float scale;            // softmax scale
+  float scale_log2;       // scale · log2(e): scores go straight to exp2
+};
+
+// The (b, h) slice of an operand: b * stride_b + h * stride_h in int64.
+template <typename T>
+__device__ __forceinline__ const T* head_of(const Operand& t, int64_t bh, int64_t H) {
+  return static_cast<const T*>(t.ptr) + (bh / H) * t.sb + (bh % H) * t.sh;
+}
+
+// Block -> (bh, block index along the sequence). Blocks of one head are consecutive (they
+// share K/V in L2); `reverse` starts each head with its last block: the causal forward's
+// heaviest query blocks go first and the cheap ones fill the tail of the grid.
+__device__ __forceinline__ void block_coords(int64_t n_blocks, bool reverse, int64_t& bh, int64_t& blk) {
+  const int64_t i = blockIdx.x;
+  bh = i / n_blocks;
+  blk = i % n_blocks;
+  if (reverse) blk = n_blocks - 1 - blk;
+}
+
+// =====================================================================================
+// v1: one thread per query row, the scores in global memory
+// =====================================================================================
+// Three passes over the row of scores: write q·k_j (and find the max), turn it into
+// 2^(s - max) (and sum it), then out = sum_j p_j v_j / sum. Threads of a warp are
+// consecutive rows of one head, so each k_j / v_j read is a broadcast; the score rows are
+// Nk apart, so those accesses do not coalesce at all (the cost the tiled versions remove).
+template <typename T>
+__global__ void attn_fwd_v1_kernel(Params p) {
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (idx >= p.BH * p.Nq) return;
+  const int64_t bh = idx / p.Nq, i = idx % p.Nq;
+  const T* q = head_of<T>(p.q, bh, p.H) + i * p.q.sn;
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+  float* s = p.scratch + idx * p.Nk;
+  const int D = p.D;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < p.Nk; ++j) {
+    float dot = 0.0f;
+    for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
+    const float t = (p.causal && j > i) ? -INFINITY : dot * p.scale_log2;
+    s[j] = t;
+    mx = fmaxf(mx, t);
+  }
+  float l = 0.0f;
+  for (int64_t j = 0; j < p.Nk; ++j) {
+    const float e = exp2f(s[j] - mx);  // key 0 is always visible: mx is finite
+    s[j] = e;
+    l += e;
+  }
+  T* out = static_cast<T*>(p.out) + idx * D;
+  for (int d = 0; d < D; ++d) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < p.Nk; ++j) acc += s[j] * to_f32(v[j * p.v.sn + d]);
+    out[d] = from_f32<T>(acc / l);
+  }
+  p.lse[idx] = mx + log2f(l);
+}
+
+// =====================================================================================
+// v2: FlashAttention tiling on the CUDA cores (exact fp32)
+// =====================================================================================
+// 128 threads = 32 query rows x 4 threads; thread c of a row holds q and the output
+// accumulator at d = c, c+4, c+8, ... (so the 4 threads of a row read 4 adjacent floats
+// of a shared K/V row, and the 8 rows of a warp read the same ones: a broadcast, no bank
+// conflict). Per key: 4 partial dot products, 2 xor-shuffles within the row's 4 lanes.
+// Per tile of 32 keys: the scores in registers, one rescale of the accumulator by
+// 2^(m_old - m_new) (the online softmax), then acc += p_j v_j.
+constexpr int CC_TPR = 4;      // threads per row (CUDA-core kernels)
+constexpr int CC_ROWS = 32;    // rows per block: 128 threads
+constexpr int CC_TILE = 32;    // streamed tile (keys in the forward and dQ, queries in dK/dV)
+constexpr int CC_THREADS = CC_ROWS * CC_TPR;
+
+// The sum of a row's 4 partial sums (lanes 4r..4r+3): every lane of the row gets it.
+__device__ __forceinline__ float row_sum4(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+// rows [row0, row0 + CC_TILE) of a (N, D) operand as fp32 into shared memory, zeros past n.
+template <typename T, int D>
+__device__ __forceinline__ void cc_load_tile(float (*dst)[D], const T* src, int64_t ld, int64_t row0, int64_t n) {
+  for (int e = threadIdx.x; e < CC_TILE * D; e += CC_THREADS) {
+    const int r = e / D, d = e % D;
+    const int64_t row = row0 + r;
+    dst[r][d] = row < n ? to_f32(src[row * ld + d]) : 0.0f;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
+  constexpr int PER = D / CC_TPR;
+  __shared__ float ks[CC_TILE][D], vs[CC_TILE][D];
+  int64_t bh, mb;
+  block_coords(cdiv(p.Nq, CC_ROWS), p.causal, bh, mb);
+  const int c = threadIdx.x % CC_TPR;
+  const int64_t row = mb * CC_ROWS + threadIdx.x / CC_TPR;
+  const bool row_ok = row < p.Nq;
+  const T* q = head_of<T>(p.q, bh, p.H) + (row_ok ? row : 0) * p.q.sn;
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+  float qr[PER], acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    qr[e] = row_ok ? to_f32(q[c + CC_TPR * e]) : 0.0f;
+    acc[e] = 0.0f;
+  }
+  const float sl = p.scale_log2;
+  float m = -INFINITY, l = 0.0f;  // running max (raw score units) and sum of 2^(s·sl - m·sl)
+  for (int64_t n0 = 0; n0 < p.Nk; n0 += CC_TILE) {
+    __syncthreads();  // every thread is done with the previous tile
+    cc_load_tile<T, D>(ks, k, p.k.sn, n0, p.Nk);
+    cc_load_tile<T, D>(vs, v, p.v.sn, n0, p.Nk);
+    __syncthreads();
+    float s[CC_TILE];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < CC_TILE; ++j) {
+      float part = 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) part = fmaf(qr[e], ks[j][c + CC_TPR * e], part);
+      const float dot = row_sum4(part);
+      const int64_t key = n0 + j;
+      s[j] = (key >= p.Nk || (p.causal && key > row)) ? -INFINITY : dot;
+      mx = fmaxf(mx, s[j]);
+    }
+    const float m_new = fmaxf(m, mx);
+    // A row whose every key so far is masked has m_new = -inf: subtract 0 instead, so that
+    // -inf - (-inf) never makes a NaN (its p are 0 either way).
+    const float neg = m_new == -INFINITY ? 0.0f : -m_new * sl;
+    const float alpha = exp2f(fmaf(m, sl, neg));  // 0 on the first tile (m = -inf)
+    l *= alpha;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) acc[e] *= alpha;
+#pragma unroll
+    for (int j = 0; j < CC_TILE; ++j) {
+      const float pj = exp2f(fmaf(s[j], sl, neg));
+      l += pj;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) acc[e] = fmaf(pj, vs[j][c + CC_TPR * e], acc[e]);
+    }
+    m = m_new;
+  }
+  if (!row_ok) return;
+  const int64_t orow = bh * p.Nq + row;
+  T* out = static_cast<T*>(p.out) + orow * D;
+  const float inv = 1.0f / l;  // l >= 1: the max element contributes 2^0
+#pragma unroll
+  for (int e = 0; e < PER; ++e) out[c + CC_TPR * e] = from_f32<T>(acc[e] * inv);
+  if (c == 0) p.lse[orow] = m * sl + log2f(l);
+}
+
+// =====================================================================================
+// v3 / v4: tensor cores (mma.sync m16n8k16), one kernel template, ASYNC = v4
+// =====================================================================================
+// Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+//   A 16x16 (row):  a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8  (col):  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C 16x8 (fp32):  c0 c1 (g, 2t..2t+1)   c2 c3 (g+8, 2t..2t+1)
+// Two adjacent n8 accumulator tiles of S (keys 16c..16c+15) therefore hold exactly the A
+// fragment of P for k-chunk c: a0 = (S[2c].c0, c1), a1 = (S[2c].c2, c3), a2 = (S[2c+1].c0,
+// c1), a3 = (S[2c+1].c2, c3). That is the register trick: P never leaves registers.
+//
+// Shared tiles are [rows][D + 8]: the 16-byte pad puts the 8 rows an ldmatrix reads at
+// one chunk column into 8 different 16-byte bank groups for every D in {16, 32, 64, 128}
+// (row stride 2D+16 bytes = 16·(odd) mod 128: conflict free), where an unpadded D = 64 or
+// 128 row would put all 8 in the same banks (8-way conflict). Costs 8 elements a row.
+template <int D> constexpr int ld_of() { return D + 8; }
+
+// Rows [row0, row0 + rows) of a (N, D) operand (row stride ld, elements; ld % 8 == 0 and
+// a 16-byte aligned base, checked by the launcher) into a padded shared tile, 16 bytes at
+// a time; rows past n are zeros (cp.async's zero fill, or an explicit zero). ASYNC: cp.async,
+// nothing waits here. Otherwise every thread first loads all its chunks into registers,
+// then stores them: the loads are in flight together instead of one after another.
+// MAX_ROWS bounds `rows` at compile time (the register buffer of the synchronous path).
+template <typename T, int D, int MAX_ROWS, bool ASYNC>
+__device__ __forceinline__ void load_tile(T* s, const T* __restrict__ g, int64_t ld, int row0, int n, int rows) {
+  constexpr int CH = D / 8, LD = ld_of<D>();
+  constexpr int MAXIT = (MAX_ROWS * CH + 127) / 128;  // blockDim.x >= 128
+  constexpr int BATCH = MAXIT < 4 ? MAXIT : 4;         // loads in flight per thread (16 registers)
+  const int total = rows * CH, nt = blockDim.x;
+  if constexpr (ASYNC) {
+#pragma unroll
+    for (int i = 0; i < MAXIT; ++i) {
+      const int e = threadIdx.x + i * nt;
+      if (e < total) {
+        const int r = e / CH, ch = e % CH;
+        const bool ok = row0 + r < n;
+        cp_async_16(smem_addr(s + r * LD + ch * 8), ok ? g + (int64_t)(row0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i0 = 0; i0 < MAXIT; i0 += BATCH) {
+      uint4 buf[BATCH];
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        const int e = threadIdx.x + (i0 + i) * nt;
+        const int r = e / CH, ch = e % CH;
+        buf[i] = (i0 + i < MAXIT && e < total && row0 + r < n)
+                     ? *reinterpret_cast<const uint4*>(g + (int64_t)(row0 + r) * ld + ch * 8)
+                     : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        const int e = threadIdx.x + (i0 + i) * nt;
+        if (i0 + i < MAXIT && e < total) *reinterpret_cast<uint4*>(s + (e / CH) * LD + (e % CH) * 8) = buf[i];
+      }
+    }
+  }
+}
+
+// ldmatrix address of lane `lane` for a 16x16 A tile at (row0, col0) of a padded tile, or
+// equally for a 16(k) x 16(n) B tile stored [k][n] read with .trans (see mma.cuh).
+template <int D>
+__device__ __forceinline__ uint32_t a_addr(const void* tile_base, int row0, int col0, int lane) {
+  const char* base = static_cast<const char*>(tile_base);
+  return smem_addr(base + ((row0 + (lane & 15)) * ld_of<D>() + col0 + (lane >> 4) * 8) * 2);
+}
+// ... for a B operand stored [n][k] (k contiguous), two n8 tiles at n0, n0+8, k16 at k0:
+// registers 0, 1 = b0, b1 of tile n0; 2, 3 = b0, b1 of tile n0+8.
+template <int D>
+__device__ __forceinline__ uint32_t b_addr(const void* tile_base, int n0, int k0, int lane) {
+  const char* base = static_cast<const char*>(tile_base);
+  return smem_addr(base + ((n0 + (lane & 7) + ((lane >> 4) << 3)) * ld_of<D>() + k0 + ((lane >> 3) & 1) * 8) * 2);
+}
+
+// A warp's 16 rows x D of a padded tile, converted from fp32 fragments (C layout, DT n8
+// tiles across D, times `mul`), written to global memory (contiguous rows of D) through
+// the same 16 rows of shared memory that only this warp uses: 16-byte coalesced stores
+// instead of 4-byte scattered ones. Rows >= n are not written.
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(T* stage, const float (&acc)[D / 8][4], float mul0, float mul1,
+                                           T* __restrict__ dst, int row0, int n, int lane) {
+  constexpr int LD = ld_of<D>(), CH = D / 8;
+  __syncwarp();  // every lane is done reading these rows as an operand
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane & 3), r = lane >> 2;
+    *reinterpret_cast<uint32_t*>(stage + r * LD + col) = pack2<T>(acc[dt][0] * mul0, acc[dt][1] * mul0);
+    *reinterpret_cast<uint32_t*>(stage + (r + 8) * LD + col) = pack2<T>(acc[dt][2] * mul1, acc[dt][3] * mul1);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < (16 * CH + 31) / 32; ++i) {
+    const int e = lane + 32 * i;
+    if (e < 16 * CH) {
+      const int r = e / CH, ch = e % CH;
+      if (row0 + r < n)
+        *reinterpret_cast<uint4*>(dst + (int64_t)(row0 + r) * D + ch * 8) = *reinterpret_cast<const uint4*>(stage + r * LD + ch * 8);
+    }
+  }
+}
+
+// Sᵀ (or dPᵀ) = X Yᵀ for this warp's 16 rows of X (keys: K or V) and the QT rows of Y
+// (queries: Q or dO). The k-loop over D indexes no register array, so it is not unrolled:
+// unrolled, ptxas hoists every ldmatrix of it ahead of the mma's (8 x 12 registers at
+// D = 128) and the kernel spills next to dK and dV's 128 accumulator registers.
+template <typename T, int D, int QN>
+__device__ __forceinline__ void warp_xyt(float (&acc)[QN][4], const T* sx, const T* sy, int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < QN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 1
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t a[4];
+    ldmatrix_x4(a, a_addr<D>(sx, warp * 16, kc * 16, lane));
+#pragma unroll
+    for (int j = 0; j < QN; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_addr<D>(sy, j * 8, kc * 16, lane));
+      mma_16816<T>(acc[j], a, b[0], b[1]);
+      mma_16816<T>(acc[j + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x D) += A (16 x 16 KN, fp32 C fragments re-packed to 16-bit: the register trick)
+// times Y (16 KN x D, stored [k][d]: read with ldmatrix.trans).
+template <typename T, int D, int KN>
+__device__ __forceinline__ void warp_acc_py(float (&acc)[D / 8][4], const float (&pa)[KN][4], const T* sy, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < KN / 2; ++kc) {
+    uint32_t a[4];
+    a[0] = pack2<T>(pa[2 * kc][0], pa[2 * kc][1]);
+    a[1] = pack2<T>(pa[2 * kc][2], pa[2 * kc][3]);
+    a[2] = pack2<T>(pa[2 * kc + 1][0], pa[2 * kc + 1][1]);
+    a[3] = pack2<T>(pa[2 * kc + 1][2], pa[2 * kc + 1][3]);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, a_addr<D>(sy, kc * 16, dt * 8, lane));
+      mma_16816<T>(acc[dt], a, b[0], b[1]);
+      mma_16816<T>(acc[dt + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- forward (v3, v4) --
+constexpr int FWD_BN = 64;  // keys per tile
+
+// One key tile for one warp: S = Q Kᵀ, online softmax, O += P V. MASK: apply the causal
+// and Nk-edge masks (v3 always; v4 only on tiles that straddle the diagonal or the edge).
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
+                                         float (&l)[2], const T* sk, const T* sv, int n0, int row_g,
+                                         int Nk, int causal, float sl, int lane) {
+  constexpr int NT = FWD_BN / 8;
+  float s[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_addr<D>(sk, nt * 8, kc * 16, lane));
+      mma_16816<T>(s[nt], qf[kc], b[0], b[1]);
+      mma_16816<T>(s[nt + 1], qf[kc], b[2], b[3]);
+    }
+  }
+  if constexpr (MASK) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+        const int row = row_g + (e >> 1) * 8;
+        if (key >= Nk || (causal && key > row)) s[nt][e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx);
+    const float neg = m_new == -INFINITY ? 0.0f : -m_new * sl;  // no -inf - -inf
+    const float alpha = exp2_approx(fmaf(m[h], sl, neg));
+    m[h] = m_new;
+    // l stays a per-lane partial sum (this lane's columns): alpha is the same for the 4
+    // lanes of a row, so the 4 partials are added once, after the loop.
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * h] = exp2_approx(fmaf(s[nt][2 * h], sl, neg));
+      s[nt][2 * h + 1] = exp2_approx(fmaf(s[nt][2 * h + 1], sl, neg));
+      sum += s[nt][2 * h] + s[nt][2 * h + 1];
+    }
+    l[h] = l[h] * alpha + sum;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][2 * h] *= alpha;
+      o[dt][2 * h + 1] *= alpha;
+    }
+  }
+  warp_acc_py<T, D, NT>(o, s, sv, lane);  // O += P V: P straight from the S registers
+}
+
+// Block: W warps (4 or 8, blockDim.x = 32 W), BLOCK_M = 16 W query rows, 16 per warp.
+// Shared: Q [BLOCK_M][D+8], then STAGES x K [64][D+8], STAGES x V [64][D+8].
+// Positions inside a head (rows, keys) are int (the launcher checks N < 2**30); offsets
+// are int64 (b, h and row times their strides).
+template <typename T, int D, bool ASYNC>
+__global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
+  constexpr int LD = ld_of<D>(), STAGES = ASYNC ? 2 : 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x >> 5, block_m = warps * 16;
+  T* sq = reinterpret_cast<T*>(smem_raw);
+  T* sk = sq + block_m * LD;
+  T* sv = sk + STAGES * FWD_BN * LD;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bh, mb;
+  block_coords(cdiv(Nq, block_m), causal, bh, mb);
+  const int m0 = (int)mb * block_m;
+  const T* q = head_of<T>(p.q, bh, p.H);
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+
+  // v4 visits key tiles up to the block's last row only (causal); v3 visits all of them.
+  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  const int n_tiles = (kv_end + FWD_BN - 1) / FWD_BN;
+
+  load_tile<T, D, 128, ASYNC>(sq, q, p.q.sn, m0, Nq, block_m);
+  if constexpr (ASYNC) {
+    cp_async_commit();  // group: Q
+    load_tile<T, D, FWD_BN, true>(sk, k, p.k.sn, 0, Nk, FWD_BN);
+    load_tile<T, D, FWD_BN, true>(sv, v, p.v.sn, 0, Nk, FWD_BN);
+    cp_async_commit();  // group: K/V tile 0 (stays in flight while Q goes to registers)
+    cp_async_wait<1>();
+  }
+  __syncthreads();
+  uint32_t qf[D / 16][4];  // this warp's 16 rows of Q, in registers for the whole loop
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(qf[kc], a_addr<D>(sq, warp * 16, kc * 16, lane));
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int warp_row0 = m0 + warp * 16, row_g = warp_row0 + (lane >> 2);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = ASYNC ? (t & 1) : 0;
+    const int n0 = t * FWD_BN;
+    if constexpr (ASYNC) {
+      // Tile t+1 goes in flight into the other stage (free: the barrier at the end of the
+      // previous iteration saw every warp finish with it), then we wait for tile t only.
+      if (t + 1 < n_tiles) {
+        const int ns = (t + 1) & 1;
+        load_tile<T, D, FWD_BN, true>(sk + ns * FWD_BN * LD, k, p.k.sn, n0 + FWD_BN, Nk, FWD_BN);
+        load_tile<T, D, FWD_BN, true>(sv + ns * FWD_BN * LD, v, p.v.sn, n0 + FWD_BN, Nk, FWD_BN);
+      }
+      cp_async_commit();  // possibly empty: "wait until 1 group is pending" = tile t landed
+      cp_async_wait<1>();
+    } else {
+      load_tile<T, D, FWD_BN, false>(sk, k, p.k.sn, n0, Nk, FWD_BN);
+      load_tile<T, D, FWD_BN, false>(sv, v, p.v.sn, n0, Nk, FWD_BN);
+    }
+    __syncthreads();
+    const T* skt = sk + stage * FWD_BN * LD;
+    const T* svt = sv + stage * FWD_BN * LD;
+    if constexpr (ASYNC) {
+      // Warp-uniform decisions: no work above this warp's diagonal, no mask code where
+      // every (row, key) of the tile is visible and inside Nk.
+      const bool above = causal && n0 > warp_row0 + 15;
+      const bool needs_mask = n0 + FWD_BN > Nk || (causal && n0 + FWD_BN - 1 > warp_row0);
+      if (!above) {
+        if (needs_mask) fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+        else fwd_tile<T, D, false>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+      }
+    } else {
+      fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  if constexpr (ASYNC) cp_async_wait<0>();
+
+  // The 4 lanes of a row hold partial sums; every real row saw key 0, so l > 0.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = 1.0f / l[h];
+  }
+  T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
+  store_rows<T, D>(sq + warp * 16 * LD, o, inv[0], inv[1], out, warp_row0, Nq, lane);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_g + 8 * h;
+      if (row < Nq) p.lse[bh * p.Nq + row] = m[h] * sl + log2f(l[h]);
+    }
+  }
+}
+
+// =====================================================================================
+// backward: preprocess (every version)
+// =====================================================================================
+// delta_i = sum_d dO_id O_id, one warp per row (O as stored, i.e. rounded to its dtype:
+// that is the O whose gradient the caller asked for).
+template <typename T>
+__global__ void attn_bwd_preprocess_kernel(Params p) {
+  const int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= p.BH * p.Nq) return;  // whole warps leave together
+  const int64_t bh = row / p.Nq, i = row % p.Nq;
+  const T* o = head_of<T>(p.o, bh, p.H) + i * p.o.sn;
+  const T* dout = head_of<T>(p.dout, bh, p.H) + i * p.dout.sn;
+  float acc = 0.0f;
+  for (int d = threadIdx.x & 31; d < p.D; d += 32) acc = fmaf(to_f32(o[d]), to_f32(dout[d]), acc);
+  acc = warp_sum(acc);
+  if ((threadIdx.x & 31) == 0) p.delta[row] = acc;
+}
+
+// =====================================================================================
+// backward on the CUDA cores (exact fp32): serves v1, v2 and fp32 inputs at v3/v4
+// =====================================================================================
+// With s = q·k (raw), P = 2^(s·scale·log2e - lse), dP = dO·v, dS = P (dP - delta):
+//   dV_j = sum_i P_ij dO_i      dK_j = scale sum_i dS_ij q_i      dQ_i = scale sum_j dS_ij k_j
+
+// dK/dV: a block owns 32 keys (4 threads a key, as v2's rows) with k, v, dk, dv in
+// registers, and streams 32-query tiles of Q and dO (fp32 in shared memory) past them.
+template <typename T, int D>
+__global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) {
+  constexpr int PER = D / CC_TPR;
+  __shared__ float qs[CC_TILE][D], dos[CC_TILE][D];
+  __shared__ float lse_s[CC_TILE], delta_s[CC_TILE];
+  int64_t bh, nb;
+  block_coords(cdiv(p.Nk, CC_ROWS), false, bh, nb);
+  const int c = threadIdx.x % CC_TPR;
+  const int64_t key = nb * CC_ROWS + threadIdx.x / CC_TPR;
+  const bool key_ok = key < p.Nk;
+  const T* kp = head_of<T>(p.k, bh, p.H) + (key_ok ? key : 0) * p.k.sn;
+  const T* vp = head_of<T>(p.v, bh, p.H) + (key_ok ? key : 0) * p.v.sn;
+  const T* q = head_of<T>(p.q, bh, p.H);
+  const T* dout = head_of<T>(p.dout, bh, p.H);
+  float kr[PER], vr[PER], dk[PER], dv[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    kr[e] = key_ok ? to_f32(kp[c + CC_TPR * e]) : 0.0f;
+    vr[e] = key_ok ? to_f32(vp[c + CC_TPR * e]) : 0.0f;
+    dk[e] = dv[e] = 0.0f;
+  }
+  const float sl = p.scale_log2;
+  for (int64_t m0 = 0; m0 < p.Nq; m0 += CC_TILE) {
+    __syncthreads();
+    cc_load_tile<T, D>(qs, q, p.q.sn, m0, p.Nq);
+    cc_load_tile<T, D>(dos, dout, p.dout.sn, m0, p.Nq);
+    if (threadIdx.x < CC_TILE) {
+      const int64_t i = m0 + threadIdx.x;
+      lse_s[threadIdx.x] = i < p.Nq ? p.lse[bh * p.Nq + i] : 0.0f;
+      delta_s[threadIdx.x] = i < p.Nq ? p.delta[bh * p.Nq + i] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = 0; i < CC_TILE; ++i) {
+      float part = 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) part = fmaf(kr[e], qs[i][c + CC_TPR * e], part);
+      const float s = row_sum4(part);
+      const int64_t qi = m0 + i;
+      const bool visible = qi < p.Nq && !(p.causal && qi < key);
+      const float pr = visible ? exp2f(fmaf(s, sl, -lse_s[i])) : 0.0f;
+      part = 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) {
+        dv[e] = fmaf(pr, dos[i][c + CC_TPR * e], dv[e]);
+        part = fmaf(vr[e], dos[i][c + CC_TPR * e], part);
+      }
+      const float ds = pr * (row_sum4(part) - delta_s[i]);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) dk[e] = fmaf(ds, qs[i][c + CC_TPR * e], dk[e]);
+    }
+  }
+  if (!key_ok) return;
+  const int64_t orow = (bh * p.Nk + key) * D;
+  T* dkp = static_cast<T*>(p.dk) + orow;
+  T* dvp = static_cast<T*>(p.dv) + orow;
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    dkp[c + CC_TPR * e] = from_f32<T>(dk[e] * p.scale);
+    dvp[c + CC_TPR * e] = from_f32<T>(dv[e]);
+  }
+}
+
+// dQ: a block owns 32 queries (q, dO, dq in registers) and streams 32-key tiles of K, V.
+template <typename T, int D>
+__global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
+  constexpr int PER = D / CC_TPR;
+  __shared__ float ks[CC_TILE][D], vs[CC_TILE][D];
+  int64_t bh, mb;
+  block_coords(cdiv(p.Nq, CC_ROWS), p.causal, bh, mb);
+  const int c = threadIdx.x % CC_TPR;
+  const int64_t row = mb * CC_ROWS + threadIdx.x / CC_TPR;
+  const bool row_ok = row < p.Nq;
+  const T* qp = head_of<T>(p.q, bh, p.H) + (row_ok ? row : 0) * p.q.sn;
+  const T* dop = head_of<T>(p.dout, bh, p.H) + (row_ok ? row : 0) * p.dout.sn;
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+  float qr[PER], dor[PER], dq[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    qr[e] = row_ok ? to_f32(qp[c + CC_TPR * e]) : 0.0f;
+    dor[e] = row_ok ? to_f32(dop[c + CC_TPR * e]) : 0.0f;
+    dq[e] = 0.0f;
+  }
+  const float lse = row_ok ? p.lse[bh * p.Nq + row] : 0.0f;
+  const float delta = row_ok ? p.delta[bh * p.Nq + row] : 0.0f;
+  const float sl = p.scale_log2;
+  for (int64_t n0 = 0; n0 < p.Nk; n0 += CC_TILE) {
+    __syncthreads();
+    cc_load_tile<T, D>(ks, k, p.k.sn, n0, p.Nk);
+    cc_load_tile<T, D>(vs, v, p.v.sn, n0, p.Nk);
+    __syncthreads();
+    for (int j = 0; j < CC_TILE; ++j) {
+      float ps = 0.0f, pd = 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) {
+        ps = fmaf(qr[e], ks[j][c + CC_TPR * e], ps);
+        pd = fmaf(dor[e], vs[j][c + CC_TPR * e], pd);
+      }
+      const float s = row_sum4(ps), dp = row_sum4(pd);
+      const int64_t key = n0 + j;
+      const bool visible = key < p.Nk && !(p.causal && key > row);
+      const float ds = visible ? exp2f(fmaf(s, sl, -lse)) * (dp - delta) : 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) dq[e] = fmaf(ds, ks[j][c + CC_TPR * e], dq[e]);
+    }
+  }
+  if (!row_ok) return;
+  T* dqp = static_cast<T*>(p.dq) + (bh * p.Nq + row) * D;
+#pragma unroll
+  for (int e = 0; e < PER; ++e) dqp[c + CC_TPR * e] = from_f32<T>(dq[e] * p.scale);
+}
+
+// =====================================================================================
+// backward on the tensor cores (v3, v4; ASYNC = v4)
+// =====================================================================================
+// dK/dV works in the transposed frame: a warp owns 16 keys (rows) and computes
+// Sᵀ = K Qᵀ (keys x queries), so that Pᵀ and dSᵀ come out of the accumulators already
+// in the A-fragment layout of dV += Pᵀ dO and dK += dSᵀ Q (the register trick again);
+// Q and dO are the B operands, read plainly for Sᵀ, dPᵀ (stored [query][d] = [n][k]) and
+// with ldmatrix.trans for dV, dK (stored [query][d] = [k][n]).
+// The streamed query tile: 64 queries for D <= 64, 32 for D = 128, where dK and dV are
+// already 128 fp32 registers a thread (keeps Sᵀ + dPᵀ + dK + dV within 255: no spills).
+template <int D> constexpr int bwd_tile() { return D == 128 ? 32 : 64; }
+
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], const T* sk, const T* sv,
+                                          const T* sq, const T* sdo, const float* slse, const float* sdelta,
+                                          int warp, int m0, int key_g, int Nq, int causal, float sl, int lane) {
+  constexpr int QN = bwd_tile<D>() / 8;
+  float st[QN][4];  // Sᵀ, then Pᵀ
+  warp_xyt<T, D, QN>(st, sk, sq, warp, lane);
+#pragma unroll
+  for (int j = 0; j < QN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * (lane & 3) + (e & 1);  // query m0 + col; key key_g + 8 (e >> 1)
+      float pr = exp2_approx(fmaf(st[j][e], sl, -slse[col]));
+      if constexpr (MASK) {
+        const int qi = m0 + col, key = key_g + (e >> 1) * 8;
+        if (qi >= Nq || (causal && qi < key)) pr = 0.0f;
+      }
+      st[j][e] = pr;
+    }
+  warp_acc_py<T, D, QN>(dv, st, sdo, lane);  // dV += Pᵀ dO
+  float dpt[QN][4];
+  warp_xyt<T, D, QN>(dpt, sv, sdo, warp, lane);  // dPᵀ = V dOᵀ
+#pragma unroll
+  for (int j = 0; j < QN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sdelta[j * 8 + 2 * (lane & 3) + (e & 1)]);
+  warp_acc_py<T, D, QN>(dk, dpt, sq, lane);  // dK += dSᵀ Q (scale applied once, at the end)
+}
+
+// Stage `stage` gets query tile m0: Q and dO rows (16-byte chunks) and the tile's lse and
+// delta (fp32, 4 bytes each: their rows are not 16-byte aligned). Rows past Nq are zeros.
+template <typename T, int D, bool ASYNC>
+__device__ __forceinline__ void dkdv_load_queries(T* sq, T* sdo, float* slse, float* sdelta, const T* q,
+                                                  const T* dout, int64_t bh, int m0, const Params& p) {
+  constexpr int QT = bwd_tile<D>();
+  const int Nq = (int)p.Nq;
+  load_tile<T, D, QT, ASYNC>(sq, q, p.q.sn, m0, Nq, QT);
+  load_tile<T, D, QT, ASYNC>(sdo, dout, p.dout.sn, m0, Nq, QT);
+  const int i = threadIdx.x;  // blockDim.x >= 128 >= 2 QT
+  if (i < 2 * QT) {
+    const int r = i % QT;
+    const bool ok = m0 + r < Nq;
+    const float* src = (i < QT ? p.lse : p.delta) + bh * p.Nq + (ok ? m0 + r : 0);
+    float* dst = (i < QT ? slse : sdelta) + r;
+    if constexpr (ASYNC) cp_async_4(smem_addr(dst), src, ok ? 4 : 0);
+    else *dst = ok ? *src : 0.0f;
+  }
+}
+
+// Block: W warps (4 or 8), 16 W keys. Shared: K, V [16 W][D+8] (loaded once); then
+// STAGES x (Q [QT][D+8], dO [QT][D+8]); then STAGES x (lse [QT], delta [QT]) fp32.
+template <typename T, int D, bool ASYNC>
+__global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
+  constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x >> 5, block_n = warps * 16;
+  T* sk = reinterpret_cast<T*>(smem_raw);
+  T* sv = sk + block_n * LD;
+  T* sq = sv + block_n * LD;           // [STAGES][QT][LD]
+  T* sdo = sq + STAGES * QT * LD;      // [STAGES][QT][LD]
+  float* slse = reinterpret_cast<float*>(sdo + STAGES * QT * LD);  // [STAGES][QT]
+  float* sdelta = slse + STAGES * QT;                               // [STAGES][QT]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bh, nb;
+  block_coords(cdiv(Nk, block_n), false, bh, nb);  // causal: low key blocks (the heaviest) first
+  const int n0 = (int)nb * block_n;
+  const T* q = head_of<T>(p.q, bh, p.H);
+  const T* dout = head_of<T>(p.dout, bh, p.H);
+
+  // Causal (v4): queries before n0 never see these keys; start at the tile holding n0.
+  const int t_first = (ASYNC && causal) ? n0 / QT : 0;
+  const int t_end = (Nq + QT - 1) / QT;
+
+  load_tile<T, D, 128, ASYNC>(sk, head_of<T>(p.k, bh, p.H), p.k.sn, n0, Nk, block_n);
+  load_tile<T, D, 128, ASYNC>(sv, head_of<T>(p.v, bh, p.H), p.v.sn, n0, Nk, block_n);
+  if constexpr (ASYNC) {
+    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, q, dout, bh, t_first * QT, p);
+    cp_async_commit();  // group: K, V and query tile t_first
+  }
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  const int warp_key0 = n0 + warp * 16, key_g = warp_key0 + (lane >> 2);
+
+  for (int t = t_first; t < t_end; ++t) {
+    const int stage = ASYNC ? ((t - t_first) & 1) : 0;
+    const int m0 = t * QT;
+    if constexpr (ASYNC) {
+      if (t + 1 < t_end) {
+        const int ns = stage ^ 1;
+        dkdv_load_queries<T, D, true>(sq + ns * QT * LD, sdo + ns * QT * LD, slse + ns * QT, sdelta + ns * QT,
+                                      q, dout, bh, m0 + QT, p);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      dkdv_load_queries<T, D, false>(sq, sdo, slse, sdelta, q, dout, bh, m0, p);
+    }
+    __syncthreads();
+    const T* sqt = sq + stage * QT * LD;
+    const T* sdot = sdo + stage * QT * LD;
+    const float* slt = slse + stage * QT;
+    const float* sdt = sdelta + stage * QT;
+    if constexpr (ASYNC) {
+      const bool above = causal && m0 + QT - 1 < warp_key0;  // no query of the tile sees these keys
+      const bool needs_mask = m0 + QT > Nq || (causal && m0 < warp_key0 + 15);
+      if (!above) {
+        if (needs_mask) dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+        else dkdv_tile<T, D, false>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+      }
+    } else {
+      dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+    }
+    __syncthreads();
+  }
+  if constexpr (ASYNC) cp_async_wait<0>();
+  const int64_t out0 = bh * p.Nk * D;
+  store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
+  store_rows<T, D>(sv + warp * 16 * LD, dv, 1.0f, 1.0f, static_cast<T*>(p.dv) + out0, warp_key0, Nk, lane);
+}
+
+// dQ: a warp owns 16 queries; Q and dO fragments stay in registers (A operands of S = Q Kᵀ
+// and dP = dO Vᵀ); dQ += dS K with dS re-packed from the accumulators and K read with
+// ldmatrix.trans. Key tiles of 64 for D <= 64, 32 for D = 128 (registers, as above).
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&qf)[D / 16][4],
+                                        const uint32_t (&df)[D / 16][4], const T* sk, const T* sv,
+                                        const float (&lse)[2], const float (&delta)[2], int n0, int row_g,
+                                        int Nk, int causal, float sl, int lane) {
+  constexpr int KT = bwd_tile<D>(), KN = KT / 8;
+  float s[KN][4], dp[KN][4];
+#pragma unroll
+  for (int j = 0; j < KN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+    for (int j = 0; j < KN; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_addr<D>(sk, j * 8, kc * 16, lane));
+      mma_16816<T>(s[j], qf[kc], b[0], b[1]);
+      mma_16816<T>(s[j + 1], qf[kc], b[2], b[3]);
+      ldmatrix_x4(b, b_addr<D>(sv, j * 8, kc * 16, lane));
+      mma_16816<T>(dp[j], df[kc], b[0], b[1]);
+      mma_16816<T>(dp[j + 1], df[kc], b[2], b[3]);
+    }
+#pragma unroll
+  for (int j = 0; j < KN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      float pr = exp2_approx(fmaf(s[j][e], sl, -lse[h]));
+      if constexpr (MASK) {
+        const int key = n0 + j * 8 + 2 * (lane & 3) + (e & 1), row = row_g + 8 * h;
+        if (key >= Nk || (causal && key > row)) pr = 0.0f;
+      }
+      s[j][e] = pr * (dp[j][e] - delta[h]);  // dS
+    }
+  warp_acc_py<T, D, KN>(dq, s, sk, lane);  // dQ += dS K (scale applied once, at the end)
+}
+
+// Block: W warps, 16 W queries. Shared: Q, dO [16 W][D+8]; then STAGES x (K, V [KT][D+8]).
+template <typename T, int D, bool ASYNC>
+__global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
+  constexpr int LD = ld_of<D>(), KT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x >> 5, block_m = warps * 16;
+  T* sq = reinterpret_cast<T*>(smem_raw);
+  T* sdo = sq + block_m * LD;
+  T* sk = sdo + block_m * LD;           // [STAGES][KT][LD]
+  T* sv = sk + STAGES * KT * LD;        // [STAGES][KT][LD]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bh, mb;
+  block_coords(cdiv(Nq, block_m), causal, bh, mb);
+  const int m0 = (int)mb * block_m;
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  const int n_tiles = (kv_end + KT - 1) / KT;
+
+  load_tile<T, D, 128, ASYNC>(sq, head_of<T>(p.q, bh, p.H), p.q.sn, m0, Nq, block_m);
+  load_tile<T, D, 128, ASYNC>(sdo, head_of<T>(p.dout, bh, p.H), p.dout.sn, m0, Nq, block_m);
+  if constexpr (ASYNC) {
+    cp_async_commit();  // group: Q, dO
+    load_tile<T, D, KT, true>(sk, k, p.k.sn, 0, Nk, KT);
+    load_tile<T, D, KT, true>(sv, v, p.v.sn, 0, Nk, KT);
+    cp_async_commit();  // group: K/V tile 0
+    cp_async_wait<1>();
+  }
+  __syncthreads();
+  uint32_t qf[D / 16][4], df[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    ldmatrix_x4(qf[kc], a_addr<D>(sq, warp * 16, kc * 16, lane));
+    ldmatrix_x4(df[kc], a_addr<D>(sdo, warp * 16, kc * 16, lane));
+  }
+  const int warp_row0 = m0 + warp * 16, row_g = warp_row0 + (lane >> 2);
+  float lse[2], delta[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_g + 8 * h;
+    lse[h] = row < Nq ? p.lse[bh * p.Nq + row] : 0.0f;
+    delta[h] = row < Nq ? p.delta[bh * p.Nq + row] : 0.0f;
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = ASYNC ? (t & 1) : 0;
+    const int n0 = t * KT;
+    if constexpr (ASYNC) {
+      if (t + 1 < n_tiles) {
+        const int ns = (t + 1) & 1;
+        load_tile<T, D, KT, true>(sk + ns * KT * LD, k, p.k.sn, n0 + KT, Nk, KT);
+        load_tile<T, D, KT, true>(sv + ns * KT * LD, v, p.v.sn, n0 + KT, Nk, KT);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      load_tile<T, D, KT, false>(sk, k, p.k.sn, n0, Nk, KT);
+      load_tile<T, D, KT, false>(sv, v, p.v.sn, n0, Nk, KT);
+    }
+    __syncthreads();
+    const T* skt = sk + stage * KT * LD;
+    const T* svt = sv + stage * KT * LD;
+    if constexpr (ASYNC) {
+      const bool above = causal && n0 > warp_row0 + 15;
+      const bool needs_mask = n0 + KT > Nk || (causal && n0 + KT - 1 > warp_row0);
+      if (!above) {
+        if (needs_mask) dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+        else dq_tile<T, D, false>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+      }
+    } else {
+      dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+    }
+    __syncthreads();
+  }
+  if constexpr (ASYNC) cp_async_wait<0>();
+  store_rows<T, D>(sq + warp * 16 * LD, dq, p.scale, p.scale, static_cast<T*>(p.dq) + bh * p.Nq * D, warp_row0,
+                   Nq, lane);
+}
+
+// =====================================================================================
+// launchers
+// =====================================================================================
+inline int num_sms() {
+  static int sms = 0;  // one device per process is all Level 5 uses; benign race
+  if (sms == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (sms <= 0) sms = 1;
+  }
+  return sms;
+}
+
+// Warps per block of the tensor-core kernels: 8 (128 rows) when the 128-row blocks alone
+// give every SM at least one, else 4 (64 rows: twice the blocks for a small problem).
+inline int mma_warps(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 8 : 4; }
+
+// Above 48 KB of dynamic shared memory a kernel must opt in, once per kernel.
+template <typename K>
+int opt_in(K kernel, int bytes, bool& done) {
+  if (done || bytes <= 48 * 1024) return 0;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return (int)err;
+  done = true;
+  return 0;
+}
+
+inline bool grid_ok(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff; }
+
+template <typename T, int D>
+int launch_fwd_v2(const Params& p, cudaStream_t stream) {
+  const int64_t blocks = p.BH * cdiv(p.Nq, CC_ROWS);
+  if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
+  attn_fwd_v2_kernel<T, D><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
+  return levels_launch_status();
+}
+
+template <typename T, int D, bool ASYNC>
+int launch_fwd_mma(const Params& p, cudaStream_t stream) {
+  const int warps = mma_warps(p.BH, p.Nq), block_m = warps * 16, stages = ASYNC ? 2 : 1;
+  const int smem = (block_m + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
+  const int smem_max = (128 + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
+  static bool opted = false;
+  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC>, smem_max, opted)) return err;
+  const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
+  if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
+  attn_fwd_mma_kernel<T, D, ASYNC><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  return levels_launch_status();
+}
+
+template <typename T, int D>
+int launch_bwd_cc(const Params& p, cudaStream_t stream) {
+  const int64_t kblocks = p.BH * cdiv(p.Nk, CC_ROWS), qblocks = p.BH * cdiv(p.Nq, CC_ROWS);
+  if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
+  attn_bwd_dkdv_cc_kernel<T, D><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
+  attn_bwd_dq_cc_kernel<T, D><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
+  return levels_launch_status();
+}
+
+template <typename T, int D, bool ASYNC>
+int launch_bwd_mma(const Params& p, cudaStream_t stream) {
+  constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), S = ASYNC ? 2 : 1;
+  // dK/dV: K, V blocks + staged Q, dO tiles + staged lse, delta
+  const int wk = mma_warps(p.BH, p.Nk), wq = mma_warps(p.BH, p.Nq);
+  const int smem_kv = (2 * wk * 16 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
+  const int smem_kv_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
+  const int smem_q = (2 * wq * 16 + 2 * S * QT) * LD * (int)sizeof(T);
+  const int smem_q_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T);
+  static bool opted_kv = false, opted_q = false;
+  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC>, smem_kv_max, opted_kv)) return err;
+  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC>, smem_q_max, opted_q)) return err;
+  const int64_t kblocks = p.BH * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
+  if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
+  attn_bwd_dkdv_mma_kernel<T, D, ASYNC><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
+  attn_bwd_dq_mma_kernel<T, D, ASYNC><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
+  return levels_launch_status();
+}
+
+// v3/v4 read every operand in 16-byte chunks: the base 16-byte aligned and every stride of
+// a dimension longer than 1 a multiple of 8 elements (a size-1 dimension's stride is
+// never multiplied by anything but 0).
+inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
+  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && (B == 1 || t.sb % 8 == 0) &&
+         (H == 1 || t.sh % 8 == 0) && (N == 1 || t.sn % 8 == 0);
+}
+
+// The head dim D as a template argument: one register tile spans it.
+#define LEVELS_ATTN_HEAD_DIM(D_RUNTIME, D, ...)   \
+  switch (D_RUNTIME) {                            \
+    case 16: { constexpr int D = 16; __VA_ARGS__; } \
+    case 32: { constexpr int D = 32; __VA_ARGS__; } \
+    case 64: { constexpr int D = 64; __VA_ARGS__; } \
+    case 128: { constexpr int D = 128; __VA_ARGS__; } \
+    default: return LEVELS_UNSUPPORTED;           \
+  }
+
+template <typename T>
+int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  if (version == 1) {
+    const int64_t blocks = cdiv(p.BH * p.Nq, 128);
+    if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
+    attn_fwd_v1_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(p);
+    return levels_launch_status();
+  }
+  // fp32 at v3/v4 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
+  if (version == 2 || std::is_same<T, float>::value) {
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v2<T, D>(p, stream));
+  }
+  if constexpr (!std::is_same<T, float>::value) {
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk))
+      return LEVELS_UNSUPPORTED;
+    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false>(p, stream)); }
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true>(p, stream));
+  }
+  return LEVELS_UNSUPPORTED;  // not reached
+}
+
+template <typename T>
+int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  const int64_t pre_blocks = cdiv(p.BH * p.Nq, 8);
+  if (!grid_ok(pre_blocks)) return LEVELS_UNSUPPORTED;
+  attn_bwd_preprocess_kernel<T><<<(unsigned)pre_blocks, 256, 0, stream>>>(p);
+  if (int err = levels_launch_status()) return err;
+  if (version <= 2 || std::is_same<T, float>::value) {
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_cc<T, D>(p, stream));
+  }
+  if constexpr (!std::is_same<T, float>::value) {
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk) ||
+        !chunks_ok(p.dout, B, p.H, p.Nq))
+      return LEVELS_UNSUPPORTED;
+    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false>(p, stream)); }
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true>(p, stream));
+  }
+  return LEVELS_UNSUPPORTED;  // not reached
+}
+
+inline Operand operand(const void* ptr, int64_t sb, int64_t sh, int64_t sn) { return Operand{ptr, sb, sh, sn}; }
+
+}  // namespace levels_attention
+
+// Forward: out (B, H, Nq, D) contiguous and lse (B, H, Nq) fp32 (base 2, see the top).
+// q (B, H, Nq, D), k and v (B, H, Nk, D) with element strides (batch, head, row) and
+// stride 1 along D. scratch: v1 only, B*H*Nq*Nk fp32 (may be null for other versions).
+// causal requires Nq == Nk. Returns a LevelsStatus.
+extern "C" int levels_attention_fwd(int dtype, int version,
+                                    const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
+                                    const void* k, int64_t skb, int64_t skh, int64_t skn,
+                                    const void* v, int64_t svb, int64_t svh, int64_t svn,
+                                    void* out, float* lse, float* scratch,
+                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, float scale, cudaStream_t stream) {
+  using namespace levels_attention;
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // nothing to write
+  // Positions inside a head are int in the tensor-core kernels: sequences below 2**30.
+  if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30) ||
+      (version == 1 && scratch == nullptr))
+    return LEVELS_UNSUPPORTED;
+  Params p{};
+  p.q = operand(q, sqb, sqh, sqn);
+  p.k = operand(k, skb, skh, skn);
+  p.v = operand(v, svb, svh, svn);
+  p.out = out;
+  p.lse = lse;
+  p.scratch = scratch;
+  p.H = H;
+  p.BH = B * H;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.D = (int)D;
+  p.causal = causal ? 1 : 0;
+  p.scale = scale;
+  p.scale_log2 = scale * LOG2E;
+  LEVELS_DISPATCH(dtype, T, return forward<T>(version, p, B, stream));
+  return LEVELS_OK;  // not reached
+}
+
+// Backward: dq (B, H, Nq, D), dk and dv (B, H, Nk, D), contiguous. dout and out (B, H,
+// Nq, D) with strides like q; lse from the forward; delta a (B*H*Nq) fp32 scratch.
+// Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4: mma.sync + cp.async +
+// causal block skipping. Returns a LevelsStatus.
+extern "C" int levels_attention_bwd(int dtype, int version,
+                                    const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
+                                    const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
+                                    const void* k, int64_t skb, int64_t skh, int64_t skn,
+                                    const void* v, int64_t svb, int64_t svh, int64_t svn,
+                                    const void* out, int64_t sob, int64_t soh, int64_t son,
+                                    const float* lse, float* delta, void* dq, void* dk, void* dv,
+                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, float scale, cudaStream_t stream) {
+  using namespace levels_attention;
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
+  if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30)) return LEVELS_UNSUPPORTED;
+  Params p{};
+  p.q = operand(q, sqb, sqh, sqn);
+  p.k = operand(k, skb, skh, skn);
+  p.v = operand(v, svb, svh, svn);
+  p.o = operand(out, sob, soh, son);
+  p.dout = operand(dout, sdb, sdh, sdn);
+  p.lse = const_cast<float*>(lse);  // read only by the backward kernels
+  p.delta = delta;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.H = H;
+  p.BH = B * H;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.D = (int)D;
+  p.causal = causal ? 1 : 0;
+  p.scale = scale;
+  p.scale_log2 = scale * LOG2E;
+  LEVELS_DISPATCH(dtype, T, return backward<T>(version, p, B, stream));
+  return LEVELS_OK;  // not reached
+}

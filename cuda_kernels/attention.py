@@ -1,0 +1,181 @@
+"""Level 5 attention: the Python side of `attention.cu` (kernels) and
+`attention_binding.cpp` (the two torch ops).
+
+The math, the online softmax and the FlashAttention-2 backward are Level 4's
+(triton_kernels/attention.py: read its docstring for why each piece is there). What Level 5
+adds is what Triton decided for us, written out one rung at a time, each selectable so that
+`levels bench` times them side by side:
+
+    v1  one thread per query row, scores in global memory   (B*H*Nq*Nk*4 bytes of scratch)
+    v2  FlashAttention tiling on the CUDA cores, online      (exact fp32: also the fp32 path
+        softmax in fp32 registers                             of v3 and v4)
+    v3  tensor cores: mma.sync + ldmatrix, Q fragments in     (the FlashAttention-2 register
+        registers, P re-packed from the S accumulators        trick, by hand: which lane holds
+                                                              which element)
+    v4  v3 + cp.async double buffering + causal block         (the default: the fastest)
+        skipping
+
+Backward (recomputes P from the stored log-sum-exp; preprocess delta = rowsum(dO * O), a
+dK/dV kernel over key blocks, a dQ kernel over query blocks; no atomics: deterministic):
+forward v1 and v2 pair with the CUDA-core backward (exact fp32), v3 with the mma.sync
+backward, v4 with the mma.sync backward that also double-buffers and skips causal blocks.
+fp32 inputs take the declared exact path at v3 and v4: v2's forward and the CUDA-core
+backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
+
+The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
+(natural lse times log2(e)), so the backward's P is one FMA and one exp2 per element.
+
+Head dims D in HEAD_DIMS (one register tile spans D, templated per D); any Nq, Nk (masked
+edges); causal needs Nq == Nk (the contract's rule). Layouts: see `_operand`.
+
+Measured on the H100: see reports/.
+
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else DEFAULT_VERSION.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import versions
+
+VERSIONS = {
+    1: "naive: one thread per query row, scores in a global fp32 scratch (B*H*Nq*Nk*4 bytes)",
+    2: "FlashAttention tiling on the CUDA cores: K/V tiles in shared memory, online softmax in "
+       "fp32 (exact fp32: also the fp32 path of versions 3 and 4)",
+    3: "tensor cores: mma.sync m16n8k16 + ldmatrix, Q in registers, P re-packed from the S "
+       "accumulators, V via ldmatrix.trans (fp32 runs version 2)",
+    4: "version 3 + cp.async double buffering of K/V + causal block skipping "
+       "(fp32 runs version 2)",
+}
+DEFAULT_VERSION = 4
+ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
+HEAD_DIMS = (16, 32, 64, 128)  # Level 4's (triton_kernels/attention.py)
+TENSOR_CORE_VERSIONS = (3, 4)
+TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
+KERNEL_FILES = ("attention.cu",)
+
+_registered = False
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 is exact fp32 FMAs at every version (v3/v4 run v2 for it)
+
+
+def resolve_version(version=None) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_ATTENTION if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
+    return versions.resolve("attention", VERSIONS, DEFAULT_VERSION, version)
+
+
+def check_head_dim(q: torch.Tensor) -> None:
+    """The kernels are templated on D: any other head dim is refused before any kernel runs."""
+    D = q.shape[-1]
+    if D not in HEAD_DIMS:
+        raise ValueError(f"attention: argument 'q' must have a head dimension D in "
+                         f"{', '.join(map(str, HEAD_DIMS))} for the Level 5 kernels (one register "
+                         f"tile spans D); got D={D} in shape {tuple(q.shape)}")
+
+
+# ---------------------------------------------------------------------------- layouts --
+
+def _reads_in_chunks(version: int, dtype: torch.dtype) -> bool:
+    return version in TENSOR_CORE_VERSIONS and dtype in TENSOR_CORE_DTYPES
+
+
+def has_chunked_rows(t: torch.Tensor) -> bool:
+    """What versions 3-4 read directly: stride 1 along D, every other dimension longer than 1
+    strided by a multiple of 8 elements, the first element 16-byte aligned (torch's
+    allocator aligns storages to far more, so the storage offset decides)."""
+    if t.stride(-1) != 1:
+        return False
+    if any(t.shape[d] > 1 and t.stride(d) % 8 for d in range(3)):
+        return False
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace storage_offset(); inside a compiled graph the op's own check
+        # (attention_binding.cpp check_chunks) refuses a misaligned view with an error
+        # naming the argument, it never reads it wrongly.
+        return True
+    return (t.storage_offset() * t.element_size()) % 16 == 0
+
+
+def _operand(t: torch.Tensor, version: int) -> torch.Tensor:
+    """t as the kernels of `version` read it, copied (one read and write of t, outside the
+    op so autograd routes the gradient through the copy) only when needed:
+      * every version: the last dimension (D) must have stride 1 — a transposed q, or an
+        expanded upstream gradient (stride 0) is copied;
+      * versions 3-4 in 16 bits: rows are read as 16-byte chunks (has_chunked_rows). The
+        packed qkv layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D)
+        tensors) already is: no copy. A view starting at an odd element is copied.
+    Batch, head and row strides are otherwise free (slices, the packed layout, stride 0
+    from expand): no copy."""
+    if t.stride(-1) == 1 and (not _reads_in_chunks(version, t.dtype) or has_chunked_rows(t)):
+        return t
+    # .contiguous() of a contiguous view that starts off a 16-byte boundary is the view
+    # itself: a clone is what moves it to a fresh (aligned) allocation.
+    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+
+
+# ------------------------------------------------------------------------ registration --
+
+def _fwd_fake(q, k, v, causal, scale, version):
+    B, H, Nq, D = q.shape
+    return q.new_empty((B, H, Nq, D)), q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, version = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale, ctx.version = causal, scale, version
+    ctx.mark_non_differentiable(lse)  # a saved statistic, not an output of the math
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    # The upstream gradient comes in any layout (an expanded `.sum()` gradient has stride 0
+    # everywhere): made what the kernels read, with one copy at most.
+    dout = _operand(dout, ctx.version)
+    dq, dk, dv = torch.ops.levels_cuda.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale,
+                                                     ctx.version)
+    return dq, dk, dv, None, None, None
+
+
+def _register():
+    """Fake implementations of both ops and the forward's autograd; called by build.load()
+    once the library is loaded (the ops must exist to be registered against)."""
+    global _registered
+    if _registered:
+        return
+    torch.library.register_fake("levels_cuda::attention_fwd")(_fwd_fake)
+    torch.library.register_fake("levels_cuda::attention_bwd")(_bwd_fake)
+    torch.library.register_autograd("levels_cuda::attention_fwd", _backward, setup_context=_setup_context)
+    _registered = True
+
+
+def _ops():
+    """torch.ops.levels_cuda, building the library on first use. Once _register() has run
+    (build.load() calls it), a plain attribute read: torch.compile traces through it."""
+    if _registered or torch.compiler.is_compiling():
+        return torch.ops.levels_cuda
+    from . import build
+
+    return build.ops()
+
+
+# ----------------------------------------------------------------------- entry point --
+
+def attention(q, k, v, causal=False, scale=None, version=None):
+    """Called by levels.cuda.attention after the contract's validation (CUDA tensors of one
+    float dtype, q (B, H, Nq, D), k and v (B, H, Nk, D), Nk == Nq when causal, scale a
+    positive float). Returns out with q's shape and dtype, contiguous. See `_operand` for
+    which inputs are copied (none in the usual layouts)."""
+    check_head_dim(q)
+    v_ = resolve_version(version)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    q, k, v = _operand(q, v_), _operand(k, v_), _operand(v, v_)
+    out, _lse = _ops().attention_fwd(q, k, v, bool(causal), scale, v_)
+    return out

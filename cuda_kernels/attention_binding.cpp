@@ -1,0 +1,161 @@
+// attention_binding.cpp — the attention part of the one torch-facing unit (a fragment:
+// build.py appends it to binding.cpp's prelude, so torch's headers are already in and
+// levels_cuda::{stream, dtype_code, check, in, out} exist).
+//
+// Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
+// hands over q, k, v with stride 1 along D and, for versions 3-4 in 16 bits, 16-byte
+// aligned rows):
+//   attention_fwd(q, k, v, causal, scale, version) -> (out, lse)
+//       out (B, H, Nq, D) contiguous; lse (B, H, Nq) fp32, base 2: log2 sum_j 2^(scale log2(e) q.k_j)
+//   attention_bwd(dout, q, k, v, out, lse, causal, scale, version) -> (dq, dk, dv), contiguous
+// The checks below refuse what the kernels cannot read (they never read outside a view):
+// a strided last dimension, or (versions 3-4, 16-bit) rows that are not 16-byte chunks.
+
+extern "C" int levels_attention_fwd(int dtype, int version,
+                                    const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
+                                    const void* k, int64_t skb, int64_t skh, int64_t skn,
+                                    const void* v, int64_t svb, int64_t svh, int64_t svn,
+                                    void* out, float* lse, float* scratch,
+                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, float scale, cudaStream_t stream);
+extern "C" int levels_attention_bwd(int dtype, int version,
+                                    const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
+                                    const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
+                                    const void* k, int64_t skb, int64_t skh, int64_t skn,
+                                    const void* v, int64_t svb, int64_t svh, int64_t svn,
+                                    const void* out, int64_t sob, int64_t soh, int64_t son,
+                                    const float* lse, float* delta, void* dq, void* dk, void* dv,
+                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, float scale, cudaStream_t stream);
+
+namespace levels_cuda_attention {
+
+inline std::string what(const char* op, const char* name) {
+  return std::string("levels_cuda::") + op + ": '" + name + "'";
+}
+
+// t must be (B, H, N, D) of q's dtype and device, with stride 1 along D.
+inline void check_operand(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name,
+                          int64_t N) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  LEVELS_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == H && t.size(2) == N && t.size(3) == D,
+               what(op, name) + " must be (" + std::to_string(B) + ", " + std::to_string(H) + ", " +
+                   std::to_string(N) + ", " + std::to_string(D) + "); got " + levels_cuda::shape(t));
+  LEVELS_CHECK(t.scalar_type() == q.scalar_type() && t.device() == q.device(),
+               what(op, name) + " must be " + c10::toString(q.scalar_type()) + " on q's device; got " +
+                   c10::toString(t.scalar_type()));
+  LEVELS_CHECK(D == 1 || t.stride(3) == 1,
+               what(op, name) + " must have stride 1 in its last dimension (D); got strides of " +
+                   levels_cuda::shape(t) + " with stride(3) = " + std::to_string(t.stride(3)));
+  for (int d = 0; d < 3; ++d)
+    LEVELS_CHECK(t.stride(d) >= 0, what(op, name) + " has a negative stride");
+}
+
+// Versions 3-4 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
+// 16-byte aligned and the stride of every dimension longer than 1 a multiple of 8 elements.
+inline bool tensor_cores(const at::Tensor& q, int64_t version) {
+  return (version == 3 || version == 4) && q.scalar_type() != at::kFloat;
+}
+
+inline void check_chunks(const at::Tensor& t, const char* op, const char* name, int64_t version) {
+  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3; ++d) ok = ok && (t.size(d) == 1 || t.stride(d) % 8 == 0);
+  LEVELS_CHECK(ok, what(op, name) + " (version " + std::to_string(version) +
+                       ", tensor cores) must start on a 16-byte boundary with batch, head and row "
+                       "strides that are multiples of 8 elements (cuda_kernels/attention.py copies "
+                       "such a tensor); got strides of " + levels_cuda::shape(t));
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       bool causal, double scale, int64_t version) {
+  const char* op = "attention_fwd";
+  LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
+  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H, Nk, D); got " + levels_cuda::shape(k));
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
+  check_operand(q, q, op, "q", Nq);
+  check_operand(k, q, op, "k", Nk);
+  check_operand(v, q, op, "v", Nk);
+  LEVELS_CHECK(!causal || Nq == Nk, what(op, "k") + " must have Nk == Nq when causal (Nq = " +
+                                        std::to_string(Nq) + ", Nk = " + std::to_string(Nk) + ")");
+  if (tensor_cores(q, version)) {
+    check_chunks(q, op, "q", version);
+    check_chunks(k, op, "k", version);
+    check_chunks(v, op, "v", version);
+  }
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor out = at::empty({B, H, Nq, D}, q.options());
+  at::Tensor lse = at::empty({B, H, Nq}, q.options().dtype(at::kFloat));
+  if (out.numel() == 0 || Nk == 0) return {out, lse};
+  // Version 1 writes every score to global memory: B*H*Nq*Nk fp32 (4.3 GB at B4 H16
+  // N4096), from torch's caching allocator, freed on return (ordered with the stream).
+  at::Tensor scratch;
+  if (version == 1) scratch = at::empty({B * H * Nq * Nk}, q.options().dtype(at::kFloat));
+  const int status = levels_attention_fwd(
+      levels_cuda::dtype_code(q), static_cast<int>(version),
+      levels_cuda::in(q), q.stride(0), q.stride(1), q.stride(2),
+      levels_cuda::in(k), k.stride(0), k.stride(1), k.stride(2),
+      levels_cuda::in(v), v.stride(0), v.stride(1), v.stride(2),
+      levels_cuda::out(out), static_cast<float*>(levels_cuda::out(lse)),
+      version == 1 ? static_cast<float*>(levels_cuda::out(scratch)) : nullptr,
+      B, H, Nq, Nk, D, causal ? 1 : 0, static_cast<float>(scale), levels_cuda::stream());
+  levels_cuda::check(status, op, version);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q,
+                                                   const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& out, const at::Tensor& lse,
+                                                   bool causal, double scale, int64_t version) {
+  const char* op = "attention_bwd";
+  LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
+  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H, Nk, D); got " + levels_cuda::shape(k));
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
+  check_operand(q, q, op, "q", Nq);
+  check_operand(k, q, op, "k", Nk);
+  check_operand(v, q, op, "v", Nk);
+  check_operand(out, q, op, "out", Nq);
+  check_operand(dout, q, op, "dout", Nq);
+  LEVELS_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Nq &&
+                   lse.scalar_type() == at::kFloat && lse.is_contiguous(),
+               what(op, "lse") + " must be a contiguous float32 (B, H, Nq) tensor (the forward's); got " +
+                   c10::toString(lse.scalar_type()) + " " + levels_cuda::shape(lse));
+  LEVELS_CHECK(!causal || Nq == Nk, what(op, "k") + " must have Nk == Nq when causal");
+  if (tensor_cores(q, version)) {
+    check_chunks(q, op, "q", version);
+    check_chunks(k, op, "k", version);
+    check_chunks(v, op, "v", version);
+    check_chunks(dout, op, "dout", version);  // out is read by the preprocess only, element-wise
+  }
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor dq = at::empty({B, H, Nq, D}, q.options());
+  at::Tensor dk = at::empty({B, H, Nk, D}, q.options());
+  at::Tensor dv = at::empty({B, H, Nk, D}, q.options());
+  if (dq.numel() == 0 || dk.numel() == 0) return {dq, dk, dv};
+  at::Tensor delta = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));  // rowsum(dO * O)
+  const int status = levels_attention_bwd(
+      levels_cuda::dtype_code(q), static_cast<int>(version),
+      levels_cuda::in(dout), dout.stride(0), dout.stride(1), dout.stride(2),
+      levels_cuda::in(q), q.stride(0), q.stride(1), q.stride(2),
+      levels_cuda::in(k), k.stride(0), k.stride(1), k.stride(2),
+      levels_cuda::in(v), v.stride(0), v.stride(1), v.stride(2),
+      levels_cuda::in(out), out.stride(0), out.stride(1), out.stride(2),
+      static_cast<const float*>(levels_cuda::in(lse)), static_cast<float*>(levels_cuda::out(delta)),
+      levels_cuda::out(dq), levels_cuda::out(dk), levels_cuda::out(dv),
+      B, H, Nq, Nk, D, causal ? 1 : 0, static_cast<float>(scale), levels_cuda::stream());
+  levels_cuda::check(status, op, version);
+  return {dq, dk, dv};
+}
+
+}  // namespace levels_cuda_attention
+
+TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version) "
+        "-> (Tensor, Tensor)");
+  m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "bool causal, float scale, int version) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {
+  m.impl("attention_fwd", &levels_cuda_attention::fwd);
+  m.impl("attention_bwd", &levels_cuda_attention::bwd);
+}

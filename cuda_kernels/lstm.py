@@ -1,0 +1,196 @@
+"""Level 5 LSTM: the Python side of `lstm.cu` (the recurrence, forward and backward through
+time) and `lstm_binding.cpp` (the ops `torch.ops.levels_cuda.lstm_fwd` / `lstm_bwd`).
+
+The design is Level 4's (triton_kernels/lstm.py):
+    1. x_t W_ih^T + b_ih does not depend on h, so all T steps are ONE GEMM up front: part A's
+       `gemm` (cuda_kernels/mlp.py), fp32 output, B*T rows at once;
+    2. the recurrence z_t = xp_t + h_{t-1} W_hh^T + b_hh -> gates -> c_t, h_t runs in this
+       level's kernels, one version per idea:
+
+    v1  one fused step kernel per time step   (T launches; W_hh re-read from L2 every step)
+    v2  ONE persistent cooperative launch      (each block keeps 16 rows of W_hh — 4 hidden
+                                                units x 4 gates — in shared memory for all T
+                                                steps, c in shared memory; tensor cores for
+                                                16-bit, exact fp32 FMAs for fp32; grid.sync()
+                                                between steps)
+
+    3. backward through time is the same machine run backwards (lstm_bwd: per-step kernels in
+       v1, one persistent launch in v2) producing dz (the gate pre-activation gradients of
+       every step), dh0 and dc0; everything that does not recur is this level's GEMMs over
+       all B*T rows at once: dx = dz W_ih, dW_ih = dz^T x, dW_hh = dz^T h_{t-1}, and the bias
+       gradients are column sums of dz.
+
+Why persistence wins at small batch (the launch-bound arithmetic): at B=8, hidden 512 a step
+is 2*8*512*2048 = 16.8 MFLOP — 0.02 us of an H100's bf16 tensor cores, ~0.3 us of its fp32
+CUDA cores — and W_hh (2 MB bf16) streams from L2 in ~0.4 us. A kernel launch costs several
+us (launch latency, scheduling, the drain of the previous kernel), so v1 pays T x several us
+for well under T us of math: it is launch-bound. v2 pays one launch, keeps W_hh on chip, and
+per step one grid barrier (~1-2 us, a round trip through L2) plus staging h_{t-1} (B*H
+elements, 8 KB) from L2 into each block's shared memory.
+    Measured on the H100 (B=8, input 256, hidden 512, T=64, forward; the lead fills these in
+    from `levels bench --component lstm --level cuda`): bf16 v1 ___ ms (___ us/step),
+    v2 ___ ms (___ us/step) = ___x nn.LSTM (cuDNN ___ ms; goal >= 5x); fp32 v1 ___ ms, v2 ___ ms
+    = ___x nn.LSTM (goal >= 1.0x). B=64, input 512, hidden 512, T=100: ___.
+
+Safer than Level 4's barrier: v2 is launched with cudaLaunchCooperativeKernel, its grid sized
+from cudaOccupancyMaxActiveBlocksPerMultiprocessor, so all of its blocks are resident at once
+BY CONSTRUCTION — if they cannot be, the launch fails with an error; it cannot deadlock the
+way a spin barrier over blocks that were never scheduled can (Level 4 needed a timeout and a
+NaN poison for that case). What it costs: v2 needs ceil(hidden/4) blocks resident at once,
+each holding 16 rows of W_hh (and the batch's state), i.e. W_hh must fit in the GPU's
+combined shared memory (on an H100 roughly hidden <= 1000 in fp32, <= 1500 in 16-bit; less
+with a large batch). Where it does not, v2 refuses with a ValueError naming w_hh and pointing
+at v1 (which works at any size), never a silent slow path or a wrong answer.
+
+fp32: every product is exact fp32 FMAs on the CUDA cores (v2's tensor cores are for 16-bit
+only), so uses_tf32 is False and the fp32 bound (1e-5) applies. The input-projection GEMM
+and the backward GEMMs are part A's (`gemm`, its version from LEVELS_CUDA_VERSION_MLP), which
+also computes fp32 exactly. c is kept in fp32 at every dtype; dz is stored in the input dtype
+(the GEMMs take it so) and the backward recurrence reads it back from there.
+
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_LSTM, else DEFAULT_VERSION (2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import mlp, versions
+
+VERSIONS = {
+    1: "one fused step kernel per time step (T launches): a warp per (unit, batch row), "
+       "W_hh read from L2 every step",
+    2: "one persistent cooperative launch: each block keeps 16 rows of W_hh (4 units x 4 "
+       "gates) in shared memory for all steps, grid.sync() between steps; mma.sync for "
+       "16-bit, exact fp32 FMAs for fp32",
+}
+DEFAULT_VERSION = 2
+ENV_VERSION = "LEVELS_CUDA_VERSION_LSTM"
+
+_registered = False
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 recurrences are exact FMAs; part A's GEMMs are exact fp32 too
+
+
+def resolve_version(version=None) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_LSTM if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
+    return versions.resolve("lstm", VERSIONS, DEFAULT_VERSION, version)
+
+
+def _ops():
+    """torch.ops.levels_cuda, building the library on first use. Once _register() has run
+    (build.load() calls it), a plain attribute read: torch.compile traces through it."""
+    if _registered:
+        return torch.ops.levels_cuda
+    from . import build
+
+    return build.ops()
+
+
+# ------------------------------------------------------------------------ registration --
+
+def _fwd_fake(x2, w_ih, b_ih, xp, h0, c0, w_hh, b_hh, time_major, save, version):
+    B, H = h0.shape
+    rows = x2.shape[0]
+    T = rows // B
+    gates = xp.new_empty((rows, 4 * H) if save else (0,))
+    cs = xp.new_empty((rows, H) if save else (0,))
+    return h0.new_empty((B, T, H)), h0.new_empty((B, H)), h0.new_empty((B, H)), gates, cs
+
+
+def _bwd_fake(dout, dh_n, dc_n, c0, w_hh, gates, cs, time_major, version):
+    B, T, H = dout.shape
+    return dout.new_empty((B * T, 4 * H)), dout.new_empty((B, H)), dout.new_empty((B, H))
+
+
+def _setup_context(ctx, inputs, output):
+    x2, w_ih, _b_ih, _xp, h0, c0, w_hh, _b_hh, time_major, save, version = inputs
+    out, _h_n, _c_n, gates, cs = output
+    ctx.mark_non_differentiable(gates, cs)  # activations saved for backward, not results
+    ctx.save_for_backward(x2, w_ih, h0, c0, w_hh, out, gates, cs)
+    ctx.time_major, ctx.save, ctx.version = time_major, save, version
+
+
+def _h_prev(h0, out, time_major):
+    """h_{t-1} of every step, rows ordered as dz's: h0 then out[:, :-1] (one copy, B*T*H)."""
+    if time_major:  # rows t*B + b
+        return torch.cat([h0.unsqueeze(0), out[:, :-1].transpose(0, 1)], dim=0).reshape(-1, h0.shape[1])
+    return torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1).reshape(-1, h0.shape[1])
+
+
+def _backward(ctx, d_out, d_hn, d_cn, _d_gates, _d_cs):
+    if not ctx.save:
+        raise RuntimeError("levels_cuda::lstm_fwd ran with save=False (no activations kept), so it "
+                           "has no backward; cuda_kernels.lstm.lstm sets save when a gradient is needed")
+    x2, w_ih, h0, c0, w_hh, out, gates, cs = ctx.saved_tensors
+    # The kernels index the upstream gradients densely; an unused output's gradient is None,
+    # an expanded `.sum()` gradient has stride 0: both become dense tensors here (B*T*H at most).
+    d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
+    d_hn = torch.zeros_like(h0) if d_hn is None else d_hn.contiguous()
+    d_cn = torch.zeros_like(h0) if d_cn is None else d_cn.contiguous()
+    dz, dh0, dc0 = _ops().lstm_bwd(d_out, d_hn, d_cn, c0, w_hh, gates, cs, ctx.time_major, ctx.version)
+    needs = ctx.needs_input_grad
+    dx2 = mlp.gemm(dz, w_ih) if needs[0] else None                       # dx = dz W_ih
+    dw_ih = mlp.gemm(dz.t(), x2) if needs[1] else None                   # dW_ih = dz^T x
+    db = mlp.column_sum(dz) if (needs[2] or needs[7]) else None          # both biases: sum dz
+    dw_hh = mlp.gemm(dz.t(), _h_prev(h0, out, ctx.time_major)) if needs[6] else None  # dz^T h_{t-1}
+    return (dx2, dw_ih, db if needs[2] else None, None, dh0 if needs[4] else None,
+            dc0 if needs[5] else None, dw_hh, db.clone() if needs[7] else None, None, None, None)
+
+
+def _register():
+    """Fake implementations of both ops and the forward's autograd; called by build.load()
+    once the library is loaded (the ops must exist to be registered against)."""
+    global _registered
+    if _registered:
+        return
+    torch.library.register_fake("levels_cuda::lstm_fwd")(_fwd_fake)
+    torch.library.register_fake("levels_cuda::lstm_bwd")(_bwd_fake)
+    torch.library.register_autograd("levels_cuda::lstm_fwd", _backward, setup_context=_setup_context)
+    _registered = True
+
+
+# ----------------------------------------------------------------------- entry point --
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """x (B, T, I) as the (rows, I) operand of the input-projection GEMM, and whether its rows
+    are time-major (row t*B + b) instead of batch-major (b*T + t). A view when the (B, T)
+    dimensions flatten in either order — a contiguous x, or a time-major x such as
+    `x_tbi.transpose(0, 1)` (the kernels take both row orders) — else one copy of x."""
+    B, T, I = x.shape
+    sb, st, _ = x.stride()
+    if B == 1 or T == 1 or sb == st * T:
+        return x.reshape(B * T, I), False
+    if st == sb * B:
+        return x.transpose(0, 1).reshape(T * B, I), True
+    return x.reshape(B * T, I), False  # a copy: the (B, T) strides flatten in neither order
+
+
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version=None):
+    """Called by levels.cuda.lstm after the contract's validation. Returns (out (B, T, H),
+    (h_n (1, B, H), c_n (1, B, H))) like nn.LSTM(batch_first=True). What each argument is
+    made into, and what it costs:
+      * x: the GEMM's (B*T, I) operand, a view for batch-major or time-major x, else one copy
+        (_rows); part A's gemm then takes it with its strides (or its own K-major copy);
+      * w_ih: to the GEMM as its transposed view (the GEMM handles any strides);
+      * w_hh: .contiguous() — the kernels read 16-row slices densely; 4H*H elements, nothing
+        when it already is (nn.LSTM's weight);
+      * h0, c0: their (B, H) slices .contiguous() (B*H elements); b_ih, b_hh .contiguous() (4H).
+    Every copy is outside the op, so autograd carries the gradients back through it."""
+    v = resolve_version(version)
+    x2, time_major = _rows(x)
+    h0c, c0c = h0[0].contiguous(), c0[0].contiguous()
+    w_hh_c, b_ih_c, b_hh_c = w_hh.contiguous(), b_ih.contiguous(), b_hh.contiguous()
+    # The projection of every step at once, in fp32 (the recurrence adds to it). Computed
+    # without autograd: lstm_fwd's registered backward returns the gradients of x2, w_ih and
+    # b_ih itself (they are lstm_fwd's arguments for that reason).
+    with torch.no_grad():
+        xp = mlp.gemm(x2, w_ih.t(), bias=b_ih_c, out_dtype=torch.float32)
+    # Inside the autograd formula grad mode is off, so decide here whether the activations
+    # for backward (gates and c of every step, fp32) must be kept at all.
+    save = torch.is_grad_enabled() and any([t.requires_grad for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh)])
+    out, h_n, c_n, _gates, _cs = _ops().lstm_fwd(x2, w_ih, b_ih_c, xp, h0c, c0c, w_hh_c, b_hh_c,
+                                                 time_major, save, v)
+    return out, (h_n.unsqueeze(0), c_n.unsqueeze(0))

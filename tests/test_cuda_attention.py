@@ -1,0 +1,290 @@
+"""Level 5 (CUDA C++) attention: every version of cuda_kernels/attention.cu, forward and
+backward, through the harness (float64 reference, NaN-poisoned allocations, both layouts).
+
+The kernels have paths chosen by size, causality and layout: tiles of 64 keys (forward) and
+of 32 or 64 queries/keys (backward) with masked ragged edges, 4 or 8 warps by the grid's size,
+v4's causal skipping and unmasked interior tiles, the fp32 path of v3/v4 (v2 and the CUDA-core
+backward), head dims 16-128. So the GPU tests take sequence lengths that are multiples of
+nothing (1, 17, 100, 1023), Nq != Nk, every head dim, the packed qkv layout (read in place),
+a transposed last dimension and an odd offset (copied), and B*H beyond 65535 blocks.
+
+On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
+tensors), and (with nvcc) that no kernel spills on sm_90a."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cuda_kernels.attention as K5
+from equivalence import specs
+from equivalence.check import check, check_args
+
+ENV = K5.ENV_VERSION
+CU = Path(K5.__file__).with_suffix(".cu")
+VERSIONS = sorted(K5.VERSIONS)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+# ------------------------------------------------------------------------ CPU: Python --
+
+def test_versions_and_default():
+    assert VERSIONS == [1, 2, 3, 4] and K5.DEFAULT_VERSION == 4
+    assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
+    opening = CU.read_text().split("#include")[0]
+    for v in VERSIONS:
+        assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from the opening comment"
+
+
+def test_version_from_argument_then_environment(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert K5.resolve_version() == 4
+    monkeypatch.setenv(ENV, "2")
+    assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
+    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4\]"):
+        K5.resolve_version(5)
+
+
+@pytest.mark.parametrize("D", [8, 48, 96, 256])
+def test_other_head_dims_are_refused_before_any_kernel(D):
+    q = torch.zeros(1, 2, 5, D)  # a CPU tensor: the refusal comes before anything touches a GPU
+    with pytest.raises(ValueError, match=rf"argument 'q' must have a head dimension D in 16, 32, 64, 128.*D={D}"):
+        K5.attention(q, q, q, False, 0.5, version=4)
+
+
+def _packed(B=2, N=5, H=3, D=16, dtype=torch.bfloat16):
+    packed = torch.zeros(B, N, 3, H, D, dtype=dtype)
+    return [packed[:, :, i].transpose(1, 2) for i in range(3)]  # q, k, v: (B, H, N, D) views
+
+
+def test_packed_qkv_is_read_in_place_at_every_version():
+    for t in _packed():
+        for version in VERSIONS:
+            assert K5._operand(t, version) is t
+
+
+@pytest.mark.parametrize("make,copied_at", [
+    (lambda dt: torch.zeros(2, 3, 16, 7, dtype=dt).transpose(-1, -2), (1, 2, 3, 4)),  # D strided
+    (lambda dt: torch.zeros(1, 1, 4, 16, dtype=dt).expand(2, 3, 4, 16), ()),          # stride 0: fine
+    (lambda dt: torch.zeros(2, 3, 1, 16, dtype=dt).expand(2, 3, 5, 16), ()),          # rows stride 0
+    (lambda dt: torch.zeros(2 * 3 * 5 * 16 + 1, dtype=dt)[1:].view(2, 3, 5, 16), (3, 4)),  # 2 bytes off
+    (lambda dt: torch.zeros(2, 3, 5, 20, dtype=dt)[..., 2:18], (3, 4)),               # rows 20 apart
+    (lambda dt: torch.zeros(2, 3, 5, 24, dtype=dt)[..., 8:24], ()),                   # 24 apart, aligned
+], ids=["transposed", "expanded", "expanded-rows", "offset", "row-stride-20", "row-stride-24"])
+def test_operand_copies_only_what_a_version_cannot_read(make, copied_at):
+    t = make(torch.bfloat16)
+    for version in VERSIONS:
+        got = K5._operand(t, version)
+        assert torch.equal(got, t)
+        assert (got is not t) == (version in copied_at), version
+        if version in K5.TENSOR_CORE_VERSIONS:
+            assert K5.has_chunked_rows(got)
+    # fp32 runs v2 at every version: only a strided D is copied
+    t32 = make(torch.float32)
+    assert (K5._operand(t32, 4) is t32) == (t32.stride(-1) == 1)
+
+
+# ------------------------------------------------------------------------ CPU: nvcc ---
+
+def _nvcc_reason():
+    from cuda_kernels import build
+    return build.nvcc_available()
+
+
+needs_nvcc = pytest.mark.skipif(_nvcc_reason() is not None, reason=f"needs nvcc: {_nvcc_reason()}")
+
+
+@pytest.fixture(scope="module")
+def ptxas():
+    """One nvcc call for the whole module (build.ptxas_report caches it on disk as well)."""
+    from cuda_kernels import build
+    return build.ptxas_report(CU, "90a")
+
+
+@needs_nvcc
+def test_no_kernel_spills_on_sm90a(ptxas):
+    # The tensor-core kernels hold O (or dK and dV, or dQ), Q fragments and a tile of scores
+    # in registers: a spill would turn them into local-memory traffic in the inner loop.
+    names = [k.get("kernel", k["mangled"]) for k in ptxas]
+    for kernel in ("attn_fwd_mma_kernel", "attn_bwd_dkdv_mma_kernel", "attn_bwd_dq_mma_kernel"):
+        found = [n for n in names if kernel in n]
+        assert len(found) == 2 * 4 * 2, (kernel, found)  # fp16/bf16 x D 16..128 x v3/v4
+    for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
+        assert sum(kernel in n for n in names) == 3 * 4, kernel  # 3 dtypes x 4 head dims
+    for k in ptxas:
+        assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
+        assert k["stack_bytes"] == 0, k  # a register array indexed at run time lives in local memory
+
+
+# ------------------------------------------------------------------------------ GPU ---
+
+def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dev = torch.device("cuda")
+    return dict(q=specs.randn((B, H, Nq, D), g, dtype, dev), k=specs.randn((B, H, Nk, D), g, dtype, dev),
+                v=specs.randn((B, H, Nk, D), g, dtype, dev), causal=causal, scale=scale)
+
+
+def _passes(args, version, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    r = check_args("attention", "cuda", args)
+    assert r.passed, f"v{version}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_harness_tiny_both_layouts_and_variants(version, dtype, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    results = check("attention", "cuda", dtype=dtype, device="cuda", size="tiny")
+    assert {r.layout for r in results} == set(specs.LAYOUTS) and len(results) == 4
+    for r in results:
+        assert r.passed, f"v{version}: {r.summary()}"
+
+
+# (B, H, Nq, Nk, D): lengths that are multiples of no tile, every head dim, Nq != Nk
+SHAPES = [(1, 2, 1, 1, 16), (2, 3, 17, 17, 32), (1, 2, 100, 100, 64), (1, 1, 1023, 1023, 128),
+          (2, 2, 37, 70, 64), (1, 2, 130, 33, 128), (3, 1, 64, 200, 16), (1, 3, 257, 257, 32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_odd_lengths_head_dims_and_unequal_lengths(version, dtype, shape, causal, monkeypatch):
+    B, H, Nq, Nk, D = shape
+    if causal and Nq != Nk:
+        pytest.skip("causal attention needs Nq == Nk (the contract)")
+    _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + 7 * Nk + D), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", K5.TENSOR_CORE_VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", [(4, 8, 600, 64), (2, 16, 577, 128)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_eight_warp_blocks(version, dtype, shape, causal, monkeypatch):
+    # The tensor-core kernels take 128-row blocks (8 warps) once B*H*ceil(N/128) blocks fill
+    # every SM (132 on an H100), 64-row blocks below that: the shapes above are the former.
+    B, H, N, D = shape
+    assert B * H * -(-N // 128) >= torch.cuda.get_device_properties(0).multi_processor_count
+    _passes(_args(B, H, N, N, D, dtype, causal, seed=N + D), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("layout", ["packed", "transposed", "offset", "sliced"])
+def test_layouts(version, dtype, layout, monkeypatch):
+    B, H, N, D = 2, 3, 77, 64
+    args = _args(B, H, N, N, D, dtype, causal=True, scale=0.3, seed=11)
+    if layout == "packed":  # the fused-qkv layout of the spec's `strided`: read in place
+        args = specs.get("attention").module.strided(args)
+        assert all(K5._operand(args[n], version) is args[n] for n in "qkv")
+    elif layout == "transposed":  # D strided: copied by the Python side
+        for n in "qkv":
+            args[n] = args[n].transpose(-1, -2).contiguous().transpose(-1, -2)
+    elif layout == "offset":  # one element off 16 bytes: copied at v3/v4, read as is below
+        for n in "qkv":
+            buf = torch.full((args[n].numel() + 8,), float("nan"), device="cuda", dtype=dtype)
+            view = buf[1:1 + args[n].numel()].view(args[n].shape)
+            view.copy_(args[n])
+            args[n] = view
+    else:  # a head slice of a wider tensor, aligned rows: read in place
+        for n in "qkv":
+            buf = torch.full((B, H + 2, N, D + 8), float("nan"), device="cuda", dtype=dtype)
+            buf[:, 1:H + 1, :, 8:] = args[n]
+            args[n] = buf[:, 1:H + 1, :, 8:]
+    _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_more_heads_than_a_grid_dimension_holds(version, monkeypatch):
+    # B*H = 70000 > 65535: the (batch, head) index lives in gridDim.x with the blocks
+    _passes(_args(2, 35000, 3, 3, 16, torch.bfloat16, causal=True, seed=5), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_lse_is_the_base_2_log_sum_exp(version):
+    a = _args(2, 3, 70, 70, 64, torch.float32, causal=True, seed=3)
+    q, k, v = a["q"], a["k"], a["v"]
+    out, lse = K5._ops().attention_fwd(q, k, v, True, 0.125, version)
+    s = (q.double() @ k.double().transpose(-1, -2)) * 0.125
+    s = s.masked_fill(torch.ones(70, 70, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    assert out.shape == q.shape and out.is_contiguous() and lse.shape == (2, 3, 70)
+    torch.testing.assert_close(lse.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_expanded_upstream_gradient_and_determinism(version):
+    # `.sum().backward()` hands the backward a stride-0 gradient (copied by _operand); no
+    # atomics anywhere, so two runs agree bit for bit.
+    a = _args(2, 4, 300, 300, 64, torch.bfloat16, causal=True, seed=9)
+    runs = []
+    for _ in range(2):
+        q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
+        out = K5.attention(q, k, v, True, None, version=version)
+        out.float().sum().backward()
+        runs.append((out.detach(), q.grad, k.grad, v.grad))
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+def test_opcheck(version, dtype):
+    ops = K5._ops()
+    a = _args(2, 2, 40, 40, 32, dtype, seed=version)
+    q, k, v = a["q"], a["k"], a["v"]
+    torch.library.opcheck(ops.attention_fwd, (q, k, v, False, 0.2, version))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    torch.library.opcheck(ops.attention_fwd, (*leaves, True, 0.2, version))  # with its autograd
+    out, lse = ops.attention_fwd(q, k, v, True, 0.2, version)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(ops.attention_bwd, (dout, q, k, v, out, lse, True, 0.2, version))
+
+
+@pytest.mark.gpu
+def test_compiled_graph_calls_the_level_5_kernels():
+    import levels
+
+    level = levels.get("cuda")
+    a = _args(2, 4, 96, 96, 64, torch.bfloat16, seed=2)
+    fn = torch.compile(lambda q, k, v: level.attention(q, k, v, True), fullgraph=True)
+    assert torch.equal(fn(a["q"], a["k"], a["v"]), level.attention(a["q"], a["k"], a["v"], True))
+
+
+BAD_VERSION = """
+import torch
+import cuda_kernels.attention as K5
+q = torch.randn(1, 2, 8, 16, device="cuda", dtype=torch.bfloat16)
+try:
+    K5._ops().attention_fwd(q, q, q, False, 0.25, 9)
+except RuntimeError as exc:
+    print("RAISED", exc)
+"""
+
+
+@pytest.mark.gpu
+def test_a_bad_version_raises_cleanly():
+    """Past the Python checks (the op called directly), the launcher's refusal becomes a
+    RuntimeError naming op and version. In a subprocess: a crash while raising must fail
+    this test, not end the session."""
+    proc = subprocess.run([sys.executable, "-c", BAD_VERSION], capture_output=True, text=True, timeout=900,
+                          cwd=str(Path(K5.__file__).resolve().parents[1]))
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert re.search(r"RAISED .*attention_fwd \(version 9\).*does not exist", proc.stdout), proc.stdout + proc.stderr
+    with pytest.raises(ValueError, match="argument 'version' must be one of"):
+        K5.attention(torch.zeros(1, 1, 4, 16, device="cuda"), torch.zeros(1, 1, 4, 16, device="cuda"),
+                     torch.zeros(1, 1, 4, 16, device="cuda"), version=0)

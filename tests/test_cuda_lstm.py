@@ -1,0 +1,369 @@
+"""Level 5 (CUDA C++) LSTM: both versions of cuda_kernels/lstm.cu, forward and backward through
+time, through the harness (float64 reference, NaN-poisoned allocations, both layouts).
+
+CPU (CI): the version plumbing, how the entry lays x out for the GEMM (a view in either row
+order, else a copy), the h_{t-1} rows the dW_hh GEMM pairs with dz, and (with nvcc) that the
+persistent kernels, which hold W_hh rows, accumulators and partial sums on chip, do not spill
+on sm_90a.
+
+GPU (@pytest.mark.gpu): every version x fp32/fp16/bf16 — the harness at the tiny preset (both
+layouts: x time-major, weights transposed, biases and states strided), odd sizes (B 1, 3, 8,
+67: more than one 64-row batch chunk; H 1, 17, 64, 512; T 1, 5; I 1, 7), x sliced (neither
+row order: copied) and h0 an expanded view, v2's backward staging dz in pieces (fp32, H 1024),
+a hidden size whose W_hh does not fit on chip (v2 refuses with a ValueError naming w_hh; v1
+computes it), bitwise determinism, opcheck on
+both ops, torch.compile(fullgraph=True) through the ops, and a bad version as an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import levels
+from cuda_kernels import build, versions
+from cuda_kernels import lstm as K5
+from equivalence import specs
+from equivalence.check import check, check_args
+
+ENV = K5.ENV_VERSION
+CU = Path(K5.__file__).with_suffix(".cu")
+VERSIONS = sorted(K5.VERSIONS)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+NAMES = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
+NVCC = build.nvcc_available()
+
+
+# ------------------------------------------------------------------------------ CPU --
+
+def test_versions_and_default():
+    assert VERSIONS == [1, 2] and K5.DEFAULT_VERSION == 2
+    assert K5.ENV_VERSION == versions.env_name("lstm")
+    assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
+
+
+def test_version_from_argument_then_environment(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert K5.resolve_version() == 2
+    monkeypatch.setenv(ENV, "1")
+    assert K5.resolve_version() == 1 and K5.resolve_version(2) == 2
+    with pytest.raises(ValueError, match=r"lstm: argument 'version' must be one of \[1, 2\].*3"):
+        K5.resolve_version(3)
+
+
+def test_rows_are_a_view_in_either_order_else_a_copy():
+    B, T, I = 3, 5, 7
+    x = torch.randn(B, T, I)
+    x2, time_major = K5._rows(x)
+    assert not time_major and x2.data_ptr() == x.data_ptr() and torch.equal(x2, x.reshape(B * T, I))
+    xt = torch.randn(T, B, I).transpose(0, 1)  # time-major view: rows t*B + b, no copy
+    x2, time_major = K5._rows(xt)
+    assert time_major and x2.data_ptr() == xt.data_ptr()
+    assert torch.equal(x2.view(T, B, I).transpose(0, 1), xt)
+    xs = torch.randn(B, T + 2, I + 1)[:, 1:T + 1, :I]  # flattens in neither order: copied
+    x2, time_major = K5._rows(xs)
+    assert not time_major and torch.equal(x2, xs.reshape(B * T, I))
+    one = torch.randn(1, 4, I)
+    assert K5._rows(one)[1] is False
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_h_prev_rows_pair_with_dz_rows(time_major):
+    """Row r of _h_prev must be h_{t-1} of the (b, t) that row r of dz belongs to."""
+    B, T, H = 3, 4, 2
+    h0 = torch.randn(B, H)
+    out = torch.randn(B, T, H)
+    hp = K5._h_prev(h0, out, time_major)
+    assert hp.shape == (B * T, H)
+    for b in range(B):
+        for t in range(T):
+            row = t * B + b if time_major else b * T + t
+            want = h0[b] if t == 0 else out[b, t - 1]
+            assert torch.equal(hp[row], want)
+
+
+# The kernels' per-step math (lstm.cu's cell_forward / cell_backward and the recurrent
+# products), written in torch and registered as CPU ops with lstm_fwd / lstm_bwd's schemas, so
+# that the REAL Python side — the entry's layouts and row orders, the autograd formula
+# registered for lstm_fwd (which GEMM gets which rows, every gradient's shape and dtype) —
+# goes through the harness on a CPU. part A's GEMMs are replaced by torch matmuls here.
+
+def _step_rows(B, T, time_major):
+    b, t = torch.arange(B)[:, None], torch.arange(T)[None, :]
+    return t * B + b if time_major else b * T + t  # [b, t] -> row of xp, gates, cs, dz
+
+
+_TWIN = {}
+
+
+def _twin_ops():
+    if _TWIN:
+        return _TWIN["ops"]
+    @torch.library.custom_op("levels_test_lstm_twin::lstm_fwd", mutates_args=())
+    def fwd(x2: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, xp: torch.Tensor, h0: torch.Tensor,
+            c0: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, time_major: bool, save: bool,
+            version: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, H = h0.shape
+        T = x2.shape[0] // B
+        rows = _step_rows(B, T, time_major)
+        h, c, outs = h0.float(), c0.float(), []
+        gates, cs = torch.empty(B * T, 4 * H), torch.empty(B * T, H)
+        for t in range(T):
+            z = xp[rows[:, t]] + h @ w_hh.float().t() + b_hh.float()
+            i, f, g, o = (torch.sigmoid(z[:, :H]), torch.sigmoid(z[:, H:2 * H]), torch.tanh(z[:, 2 * H:3 * H]),
+                          torch.sigmoid(z[:, 3 * H:]))
+            c = f * c + i * g
+            h_t = (o * torch.tanh(c)).to(h0.dtype)  # h goes through memory in the input dtype
+            gates[rows[:, t]], cs[rows[:, t]] = torch.cat([i, f, g, o], 1), c
+            h = h_t.float()
+            outs.append(h_t)
+        out = torch.stack(outs, 1)
+        empty = torch.empty(0)
+        return out, out[:, -1].clone(), c.to(h0.dtype), gates if save else empty, cs if save else empty
+
+    @torch.library.custom_op("levels_test_lstm_twin::lstm_bwd", mutates_args=())
+    def bwd(dout: torch.Tensor, dh_n: torch.Tensor, dc_n: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor,
+            gates: torch.Tensor, cs: torch.Tensor, time_major: bool,
+            version: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, H = dout.shape
+        rows = _step_rows(B, T, time_major)
+        dz = torch.empty(B * T, 4 * H, dtype=dout.dtype)
+        dc, w = dc_n.float(), w_hh.float()
+        for t in range(T - 1, -1, -1):
+            dh = dout[:, t].float() + (dh_n.float() if t == T - 1 else dz[rows[:, t + 1]].float() @ w)
+            g4 = gates[rows[:, t]]
+            gi, gf, gg, go = g4[:, :H], g4[:, H:2 * H], g4[:, 2 * H:3 * H], g4[:, 3 * H:]
+            tc = torch.tanh(cs[rows[:, t]])
+            c_prev = cs[rows[:, t - 1]] if t > 0 else c0.float()
+            dc = dc + dh * go * (1 - tc * tc)
+            dz[rows[:, t]] = torch.cat([dc * gg * gi * (1 - gi), dc * c_prev * gf * (1 - gf),
+                                        dc * gi * (1 - gg * gg), dh * tc * go * (1 - go)], 1).to(dout.dtype)
+            dc = dc * gf
+        return dz, (dz[rows[:, 0]].float() @ w).to(dout.dtype), dc.to(dout.dtype)
+
+    torch.library.register_autograd("levels_test_lstm_twin::lstm_fwd", K5._backward,
+                                    setup_context=K5._setup_context)
+    _TWIN["ops"] = torch.ops.levels_test_lstm_twin
+    return _TWIN["ops"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_python_side_through_the_harness_with_a_torch_twin_of_the_kernels(dtype, monkeypatch):
+    import cuda_kernels.mlp as mlp
+
+    ops = _twin_ops()
+    monkeypatch.setattr(K5, "_ops", lambda: ops)
+    monkeypatch.setattr(mlp, "gemm", lambda a, b, bias=None, out_dtype=None, version=None: (
+        a.float() @ b.float() + (0 if bias is None else bias.float())).to(out_dtype or a.dtype))
+    monkeypatch.setattr(mlp, "column_sum", lambda x, out_dtype=None, version=None: (
+        x.float().sum(0).to(out_dtype or x.dtype)))
+    for size in ("tiny", "small"):  # both layouts: x time-major, weights transposed, ...
+        for r in check("lstm", fn=lambda **a: K5.lstm(**a), dtype=dtype, size=size, seed=3):
+            assert r.passed, r.summary()
+
+
+@pytest.mark.skipif(NVCC is not None, reason=f"needs nvcc: {NVCC}")
+def test_persistent_kernels_do_not_spill_on_sm90a():
+    # v2 holds its accumulators (32 floats a thread), W_hh fragments and gate state in
+    # registers under a 128-register cap (2 blocks an SM); a spill would put local-memory
+    # traffic on the critical path of every time step.
+    report = build.ptxas_report(CU, "90a")
+    names = [k.get("kernel", k["mangled"]) for k in report]
+    persistent = [k for k in report if "persistent_v2" in k.get("kernel", k["mangled"])]
+    assert len(persistent) == 2 * 3, names  # forward and backward x 3 dtypes
+    for k in report:
+        assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
+    for k in persistent:
+        assert k["registers"] <= 128, k  # __launch_bounds__(256, 2)
+
+
+# ------------------------------------------------------------------------------ GPU --
+
+def _args(B, T, I, H, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return specs.get("lstm").module.make_args(dict(B=B, T=T, I=I, H=H), dtype, torch.device("cuda"), g)
+
+
+def _passes(args, version, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    r = check_args("lstm", "cuda", args)
+    assert r.passed, f"v{version}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
+    monkeypatch.setenv(ENV, str(version))
+    results = check("lstm", "cuda", dtype=dtype, device="cuda", size="tiny")
+    assert {r.layout for r in results} == set(specs.LAYOUTS)
+    for r in results:
+        assert r.passed, f"v{version}: {r.summary()}"
+
+
+# (B, T, I, H): nothing a multiple of a tile; B=67 takes two batch chunks (64 + 3) in v2,
+# H=1 and 17 leave most of a block's 4 units and 16-wide K steps empty, H=512 is the bench's.
+SHAPES = [(1, 1, 1, 1), (3, 5, 7, 17), (8, 5, 1, 64), (3, 1, 7, 512), (8, 5, 7, 512), (67, 3, 7, 17)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-T{}-I{}-H{}".format(*s))
+def test_odd_sizes(version, dtype, shape, monkeypatch):
+    _passes(_args(*shape, dtype, seed=sum(shape)), version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_strided_views(version, dtype, monkeypatch):
+    """x sliced out of a bigger buffer (flattens in neither row order: copied), both weights
+    transposed, b_ih a slice, h0 one state expanded over the batch (stride 0), c0 strided."""
+    B, T, I, H = 5, 4, 9, 24
+    args = _args(B, T, I, H, dtype, seed=5)
+    buf = torch.full((B, T + 3, I + 2), float("nan"), device="cuda", dtype=dtype)
+    buf[:, 2:T + 2, 1:I + 1] = args["x"]
+    args["x"] = buf[:, 2:T + 2, 1:I + 1]
+    args["w_ih"] = args["w_ih"].t().contiguous().t()
+    args["w_hh"] = args["w_hh"].t().contiguous().t()
+    b = torch.full((4 * H + 5,), float("nan"), device="cuda", dtype=dtype)
+    b[3:3 + 4 * H] = args["b_ih"]
+    args["b_ih"] = b[3:3 + 4 * H]
+    args["h0"] = args["h0"][:, :1].expand(1, B, H)
+    c = torch.full((1, B, 3 * H), float("nan"), device="cuda", dtype=dtype)
+    c[..., ::3] = args["c0"]
+    args["c0"] = c[..., ::3]
+    _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_w_hh_too_large_for_chip_v2_refuses_v1_computes(monkeypatch):
+    # fp32, hidden 2048: 512 blocks of 16 W_hh rows (131 KB each) cannot all be resident.
+    args = _args(2, 2, 3, 2048, torch.float32, seed=9)
+    with pytest.raises(ValueError, match=r"lstm_fwd \(version 2\): w_hh .*2048.* does not fit on chip.*version 1"):
+        K5.lstm(*(args[n] for n in NAMES), version=2)
+    _passes(args, 1, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_v2_backward_stages_dz_in_pieces(monkeypatch):
+    # fp32, hidden 1024: the forward's 256 blocks fit two an SM, but 8 whole dz rows (4H =
+    # 4096 columns, 131 KB) next to the W_hh^T slice would not: the backward stages dz in
+    # pieces of 1024 columns (launch_bwd_v2), accumulating across them.
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if 2 * sms < 256:
+        pytest.skip(f"needs 128 SMs for v2 at hidden 1024 in fp32 (2 blocks an SM); this GPU has {sms}")
+    _passes(_args(3, 2, 5, 1024, torch.float32, seed=4), 2, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+def test_bitwise_deterministic(version, dtype):
+    # Partial sums meet in shared memory in a fixed order and nothing uses atomics: two runs
+    # agree bit for bit, outputs and every gradient.
+    args = _args(8, 6, 16, 96, dtype, seed=2)
+    runs = []
+    for _ in range(2):
+        leaves = [args[n].detach().clone().requires_grad_(True) for n in NAMES]
+        out, (h_n, c_n) = K5.lstm(*leaves, version=version)
+        grads = torch.autograd.grad((out.float().square().sum() + h_n.float().sum() + c_n.float().sum()),
+                                    leaves)
+        runs.append((out, h_n, c_n, *grads))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def _op_args(dtype, version, save, requires_grad=False, time_major=False):
+    B, T, I, H = 3, 4, 5, 12
+    args = _args(B, T, I, H, dtype, seed=version)
+    x = args["x"]
+    x2 = (x.transpose(0, 1) if time_major else x).reshape(B * T, I)
+    xp = torch.randn(B * T, 4 * H, device="cuda")
+    tensors = [x2, args["w_ih"], args["b_ih"], xp, args["h0"][0].contiguous(), args["c0"][0].contiguous(),
+               args["w_hh"], args["b_hh"]]
+    if requires_grad:
+        tensors = [t if i == 3 else t.detach().requires_grad_(True) for i, t in enumerate(tensors)]
+    return (*tensors, time_major, save, version)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_opcheck(version, dtype):
+    # Each opcheck traces the op through AOT autograd (seconds): the forward with gradients
+    # (its registered backward runs too) at every dtype, in one row order each; the forward
+    # without saving, and the backward op alone, once per version.
+    levels.get("cuda")
+    ops = K5._ops()  # builds and loads the library, registers the fakes and the autograd
+    time_major = dtype == torch.bfloat16
+    torch.library.opcheck(ops.lstm_fwd, _op_args(dtype, version, save=True, requires_grad=True,
+                                                 time_major=time_major))
+    if dtype != torch.float32:
+        return
+    torch.library.opcheck(ops.lstm_fwd, _op_args(dtype, version, save=False))
+    fwd = _op_args(dtype, version, save=True)
+    out, h_n, c_n, gates, cs = ops.lstm_fwd(*fwd)
+    c0, w_hh = fwd[5], fwd[6]
+    torch.library.opcheck(ops.lstm_bwd, (torch.randn_like(out), torch.randn_like(h_n), torch.randn_like(c_n),
+                                         c0, w_hh, gates, cs, False, version))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_inside_torch_compile(version, monkeypatch):
+    # Fake implementations and a registered autograd: Dynamo traces the Level 5 LSTM into one
+    # graph (fullgraph=True: no break), and the compiled backward calls lstm_bwd.
+    monkeypatch.setenv(ENV, str(version))
+    level = levels.get("cuda")
+    K5._ops()  # the library must be loaded before tracing (Dynamo cannot trace a build)
+    args = _args(4, 5, 16, 32, torch.bfloat16, seed=11)
+    leaves = [args[n].detach().clone().requires_grad_(True) for n in NAMES]
+
+    def f(*t):
+        out, (h_n, c_n) = level.lstm(*t)
+        return torch.relu(out) + 1, h_n * 2, c_n
+
+    torch._dynamo.reset()
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        outs = fn(*leaves)
+        loss = sum(o.float().square().sum() for o in outs)
+        results.append((*outs, *torch.autograd.grad(loss, leaves)))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)
+
+
+BAD_VERSION = """
+import torch
+from cuda_kernels import lstm as K5
+ops = K5._ops()
+B, T, I, H = 2, 3, 4, 8
+x2 = torch.randn(B * T, I, device="cuda")
+s = torch.randn(B, H, device="cuda")
+try:
+    ops.lstm_fwd(x2, torch.randn(4 * H, I, device="cuda"), torch.randn(4 * H, device="cuda"),
+                 torch.randn(B * T, 4 * H, device="cuda"), s, s, torch.randn(4 * H, H, device="cuda"),
+                 torch.randn(4 * H, device="cuda"), False, False, 7)
+except RuntimeError as exc:
+    print("raised:", exc)
+"""
+
+
+@pytest.mark.gpu
+def test_bad_version_is_an_error_naming_it():
+    # In a child process: an error thrown by the C++ binding must reach Python as a
+    # RuntimeError (a crash there would take the whole test session down).
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", BAD_VERSION], capture_output=True, text=True,
+                         cwd=root, timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
+    assert re.search(r"lstm_fwd \(version 7\): this version does not exist", out.stdout), \
+        out.stdout + out.stderr[-2000:]
