@@ -55,6 +55,7 @@ examples:
   levels bench --suite models                  every level vs the best library call at real models' shapes
   levels bench --overhead                      what one call costs the host, per level
   levels doctor                                what works on this machine, and how to fix the rest
+  levels train --model gpt --level all         a whole model at every level: same loss curve, speed
   levels assignment build --components layer_norm --levels native,triton --out DIR
   levels grade --repo DIR --gradescope results.json
 
@@ -201,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .overhead import add_overhead_arguments
     add_suite_arguments(p)
     add_overhead_arguments(p)
-    from . import doctor
+    from . import doctor, train
     from .grading import add_parsers as add_instructor_parsers
     doctor.add_parser(sub)
+    train.add_parser(sub)
     add_instructor_parsers(sub)  # `levels assignment build`, `levels grade`
     return parser
 
@@ -666,12 +668,13 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
-    from . import doctor
+    from . import doctor, train
     from .grading import run_assignment, run_grade
 
     handler = {"check": cmd_check, "compare": cmd_compare, "profile": cmd_profile,
                "select": cmd_select, "agree": cmd_agree, "explain": cmd_explain,
-               "bench": cmd_bench, "doctor": doctor.run, "assignment": run_assignment,
+               "bench": cmd_bench, "doctor": doctor.run, "train": train.run_train,
+               "assignment": run_assignment,
                "grade": run_grade}[args.command]
     try:
         return handler(args, console)

@@ -244,7 +244,10 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
             # level would otherwise silently differ (one differentiates, another drops it).
             _fail(c, name, "a buffer that does not require grad (running statistics are not "
                   "differentiable)", f"{_describe(t)} with requires_grad=True")
-    if training:
+    # Inside a torch.compile trace the overlap test (data pointers, storage offsets) cannot
+    # be traced: every call would break the graph and recompile. The eager call of the same
+    # arguments checks it; a compiled model checks it on its first, eager-validated layers.
+    if training and not torch.compiler.is_compiling():
         _writable_buffers(c, stats, named)
     return dict(N=Nb, C_in=Cin, H=Hh, W=Ww, C_out=Cout, kH=kH, kW=kW, stride=(sh, sw),
                 padding=(ph, pw), H_out=Ho, W_out=Wo)

@@ -46,9 +46,12 @@ class _Leveled(nn.Module):
     @level.setter
     def level(self, value) -> None:
         self._level = _level_name(value)
+        # Resolved here, once, not in forward: levels.get imports a module, which
+        # torch.compile cannot trace (one graph break per layer of a compiled model).
+        self._call = getattr(_get_level(self._level), self.component)
 
     def _fn(self):
-        return getattr(_get_level(self._level), self.component)
+        return self._call
 
     def extra_repr(self) -> str:
         return f"level={self._level!r}"
