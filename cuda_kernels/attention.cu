@@ -1,5 +1,5 @@
 // attention.cu — out = softmax(q kᵀ · scale) v over (B, H, N, D) tensors, optionally causal,
-// forward and backward: Level 5's flash attention, a ladder of four versions.
+// forward and backward: Level 5's flash attention, a ladder of five versions.
 //
 //   v1  naive: one thread per query row; the row of scores goes to global memory (an fp32
 //       scratch of B*H*Nq*Nk*4 bytes the binding allocates: 4.3 GB at B4 H16 N4096), then
@@ -21,6 +21,11 @@
 //       computed) + causal block skipping (key blocks entirely above the diagonal are never
 //       visited, blocks entirely below it run without the mask code). Costs: twice v3's
 //       K/V shared memory; a second, unmasked copy of the tile step in the binary.
+//   v5  v4 with 32 query rows a warp (two m16 tiles, FlashAttention-2's 4 warps x 32 rows):
+//       each K and V fragment loaded by ldmatrix feeds two MMAs, half v4's shared-memory
+//       reads per FLOP; 2 blocks an SM hide each other's barriers. Costs: O and S double
+//       in registers, so Q's fragments are re-read from shared memory every k-step; a
+//       64-row block of 2 warps for small grids. Backward: v4's.
 //
 // Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
 //   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,
@@ -28,7 +33,7 @@
 //   blocks): no atomics, every gradient element written once by one thread: deterministic.
 //   forward v1, v2 (and fp32 at v3/v4)  ->  CUDA-core backward (exact fp32, v2's layout)
 //   forward v3                           ->  mma.sync backward, synchronous loads, masking
-//   forward v4                           ->  mma.sync backward, cp.async double buffering
+//   forward v4, v5                       ->  mma.sync backward, cp.async double buffering
 //                                            and causal block skipping
 //
 // The log-sum-exp the forward stores is in base 2 of the scaled scores:
@@ -37,11 +42,11 @@
 //
 // Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
 // dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
-// whose last dimension is strided). v3/v4 read 16-byte chunks, so for them every stride
+// whose last dimension is strided). v3-v5 read 16-byte chunks, so for them every stride
 // of a dimension of size > 1 must be a multiple of 8 elements and the base 16-byte aligned
 // (else LEVELS_UNSUPPORTED; the Python side copies). Outputs out, lse, dq, dk, dv are
 // contiguous, written only inside their own extent. Offsets are int64.
-// Head dims D in {16, 32, 64, 128} at v2-v4 (one register tile spans D); v1 takes any D.
+// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D); v1 takes any D.
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -541,6 +546,222 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
 }
 
 // =====================================================================================
+// v5: 32 query rows a warp (two m16 tiles): every K/V fragment feeds two MMAs
+// =====================================================================================
+// v4's warp owns 16 rows, so for every 16 rows it reads the whole K tile (S = Q Kᵀ) and
+// the whole V tile (O += P V) from shared memory: one ldmatrix.x4 per two MMAs. Here a warp
+// owns 32 rows as two m16 tiles (FlashAttention-2's 4 warps x 32 rows): one ldmatrix.x4 of
+// K or V gives the B fragments of two n8 tiles and each feeds both row tiles: four MMAs,
+// half the K/V reads per FLOP. What it costs is registers: two row tiles double O (128
+// fp32 a thread at D = 128) and S, so Q no longer fits next to them: its A fragments are
+// re-read from shared memory at every k-step (2 ldmatrix.x4 per k-step). A warp's tile at
+// D = 64 (32 rows x 64 keys): 8 (Q) + 16 (K) + 16 (V) loads for 128 MMAs, 0.31 a MMA
+// against v4's 0.5; at D = 128 with the 32-key tiles below, 16 + 16 + 16 for 128: 0.375.
+// The block is 4 warps (128 rows) with __launch_bounds__(128, 2): two blocks an SM (<= 255
+// registers a thread; 68 KB of shared memory each at D = 128), so one block's barrier
+// waits and tile loads hide behind the other's MMAs; 2 warps (64 rows) when 128-row
+// blocks would leave SMs idle. Same double-buffered cp.async K/V pipeline, causal block
+// skipping, unmasked interior tiles and base-2 lse as v4, so v4's backward serves v5.
+// Keys per tile: 64, and 32 at D = 128, where O is already 128 fp32 registers a thread:
+// S of 2 x 64 keys (64 more) plus the fragments and addresses in flight leaves ptxas short
+// of registers (it spilled ~100 bytes); S of 2 x 32 keys fits (240 registers, no spill).
+template <int D> constexpr int v5_bn() { return D == 128 ? 32 : 64; }
+
+// rows [row0, row0 + rows) of a (N, D) operand into a padded shared tile with cp.async
+// (zero fill past n), strided over the block's threads (v5 blocks are 64 or 128 threads,
+// so the loop bound is the run-time blockDim rather than load_tile's 128-thread unroll).
+template <typename T, int D>
+__device__ __forceinline__ void v5_load(T* s, const T* __restrict__ g, int64_t ld, int row0, int n, int rows) {
+  constexpr int CH = D / 8, LD = ld_of<D>();
+  const int total = rows * CH;
+#pragma unroll 4
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int r = e / CH, ch = e % CH;
+    const bool ok = row0 + r < n;
+    cp_async_16(smem_addr(s + r * LD + ch * 8), ok ? g + (int64_t)(row0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
+  }
+}
+
+// One key tile for one warp's 32 rows (row tiles i = 0, 1): S = Q Kᵀ, online softmax per
+// row, O += P V. Row of accumulator element e of tile i: row_g + 16 i + 8 (e >> 1).
+// qa, ka, va: this lane's ldmatrix addresses (32-bit shared) of the warp's first Q row
+// tile, of the K tile (B pattern of b_addr) and of the V tile (A pattern of a_addr, read
+// .trans), each at row/column 0: every fragment is then base + a compile-time offset, so
+// no address is kept per fragment (at D = 128, O and S alone are 192 of the 255 registers).
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t va, float (&o)[2][D / 8][4],
+                                            float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int Nk,
+                                            int causal, float sl, int lane) {
+  constexpr int NT = v5_bn<D>() / 8, LD = ld_of<D>();
+  float s[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[i][nt][0] = s[i][nt][1] = s[i][nt][2] = s[i][nt][3] = 0.0f;
+  // Not unrolled (the k-step only moves the addresses, each fragment is used right away):
+  // unrolled, ptxas hoists the loads of later k-steps ahead and spills at D = 128.
+#pragma unroll 1
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t a0[4], a1[4];  // Q rows 0-15 and 16-31 of this warp, columns 16 kc .. 16 kc + 15
+    ldmatrix_x4(a0, qa + kc * 16 * 2);
+    ldmatrix_x4(a1, qa + (16 * LD + kc * 16) * 2);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t b[4];  // keys nt*8 .. nt*8 + 15: one load, four MMAs
+      ldmatrix_x4(b, ka + (nt * 8 * LD + kc * 16) * 2);
+      mma_16816<T>(s[0][nt], a0, b[0], b[1]);
+      mma_16816<T>(s[0][nt + 1], a0, b[2], b[3]);
+      mma_16816<T>(s[1][nt], a1, b[0], b[1]);
+      mma_16816<T>(s[1][nt + 1], a1, b[2], b[3]);
+    }
+  }
+  if constexpr (MASK) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+          const int row = row_g + 16 * i + (e >> 1) * 8;
+          if (key >= Nk || (causal && key > row)) s[i][nt][e] = -INFINITY;
+        }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows g + 16 i and g + 16 i + 8: v4's online softmax
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[i][nt][2 * h], s[i][nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[i][h], mx);
+      const float neg = m_new == -INFINITY ? 0.0f : -m_new * sl;  // no -inf - -inf
+      const float alpha = exp2_approx(fmaf(m[i][h], sl, neg));
+      m[i][h] = m_new;
+      float sum = 0.0f;  // this lane's columns only; the row's 4 lanes are added at the end
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[i][nt][2 * h] = exp2_approx(fmaf(s[i][nt][2 * h], sl, neg));
+        s[i][nt][2 * h + 1] = exp2_approx(fmaf(s[i][nt][2 * h + 1], sl, neg));
+        sum += s[i][nt][2 * h] + s[i][nt][2 * h + 1];
+      }
+      l[i][h] = l[i][h] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[i][dt][2 * h] *= alpha;
+        o[i][dt][2 * h + 1] *= alpha;
+      }
+    }
+  // O += P V, P re-packed from the S registers (the register trick, as warp_acc_py), and
+  // every V fragment (ldmatrix.trans: two n8 tiles of D) feeds both row tiles.
+#pragma unroll
+  for (int kc = 0; kc < NT / 2; ++kc) {
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      pa[i][0] = pack2<T>(s[i][2 * kc][0], s[i][2 * kc][1]);
+      pa[i][1] = pack2<T>(s[i][2 * kc][2], s[i][2 * kc][3]);
+      pa[i][2] = pack2<T>(s[i][2 * kc + 1][0], s[i][2 * kc + 1][1]);
+      pa[i][3] = pack2<T>(s[i][2 * kc + 1][2], s[i][2 * kc + 1][3]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, va + (kc * 16 * LD + dt * 8) * 2);
+      mma_16816<T>(o[0][dt], pa[0], b[0], b[1]);
+      mma_16816<T>(o[0][dt + 1], pa[0], b[2], b[3]);
+      mma_16816<T>(o[1][dt], pa[1], b[0], b[1]);
+      mma_16816<T>(o[1][dt + 1], pa[1], b[2], b[3]);
+    }
+  }
+}
+
+// Block: W warps (2 or 4, blockDim.x = 32 W), BLOCK_M = 32 W query rows, 32 per warp.
+// Shared: Q [BLOCK_M][D+8] (read by its own warp only), then 2 x K [64][D+8], 2 x V [64][D+8].
+template <typename T, int D>
+__global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
+  constexpr int LD = ld_of<D>(), V5_BN = v5_bn<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x >> 5, block_m = warps * 32;
+  T* sq = reinterpret_cast<T*>(smem_raw);
+  T* sk = sq + block_m * LD;
+  T* sv = sk + 2 * V5_BN * LD;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bh, mb;
+  block_coords(cdiv(Nq, block_m), causal, bh, mb);
+  const int m0 = (int)mb * block_m;
+  const T* k = head_of<T>(p.k, bh, p.H);
+  const T* v = head_of<T>(p.v, bh, p.H);
+  const int kv_end = causal ? min(Nk, m0 + block_m) : Nk;
+  const int n_tiles = (kv_end + V5_BN - 1) / V5_BN;
+
+  // One group: Q and K/V tile 0 (the first iteration's wait<1> lands both).
+  v5_load<T, D>(sq, head_of<T>(p.q, bh, p.H), p.q.sn, m0, Nq, block_m);
+  v5_load<T, D>(sk, k, p.k.sn, 0, Nk, V5_BN);
+  v5_load<T, D>(sv, v, p.v.sn, 0, Nk, V5_BN);
+  cp_async_commit();
+
+  float o[2][D / 8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[i][dt][0] = o[i][dt][1] = o[i][dt][2] = o[i][dt][3] = 0.0f;
+  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+  float l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+  const int warp_row0 = m0 + warp * 32, row_g = warp_row0 + (lane >> 2);
+  // This lane's ldmatrix addresses at row/column 0 (a_addr / b_addr's lane patterns).
+  const uint32_t qa = a_addr<D>(sq, warp * 32, 0, lane);
+  const uint32_t ka0 = b_addr<D>(sk, 0, 0, lane), va0 = a_addr<D>(sv, 0, 0, lane);
+  constexpr uint32_t STAGE_BYTES = V5_BN * LD * sizeof(T);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1, n0 = t * V5_BN;
+    if (t + 1 < n_tiles) {  // into the other stage: the barrier closing t-1 freed it
+      const int ns = stage ^ 1;
+      v5_load<T, D>(sk + ns * V5_BN * LD, k, p.k.sn, n0 + V5_BN, Nk, V5_BN);
+      v5_load<T, D>(sv + ns * V5_BN * LD, v, p.v.sn, n0 + V5_BN, Nk, V5_BN);
+    }
+    cp_async_commit();  // possibly empty: "at most 1 group pending" = tile t has landed
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t ka = ka0 + stage * STAGE_BYTES, va = va0 + stage * STAGE_BYTES;
+    const bool above = causal && n0 > warp_row0 + 31;  // warp-uniform, as v4's
+    const bool needs_mask = n0 + V5_BN > Nk || (causal && n0 + V5_BN - 1 > warp_row0);
+    if (!above) {
+      if (needs_mask) fwd_tile_v5<T, D, true>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
+      else fwd_tile_v5<T, D, false>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 1);
+      l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 2);
+      inv[h] = 1.0f / l[i][h];  // every real row saw key 0: l > 0
+    }
+    // Staged through this warp's own Q rows (no other warp reads them).
+    store_rows<T, D>(sq + (warp * 32 + 16 * i) * LD, o[i], inv[0], inv[1], out, warp_row0 + 16 * i, Nq, lane);
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_g + 16 * i + 8 * h;
+        if (row < Nq) p.lse[bh * p.Nq + row] = m[i][h] * sl + log2f(l[i][h]);
+      }
+    }
+  }
+}
+
+// =====================================================================================
 // backward: preprocess (every version)
 // =====================================================================================
 // delta_i = sum_d dO_id O_id, one warp per row (O as stored, i.e. rounded to its dtype:
@@ -991,6 +1212,23 @@ int launch_fwd_mma(const Params& p, cudaStream_t stream) {
   return levels_launch_status();
 }
 
+// v5: 4 warps (128 rows) when the 128-row blocks give every SM at least one, else 2 (64).
+inline int v5_warps(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 4 : 2; }
+
+template <typename T, int D>
+int launch_fwd_v5(const Params& p, cudaStream_t stream) {
+  constexpr int V5_BN = v5_bn<D>();
+  const int warps = v5_warps(p.BH, p.Nq), block_m = warps * 32;
+  const int smem = (block_m + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
+  const int smem_max = (128 + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
+  static bool opted = false;
+  if (int err = opt_in(attn_fwd_v5_kernel<T, D>, smem_max, opted)) return err;
+  const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
+  if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
+  attn_fwd_v5_kernel<T, D><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  return levels_launch_status();
+}
+
 template <typename T, int D>
 int launch_bwd_cc(const Params& p, cudaStream_t stream) {
   const int64_t kblocks = p.BH * cdiv(p.Nk, CC_ROWS), qblocks = p.BH * cdiv(p.Nq, CC_ROWS);
@@ -1045,7 +1283,7 @@ int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
     attn_fwd_v1_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(p);
     return levels_launch_status();
   }
-  // fp32 at v3/v4 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
+  // fp32 at v3-v5 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
   if (version == 2 || std::is_same<T, float>::value) {
     LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v2<T, D>(p, stream));
   }
@@ -1053,6 +1291,7 @@ int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false>(p, stream)); }
+    if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D>(p, stream)); }
     LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
@@ -1072,6 +1311,7 @@ int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false>(p, stream)); }
+    // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
     LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
@@ -1093,7 +1333,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, float scale, cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // nothing to write
   // Positions inside a head are int in the tensor-core kernels: sequences below 2**30.
   if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30) ||
@@ -1120,8 +1360,8 @@ extern "C" int levels_attention_fwd(int dtype, int version,
 
 // Backward: dq (B, H, Nq, D), dk and dv (B, H, Nk, D), contiguous. dout and out (B, H,
 // Nq, D) with strides like q; lse from the forward; delta a (B*H*Nq) fp32 scratch.
-// Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4: mma.sync + cp.async +
-// causal block skipping. Returns a LevelsStatus.
+// Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4 and 5: mma.sync +
+// cp.async + causal block skipping. Returns a LevelsStatus.
 extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
@@ -1132,7 +1372,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, float scale, cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
   if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30)) return LEVELS_UNSUPPORTED;
   Params p{};

@@ -8,18 +8,22 @@ adds is what Triton decided for us, written out one rung at a time, each selecta
 
     v1  one thread per query row, scores in global memory   (B*H*Nq*Nk*4 bytes of scratch)
     v2  FlashAttention tiling on the CUDA cores, online      (exact fp32: also the fp32 path
-        softmax in fp32 registers                             of v3 and v4)
+        softmax in fp32 registers                             of v3, v4 and v5)
     v3  tensor cores: mma.sync + ldmatrix, Q fragments in     (the FlashAttention-2 register
         registers, P re-packed from the S accumulators        trick, by hand: which lane holds
                                                               which element)
-    v4  v3 + cp.async double buffering + causal block         (the default: the fastest)
+    v4  v3 + cp.async double buffering + causal block         (the default)
         skipping
+    v5  v4 with 32 query rows a warp (two m16 tiles): each    (FlashAttention-2's 4 warps x
+        K/V fragment read from shared memory feeds two        32 rows; Q re-read from shared
+        MMAs; 2 blocks an SM. Backward: v4's                  memory: no room in registers)
 
 Backward (recomputes P from the stored log-sum-exp; preprocess delta = rowsum(dO * O), a
 dK/dV kernel over key blocks, a dQ kernel over query blocks; no atomics: deterministic):
 forward v1 and v2 pair with the CUDA-core backward (exact fp32), v3 with the mma.sync
-backward, v4 with the mma.sync backward that also double-buffers and skips causal blocks.
-fp32 inputs take the declared exact path at v3 and v4: v2's forward and the CUDA-core
+backward, v4 and v5 (same lse, same outputs) with the mma.sync backward that also
+double-buffers and skips causal blocks.
+fp32 inputs take the declared exact path at v3, v4 and v5: v2's forward and the CUDA-core
 backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
 
 The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
@@ -42,16 +46,19 @@ from . import versions
 VERSIONS = {
     1: "naive: one thread per query row, scores in a global fp32 scratch (B*H*Nq*Nk*4 bytes)",
     2: "FlashAttention tiling on the CUDA cores: K/V tiles in shared memory, online softmax in "
-       "fp32 (exact fp32: also the fp32 path of versions 3 and 4)",
+       "fp32 (exact fp32: also the fp32 path of versions 3, 4 and 5)",
     3: "tensor cores: mma.sync m16n8k16 + ldmatrix, Q in registers, P re-packed from the S "
        "accumulators, V via ldmatrix.trans (fp32 runs version 2)",
     4: "version 3 + cp.async double buffering of K/V + causal block skipping "
+       "(fp32 runs version 2)",
+    5: "version 4 with 32 query rows a warp (two m16 tiles): each K/V fragment from shared "
+       "memory feeds two MMAs, Q re-read from shared memory; backward: version 4's "
        "(fp32 runs version 2)",
 }
 DEFAULT_VERSION = 4
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
 HEAD_DIMS = (16, 32, 64, 128)  # Level 4's (triton_kernels/attention.py)
-TENSOR_CORE_VERSIONS = (3, 4)
+TENSOR_CORE_VERSIONS = (3, 4, 5)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_FILES = ("attention.cu",)
 
@@ -59,7 +66,7 @@ _registered = False
 
 
 def uses_tf32(device, dtype) -> bool:
-    return False  # fp32 is exact fp32 FMAs at every version (v3/v4 run v2 for it)
+    return False  # fp32 is exact fp32 FMAs at every version (v3-v5 run v2 for it)
 
 
 def resolve_version(version=None) -> int:
@@ -83,7 +90,7 @@ def _reads_in_chunks(version: int, dtype: torch.dtype) -> bool:
 
 
 def has_chunked_rows(t: torch.Tensor) -> bool:
-    """What versions 3-4 read directly: stride 1 along D, every other dimension longer than 1
+    """What versions 3-5 read directly: stride 1 along D, every other dimension longer than 1
     strided by a multiple of 8 elements, the first element 16-byte aligned (torch's
     allocator aligns storages to far more, so the storage offset decides)."""
     if t.stride(-1) != 1:
@@ -103,7 +110,7 @@ def _operand(t: torch.Tensor, version: int) -> torch.Tensor:
     op so autograd routes the gradient through the copy) only when needed:
       * every version: the last dimension (D) must have stride 1 — a transposed q, or an
         expanded upstream gradient (stride 0) is copied;
-      * versions 3-4 in 16 bits: rows are read as 16-byte chunks (has_chunked_rows). The
+      * versions 3-5 in 16 bits: rows are read as 16-byte chunks (has_chunked_rows). The
         packed qkv layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D)
         tensors) already is: no copy. A view starting at an odd element is copied.
     Batch, head and row strides are otherwise free (slices, the packed layout, stride 0

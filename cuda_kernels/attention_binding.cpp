@@ -3,13 +3,13 @@
 // levels_cuda::{stream, dtype_code, check, in, out} exist).
 //
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
-// hands over q, k, v with stride 1 along D and, for versions 3-4 in 16 bits, 16-byte
+// hands over q, k, v with stride 1 along D and, for versions 3-5 in 16 bits, 16-byte
 // aligned rows):
 //   attention_fwd(q, k, v, causal, scale, version) -> (out, lse)
 //       out (B, H, Nq, D) contiguous; lse (B, H, Nq) fp32, base 2: log2 sum_j 2^(scale log2(e) q.k_j)
 //   attention_bwd(dout, q, k, v, out, lse, causal, scale, version) -> (dq, dk, dv), contiguous
 // The checks below refuse what the kernels cannot read (they never read outside a view):
-// a strided last dimension, or (versions 3-4, 16-bit) rows that are not 16-byte chunks.
+// a strided last dimension, or (versions 3-5, 16-bit) rows that are not 16-byte chunks.
 
 extern "C" int levels_attention_fwd(int dtype, int version,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
@@ -51,10 +51,10 @@ inline void check_operand(const at::Tensor& t, const at::Tensor& q, const char* 
     LEVELS_CHECK(t.stride(d) >= 0, what(op, name) + " has a negative stride");
 }
 
-// Versions 3-4 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
+// Versions 3-5 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
 // 16-byte aligned and the stride of every dimension longer than 1 a multiple of 8 elements.
 inline bool tensor_cores(const at::Tensor& q, int64_t version) {
-  return (version == 3 || version == 4) && q.scalar_type() != at::kFloat;
+  return version >= 3 && version <= 5 && q.scalar_type() != at::kFloat;
 }
 
 inline void check_chunks(const at::Tensor& t, const char* op, const char* name, int64_t version) {

@@ -14,31 +14,49 @@
 // under a microsecond of math. That is the whole case for persistence (version 2): launch once,
 // keep the weights on chip, and pay a grid-wide barrier (~1-2 us, a round trip through L2)
 // per step instead of a launch.
-//   Measured on the H100 (B=8, input 256, hidden 512, T=64, forward; filled in from
-//   `levels bench --component lstm --level cuda`): v1 ___ ms (___ us/step), v2 ___ ms
-//   (___ us/step), nn.LSTM (cuDNN) ___ ms; bf16 v2 / nn.LSTM = ___x, fp32 ___x.
+//   Measured on the H100 (2026-11-22, `python scripts/device_level5.py --only lstm` bench;
+//   B=8, input 256, hidden 512, T=64, forward, nn.LSTM timed in the same run), v2 AS FIRST
+//   WRITTEN (4 units a block, cooperative_groups' grid.sync): bf16 v1 0.670 ms (10.5 us/step,
+//   2.47x nn.LSTM), v2 0.403 ms (6.3 us/step, 4.09x; nn.LSTM 1.65 ms; goal >= 5x, i.e.
+//   ~5.1 us/step); fp32 v1 0.569 ms (2.01x), v2 0.449 ms (2.55x; goal >= 1.0x). B=64,
+//   input 512, hidden 512, T=100: bf16 v2 1.16 ms (2.13x), fp32 v2 2.61 ms (0.97x). Forward
+//   + backward, bf16, the first shape: v2 1.73 ms (2.37x).
+//   v2 after tuning (the per-step latency work below: fatter blocks, the split flag barrier,
+//   cp.async staging, xp prefetched across the barrier): see reports/h100-level5-part-b.json.
 //
-// Versions (LEVELS_CUDA_VERSION_LSTM=1|2, or version=):
+// Versions (LEVELS_CUDA_VERSION_LSTM=1|2, or version=; neither: the PLAN, v2 where its plan
+// fits this GPU — all its blocks resident at once with their W_hh rows on chip — else v1):
 //   v1  one fused step kernel per time step, T launches: a warp per (hidden unit, batch row)
 //       computes its 4 gate dot products over H (lanes stride along K: coalesced rows of W_hh
 //       and of h_{t-1}, shuffle sums), then the gate nonlinearities and the cell update, all in
 //       one kernel instead of Level 1's ~10 per step. W_hh is read from L2 every step; c travels
 //       between launches through an fp32 (B, H) buffer. Works at any size. Costs: T launches
 //       (launch-bound at small batch, above), W_hh re-read from L2 by every warp (B times).
-//   v2  one PERSISTENT cooperative launch for the whole sequence. Block k owns hidden units
-//       4k..4k+3 — all four gates of each, 16 rows of W_hh, which is exactly the M of one
-//       tensor-core mma.m16n8k16 — and keeps those rows in shared memory for all T steps; its
-//       c stays in shared memory (fp32). Per step a block stages h_{t-1} (B x H, from L2) in
-//       shared memory, its 8 warps split K = H and multiply (16-bit: mma.sync, batch as N in
-//       8-column tiles; fp32: exact FMAs on CUDA cores, no TF32), the partial sums meet in
-//       shared memory (fixed order: deterministic, no atomics), one thread per (unit, batch
-//       row) applies the gates, writes h_t to global memory, and every block meets at
-//       cooperative_groups' grid.sync() before the next step reads h_t. Costs: a grid barrier
-//       per step; ceil(H/4) blocks that must ALL be resident at once, each holding 16 rows of
-//       W_hh — so the whole W_hh must fit in the GPU's combined shared memory (on an H100
-//       roughly hidden <= 1000 fp32 / 1500 bf16, less with a large batch): beyond that the
-//       launcher refuses (a ValueError naming w_hh and pointing at v1), never runs slowly or
-//       wrongly. The grid is launched with cudaLaunchCooperativeKernel and sized from
+//   v2  one PERSISTENT cooperative launch for the whole sequence. Block k owns U hidden units
+//       (U = 8 up to batch 16, 4 beyond; build knobs LEVELS_LSTM_V2_UNITS and _FAT_BATCH) —
+//       all four gates of each, 4U rows of W_hh, whole tensor-core m16 tiles — and keeps them in
+//       shared memory for all T steps; its c stays in shared memory (fp32). A step is a chain
+//       of latencies, not of work, so v2 is built around its critical path:
+//         wait for h_{t-1} -> stage it in shared memory (cp.async through L2: one round trip)
+//         -> the warps split (m tile, K) and multiply (16-bit: mma.sync, batch as N in 8-column
+//         tiles; fp32: exact FMAs on CUDA cores, no TF32) -> the partial sums meet in shared
+//         memory (fixed order: deterministic, no atomics) -> one thread per (unit, batch row)
+//         applies the gates and writes h_t -> arrive at the grid barrier -> prefetch xp_{t+1}
+//         (it does not depend on h) while the other blocks arrive.
+//       The barrier (knob LEVELS_LSTM_V2_BARRIER; default 2): each block publishes "step t
+//       done" in its own word with st.release.gpu and waits by polling every block's word with
+//       ld.acquire.gpu, one thread per word: no read-modify-write on one contended counter
+//       (1: that counter, with red.release; 0: cooperative_groups' grid.sync()). Spinning is
+//       safe because the launch guarantees co-residency (below). Fewer, fatter blocks at small
+//       batch (8 units: 64 blocks at hidden 512) halve the barrier's participants and the
+//       copies of h_{t-1} that the grid pulls from the same L2 lines every step, for twice the
+//       (there tiny) work per block; at large batch the work is not tiny, and 4 units a block
+//       spread it over twice the SMs. Costs: a grid barrier per step; ceil(H/U) blocks
+//       that must ALL be resident at once — so the whole W_hh must fit in the GPU's combined
+//       shared memory (on an H100 roughly hidden <= 1000 fp32 / 1500 bf16, less with a large
+//       batch): beyond that an explicit version 2 refuses (a ValueError naming w_hh and
+//       pointing at v1), never runs slowly or wrongly, and the plan runs v1. The grid is
+//       launched with cudaLaunchCooperativeKernel and sized from
 //       cudaOccupancyMaxActiveBlocksPerMultiprocessor, so co-residency is GUARANTEED by the
 //       launch: if the blocks cannot all be resident the launch fails with an error. Level 4's
 //       spin barrier could only assume it (and needed a timeout and a NaN poison to avoid a
@@ -54,10 +72,10 @@
 // gradients do not recur: GEMMs and column sums over all steps at once (cuda_kernels/lstm.py).
 //   v1  a step kernel per t (T + 1 launches): a warp per (unit, batch row), lanes along the
 //       4H row of W_hh^T and of dz_{t+1}; dc carried in an fp32 (B, H) buffer.
-//   v2  one persistent cooperative launch, the forward's partition: block k keeps W_hh^T's 4
+//   v2  one persistent cooperative launch, 4 units a block: block k keeps W_hh^T's 4
 //       rows of its units (4 x 4H) in shared memory, stages dz_{t+1} (B x 4H; in pieces of
 //       its columns when whole rows do not fit) per step, and keeps dc in shared memory;
-//       grid.sync() between steps. Its recurrent product runs on
+//       the forward's grid barrier between steps. Its recurrent product runs on
 //       CUDA cores at every dtype (fp32 accumulate): the block's M is 4 units, below a tensor
 //       core tile. dz is stored in the input dtype (the GEMMs read it) and read back from there.
 //
@@ -78,14 +96,54 @@ using namespace levels_mma;
 namespace cg = cooperative_groups;
 
 constexpr int THREADS = 256;
-constexpr int WARPS = THREADS / 32;  // v1: (unit, batch) pairs per block; v2: the K split
-constexpr int UNITS = 4;             // v2: hidden units per block
-constexpr int ROWS = 4 * UNITS;      // v2: gate rows per block = the M of mma.m16n8k16
+constexpr int WARPS = THREADS / 32;  // v1: (unit, batch) pairs per block; v2: warps per block
+constexpr int UNITS = 4;             // v2 backward: hidden units per block (W_hh^T rows)
 constexpr int MAX_BN = 64;           // v2: batch rows per chunk (8 mma n-tiles)
 
-// Both sizes are baked into the thread mappings below: one (unit, batch row) pair per thread.
-static_assert(UNITS * MAX_BN <= THREADS, "v2 gives every (unit, batch row) of a chunk its own thread");
-static_assert(ROWS == 16, "v2's block rows are the M of one m16n8k16 tile");
+// ---- v2's build knobs (LEVELS_CUDA_NVCC_FLAGS="-DLEVELS_LSTM_V2_UNITS=4" rebuilds with
+// another value; the defaults are the ones judged best, the sweep in scripts/device_level5.py
+// times the others) ----
+//
+// LEVELS_LSTM_V2_UNITS (4, 8 or 16): hidden units per forward block at SMALL batch, i.e. 4x
+// that many gate rows = that many/4 mma m16 tiles. Fewer, fatter blocks: the per-step barrier
+// has fewer participants, and h_{t-1}, which EVERY block reads from L2 at every step, is read
+// by fewer blocks (at hidden 512: 64 blocks x 8 KB instead of 128 x 8 KB from the same few L2
+// lines); the cost is more work per block per step, on fewer SMs. That is a win only while a
+// step is latency-bound (small batch); past LEVELS_LSTM_V2_FAT_BATCH batch rows the step's
+// work matters (fp32 at batch 64 is CUDA-core bound) and the forward keeps 4 units a block,
+// twice the SMs.
+#ifndef LEVELS_LSTM_V2_UNITS
+#define LEVELS_LSTM_V2_UNITS 8
+#endif
+#ifndef LEVELS_LSTM_V2_FAT_BATCH
+#define LEVELS_LSTM_V2_FAT_BATCH 16
+#endif
+// LEVELS_LSTM_V2_BARRIER: how the blocks meet between steps (see grid_arrive / grid_wait).
+//   0  cooperative_groups' grid.sync(): one counter, atom.add.release + ld.acquire polling by
+//      one thread a block (the previous default, kept to compare against);
+//   1  one counter, split into arrive (red.release: fire and forget) and wait, with the next
+//      step's independent loads (xp_{t+1}) issued in between;
+//   2  a flag per block, written with st.release and polled with ld.acquire by one thread per
+//      flag: no read-modify-write on one contended word at all, and the same split.
+#ifndef LEVELS_LSTM_V2_BARRIER
+#define LEVELS_LSTM_V2_BARRIER 2
+#endif
+
+constexpr int FAT_UNITS = LEVELS_LSTM_V2_UNITS;  // v2 forward's units a block up to FAT_BATCH rows
+constexpr int THIN_UNITS = 4;                    // ... and beyond (the M of one m16 tile)
+
+// The forward's partition for U units a block: gate rows q * U + u; warp w takes m16 tile
+// w % M_TILES and K slice w / M_TILES; each thread owns PAIRS (unit, batch row) pairs.
+template <int U>
+struct FwdShape {
+  static constexpr int UNITS = U, ROWS = 4 * U, M_TILES = ROWS / 16, K_SPLIT = WARPS / M_TILES,
+                       PAIRS = U * MAX_BN / THREADS;
+  static_assert(U == 4 || U == 8 || U == 16, "LEVELS_LSTM_V2_UNITS must be 4, 8 or 16");
+  static_assert(PAIRS * THREADS == U * MAX_BN && WARPS % M_TILES == 0, "the forward's thread mappings");
+};
+static_assert(LEVELS_LSTM_V2_BARRIER >= 0 && LEVELS_LSTM_V2_BARRIER <= 2, "LEVELS_LSTM_V2_BARRIER must be 0, 1 or 2");
+// The backward's mapping: one (unit, batch row) pair per thread, lanes as (unit, column).
+static_assert(UNITS * MAX_BN <= THREADS && UNITS == 4, "v2 backward gives every pair its own thread");
 
 struct Gates {
   float i, f, g, o;
@@ -253,22 +311,27 @@ __global__ void __launch_bounds__(THREADS) lstm_bwd_step_v1(BwdArgs<T> a, int64_
 
 // rows x cols_pad of a (B, cols) matrix, batch rows b0.. b0+rows-1 (row b at src + b*stride),
 // into shared memory with leading dimension ld; rows past B and columns past cols are zeros
-// (the products over them then add exactly nothing). Loads go through L2 (ld.global.cg):
-// these rows were written by OTHER blocks during this kernel, and L1 is not coherent.
-// Called by all threads of the block.
+// (the products over them then add exactly nothing). These rows were written by OTHER blocks
+// during this kernel, and L1 is not coherent: the loads go through L2 (cp.async.cg, or
+// ld.global.cg for odd widths). cp.async puts every 16-byte piece of a thread in flight at
+// once (no register round trip, no load-store dependence between the loop's iterations): the
+// staging costs ONE L2 round trip, on the critical path of every step. Called by all threads
+// of the block; each waits for its own copies, the caller's __syncthreads() publishes them.
 template <typename T>
 __device__ __forceinline__ void stage_rows(T* dst, int ld, const T* src, int64_t stride, int64_t b0,
                                            int rows, int64_t B, int cols, int cols_pad) {
-  constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte load
+  constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte copy
   const bool vec = cols % VEC == 0 && stride % VEC == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-  if (vec) {
+  if (vec) {  // dst is 16-byte aligned: ld * sizeof(T) and the smem carve-up are multiples of 16
     const int per_row = cols_pad / VEC;
     for (int idx = threadIdx.x; idx < rows * per_row; idx += blockDim.x) {
       const int r = idx / per_row, k = (idx % per_row) * VEC;
-      int4 v = make_int4(0, 0, 0, 0);
-      if (b0 + r < B && k < cols) v = __ldcg(reinterpret_cast<const int4*>(src + (b0 + r) * stride + k));
-      *reinterpret_cast<int4*>(dst + r * ld + k) = v;
+      const bool inside = b0 + r < B && k < cols;
+      // Outside: 0 source bytes = 16 zero bytes, and the (unread) address stays src itself.
+      cp_async_16(smem_addr(dst + r * ld + k), inside ? src + (b0 + r) * stride + k : src, inside ? 16 : 0);
     }
+    cp_async_commit();
+    cp_async_wait<0>();
   } else {  // odd widths or misaligned rows: element by element, still coalesced along k
     for (int idx = threadIdx.x; idx < rows * cols_pad; idx += blockDim.x) {
       const int r = idx / cols_pad, k = idx % cols_pad;
@@ -307,13 +370,14 @@ template <typename T> __host__ __device__ __forceinline__ int lead(int kp) {
   return kp + 16 / static_cast<int>(sizeof(T));
 }
 
-// Forward: W_hh slice (16 x ld) | h_{t-1} chunk (bn x ld) | partial sums (8 x 16 x bn fp32) |
-// c (B x 4 fp32).
-template <typename T>
+// Forward (U = FWD_UNITS units a block): W_hh slice (FWD_ROWS x ld) | h_{t-1} chunk (bn x ld) | partial sums (K_SPLIT x
+// FWD_ROWS x bn fp32 = 8 x 16 x bn at every FWD_UNITS) | c (B x FWD_UNITS fp32).
+template <typename T, int U>
 __host__ __device__ __forceinline__ size_t fwd_smem_bytes(int64_t H, int bn, int64_t B) {
+  constexpr int FWD_UNITS = U, FWD_ROWS = FwdShape<U>::ROWS, K_SPLIT = FwdShape<U>::K_SPLIT;
   const int ld = lead<T>(pad16(H));
-  return static_cast<size_t>(ROWS + bn) * ld * sizeof(T) + static_cast<size_t>(WARPS) * ROWS * bn * 4 +
-         static_cast<size_t>(B) * UNITS * 4;
+  return static_cast<size_t>(FWD_ROWS + bn) * ld * sizeof(T) + static_cast<size_t>(K_SPLIT) * FWD_ROWS * bn * 4 +
+         static_cast<size_t>(B) * FWD_UNITS * 4;
 }
 
 // Backward: W_hh^T slice (4 x ld4, ld4 from the padded 4H) | a piece of the dz_{t+1} chunk
@@ -326,23 +390,109 @@ __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int64_t H, int bn, int
          static_cast<size_t>(B) * UNITS * 4;
 }
 
-// The block's 16 gate rows times the staged h chunk, partial over this warp's share of K,
-// stored as red[warp][row][n] (row = gate * 4 + unit). 16-bit: tensor cores. A = the W_hh
-// rows (16 x 16 per step, ldmatrix from shared memory), B = h (16 x 8: h_s is (n, k) with k
+// ---- the grid barrier between steps ----
+//
+// Spinning on memory that other blocks write is safe ONLY if every block of the grid is
+// resident at once: a block that waits for one that was never scheduled waits forever. The
+// cooperative launch guarantees exactly that (cudaLaunchCooperativeKernel refuses a grid that
+// cannot be co-resident), which is why v2 stays a cooperative launch even where it no longer
+// calls grid.sync(). The memory-model pattern is cooperative_groups' own: every thread's h_t
+// stores, then __syncthreads() (the block's stores are ordered before thread 0's next
+// operation), then a RELEASE at GPU scope by one thread (it publishes everything the block
+// wrote, release being cumulative); on the other side an ACQUIRE at GPU scope by the polling
+// thread, then __syncthreads(), after which every thread of the block may read what was
+// published (through L2: stage_rows). `sync` is zeroed memory per launch (the binding's
+// at::zeros), `step` counts arrivals from 1.
+//
+// The barrier is split in two so that a step's loads that do not depend on the other blocks
+// (xp_{t+1}) are issued between arrive and wait: their L2 latency hides behind the wait.
+
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Whether a counter that only grows (modulo 2^32) has reached target: the signed difference,
+// so that wrapping past 2^32 arrivals changes nothing.
+__device__ __forceinline__ bool reached(unsigned value, unsigned target) {
+  return static_cast<int>(value - target) >= 0;
+}
+
+// This block has written everything of step `step` (all threads call it).
+__device__ __forceinline__ void grid_arrive(unsigned* sync, unsigned step) {
+#if LEVELS_LSTM_V2_BARRIER == 0
+  (void)sync;
+  (void)step;  // grid.sync() arrives and waits in one call: grid_wait
+#else
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#if LEVELS_LSTM_V2_BARRIER == 1
+    (void)step;
+    red_release_add(sync, 1u);  // no return value needed: a reduction, fire and forget
+#else
+    st_release(sync + blockIdx.x, step);  // this block's own word: nobody else writes it
+#endif
+  }
+#endif
+}
+
+// Every block has arrived at `step` (all threads call it, after grid_arrive(sync, step)).
+__device__ __forceinline__ void grid_wait(unsigned* sync, unsigned step) {
+#if LEVELS_LSTM_V2_BARRIER == 0
+  (void)sync;
+  (void)step;
+  cg::this_grid().sync();
+#else
+#if LEVELS_LSTM_V2_BARRIER == 1
+  if (threadIdx.x == 0) {
+    const unsigned target = step * gridDim.x;
+    while (!reached(ld_acquire(sync), target)) {
+    }
+  }
+#else
+  // One thread per flag (a loop when the grid has more blocks than this block has threads).
+  for (unsigned i = threadIdx.x; i < gridDim.x; i += blockDim.x) {
+    while (!reached(ld_acquire(sync + i), step)) {
+    }
+  }
+#endif
+  __syncthreads();  // the acquires happen before every thread's reads of the published data
+#endif
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned* sync, unsigned step) {
+  grid_arrive(sync, step);
+  grid_wait(sync, step);
+}
+
+// The block's FWD_ROWS gate rows times the staged h chunk, partial over this warp's share of
+// K, stored as red[kslice][row][n] (row = gate * FWD_UNITS + unit). Warp w takes m16 tile
+// w % M_TILES and K steps w / M_TILES, + K_SPLIT, ... 16-bit: tensor cores. A = the W_hh rows
+// (16 x 16 per step, ldmatrix from shared memory), B = h (16 x 8: h_s is (n, k) with k
 // contiguous, which is the "col" layout mma wants, so each lane loads its two 32-bit pairs).
-template <typename T>
-__device__ __forceinline__ void fwd_partials(const T* w_s, const T* h_s, float* red, int ld, int kp,
-                                             int bn) {
+template <typename T, int U>
+__device__ __forceinline__ void fwd_partials_mma(const T* w_s, const T* h_s, float* red, int ld, int kp,
+                                                 int bn) {
+  constexpr int FWD_ROWS = FwdShape<U>::ROWS, M_TILES = FwdShape<U>::M_TILES, K_SPLIT = FwdShape<U>::K_SPLIT;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mt = warp % M_TILES, kw = warp / M_TILES;
   const int ntn = bn / 8;  // 8-column n-tiles in this chunk
   float acc[MAX_BN / 8][4];
 #pragma unroll
   for (int j = 0; j < MAX_BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  // Warp w takes K steps w, w+8, ...: every warp gets work once H >= 128.
-  for (int ks = warp; ks < kp / 16; ks += WARPS) {
+  const T* a_rows = w_s + (mt * 16 + (lane & 15)) * ld + (lane >> 4) * 8;
+  // Unrolled twice: the next step's ldmatrix and B loads issue while this step's mma runs.
+#pragma unroll 2
+  for (int ks = kw; ks < kp / 16; ks += K_SPLIT) {
     const int k0 = ks * 16;
     uint32_t a[4];
-    ldmatrix_x4(a, smem_addr(w_s + (lane & 15) * ld + k0 + (lane >> 4) * 8));
+    ldmatrix_x4(a, smem_addr(a_rows + k0));
 #pragma unroll
     for (int j = 0; j < MAX_BN / 8; ++j) {
       if (j < ntn) {
@@ -354,8 +504,8 @@ __device__ __forceinline__ void fwd_partials(const T* w_s, const T* h_s, float* 
     }
   }
   // Accumulator layout of m16n8: (row g, cols 2c, 2c+1) and (row g+8, same cols).
-  const int g = lane >> 2, c2 = 2 * (lane & 3);
-  float* mine = red + warp * ROWS * bn;
+  const int g = mt * 16 + (lane >> 2), c2 = 2 * (lane & 3);
+  float* mine = red + kw * FWD_ROWS * bn;
 #pragma unroll
   for (int j = 0; j < MAX_BN / 8; ++j) {
     if (j < ntn) {
@@ -368,113 +518,163 @@ __device__ __forceinline__ void fwd_partials(const T* w_s, const T* h_s, float* 
   }
 }
 
-// fp32: exact FMAs on the CUDA cores (no TF32). Lane (u = lane % 4, nl = lane / 4) computes
-// the 4 gate rows of unit u for batch columns nl, nl+8, ...: per 4 elements of K it loads 4
-// W rows and ntn h rows (16-byte loads) for 16 * ntn FMAs.
-template <>
-__device__ __forceinline__ void fwd_partials<float>(const float* w_s, const float* h_s, float* red,
-                                                    int ld, int kp, int bn) {
+// fp32: exact FMAs on the CUDA cores (no TF32). Warp w takes the 4 units 4 * (w % M_TILES)..
+// (16 rows: their 4 gates each) and K steps w / M_TILES, + K_SPLIT, ...; lane (u = lane % 4,
+// nl = lane / 4) computes the 4 gate rows of its unit for batch columns nl, nl+8, ...: per 4
+// elements of K it loads 4 W rows and up to JT h rows (16-byte loads) for 16 FMAs per h row.
+// JT n-tiles per pass over K: all 8 (one pass, the fewest shared-memory loads per FMA; ptxas:
+// no spill under the 128-register cap at every knob value). Should a change make this kernel
+// spill, JT = 4 halves the accumulators for one more read of the W rows per chunk.
+template <int U>
+__device__ __forceinline__ void fwd_partials_f32(const float* w_s, const float* h_s, float* red, int ld, int kp,
+                                                 int bn) {
+  constexpr int FWD_UNITS = U, FWD_ROWS = FwdShape<U>::ROWS, M_TILES = FwdShape<U>::M_TILES,
+                K_SPLIT = FwdShape<U>::K_SPLIT;
+  constexpr int JT = MAX_BN / 8;  // n-tiles per pass
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int u = lane & 3, nl = lane >> 2;
+  const int kw = warp / M_TILES;
+  const int u = 4 * (warp % M_TILES) + (lane & 3), nl = lane >> 2;
   const int ntn = bn / 8;
-  float acc[MAX_BN / 8][4];
+  float* mine = red + kw * FWD_ROWS * bn;
+  for (int j0 = 0; j0 < ntn; j0 += JT) {
+    float acc[JT][4];
 #pragma unroll
-  for (int j = 0; j < MAX_BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  for (int ks = warp; ks < kp / 16; ks += WARPS) {
+    for (int j = 0; j < JT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int ks = kw; ks < kp / 16; ks += K_SPLIT) {
 #pragma unroll
-    for (int kk = 0; kk < 16; kk += 4) {
-      const int k = ks * 16 + kk;
-      float4 w[4];
+      for (int kk = 0; kk < 16; kk += 4) {
+        const int k = ks * 16 + kk;
+        float4 w[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) w[q] = load4<float>(w_s + (q * UNITS + u) * ld + k);
+        for (int q = 0; q < 4; ++q) w[q] = load4<float>(w_s + (q * FWD_UNITS + u) * ld + k);
 #pragma unroll
-      for (int j = 0; j < MAX_BN / 8; ++j) {
-        if (j < ntn) {
-          const float4 h = load4<float>(h_s + (j * 8 + nl) * ld + k);
+        for (int j = 0; j < JT; ++j) {
+          if (j0 + j < ntn) {
+            const float4 h = load4<float>(h_s + ((j0 + j) * 8 + nl) * ld + k);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) acc[j][q] = dot4(w[q], h, acc[j][q]);
+            for (int q = 0; q < 4; ++q) acc[j][q] = dot4(w[q], h, acc[j][q]);
+          }
         }
       }
     }
-  }
-  float* mine = red + warp * ROWS * bn;
 #pragma unroll
-  for (int j = 0; j < MAX_BN / 8; ++j) {
-    if (j < ntn) {
+    for (int j = 0; j < JT; ++j) {
+      if (j0 + j < ntn) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) mine[(q * UNITS + u) * bn + j * 8 + nl] = acc[j][q];
+        for (int q = 0; q < 4; ++q) mine[(q * FWD_UNITS + u) * bn + (j0 + j) * 8 + nl] = acc[j][q];
+      }
     }
   }
 }
 
-// The whole forward sequence. Block k owns units 4k..4k+3; thread (u = tid % 4, n = tid / 4)
-// owns (unit 4k+u, batch row b0+n) of each batch chunk, the same pair at every step, so its
-// c needs no barrier. Launched cooperatively: grid.sync() is legal only then.
+template <typename T, int U>
+__device__ __forceinline__ void fwd_partials(const T* w_s, const T* h_s, float* red, int ld, int kp, int bn) {
+  if constexpr (std::is_same<T, float>::value) {
+    fwd_partials_f32<U>(w_s, h_s, red, ld, kp, bn);
+  } else {
+    fwd_partials_mma<T, U>(w_s, h_s, red, ld, kp, bn);
+  }
+}
+
+// xp_t + b_hh of this thread's (unit, batch row) pairs of the chunk at b0: the part of z_t
+// that does not depend on h_{t-1}, loaded ahead of the barrier and the staging.
+template <typename T, int U>
+__device__ __forceinline__ void fwd_prefetch(const FwdArgs<T>& a, int64_t t, int64_t b0, int bn, int64_t unit,
+                                             const float (&bias)[4], float (&z)[FwdShape<U>::PAIRS][4]) {
+  constexpr int FWD_UNITS = U, PAIRS = FwdShape<U>::PAIRS;
+  const int64_t H = a.H;
+#pragma unroll
+  for (int i = 0; i < PAIRS; ++i) {
+    const int n = threadIdx.x / FWD_UNITS + i * (THREADS / FWD_UNITS);
+    const int64_t b = b0 + n;
+    const bool mine = n < bn && b < a.B && unit < H;
+    const float* xr = a.xp + (b * a.rs_b + t * a.rs_t) * 4 * H + unit;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) z[i][q] = mine ? xr[q * H] + bias[q] : 0.0f;
+  }
+}
+
+// The whole forward sequence. Block k owns units k*FWD_UNITS.. (+FWD_UNITS); thread tid owns
+// the pairs (unit u = tid % FWD_UNITS, batch row n = tid / FWD_UNITS + i * THREADS/FWD_UNITS)
+// of each batch chunk, the same pairs at every step. Per step (one chunk, B <= 64):
+//   wait for h_{t-1} -> stage it (one L2 round trip) -> mma over this warp's K slice ->
+//   partial sums meet in shared memory -> gates, c, h_t -> arrive; prefetch xp_{t+1}.
+// Two __syncthreads a chunk plus the barrier's: each separates a writer of shared memory from
+// its readers (stage -> mma: h_s; mma -> cells: red), and the same two order the readers of a
+// chunk before the writers of the next chunk or step.
 // __launch_bounds__(256, 2): at most 128 registers, so that registers never keep two blocks
 // off an SM (the grid must be resident all at once; ptxas: no spills at that cap).
-template <typename T>
-__global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> a, int bn) {
+template <typename T, int U>
+__global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> a, int bn, unsigned* sync) {
+  constexpr int FWD_UNITS = U, FWD_ROWS = FwdShape<U>::ROWS, K_SPLIT = FwdShape<U>::K_SPLIT,
+                PAIRS = FwdShape<U>::PAIRS;
   extern __shared__ __align__(16) unsigned char smem[];
-  cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x;
   const int64_t H = a.H, B = a.B;
   const int kp = pad16(H), ld = lead<T>(kp);
   T* w_s = reinterpret_cast<T*>(smem);
-  T* h_s = w_s + ROWS * ld;
+  T* h_s = w_s + FWD_ROWS * ld;
   float* red = reinterpret_cast<float*>(h_s + bn * ld);
-  float* c_s = red + WARPS * ROWS * bn;  // c_s[b * 4 + u]
-  const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * UNITS;
+  float* c_s = red + K_SPLIT * FWD_ROWS * bn;  // c_s[b * FWD_UNITS + u]
+  const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * FWD_UNITS;
 
-  // Once: this block's 16 rows of W_hh (row q*4+u is W_hh's row q*H + unit), zero-padded.
-  for (int idx = tid; idx < ROWS * kp; idx += THREADS) {
+  // Once: this block's FWD_ROWS rows of W_hh (row q*FWD_UNITS+u is W_hh's row q*H + unit),
+  // zero-padded; c = c0.
+  for (int idx = tid; idx < FWD_ROWS * kp; idx += THREADS) {
     const int r = idx / kp, k = idx % kp;
-    const int64_t unit = unit0 + (r % UNITS);
+    const int64_t unit = unit0 + (r % FWD_UNITS);
     T v = from_f32<T>(0.0f);
-    if (unit < H && k < H) v = a.w_hh[((r / UNITS) * H + unit) * H + k];
+    if (unit < H && k < H) v = a.w_hh[((r / FWD_UNITS) * H + unit) * H + k];
     w_s[r * ld + k] = v;
   }
-  for (int idx = tid; idx < B * UNITS; idx += THREADS) {
-    const int64_t unit = unit0 + (idx % UNITS);
-    c_s[idx] = unit < H ? to_f32<T>(a.c0[(idx / UNITS) * H + unit]) : 0.0f;
+  for (int idx = tid; idx < B * FWD_UNITS; idx += THREADS) {
+    const int64_t unit = unit0 + (idx % FWD_UNITS);
+    c_s[idx] = unit < H ? to_f32<T>(a.c0[(idx / FWD_UNITS) * H + unit]) : 0.0f;
   }
-  const int u = tid & 3, n = tid >> 2;
+  const int u = tid % FWD_UNITS;  // THREADS is a multiple of FWD_UNITS: the same u for every pair
   const int64_t unit = unit0 + u;
   float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (unit < H) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) bias[q] = to_f32<T>(a.b_hh[q * H + unit]);
   }
+  float z[PAIRS][4];
+  fwd_prefetch<T, U>(a, 0, 0, bn, unit, bias, z);
   __syncthreads();  // w_s and c_s complete before any thread reads them
 
   for (int64_t t = 0; t < a.steps; ++t) {
+    // h_{t-1} of every block is in global memory before anyone stages it.
+    if (t > 0) grid_wait(sync, static_cast<unsigned>(t));
     const T* h_src = t == 0 ? a.h0 : a.out + (t - 1) * H;  // row b at h_src + b * h_stride
     const int64_t h_stride = t == 0 ? H : a.steps * H;
     for (int64_t b0 = 0; b0 < B; b0 += bn) {
-      const int64_t b = b0 + n;
-      const bool mine = n < bn && b < B && unit < H;
-      float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (mine) {  // issued before the staging and the products: its latency hides behind them
-        const float* xr = a.xp + (b * a.rs_b + t * a.rs_t) * 4 * H + unit;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) z[q] = xr[q * H] + bias[q];
-      }
-      __syncthreads();  // the previous chunk's readers of h_s and red are done
+      // No barrier needed before restaging: the previous chunk's readers of h_s (the
+      // partials) finished before its second __syncthreads, its readers of red (the cells)
+      // finish before this chunk's first one, which precedes the next writes of red.
+      if (b0 > 0) fwd_prefetch<T, U>(a, t, b0, bn, unit, bias, z);
       stage_rows<T>(h_s, ld, h_src, h_stride, b0, bn, B, static_cast<int>(H), kp);
       __syncthreads();
-      fwd_partials<T>(w_s, h_s, red, ld, kp, bn);
+      fwd_partials<T, U>(w_s, h_s, red, ld, kp, bn);
       __syncthreads();
-      if (mine) {
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) {  // fixed order: bitwise deterministic
+      for (int i = 0; i < PAIRS; ++i) {
+        const int n = tid / FWD_UNITS + i * (THREADS / FWD_UNITS);
+        const int64_t b = b0 + n;
+        if (n < bn && b < B && unit < H) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) z[q] += red[(w * ROWS + q * UNITS + u) * bn + n];
+          for (int w = 0; w < K_SPLIT; ++w) {  // fixed order: bitwise deterministic
+#pragma unroll
+            for (int q = 0; q < 4; ++q) z[i][q] += red[(w * FWD_ROWS + q * FWD_UNITS + u) * bn + n];
+          }
+          float* c = c_s + b * FWD_UNITS + u;
+          *c = cell_forward(a, z[i][0], z[i][1], z[i][2], z[i][3], *c, b, t, unit);
         }
-        float* c = c_s + b * UNITS + u;
-        *c = cell_forward(a, z[0], z[1], z[2], z[3], *c, b, t, unit);
       }
     }
-    // h_t of every block is in global memory (grid.sync fences) before anyone reads it.
-    if (t + 1 < a.steps) grid.sync();
+    if (t + 1 < a.steps) {
+      grid_arrive(sync, static_cast<unsigned>(t + 1));
+      fwd_prefetch<T, U>(a, t + 1, 0, bn, unit, bias, z);  // in flight while the other blocks finish
+    }
   }
 }
 
@@ -504,9 +704,9 @@ __device__ __forceinline__ void bwd_partials(const T* wt_s, int ld_w, int k0, co
 // kc: the width of the dz pieces staged at a time (a multiple of 16; kp itself when whole
 // rows fit).
 template <typename T>
-__global__ void __launch_bounds__(THREADS, 2) lstm_bwd_persistent_v2(BwdArgs<T> a, int bn, int kc) {
+__global__ void __launch_bounds__(THREADS, 2) lstm_bwd_persistent_v2(BwdArgs<T> a, int bn, int kc,
+                                                                     unsigned* sync) {
   extern __shared__ __align__(16) unsigned char smem[];
-  cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x;
   const int64_t H = a.H, B = a.B, G = 4 * a.H;
   const int kp = pad16(G), ld = lead<T>(kp), ld_z = lead<T>(kc);
@@ -579,8 +779,10 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_bwd_persistent_v2(BwdArgs<T> 
         }
       }
     }
-    // dz_t of every block is in global memory before step t-1 reads it.
-    if (s < a.steps) grid.sync();
+    // dz_t of every block is in global memory before step t-1 reads it (the forward's
+    // barrier, arrive and wait at once: nothing of the next pass is independent of it but dh,
+    // which is loaded early anyway).
+    if (s < a.steps) grid_barrier(sync, static_cast<unsigned>(s + 1));
   }
 }
 
@@ -605,7 +807,9 @@ int launch_bwd_v1(const BwdArgs<T>& a, cudaStream_t stream) {
   return levels_launch_status();
 }
 
-// Cooperative launches with one block per 4 hidden units. The launcher picks the largest
+// Cooperative launches with one block per FWD_UNITS (forward) or 4 (backward) hidden units.
+// `sync`: zeroed words for the grid barrier, one per block (LEVELS_LSTM_V2_BARRIER 2) or one
+// (1); the binding allocates them. The launcher picks the largest
 // batch chunk bn (64, 32, 16 or 8 rows; never more than the batch needs) — and, backward, the
 // widest dz piece kc (all of 4H, else 2048, 1024 or 512 columns) — whose shared memory fits a
 // block and whose grid fits the GPU all at once, as the occupancy calculator counts it (so
@@ -655,29 +859,45 @@ inline int cooperative(const void* kernel, int64_t blocks, size_t smem, void** p
 // The batch chunks to try, largest first.
 inline int first_chunk(int64_t B) { return static_cast<int>(B >= MAX_BN ? MAX_BN : levels_cdiv(B, 8) * 8); }
 
-template <typename T>
-int launch_fwd_v2(const FwdArgs<T>& a, cudaStream_t stream) {
-  Gpu gpu;
-  if (const int status = gpu_limits(gpu)) return status;
-  const void* kernel = reinterpret_cast<const void*>(&lstm_fwd_persistent_v2<T>);
-  const int64_t blocks = levels_cdiv(a.H, UNITS);
+// v2 forward with U units a block: LEVELS_UNSUPPORTED if no batch chunk fits.
+template <typename T, int U>
+int launch_fwd_v2_units(const FwdArgs<T>& a, unsigned* sync, const Gpu& gpu, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&lstm_fwd_persistent_v2<T, U>);
+  const int64_t blocks = levels_cdiv(a.H, U);
   const int first = first_chunk(a.B);
   const int chunks[] = {first, 32, 16, 8};
   for (int bn : chunks) {
     if (bn > first) continue;
-    const size_t smem = fwd_smem_bytes<T>(a.H, bn, a.B);
+    const size_t smem = fwd_smem_bytes<T, U>(a.H, bn, a.B);
     bool ok = false;
     if (const cudaError_t err = fits(kernel, smem, blocks, gpu, ok)) return static_cast<int>(err);
     if (!ok) continue;
     FwdArgs<T> args = a;
-    void* params[] = {&args, &bn};
+    void* params[] = {&args, &bn, &sync};
     return cooperative(kernel, blocks, smem, params, stream);
   }
   return LEVELS_UNSUPPORTED;
 }
 
+// Fat blocks (FAT_UNITS) at small batch, where a step is a chain of latencies; 4 units a block
+// beyond, where it is work spread over twice the SMs. If the preferred partition does not fit,
+// the other may (thinner blocks need less shared memory each, fatter ones fewer SMs).
 template <typename T>
-int launch_bwd_v2(const BwdArgs<T>& a, cudaStream_t stream) {
+int launch_fwd_v2(const FwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
+  Gpu gpu;
+  if (const int status = gpu_limits(gpu)) return status;
+  const bool fat = a.B <= LEVELS_LSTM_V2_FAT_BATCH;
+  int status = fat ? launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream)
+                   : launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream);
+  if (status == LEVELS_UNSUPPORTED && FAT_UNITS != THIN_UNITS) {
+    status = fat ? launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream)
+                 : launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream);
+  }
+  return status;
+}
+
+template <typename T>
+int launch_bwd_v2(const BwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
   Gpu gpu;
   if (const int status = gpu_limits(gpu)) return status;
   const void* kernel = reinterpret_cast<const void*>(&lstm_bwd_persistent_v2<T>);
@@ -693,27 +913,41 @@ int launch_bwd_v2(const BwdArgs<T>& a, cudaStream_t stream) {
       if (const cudaError_t err = fits(kernel, smem, blocks, gpu, ok)) return static_cast<int>(err);
       if (!ok) continue;
       BwdArgs<T> args = a;
-      void* params[] = {&args, &bn, &kc};
+      void* params[] = {&args, &bn, &kc, &sync};
       return cooperative(kernel, blocks, smem, params, stream);
     }
   }
   return LEVELS_UNSUPPORTED;
 }
 
+// Version 0 is the PLAN the Python entry asks for when the caller chose no version: v2 where
+// its plan fits this GPU (its launcher returns LEVELS_UNSUPPORTED before launching anything
+// when no batch chunk fits on chip at once, or the GPU cannot launch cooperatively), else v1,
+// which runs at any size. An explicit version 2 that does not fit refuses instead (the
+// binding's ValueError naming w_hh). Forward and backward decide independently: both read and
+// write the same layouts, so a v2 forward may pair with a v1 backward.
 template <typename T>
-int launch_fwd(int version, const FwdArgs<T>& a, cudaStream_t stream) {
+int launch_fwd(int version, const FwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
   switch (version) {
+    case 0: {
+      const int status = launch_fwd_v2<T>(a, sync, stream);
+      return status == LEVELS_UNSUPPORTED ? launch_fwd_v1<T>(a, stream) : status;
+    }
     case 1: return launch_fwd_v1<T>(a, stream);
-    case 2: return launch_fwd_v2<T>(a, stream);
+    case 2: return launch_fwd_v2<T>(a, sync, stream);
     default: return LEVELS_BAD_VERSION;
   }
 }
 
 template <typename T>
-int launch_bwd(int version, const BwdArgs<T>& a, cudaStream_t stream) {
+int launch_bwd(int version, const BwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
   switch (version) {
+    case 0: {
+      const int status = launch_bwd_v2<T>(a, sync, stream);
+      return status == LEVELS_UNSUPPORTED ? launch_bwd_v1<T>(a, stream) : status;
+    }
     case 1: return launch_bwd_v1<T>(a, stream);
-    case 2: return launch_bwd_v2<T>(a, stream);
+    case 2: return launch_bwd_v2<T>(a, sync, stream);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -722,40 +956,43 @@ int launch_bwd(int version, const BwdArgs<T>& a, cudaStream_t stream) {
 
 // Forward of the recurrence. xp (rows, 4H) fp32 = x W_ih^T + b_ih, made by the caller; gates
 // and cs may be nullptr (no backward: nothing saved); c_buf (B, H) fp32 scratch for v1
-// (nullptr is fine for v2). Row of (b, t) in xp/gates/cs: b * rs_b + t * rs_t.
+// (nullptr is fine for v2); sync: ceil(H/4) ZEROED words for v2's grid barrier (nullptr is
+// fine for v1). version 0: the plan, v2 where it fits, else v1 (needs both). Row of (b, t) in
+// xp/gates/cs: b * rs_b + t * rs_t.
 extern "C" int levels_lstm_fwd(int dtype, int version, const float* xp, const void* h0, const void* c0,
                                const void* w_hh, const void* b_hh, void* out, void* h_n, void* c_n,
-                               float* gates, float* cs, float* c_buf, int64_t B, int64_t T, int64_t H,
-                               int64_t rs_b, int64_t rs_t, cudaStream_t stream) {
+                               float* gates, float* cs, float* c_buf, unsigned* sync, int64_t B, int64_t T,
+                               int64_t H, int64_t rs_b, int64_t rs_t, cudaStream_t stream) {
   using namespace levels_lstm;
-  if (version < 1 || version > 2) return LEVELS_BAD_VERSION;
+  if (version < 0 || version > 2) return LEVELS_BAD_VERSION;
   if (B <= 0 || T <= 0 || H <= 0) return LEVELS_OK;
   if ((gates == nullptr) != (cs == nullptr)) return LEVELS_UNSUPPORTED;
-  if (version == 1 && c_buf == nullptr) return LEVELS_UNSUPPORTED;
+  if ((version != 2 && c_buf == nullptr) || (version != 1 && sync == nullptr)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, Tp, {
     const FwdArgs<Tp> a{xp, static_cast<const Tp*>(h0), static_cast<const Tp*>(c0),
                         static_cast<const Tp*>(w_hh), static_cast<const Tp*>(b_hh), static_cast<Tp*>(out),
                         static_cast<Tp*>(h_n), static_cast<Tp*>(c_n), gates, cs, c_buf, B, T, H, rs_b, rs_t};
-    return launch_fwd<Tp>(version, a, stream);
+    return launch_fwd<Tp>(version, a, sync, stream);
   });
   return LEVELS_OK;  // not reached
 }
 
 // Backward of the recurrence: dz (rows, 4H) for the GEMMs, dh0, dc0 (B, H). wt = W_hh^T
-// (H, 4H) contiguous; dc_buf (B, H) fp32 scratch for v1.
+// (H, 4H) contiguous; dc_buf (B, H) fp32 scratch for v1; sync as the forward's (its own
+// zeroed words: the barrier counts from 1 again); version 0 as the forward's.
 extern "C" int levels_lstm_bwd(int dtype, int version, const void* dout, const void* dh_n, const void* dc_n,
                                const void* c0, const void* wt, const float* gates, const float* cs, void* dz,
-                               void* dh0, void* dc0, float* dc_buf, int64_t B, int64_t T, int64_t H,
-                               int64_t rs_b, int64_t rs_t, cudaStream_t stream) {
+                               void* dh0, void* dc0, float* dc_buf, unsigned* sync, int64_t B, int64_t T,
+                               int64_t H, int64_t rs_b, int64_t rs_t, cudaStream_t stream) {
   using namespace levels_lstm;
-  if (version < 1 || version > 2) return LEVELS_BAD_VERSION;
+  if (version < 0 || version > 2) return LEVELS_BAD_VERSION;
   if (B <= 0 || T <= 0 || H <= 0) return LEVELS_OK;
-  if (version == 1 && dc_buf == nullptr) return LEVELS_UNSUPPORTED;
+  if ((version != 2 && dc_buf == nullptr) || (version != 1 && sync == nullptr)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, Tp, {
     const BwdArgs<Tp> a{static_cast<const Tp*>(dout), static_cast<const Tp*>(dh_n), static_cast<const Tp*>(dc_n),
                         static_cast<const Tp*>(c0), static_cast<const Tp*>(wt), gates, cs, static_cast<Tp*>(dz),
                         static_cast<Tp*>(dh0), static_cast<Tp*>(dc0), dc_buf, B, T, H, rs_b, rs_t};
-    return launch_bwd<Tp>(version, a, stream);
+    return launch_bwd<Tp>(version, a, sync, stream);
   });
   return LEVELS_OK;  // not reached
 }

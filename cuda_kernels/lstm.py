@@ -8,11 +8,14 @@ The design is Level 4's (triton_kernels/lstm.py):
        level's kernels, one version per idea:
 
     v1  one fused step kernel per time step   (T launches; W_hh re-read from L2 every step)
-    v2  ONE persistent cooperative launch      (each block keeps 16 rows of W_hh — 4 hidden
-                                                units x 4 gates — in shared memory for all T
+    v2  ONE persistent cooperative launch      (each block keeps 32 rows of W_hh — 8 hidden
+                                                units x 4 gates; 4 units beyond batch 16,
+                                                twice the SMs — in shared memory for all T
                                                 steps, c in shared memory; tensor cores for
-                                                16-bit, exact fp32 FMAs for fp32; grid.sync()
-                                                between steps)
+                                                16-bit, exact fp32 FMAs for fp32; a grid
+                                                barrier of per-block release/acquire flags
+                                                between steps, with xp_{t+1} prefetched
+                                                while the other blocks arrive)
 
     3. backward through time is the same machine run backwards (lstm_bwd: per-step kernels in
        v1, one persistent launch in v2) producing dz (the gate pre-activation gradients of
@@ -27,20 +30,29 @@ us (launch latency, scheduling, the drain of the previous kernel), so v1 pays T 
 for well under T us of math: it is launch-bound. v2 pays one launch, keeps W_hh on chip, and
 per step one grid barrier (~1-2 us, a round trip through L2) plus staging h_{t-1} (B*H
 elements, 8 KB) from L2 into each block's shared memory.
-    Measured on the H100 (B=8, input 256, hidden 512, T=64, forward; the lead fills these in
-    from `levels bench --component lstm --level cuda`): bf16 v1 ___ ms (___ us/step),
-    v2 ___ ms (___ us/step) = ___x nn.LSTM (cuDNN ___ ms; goal >= 5x); fp32 v1 ___ ms, v2 ___ ms
-    = ___x nn.LSTM (goal >= 1.0x). B=64, input 512, hidden 512, T=100: ___.
+    Measured on the H100 (2026-11-22, `python scripts/device_level5.py --only lstm` bench; B=8,
+    input 256, hidden 512, T=64, forward; nn.LSTM timed in the same run), v2 as first written
+    (4 units a block, cooperative_groups' grid.sync()): bf16 v1 0.670 ms (10.5 us/step, 2.47x
+    nn.LSTM), v2 0.403 ms (6.3 us/step) = 4.09x nn.LSTM (cuDNN 1.65 ms; goal >= 5x, ~5.1
+    us/step); fp32 v1 0.569 ms (2.01x), v2 0.449 ms = 2.55x nn.LSTM (goal >= 1.0x). B=64,
+    input 512, hidden 512, T=100: bf16 v2 1.16 ms (2.13x), fp32 v2 2.61 ms (0.97x). Forward
+    + backward, bf16, B=8: v2 1.73 ms (2.37x).
+    v2 after tuning (8 units a block up to batch 16, the flag barrier split around the xp
+    prefetch, cp.async staging; build knobs LEVELS_LSTM_V2_UNITS / _FAT_BATCH / _BARRIER in
+    lstm.cu): see reports/h100-level5-part-b.json.
 
 Safer than Level 4's barrier: v2 is launched with cudaLaunchCooperativeKernel, its grid sized
 from cudaOccupancyMaxActiveBlocksPerMultiprocessor, so all of its blocks are resident at once
 BY CONSTRUCTION — if they cannot be, the launch fails with an error; it cannot deadlock the
 way a spin barrier over blocks that were never scheduled can (Level 4 needed a timeout and a
-NaN poison for that case). What it costs: v2 needs ceil(hidden/4) blocks resident at once,
-each holding 16 rows of W_hh (and the batch's state), i.e. W_hh must fit in the GPU's
-combined shared memory (on an H100 roughly hidden <= 1000 in fp32, <= 1500 in 16-bit; less
-with a large batch). Where it does not, v2 refuses with a ValueError naming w_hh and pointing
-at v1 (which works at any size), never a silent slow path or a wrong answer.
+NaN poison for that case). The barrier between steps spins on memory (a release/acquire flag
+per block), which is safe for exactly that reason. What it costs: v2 needs ceil(hidden/8)
+blocks resident at once (ceil(hidden/4) beyond batch 16), each holding its 32 (16) rows of
+W_hh and the batch's state, i.e. W_hh must
+fit in the GPU's combined shared memory (on an H100 roughly hidden <= 1000 in fp32, <= 1500
+in 16-bit; less with a large batch). Where it does not, an explicit version 2 refuses with a
+ValueError naming w_hh and pointing at v1 (which works at any size), never a silent slow path
+or a wrong answer.
 
 fp32: every product is exact fp32 FMAs on the CUDA cores (v2's tensor cores are for 16-bit
 only), so uses_tf32 is False and the fp32 bound (1e-5) applies. The input-projection GEMM
@@ -48,10 +60,18 @@ and the backward GEMMs are part A's (`gemm`, its version from LEVELS_CUDA_VERSIO
 also computes fp32 exactly. c is kept in fp32 at every dtype; dz is stored in the input dtype
 (the GEMMs take it so) and the backward recurrence reads it back from there.
 
-Version: the `version` argument, else $LEVELS_CUDA_VERSION_LSTM, else DEFAULT_VERSION (2).
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_LSTM, else DEFAULT_VERSION (2)
+under the PLAN RULE: when the caller chose no version at all, the ops get version 0 (PLAN),
+which runs v2 where its plan fits this GPU (all its blocks resident at once, W_hh on chip) and
+v1 where it does not — decided per call by v2's launcher from the same occupancy query that
+sizes the cooperative launch, before anything runs; forward and backward decide
+independently. A version chosen explicitly (argument or environment) is run as chosen: an
+explicit 2 that does not fit refuses with the ValueError naming w_hh.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -60,12 +80,15 @@ from . import mlp, versions
 VERSIONS = {
     1: "one fused step kernel per time step (T launches): a warp per (unit, batch row), "
        "W_hh read from L2 every step",
-    2: "one persistent cooperative launch: each block keeps 16 rows of W_hh (4 units x 4 "
-       "gates) in shared memory for all steps, grid.sync() between steps; mma.sync for "
-       "16-bit, exact fp32 FMAs for fp32",
+    2: "one persistent cooperative launch: each block keeps 32 rows of W_hh (8 units x 4 "
+       "gates; 16 rows beyond batch 16) in shared memory for all steps, a release/acquire flag "
+       "barrier between steps; "
+       "mma.sync for 16-bit, exact fp32 FMAs for fp32 (the default where its plan fits the "
+       "GPU, else v1)",
 }
 DEFAULT_VERSION = 2
 ENV_VERSION = "LEVELS_CUDA_VERSION_LSTM"
+PLAN = 0  # the ops' version when the caller chose none: v2 if its plan fits this GPU, else v1
 
 _registered = False
 
@@ -77,6 +100,15 @@ def uses_tf32(device, dtype) -> bool:
 def resolve_version(version=None) -> int:
     """version=None: $LEVELS_CUDA_VERSION_LSTM if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
     return versions.resolve("lstm", VERSIONS, DEFAULT_VERSION, version)
+
+
+def kernel_version(version=None) -> int:
+    """The version the ops run: the one chosen (argument, else $LEVELS_CUDA_VERSION_LSTM, checked
+    by resolve_version), or PLAN (0) when neither chose: v2 where its plan fits, else v1 (the
+    launchers in lstm.cu decide, from the occupancy query that sizes v2's launch)."""
+    if version is None and not os.environ.get(ENV_VERSION, "").strip():
+        return PLAN
+    return resolve_version(version)
 
 
 def _ops():
@@ -179,7 +211,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version=None):
         when it already is (nn.LSTM's weight);
       * h0, c0: their (B, H) slices .contiguous() (B*H elements); b_ih, b_hh .contiguous() (4H).
     Every copy is outside the op, so autograd carries the gradients back through it."""
-    v = resolve_version(version)
+    v = kernel_version(version)
     x2, time_major = _rows(x)
     h0c, c0c = h0[0].contiguous(), c0[0].contiguous()
     w_hh_c, b_ih_c, b_hh_c = w_hh.contiguous(), b_ih.contiguous(), b_hh.contiguous()

@@ -13,15 +13,17 @@
 // The rows of xp, x2, gates, cs and dz are (batch b, step t) at b*T + t (time_major false)
 // or t*B + b (time_major true: x was a time-major view, whose rows the GEMM reads as they are).
 // gates and cs are saved for backward only when `save` (else 0-element tensors).
+// version: 1 or 2, or 0 = the plan lstm.py asks for when the caller chose no version (v2 where
+// it fits this GPU, else v1; decided in lstm.cu's launch_fwd / launch_bwd).
 
 extern "C" int levels_lstm_fwd(int dtype, int version, const float* xp, const void* h0, const void* c0,
                                const void* w_hh, const void* b_hh, void* out, void* h_n, void* c_n,
-                               float* gates, float* cs, float* c_buf, int64_t B, int64_t T, int64_t H,
-                               int64_t rs_b, int64_t rs_t, cudaStream_t stream);
+                               float* gates, float* cs, float* c_buf, unsigned* sync, int64_t B, int64_t T,
+                               int64_t H, int64_t rs_b, int64_t rs_t, cudaStream_t stream);
 extern "C" int levels_lstm_bwd(int dtype, int version, const void* dout, const void* dh_n, const void* dc_n,
                                const void* c0, const void* wt, const float* gates, const float* cs, void* dz,
-                               void* dh0, void* dc0, float* dc_buf, int64_t B, int64_t T, int64_t H,
-                               int64_t rs_b, int64_t rs_t, cudaStream_t stream);
+                               void* dh0, void* dc0, float* dc_buf, unsigned* sync, int64_t B, int64_t T,
+                               int64_t H, int64_t rs_b, int64_t rs_t, cudaStream_t stream);
 
 namespace levels_cuda_lstm {
 
@@ -47,6 +49,21 @@ inline void expect(const at::Tensor& t, const char* op, const char* name, std::i
   LEVELS_CHECK(t.scalar_type() == dtype, what + " must be " + c10::toString(dtype) + "; got " +
                                              c10::toString(t.scalar_type()));
   LEVELS_CHECK(!dense || t.is_contiguous(), what + " must be contiguous (the kernels index it densely)");
+}
+
+// Version 2's grid barrier (lstm.cu's grid_arrive / grid_wait) counts in words that must be
+// zero when its kernel starts: one per block at most, and a block holds at least 4 hidden
+// units, so ceil(H/4) words, zeroed by a memset on the op's stream (ordered before the
+// kernel; the caching allocator keeps the memory alive until the stream has passed the
+// kernel). Empty, and no memset, for version 1, which has no barrier.
+inline at::Tensor barrier_words(int64_t version, int64_t H, const at::Tensor& like, const char* op) {
+  at::Tensor words = at::empty({version != 1 ? (H + 3) / 4 : 0}, like.options().dtype(at::kInt));
+  if (words.numel() > 0) {
+    const cudaError_t err = cudaMemsetAsync(levels_cuda::out(words), 0, words.numel() * sizeof(int32_t),
+                                            levels_cuda::stream());
+    levels_cuda::check(static_cast<int>(err), op, version);
+  }
+  return words;
 }
 
 // (rs_b, rs_t): the per-step row of (b, t) is b * rs_b + t * rs_t.
@@ -99,9 +116,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd(
   const auto f32 = h0.options().dtype(at::kFloat);
   at::Tensor gates = save ? at::empty({rows, 4 * H}, f32) : at::empty({0}, f32);
   at::Tensor cs = save ? at::empty({rows, H}, f32) : at::empty({0}, f32);
-  // c between the step launches of version 1 (version 2 keeps it in shared memory).
-  at::Tensor c_buf = at::empty({version == 1 ? B * H : 0}, f32);
+  // c between the step launches of version 1 (version 2 keeps it in shared memory; the plan,
+  // version 0, may run either).
+  at::Tensor c_buf = at::empty({version != 2 ? B * H : 0}, f32);
   if (rows == 0 || H == 0) return {out, h_n, c_n, gates, cs};
+  const at::Tensor sync = barrier_words(version, H, h0, op);
   const auto [rs_b, rs_t] = row_strides(time_major, B, T);
   const int status = levels_lstm_fwd(
       levels_cuda::dtype_code(h0), static_cast<int>(version), static_cast<const float*>(levels_cuda::in(xp)),
@@ -109,7 +128,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd(
       levels_cuda::out(out), levels_cuda::out(h_n), levels_cuda::out(c_n),
       save ? static_cast<float*>(levels_cuda::out(gates)) : nullptr,
       save ? static_cast<float*>(levels_cuda::out(cs)) : nullptr,
-      version == 1 ? static_cast<float*>(levels_cuda::out(c_buf)) : nullptr, B, T, H, rs_b, rs_t,
+      version != 2 ? static_cast<float*>(levels_cuda::out(c_buf)) : nullptr,
+      version != 1 ? static_cast<unsigned*>(levels_cuda::out(sync)) : nullptr, B, T, H, rs_b, rs_t,
       levels_cuda::stream());
   check_status(status, op, version, w_hh, B);
   return {out, h_n, c_n, gates, cs};
@@ -141,14 +161,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   // rows, one copy of 4H*H elements per backward call.
   at::Tensor wt = at::empty({H, 4 * H}, w_hh.options());
   wt.copy_(w_hh.t());
-  at::Tensor dc_buf = at::empty({version == 1 ? B * H : 0}, dout.options().dtype(at::kFloat));
+  at::Tensor dc_buf = at::empty({version != 2 ? B * H : 0}, dout.options().dtype(at::kFloat));
+  const at::Tensor sync = barrier_words(version, H, dout, op);
   const auto [rs_b, rs_t] = row_strides(time_major, B, T);
   const int status = levels_lstm_bwd(
       levels_cuda::dtype_code(dout), static_cast<int>(version), levels_cuda::in(dout), levels_cuda::in(dh_n),
       levels_cuda::in(dc_n), levels_cuda::in(c0), levels_cuda::in(wt),
       static_cast<const float*>(levels_cuda::in(gates)), static_cast<const float*>(levels_cuda::in(cs)),
       levels_cuda::out(dz), levels_cuda::out(dh0), levels_cuda::out(dc0),
-      version == 1 ? static_cast<float*>(levels_cuda::out(dc_buf)) : nullptr, B, T, H, rs_b, rs_t,
+      version != 2 ? static_cast<float*>(levels_cuda::out(dc_buf)) : nullptr,
+      version != 1 ? static_cast<unsigned*>(levels_cuda::out(sync)) : nullptr, B, T, H, rs_b, rs_t,
       levels_cuda::stream());
   check_status(status, op, version, w_hh, B);
   return {dz, dh0, dc0};

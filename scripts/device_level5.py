@@ -148,7 +148,7 @@ import sys, torch
 sys.path.insert(0, {root!r})
 from equivalence import specs
 component = {component!r}
-spec = specs.get(component)
+spec = specs.get(component.removesuffix("_bwd"))
 args = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
 if component == "mlp":
     from cuda_kernels import mlp as k
@@ -160,6 +160,20 @@ elif component == "conv_bn":
     call = lambda: k.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
                              a["running_mean"], a["running_var"], (a["stride"],) * 2, (a["padding"],) * 2,
                              a["eps"], a["momentum"], False, version={version})
+elif component == "attention":
+    from cuda_kernels import attention as k
+    q, kk, v = args["q"], args["k"], args["v"]
+    call = lambda: k.attention(q, kk, v, False, q.shape[-1] ** -0.5, version={version})
+elif component == "attention_bwd":
+    from cuda_kernels import attention as k
+    q, kk, v = (args[n].requires_grad_() for n in ("q", "k", "v"))
+    def call():
+        with torch.enable_grad():
+            k.attention(q, kk, v, False, q.shape[-1] ** -0.5, version={version}).sum().backward()
+elif component == "lstm":
+    from cuda_kernels import lstm as k
+    a = args
+    call = lambda: k.lstm(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"], version={version})
 else:
     from cuda_kernels import layer_norm as k
     call = lambda: k.layer_norm(args["x"], args["weight"], args["bias"], args["eps"])
@@ -171,7 +185,10 @@ torch.cuda.synchronize()
 
 NCU_KERNELS = {  # label: (component, kernel-name regex, version)
     "mlp v5": ("mlp", "gemm_v5_kernel", 5), "mlp v4": ("mlp", "gemm_v4_kernel", 4),
-    "conv_bn v3": ("conv_bn", "conv_kernel", 3), "layer_norm v3": ("layer_norm", "fwd_v3", 3)}
+    "conv_bn v3": ("conv_bn", "conv_kernel", 3), "layer_norm v3": ("layer_norm", "fwd_v3", 3),
+    "attention v4": ("attention", "attn_fwd_mma_kernel", 4),
+    "attention bwd v4": ("attention_bwd", "attn_bwd_dkdv_mma_kernel", 4),
+    "lstm v2": ("lstm", "lstm_fwd_persistent_v2", 2)}
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
                 "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 
@@ -187,7 +204,7 @@ def step_ncu(run: Run, only=()):
         return {"error": "ncu not found"}
     results = {}
     for component, (comp, kernel, version) in NCU_KERNELS.items():
-        if (only and component not in only) or (ONLY and comp not in ONLY):
+        if (only and component not in only) or (ONLY and comp.removesuffix("_bwd") not in ONLY):
             continue
         if run.left() < 40:
             results[component] = {"skipped": "budget"}

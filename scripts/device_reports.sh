@@ -30,21 +30,21 @@ for step in ${*:-compare profile select}; do
   case $step in
     compare)
       start=$(date +%s%N)
-      timeout 420 python3 -m equivalence compare --out "$dest" > "$dest/compare-stdout.txt" 2>&1
+      timeout 330 python3 -m equivalence compare --out "$dest" > "$dest/compare-stdout.txt" 2>&1
       rc=$?
       record compare $rc "$(elapsed "$start")" "levels compare --out reports/h100"
       tail -n 30 "$dest/compare-stdout.txt" ;;
     profile)
       for c in attention layer_norm mlp lstm conv_bn; do
         start=$(date +%s%N)
-        timeout 150 python3 -m equivalence profile --component "$c" --out "$dest" > "$dest/profile-$c-stdout.txt" 2>&1
+        timeout 100 python3 -m equivalence profile --component "$c" --out "$dest" > "$dest/profile-$c-stdout.txt" 2>&1
         rc=$?
         record "profile $c" $rc "$(elapsed "$start")" "levels profile --component $c --out reports/h100"
         tail -n 12 "$dest/profile-$c-stdout.txt"
       done ;;
     select)
       start=$(date +%s%N)
-      timeout 240 python3 -m equivalence select > "$dest/select-stdout.txt" 2>&1
+      timeout 200 python3 -m equivalence select > "$dest/select-stdout.txt" 2>&1
       rc=$?
       record select $rc "$(elapsed "$start")" "levels select"
       tail -n 20 "$dest/select-stdout.txt" ;;

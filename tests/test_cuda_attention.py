@@ -1,9 +1,10 @@
 """Level 5 (CUDA C++) attention: every version of cuda_kernels/attention.cu, forward and
 backward, through the harness (float64 reference, NaN-poisoned allocations, both layouts).
 
-The kernels have paths chosen by size, causality and layout: tiles of 64 keys (forward) and
-of 32 or 64 queries/keys (backward) with masked ragged edges, 4 or 8 warps by the grid's size,
-v4's causal skipping and unmasked interior tiles, the fp32 path of v3/v4 (v2 and the CUDA-core
+The kernels have paths chosen by size, causality and layout: tiles of 64 keys (forward; 32
+at v5 with D = 128) and of 32 or 64 queries/keys (backward) with masked ragged edges, 4 or 8
+warps by the grid's size (2 or 4 warps of 32 rows at v5), v4/v5's causal skipping and
+unmasked interior tiles, the fp32 path of v3/v4 (v2 and the CUDA-core
 backward), head dims 16-128. So the GPU tests take sequence lengths that are multiples of
 nothing (1, 17, 100, 1023), Nq != Nk, every head dim, the packed qkv layout (read in place),
 a transposed last dimension and an odd offset (copied), and B*H beyond 65535 blocks.
@@ -34,7 +35,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # ------------------------------------------------------------------------ CPU: Python --
 
 def test_versions_and_default():
-    assert VERSIONS == [1, 2, 3, 4] and K5.DEFAULT_VERSION == 4
+    assert VERSIONS == [1, 2, 3, 4, 5] and K5.DEFAULT_VERSION == 4
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
     opening = CU.read_text().split("#include")[0]
     for v in VERSIONS:
@@ -46,8 +47,8 @@ def test_version_from_argument_then_environment(monkeypatch):
     assert K5.resolve_version() == 4
     monkeypatch.setenv(ENV, "2")
     assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
-    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4\]"):
-        K5.resolve_version(5)
+    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5\]"):
+        K5.resolve_version(6)
 
 
 @pytest.mark.parametrize("D", [8, 48, 96, 256])
@@ -69,11 +70,11 @@ def test_packed_qkv_is_read_in_place_at_every_version():
 
 
 @pytest.mark.parametrize("make,copied_at", [
-    (lambda dt: torch.zeros(2, 3, 16, 7, dtype=dt).transpose(-1, -2), (1, 2, 3, 4)),  # D strided
+    (lambda dt: torch.zeros(2, 3, 16, 7, dtype=dt).transpose(-1, -2), (1, 2, 3, 4, 5)),  # D strided
     (lambda dt: torch.zeros(1, 1, 4, 16, dtype=dt).expand(2, 3, 4, 16), ()),          # stride 0: fine
     (lambda dt: torch.zeros(2, 3, 1, 16, dtype=dt).expand(2, 3, 5, 16), ()),          # rows stride 0
-    (lambda dt: torch.zeros(2 * 3 * 5 * 16 + 1, dtype=dt)[1:].view(2, 3, 5, 16), (3, 4)),  # 2 bytes off
-    (lambda dt: torch.zeros(2, 3, 5, 20, dtype=dt)[..., 2:18], (3, 4)),               # rows 20 apart
+    (lambda dt: torch.zeros(2 * 3 * 5 * 16 + 1, dtype=dt)[1:].view(2, 3, 5, 16), (3, 4, 5)),  # 2 bytes off
+    (lambda dt: torch.zeros(2, 3, 5, 20, dtype=dt)[..., 2:18], (3, 4, 5)),            # rows 20 apart
     (lambda dt: torch.zeros(2, 3, 5, 24, dtype=dt)[..., 8:24], ()),                   # 24 apart, aligned
 ], ids=["transposed", "expanded", "expanded-rows", "offset", "row-stride-20", "row-stride-24"])
 def test_operand_copies_only_what_a_version_cannot_read(make, copied_at):
@@ -114,6 +115,8 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     for kernel in ("attn_fwd_mma_kernel", "attn_bwd_dkdv_mma_kernel", "attn_bwd_dq_mma_kernel"):
         found = [n for n in names if kernel in n]
         assert len(found) == 2 * 4 * 2, (kernel, found)  # fp16/bf16 x D 16..128 x v3/v4
+    # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
+    assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * 4, names  # fp16/bf16 x D 16..128
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
         assert sum(kernel in n for n in names) == 3 * 4, kernel  # 3 dtypes x 4 head dims
     for k in ptxas:
@@ -170,8 +173,9 @@ def test_odd_lengths_head_dims_and_unequal_lengths(version, dtype, shape, causal
 @pytest.mark.parametrize("shape", [(4, 8, 600, 64), (2, 16, 577, 128)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_eight_warp_blocks(version, dtype, shape, causal, monkeypatch):
-    # The tensor-core kernels take 128-row blocks (8 warps) once B*H*ceil(N/128) blocks fill
-    # every SM (132 on an H100), 64-row blocks below that: the shapes above are the former.
+    # The tensor-core kernels take 128-row blocks (8 warps at v3/v4, 4 warps of 32 rows at
+    # v5) once B*H*ceil(N/128) blocks fill every SM (132 on an H100), 64-row blocks below
+    # that (every other test's shapes): the shapes here are the former.
     B, H, N, D = shape
     assert B * H * -(-N // 128) >= torch.cuda.get_device_properties(0).multi_processor_count
     _passes(_args(B, H, N, N, D, dtype, causal, seed=N + D), version, monkeypatch)

@@ -6,12 +6,16 @@ order, else a copy), the h_{t-1} rows the dW_hh GEMM pairs with dz, and (with nv
 persistent kernels, which hold W_hh rows, accumulators and partial sums on chip, do not spill
 on sm_90a.
 
+CPU also: the PLAN rule (no version chosen: the ops get version 0, v2 where it fits, else v1),
+and (with nvcc) that v2's non-default build knobs compile without spills.
+
 GPU (@pytest.mark.gpu): every version x fp32/fp16/bf16 — the harness at the tiny preset (both
 layouts: x time-major, weights transposed, biases and states strided), odd sizes (B 1, 3, 8,
-67: more than one 64-row batch chunk; H 1, 17, 64, 512; T 1, 5; I 1, 7), x sliced (neither
+20, 67: v2's forward with 8 and with 4 units a block, 67 more than one 64-row batch chunk;
+H 1, 17, 33, 64, 512; T 1, 3, 5; I 1, 5, 7), x sliced (neither
 row order: copied) and h0 an expanded view, v2's backward staging dz in pieces (fp32, H 1024),
 a hidden size whose W_hh does not fit on chip (v2 refuses with a ValueError naming w_hh; v1
-computes it), bitwise determinism, opcheck on
+computes it; the plan runs v1 there and v2, bit for bit, where it fits), bitwise determinism, opcheck on
 both ops, torch.compile(fullgraph=True) through the ops, and a bad version as an error.
 """
 
@@ -46,6 +50,51 @@ def test_versions_and_default():
     assert VERSIONS == [1, 2] and K5.DEFAULT_VERSION == 2
     assert K5.ENV_VERSION == versions.env_name("lstm")
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
+    assert K5.PLAN == 0 and K5.PLAN not in K5.VERSIONS  # the plan is no version a caller can pick
+
+
+def test_plan_only_when_nothing_chose_a_version(monkeypatch):
+    """version=None and no environment: the ops get PLAN (v2 where it fits, else v1, decided
+    by the launcher); a version from the argument or the environment passes as chosen, and a
+    bad one is refused before anything runs."""
+    monkeypatch.delenv(ENV, raising=False)
+    assert K5.kernel_version() == K5.PLAN
+    assert K5.kernel_version(2) == 2 and K5.kernel_version(1) == 1
+    monkeypatch.setenv(ENV, "  ")  # blank counts as unset, as in versions.resolve
+    assert K5.kernel_version() == K5.PLAN
+    monkeypatch.setenv(ENV, "2")
+    assert K5.kernel_version() == 2 and K5.kernel_version(1) == 1
+    monkeypatch.setenv(ENV, "0")  # the plan's code is not a version the environment may name
+    with pytest.raises(ValueError, match=r"LEVELS_CUDA_VERSION_LSTM must be one of \[1, 2\]"):
+        K5.kernel_version()
+    with pytest.raises(ValueError, match=r"argument 'version' must be one of \[1, 2\]"):
+        K5.kernel_version(0)
+
+
+def test_entry_sends_the_plan_to_the_ops_when_no_version_was_chosen(monkeypatch):
+    seen = []
+
+    class Ops:
+        @staticmethod
+        def lstm_fwd(x2, w_ih, b_ih, xp, h0, c0, w_hh, b_hh, time_major, save, version):
+            seen.append(version)
+            B, H = h0.shape
+            return (h0.new_zeros(B, x2.shape[0] // B, H), h0.new_zeros(B, H), h0.new_zeros(B, H), None, None)
+
+    import cuda_kernels.mlp as mlp
+
+    monkeypatch.setattr(K5, "_ops", lambda: Ops)
+    monkeypatch.setattr(mlp, "gemm", lambda a, b, bias=None, out_dtype=None, version=None: (
+        a.float() @ b.float() + (0 if bias is None else bias.float())).to(out_dtype or a.dtype))
+    B, T, I, H = 2, 3, 4, 5
+    args = [torch.randn(B, T, I), torch.randn(1, B, H), torch.randn(1, B, H), torch.randn(4 * H, I),
+            torch.randn(4 * H, H), torch.randn(4 * H), torch.randn(4 * H)]
+    monkeypatch.delenv(ENV, raising=False)
+    K5.lstm(*args)
+    K5.lstm(*args, version=2)
+    monkeypatch.setenv(ENV, "1")
+    K5.lstm(*args)
+    assert seen == [K5.PLAN, 2, 1]
 
 
 def test_version_from_argument_then_environment(monkeypatch):
@@ -176,11 +225,36 @@ def test_persistent_kernels_do_not_spill_on_sm90a():
     report = build.ptxas_report(CU, "90a")
     names = [k.get("kernel", k["mangled"]) for k in report]
     persistent = [k for k in report if "persistent_v2" in k.get("kernel", k["mangled"])]
-    assert len(persistent) == 2 * 3, names  # forward and backward x 3 dtypes
+    # forward x 2 partitions (8 units a block at small batch, 4 beyond) x 3 dtypes; backward x 3
+    assert len(persistent) == 2 * 3 + 3, names
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
     for k in persistent:
         assert k["registers"] <= 128, k  # __launch_bounds__(256, 2)
+
+
+# v2's build knobs (lstm.cu: LEVELS_LSTM_V2_UNITS, LEVELS_LSTM_V2_BARRIER) that the default
+# build does not compile; the sweep in scripts/device_level5.py builds them on the GPU machine,
+# and a knob value that spills or does not compile would only show up there.
+# (flags, persistent kernels: with UNITS=4 both forward partitions are one instantiation)
+KNOBS = [("-DLEVELS_LSTM_V2_UNITS=4 -DLEVELS_LSTM_V2_BARRIER=0", 3 + 3),
+         ("-DLEVELS_LSTM_V2_UNITS=16 -DLEVELS_LSTM_V2_BARRIER=1", 2 * 3 + 3)]
+
+
+@pytest.mark.skipif(NVCC is not None, reason=f"needs nvcc: {NVCC}")
+@pytest.mark.parametrize("knobs, kernels", KNOBS, ids=[k for k, _ in KNOBS])
+def test_knob_variants_compile_without_spills(knobs, kernels, tmp_path):
+    flags = [*build.TORCH_NVCC_FLAGS, *build.CUDA_FLAGS, f"-I{build.KERNELS_DIR}", "-Xptxas", "-v", "--cubin",
+             build.gencode("90a"), *knobs.split()]
+    proc = subprocess.run([build.find_nvcc(), *flags, "-o", str(tmp_path / "out.cubin"), str(CU)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    report = build.parse_ptxas(proc.stdout + proc.stderr)
+    assert sum("persistent_v2" in k["mangled"] for k in report) == kernels, [k["mangled"] for k in report]
+    for k in report:
+        assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (knobs, k)
+        if "persistent_v2" in k["mangled"]:
+            assert k["registers"] <= 128, (knobs, k)
 
 
 # ------------------------------------------------------------------------------ GPU --
@@ -208,8 +282,11 @@ def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
 
 
 # (B, T, I, H): nothing a multiple of a tile; B=67 takes two batch chunks (64 + 3) in v2,
-# H=1 and 17 leave most of a block's 4 units and 16-wide K steps empty, H=512 is the bench's.
-SHAPES = [(1, 1, 1, 1), (3, 5, 7, 17), (8, 5, 1, 64), (3, 1, 7, 512), (8, 5, 7, 512), (67, 3, 7, 17)]
+# B=20 and 67 run v2's forward with 4 units a block (past LEVELS_LSTM_V2_FAT_BATCH = 16), the
+# others with 8; H=1 and 17 leave most of a block's units and 16-wide K steps empty, H=512 is
+# the bench's.
+SHAPES = [(1, 1, 1, 1), (3, 5, 7, 17), (8, 5, 1, 64), (3, 1, 7, 512), (8, 5, 7, 512), (20, 3, 5, 33),
+          (67, 3, 7, 17)]
 
 
 @pytest.mark.gpu
@@ -253,10 +330,44 @@ def test_w_hh_too_large_for_chip_v2_refuses_v1_computes(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_harness_tiny_under_the_plan(dtype, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)  # no version chosen: the ops get PLAN
+    for r in check("lstm", "cuda", dtype=dtype, device="cuda", size="tiny"):
+        assert r.passed, f"plan: {r.summary()}"
+
+
+def _forward_and_grads(args, version):
+    leaves = [args[n].detach().clone().requires_grad_(True) for n in NAMES]
+    out, (h_n, c_n) = K5.lstm(*leaves, version=version)
+    grads = torch.autograd.grad(out.float().square().sum() + h_n.float().sum() + c_n.float().sum(), leaves)
+    return (out, h_n, c_n, *grads)
+
+
+@pytest.mark.gpu
+def test_plan_runs_v2_where_it_fits_and_v1_where_it_does_not(monkeypatch):
+    # Each version is bitwise deterministic (test_bitwise_deterministic), so the plan's results
+    # equal, bit for bit, those of the version it ran.
+    monkeypatch.delenv(ENV, raising=False)
+    fits = _args(8, 5, 16, 64, torch.bfloat16, seed=6)
+    for got, want in zip(_forward_and_grads(fits, None), _forward_and_grads(fits, 2)):
+        assert torch.equal(got, want)
+    # fp32, hidden 2048: v2 cannot hold W_hh on chip (test_w_hh_too_large_for_chip...): v1 runs.
+    big = _args(2, 2, 3, 2048, torch.float32, seed=9)
+    with torch.no_grad():
+        plan = K5.lstm(*(big[n] for n in NAMES))
+        v1 = K5.lstm(*(big[n] for n in NAMES), version=1)
+    assert torch.equal(plan[0], v1[0]) and torch.equal(plan[1][0], v1[1][0]) and torch.equal(plan[1][1], v1[1][1])
+    with pytest.raises(ValueError, match=r"lstm_fwd \(version 2\): w_hh .*does not fit on chip"):
+        K5.lstm(*(big[n] for n in NAMES), version=2)
+
+
+@pytest.mark.gpu
 def test_v2_backward_stages_dz_in_pieces(monkeypatch):
-    # fp32, hidden 1024: the forward's 256 blocks fit two an SM, but 8 whole dz rows (4H =
-    # 4096 columns, 131 KB) next to the W_hh^T slice would not: the backward stages dz in
-    # pieces of 1024 columns (launch_bwd_v2), accumulating across them.
+    # fp32, hidden 1024: the forward's 128 blocks of 8 units (~170 KB each) fit one an SM, the
+    # backward's 256 blocks two an SM, but 8 whole dz rows (4H = 4096 columns, 131 KB) next to
+    # the W_hh^T slice would not: the backward stages dz in pieces of 1024 columns
+    # (launch_bwd_v2), accumulating across them.
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     if 2 * sms < 256:
         pytest.skip(f"needs 128 SMs for v2 at hidden 1024 in fp32 (2 blocks an SM); this GPU has {sms}")
