@@ -35,7 +35,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # ------------------------------------------------------------------------ CPU: Python --
 
 def test_versions_and_default():
-    assert VERSIONS == [1, 2, 3, 4, 5] and K5.DEFAULT_VERSION == 4
+    assert VERSIONS == [1, 2, 3, 4, 5] and K5.DEFAULT_VERSION == 5
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
     opening = CU.read_text().split("#include")[0]
     for v in VERSIONS:
@@ -44,7 +44,7 @@ def test_versions_and_default():
 
 def test_version_from_argument_then_environment(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    assert K5.resolve_version() == 4
+    assert K5.resolve_version() == 5
     monkeypatch.setenv(ENV, "2")
     assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
     with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5\]"):
