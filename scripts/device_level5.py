@@ -187,6 +187,7 @@ NCU_KERNELS = {  # label: (component, kernel-name regex, version)
     "mlp v5": ("mlp", "gemm_v5_kernel", 5), "mlp v4": ("mlp", "gemm_v4_kernel", 4),
     "conv_bn v3": ("conv_bn", "conv_kernel", 3), "layer_norm v3": ("layer_norm", "fwd_v3", 3),
     "attention v4": ("attention", "attn_fwd_mma_kernel", 4),
+    "attention v5": ("attention", "attn_fwd_v5_kernel", 5),
     "attention bwd v4": ("attention_bwd", "attn_bwd_dkdv_mma_kernel", 4),
     "lstm v2": ("lstm", "lstm_fwd_persistent_v2", 2)}
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",

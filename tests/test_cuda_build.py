@@ -34,8 +34,11 @@ FAKE_LIBRARY = Path(torch.__file__).parent / "lib" / "libtorch_global_deps.so"  
 
 # ------------------------------------------------------------------ nvcc, g++ (CI) --
 
+# sm_80 here, each file alone (a file must compile without the others, and a Hopper-only
+# rung must compile out for an older GPU); sm_90 in the one-unit test below, which compiles
+# every file again (one sm_90 pass per file is enough: attention.cu alone takes ~30 s).
 @needs_nvcc
-@pytest.mark.parametrize("arch", ["80", "90"])
+@pytest.mark.parametrize("arch", ["80"])
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_every_cu_file_compiles_alone(cu, arch):
     ptx = build.compile_ptx(cu, arch)
