@@ -18,14 +18,11 @@ that takes over SLOW_CALL_S is reported from that single call, not timed repeate
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-from contextlib import contextmanager
 
 import torch
 
-from . import Figure
+from . import Figure, cuda_version, one_call_ms
 from ..timing import time_first_call, time_fn
 
 SHAPE = dict(B=4, H=16, N=4096, D=128)
@@ -116,29 +113,6 @@ GOAL_L5_FWD, GOAL_L5_BWD = 0.9, 0.7  # of SDPA FLASH, for the default (best) ver
 SLOW_CALL_S = 1.0
 
 
-@contextmanager
-def _cuda_version(version: int):
-    import cuda_kernels.attention as k5
-
-    old = os.environ.get(k5.ENV_VERSION)
-    os.environ[k5.ENV_VERSION] = str(version)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(k5.ENV_VERSION, None)
-        else:
-            os.environ[k5.ENV_VERSION] = old
-
-
-def _one_call_ms(fn, device) -> float:
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) * 1e3
-
-
 class _Single:
     """A Timing of one call (for versions too slow to time repeatedly)."""
 
@@ -214,10 +188,10 @@ def _level5(device) -> list[Figure]:
                 for what in ("forward", "backward", "forward+backward"):
                     name = f"{what} bf16 {tag} N{N} D{D} cuda v{version}"
                     try:
-                        with _cuda_version(version), torch.set_grad_enabled(what != "forward"):
+                        with cuda_version("attention", version), torch.set_grad_enabled(what != "forward"):
                             fn = {"forward": fwd, "backward": bwd_of, "forward+backward": fwd_bwd}[what](ours)
-                            first = _one_call_ms(fn, device)  # the build, once, and the first call
-                            single = _one_call_ms(fn, device)
+                            first = one_call_ms(fn, device)  # the build, once, and the first call
+                            single = one_call_ms(fn, device)
                             if single > SLOW_CALL_S * 1e3:
                                 t, notes = _Single(single), f"one call > {SLOW_CALL_S:g} s: not timed repeatedly"
                             else:

@@ -22,13 +22,11 @@ are skipped (with the reason) where Level 4 cannot run, and the Level 5 ones lik
 
 from __future__ import annotations
 
-import os
 import sys
-from contextlib import contextmanager
 
 import torch
 
-from . import Figure
+from . import Figure, cuda_version
 from .. import specs
 from ..timing import time_first_call, time_fn
 
@@ -144,21 +142,6 @@ def _level4(device) -> list[Figure]:
 LEVEL5_GOALS = {torch.bfloat16: 5.0, torch.float32: 1.0}  # forward at 'bench', default version
 
 
-@contextmanager
-def _cuda_version(version: int):
-    import cuda_kernels.lstm as k5
-
-    old = os.environ.get(k5.ENV_VERSION)
-    os.environ[k5.ENV_VERSION] = str(version)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(k5.ENV_VERSION, None)
-        else:
-            os.environ[k5.ENV_VERSION] = old
-
-
 def _train_step(fn, leaves, upstream):
     """One forward + backward: gradients of every leaf for the given output gradients."""
     def go():
@@ -242,7 +225,7 @@ def _level5(device) -> list[Figure]:
                 for what, fn, fl, baseline, g_, grad in runs:
                     name = f"{what} {dt} {size} cuda v{version}"
                     try:
-                        with _cuda_version(version), torch.set_grad_enabled(grad):
+                        with cuda_version("lstm", version), torch.set_grad_enabled(grad):
                             fig = figure("lstm", name, "cuda", dtype, shape, fn, device, flops=fl,
                                          baseline="nn.LSTM (cuDNN)" if baseline else None,
                                          baseline_ms=baseline.ms if baseline else None, goal=g_,

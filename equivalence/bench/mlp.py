@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from contextlib import contextmanager
 
 import torch
 
 import levels
 from equivalence import specs
 
-from . import Figure, figure
+from . import Figure, cuda_version, figure, one_call_ms
 
 SWEEP = (  # (BLOCK_M, BLOCK_N, num_stages, SPLIT_N); BLOCK_K=64, 8 warps, GROUP_M=8
     (128, 128, 3, 1), (128, 128, 4, 1), (128, 256, 3, 1), (128, 256, 3, 2), (256, 128, 3, 2),
@@ -102,29 +100,6 @@ LEVEL5_SHAPES = {"bench": None, "gpt2-small": dict(rows=(1000,), K=768, hidden=3
 SLOW_CALL_S = 1.0
 
 
-@contextmanager
-def _cuda_version(version: int):
-    import cuda_kernels.mlp as k5
-
-    old = os.environ.get(k5.ENV_VERSION)
-    os.environ[k5.ENV_VERSION] = str(version)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(k5.ENV_VERSION, None)
-        else:
-            os.environ[k5.ENV_VERSION] = old
-
-
-def _one_call_s(fn, device) -> float:
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
 def _level5(device, spec, dtype) -> list:
     reason = levels.status("cuda", device, "mlp")
     if reason:
@@ -162,9 +137,9 @@ def _level5(device, spec, dtype) -> list:
                 name = f"{what} {label} cuda v{version}"
                 goal = 0.7 if (what == "forward" and label == "bench" and version == k5.default_version()) else None
                 try:
-                    with _cuda_version(version), torch.set_grad_enabled(grad):
-                        single = _one_call_s(fn, device)  # also the build / first call
-                        single = _one_call_s(fn, device)
+                    with cuda_version("mlp", version), torch.set_grad_enabled(grad):
+                        single = one_call_ms(fn, device) / 1e3  # also the build / first call
+                        single = one_call_ms(fn, device) / 1e3
                         if single > SLOW_CALL_S:
                             figs.append(Figure(
                                 component="mlp", name=name, level="cuda", dtype=str(dtype).replace("torch.", ""),
@@ -196,7 +171,7 @@ def _v4_tile_sweep(label, shp, tensors, flops, base, device, dtype, cuda) -> lis
         for tile, what in V4_TILES.items():
             os.environ["LEVELS_GEMM_V4_TILE"] = str(tile)
             try:
-                with _cuda_version(4), torch.no_grad():
+                with cuda_version("mlp", 4), torch.no_grad():
                     figs.append(figure("mlp", f"forward {label} cuda v4 sweep tile={tile} {what}", "cuda",
                                        dtype, shp, lambda: cuda.mlp(*tensors), device, flops=flops,
                                        baseline="eager PyTorch (cuBLAS + GELU)", baseline_ms=base.ms,
