@@ -42,6 +42,22 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
 # Each component is its contract function (validate, then compute) over a plain math
 # function. The math is public because Level 3 compiles exactly this code.
 
+def gemm_operand(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy of it where a GPU library GEMM would refuse its strides.
+
+    cuBLAS takes a matrix's row stride (its "leading dimension") as a 32-bit int: a view
+    whose rows lie 2**31 or more elements apart (a slice of a huge buffer) makes torch.matmul
+    on a GPU fail inside cuBLAS ("ldb must be ... less than 2147483647"), where the CPU
+    computes it. Copying costs the view's elements, not its span; ordinary tensors pass
+    through untouched. (Levels 4 and 5 decide for themselves: their kernels index with
+    offsets they chose the width of.) Scriptable: Level 2 calls it too."""
+    if t.is_cuda:
+        for stride in t.stride():
+            if stride >= 2147483647:
+                return t.contiguous()
+    return t
+
+
 def attention(q, k, v, causal=False, scale=None):
     s = validate_attention(q, k, v, causal, scale)
     return attention_math(q, k, v, causal, s["scale"])
@@ -51,6 +67,7 @@ def attention_math(q, k, v, causal: bool, scale: float):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
     # that Level 4 builds by hand.)
+    q, k, v = gemm_operand(q), gemm_operand(k), gemm_operand(v)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
@@ -83,7 +100,7 @@ def mlp(x, w1, b1, w2, b2):
 
 
 def mlp_math(x, w1, b1, w2, b2):
-    hidden = F.linear(x, w1, b1)  # GEMM with the bias folded in (addmm)
+    hidden = F.linear(gemm_operand(x), w1, b1)  # GEMM with the bias folded in (addmm)
     hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
     return F.linear(hidden, w2, b2)
 

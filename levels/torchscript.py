@@ -76,6 +76,7 @@ WHY_STILL_USED = ("Level 2 keeps using it on purpose: it is the simplest place t
 # ---------------------------------------------------------------------------------------
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
@@ -98,7 +99,7 @@ def _mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     # The bias is left out of the first GEMM on purpose, so that bias + GELU form one
     # pointwise chain the fuser can turn into a single kernel. GELU is spelled out
     # (exact erf form, as F.gelu) so that the graph shows every op the fuser merges.
-    h = torch.matmul(x, w1.t()).float() + b1.float()
+    h = torch.matmul(native.gemm_operand(x), w1.t()).float() + b1.float()
     h = (0.5 * h * (1.0 + torch.erf(h * 0.7071067811865476))).to(x.dtype)
     return torch.matmul(h, w2.t()) + b2
 

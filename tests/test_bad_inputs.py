@@ -42,6 +42,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -319,7 +320,7 @@ def _inference_copy(t: torch.Tensor) -> torch.Tensor:
 PER_LEVEL = [
     Bad("attention", "head-dim-24", "head dimension 24 (no power of two)",
         lambda a, d: {n: randn(1, 2, 37, 24, device=d) for n in "qkv"}, arg="q",
-        expect=COMPUTE, levels=(("triton", VALUE_ERROR),), backward=False,
+        expect=COMPUTE, levels=(("triton", VALUE_ERROR), ("cuda", VALUE_ERROR)), backward=False,
         note="any head dimension"),
     Bad("attention", "many-slices", "batch x heads = 65536 (q, k, v expanded along the batch)",
         lambda a, d: {n: randn(1, 1, 2, 16, device=d).expand(65536, 1, 2, 16) for n in "qkv"},
@@ -533,7 +534,17 @@ def _level(call):
 # ---------------------------------------------------------------------------------------
 
 def _torch_attention(q, k, v, causal=False, scale=None):
-    return (F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),)
+    # Written out rather than F.scaled_dot_product_attention, whose answer to a NaN depends
+    # on the backend it picks: CUDA's float64 math backend adds the causal mask as a -inf
+    # bias (NaN + -inf = NaN: a NaN key poisons every row, even those the mask hides it
+    # from), the CPU's kernel masks (only the rows that see the key). Masking is the
+    # definition every level implements: a hidden key is never seen.
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        hidden = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(hidden, -math.inf)
+    return (torch.matmul(torch.softmax(scores, dim=-1), v),)
 
 
 def _torch_layer_norm(x, weight, bias, eps=1e-5):
@@ -936,10 +947,19 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("--gpu-report needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
             return 3
-        report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                  "outcomes": {k: {c: asdict(o) for c, o in row.items()}
-                               for k, row in gpu_outcomes().items()}}
-        Path(args.gpu_report).write_text(json.dumps(report, indent=1) + "\n")
+        # Row by row, the file rewritten after each: a case that hangs the process (what this
+        # run exists to find) still leaves every answer before it, and the log names it.
+        report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "outcomes": {}}
+        cases = [(b.key, c) for b in CATALOGUE if "cuda" in b.devices for c in COLUMNS]
+        for i, (key, level) in enumerate(cases, 1):
+            print(f"[{i}/{len(cases)}] {key} @ {level} ...", end=" ", file=sys.stderr, flush=True)
+            start = time.monotonic()
+            found = outcome(key, level, "cuda")
+            ok, why = found.acceptable(BY_KEY[key], level) if found.kind != "not tried" else (True, "")
+            print(f"{found.kind} in {time.monotonic() - start:.1f} s" + ("" if ok else f"  UNACCEPTABLE: {why[:300]}"),
+                  file=sys.stderr, flush=True)
+            report["outcomes"].setdefault(key, {})[level] = asdict(found)
+            Path(args.gpu_report).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.gpu_report}")
         return 0
     if torch.cuda.is_available():

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -190,34 +191,55 @@ def _check(component: str, level: str, p: dict, device="cpu"):
     key = f"{torch.device(device).type} {level} {component}"
     tally = COUNTS.setdefault(key, {"tried": 0, "passed": 0, "failed_params": []})
     tally["tried"] += 1
-    result = check_args(component, level, _args(component, p, device), seed=p["seed"])
+    try:
+        result = check_args(component, level, _args(component, p, device), seed=p["seed"])
+    except BaseException:
+        tally["failed_params"].append(repr(p) + " (raised)")
+        _write_counts()
+        raise
     if result.status == "pass":
         tally["passed"] += 1
     else:
         tally["failed_params"].append(repr(p))
+    _write_counts()
     assert result.status == "pass", f"{result.summary()}\n  params: {p}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _write_counts():
-    yield
-    path = os.environ.get("LEVELS_FUZZ_REPORT")
-    if path and COUNTS:
-        import datetime
-        import json
-        import platform
+_PREVIOUS: dict | None = None  # the report file as this process found it
 
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        Path(path).write_text(json.dumps({
-            "what": "tests/test_fuzz.py: hypothesis cases tried and passed per device, level and "
-                    "component (a failing case stops its test: hypothesis shrinks it first, and "
-                    "the shrunk attempts count as tried)",
-            "command": f"LEVELS_FUZZ_REPORT={path} LEVELS_FUZZ_EXAMPLES={EXAMPLES} "
-                       f"python -m pytest {' '.join(sys.argv[1:])}",
-            "examples_per_test": EXAMPLES, "gpu": gpu, "torch": torch.__version__,
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "counts": COUNTS}, indent=1) + "\n")
+
+def _write_counts():
+    """Rewrite the report after every case, so a run cut off by a time limit still leaves
+    its counts. A report already in the file from an earlier run (another -k selection, an
+    example count of its own) is kept and extended: each run's command is listed, and each
+    (device, level, component) carries the example count it was run with."""
+    global _PREVIOUS
+    path = os.environ.get("LEVELS_FUZZ_REPORT")
+    if not path or not COUNTS:
+        return
+    import datetime
+    import json
+    import platform
+
+    if _PREVIOUS is None:
+        try:
+            _PREVIOUS = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            _PREVIOUS = {}
+    command = (f"LEVELS_FUZZ_REPORT={path} LEVELS_FUZZ_EXAMPLES={EXAMPLES} "
+               f"python -m pytest {shlex.join(sys.argv[1:])}")
+    counts = dict(_PREVIOUS.get("counts", {}))
+    counts.update({key: tally | {"examples_per_test": EXAMPLES} for key, tally in COUNTS.items()})
+    commands = [c for c in _PREVIOUS.get("commands", []) if c != command] + [command]
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    Path(path).write_text(json.dumps({
+        "what": "tests/test_fuzz.py: hypothesis cases tried and passed per device, level and "
+                "component (a failing case stops its test: hypothesis shrinks it first, and "
+                "the shrunk attempts count as tried)",
+        "commands": commands, "gpu": gpu, "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "counts": dict(sorted(counts.items()))}, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------

@@ -212,3 +212,73 @@ def test_twins_pass_the_harness_on_a_gpu():
     _all_pass(check("layer_norm", fn=level.layer_norm, device="cuda", size="tiny")
               + check("mlp", fn=level.mlp, device="cuda", size="tiny")
               + check("attention", fn=level.attention, device="cuda", size="tiny"))
+
+
+# ------------------------------------------------------- the simulator's shared memory --
+
+def _threads_racing_for_one_shared_array(shared_array, n_threads=64, trials=40):
+    """How many distinct arrays `n_threads` threads of one simulated block got from the same
+    `cuda.shared.array` line, at worst over `trials` launches (1 is right: one per block)."""
+    import threading
+
+    import numpy as np
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    worst = 0
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL round as often as Python allows: provoke races
+    try:
+        for _ in range(trials):
+            shared = FakeCUDAShared(0)
+            start = threading.Barrier(n_threads)
+            got = [None] * n_threads
+
+            def thread(i):
+                start.wait()
+                got[i] = id(shared_array(shared, (8, 9), np.float32))
+
+            threads = [threading.Thread(target=thread, args=(i,)) for i in range(n_threads)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            worst = max(worst, len(set(got)))
+    finally:
+        sys.setswitchinterval(before)
+    return worst
+
+
+@simulated
+def test_simulated_shared_memory_is_one_array_per_block_even_when_threads_race():
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    from numba_kernels import simulator
+
+    assert FakeCUDAShared.array is simulator._shared_array, "numba_kernels did not install the fix"
+    assert _threads_racing_for_one_shared_array(FakeCUDAShared.array, trials=100) == 1
+
+
+@simulated
+def test_numbas_own_shared_array_does_race_which_is_why_it_is_patched():
+    # If this starts failing, numba fixed the race upstream: the patch can go.
+    from numba_kernels import simulator
+
+    worst = 0
+    for _ in range(5):  # the race is a few percent per launch: 5 x 40 launches find it
+        worst = max(worst, _threads_racing_for_one_shared_array(simulator.original_shared_array()))
+        if worst > 1:
+            break
+    assert worst > 1, "numba's unpatched FakeCUDAShared.array never raced in 200 launches"
+
+
+@simulated
+def test_patched_shared_arrays_keep_one_array_per_line_and_dynamic_memory():
+    import numpy as np
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    shared = FakeCUDAShared(64)
+    a = shared.array((4,), np.float32)
+    b = shared.array((4,), np.float32)   # another line: another array
+    again = [shared.array((4,), np.float32) for _ in range(2)]  # one line, twice: the same
+    assert a is not b and again[0] is again[1] and again[0] is not a
+    assert shared.array(0, np.dtype(np.float32)).nbytes == 64  # dynamic shared memory: numba's own
