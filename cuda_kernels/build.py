@@ -3,7 +3,7 @@ torch/CUDA/GPU by torch's JIT extension builder (`torch.utils.cpp_extension.load
 `load_inline` with LEVELS_CUDA_BUILDER=inline), loaded as torch custom ops.
 
     from cuda_kernels import build
-    ops = build.ops()                 # builds on first use (~10 s cold on 16 cores, < 1 s warm)
+    ops = build.ops()                 # builds on first use (~20 s cold on 16 cores, < 1 s warm)
     ops.layer_norm_fwd(x, w, b, 1e-5, 3)
     build.last_build()                # {"seconds": 0.4, "cached": True, "dir": "..."}
     build.ptxas_report("cuda_kernels/layer_norm.cu")   # registers/smem/spills; nvcc only
@@ -615,7 +615,7 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
         before = so.stat().st_mtime_ns if so.exists() else None
         expected_warm = before is not None and record.get("stamp") == stamp
         if not expected_warm:
-            log(f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~10 s on 16 cores)...")
+            log(f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~20 s on 16 cores)...")
         t0 = time.perf_counter()
         try:
             path = builder(directory, verbose)

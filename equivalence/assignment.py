@@ -68,9 +68,10 @@ answer in the copy.
 3. Hidden tests: `### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS` regions are removed,
 markers and all, from every tracked .py file and every notebook cell, whatever the parts.
 
-Not yet: `levels grade` scores the sources' parts only, not the notebooks' grade cells (run
-the returned notebooks, or give the reference notebooks to nbgrader), and locked cells are
-not checksummed as nbgrader does, so nothing stops a student editing a grade cell.
+`levels grade --notebooks` (equivalence/grading.py) scores the returned notebooks' grade
+cells. Locked cells are not checksummed as nbgrader does, so a student may edit a grade cell
+of their copy; the grader runs its own, the reference's, in its place (as nbgrader's
+autograde does), so the edit changes what the student sees, never the score.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,8 @@ class Row:
     profile: Profile
     checks: list[CheckResult] = field(default_factory=list)
     break_even_calls: int | str | None = None
+    # where this row's wall time went: the profile (first call and timing) and the checks
+    seconds: dict = field(default_factory=dict)
 
     @property
     def checked(self) -> str:
@@ -62,7 +65,8 @@ class Row:
     def to_dict(self) -> dict:
         return {**self.profile.to_dict(), "check": self.checked,
                 "checks": [c.to_dict() for c in self.checks],
-                "break_even_calls_vs_native": self.break_even_calls}
+                "break_even_calls_vs_native": self.break_even_calls,
+                "wall_s": {k: round(v, 2) for k, v in self.seconds.items()}}
 
 
 def compare(components=None, level_names=None, dtype=None, device=None, size=None,
@@ -130,15 +134,19 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step) -
             name = getattr(target, "name", target)
             if on_step:
                 on_step(f"{comp} · {name}")
+            start = time.perf_counter()
             row = Row(profile(comp, target, dtype, device, size, seed=seed))
+            row.seconds["profile"] = time.perf_counter() - start
             if row.profile.status != "skip":
                 # an emulated level (Triton's interpreter) is checked at the size it can afford
                 at = check_size
                 if row.profile.status == "untimed":
                     at = "tiny"
                     row.profile.reason = f"checked at 'tiny', not timed: {row.profile.reason}"
+                start = time.perf_counter()
                 row.checks = [check_case(comp, target, dtype, device, at, variant, seed)
                               for variant in spec.variants]
+                row.seconds["check"] = time.perf_counter() - start
             if name == "native":
                 native = row.profile
             elif native is not None:

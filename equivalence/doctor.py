@@ -266,7 +266,7 @@ def _facts(env: _Env, device, build) -> list[Fact]:
         directory = build.build_dir(build.gpu_arch(device if device.type == "cuda" else None))
         built = directory.is_dir() and any(directory.rglob("*.so"))
         where = (f"{directory} ({'built: the next call loads it' if built else 'not built yet: '}"
-                 f"{'' if built else 'the first Level 5 call builds it, ~10 s on 16 cores'})")
+                 f"{'' if built else 'the first Level 5 call builds it, ~20 s on 16 cores'})")
     else:
         where = f"{build.cache_root()} (one build per torch/CUDA/GPU arch; nothing builds without a GPU)"
     facts.append(Fact("Level 5 build dir", where, True))

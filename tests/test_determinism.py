@@ -1,5 +1,6 @@
 """Determinism: the same inputs twice give bitwise the same outputs and gradients, at every
-level that runs here (tiny sizes, float32, both layouts, every variant).
+level that runs here (tiny sizes, float32, both layouts, every variant; on a GPU, every
+level at 'small' in float32 and bfloat16, run by `pytest -m gpu`).
 
 A level that is not deterministic must say why (atomics, autotuning) and the case is an
 xfail(strict=True) with that reason here. On the CPU none is: Levels 1-3 call the same
@@ -35,10 +36,26 @@ CASES = [(c, v, lay) for c in COMPONENTS for v in specs.get(c).variants for lay 
 @pytest.mark.parametrize("level", ("native", "torchscript", "compile", "triton"))
 @pytest.mark.parametrize("component, variant, layout", CASES)
 def test_same_inputs_give_the_same_bits(level, component, variant, layout):
-    reason = levels.status(level, "cpu", component)
+    _same_bits(level, component, variant, layout, "tiny", torch.float32, "cpu")
+
+
+# On a GPU: every level, at 'small' (several blocks per row or tile: where a split
+# reduction or an atomic would show) in float32 and bfloat16, under the harness's own
+# setting (torch.use_deterministic_algorithms, which poisoned_allocations switches on: it
+# makes cuBLAS and cuDNN pick their deterministic algorithms).
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("float32", "bfloat16"))
+@pytest.mark.parametrize("level", levels.LEVEL_NAMES)
+@pytest.mark.parametrize("component, variant, layout", CASES)
+def test_same_inputs_give_the_same_bits_on_gpu(level, component, variant, layout, dtype):
+    _same_bits(level, component, variant, layout, "small", dtype, "cuda")
+
+
+def _same_bits(level, component, variant, layout, size, dtype, device):
+    reason = levels.status(level, device, component)
     if reason:
         pytest.skip(f"{level}: {reason}")
-    case = specs.get(component).case("tiny", variant, torch.float32, "cpu", seed=3, layout=layout)
+    case = specs.get(component).case(size, variant, dtype, device, seed=3, layout=layout)
     _, _, upstream, _ = reference_case(case, seed=3)
     fn = getattr(levels.get(level), component)
     runs = []
@@ -50,6 +67,6 @@ def test_same_inputs_give_the_same_bits(level, component, variant, layout):
             runs.append(run_case(fn, case, upstream=upstream))
     (outs1, grads1), (outs2, grads2) = runs
     for name, a, b in zip(case.outputs, outs1, outs2):
-        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}]: {name} differs"
+        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}] {dtype}: {name} differs"
     for name, a, b in zip(case.differentiable, grads1, grads2):
-        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}]: grad {name} differs"
+        assert torch.equal(a, b), f"{level} {component}[{variant}, {layout}] {dtype}: grad {name} differs"

@@ -2,12 +2,14 @@
 
 Every grade runs each part in its own process (about 5 s each on a CPU: imports plus the
 tiny checks), so the submissions here are few and each is graded on the parts that say
-something about it."""
+something about it. Level 5 runs only on a GPU: its wiring is checked here on any machine,
+its rules by the `gpu`-marked tests (`pytest -m gpu`, skipped without one)."""
 
 import argparse
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,4 +218,188 @@ def test_kernel_level_gives_no_credit_for_pytorch_answers(tmp_path, cheat):
     assert refusal in test["reason"]
     # the numbers were right: the rule, not the harness, took the points
     assert [c["status"] for c in test["checks"]] == ["pass"] * 4
+    assert "checks did not pass" not in test["reason"]
+
+
+# ---------------------------------------------------------------------------------------
+# Level 5 (cuda): the same three rules, wired for its compiled ops. The wiring is checked
+# here without a GPU; the rules themselves, on a GPU (`pytest -m gpu`).
+# ---------------------------------------------------------------------------------------
+
+def test_each_kernel_level_forbids_the_others_code_and_not_its_own():
+    import importlib.util
+
+    import levels
+
+    triton, cuda = grading.other_level_code("triton"), grading.other_level_code("cuda")
+    assert {"levels/cuda.py", "cuda_kernels"} <= set(triton)
+    assert {"levels/triton.py", "triton_kernels"} <= set(cuda)
+    assert not {"levels/triton.py", "triton_kernels"} & set(triton)
+    assert not {"levels/cuda.py", "cuda_kernels"} & set(cuda)
+    for shared in ("levels/native.py", "levels/torchscript.py", "levels/compiled.py",
+                   "levels/auto.py", "numba_kernels"):
+        assert shared in triton and shared in cuda, shared
+    # every rung's module is named, under the harness's level names: a renamed module must
+    # not quietly drop out of the rule
+    assert set(grading.LEVEL_CODE) == set(levels.LEVEL_NAMES)
+    for info in levels.LEVELS:
+        assert importlib.util.find_spec(info.module).origin == str(
+            ROOT / grading.LEVEL_CODE[info.name][0]), info.name
+    for rel in set(triton) | set(cuda):
+        assert (ROOT / rel).exists(), rel
+    # the files the profiler watches at Level 5: Level 4's kernels, none of its own
+    watched = grading._forbidden_files({ROOT}, "cuda")
+    assert str(ROOT / "triton_kernels/layer_norm.py") in watched
+    assert str(ROOT / "numba_kernels/layer_norm.py") in watched
+    assert not [f for f in watched if "/cuda_kernels/" in f or f.endswith("levels/cuda.py")]
+    with pytest.raises(ValueError, match="argument 'level' must be one of"):
+        grading.other_level_code("auto")
+
+
+def test_the_grader_counts_the_namespace_the_build_registers():
+    from cuda_kernels import build  # importing it builds nothing
+
+    assert grading.CUDA_OP_NAMESPACE == build.OP_NAMESPACE
+    # and the GPU tests below still find the line they plant their cheats into
+    assert (ROOT / "cuda_kernels/layer_norm.py").read_text().count(CUDA_ANSWER) == 1
+    bindings = [p.read_text() for p in (ROOT / "cuda_kernels").glob("*_binding.cpp")]
+    assert bindings and all(f"TORCH_LIBRARY_FRAGMENT({build.OP_NAMESPACE}, m)" in text
+                            for text in bindings)
+
+
+def test_a_cuda_part_without_a_gpu_scores_zero_with_the_reason():
+    # by alias, as a config may name it: the part is still Level 5
+    result = grading.grade(ROOT, parts=[("layer_norm", 5, 3)], device="cpu")
+    (test,) = result["tests"]
+    assert (test["name"], test["level"], test["score"], test["max_score"], test["status"]) == (
+        "layer_norm @ cuda", "cuda", 0, 3, "failed")
+    assert test["reason"].startswith("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, "
+                                     "and this grader runs on cpu")
+    assert test["seconds"] == 0  # no process was started for it
+    assert (result["score"], result["max_score"]) == (0, 3)  # the points stay in the maximum
+    report = grading.gradescope(result)
+    assert report["tests"][0]["status"] == "failed"
+    assert "needs a CUDA GPU" in report["tests"][0]["output"]
+    assert "layer_norm @ cuda: 0/3 (needs a CUDA GPU" in report["output"]
+    # an alias of Level 4 is held to Level 4's kernel rules, as its name is
+    assert grading._named(grading.Part("layer_norm", "4")).level == "triton"
+    with pytest.raises(ValueError, match="part layer_norm @ fast: argument 'level' must be one of"):
+        grading.grade(ROOT, parts=[("layer_norm", "fast")], device="cpu")
+
+
+def test_level5_op_counter_counts_the_extension_ops_per_pass():
+    """A torch library defined here, from Python, stands in for the compiled extension (whose
+    ops cuda_kernels/build.py loads into torch.ops.levels_cuda): its ops are counted per pass
+    by the dispatch mode that also watches the fused ATen ops, and, being Python, they are
+    reported as not compiled."""
+    import torch
+
+    namespace = "levels_grade_fake_ext"
+    lib = torch.library.Library(namespace, "DEF")
+    try:
+        lib.define("scale(Tensor x) -> Tensor")
+        lib.define("scale_bwd(Tensor g) -> Tensor")
+        lib.impl("scale", lambda x: x * 3, "CPU")
+        lib.impl("scale_bwd", lambda g: g * 3, "CPU")
+        ops = getattr(torch.ops, namespace)
+        torch.library.register_autograd(f"{namespace}::scale", lambda ctx, g: ops.scale_bwd(g),
+                                        setup_context=lambda ctx, inputs, output: None)
+
+        def run_case():
+            x = torch.randn(2, 4, requires_grad=True)
+            y = ops.scale(ops.scale(x))  # twice forward, so twice backward
+            (grad,) = torch.autograd.grad(y.sum(), x)
+            torch.nn.functional.layer_norm(x.detach(), (4,))  # rule 3, in the same mode
+            return grad
+
+        launches, interpreted = {"forward": {}, "backward": {}}, {}
+        other, fused = {}, {}
+        counter = grading.OpCounter(namespace, "CPU", launches, interpreted)
+        watch = grading._watcher(ROOT, ROOT, "layer_norm", "cuda", other, fused, counter)
+        assert torch.equal(watch(run_case), torch.full((2, 4), 9.0))
+    finally:
+        lib._destroy()
+    assert launches == {"forward": {f"{namespace}::scale": 2},
+                        "backward": {f"{namespace}::scale_bwd": 2}}
+    assert set(interpreted) == {f"{namespace}::scale", f"{namespace}::scale_bwd"}
+    assert all(re.fullmatch(r".+\.py:\d+", where) for where in interpreted.values()), interpreted
+    assert fused == {"native_layer_norm": 1} and other == {}
+
+    notes = []
+    problems = grading._kernel_verdicts("cuda", launches, other, fused, interpreted, notes)
+    assert notes == [f"forward: your CUDA ops ran: {namespace}::scale x2",
+                     f"backward: your CUDA ops ran: {namespace}::scale_bwd x2"]
+    assert problems[0].startswith(f"not compiled from your cuda_kernels/: {namespace}::scale is "
+                                  f"Python (registered at ")
+    assert problems[1].startswith("PyTorch computed the component for you (ATen native_layer_norm)")
+    # nothing of the extension ran at all: rule 1 in both passes
+    empty = grading._kernel_verdicts("cuda", {"forward": {}, "backward": {}}, {}, {}, {}, [])
+    assert empty == [f"no op of your compiled cuda_kernels/ (torch.ops.levels_cuda, built from "
+                     f"your .cu files) ran in the {phase} pass: at a kernel level the answer must "
+                     f"come from your own kernel, not from PyTorch ops or another level"
+                     for phase in ("forward", "backward")]
+
+
+def test_a_compiled_op_is_not_reported_as_python():
+    import torch
+
+    # ATen's add: C++ registered by TORCH_LIBRARY_IMPL, as the Level 5 bindings are
+    where = grading.kernel_registration("aten::add.Tensor", "CPU")
+    assert where is not None and where.rsplit(":", 1)[0].endswith(".cpp"), where
+    launches, interpreted = {"forward": {}, "backward": {}}, {}
+    counter = grading.OpCounter("aten", "CPU", launches, interpreted)
+    watch = grading._watcher(ROOT, ROOT, "layer_norm", "cuda", {}, {}, counter)
+    watch(lambda: torch.ones(3) + torch.ones(3))
+    assert launches["forward"].get("aten::add", 0) == 1 and interpreted == {}
+
+
+CUDA_CHEATS = {
+    # the answer written out in PyTorch ops: every check passes, no op of the extension ran
+    "torch ops": (
+        ("    xf = x.float()\n"
+         "    m = xf.mean(-1, keepdim=True)\n"
+         "    var = ((xf - m) ** 2).mean(-1, keepdim=True)\n"
+         "    return ((xf - m) * torch.rsqrt(var + eps) * weight + bias).to(x.dtype)"),
+        ("no op of your compiled cuda_kernels/ (torch.ops.levels_cuda, built from your .cu "
+         "files) ran in the forward pass")),
+    # the real ops run (forward and backward) as a decoy, the value comes from Level 1
+    "another level": (
+        ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
+         "    y = y.view(x.shape)\n"
+         "    import levels\n"
+         "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()"),
+        "another level's code ran inside yours (levels/native.py:layer_norm"),
+    # the same decoy, the value from torch's fused layer_norm
+    "F.layer_norm": (
+        ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
+         "    y = y.view(x.shape)\n"
+         "    ref = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n"
+         "    return y + (ref - y).detach()"),
+        "PyTorch computed the component for you (ATen native_layer_norm)"),
+}
+CUDA_ANSWER = ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
+               "    return y.view(x.shape)")
+
+
+@pytest.mark.gpu
+def test_cuda_reference_scores_full():
+    (test,) = grading.grade(ROOT, parts=[("layer_norm", "cuda")], timeout_s=600)["tests"]
+    assert (test["score"], test["status"]) == (10, "passed"), test["output"]
+    output = test["output"]
+    for phase, op in (("forward", "layer_norm_fwd"), ("backward", "layer_norm_bwd")):
+        assert re.search(rf"{phase}: your CUDA ops ran: levels_cuda::{op} x\d+", output), output
+    assert "not compiled" not in output  # the build's ops: registered from its .cpp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cheat", CUDA_CHEATS)
+def test_cuda_level_gives_no_credit_for_pytorch_answers(tmp_path, cheat):
+    new, refusal = CUDA_CHEATS[cheat]
+    sub = copy_repo(tmp_path / "sub")
+    edit(sub / "cuda_kernels/layer_norm.py", CUDA_ANSWER, new)
+    (test,) = grading.grade(sub, parts=[("layer_norm", "cuda")], timeout_s=600)["tests"]
+    assert test["score"] == 0 and test["status"] == "failed"
+    assert refusal in test["reason"], test["output"]
+    # the numbers were right: the rule, not the harness, took the points
+    assert [c["status"] for c in test["checks"]] == ["pass"] * 4, test["output"]
     assert "checks did not pass" not in test["reason"]
