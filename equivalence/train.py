@@ -92,8 +92,8 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 #   small  a real CPU run (Levels 1-3; the interpreter is refused)
 #   gpu    realistic sizes, bf16: GPT-2 small (768 wide, 12 heads, 12 layers, 1024 tokens),
 #          an LSTM LM of hidden 1024 at batch 64, a ResNet-ish CNN on 64x64 images. The LSTM's
-#          windows are 64 tokens: Level 3 compiles the time loop in graphs of a few steps
-#          (levels/compiled.py LSTM_CHUNK; the whole loop took 47 s at T=64 on the H100); its
+#          windows are 64 tokens: Level 3 unrolls the time loop into one graph, whose compile
+#          took 47 s at T=64 on the H100 (reports/h100-compare.json) and grows with T; its
 #          embedding is as wide as its hidden state so that both layers have one shape (one
 #          compile, not two)
 # A 16-bit dtype means the parameters themselves are 16-bit (Adam's state too), with no fp32

@@ -82,8 +82,7 @@ SUITE = "models"
 GPU_LEVELS = ("triton", "cuda")
 # Level 3 is not in the CPU smoke run by default: it compiles anew at every shape, seconds
 # to a minute each on a CPU (measured on 2 cores: 43 of the suite's entries took 686 s,
-# each LSTM shape 20-80 s when Dynamo unrolled its whole time loop; it now compiles graphs
-# of LSTM_CHUNK steps, fewer seconds, still one compile per shape). `--level compile` asks for it.
+# each LSTM shape 20-80 s as Dynamo unrolls its time loop). `--level compile` asks for it.
 CPU_LEVELS = ("native", "torchscript")
 CPU_DTYPE = "float32"  # what CPU users run, and what `levels compare` uses on a CPU
 
