@@ -29,6 +29,10 @@ import sys
 import threading
 import warnings
 
+import numpy as np
+from numba.core import types
+from numba.np import numpy_support
+
 _LOCK = threading.Lock()
 _INSTALLED = False
 
@@ -37,10 +41,6 @@ def _shared_array(self, shape, dtype):
     """FakeCUDAShared.array, with the look-up and the insert made one atomic step."""
     if shape == 0:
         return _ORIGINAL(self, shape, dtype)
-    from numba.core import types
-    from numba.np import numpy_support
-    import numpy as np
-
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
     caller = sys._getframe(1)

@@ -45,13 +45,19 @@ def unavailable_reason(device) -> str | None:
     return None
 
 
-def _cudnn_lstm(args):
+def _cudnn_module(args):
+    """nn.LSTM (cuDNN on a GPU) holding the same weights as `args`, in its flat layout."""
     I, H = args["x"].shape[-1], args["w_hh"].shape[1]
     m = torch.nn.LSTM(I, H, batch_first=True).to(device=args["x"].device, dtype=args["x"].dtype)
     with torch.no_grad():
         for name in ("w_ih", "w_hh", "b_ih", "b_hh"):
             getattr(m, f"{name.replace('w_', 'weight_').replace('b_', 'bias_')}_l0").copy_(args[name])
     m.flatten_parameters()
+    return m
+
+
+def _cudnn_lstm(args):
+    m = _cudnn_module(args)
     return lambda: m(args["x"], (args["h0"], args["c0"]))
 
 
@@ -152,12 +158,7 @@ def _train_step(fn, leaves, upstream):
 
 def _cudnn_train(args, leaves):
     """nn.LSTM (cuDNN) forward + backward on the same values; the weights are its parameters."""
-    I, H = args["x"].shape[-1], args["w_hh"].shape[1]
-    m = torch.nn.LSTM(I, H, batch_first=True).to(device=args["x"].device, dtype=args["x"].dtype)
-    with torch.no_grad():
-        for name in ("w_ih", "w_hh", "b_ih", "b_hh"):
-            getattr(m, f"{name.replace('w_', 'weight_').replace('b_', 'bias_')}_l0").copy_(args[name])
-    m.flatten_parameters()
+    m = _cudnn_module(args)
     x, h0, c0 = leaves[0], leaves[1], leaves[2]
     params = [x, h0, c0, *m.parameters()]
 
