@@ -177,14 +177,75 @@ def reset() -> None:
     torch._dynamo.reset()
 
 
+def _dynamo_reason() -> str | None:
+    """Why Dynamo cannot run under this Python, or None.
+
+    Once Dynamo is imported (any compiled call imports it), Dynamo answers. Before that,
+    `_dynamo_rule` does: importing torch._dynamo only to ask costs 1.4 s on a 2-core CPU,
+    and `levels doctor` answers in a second."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo import is_dynamo_supported
+        return None if is_dynamo_supported() else "torch.compile (Dynamo) does not support this Python"
+    return _dynamo_rule()
+
+
+def _dynamo_rule() -> str | None:
+    """The rule torch.compile applies on entry, without importing Dynamo. A test holds it to
+    Dynamo's own answer for every Python the rule distinguishes, so a torch that changes
+    its rule fails that test instead of drifting silently."""
+    import importlib.util
+    import sys
+    import sysconfig
+
+    if importlib.util.find_spec("torch._dynamo") is None:
+        return "this torch has no torch._dynamo: torch.compile needs torch >= 2.0"
+    if sys.version_info >= (3, 15):
+        return "torch.compile does not support Python 3.15+ in this torch"
+    if sysconfig.get_config_var("Py_GIL_DISABLED") == 1 and sys.version_info < (3, 13, 3):
+        return "torch.compile does not support a free-threaded Python older than 3.13.3"
+    return None
+
+
+def _cpp_compiler_reason() -> str | None:
+    """Why Inductor finds no C++ compiler for CPU code, or None. As with Dynamo: Inductor
+    answers once it is imported, `_cpp_compiler_rule` before that."""
+    import sys
+
+    if "torch._inductor" in sys.modules:
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+            get_cpp_compiler()
+        except Exception as exc:  # noqa: BLE001
+            return f"Inductor needs a C++ compiler for CPU code and found none ({exc})"
+        return None
+    return _cpp_compiler_rule()
+
+
+def _cpp_compiler_rule() -> str | None:
+    """Inductor's compiler search without importing Inductor: `$CXX`, else g++ (clang++ on
+    macOS), and its `--version` must run. Held to Inductor's answer by a test."""
+    import subprocess
+    import sys
+
+    cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    try:
+        subprocess.run([cxx, "--version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return (f"Inductor needs a C++ compiler for CPU code and found none (`{cxx} --version` "
+                f"failed: {type(exc).__name__}); install g++ or set CXX")
+    return None
+
+
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
     device = torch.device(device)
     try:
-        from torch._dynamo import is_dynamo_supported
-        if not is_dynamo_supported():
-            return "torch.compile (Dynamo) does not support this Python / platform"
+        reason = _dynamo_reason()
     except Exception as exc:  # noqa: BLE001
         return f"torch.compile is not usable here: {type(exc).__name__}: {exc}"
+    if reason:
+        return reason
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return "no CUDA device here (torch.cuda.is_available() is False)"
@@ -193,11 +254,7 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
             return ("Inductor generates GPU kernels in Triton, and Triton is not installed or "
                     "does not support this GPU")
     elif device.type == "cpu":
-        try:
-            from torch._inductor.cpp_builder import get_cpp_compiler
-            get_cpp_compiler()
-        except Exception as exc:  # noqa: BLE001
-            return f"Inductor needs a C++ compiler for CPU code and found none ({exc})"
+        return _cpp_compiler_reason()
     return None
 
 

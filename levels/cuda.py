@@ -105,7 +105,16 @@ def uses_tf32(component: str, device, dtype: torch.dtype) -> bool:
 _MODULES: dict = {}  # component -> cuda_kernels.<component>, once its ops are loaded
 
 
-@torch.compiler.assume_constant_result
+def _constant_under_compile(fn):
+    """torch.compiler.assume_constant_result(fn), minus its `import torch._dynamo` (1.4 s on a
+    2-core CPU, paid by every `levels doctor` that merely asks whether Level 5 runs). The
+    decorator only sets this attribute, which Dynamo reads while tracing; a test holds the two
+    to the same effect, so a torch that marks functions differently fails there."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_under_compile
 def _availability(component: str, device_index: int) -> str:
     """'' once `component`'s ops are built, loaded and registered on cuda:device_index, else
     the error ('N' + text: not implemented here, 'B' + text: the build or toolchain). Builds
@@ -128,7 +137,7 @@ def _availability(component: str, device_index: int) -> str:
     return ""
 
 
-@torch.compiler.assume_constant_result
+@_constant_under_compile
 def _reason_on(component: str, device_type: str) -> str:
     """unavailable_reason as a constant torch.compile can trace past (it reads files)."""
     return unavailable_reason(torch.device(device_type), component) or ""

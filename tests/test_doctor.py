@@ -165,3 +165,84 @@ def test_gpu_facts_from_a_faked_gpu(monkeypatch, tmp_path):
     assert not list(tmp_path.iterdir())  # it looked, and created nothing
     # Level 5 asked about the CPU on a GPU machine: its reason, and the doctor's command
     assert report.level("cuda").fix == "levels doctor --device cuda"
+
+
+# ---------------------------------------------------------------------------------------
+# In a second: asking whether Levels 3 and 5 run must not import Dynamo or Inductor (1.4 s
+# on a 2-core CPU). The levels answer with the rules those libraries apply; these tests
+# hold each rule to the library's own answer, so a torch that changes one fails here.
+# ---------------------------------------------------------------------------------------
+
+def test_doctor_imports_neither_dynamo_nor_inductor():
+    import subprocess
+    import sys
+
+    code = ("import sys; from equivalence import doctor; r = doctor.diagnose('cpu'); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules)); "
+            "print(r.seconds)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    imported, seconds = out.stdout.split("\n")[:2]
+    assert imported == "[]", f"the doctor imported {imported} (checked in {seconds} s)"
+
+
+@pytest.mark.parametrize("version", [(3, 11, 7), (3, 12, 0), (3, 13, 2), (3, 13, 3), (3, 14, 1),
+                                     (3, 15, 0), (3, 16, 0)])
+@pytest.mark.parametrize("gil_disabled", [0, 1])
+def test_level3_python_rule_is_dynamos(monkeypatch, version, gil_disabled):
+    import sys
+    import sysconfig
+
+    from torch._dynamo.eval_frame import check_if_dynamo_supported
+
+    from levels import compiled
+
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(sysconfig, "get_config_var",
+                        lambda name: gil_disabled if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(sys, "version_info", version)
+    try:
+        check_if_dynamo_supported()
+        dynamo_says = None
+    except RuntimeError as exc:
+        dynamo_says = str(exc)
+    ours = compiled._dynamo_rule()
+    monkeypatch.undo()
+    assert (ours is None) == (dynamo_says is None), (version, gil_disabled, ours, dynamo_says)
+
+
+@pytest.mark.parametrize("cxx", [None, "no-such-compiler-levels-test"])
+def test_level3_cpp_compiler_rule_is_inductors(monkeypatch, cxx):
+    from torch._inductor import config, cpp_builder
+
+    from levels import compiled
+
+    if cxx is not None:
+        monkeypatch.setenv("CXX", cxx)
+        monkeypatch.setattr(config.cpp, "cxx", (None, cxx))  # Inductor reads $CXX at import
+    cpp_builder.cpp_compiler_search.cache_clear()
+    try:
+        cpp_builder.get_cpp_compiler()
+        inductor_found = True
+    except Exception:  # noqa: BLE001 - InvalidCxxCompiler
+        inductor_found = False
+    finally:
+        cpp_builder.cpp_compiler_search.cache_clear()
+    ours = compiled._cpp_compiler_rule()
+    assert (ours is None) == inductor_found, ours
+    if cxx is not None:
+        assert cxx in ours and "set CXX" in ours
+
+
+def test_level5_constant_mark_is_torch_compilers():
+    from levels import cuda
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    cuda._constant_under_compile(ours)
+    torch.compiler.assume_constant_result(theirs)
+    assert vars(ours) == vars(theirs) != {}
