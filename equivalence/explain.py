@@ -339,7 +339,8 @@ def inductor_code(component: str, case: specs.Case, device, backward: bool = Tru
     # Inductor hands every module it writes (or loads from its cache) to this hook;
     # torch._inductor.utils.run_and_get_code uses the same one, but resets all of Dynamo.
     with mock.patch.object(GraphLowering, "save_output_code", codes.append, create=True):
-        _run(lambda **kw: fn(*compiled.prepare(component, **kw)), case, backward=backward)
+        _run(lambda **kw: compiled.call(component, fn, compiled.prepare(component, **kw)), case,
+             backward=backward)
     return codes
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,8 @@ class Profile:
     ceilings: dict | None = None  # equivalence.ceilings.Ceilings.to_dict() of this device
     trace: str | None = None  # path of the Chrome trace, if one was asked for
     notes: str = ""
+    # where the wall time went: inputs, first_call, fwd, fwd_bwd, memory (host, trace)
+    wall_s: dict = field(default_factory=dict)
 
     def throughput(self, which: str = "fwd") -> dict:
         """Achieved TFLOP/s and TB/s of a pass (from the spec's FLOPs and minimum bytes), and
@@ -83,6 +86,18 @@ class Profile:
         d = asdict(self)
         d["throughput"] = {"fwd": self.throughput("fwd"), "fwd_bwd": self.throughput("fwd+bwd")}
         return d
+
+
+class _Laps:
+    """lap(name) records the seconds since the previous lap (or since creation) in `into`."""
+
+    def __init__(self, into: dict):
+        self.into, self.last = into, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = round(now - self.last, 3)
+        self.last = now
 
 
 def _passes(fn, case: specs.Case, seed: int):
@@ -207,12 +222,18 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
         p.status, p.reason = "untimed", "Triton's CPU interpreter is an emulation, not a speed"
         return p
     fn = getattr(module, component)
+    lap = _Laps(p.wall_s)
     forward, forward_backward = _passes(fn, case, seed)
+    lap("inputs")
     try:
         _timed_first_call(p, name, forward_backward, device)
+        lap("first_call")
         p.fwd = time_fn(forward, device, min_time_s=min_time_s).to_dict()
+        lap("fwd")
         p.fwd_bwd = time_fn(forward_backward, device, min_time_s=min_time_s).to_dict()
+        lap("fwd_bwd")
         p.peak_memory_mb = peak_memory_mb(forward_backward, device)
+        lap("memory")
         if host_size is not None:
             small = spec.case(host_size, variant, dtype, device, seed)
             p.host = time_host(_passes(fn, small, seed)[1], device,
@@ -223,6 +244,7 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
             p.trace = _trace(forward_backward, device,
                              Path(trace_dir) / f"{component}-{file_name}.json",
                              f"{component} {name} fwd+bwd")
+        lap("host_and_trace")
     except Exception as exc:  # noqa: BLE001 - reported, never hidden
         p.status, p.reason = "error", f"{type(exc).__name__}: {exc}"
         return p

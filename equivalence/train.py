@@ -92,8 +92,8 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 #   small  a real CPU run (Levels 1-3; the interpreter is refused)
 #   gpu    realistic sizes, bf16: GPT-2 small (768 wide, 12 heads, 12 layers, 1024 tokens),
 #          an LSTM LM of hidden 1024 at batch 64, a ResNet-ish CNN on 64x64 images. The LSTM's
-#          windows are 64 tokens: Level 3 unrolls the time loop into one graph, whose compile
-#          took 47 s at T=64 on the H100 (reports/h100-compare.json) and grows with T; its
+#          windows are 64 tokens: Level 3 compiles the time loop in graphs of a few steps
+#          (levels/compiled.py LSTM_CHUNK; the whole loop took 47 s at T=64 on the H100); its
 #          embedding is as wide as its hidden state so that both layers have one shape (one
 #          compile, not two)
 # A 16-bit dtype means the parameters themselves are 16-bit (Adam's state too), with no fp32
@@ -145,6 +145,7 @@ class Run:
     val_loss: float | None = None
     graph_breaks: int | None = None
     aliased_gradients: list = field(default_factory=list)  # pairs of parameters sharing a .grad
+    breakdown: dict | None = None   # --breakdown: ms per step by layer type (equivalence.breakdown)
 
     def timing(self, items_per_step: int) -> dict | None:
         """First step, steady-state median and p20/p80 (after WARMUP steps), items/s."""
@@ -373,6 +374,19 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
 # Agreement of the loss curves
 # ---------------------------------------------------------------------------------------
 
+def _breakdown(net, inner, run: Run, batches, lr: float, world_size: int) -> dict:
+    """This run's step time by layer type (see equivalence.breakdown), or why there is none."""
+    from .breakdown import breakdown
+
+    if world_size > 1:
+        return {"skipped": "one process at a time: rerun without torchrun"}
+    if run.whole_model_compiled:
+        return {"skipped": "the whole model is compiled: the layer hooks would break its graph"}
+    if run.interpreted:
+        return {"skipped": "Triton's CPU interpreter is an emulation, not a speed"}
+    return breakdown(net, inner, (batches * 4)[:4], loss_of, lr)  # a short run's batches again
+
+
 def model_uses_tf32(model: str, level: str, device, dtype: torch.dtype) -> bool:
     """Whether `level` runs any of `model`'s float32 components in TF32 on `device` (each
     level says so itself, as for the harness: e.g. cuDNN's fp32 convolutions by default)."""
@@ -417,7 +431,7 @@ def agreement(runs: list[Run], dtype: torch.dtype, reference: str = REFERENCE,
 def train(model: str = "gpt", level_names=("native",), baselines=("torch",), preset_name: str = "tiny",
           steps: int | None = None, device=None, dtype: str | None = None, seed: int = 0,
           batch: int | None = None, compile_model: bool = False, compile_mode: str | None = None,
-          on_run=None, on_step=None) -> dict:
+          on_run=None, on_step=None, breakdown: bool = False) -> dict:
     """Train `model` at each of `level_names` (and each baseline) from the same weights on the
     same batches; returns the report `levels train` writes. Progress callbacks:
     on_run(run, phase, steps, items_per_step) with phase "start" before a run (or its skip) and
@@ -484,6 +498,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                     net, inner, train_batches, val_batches, p["lr"],
                     on_step=(lambda s, loss, sec, run=run: on_step(run, s, loss, sec, items_per_step))
                     if on_step else None, aliased=run.aliased_gradients)
+                if breakdown:
+                    run.breakdown = _breakdown(net, inner, run, train_batches, p["lr"], size)
             except Exception as exc:  # noqa: BLE001 - a level that raises is a result, reported
                 traceback.print_exc()  # into the log (the command sends library output there)
                 run.status, run.reason = "error", f"{type(exc).__name__}: {exc}"[:2000]
@@ -500,7 +516,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                      "seed": seed, "levels": list(level_names), "baselines": list(baselines),
                      "compile_model": compile_model, "compile_mode": mode, "world_size": size,
                      "ddp_backend": ("nccl" if device.type == "cuda" else "gloo") if size > 1 else None,
-                     "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit},
+                     "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit,
+                     "breakdown": breakdown},
         "data": about,
         "environment": environment.describe(device),
         "runs": [r.to_dict(items_per_step) for r in runs],
@@ -681,6 +698,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="torch.compile the whole model of every run (graph breaks are counted)")
     p.add_argument("--compile-mode", help="torch.compile mode for Level 3 and --compile "
                                           "(default: 'default', or $LEVELS_COMPILE_MODE)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="after training, profile 3 more steps of each run with torch.profiler and "
+                        "print where the step's time goes, by layer type (attention, MLP, "
+                        "layer norm, LSTM, conv, embedding, optimizer, other)")
     p.add_argument("--out", default="levels-reports",
                    help="directory for train-<model>-<preset>.json, .png and .log")
     return p
@@ -755,7 +776,8 @@ def _run(args, console, names, baselines, device) -> int:
 
             unit = "images/s" if args.model == "cnn" else "tokens/s"
             report = train(args.model, names, baselines, args.preset, args.steps, device, args.dtype,
-                           args.seed, args.batch, args.compile, args.compile_mode, on_run, on_step)
+                           args.seed, args.batch, args.compile, args.compile_mode, on_run, on_step,
+                           getattr(args, "breakdown", False))
         if rank != 0:
             return exit_code(report)
         json_path, png_path = save(report, out)
@@ -811,9 +833,39 @@ def _run(args, console, names, baselines, device) -> int:
                   f"(the harness's {s['dtype']} bound){with_tf32} for the first {agree['early_steps']} "
                   f"steps, ≤ {agree['drift_bound']:g} after (training is chaotic: see equivalence/train.py)",
                   markup=False, highlight=False)
+    if s.get("breakdown"):
+        _print_breakdown(report, console)
     console.print(f"wrote {json_path} and {png_path}; library messages in {log_path}",
                   markup=False, highlight=False)
     return exit_code(report)
+
+
+def _print_breakdown(report: dict, console) -> None:
+    from rich.table import Table
+
+    runs = [r for r in report["runs"] if r["status"] == "ok" and r.get("breakdown")]
+    done = [r for r in runs if "ms_per_step" in r["breakdown"]]
+    for r in runs:
+        if "skipped" in r["breakdown"]:
+            console.print(f"breakdown of {r['name']}: skipped, {r['breakdown']['skipped']}", markup=False)
+    if not done:
+        return
+    clock = done[0]["breakdown"]["clock"]
+    table = Table(title=f"where a training step's time goes ({clock}, ms per step and share; "
+                        f"torch.profiler over {done[0]['breakdown']['steps']} steps)")
+    table.add_column("layer type")
+    for r in done:
+        table.add_column(_label(r), justify="right")
+    kinds = list(dict.fromkeys(k for r in done for k in r["breakdown"]["ms_per_step"]))
+    for kind in kinds:
+        cells = []
+        for r in done:
+            b = r["breakdown"]
+            ms = b["ms_per_step"].get(kind)
+            cells.append("" if ms is None else f"{ms:.2f} ({b['fraction'][kind]:.0%})")
+        table.add_row(kind, *cells)
+    table.add_row("step", *(f"{r['breakdown']['step_ms']:.2f}" for r in done), style="bold")
+    console.print(table)
 
 
 def main(argv=None) -> int:

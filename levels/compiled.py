@@ -21,18 +21,21 @@ tried (torch 2.13), and gets Inductor's own fused softmax kernel between two GEM
 full variant when the rewrite is off.
 
 What it costs: compilation. The first call with a new shape, dtype, variant, grad mode or
-deterministic setting traces and compiles (seconds; tens of seconds for the unrolled LSTM
-loop or with max-autotune); later calls check guards and launch the cached code. The
-harness times the first call separately and `levels compare` reports the break-even call
+deterministic setting traces and compiles (seconds; tens of seconds with max-autotune);
+later calls check guards and launch the cached code. The LSTM compiles its time loop in
+chunks of a few steps, not whole (see below: compile time would grow with the sequence).
+The harness times the first call separately and `levels compare` reports the break-even call
 count. Note that the equivalence check runs under torch.use_deterministic_algorithms,
 which Dynamo guards on: the check and the timing compile separate graphs.
 
 Settings (documented choices, changeable with `configure()` or environment variables):
-  mode     LEVELS_COMPILE_MODE. Default: "default" on a CPU, "max-autotune-no-cudagraphs"
-           on a GPU (autotunes GEMM/conv templates against cuBLAS/cuDNN: slower compile,
-           faster kernels). CUDA graphs stay off: the harness passes fresh tensors every
-           call, and conv_bn's training mode updates its running statistics in place,
-           both of which CUDA-graph replay would turn into copies or errors.
+  mode     LEVELS_COMPILE_MODE. Default: "default" everywhere, what `torch.compile(model)`
+           gives a newcomer. "max-autotune-no-cudagraphs" benchmarks GEMM/conv templates
+           against cuBLAS/cuDNN for every shape: faster kernels at times, much slower
+           first calls (the LSTM at the bench shape on the H100: 58.7 s cold against
+           9.6 s in "default"). CUDA graphs stay off: the harness passes fresh tensors
+           every call, and conv_bn's training mode updates its running statistics in
+           place, both of which CUDA-graph replay would turn into copies or errors.
   dynamic  LEVELS_COMPILE_DYNAMIC=1. Default False: every new shape compiles a graph
            specialized to it (the fastest code, one compile per shape). True compiles
            symbolic-shape kernels that serve all sizes, at some speed cost.
@@ -49,7 +52,7 @@ from . import native
 from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
                        validate_mlp)
 
-DEFAULT_MODES = {"cpu": "default", "cuda": "max-autotune-no-cudagraphs"}
+DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
 
 # Each distinct (shape, dtype, variant, grad mode, deterministic mode) is one more compiled
@@ -143,15 +146,41 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #               one fused scale-mask-softmax kernel
 #   layer_norm  one "persistent reduction" kernel per row block: statistics and output
 #   mlp         the bias and the GELU in one pass over the first GEMM's output
-#   lstm        Dynamo unrolls the time loop: T copies of the cell in one graph, each a
-#               GEMM plus one fused kernel for all the gate math (long T, long compile)
+#   lstm        the time loop in graphs of LSTM_CHUNK steps: Dynamo unrolls a loop, so
+#               each graph holds that many copies of the cell (a GEMM plus one fused
+#               kernel for all the gate math), and Level 1's loop calls it T / LSTM_CHUNK
+#               times. The chunk is the trade-off between the two ways to get it wrong:
+#               the whole loop in one graph compiles for a time that grows with T (61 s
+#               cold at T = 64 on an H100, forward and backward) and again for every new T;
+#               one step per graph compiles in ~3 s but pays Dynamo's guards and the
+#               autograd wrapper on the host at every step (~0.3 ms a step there: 4x the
+#               unrolled loop's steady time). A last, shorter chunk is one more graph.
 #   conv_bn     the normalization fused into one pass after the convolution; BN is folded
 #               into the weights only when they are constants (freezing), which a
 #               training-capable call is not; in training mode AOTAutograd turns the
 #               in-place running-stat updates into a functional graph plus copies back
 # ---------------------------------------------------------------------------------------
 
-MATH = {c: getattr(native, f"{c}_math") for c in ("attention", "layer_norm", "mlp", "lstm", "conv_bn")}
+# What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
+MATH = {c: getattr(native, f"{c}_math") for c in ("attention", "layer_norm", "mlp", "conv_bn")}
+MATH["lstm"] = native.lstm_steps
+LSTM_CHUNK = 8  # time steps per compiled graph
+
+
+def call(component: str, fn, args: tuple):
+    """Run `fn` (MATH[component], compiled) on a contract call's prepared `args`: directly,
+    or for the LSTM as Level 1's time loop, LSTM_CHUNK steps per call."""
+    if component != "lstm":
+        return fn(*args)
+
+    def steps(x_proj, b_hh, h, c, w_hh):
+        outs = []
+        for t0 in range(0, x_proj.shape[1], LSTM_CHUNK):
+            out, h, c = fn(x_proj[:, t0:t0 + LSTM_CHUNK], b_hh, h, c, w_hh)
+            outs.append(out)
+        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), h, c
+
+    return native.lstm_math(*args, steps=steps)
 
 
 def compiled(component: str, device: str | torch.device = "cpu"):
@@ -299,7 +328,7 @@ _PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:
-    """Validate a contract call and return the positional arguments of `MATH[component]`."""
+    """Validate a contract call and return the positional arguments for `call(component, ...)`."""
     if component not in _PREPARE:
         raise ValueError(f"argument 'component' must be one of {', '.join(MATH)}; "
                          f"got {component!r}")
@@ -323,7 +352,7 @@ def mlp(x, w1, b1, w2, b2):
 
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     args = _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
-    return compiled("lstm", x.device)(*args)
+    return call("lstm", compiled("lstm", x.device), args)
 
 
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,

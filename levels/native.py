@@ -110,23 +110,34 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
-def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh, steps=None):
     # The input projection does not depend on h, so all T steps share one big GEMM
     # (B*T rows) before the loop; only h @ W_hh^T must stay inside it.
+    # `steps`: what runs the time loop (default lstm_steps; Level 3 passes its compiled
+    # one, a few steps per graph: see levels/compiled.py).
+    x_proj = F.linear(x, w_ih, b_ih)  # (B, T, 4H)
+    out, h, c = (steps or lstm_steps)(x_proj, b_hh, h0, c0, w_hh)
+    return out, (h, c)
+
+
+def lstm_steps(x_proj, b_hh, h0, c0, w_hh):
+    """The time loop from states h0, c0 of shape (1, B, H); returns (out, h, c), the states
+    in that shape again. (Returning h and c themselves, which the loop also reads, from a
+    graph compiled for meta tensors breaks Inductor 2.13's meta pass: it replaces graph
+    outputs by empty tensors placed after their users. Views of them are safe.)"""
     # b_hh is added in the loop (as nn.LSTM's equations write it), not folded into the
     # projection's bias as b_ih + b_hh: a compiled graph hands a sum's two inputs one
     # gradient tensor, and two parameters whose .grad is the same memory are scaled twice by
     # clip_grad_norm_ (found by `levels train`). Inductor fuses the add into the gate math.
-    x_proj = F.linear(x, w_ih, b_ih)  # (B, T, 4H)
     h, c = h0[0], c0[0]
     outputs = []
-    for t in range(x.shape[1]):
+    for t in range(x_proj.shape[1]):
         gates = x_proj[:, t] + b_hh + h @ w_hh.t()
         i, f, g, o = gates.chunk(4, dim=-1)  # nn.LSTM's gate order
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         outputs.append(h)
-    return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
+    return torch.stack(outputs, dim=1), h.unsqueeze(0), c.unsqueeze(0)
 
 
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,

@@ -105,3 +105,55 @@ def test_trace_is_a_chrome_trace(tmp_path):
     names = {e.get("name", "") for e in data["traceEvents"]}
     assert {"layer_norm native fwd+bwd #1", "layer_norm native fwd+bwd #3"} <= names
     assert "aten::rsqrt" in names  # the ops inside each call, not only our labels
+
+
+def test_level5_built_in_the_background_is_charged_to_its_first_row(monkeypatch):
+    # compare builds Level 5 in a thread while the rows before it run; the first Level 5
+    # row waits for it and its first call is charged with the build, once.
+    import threading
+
+    from equivalence.compare import Level5Build
+
+    build = types.SimpleNamespace(loaded=lambda: False, last_build=lambda: None)
+    ran = threading.Event()
+
+    def load(device):
+        ran.set()
+        build.last_build = lambda: {"seconds": 24.5, "cached": False, "dir": "/tmp/ext"}
+
+    build.load = load
+    monkeypatch.setitem(sys.modules, "cuda_kernels.build", build)
+    monkeypatch.setattr(__import__("cuda_kernels"), "build", build, raising=False)
+    background = Level5Build("cuda")
+    background.thread.join(timeout=10)
+    assert ran.is_set() and background.error is None
+    first, second = _blank("cuda"), _blank("cuda")
+    for p in (first, second):
+        p.status, p.first_call_ms = "ok", 300.0
+        background.charge(p)
+    assert first.first_call_ms == pytest.approx(24_800.0) and first.first_call_cache == "cold"
+    assert "built in the background" in first.first_call_cache_detail
+    assert second.first_call_ms == 300.0  # the build is paid once
+
+
+def test_level5_build_failure_in_the_background_is_kept_for_the_rows(monkeypatch):
+    from equivalence.compare import Level5Build
+
+    def load(device):
+        raise RuntimeError("nvcc: error")
+
+    build = types.SimpleNamespace(loaded=lambda: False, last_build=lambda: None, load=load)
+    monkeypatch.setitem(sys.modules, "cuda_kernels.build", build)
+    monkeypatch.setattr(__import__("cuda_kernels"), "build", build, raising=False)
+    background = Level5Build("cuda")
+    background.thread.join(timeout=10)
+    assert isinstance(background.error, RuntimeError)
+    p = _blank("cuda")
+    p.status, p.reason = "error", "BuildError: nvcc: error"
+    background.charge(p)  # an error row keeps its own reason and is not charged
+    assert p.first_call_ms is None or p.first_call_ms == _blank("cuda").first_call_ms
+
+
+def test_compare_starts_no_level5_build_without_a_gpu():
+    from equivalence.compare import Level5Build
+    assert Level5Build.start("cpu") is None

@@ -135,6 +135,17 @@ def test_gemm_even_k_comes_from_each_config():
     assert "EVEN_K" in gemm_autotuned.fn.values  # a heuristic evaluated after the pick
 
 
+def test_gemm_tile_comes_from_the_problem_size():
+    # The wide tile only when its tiles alone fill the GPU; the MLP bench shape gets the
+    # tile the autotuner picked there, a 1000-row GEMM the tile with twice the programs.
+    from triton_kernels.gemm import BIG_TILE, MID_TILE, tile_for
+    assert tile_for(8192, 16384, sms=132) is BIG_TILE
+    assert tile_for(1000, 3072, sms=132) is MID_TILE  # 8 x 12 = 96 wide tiles < 132 SMs
+    assert tile_for(128 * 12, 256 * 11, sms=132) is BIG_TILE  # exactly 132
+    assert tile_for(128 * 12, 256 * 11 - 1, sms=132) is BIG_TILE  # still 11 columns
+    assert tile_for(128 * 11, 256 * 12, sms=133) is MID_TILE
+
+
 # ------------------------------------------------------------------------------ GPU only --
 
 @pytest.mark.gpu

@@ -25,7 +25,8 @@ What it adds over torch.compile / cuDNN + a BN kernel:
 Measured (H100, bf16 channels_last, N=32, 128 -> 256, 64x64, 3x3 pad 1,
 reports/h100-bench.json and h100-triton-part-a.json): eval forward 0.26-0.34 ms =
 228-301 TFLOP/s, 0.83-1.10x eager cuDNN Conv2d + BatchNorm2d over three runs (goal
-0.75x; the autotuner's pick between close configs varies from run to run); train forward
+0.75x; measured when an autotuner picked between two close tiles, which the size rule of
+_fwd_tile now does without timing them); train forward
 0.63-0.76x, train forward+backward 0.43-0.60x (the statistics and BN-backward passes over
 y are separate kernels).
 
@@ -47,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import column_sum, grouped_tile
+from .gemm import autotuning, column_sum, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -433,18 +434,27 @@ def uses_tf32(device, dtype) -> bool:
 # ---------------------------------------------------------------------------------------
 
 def _fwd_configs():
-    return [
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
-                      num_stages=3, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
-                      num_stages=3, num_warps=8),
-    ]
+    return [_FWD_MID, _FWD_BIG]
 
+
+_FWD_MID = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                         num_stages=3, num_warps=8)
+_FWD_BIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
+                         num_stages=3, num_warps=8)
 
 conv_fwd_autotuned = triton.autotune(
     configs=_fwd_configs(),
     key=["P", "C_in", "C_out", "H", "W", "sxn", "sxc", "sxh", "sxw", "swo", "swc"],
 )(conv_fwd_kernel)
+
+
+def _fwd_tile(P: int, C_out: int, device) -> dict:
+    """The forward's 16-bit tile from the problem's size, as gemm.tile_for chooses a GEMM's
+    (the implicit GEMM's output is P x C_out): the wide tile only when its tiles alone fill
+    every SM. LEVELS_TRITON_AUTOTUNE=1 times both instead (a compile each per new shape)."""
+    big = triton.cdiv(P, 128) * triton.cdiv(C_out, 256) >= sm_count(device)
+    cfg = _FWD_BIG if big else _FWD_MID
+    return dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _dot_cfg(dtype):
@@ -474,10 +484,14 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW):
     if INTERPRETED or x.dtype == torch.float32:
         grid = (triton.cdiv(P, cfg["BLOCK_M"]) * triton.cdiv(C_out, cfg["BLOCK_N"]),)
         conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
-    else:
+    elif autotuning():
         def grid(meta):
             return (triton.cdiv(P, meta["BLOCK_M"]) * triton.cdiv(C_out, meta["BLOCK_N"]),)
         conv_fwd_autotuned[grid](*args, **common)
+    else:
+        cfg = _fwd_tile(P, C_out, x.device)
+        grid = (triton.cdiv(P, cfg["BLOCK_M"]) * triton.cdiv(C_out, cfg["BLOCK_N"]),)
+        conv_fwd_kernel[grid](*args, **common, **cfg)
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):

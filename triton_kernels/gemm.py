@@ -39,6 +39,7 @@ elements instead of silently wrapping around).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -163,18 +164,54 @@ def _configs():
     # 128x256 tiles with the subtiled epilogue (SPLIT_N=2) won, 565-578 TFLOP/s at 3 or 4
     # stages, vs 460-506 unsplit (spilling) and 488-504 for 128x128. Few candidates: each
     # is a compile per new shape.
-    return [
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_N": 2},
-                      num_stages=4, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_N": 2},
-                      num_stages=3, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
-                      num_stages=4, num_warps=8),
-    ]
+    return [BIG_TILE, BIG_TILE_3_STAGES, MID_TILE]
+
+
+BIG_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_N": 2},
+                         num_stages=4, num_warps=8)
+BIG_TILE_3_STAGES = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+                                   "SPLIT_N": 2}, num_stages=3, num_warps=8)
+MID_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                         num_stages=4, num_warps=8)
+
+
+def sm_count(device) -> int:
+    return _sm_count(torch.device(device).index or 0) if torch.device(device).type == "cuda" else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def tile_for(M: int, N: int, sms: int) -> triton.Config:
+    """The 16-bit tile for an (M, N) output, chosen from the problem's size (no benchmark).
+
+    The big tile is the fastest per tile (it reuses each loaded A and B block 256 and 128
+    times), but it only pays when there are enough tiles to keep every SM busy: a GEMM
+    with fewer 128x256 tiles than SMs leaves SMs idle for the whole kernel, so it takes
+    the 128x128 tile, twice as many programs. At the MLP bench shape (8192 x 16384:
+    4096 big tiles on 132 SMs) this is the autotuner's own pick. Autotuning
+    (LEVELS_TRITON_AUTOTUNE=1) instead compiles and times all three candidates for every
+    new (M, N, K, strides, epilogue): about 3x the compile work of a first call (the MLP's
+    cold first forward+backward at the bench shape took 19 s on the H100 with it) for
+    the pick this rule makes at that shape."""
+    big = triton.cdiv(M, 128) * triton.cdiv(N, 256)
+    return BIG_TILE if big >= sms else MID_TILE
+
+
+def autotuning() -> bool:
+    """LEVELS_TRITON_AUTOTUNE=1: benchmark the candidate tiles (see tile_for), read each call."""
+    return os.environ.get("LEVELS_TRITON_AUTOTUNE", "0") == "1"
+
+
+def _as_dict(config: triton.Config) -> dict:
+    return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 # One config under the interpreter (autotune with several fails there) and for
-# non-idempotent launches (accumulate=True: re-running a candidate config would add twice).
+# non-idempotent launches (accumulate=True: re-running a candidate config would add twice,
+# which is why those never autotune; the size rule could serve them too, untried).
 _FIXED_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
 _FIXED_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
@@ -235,16 +272,23 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate):
                   UPCAST=INTERPRETED, DOT_PRECISION=precision)
     args = (a, b, c, bias_t, aux_t, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             c.stride(0), c.stride(1), aux_t.stride(0), aux_t.stride(1))
-    if CONFIG_OVERRIDE is not None or INTERPRETED or accumulate or a.dtype == torch.float32:
-        # fp32 "ieee" dots run on CUDA cores, where big tiles only waste shared memory.
-        cfg = _FIXED_INTERPRETED if INTERPRETED else (
-            _FIXED_GPU_FP32 if a.dtype == torch.float32 else _FIXED_GPU)
-        cfg = dict(CONFIG_OVERRIDE if CONFIG_OVERRIDE is not None else cfg)
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        gemm_kernel[grid](*args, **common, EVEN_K=even_k({"K": K, **cfg}), **cfg)
-    else:
+    if autotuning() and CONFIG_OVERRIDE is None and not (INTERPRETED or accumulate
+                                                         or a.dtype == torch.float32):
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
         gemm_autotuned[grid](*args, **common)  # EVEN_K: from each config (even_k)
+        return c
+    if CONFIG_OVERRIDE is not None:
+        cfg = dict(CONFIG_OVERRIDE)
+    elif INTERPRETED:
+        cfg = dict(_FIXED_INTERPRETED)
+    elif a.dtype == torch.float32:  # "ieee" dots run on CUDA cores: big tiles only waste SMEM
+        cfg = dict(_FIXED_GPU_FP32)
+    elif accumulate:  # one config, as before: see _FIXED_GPU
+        cfg = dict(_FIXED_GPU)
+    else:
+        cfg = _as_dict(tile_for(M, N, sm_count(a.device)))
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    gemm_kernel[grid](*args, **common, EVEN_K=even_k({"K": K, **cfg}), **cfg)
     return c
 
 

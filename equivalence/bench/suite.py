@@ -48,7 +48,7 @@ Budget on an H100: 37 shapes, 63 shape x direction entries, at most 215 sides to
 at most MAX_RUNS calls, about MIN_TIME_S (0.1 s), after its first call and 2 warm-up
 calls: under a minute in all. What dominates is the levels' first calls at each new shape (Triton's
 autotuning and compiling: 2-18 s per component at the bench size on a cold cache in
-reports/h100-compare.json): the report records each. The JSON is rewritten after every
+reports/h100/compare.json): the report records each. The JSON is rewritten after every
 shape, so a run cut short leaves every shape it finished, and `--resume` times only the
 rest.
 """
@@ -82,7 +82,8 @@ SUITE = "models"
 GPU_LEVELS = ("triton", "cuda")
 # Level 3 is not in the CPU smoke run by default: it compiles anew at every shape, seconds
 # to a minute each on a CPU (measured on 2 cores: 43 of the suite's entries took 686 s,
-# each LSTM shape 20-80 s as Dynamo unrolls its time loop). `--level compile` asks for it.
+# each LSTM shape 20-80 s when Dynamo unrolled its whole time loop; it now compiles graphs
+# of LSTM_CHUNK steps, fewer seconds, still one compile per shape). `--level compile` asks for it.
 CPU_LEVELS = ("native", "torchscript")
 CPU_DTYPE = "float32"  # what CPU users run, and what `levels compare` uses on a CPU
 
