@@ -213,19 +213,26 @@ def test_level3_python_rule_is_dynamos(monkeypatch, version, gil_disabled):
 
 @pytest.mark.parametrize("cxx", [None, "no-such-compiler-levels-test"])
 def test_level3_cpp_compiler_rule_is_inductors(monkeypatch, cxx):
+    import contextlib
+
     from torch._inductor import config, cpp_builder
 
     from levels import compiled
 
+    # Inductor reads $CXX once, at import: its config is patched the supported way, and the
+    # search's cache is emptied before and after, so later tests compile as before.
+    patch = contextlib.nullcontext()
     if cxx is not None:
         monkeypatch.setenv("CXX", cxx)
-        monkeypatch.setattr(config.cpp, "cxx", (None, cxx))  # Inductor reads $CXX at import
+        patch = config.patch({"cpp.cxx": (None, cxx)})
     cpp_builder.cpp_compiler_search.cache_clear()
     try:
-        cpp_builder.get_cpp_compiler()
-        inductor_found = True
-    except Exception:  # noqa: BLE001 - InvalidCxxCompiler
-        inductor_found = False
+        with patch:
+            try:
+                cpp_builder.get_cpp_compiler()
+                inductor_found = True
+            except Exception:  # noqa: BLE001 - InvalidCxxCompiler
+                inductor_found = False
     finally:
         cpp_builder.cpp_compiler_search.cache_clear()
     ours = compiled._cpp_compiler_rule()
