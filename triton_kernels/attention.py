@@ -105,6 +105,10 @@ def _attn_fwd(Q, K, V, O, LSE,
               H, N_Q, N_K, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    # Float arguments become fp32 here: a plain launch types a Python float as fp32, but
+    # Inductor, compiling a model around this kernel, passes it as fp64, which would make
+    # the running accumulator fp64 inside the loop (a compile error) and the math slow.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
@@ -220,6 +224,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    H, N_Q, N_K, qk_scale, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
@@ -305,6 +310,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  H, N_Q, N_K, qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31

@@ -57,7 +57,8 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # Centre before squaring (masked lanes must not contribute -mean).
     xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / N
-    rstd = 1.0 / tl.sqrt(var + eps)
+    # tl.cast: Inductor, compiling a model around this kernel, passes a Python float as fp64
+    rstd = 1.0 / tl.sqrt(var + tl.cast(eps, tl.float32))
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
