@@ -117,23 +117,21 @@ def breakdown(net: nn.Module, inner: nn.Module, batches, loss_of, lr: float, ste
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     scopes = _Scopes(inner)
-    caught = warnings.catch_warnings()
-    caught.__enter__()
-    # A first layer whose inputs need no gradient (the embedding of token ids) fires both of
-    # its backward hooks at once, and torch warns so: its backward kernels land in "other".
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
-        if cuda:
-            torch.cuda.synchronize(device)
-        with torch.profiler.profile(activities=activities) as prof:
-            with torch.profiler.record_function("layer: step"):
-                for x, y in batches[warmup:warmup + steps]:
-                    step(x, y)
-                if cuda:
-                    torch.cuda.synchronize(device)
+        with warnings.catch_warnings():
+            # A first layer whose inputs need no gradient (the embedding of token ids) fires
+            # both its backward hooks at once, and torch warns so: its backward is "other".
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            if cuda:
+                torch.cuda.synchronize(device)
+            with torch.profiler.profile(activities=activities) as prof:
+                with torch.profiler.record_function("layer: step"):
+                    for x, y in batches[warmup:warmup + steps]:
+                        step(x, y)
+                    if cuda:
+                        torch.cuda.synchronize(device)
     finally:
         scopes.remove()
-        caught.__exit__(None, None, None)
     return _summarize(prof.events(), steps, cuda)
 
 
