@@ -517,7 +517,7 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW):
     if INTERPRETED:
         splits = min(2, triton.cdiv(P, cfg["BLOCK_K"]))
     else:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        sms = sm_count(x.device)
         splits = max(1, min(triton.cdiv(P, 1024), triton.cdiv(2 * sms, tiles)))
     per_split = triton.cdiv(triton.cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     splits = triton.cdiv(P, per_split)
@@ -532,7 +532,7 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW):
 
 def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
     """(rows per chunk, chunks) for the per-channel reductions over P."""
-    target = 2 if INTERPRETED else 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    target = 2 if INTERPRETED else 4 * sm_count(device)
     rows = triton.cdiv(triton.cdiv(P, target), BLOCK_P) * BLOCK_P
     return rows, triton.cdiv(P, rows)
 

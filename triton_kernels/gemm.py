@@ -176,7 +176,12 @@ MID_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_
 
 
 def sm_count(device) -> int:
-    return _sm_count(torch.device(device).index or 0) if torch.device(device).type == "cuda" else 1
+    """SMs of a CUDA device (1 for any other): what every Level 4 launcher sizes its grid by.
+    Cached per GPU: the property query costs microseconds on every launch otherwise."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return _sm_count(torch.cuda.current_device() if device.index is None else device.index)
 
 
 @functools.lru_cache(maxsize=None)

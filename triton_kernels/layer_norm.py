@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemm import sm_count
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_WIDTH = 65536
 
@@ -179,8 +181,7 @@ def _backward_tiling(N: int, element_size: int):
 def _n_programs(device: torch.device, M: int, BLOCK_M: int, per_sm: int = 4) -> int:
     if INTERPRETED or device.type != "cuda":
         return min(2, triton.cdiv(M, BLOCK_M))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(sms * per_sm, triton.cdiv(M, BLOCK_M))
+    return min(sm_count(device) * per_sm, triton.cdiv(M, BLOCK_M))
 
 
 class _LayerNorm(torch.autograd.Function):
