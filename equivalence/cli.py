@@ -391,8 +391,9 @@ def cmd_compare(args, console) -> int:
     out = Path(args.out)
     log_path = out / "compare.log"
     with _library_output_to(log_path, console) as quiet:
-        with _progress(quiet, len(comps) * len(names)) as progress:
-            task = progress.add_task("comparing", total=len(comps) * len(names))
+        steps = 2 * len(comps) * len(names)  # each row is timed, then (all timed) checked
+        with _progress(quiet, steps) as progress:
+            task = progress.add_task("comparing", total=steps)
             first = [True]
 
             def step(description):

@@ -1,4 +1,4 @@
-"""`levels compare`: every component x every level, checked, then timed, in one report.
+"""`levels compare`: every component x every level, timed, then checked, in one report.
 
 For each (component, level) the report holds the check results (every variant, at the
 check size) and a profile (cold first call, steady-state forward and forward+backward,
@@ -11,6 +11,12 @@ A level that cannot run here is a row marked skipped, with its reason.
 On a GPU, Level 5's library builds in a background thread from the start (`Level5Build`):
 its nvcc work overlaps the rows before Level 5's first one, and that row's first call is
 charged the build's seconds. Each row records where its wall time went (`wall_s`).
+
+Every row is timed first, alone, one after the other; then every row is checked. On a GPU
+Level 4's checks run in a few threads while the other levels' checks run in the main one
+(`_check_rows`): they are Triton compiles (the checks use shapes the timing did not, so
+each is a new specialization), which overlap well in threads, and nothing is timed
+while they run. Level 3's checks stay in the main thread: Dynamo compiles one at a time.
 
 Registered levels (`levels.register`) are rows after the five; your own functions are rows
 too, for one component: `compare(["layer_norm"], fns={"mine": my_layer_norm})`.
@@ -27,6 +33,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +44,8 @@ from levels.contract import COMPONENTS
 
 from . import environment, specs
 from .agreement import own_targets
-from .check import CheckResult, check_case, dtype_name, fresh_seed, resolve_dtype
+from .check import (CheckResult, check_case, dtype_name, fresh_seed, poisoned_allocations,
+                    resolve_dtype)
 from .profile import Profile, break_even_calls, profile
 
 DEFAULT_COMPILE_MODE = "default"
@@ -185,9 +193,8 @@ class Level5Build:
 def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
           prebuild: Level5Build | None = None) -> list[Row]:
     """One row per component and target: a level's name, or an OwnLevel (your function)."""
-    rows: list[Row] = []
+    rows: list[tuple[Row, str, object]] = []
     for comp in components:
-        spec = specs.get(comp)
         native = None
         for target in targets:
             name = getattr(target, "name", target)
@@ -200,22 +207,68 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
             if name == "cuda" and prebuild is not None:
                 prebuild.charge(row.profile)
             row.seconds["profile"] = time.perf_counter() - start
-            if row.profile.status != "skip":
-                # an emulated level (Triton's interpreter) is checked at the size it can afford
-                at = check_size
-                if row.profile.status == "untimed":
-                    at = "tiny"
-                    row.profile.reason = f"checked at 'tiny', not timed: {row.profile.reason}"
-                start = time.perf_counter()
-                row.checks = [check_case(comp, target, dtype, device, at, variant, seed)
-                              for variant in spec.variants]
-                row.seconds["check"] = time.perf_counter() - start
             if name == "native":
                 native = row.profile
             elif native is not None:
                 row.break_even_calls = break_even_calls(row.profile, native)
-            rows.append(row)
-    return rows
+            rows.append((row, comp, target))
+    _check_rows(rows, dtype, device, check_size, seed, on_step)
+    return [row for row, _, _ in rows]
+
+
+CHECK_THREADS = 4
+
+
+def _threaded_checks(device) -> bool:
+    from levels.triton import INTERPRETED
+
+    return torch.device(device).type == "cuda" and not INTERPRETED
+
+
+def _check_rows(rows, dtype, device, check_size, seed, on_step) -> None:
+    """Every row's checks (each variant of the component), after all the timing.
+
+    On a GPU, Level 4's run in CHECK_THREADS threads while the main thread runs the
+    others' (see the module docstring). Threads share process-wide switches, so
+    the poisoning (deterministic mode + fill_uninitialized_memory) is switched on once,
+    around all of them: a check's own switch inside then finds it on and leaves it on,
+    where one thread finishing would otherwise switch it off under another. Under Triton's
+    CPU interpreter they stay sequential: it patches triton.language while a kernel runs."""
+    threaded = _threaded_checks(device)
+
+    def at(row):
+        # an emulated level (Triton's interpreter) is checked at the size it can afford
+        if row.profile.status == "untimed":
+            row.profile.reason = f"checked at 'tiny', not timed: {row.profile.reason}"
+            return "tiny"
+        return check_size
+
+    def run(comp, target, size, variant):
+        start = time.perf_counter()
+        return check_case(comp, target, dtype, device, size, variant, seed), \
+            time.perf_counter() - start
+
+    pending = []
+    with poisoned_allocations(), ThreadPoolExecutor(CHECK_THREADS) as pool:
+        for row, comp, target in rows:
+            name = getattr(target, "name", target)
+            if row.profile.status == "skip":
+                continue
+            size, variants = at(row), specs.get(comp).variants
+            if threaded and name == "triton":  # one task per variant
+                pending.append((row, comp, name, [pool.submit(run, comp, target, size, v)
+                                                   for v in variants]))
+                continue
+            if on_step:
+                on_step(f"check · {comp} · {name}")
+            done = [run(comp, target, size, v) for v in variants]
+            row.checks, row.seconds["check"] = [c for c, _ in done], sum(t for _, t in done)
+        for row, comp, name, futures in pending:
+            if on_step:
+                on_step(f"check · {comp} · {name}")
+            done = [f.result() for f in futures]
+            # the threads' own seconds: they overlapped the other rows' checks
+            row.checks, row.seconds["check"] = [c for c, _ in done], sum(t for _, t in done)
 
 
 def save(report: dict, out_dir) -> tuple[Path, Path]:

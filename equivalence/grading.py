@@ -305,7 +305,11 @@ def _run_child(code: str, spec: dict, repo: Path, timeout_s: float, kernel_group
     submission first on PYTHONPATH. Returns (log, returncode, timed_out); at the timeout the
     group is killed, and so is the group `kernel_group()` names then (a notebook's kernel:
     jupyter starts it in a session of its own, out of reach of the first kill)."""
-    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1")
+    # LEVELS_TRITON_FAST_LAUNCH=0: every Level 4 launch then goes through JITFunction.run,
+    # where the grader counts them (triton_kernels/launch.py calls a compiled kernel's
+    # launcher directly after its first launch, which a count there would not see).
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1",
+               LEVELS_TRITON_FAST_LAUNCH="0")
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], cwd=repo, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # its own process group: killed whole

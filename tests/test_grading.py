@@ -186,24 +186,24 @@ def test_hang_and_segfault_cost_their_part_only(tmp_path):
 CHEATS = {
     # the answer written out in PyTorch ops: every check passes, no kernel ran
     "torch ops": (
-        "    return _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)",
+        "    weight, bias = weight.contiguous(), bias.contiguous()\n",
         ("    m = x.float().mean(-1, keepdim=True)\n"
          "    v = ((x.float() - m) ** 2).mean(-1, keepdim=True)\n"
-         "    return ((x.float() - m) * torch.rsqrt(v + eps) * weight + bias).to(x.dtype)"),
+         "    return ((x.float() - m) * torch.rsqrt(v + eps) * weight + bias).to(x.dtype)\n"),
         "no kernel of your triton_kernels/ ran in the forward pass"),
     # the kernels run (forward and backward) as a decoy, the value comes from Level 1
     "another level": (
-        "    return _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)",
+        "    weight, bias = weight.contiguous(), bias.contiguous()\n",
         ("    import levels\n"
          "    y = _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)\n"
-         "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()"),
+         "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()\n"),
         "another level's code ran inside yours (levels/native.py:layer_norm"),
     # the same decoy, the value from torch's fused layer_norm
     "F.layer_norm": (
-        "    return _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)",
+        "    weight, bias = weight.contiguous(), bias.contiguous()\n",
         ("    y = _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)\n"
          "    ref = torch.nn.functional.layer_norm(x, (N,), weight, bias, eps)\n"
-         "    return y + (ref - y).detach()"),
+         "    return y + (ref - y).detach()\n"),
         "PyTorch computed the component for you (ATen native_layer_norm)"),
 }
 
@@ -367,14 +367,14 @@ CUDA_CHEATS = {
         ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
          "    y = y.view(x.shape)\n"
          "    import levels\n"
-         "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()"),
+         "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()\n"),
         "another level's code ran inside yours (levels/native.py:layer_norm"),
     # the same decoy, the value from torch's fused layer_norm
     "F.layer_norm": (
         ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
          "    y = y.view(x.shape)\n"
          "    ref = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n"
-         "    return y + (ref - y).detach()"),
+         "    return y + (ref - y).detach()\n"),
         "PyTorch computed the component for you (ATen native_layer_norm)"),
 }
 CUDA_ANSWER = ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"

@@ -157,3 +157,51 @@ def test_level5_build_failure_in_the_background_is_kept_for_the_rows(monkeypatch
 def test_compare_starts_no_level5_build_without_a_gpu():
     from equivalence.compare import Level5Build
     assert Level5Build.start("cpu") is None
+
+
+def test_compare_checks_level4_in_threads_after_all_timing_poisoned_throughout(monkeypatch):
+    # On a GPU, Level 4's checks (Triton compiles) run in threads beside the other levels'
+    # checks, all after every row was timed. The poisoning is one process-wide switch: it
+    # must stay on in every thread until the last check ends, then be as it was.
+    import threading
+    import time as _time
+
+    from equivalence import compare as C
+
+    events = []
+
+    def fake_profile(comp, target, *a, **k):
+        events.append(("profile", comp, target))
+        p = _blank("cpu")
+        p.status = "ok"
+        return p
+
+    def fake_check(comp, target, dtype, device, size, variant, seed):
+        start = torch.are_deterministic_algorithms_enabled()
+        if target == "triton":
+            _time.sleep(0.2)  # long enough that the main thread's checks run meanwhile
+        events.append(("check", comp, target, variant, threading.current_thread().name,
+                       start and torch.are_deterministic_algorithms_enabled()))
+        return types.SimpleNamespace(status="pass", variant=variant)
+
+    monkeypatch.setattr(C, "profile", fake_profile)
+    monkeypatch.setattr(C, "check_case", fake_check)
+    monkeypatch.setattr(C, "_threaded_checks", lambda device: True)
+    monkeypatch.setattr(C, "break_even_calls", lambda level, native: None)
+    was = torch.are_deterministic_algorithms_enabled()
+    rows = C._rows(["attention", "layer_norm"], ["native", "triton", "cuda"], torch.float32,
+                   torch.device("cpu"), "tiny", "tiny", 0, on_step=None)
+    assert torch.are_deterministic_algorithms_enabled() == was
+    kinds = [e[0] for e in events]
+    assert kinds.index("check") == 6  # every row timed before the first check
+    checks = [e for e in events if e[0] == "check"]
+    assert all(e[5] for e in checks)  # poisoned (deterministic mode) from start to end
+    main = threading.main_thread().name
+    assert {e[4] == main for e in checks if e[2] == "triton"} == {False}
+    assert {e[4] == main for e in checks if e[2] != "triton"} == {True}
+    # the main thread's checks did not wait for Level 4's: they were done first
+    assert max(i for i, e in enumerate(checks) if e[2] != "triton") < \
+        max(i for i, e in enumerate(checks) if e[2] == "triton")
+    from equivalence import specs
+    expected = [list(specs.get(c).variants) for c in ("attention", "layer_norm") for _ in range(3)]
+    assert [[c.variant for c in r.checks] for r in rows] == expected  # in order, every variant

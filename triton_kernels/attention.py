@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv, launch, needs_grad
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
@@ -416,16 +418,16 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 def _forward(q, k, v, causal: bool, scale: float):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    o = q.new_empty((B, H, Nq, D))
+    lse = q.new_empty((B, H, Nq), dtype=torch.float32)
     cfg = _fwd_config(D, q.dtype)
-    grid = (triton.cdiv(Nq, cfg["BLOCK_M"]), B * H)
-    _attn_fwd[grid](q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-                    H, Nq, Nk, scale * LOG2E,
-                    HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
-                    UPCAST=INTERPRETED and q.dtype != torch.float32,
-                    PRECISION=_precision(q.dtype, q.device),
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grid = (cdiv(Nq, cfg["BLOCK_M"]), B * H)
+    launch(_attn_fwd, grid, q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v),
+           *_strides(o), H, Nq, Nk, scale * LOG2E,
+           HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
+           UPCAST=INTERPRETED and q.dtype != torch.float32,
+           PRECISION=_precision(q.dtype, q.device),
+           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o, lse
 
 
@@ -433,10 +435,10 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     do = _unit_last(do)
-    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    delta = q.new_empty((B, H, Nq), dtype=torch.float32)
     pre_block = 64
-    _attn_bwd_preprocess[(triton.cdiv(Nq, pre_block), B * H)](
-        o, do, delta, *_strides(o), *_strides(do), H, Nq, HEAD_DIM=D, BLOCK_M=pre_block)
+    launch(_attn_bwd_preprocess, (cdiv(Nq, pre_block), B * H),
+           o, do, delta, *_strides(o), *_strides(do), H, Nq, HEAD_DIM=D, BLOCK_M=pre_block)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -446,15 +448,15 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
                   num_stages=cfg["num_stages"])
     small, large = cfg["BLOCK_M"], cfg["BLOCK_N"]
     # dK/dV: a large key block stays on chip while small query blocks stream past.
-    _attn_bwd_dkdv[(triton.cdiv(Nk, large), B * H)](
-        q, k, v, do, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dk), *_strides(dv), H, Nq, Nk, scale * LOG2E, scale,
-        BLOCK_M=small, BLOCK_N=large, **common)
+    launch(_attn_bwd_dkdv, (cdiv(Nk, large), B * H),
+           q, k, v, do, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
+           *_strides(dk), *_strides(dv), H, Nq, Nk, scale * LOG2E, scale,
+           BLOCK_M=small, BLOCK_N=large, **common)
     # dQ: the mirror image, a large query block and small key blocks.
-    _attn_bwd_dq[(triton.cdiv(Nq, large), B * H)](
-        q, k, v, do, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dq), H, Nq, Nk, scale * LOG2E, scale,
-        BLOCK_M=large, BLOCK_N=small, **common)
+    launch(_attn_bwd_dq, (cdiv(Nq, large), B * H),
+           q, k, v, do, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
+           *_strides(dq), H, Nq, Nk, scale * LOG2E, scale,
+           BLOCK_M=large, BLOCK_N=small, **common)
     return dq, dk, dv
 
 
@@ -489,4 +491,6 @@ def attention(q, k, v, causal: bool, scale: float):
             raise ValueError(f"attention: argument '{name}' spans {span} elements within one "
                              f"(batch, head) slice; the Triton kernels need < 2**31 there "
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
-    return _FlashAttention.apply(q, k, v, causal, scale)
+    if needs_grad(q, k, v):
+        return _FlashAttention.apply(q, k, v, causal, scale)
+    return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale)[0]

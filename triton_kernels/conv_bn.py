@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv, launch, needs_grad, next_power_of_2
 from .gemm import autotuning, column_sum, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -448,13 +449,27 @@ conv_fwd_autotuned = triton.autotune(
 )(conv_fwd_kernel)
 
 
-def _fwd_tile(P: int, C_out: int, device) -> dict:
+def _fwd_tile(P: int, C_in: int, C_out: int, device) -> dict:
     """The forward's 16-bit tile from the problem's size, as gemm.tile_for chooses a GEMM's
-    (the implicit GEMM's output is P x C_out): the wide tile only when its tiles alone fill
-    every SM. LEVELS_TRITON_AUTOTUNE=1 times both instead (a compile each per new shape)."""
-    big = triton.cdiv(P, 128) * triton.cdiv(C_out, 256) >= sm_count(device)
-    cfg = _FWD_BIG if big else _FWD_MID
-    return dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    (the implicit GEMM's output is P x C_out, its reduction kH*kW taps of C_in channels):
+
+    - BLOCK_K, the channels of one step, is no wider than C_in rounded up to a power of two
+      (16 at least, tl.dot's minimum): at ResNet's stem (C_in = 3) a 64-wide step would
+      multiply 61 masked zeros for every 3 channels;
+    - BLOCK_N follows C_out: 64 for C_out <= 64 (a 128 or 256 wide tile would be half or
+      three-quarters masked columns), the wide 256 only when C_out fills it and its tiles
+      alone fill every SM, else 128.
+
+    LEVELS_TRITON_AUTOTUNE=1 times the two fixed tiles instead (a compile each per shape)."""
+    block_k = min(64, max(16, next_power_of_2(C_in)))
+    if C_out <= 64:
+        block_n, warps = 64, 4
+    elif C_out >= 256 and cdiv(P, 128) * cdiv(C_out, 256) >= sm_count(device):
+        block_n, warps = 256, 8
+    else:
+        block_n, warps = 128, 8
+    return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_warps=warps,
+                num_stages=3)
 
 
 def _dot_cfg(dtype):
@@ -482,16 +497,16 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW):
     common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
                   DOT_PRECISION=precision)
     if INTERPRETED or x.dtype == torch.float32:
-        grid = (triton.cdiv(P, cfg["BLOCK_M"]) * triton.cdiv(C_out, cfg["BLOCK_N"]),)
-        conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
+        grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
+        launch(conv_fwd_kernel, grid, *args, **common, GROUP_M=8, **cfg)
     elif autotuning():
         def grid(meta):
-            return (triton.cdiv(P, meta["BLOCK_M"]) * triton.cdiv(C_out, meta["BLOCK_N"]),)
+            return (cdiv(P, meta["BLOCK_M"]) * cdiv(C_out, meta["BLOCK_N"]),)
         conv_fwd_autotuned[grid](*args, **common)
     else:
-        cfg = _fwd_tile(P, C_out, x.device)
-        grid = (triton.cdiv(P, cfg["BLOCK_M"]) * triton.cdiv(C_out, cfg["BLOCK_N"]),)
-        conv_fwd_kernel[grid](*args, **common, **cfg)
+        cfg = _fwd_tile(P, C_in, C_out, x.device)
+        grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
+        launch(conv_fwd_kernel, grid, *args, **common, **cfg)
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
@@ -499,11 +514,11 @@ def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
     dx = torch.empty_like(x_like)  # keeps x's memory format
     precision, cfg = _dot_cfg(x_like.dtype)
     Q = N * H * W
-    grid = (triton.cdiv(Q, cfg["BLOCK_M"]), triton.cdiv(C_in, cfg["BLOCK_N"]))
-    conv_dgrad_kernel[grid](dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"], s["W_out"],
-                            dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
-                            *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
+    grid = (cdiv(Q, cfg["BLOCK_M"]), cdiv(C_in, cfg["BLOCK_N"]))
+    launch(conv_dgrad_kernel, grid, dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"],
+           s["W_out"], dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
+           *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
+           DOT_PRECISION=precision, **cfg)
     return dx
 
 
@@ -513,28 +528,28 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW):
     P, C_out = dy2d.shape
     K_total = kH * kW * C_in
     precision, cfg = _dot_cfg(x.dtype)
-    tiles = triton.cdiv(C_out, cfg["BLOCK_M"]) * triton.cdiv(K_total, cfg["BLOCK_N"])
+    tiles = cdiv(C_out, cfg["BLOCK_M"]) * cdiv(K_total, cfg["BLOCK_N"])
     if INTERPRETED:
-        splits = min(2, triton.cdiv(P, cfg["BLOCK_K"]))
+        splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
         sms = sm_count(x.device)
-        splits = max(1, min(triton.cdiv(P, 1024), triton.cdiv(2 * sms, tiles)))
-    per_split = triton.cdiv(triton.cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-    splits = triton.cdiv(P, per_split)
+        splits = max(1, min(cdiv(P, 1024), cdiv(2 * sms, tiles)))
+    per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    splits = cdiv(P, per_split)
     part = torch.empty((splits, C_out, K_total), device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(C_out, cfg["BLOCK_M"]), triton.cdiv(K_total, cfg["BLOCK_N"]), splits)
-    conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"], K_total,
-                            per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
-                            *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
+    grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
+    launch(conv_wgrad_kernel, grid, dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
+           K_total, per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
+           *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
+           DOT_PRECISION=precision, **cfg)
     return part, splits
 
 
 def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
     """(rows per chunk, chunks) for the per-channel reductions over P."""
     target = 2 if INTERPRETED else 4 * sm_count(device)
-    rows = triton.cdiv(triton.cdiv(P, target), BLOCK_P) * BLOCK_P
-    return rows, triton.cdiv(P, rows)
+    rows = cdiv(cdiv(P, target), BLOCK_P) * BLOCK_P
+    return rows, cdiv(P, rows)
 
 
 def _dims(x, w, stride, padding):
@@ -548,6 +563,13 @@ def _dims(x, w, stride, padding):
 def _as_rows(t4: torch.Tensor) -> torch.Tensor:
     """(N, C, H, W) channels_last tensor -> its (N*H*W, C) matrix view (no copy)."""
     return t4.permute(0, 2, 3, 1).reshape(-1, t4.shape[1])
+
+
+class _NoBackward:
+    """Stands in for autograd's ctx when no backward will run (see launch.needs_grad)."""
+
+    def save_for_backward(self, *tensors):
+        pass
 
 
 _RED = dict(BLOCK_P=32, BLOCK_C=32)  # tiles of the per-channel reduction/elementwise kernels
@@ -571,10 +593,10 @@ class _ConvBN(torch.autograd.Function):
         if not training:
             w_f = torch.empty((C_out, kH, kW, C_in), device=dev, dtype=x.dtype)
             b_f, scale, invstd = (torch.empty((C_out,), **f32) for _ in range(3))
-            fold_bn_kernel[(C_out,)](w, *_w_strides(w), b if b is not None else b_f, gamma, beta,
-                                     running_mean, running_var, w_f, b_f, scale, invstd,
-                                     C_in, K_total, eps, KW=kW, HAS_BIAS=b is not None,
-                                     BLOCK=256 if INTERPRETED else 1024)
+            launch(fold_bn_kernel, (C_out,), w, *_w_strides(w), b if b is not None else b_f, gamma,
+                   beta, running_mean, running_var, w_f, b_f, scale, invstd,
+                   C_in, K_total, eps, KW=kW, HAS_BIAS=b is not None,
+                   BLOCK=256 if INTERPRETED else 1024)
             wf_strides = (K_total, 1, kW * C_in, C_in)  # (o, c, i, j) of the (o, i, j, c) layout
             _conv_fwd(x, w_f, wf_strides, b_f, out2d, s, kH, kW)
             ctx.save_for_backward(x, w, w_f, b, running_mean, scale, invstd)
@@ -585,14 +607,15 @@ class _ConvBN(torch.autograd.Function):
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
         part_mean = torch.empty((chunks, C_out), **f32)
         part_m2 = torch.empty((chunks, C_out), **f32)
-        c_blocks = triton.cdiv(C_out, _RED["BLOCK_C"])
-        stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows, **_RED)
+        c_blocks = cdiv(C_out, _RED["BLOCK_C"])
+        launch(stats_partial_kernel, (chunks, c_blocks), y, part_mean, part_m2, P, C_out, rows,
+               **_RED)
         mean, invstd, scale, shift = (torch.empty((C_out,), **f32) for _ in range(4))
-        stats_finalize_kernel[(c_blocks,)](part_mean, part_m2, chunks, rows, P, C_out, gamma, beta,
-                                           running_mean, running_var, mean, invstd, scale, shift,
-                                           eps, momentum, BLOCK_C=_RED["BLOCK_C"])
-        channel_affine_kernel[(triton.cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
+        launch(stats_finalize_kernel, (c_blocks,), part_mean, part_m2, chunks, rows, P, C_out,
+               gamma, beta, running_mean, running_var, mean, invstd, scale, shift,
+               eps, momentum, BLOCK_C=_RED["BLOCK_C"])
+        launch(channel_affine_kernel, (cdiv(P, _RED["BLOCK_P"]), c_blocks),
+               y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
         ctx.save_for_backward(x, w, y, mean, invstd, gamma)
         return out
 
@@ -612,13 +635,13 @@ class _ConvBN(torch.autograd.Function):
             dgamma = torch.empty((C_out,), device=dev, dtype=dt)
             dbeta = torch.empty((C_out,), device=dev, dtype=dt)
             db = torch.empty((C_out,), device=dev, dtype=dt) if has_bias else None
-            wgrad_finish_kernel[(C_out,)](part, splits, C_out, part.shape[2], x.shape[1],
-                                          dw, *dw.stride(), w, *_w_strides(w),
-                                          scale, invstd, running_mean,
-                                          b if has_bias else scale, sum_dy, dgamma, dbeta,
-                                          db if has_bias else dbeta,
-                                          KW=kW, EVAL=True, HAS_BIAS=has_bias,
-                                          BLOCK=256 if INTERPRETED else 1024)
+            launch(wgrad_finish_kernel, (C_out,), part, splits, C_out, part.shape[2], x.shape[1],
+                   dw, *dw.stride(), w, *_w_strides(w),
+                   scale, invstd, running_mean,
+                   b if has_bias else scale, sum_dy, dgamma, dbeta,
+                   db if has_bias else dbeta,
+                   KW=kW, EVAL=True, HAS_BIAS=has_bias,
+                   BLOCK=256 if INTERPRETED else 1024)
             if ctx.needs_input_grad[0]:
                 K_total = part.shape[2]
                 dx = _conv_dgrad(dy2d, w_f, (K_total, 1, kW * x.shape[1], x.shape[1]), x, s,
@@ -627,29 +650,29 @@ class _ConvBN(torch.autograd.Function):
         x, w, y, mean, invstd, gamma = ctx.saved_tensors
         dev, dt = x.device, x.dtype
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
-        c_blocks = triton.cdiv(C_out, _RED["BLOCK_C"])
+        c_blocks = cdiv(C_out, _RED["BLOCK_C"])
         part = torch.empty((2, chunks, C_out), device=dev, dtype=torch.float32)
-        bn_bwd_partial_kernel[(chunks, c_blocks)](dy2d, dy2d.stride(0), dy2d.stride(1), y, mean,
-                                                  invstd, part, P, C_out, rows, chunks, **_RED)
+        launch(bn_bwd_partial_kernel, (chunks, c_blocks), dy2d, dy2d.stride(0), dy2d.stride(1), y,
+               mean, invstd, part, P, C_out, rows, chunks, **_RED)
         sums = torch.empty((2, C_out), device=dev, dtype=torch.float32)
         dgamma = torch.empty((C_out,), device=dev, dtype=dt)
         dbeta = torch.empty((C_out,), device=dev, dtype=dt)
-        bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
-                                            BLOCK_C=_RED["BLOCK_C"])
+        launch(bn_bwd_finalize_kernel, (c_blocks,), part, chunks, C_out, sums, dgamma, dbeta,
+               BLOCK_C=_RED["BLOCK_C"])
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
-        bn_bwd_apply_kernel[(triton.cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
-            **_RED)
+        launch(bn_bwd_apply_kernel, (cdiv(P, _RED["BLOCK_P"]), c_blocks),
+               dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
+               **_RED)
         if has_bias:
             # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not assumed.
             db = column_sum(dyc, out_dtype=dt)
         part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW)
         dw = torch.empty_like(w)
-        wgrad_finish_kernel[(C_out,)](part_w, splits, C_out, part_w.shape[2], x.shape[1],
-                                      dw, *dw.stride(), w, *_w_strides(w),
-                                      sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
-                                      KW=kW, EVAL=False, HAS_BIAS=False,
-                                      BLOCK=256 if INTERPRETED else 1024)
+        launch(wgrad_finish_kernel, (C_out,), part_w, splits, C_out, part_w.shape[2], x.shape[1],
+               dw, *dw.stride(), w, *_w_strides(w),
+               sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
+               KW=kW, EVAL=False, HAS_BIAS=False,
+               BLOCK=256 if INTERPRETED else 1024)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
@@ -676,8 +699,12 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
                              f"kernels use 32-bit offsets and need < 2**31")
     conv_bias = conv_bias.contiguous() if conv_bias is not None else None
     run_mean, run_var = running_mean.contiguous(), running_var.contiguous()
-    out = _ConvBN.apply(x, conv_weight, conv_bias, bn_weight.contiguous(), bn_bias.contiguous(),
-                        run_mean, run_var, tuple(stride), tuple(padding), eps, momentum, training)
+    args = (x, conv_weight, conv_bias, bn_weight.contiguous(), bn_bias.contiguous(), run_mean,
+            run_var, tuple(stride), tuple(padding), eps, momentum, training)
+    if needs_grad(*(t for t in args[:5] if t is not None)):
+        out = _ConvBN.apply(*args)
+    else:  # nothing to differentiate: the forward alone, without autograd's apply
+        out = _ConvBN.forward(_NoBackward(), *args)
     if training:
         for buffer, updated in ((running_mean, run_mean), (running_var, run_var)):
             if updated is not buffer:  # .contiguous() made a copy: write it back through the view

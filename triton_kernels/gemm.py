@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv, launch
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Epilogue codes (constexpr ints: cheap to branch on at compile time).
@@ -178,7 +180,8 @@ MID_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_
 def sm_count(device) -> int:
     """SMs of a CUDA device (1 for any other): what every Level 4 launcher sizes its grid by.
     Cached per GPU: the property query costs microseconds on every launch otherwise."""
-    device = torch.device(device)
+    if device.__class__ is not torch.device:
+        device = torch.device(device)
     if device.type != "cuda":
         return 1
     return _sm_count(torch.cuda.current_device() if device.index is None else device.index)
@@ -201,7 +204,7 @@ def tile_for(M: int, N: int, sms: int) -> triton.Config:
     new (M, N, K, strides, epilogue): about 3x the compile work of a first call (the MLP's
     cold first forward+backward at the bench shape took 19 s on the H100 with it) for
     the pick this rule makes at that shape."""
-    big = triton.cdiv(M, 128) * triton.cdiv(N, 256)
+    big = cdiv(M, 128) * cdiv(N, 256)
     return BIG_TILE if big >= sms else MID_TILE
 
 
@@ -220,6 +223,8 @@ def _as_dict(config: triton.Config) -> dict:
 _FIXED_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
 _FIXED_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+# tile_for's two answers as launch arguments, built once: {is it BIG_TILE: arguments}
+_TILE_ARGS = {True: _as_dict(BIG_TILE), False: _as_dict(MID_TILE)}
 
 # Set to one config dict (the keys of _FIXED_GPU, optionally SPLIT_N) to pin every launch
 # to it: what the benchmark's tile sweep and the tests of the subtiled epilogue use.
@@ -253,7 +258,9 @@ def _check_matrix(name: str, t: torch.Tensor, shape: tuple) -> None:
                          f"offsets and needs < 2**31")
 
 
-def _launch(a, b, c, bias, aux, epilogue, accumulate):
+def _check(a, b, c, bias, aux):
+    """The public entry points' argument checks (mlp and lstm pass check=False: their
+    operands come from the validated contract and their own allocations)."""
     M, K = a.shape
     N = b.shape[1]
     if a.dtype != b.dtype:
@@ -265,38 +272,48 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate):
         _check_matrix(name, t, shape)
     if bias is not None:
         _check_matrix("bias", bias, (N,))
+    if aux is not None:
+        _check_matrix("preact", aux, (M, N))
+
+
+def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
+    if check:
+        _check(a, b, c, bias, aux)
+    M, K = a.shape
+    N = b.shape[1]
+    if bias is not None:
         # The epilogue reads bias_ptr + offs_n (unit stride): a strided bias view is copied,
         # N elements, which costs nothing next to the GEMM.
         bias = bias.contiguous()
-    if aux is not None:
-        _check_matrix("preact", aux, (M, N))
     precision = "ieee" if a.dtype == torch.float32 else "tf32"  # "tf32" is a no-op for 16-bit
     aux_t = aux if aux is not None else c
     bias_t = bias if bias is not None else c
-    common = dict(HAS_BIAS=bias is not None, EPILOGUE=epilogue, ACCUMULATE=accumulate,
-                  UPCAST=INTERPRETED, DOT_PRECISION=precision)
-    args = (a, b, c, bias_t, aux_t, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            c.stride(0), c.stride(1), aux_t.stride(0), aux_t.stride(1))
+    sa, sb, sc, sx = a.stride(), b.stride(), c.stride(), aux_t.stride()
+    args = (a, b, c, bias_t, aux_t, M, N, K, sa[0], sa[1], sb[0], sb[1], sc[0], sc[1], sx[0], sx[1])
     if autotuning() and CONFIG_OVERRIDE is None and not (INTERPRETED or accumulate
                                                          or a.dtype == torch.float32):
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        gemm_autotuned[grid](*args, **common)  # EVEN_K: from each config (even_k)
-        return c
+        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        gemm_autotuned[grid](*args, HAS_BIAS=bias is not None, EPILOGUE=epilogue,
+                             ACCUMULATE=accumulate, UPCAST=INTERPRETED, DOT_PRECISION=precision)
+        return c  # EVEN_K: from each config (even_k)
     if CONFIG_OVERRIDE is not None:
-        cfg = dict(CONFIG_OVERRIDE)
+        cfg = CONFIG_OVERRIDE
     elif INTERPRETED:
-        cfg = dict(_FIXED_INTERPRETED)
+        cfg = _FIXED_INTERPRETED
     elif a.dtype == torch.float32:  # "ieee" dots run on CUDA cores: big tiles only waste SMEM
-        cfg = dict(_FIXED_GPU_FP32)
+        cfg = _FIXED_GPU_FP32
     elif accumulate:  # one config, as before: see _FIXED_GPU
-        cfg = dict(_FIXED_GPU)
+        cfg = _FIXED_GPU
     else:
-        cfg = _as_dict(tile_for(M, N, sm_count(a.device)))
+        cfg = _TILE_ARGS[tile_for(M, N, sm_count(a.device)) is BIG_TILE]
     # SPLIT_N given even when 1, its default: Inductor's wrapper for a user kernel, when a
     # model is compiled whole, counts the arguments passed and does not fill in defaults.
-    cfg.setdefault("SPLIT_N", 1)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    gemm_kernel[grid](*args, **common, EVEN_K=even_k({"K": K, **cfg}), **cfg)
+    launch(gemm_kernel, (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),), *args,
+           HAS_BIAS=bias is not None, EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
+           DOT_PRECISION=precision, EVEN_K=K % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"],
+           BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+           SPLIT_N=cfg.get("SPLIT_N", 1), num_warps=cfg["num_warps"],
+           num_stages=cfg["num_stages"])
     return c
 
 
@@ -305,12 +322,13 @@ def _output(a, N, out, out_dtype):
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"gemm: argument 'out' must be a torch.Tensor; got {type(out).__name__}")
         return out
-    return torch.empty((a.shape[0], N), device=a.device, dtype=out_dtype or a.dtype)
+    return a.new_empty((a.shape[0], N), dtype=out_dtype or a.dtype)
 
 
 def gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=False,
-         preact_out=None):
-    """act(a @ b [+ out] [+ bias]); see the module docstring."""
+         preact_out=None, check=True):
+    """act(a @ b [+ out] [+ bias]); see the module docstring. check=False skips the
+    operand checks (callers whose operands are validated already: host time per call)."""
     if activation not in (None, "gelu"):
         raise ValueError(f"gemm: argument 'activation' must be None or 'gelu'; got {activation!r}")
     if accumulate and out is None:
@@ -322,13 +340,13 @@ def gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=
         epilogue = EPI_NONE
     else:
         epilogue = EPI_GELU if preact_out is None else EPI_GELU_SAVE
-    return _launch(a, b, c, bias, preact_out, epilogue, bool(accumulate))
+    return _launch(a, b, c, bias, preact_out, epilogue, bool(accumulate), check)
 
 
-def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None):
+def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None, check=True):
     """(a @ b) * GELU'(preact), in one pass (the derivative is applied in the epilogue)."""
     c = _output(a, b.shape[1], out, out_dtype)
-    return _launch(a, b, c, None, preact, EPI_GELU_GRAD, False)
+    return _launch(a, b, c, None, preact, EPI_GELU_GRAD, False, check)
 
 
 # ---------------------------------------------------------------------------------------
@@ -363,18 +381,18 @@ def column_sum(x, out_dtype=None, out=None):
     M, N = x.shape
     BLOCK_M, BLOCK_N = (16, 32) if INTERPRETED else (32, 128)
     # Enough row-chunks to fill the GPU, each a whole number of BLOCK_M rows.
-    chunks = 1 if INTERPRETED else max(1, min(triton.cdiv(M, 256), 64))
-    rows = triton.cdiv(triton.cdiv(M, chunks), BLOCK_M) * BLOCK_M
-    chunks = triton.cdiv(M, rows)
-    part = torch.empty((chunks, N), device=x.device, dtype=torch.float32)
-    column_sum_kernel[(chunks, triton.cdiv(N, BLOCK_N))](x, part, M, N, x.stride(0), x.stride(1),
-                                                        rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    chunks = 1 if INTERPRETED else max(1, min(cdiv(M, 256), 64))
+    rows = cdiv(cdiv(M, chunks), BLOCK_M) * BLOCK_M
+    chunks = cdiv(M, rows)
+    part = x.new_empty((chunks, N), dtype=torch.float32)
+    launch(column_sum_kernel, (chunks, cdiv(N, BLOCK_N)), x, part, M, N, x.stride(0), x.stride(1),
+           rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     if out is None:
-        out = torch.empty((N,), device=x.device, dtype=out_dtype or x.dtype)
+        out = x.new_empty((N,), dtype=out_dtype or x.dtype)
     # Second pass: the same kernel over the (chunks, N) partials, one chunk of all rows.
-    total = triton.cdiv(chunks, BLOCK_M) * BLOCK_M
-    column_sum_kernel[(1, triton.cdiv(N, BLOCK_N))](part, out, chunks, N, part.stride(0), 1,
-                                                   total, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    total = cdiv(chunks, BLOCK_M) * BLOCK_M
+    launch(column_sum_kernel, (1, cdiv(N, BLOCK_N)), part, out, chunks, N, N, 1, total,
+           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     return out
 
 

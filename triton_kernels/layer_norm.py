@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .gemm import sm_count
+from .launch import cdiv, launch, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_WIDTH = 65536
@@ -135,7 +136,7 @@ FORWARD_TILING: dict[tuple[int, int], tuple[int, int]] = {}
 
 def _tiling(N: int, element_size: int | None = None):
     """(BLOCK_M, BLOCK_N, num_warps): about 4-8K elements per program, whole rows."""
-    BLOCK_N = triton.next_power_of_2(N)
+    BLOCK_N = next_power_of_2(N)
     if INTERPRETED:
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
     if (N, element_size) in FORWARD_TILING:
@@ -168,7 +169,7 @@ def _backward_tiling(N: int, element_size: int):
     row per iteration, 8 warps, 4 programs per SM; fp32 0.315 vs 0.327 ms."""
     if INTERPRETED:
         return (*_tiling(N), 1)
-    BLOCK_N = triton.next_power_of_2(N)
+    BLOCK_N = next_power_of_2(N)
     if (N, element_size) in BACKWARD_TILING:
         BLOCK_M, num_warps, per_sm = BACKWARD_TILING[(N, element_size)]
         return BLOCK_M, BLOCK_N, num_warps, per_sm
@@ -180,48 +181,61 @@ def _backward_tiling(N: int, element_size: int):
 
 def _n_programs(device: torch.device, M: int, BLOCK_M: int, per_sm: int = 4) -> int:
     if INTERPRETED or device.type != "cuda":
-        return min(2, triton.cdiv(M, BLOCK_M))
-    return min(sm_count(device) * per_sm, triton.cdiv(M, BLOCK_M))
+        return min(2, cdiv(M, BLOCK_M))
+    return min(sm_count(device) * per_sm, cdiv(M, BLOCK_M))
+
+
+def _forward(x, weight, bias, eps):
+    """(y, x2, mean, rstd): the launch, without autograd. A contiguous x is passed as it is
+    (its row stride is N): no reshape views, and y = empty_like(x) has x's shape already."""
+    N = x.shape[-1]
+    if x.is_contiguous():
+        x2, stride_xm, M = x, N, x.numel() // N
+    else:
+        x2 = _rows(x)
+        stride_xm, M = x2.stride(0), x2.shape[0]
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    mean = x.new_empty((M,), dtype=torch.float32)
+    rstd = x.new_empty((M,), dtype=torch.float32)
+    BLOCK_M, BLOCK_N, num_warps = _tiling(N, x.element_size())
+    launch(layer_norm_fwd_kernel, (cdiv(M, BLOCK_M),), x2, weight, bias, y, mean, rstd, M, N,
+           stride_xm, N, eps, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
+    return y, x2, mean, rstd
 
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        x2 = _rows(x)
-        M, N = x2.shape
-        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-        mean = torch.empty((M,), device=x.device, dtype=torch.float32)
-        rstd = torch.empty((M,), device=x.device, dtype=torch.float32)
-        BLOCK_M, BLOCK_N, num_warps = _tiling(N, x.element_size())
-        layer_norm_fwd_kernel[(triton.cdiv(M, BLOCK_M),)](
-            x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
+        y, x2, mean, rstd = _forward(x, weight, bias, eps)
         ctx.save_for_backward(x2, weight, mean, rstd)
         ctx.x_shape = x.shape
-        return y.reshape(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
-        M, N = x2.shape
+        N = ctx.x_shape[-1]
+        M = mean.shape[0]
+        stride_xm = x2.stride(0) if x2.dim() == 2 and not x2.is_contiguous() else N
         dy2 = _rows(dy)
-        dx = torch.empty((M, N), device=x2.device, dtype=x2.dtype)
+        dx = x2.new_empty((M, N))
         BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, x2.element_size())
         programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
         # Whole BLOCK_M groups per program, so programs never share a row.
-        rows = triton.cdiv(triton.cdiv(M, programs), BLOCK_M) * BLOCK_M
-        programs = triton.cdiv(M, rows)
-        dw_part = torch.empty((programs, N), device=x2.device, dtype=torch.float32)
-        db_part = torch.empty((programs, N), device=x2.device, dtype=torch.float32)
-        layer_norm_bwd_kernel[(programs,)](
-            x2, weight, dy2, dx, mean, rstd, dw_part, db_part, M, N, x2.stride(0), dy2.stride(0),
-            dx.stride(0), rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
-        dw = torch.empty((N,), device=x2.device, dtype=weight.dtype)
-        db = torch.empty((N,), device=x2.device, dtype=weight.dtype)
+        rows = cdiv(cdiv(M, programs), BLOCK_M) * BLOCK_M
+        programs = cdiv(M, rows)
+        # dweight's and dbias's partial sums: one allocation, two halves
+        parts = x2.new_empty((2, programs, N), dtype=torch.float32)
+        dw_part, db_part = parts[0], parts[1]
+        launch(layer_norm_bwd_kernel, (programs,), x2, weight, dy2, dx, mean, rstd, dw_part,
+               db_part, M, N, stride_xm, dy2.stride(0), N, rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+               num_warps=num_warps)
+        dw = weight.new_empty((N,))
+        db = weight.new_empty((N,))
         RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
         for part, out in ((dw_part, dw), (db_part, db)):
-            sum_partials_kernel[(triton.cdiv(N, RB_N),)](part, out, programs, N, BLOCK_P=32,
-                                                          BLOCK_N=RB_N)
+            launch(sum_partials_kernel, (cdiv(N, RB_N),), part, out, programs, N, BLOCK_P=32,
+                   BLOCK_N=RB_N)
         return dx.reshape(ctx.x_shape), dw, db, None
 
 
@@ -240,4 +254,8 @@ def layer_norm(x, weight, bias, eps=1e-5):
     if x.dtype == torch.float64:
         raise TypeError("layer_norm: argument 'x' must be float16, bfloat16 or float32 for the "
                         "Triton kernels; got torch.float64")
-    return _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)
+    weight, bias = weight.contiguous(), bias.contiguous()
+    if needs_grad(x, weight, bias):
+        return _LayerNorm.apply(x, weight, bias, eps)
+    # Nothing to differentiate: autograd.Function.apply would only cost microseconds
+    return _forward(x, weight, bias, eps)[0]

@@ -56,6 +56,7 @@ import triton.language as tl
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, sm_count
+from .launch import cdiv, launch, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -333,13 +334,13 @@ def _plan(B: int, H: int, device: torch.device) -> dict:
         raise ValueError(f"lstm: LSTM_TRITON_MODE must be one of {', '.join(MODES)}; got {_MODE!r}")
     if INTERPRETED:
         # Programs run one after another here: one program must own every hidden unit.
-        bh = triton.next_power_of_2(H)
+        bh = next_power_of_2(H)
         return dict(BLOCK_B=16, BLOCK_H=bh, BLOCK_K=min(bh, 32), mode="single", num_warps=4)
     # At most 32 rows per program: a larger batch gets more programs (more SMs pulling
     # W_hh from L2) rather than longer dot products on the critical path of each step.
-    block_b = min(max(16, triton.next_power_of_2(B)), 32)
+    block_b = min(max(16, next_power_of_2(B)), 32)
     block_h = 16
-    n_b, n_h = triton.cdiv(B, block_b), triton.cdiv(H, block_h)
+    n_b, n_h = cdiv(B, block_b), cdiv(H, block_h)
     fits = n_b * n_h <= _sm_count(device)
     mode = _MODE if _MODE != "auto" else ("persistent" if fits else "step")
     if mode == "persistent" and not fits:
@@ -414,7 +415,7 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
     H = w_hh.shape[1]
     x2 = x.reshape(B * T, I)
     # 1. All input projections at once, kept in fp32 (the recurrence adds to it).
-    xp = gemm(x2, w_ih.t(), bias=b_ih, out_dtype=torch.float32)  # (B*T, 4H)
+    xp = gemm(x2, w_ih.t(), bias=b_ih, out_dtype=torch.float32, check=False)  # (B*T, 4H)
     out = torch.empty((B, T, H), device=x.device, dtype=x.dtype)
     c_t = torch.empty((B, H), device=x.device, dtype=x.dtype)
     if save:
@@ -424,25 +425,25 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
         gates, cs = xp, xp  # never touched (SAVE=False); any pointer will do
     h0_, c0_ = h0[0], c0[0]
     p = _plan(B, H, x.device)
-    n_b, n_h = triton.cdiv(B, p["BLOCK_B"]), triton.cdiv(H, p["BLOCK_H"])
-    n_h_pow2 = triton.next_power_of_2(n_h)
+    n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
+    n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     w = w_hh
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
                   SAVE=save, UPCAST=INTERPRETED, PRECISION=_precision(x.dtype),
                   num_warps=p["num_warps"], SPIN_LIMIT=SPIN_LIMIT)
 
-    def launch(t0, t1, c_in, sync):
-        _lstm_fwd[(n_b, n_h)](xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B, T, H,
-                              t0, t1, T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0),
-                              w.stride(1), out.stride(0), out.stride(1), SYNC=sync, **common)
+    def run(t0, t1, c_in, sync):
+        launch(_lstm_fwd, (n_b, n_h), xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B,
+               T, H, t0, t1, T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0),
+               w.stride(1), out.stride(0), out.stride(1), SYNC=sync, **common)
 
     # 2. The recurrence.
     if p["mode"] == "step":
         for t in range(T):  # c travels through c_t between launches
-            launch(t, t + 1, c0_ if t == 0 else c_t, False)
+            run(t, t + 1, c0_ if t == 0 else c_t, False)
     else:
-        launch(0, T, c0_, p["mode"] == "persistent")
+        run(0, T, c0_, p["mode"] == "persistent")
         if p["mode"] == "persistent":
             _watch(err)
     return out, c_t, gates, cs
@@ -455,8 +456,8 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
     dh0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
     dc0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
     p = _plan(B, H, x.device)
-    n_b, n_h = triton.cdiv(B, p["BLOCK_B"]), triton.cdiv(H, p["BLOCK_H"])
-    n_h_pow2 = triton.next_power_of_2(n_h)
+    n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
+    n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     d_out = d_out if d_out.stride(-1) == 1 else d_out.contiguous()
     d_hT, d_cT = d_hT[0].contiguous(), d_cT[0].contiguous()
@@ -465,29 +466,29 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
                   UPCAST=INTERPRETED, PRECISION=_precision(x.dtype), num_warps=p["num_warps"],
                   SPIN_LIMIT=SPIN_LIMIT)
 
-    def launch(t_hi, t_lo, dc_in, sync, final):
-        _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags, err,
-                              B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
-                              w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
+    def run(t_hi, t_lo, dc_in, sync, final):
+        launch(_lstm_bwd, (n_b, n_h), d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
+               err, B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
+               w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
 
     if p["mode"] == "step":
         for t in range(T - 1, -1, -1):
-            launch(t + 1, t, d_cT if t == T - 1 else dc0, False, False)
-        launch(0, 0, dc0, False, True)  # dh0 needs all of dZ_0: one more launch
+            run(t + 1, t, d_cT if t == T - 1 else dc0, False, False)
+        run(0, 0, dc0, False, True)  # dh0 needs all of dZ_0: one more launch
     elif p["mode"] == "persistent":
-        launch(T, 0, d_cT, True, True)
+        run(T, 0, d_cT, True, True)
         _watch(err)
     else:  # single program per batch block: its own dZ_0 is complete, no barrier needed
-        launch(T, 0, d_cT, False, True)
+        run(T, 0, d_cT, False, True)
 
     # Everything that does not recur is a GEMM over all B*T rows at once.
     dz2 = dz.reshape(B * T, 4 * H)
     hprev = torch.empty((B, T, H), device=x.device, dtype=x.dtype)  # h_{t-1} for step t
     hprev[:, 0] = h0[0]
     hprev[:, 1:] = out[:, :-1]
-    dx = gemm(dz2, w_ih).reshape(B, T, I)
-    dw_ih = gemm(dz2.t(), x.reshape(B * T, I))
-    dw_hh = gemm(dz2.t(), hprev.reshape(B * T, H))
+    dx = gemm(dz2, w_ih, check=False).reshape(B, T, I)
+    dw_ih = gemm(dz2.t(), x.reshape(B * T, I), check=False)
+    dw_hh = gemm(dz2.t(), hprev.reshape(B * T, H), check=False)
     db = column_sum(dz2, out_dtype=x.dtype)
     return dx, dh0[None], dc0[None], dw_ih, dw_hh, db, db.clone()
 
@@ -521,6 +522,9 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     inputs = (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     # Inside Function.forward grad mode is always off, so decide out here whether the
     # activations for backward (gates, c) must be saved at all (not under no_grad).
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    out, h_t, c_t = _LSTM.apply(save, *inputs)
-    return out, (h_t, c_t)
+    if needs_grad(*inputs):
+        out, h_t, c_t = _LSTM.apply(True, *inputs)
+        return out, (h_t, c_t)
+    # Nothing to differentiate: no activations saved, and no autograd.Function.apply
+    out, c_t, _, _ = _forward(*inputs, save=False)
+    return out, (out[:, -1].unsqueeze(0).clone(), c_t.unsqueeze(0))

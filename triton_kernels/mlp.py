@@ -30,6 +30,7 @@ import torch
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, gemm_gelu_backward
+from .launch import needs_grad
 
 KERNELS = list(_GEMM_KERNELS)
 
@@ -43,17 +44,25 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _forward(x, w1, b1, w2, b2, keep_preact: bool):
+    """(out, x2, pre, act) without autograd; pre (H = X W1^T + b1) is only kept for a
+    backward pass (the GELU's derivative needs it); without one, one GEMM fewer stores."""
+    x2 = _rows(x)
+    M, hidden = x2.shape[0], w1.shape[0]
+    pre = x2.new_empty((M, hidden)) if keep_preact else None
+    # G = GELU(H), and H itself in the same pass when the backward needs it
+    act = gemm(x2, w1.t(), b1, activation="gelu", preact_out=pre, check=False)
+    out = gemm(act, w2.t(), b2, check=False)
+    return out.view(*x.shape[:-1], w2.shape[0]), x2, pre, act
+
+
 class _MLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2):
-        x2 = _rows(x)
-        M, hidden = x2.shape[0], w1.shape[0]
-        pre = torch.empty((M, hidden), device=x.device, dtype=x.dtype)  # H = X W1^T + b1
-        act = gemm(x2, w1.t(), b1, activation="gelu", preact_out=pre)  # G = GELU(H)
-        out = gemm(act, w2.t(), b2)
+        out, x2, pre, act = _forward(x, w1, b1, w2, b2, keep_preact=True)
         ctx.save_for_backward(x2, w1, w2, pre, act)
         ctx.x_shape = x.shape
-        return out.reshape(*x.shape[:-1], w2.shape[0])
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -63,15 +72,15 @@ class _MLP(torch.autograd.Function):
         dx = dw1 = db1 = dw2 = db2 = None
         # Second layer: dW2 = dY^T G, db2 = colsum(dY); dH = (dY W2) * GELU'(H) fused.
         if needs[3]:
-            dw2 = gemm(dy.t(), act)
+            dw2 = gemm(dy.t(), act, check=False)
         if needs[4]:
             db2 = column_sum(dy, out_dtype=dy.dtype)
         if needs[0] or needs[1] or needs[2]:
-            dh = gemm_gelu_backward(dy, w2, pre)  # (M, hidden)
+            dh = gemm_gelu_backward(dy, w2, pre, check=False)  # (M, hidden)
             if needs[0]:
-                dx = gemm(dh, w1).reshape(ctx.x_shape)  # dX = dH W1
+                dx = gemm(dh, w1, check=False).reshape(ctx.x_shape)  # dX = dH W1
             if needs[1]:
-                dw1 = gemm(dh.t(), x2)  # dW1 = dH^T X
+                dw1 = gemm(dh.t(), x2, check=False)  # dW1 = dH^T X
             if needs[2]:
                 db1 = column_sum(dh, out_dtype=dh.dtype)
         return dx, dw1, db1, dw2, db2
@@ -82,4 +91,6 @@ def mlp(x, w1, b1, w2, b2):
     if x.dtype == torch.float64:
         raise TypeError("mlp: argument 'x' must be float16, bfloat16 or float32 for the Triton "
                         "kernels (tl.dot has no float64 tensor-core path); got torch.float64")
-    return _MLP.apply(x, w1, b1, w2, b2)
+    if needs_grad(x, w1, b1, w2, b2):
+        return _MLP.apply(x, w1, b1, w2, b2)
+    return _forward(x, w1, b1, w2, b2, keep_preact=False)[0]
