@@ -116,10 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", formatter_class=fmt,
                        help="check and time every component x level; writes compare.json/png/log",
-                       description="For every component and level: check it (at --check-size), then "
-                                   "time it (at --size): first call (compile/build, and whether it "
-                                   "found a warm cache) separately from steady state, forward and "
-                                   "forward+backward, peak GPU memory, break-even against native.\n"
+                       description="For every component and level: time it (at --size): first call "
+                                   "(compile/build, and whether it found a warm cache) separately from "
+                                   "steady state, forward and forward+backward, peak GPU memory, "
+                                   "break-even against native; then, every row timed, check it (at "
+                                   "--check-size).\n"
                                    "Prints only a progress bar and the table; what libraries print "
                                    "(compiler logs, warnings) goes to compare.log next to the report.")
     _add_filters(p, None, "timing size preset (default: small on CPU, bench on GPU)",
