@@ -211,9 +211,10 @@ def _memory_comparisons(case: specs.Case, args: dict, before: dict) -> list[Comp
     return found
 
 
-def _prepare(case: specs.Case):
+def _prepare(case: specs.Case, reference: bool = True):
     """Leaf tensors for the level (grads on), laid out like the case's, and their float64
-    twins for the reference."""
+    twins for the reference (an empty dict when `reference` is False: timing needs none, and
+    at the bench size they are the biggest allocation of the call)."""
     level_args, ref_args = {}, {}
     for name, value in case.args.items():
         if not isinstance(value, torch.Tensor):
@@ -221,7 +222,8 @@ def _prepare(case: specs.Case):
             continue
         wants_grad = name in case.differentiable
         level_args[name] = clone_layout(value).requires_grad_(wants_grad)
-        ref_args[name] = value.detach().to(torch.float64).requires_grad_(wants_grad)
+        if reference:
+            ref_args[name] = value.detach().to(torch.float64).requires_grad_(wants_grad)
     return level_args, ref_args
 
 
@@ -371,8 +373,13 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         with poisoned_allocations():
             outs, grads = run_case(getattr(module, component), case, upstream=upstream,
                                    memory=memory)
+            # Inference takes other code paths at some levels (Level 4 skips autograd's
+            # Function, stores no activations for a backward, folds BatchNorm into an
+            # epilogue): the forward is checked again with gradients off.
+            with torch.no_grad():
+                plain, _ = run_case(getattr(module, component), case)
     except WrongOutputs as exc:  # a fail, not an error: say what is wrong with each output
-        outs, grads = exc.outs, None
+        outs, grads, plain = exc.outs, None, []
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
@@ -389,6 +396,13 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     for out_name, got, ref in zip(case.outputs, outs, ref_outs):
         result.comparisons.append(compare(out_name, got, ref, bound, dtype))
+    if grads is not None and len(plain) != len(ref_outs):
+        result.comparisons.append(Comparison("no grad", float("nan"), float("nan"), False,
+                                             f"under torch.no_grad() returned {len(plain)} "
+                                             f"values, expected {len(ref_outs)}"))
+    elif grads is not None:
+        for out_name, got, ref in zip(case.outputs, plain, ref_outs):
+            result.comparisons.append(compare(f"{out_name} (no grad)", got, ref, bound, dtype))
     if grads is None:
         nan = float("nan")
         result.comparisons.append(Comparison("backward", nan, nan, False,

@@ -15,6 +15,10 @@ Each level answers in its own terms, from the real thing, never from a descripti
   compile      the code Inductor generated for the forward and the backward graph: C++
                (OpenMP + SIMD) on a CPU, Triton on a GPU, plus the library calls it kept.
   others       the level module's own `explain(component, device)`, if it has one.
+  triton       also "Where the microseconds go": the host time of one small call, piece by
+               piece (validation, allocations, launch, autograd.Function.apply), measured
+               on a CUDA GPU, else the recorded reports/h100-host-probe.json, labelled so
+               (equivalence/host_probe.py).
 
 Inputs are the component's `tiny` case (float32 unless asked otherwise), so the listing
 is short and fast; the structure is the same at every size.
@@ -23,6 +27,7 @@ is short and fast; the structure is the same at every size.
 from __future__ import annotations
 
 import re
+import textwrap
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -117,7 +122,10 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
             return Explanation(component, info.name, name, [
                 Section("runs elsewhere", note),
                 Section("the kernels", module.explain(component, device))])
-        return Explanation(component, info.name, name, [Section("unavailable", note)])
+        sections = [Section("unavailable", note)]
+        if info.name == "triton":  # the recorded host-time lesson needs no GPU
+            sections.append(host_time_section(component, device))
+        return Explanation(component, info.name, name, sections)
     explainers = {"native": _explain_native, "torchscript": _explain_torchscript,
                   "compile": _explain_compile}
     if info.name in explainers:
@@ -141,8 +149,10 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
         for var in variants:
             _run(getattr(module, component), spec.case("small", var, dtype, device, seed=0))
         torch.cuda.synchronize(device)
-    return Explanation(component, info.name, name,
-                       [Section(info.title, str(own(component, device)))])
+    sections = [Section(info.title, str(own(component, device)))]
+    if info.name == "triton":
+        sections.append(host_time_section(component, device))
+    return Explanation(component, info.name, name, sections)
 
 
 # ---------------------------------------------------------------------------------------
@@ -400,4 +410,195 @@ def _explain_compile(component: str, case: specs.Case, device) -> list[Section]:
     return sections
 
 
-__all__ = ["Explanation", "Section", "explain", "inductor_code"]
+# ---------------------------------------------------------------------------------------
+# Level 4: where a small call's microseconds go (the host's, not the kernel's)
+# ---------------------------------------------------------------------------------------
+
+HOST_TITLE = "Where the microseconds go"
+WIDTH = len(RULE)
+
+
+def _wrap(text: str, indent: str = "", first: str | None = None) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent=indent if first is None else first,
+                         subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=False)
+
+
+def _us(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+NAME_WIDTH = 35  # the piece column; "what it is" gets WIDTH - 2 - NAME_WIDTH - 9 = 42 characters
+
+
+def _table(rows: list[dict], name_width: int = NAME_WIDTH) -> list[str]:
+    """One line per piece: name, microseconds, what it is (cut to the width, never wrapped:
+    a wrapped row would break the columns)."""
+    lines = []
+    for r in rows:
+        line = f"  {r['name']:<{name_width}}{_us(r['us']):>7}  {r['what']}"
+        lines.append(line if len(line) <= WIDTH else line[:WIDTH - 3] + "...")
+    return lines
+
+
+def host_time_section(component: str, device) -> Section:
+    """"Where the microseconds go": the host time of one small Level 4 call, piece by piece.
+    Measured live on a CUDA GPU (equivalence.host_probe.host_breakdown); elsewhere the
+    recorded numbers (reports/h100-host-probe.json), labelled as recorded."""
+    from . import host_probe as hp
+
+    device = torch.device(device)
+    if component not in hp.PROBED:
+        return Section(HOST_TITLE, _host_not_probed(component, hp))
+    why_not_live = hp.unavailable_reason(device)
+    data = None
+    if why_not_live is None:
+        try:
+            data = hp.host_breakdown(component, device)
+        except Exception as exc:  # noqa: BLE001 - the recorded numbers still teach
+            why_not_live = f"the live probe failed: {type(exc).__name__}: {exc}"
+    if data is None:
+        try:
+            data = hp.recorded_breakdown(component)
+        except FileNotFoundError:
+            return Section(HOST_TITLE, _host_missing(component, hp, why_not_live))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a damaged file
+            return Section(HOST_TITLE, f"{hp._shown(hp.RECORDED)} could not be read "
+                                       f"({type(exc).__name__}: {exc}).\n\n"
+                           + _host_missing(component, hp, why_not_live, missing=False))
+    title = HOST_TITLE + ("  (measured here)" if data["status"] == "measured" else
+                          "  (recorded elsewhere, not measured here)")
+    return Section(title, _render_host(data, why_not_live, hp))
+
+
+def _host_missing(component, hp, why_not_live, missing: bool = True) -> str:
+    head = (f"No recorded host-time breakdown: {hp._shown(hp.RECORDED)} is missing, "
+            if missing else "No recorded host-time breakdown to show, ")
+    return "\n".join([
+        _wrap(head + f"and this process cannot measure one ({why_not_live})."),
+        "",
+        "To record it, on a machine with a CUDA GPU:",
+        f"  PYTHONPATH=. python3 scripts/probe_host.py {hp._shown(hp.RECORDED)}",
+        "or measure it there directly, in Python:",
+        f"  from equivalence.host_probe import host_breakdown; host_breakdown({component!r})"])
+
+
+def _host_not_probed(component, hp) -> str:
+    lines = [_wrap(f"Not broken down for {component}: the host probe "
+                   f"(equivalence/host_probe.py) covers {' and '.join(hp.PROBED)}; see "
+                   f"`levels explain --component layer_norm --level triton`. What it shows "
+                   f"holds here too: whatever its kernels' own time, a Level 4 call costs the "
+                   f"host the contract's checks, allocations, autograd.Function.apply (when "
+                   f"a gradient is wanted) and one Python launch per kernel, and at a tiny "
+                   f"shape that host time is the call's time.")]
+    if component == "attention":
+        try:
+            rec = hp.load_recorded().get("layer_norm_bwd", {})
+            l4, eager = rec.get("attn L4 no_grad"), rec.get("attn eager sdpa no_grad")
+        except (OSError, ValueError, AttributeError):
+            l4 = eager = None
+        if isinstance(l4, (int, float)) and isinstance(eager, (int, float)):
+            lines += ["", _wrap(f"Recorded ({hp._shown(hp.RECORDED)}, not measured here): the "
+                                f"whole Level 4 call {l4:.1f} µs against SDPA's {eager:.1f} µs, "
+                                f"causal, q = k = v (1, 2, 37, 16) bfloat16, under no_grad.")]
+    return "\n".join(lines)
+
+
+def _render_host(data: dict, why_not_live: str | None, hp) -> str:
+    lines = []
+    if data["status"] == "measured":
+        lines += [f"MEASURED here, now: {data.get('gpu')}, {data.get('date')}",
+                  f"  versions  {data.get('versions')}",
+                  f"  by        equivalence.host_probe.{data.get('command')}"]
+    else:
+        lines += [_wrap(f"RECORDED, not measured here ({why_not_live}). The numbers below "
+                        f"are another machine's:")]
+        for label, key in (("GPU", "gpu"), ("date", "date"), ("versions", "versions"),
+                           ("file", "source"), ("made by", "command")):
+            lines.append(f"  {label:<9} {data.get(key) or '(not in the file)'}")
+        if data.get("note"):
+            lines.append(_wrap(data["note"], indent=" " * 12, first=f"  {'note':<9} "))
+    total, eager = data["total"], data["eager"]
+    rule = f"  {'-' * (NAME_WIDTH - 2)}  {'-' * 7}"
+    what = WIDTH - len(rule) - 2
+    lines += ["", f"One call: {data['call']},", f"on {data['shapes']}.",
+              "Host time per call, calls back to back (medians, µs):", "",
+              f"  {'piece':<{NAME_WIDTH}}{'µs':>7}  what it is", rule + f"  {'-' * what}"]
+    lines += _table(data["pieces"])
+    lines += [rule]
+    lines += _table([{**total, "name": "= " + total["name"]}, eager])
+    if data.get("kernel_us") is not None:
+        lines += _table([{"name": "GPU time of the call", "us": data["kernel_us"],
+                          "what": "the kernel(s) alone, queue primed"}])
+    lines += ["", "Next to it, not part of the call above:"]
+    lines += _table(data["alternatives"])
+    if data.get("footnote"):
+        lines += ["", _wrap(data["footnote"], indent="    ", first="  ")]
+    if data.get("errors"):
+        lines += ["", "Pieces that could not be timed (n/a above):"]
+        lines += [_wrap(f"{k}: {v}", indent="    ", first="  ") for k, v in data["errors"].items()]
+    lines += ["", *_host_lesson(data, hp)]
+    return "\n".join(lines)
+
+
+def _host_lesson(data: dict, hp) -> list[str]:
+    rows = {r["name"]: r["us"] for r in (*data["pieces"], *data["alternatives"])}
+    total, eager = data["total"]["us"], data["eager"]["us"]
+    component = data["component"]
+    kernel = data.get("kernel_us")
+    gpu = (f"the GPU's own part of it is {kernel:.1f} µs" if kernel is not None
+           else "the GPU's own part is not in this recording (a live breakdown measures it)")
+    out = ["The lesson:"]
+    if total is not None and eager is not None:
+        out.append(_wrap(f"What dominates a tiny call: the host. The pieces above are CPU work "
+                         f"(Python, checks, allocations, launches) and add up to the call's "
+                         f"{total:.1f} µs, {total / eager:.1f}x eager's {eager:.1f} µs; {gpu}. "
+                         f"A faster kernel would not change this number.",
+                         indent="  ", first="- "))
+    crossover = hp.kernel_dominates_above(component, total)
+    if crossover:
+        out.append(_wrap(f"When the kernel time dominates: once the kernel runs longer than "
+                         f"the host needs to issue it. Roughly: {crossover}. Below that size, "
+                         f"cut host time; above it, kernel work is what shows.",
+                         indent="  ", first="- "))
+    out.append("- The fixes:")
+    validate = rows.get(f"validate_{component}")
+    once = f"validate once: the contract's checks cost {_us(validate)} µs on every call"
+    if component == "mlp":
+        own, unchecked = rows.get("one GEMM with its own checks"), None
+        unchecked = data["raw"].get("mlp", {}).get("tg.gemm gelu into out, check=False")
+        if own is not None and unchecked is not None:
+            once += (f"; checking the GEMM operands again in each launch would add "
+                     f"{own - unchecked:.1f} µs a GEMM, so Level 4 passes check=False")
+    out.append(_wrap(once + "; a layer whose shapes do not change can check at its first "
+                     "call.", indent="    ", first="  * "))
+    apply = rows.get("autograd.Function.apply")
+    out.append(_wrap("skip autograd.Function when nothing needs a gradient"
+                     + (f": apply costs {apply:.1f} µs a call" if apply is not None else "")
+                     + "; Level 4 already calls the forward directly then (needs_grad in "
+                       "triton_kernels/launch.py).", indent="    ", first="  * "))
+    jit, fast, raw = (rows.get("launch through kernel[grid]"),
+                      rows.get("launch (triton_kernels/launch.py)"),
+                      rows.get("compiled launcher alone (ck.run)"))
+    off = rows.get("the call, direct launches off")
+    if jit is not None and fast is not None:
+        direct = f"kernel[grid] {jit:.1f} µs -> {fast:.1f} µs a launch"
+        if off is not None and total is not None:
+            direct += f" (the whole call: {off:.1f} -> {total:.1f} µs)"
+        if raw is not None:
+            direct += f"; the compiled launcher alone, the floor from Python, is {raw:.1f} µs"
+    elif off is not None and total is not None:
+        direct = (f"the call takes {off:.1f} µs with every launch through kernel[grid], "
+                  f"{total:.1f} µs with direct launches")
+    else:
+        direct = "they skip Triton's per-call binding and specialization"
+    out.append(_wrap(f"direct launches (triton_kernels/launch.py): {direct}.",
+                     indent="    ", first="  * "))
+    out.append(_wrap("CUDA graphs: capture the call once and replay it: one graph launch, "
+                     "with no Python, checks or allocations per call (shapes, dtypes and "
+                     "buffers fixed at capture). levels.nn.cuda_graph(module, *example_args) "
+                     "does this for a levels.nn layer.", indent="    ", first="  * "))
+    return out
+
+
+__all__ = ["Explanation", "Section", "explain", "host_time_section", "inductor_code"]

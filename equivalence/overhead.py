@@ -21,6 +21,15 @@ Per component and level, and for the eager library call (the yardstick, a user's
 `host - kernel` is the time per call the GPU sits idle waiting for the CPU. The goal
 (issue 12): a Level 4 call costs the host at most eager's + 10 us.
 
+Then the same component at Level 1 and Level 4 replayed as a CUDA graph
+(levels.nn.cuda_graph, GPU only), timed the same way: the report's `graph_rows` (the level
+rows above stay in `rows`, as they were), each with `capture_fwd_ms`/`capture_fwd_bwd_ms`
+(warm-up plus capture) and `host_fwd_vs_level_us` (graph minus the same level's un-graphed
+call: negative means the graph saves that much per call). The activations (attention's q, k,
+v; the LSTM's x, h0, c0; x elsewhere) are the graph's arguments, copied into it on every
+call; the weights are a module's parameters, which the graph reads in place. A row whose
+capture fails says so (status "skip", with the reason); on a CPU every graph row is skipped.
+
 On a CPU the call is the host's work (there is no queue to wait on), so kernel_fwd and
 gpu_ops_per_call are absent; Level 4 runs in Triton's interpreter there, an emulation whose
 time means nothing, and Level 5 needs a GPU: both are listed as skipped with the reason.
@@ -39,6 +48,14 @@ from . import specs
 from .timing import time_fn, time_host
 
 GOAL_EXTRA_US = 10.0  # issue 12: a Level 4 call's host time <= eager's + 10 us
+GRAPH_LEVELS = ("native", "triton")  # levels also timed replayed as a CUDA graph
+GRAPH_NEEDS_CUDA = "CUDA graphs need a CUDA device"
+GRAPH_SUFFIX = " + CUDA graph"
+# the arguments a graphed component takes per call (its activations); the other tensors are
+# its module's parameters (running statistics: buffers), the rest constants
+GRAPH_INPUTS = {"attention": ("q", "k", "v"), "layer_norm": ("x",), "mlp": ("x",),
+                "lstm": ("x", "h0", "c0"), "conv_bn": ("x",)}
+_BUFFERS = ("running_mean", "running_var")
 SIZE = "tiny"
 EAGER = "eager"
 MIN_TIME_S = 0.2  # per measurement: a tiny call is ~10-100 us, so thousands of calls
@@ -105,18 +122,122 @@ def measure_row(component: str, name: str, impl, args: dict, device: torch.devic
     try:
         with impl.context():
             forward, forward_backward = _passes(impl, args, component, seed)
-            forward()  # first calls (compile, JIT, build) are not what this measures
-            forward_backward()
-            row["host_fwd"] = time_host(forward, device, min_time_s=min_time_s).to_dict()
-            row["host_fwd_bwd"] = time_host(forward_backward, device,
-                                            min_time_s=min_time_s).to_dict()
-            if device.type == "cuda":
-                row["kernel_fwd"] = time_fn(forward, device, min_time_s=min_time_s,
-                                            prime=True).to_dict()
-                try:
-                    row["gpu_ops_per_call"] = _gpu_ops_per_call(forward, device)
-                except Exception as exc:  # noqa: BLE001 - the count is extra: say why it is absent
-                    row["gpu_ops_note"] = f"torch.profiler failed: {type(exc).__name__}: {exc}"
+            _time_passes(row, forward, forward_backward, device, min_time_s)
+    except Exception as exc:  # noqa: BLE001 - recorded, never hidden
+        row["status"], row["reason"] = "error", f"{type(exc).__name__}: {str(exc)[:400]}"
+    return row
+
+
+def _time_passes(row: dict, forward, forward_backward, device, min_time_s: float) -> None:
+    """Host time of both passes, calls back to back; on a GPU also the forward's kernel time
+    and its GPU operations per call."""
+    forward()  # first calls (compile, JIT, build, capture) are not what this measures
+    forward_backward()
+    row["host_fwd"] = time_host(forward, device, min_time_s=min_time_s).to_dict()
+    row["host_fwd_bwd"] = time_host(forward_backward, device, min_time_s=min_time_s).to_dict()
+    if device.type == "cuda":
+        row["kernel_fwd"] = time_fn(forward, device, min_time_s=min_time_s, prime=True).to_dict()
+        try:
+            row["gpu_ops_per_call"] = _gpu_ops_per_call(forward, device)
+        except Exception as exc:  # noqa: BLE001 - the count is extra: say why it is absent
+            row["gpu_ops_note"] = f"torch.profiler failed: {type(exc).__name__}: {exc}"
+
+
+def _one_call(component: str, level: str, args: dict, training: bool) -> torch.nn.Module:
+    """One component's function at `level` as a levels.nn module (what cuda_graph captures):
+    its weights as parameters (requiring grad for a training pass), running statistics as
+    buffers, constants fixed, the activations (GRAPH_INPUTS) as forward's arguments."""
+    from levels.nn import _Leveled
+
+    inputs = GRAPH_INPUTS[component]
+    wants = set(specs.get(component).differentiable) if training else set()
+
+    class OneCall(_Leveled):
+        def __init__(self):
+            super().__init__(level)
+            self.names, self.constants = [], {}
+            for name, value in args.items():
+                if name in inputs:
+                    continue
+                if not isinstance(value, torch.Tensor):
+                    self.constants[name] = value
+                elif name in _BUFFERS:
+                    self.register_buffer(name, value.detach().clone())
+                else:
+                    self.register_parameter(name, torch.nn.Parameter(
+                        value.detach().clone(), requires_grad=name in wants))
+                if isinstance(value, torch.Tensor):
+                    self.names.append(name)
+
+        def forward(self, *tensors):
+            kw = dict(zip(inputs, tensors), **self.constants)
+            kw.update((name, getattr(self, name)) for name in self.names)
+            return self._fn()(**kw)
+
+    OneCall.component = component
+    OneCall.__name__ = OneCall.__qualname__ = f"OneCall[{component}]"
+    return OneCall()
+
+
+def _graph_passes(component: str, name: str, args: dict, seed: int):
+    """(forward, forward+backward, capture ms of each): the component at level `name` as a
+    module, captured by levels.nn.cuda_graph twice (forward only under no_grad; with the
+    backward), each on its own copy of the arguments."""
+    from levels.nn import cuda_graph
+
+    from .bench.suite import _own_args, _upstream
+    from .check import flatten
+
+    plain = _own_args(args, component, training=False)
+    inputs = [plain[n] for n in GRAPH_INPUTS[component]]
+    start = time.perf_counter()
+    with torch.no_grad():
+        fwd_graph = cuda_graph(_one_call(component, name, plain, False), *inputs, backward=False)
+    capture_fwd_ms = (time.perf_counter() - start) * 1e3
+
+    def forward():
+        with torch.no_grad():
+            return fwd_graph(*inputs)
+
+    leaves = _own_args(args, component, training=True)
+    inputs_g = [leaves[n] for n in GRAPH_INPUTS[component]]
+    module = _one_call(component, name, leaves, True)
+    start = time.perf_counter()
+    bwd_graph = cuda_graph(module, *inputs_g, backward=True)
+    capture_fwd_bwd_ms = (time.perf_counter() - start) * 1e3
+    wrt = [t for t in inputs_g if t.requires_grad] + [p for p in module.parameters()
+                                                      if p.requires_grad]
+    grads = []
+
+    def forward_backward():
+        outs = flatten(bwd_graph(*inputs_g))
+        if not grads:
+            grads.extend(_upstream(outs, seed))
+        torch.autograd.grad(outs, wrt, grads)
+
+    return forward, forward_backward, capture_fwd_ms, capture_fwd_bwd_ms
+
+
+def measure_graph_row(component: str, name: str, args: dict, device: torch.device, seed: int,
+                      min_time_s: float) -> dict:
+    """Level `name` of `component` replayed as a CUDA graph (see the module doc)."""
+    row = {"component": component, "level": name + GRAPH_SUFFIX, "graphed_level": name,
+           "status": "ok", "reason": "", "host_fwd": None, "host_fwd_bwd": None,
+           "kernel_fwd": None, "gpu_ops_per_call": None, "gpu_ops_note": "", "validate": None,
+           "capture_fwd_ms": None, "capture_fwd_bwd_ms": None}
+    if device.type != "cuda":
+        return row | {"status": "skip", "reason": GRAPH_NEEDS_CUDA}
+    reason = levels.status(name, device, component)
+    if reason:
+        return row | {"status": "skip", "reason": reason}
+    try:
+        forward, forward_backward, row["capture_fwd_ms"], row["capture_fwd_bwd_ms"] = \
+            _graph_passes(component, name, args, seed)
+    except Exception as exc:  # noqa: BLE001 - a level the graph cannot hold: said, not hidden
+        return row | {"status": "skip",
+                      "reason": f"capture failed: {type(exc).__name__}: {str(exc)[:400]}"}
+    try:
+        _time_passes(row, forward, forward_backward, device, min_time_s)
     except Exception as exc:  # noqa: BLE001 - recorded, never hidden
         row["status"], row["reason"] = "error", f"{type(exc).__name__}: {str(exc)[:400]}"
     return row
@@ -130,7 +251,8 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     names = [levels.resolve(n).name for n in (level_names or levels.LEVEL_NAMES)]
-    rows = []
+    graphed = [n for n in GRAPH_LEVELS if n in names]
+    rows, graph_rows = [], []
     start = time.perf_counter()
     with compile_mode(names, device):
         for component in components or COMPONENTS:
@@ -159,12 +281,31 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
                         row["validate"] = validate  # part of the level's host time, not extra
                 row |= {"variant": variant, "size": SIZE, "shapes": shapes}
                 rows.append(row)
+            for name in graphed:
+                if on_step:
+                    on_step(f"{component} · {name}{GRAPH_SUFFIX}")
+                row = measure_graph_row(component, name, args, device, seed, min_time_s)
+                graph_rows.append(row | {"variant": variant, "size": SIZE, "shapes": shapes})
     _compare_with_eager(rows)
+    _compare_graphs(graph_rows, rows)
     return {"kind": "overhead", "environment": _environment(device),
             "settings": {"device": str(device), "dtype": str(dtype).replace("torch.", ""),
                          "size": SIZE, "levels": names, "min_time_s": min_time_s, "seed": seed,
-                         "goal_extra_us": GOAL_EXTRA_US},
-            "rows": rows, "goals": goals(rows, device), "elapsed_s": time.perf_counter() - start}
+                         "goal_extra_us": GOAL_EXTRA_US, "graph_levels": graphed},
+            "rows": rows, "goals": goals(rows, device), "graph_rows": graph_rows,
+            "elapsed_s": time.perf_counter() - start}
+
+
+def _compare_graphs(graph_rows: list[dict], rows: list[dict]) -> None:
+    """Each graph row against eager (as the level rows) and against its own level's
+    un-graphed call (negative: the graph saves that many microseconds per call)."""
+    _compare_with_eager([r for r in rows if r["level"] == EAGER] + graph_rows)
+    level = {(r["component"], r["level"]): r for r in rows if r["status"] == "ok"}
+    for r in graph_rows:
+        base = level.get((r["component"], r["graphed_level"]))
+        for key in ("host_fwd", "host_fwd_bwd"):
+            ok = r["status"] == "ok" and base is not None and r.get(key) and base.get(key)
+            r[f"{key}_vs_level_us"] = _us(r[key]) - _us(base[key]) if ok else None
 
 
 def _compare_with_eager(rows: list[dict]) -> None:
@@ -207,8 +348,9 @@ def add_overhead_arguments(parser) -> None:
     parser.add_argument("--overhead", action="store_true",
                         help="per-call host overhead instead: every level and the eager library "
                              "call at the 'tiny' size, calls back to back (host time), the GPU's "
-                             "own time, kernels per call and the validation's share; runs on a "
-                             "CPU too. --out: a .json path or a directory (default "
+                             "own time, kernels per call and the validation's share, and Levels "
+                             "1 and 4 replayed as a CUDA graph (levels.nn.cuda_graph; GPU only); "
+                             "runs on a CPU too. --out: a .json path or a directory (default "
                              "reports/<gpu>-overhead.json; on a CPU levels-reports/cpu-overhead.json)")
 
 
@@ -231,7 +373,7 @@ def print_report(report: dict, console) -> None:
     for col in cols + ["note"]:
         table.add_column(col, no_wrap=col != "note", min_width=24 if col == "note" else None)
     last = None
-    for r in report["rows"]:
+    for r in _display_order(report):
         if last is not None and r["component"] != last:
             table.add_section()
         last = r["component"]
@@ -252,6 +394,8 @@ def print_report(report: dict, console) -> None:
         note = escape(r.get("gpu_ops_note", ""))
         if r.get("gpu_idle_us") is not None and r["gpu_idle_us"] > 0:
             note = (f"GPU idle {r['gpu_idle_us']:.3g} µs per call, waiting for the CPU " + note).strip()
+        if "graphed_level" in r:
+            note = (_graph_note(r) + " " + note).strip()
         table.add_row(r["component"], escape(name), *cells, note)
     console.print(table)
     if report["goals"]:
@@ -270,6 +414,31 @@ def print_report(report: dict, console) -> None:
                       markup=False, highlight=False)
 
 
+def _display_order(report: dict) -> list[dict]:
+    """The level rows, each component's CUDA-graph rows right after its own."""
+    graphs = report.get("graph_rows", [])
+    out = []
+    for i, r in enumerate(report["rows"]):
+        out.append(r)
+        following = report["rows"][i + 1]["component"] if i + 1 < len(report["rows"]) else None
+        if following != r["component"]:
+            out += [g for g in graphs if g["component"] == r["component"]]
+    return out
+
+
+def _graph_note(r: dict) -> str:
+    """What a CUDA-graph row adds: its saving against its own level, and the capture's cost."""
+    parts = []
+    for key, what in (("host_fwd_vs_level_us", "fwd"), ("host_fwd_bwd_vs_level_us", "fwd+bwd")):
+        if r.get(key) is not None:
+            parts.append(f"{what} {'+' if r[key] >= 0 else ''}{r[key]:.3g} µs")
+    text = f"vs {r['graphed_level']} un-graphed: {', '.join(parts)}." if parts else ""
+    if r.get("capture_fwd_ms") is not None:
+        text += (f" Capture {r['capture_fwd_ms']:.3g} ms (fwd), "
+                 f"{r['capture_fwd_bwd_ms']:.3g} ms (fwd+bwd), warm-up included.")
+    return text.strip()
+
+
 def run_overhead(args, console) -> int:
     """`levels bench --overhead`: 0 when it ran, 1 when a level raised, 3 when nothing ran."""
     from .bench.suite import _write, output_path
@@ -284,7 +453,8 @@ def run_overhead(args, console) -> int:
     names = [levels.resolve(n).name for n in (_split(getattr(args, "level", None)) or [])] or None
     json_path = output_path(args.out, device, "overhead")
     log_path = json_path.with_suffix(".log")
-    steps = len(comps) * (1 + len(names or levels.LEVEL_NAMES))
+    chosen = names or levels.LEVEL_NAMES
+    steps = len(comps) * (1 + len(chosen) + sum(n in chosen for n in GRAPH_LEVELS))
     with _library_output_to(log_path, console) as quiet:
         with _progress(quiet, steps) as progress:
             task = progress.add_task("overhead", total=steps)
@@ -307,8 +477,9 @@ def run_overhead(args, console) -> int:
         return EXIT_NOTHING_RAN
     print_report(report, console)
     console.print(f"wrote {json_path}; {_log_note(log_path)}", markup=False, highlight=False)
-    return EXIT_FAILED if any(r["status"] == "error" for r in report["rows"]) else EXIT_OK
+    return EXIT_FAILED if any(r["status"] == "error" for r in report["rows"]
+                              + report["graph_rows"]) else EXIT_OK
 
 
-__all__ = ["EAGER", "GOAL_EXTRA_US", "add_overhead_arguments", "goals", "measure", "measure_row",
-           "print_report", "run_overhead"]
+__all__ = ["EAGER", "GOAL_EXTRA_US", "GRAPH_LEVELS", "add_overhead_arguments", "goals", "measure",
+           "measure_graph_row", "measure_row", "print_report", "run_overhead"]

@@ -316,7 +316,8 @@ def suite_figure(report: dict, path) -> Path:
     """`levels bench --suite models`: per component, one horizontal bar per shape and pass
     and level: the level's speed relative to the best library call at that shape (best
     library median / level median, p20-p80 whiskers), on one log scale shared by all
-    panels, with lines at parity (1×), at the component's goal and at the 0.7× floor."""
+    panels, with lines at parity (1×), at the component's goal and at the 0.7× floor; on a GPU
+    a tick marks each level's ratio by kernel time alone (kernel_ratio)."""
     plt = _pyplot()
     entries, names = report["entries"], report["settings"]["levels"]
     goals, floor = report["settings"]["goals"], report["settings"]["floor"]
@@ -351,6 +352,11 @@ def suite_figure(report: dict, path) -> Path:
                             xerr=[[max(r - lo, 0)], [max(hi - r, 0)]], capsize=1.5,
                             error_kw={"lw": 0.7}, label=_label(name) if y == 0 else None)
                     ax.text(max(hi, r) * 1.04, yy, f"{r:.2f}×", va="center", fontsize=6.5)
+                    k = s.get("kernel_ratio")
+                    if k:  # kernels alone: the distance to the bar's end is host time
+                        ratios.append(k)
+                        ax.plot([k], [yy], marker="|", ms=7, mew=1.6, color="black",
+                                zorder=3)
                 else:
                     status = "no library ran" if s and s["status"] == "ok" else \
                         (s["status"] if s else "not run")
@@ -387,6 +393,9 @@ def suite_figure(report: dict, path) -> Path:
     handles += [Line2D([], [], color="black", ls="--", lw=0.9, label="as fast as the library"),
                 Line2D([], [], color="#2ca02c", ls=":", lw=0.9, label="goal, where not 1×"),
                 Line2D([], [], color="#d62728", ls=":", lw=0.9, label=f"floor {floor:g}×")]
+    if any(s.get("kernel_ratio") for e in report["entries"] for s in e["levels"].values()):
+        handles.append(Line2D([], [], color="black", marker="|", ls="none", ms=7, mew=1.6,
+                              label="kernels alone (no host time)"))
     # above the first panel, right of its title: constrained layout makes room for it
     ax0.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=3, fontsize=7.5,
                frameon=False)

@@ -64,7 +64,7 @@ class Profile:
     ceilings: dict | None = None  # equivalence.ceilings.Ceilings.to_dict() of this device
     trace: str | None = None  # path of the Chrome trace, if one was asked for
     notes: str = ""
-    # where the wall time went: inputs, first_call, fwd, fwd_bwd, memory (host, trace)
+    # where the wall time went: draw, open, inputs, first_call, fwd, fwd_bwd, memory (host, trace)
     wall_s: dict = field(default_factory=dict)
 
     def throughput(self, which: str = "fwd") -> dict:
@@ -91,8 +91,8 @@ class Profile:
 class _Laps:
     """lap(name) records the seconds since the previous lap (or since creation) in `into`."""
 
-    def __init__(self, into: dict):
-        self.into, self.last = into, time.perf_counter()
+    def __init__(self, into: dict, start: float | None = None):
+        self.into, self.last = into, time.perf_counter() if start is None else start
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
@@ -100,9 +100,31 @@ class _Laps:
         self.last = now
 
 
+# The last case drawn, by everything that decides its values. `compare` profiles every
+# level of a component at one seed: the same numbers, drawn on the CPU and copied over,
+# took 1-2 s per row at the bench size on the H100's host (about 20 s of a cold compare,
+# reports/h100-compare-2026-11-23b.json). The levels never see these tensors: _prepare
+# hands each call its own copies, so reusing them cannot leak one level's writes into the
+# next. One entry only: a bench-size case is hundreds of MB.
+_LAST_CASE: list = []
+
+
+def _case(spec: specs.Spec, size, variant: str, dtype, device, seed: int) -> specs.Case:
+    if isinstance(size, dict):  # custom shapes: keyed by value, not identity
+        key = (spec.name, tuple(sorted(size.items())), variant, dtype, str(device), seed)
+    else:
+        key = (spec.name, size, variant, dtype, str(device), seed)
+    if _LAST_CASE and _LAST_CASE[0][0] == key:
+        return _LAST_CASE[0][1]
+    _LAST_CASE.clear()  # drop the old case before drawing the new one (peak memory)
+    case = spec.case(size, variant, dtype, device, seed)
+    _LAST_CASE.append((key, case))
+    return case
+
+
 def _passes(fn, case: specs.Case, seed: int):
     """Closures for one forward, and one forward+backward, on fixed inputs."""
-    args, _ = _prepare(case)
+    args, _ = _prepare(case, reference=False)
     inputs = [args[n] for n in case.differentiable]
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
 
@@ -207,7 +229,9 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
     spec = specs.get(component)
     variant = variant or next(iter(spec.variants))
     seed = fresh_seed() if seed is None else seed
-    case = spec.case(size, variant, dtype, device, seed)
+    start = time.perf_counter()
+    case = _case(spec, size, variant, dtype, device, seed)
+    drawn = time.perf_counter()
     name, reason, module = _open(target, device, component)
     p = Profile(component, name, variant, dtype_name(dtype), str(device),
                 size if isinstance(size, str) else "custom", case.shapes(), status="skip",
@@ -222,7 +246,11 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
         p.status, p.reason = "untimed", "Triton's CPU interpreter is an emulation, not a speed"
         return p
     fn = getattr(module, component)
-    lap = _Laps(p.wall_s)
+    # "draw": the case's random inputs (reused from the previous row when they match);
+    # "open": importing or building the level; "inputs": this level's own copies
+    p.wall_s["draw"] = round(drawn - start, 3)
+    lap = _Laps(p.wall_s, drawn)
+    lap("open")
     forward, forward_backward = _passes(fn, case, seed)
     lap("inputs")
     try:

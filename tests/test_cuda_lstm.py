@@ -173,8 +173,9 @@ def _twin_ops():
             h = h_t.float()
             outs.append(h_t)
         out = torch.stack(outs, 1)
-        empty = torch.empty(0)
-        return out, out[:, -1].clone(), c.to(h0.dtype), gates if save else empty, cs if save else empty
+        # Unsaved activations: two separate empty tensors (a custom op's returns may not alias)
+        return (out, out[:, -1].clone(), c.to(h0.dtype), gates if save else torch.empty(0),
+                cs if save else torch.empty(0))
 
     @torch.library.custom_op("levels_test_lstm_twin::lstm_bwd", mutates_args=())
     def bwd(dout: torch.Tensor, dh_n: torch.Tensor, dc_n: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor,

@@ -1,11 +1,14 @@
 """`explain`: what each level really runs, in text that belongs to the component."""
 
+import json
 import types
 
 import pytest
+import torch
 
 import levels
 from equivalence import explain as explain_module
+from equivalence import host_probe
 from equivalence.explain import Explanation, explain
 from levels import torchscript as ts
 
@@ -114,3 +117,128 @@ def test_notebook_display_is_the_text():
     text._repr_pretty_(types.SimpleNamespace(text=printed.append), cycle=False)
     assert printed == [str(text)]
     assert explain_module.RULE in printed[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Level 4: "Where the microseconds go" (host time of one small call; issue 12)
+# ---------------------------------------------------------------------------------------
+
+HOST = "Where the microseconds go"
+
+
+def _flat(text: str) -> str:
+    """The text with its line breaks undone (paragraphs are wrapped to the rule's width)."""
+    return " ".join(text.split())
+
+
+def _row(body: str, name: str) -> float:
+    """The µs column of the table row whose piece is `name`."""
+    for line in body.splitlines():
+        if line.startswith("  " + name + " ") and line[2 + explain_module.NAME_WIDTH:].strip():
+            return float(line[2 + explain_module.NAME_WIDTH:2 + explain_module.NAME_WIDTH + 7])
+    raise AssertionError(f"no row {name!r} in:\n{body}")
+
+
+def test_triton_explain_shows_the_recorded_host_breakdown_labelled_as_recorded():
+    recorded = json.loads(host_probe.RECORDED.read_text())
+    text = explain("layer_norm", "triton")  # on the CPU: the recording, never a measurement
+    title = next(s.title for s in text.sections if s.title.startswith(HOST))
+    assert "recorded elsewhere, not measured here" in title
+    body = text.section(HOST)
+    assert "RECORDED, not measured here" in body and "MEASURED" not in body
+    for fact in (recorded["gpu"], recorded["date"], recorded["versions"],
+                 "reports/h100-host-probe.json", recorded["command"]):
+        assert fact in body
+    ln, bwd = recorded["layer_norm"], recorded["layer_norm_bwd"]
+    expected = {
+        "validate_layer_norm": ln["validate_layer_norm"],
+        "_on_kernel_device": ln["_on_kernel_device"],
+        "3 allocations: y, mean, rstd": ln["3x torch.empty"],
+        "launch (triton_kernels/launch.py)": ln["fast launch only"],
+        "= the Level 4 call": ln["L4 levels.triton.layer_norm no_grad"],
+        "eager F.layer_norm (yardstick)": ln["eager F.layer_norm no_grad"],
+        "launch through kernel[grid]": ln["JIT launch only"],
+        "compiled launcher alone (ck.run)": ln["ck.run raw"],
+        "autograd.Function.apply": ln["_LayerNorm.apply"] - ln["tln.layer_norm (after validation)"],
+        "Level 4 forward + backward": bwd["L4 fwd+bwd"],
+    }
+    for name, us in expected.items():
+        assert _row(body, name) == pytest.approx(us, abs=0.051), name
+    # the pieces add up to the call: the remainder is named, not hidden
+    pieces = ["validate_layer_norm", "_on_kernel_device", "3 allocations: y, mean, rstd",
+              "launch (triton_kernels/launch.py)", "the rest (call - the above)"]
+    assert sum(_row(body, p) for p in pieces) == pytest.approx(_row(body, "= the Level 4 call"),
+                                                               abs=0.3)
+    lesson = _flat(body.split("The lesson:")[1])
+    for fix in ("validate once", "skip autograd.Function", "direct launches", "CUDA graphs",
+                "levels.nn.cuda_graph", "rows of 4096"):
+        assert fix in lesson
+    # readable in a terminal: nothing wider than the rule, no cut-off cell
+    assert all(len(line) <= len(explain_module.RULE) for line in body.splitlines())
+    assert "..." not in body
+
+
+def test_mlp_host_breakdown_is_recorded_too_and_other_components_say_who_has_one():
+    recorded = json.loads(host_probe.RECORDED.read_text())["mlp"]
+    body = explain("mlp", "triton").section(HOST)
+    assert _row(body, "validate_mlp") == pytest.approx(recorded["validate_mlp"], abs=0.051)
+    assert _row(body, "2 GEMMs (one timed, x 2)") == pytest.approx(
+        2 * recorded["tg.gemm gelu into out, check=False"], abs=0.051)
+    assert _row(body, "the call, direct launches off") == pytest.approx(
+        recorded["L4 mlp no_grad, fast launch OFF"], abs=0.051)
+    assert "check=False" in _flat(body) and "TFLOP/s" in body
+    other = _flat(explain("lstm", "triton").section(HOST))
+    assert "Not broken down for lstm" in other and "layer_norm and mlp" in other
+
+
+def test_a_missing_recording_gives_the_message_and_how_to_make_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(host_probe, "RECORDED", tmp_path / "h100-host-probe.json")
+    body = _flat(explain("layer_norm", "triton").section(HOST))
+    assert "is missing" in body and "scripts/probe_host.py" in body
+    assert "host_breakdown('layer_norm')" in body and "µs" not in body
+    (tmp_path / "h100-host-probe.json").write_text("{not json")
+    assert "could not be read" in explain("layer_norm", "triton").section(HOST)
+
+
+def test_host_probe_without_a_gpu_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "no CUDA GPU" in host_probe.unavailable_reason("cuda")
+    with pytest.raises(host_probe.HostProbeUnavailable, match="no CUDA GPU"):
+        host_probe.host_breakdown("layer_norm")
+    with pytest.raises(ValueError, match="layer_norm, mlp"):
+        host_probe.host_breakdown("lstm")
+
+
+def test_a_live_breakdown_is_labelled_measured_and_a_failed_one_falls_back(monkeypatch):
+    live = {**host_probe.recorded_breakdown("layer_norm"), "status": "measured",
+            "gpu": "Some GPU", "command": "host_breakdown('layer_norm')", "kernel_us": 3.21}
+    monkeypatch.setattr(host_probe, "unavailable_reason", lambda device="cuda": None)
+    monkeypatch.setattr(host_probe, "host_breakdown", lambda component, device: live)
+    text = explain_module.host_time_section("layer_norm", "cuda")
+    assert text.title.endswith("(measured here)")
+    assert "MEASURED here, now: Some GPU" in text.body and "RECORDED" not in text.body
+    assert _row(text.body, "GPU time of the call") == 3.2  # shown to 0.1 µs
+    assert "the GPU's own part of it is 3.2 µs" in _flat(text.body)
+
+    def broken(component, device):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(host_probe, "host_breakdown", broken)
+    body = _flat(explain_module.host_time_section("layer_norm", "cuda").body)
+    assert "RECORDED, not measured here (the live probe failed: RuntimeError: boom)" in body
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("component", host_probe.PROBED)
+def test_live_host_breakdown_times_every_piece(component):
+    d = host_probe.host_breakdown(component, "cuda")
+    assert d["status"] == "measured" and d["gpu"] and not d["errors"], d["errors"]
+    rows = [d["total"], d["eager"], *d["pieces"], *d["alternatives"]]
+    bad = {r["name"]: r["us"] for r in rows if r["us"] is None or (r["us"] <= 0 and not r["derived"])}
+    assert not bad, bad
+    # a difference of two medians may dip below 0 by noise, never by a large amount
+    assert all(r["us"] > -0.25 * d["total"]["us"] for r in rows if r["derived"]), rows
+    assert 0 < d["kernel_us"] < d["total"]["us"]  # a tiny call: the host's, not the GPU's
+    assert sum(p["us"] for p in d["pieces"]) == pytest.approx(d["total"]["us"], abs=0.1)
+    section = explain(component, "triton", device="cuda").section(HOST)
+    assert "MEASURED here, now" in section and "GPU time of the call" in section

@@ -151,7 +151,8 @@ def test_reference_solution_scores_full():
     assert scores(result) == {("layer_norm", "native"): 10, ("layer_norm", "triton"): 10}
     assert (result["score"], result["max_score"]) == (20, 20)
     triton = result["tests"][1]["output"]
-    assert "forward: your kernels ran: layer_norm.layer_norm_fwd_kernel x4" in triton
+    # x8: each of the 4 checks runs the forward twice, with gradients and under no_grad
+    assert "forward: your kernels ran: layer_norm.layer_norm_fwd_kernel x8" in triton
     assert "backward: your kernels ran: layer_norm.layer_norm_bwd_kernel x4" in triton
 
 

@@ -205,3 +205,35 @@ def test_compare_checks_level4_in_threads_after_all_timing_poisoned_throughout(m
     from equivalence import specs
     expected = [list(specs.get(c).variants) for c in ("attention", "layer_norm") for _ in range(3)]
     assert [[c.variant for c in r.checks] for r in rows] == expected  # in order, every variant
+
+
+def test_rows_of_one_component_share_one_draw_and_never_each_others_copies(monkeypatch):
+    from equivalence import specs
+
+    drawn = []
+    real = specs.Spec.case
+
+    def counting(self, *a, **k):
+        drawn.append(a)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(specs.Spec, "case", counting)
+    prof._LAST_CASE.clear()
+    seen = []
+
+    def mutating(x, weight, bias, eps=1e-5):
+        seen.append(x.detach().clone())
+        with torch.no_grad():
+            x.add_(1000.0)  # a level that writes into its input: the next row must not see it
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    a = profile("layer_norm", fn=mutating, size="tiny", seed=7, min_time_s=0.01)
+    b = profile("layer_norm", "native", size="tiny", seed=7, min_time_s=0.01)
+    assert a.status == "ok" and b.status == "ok"
+    assert len(drawn) == 1  # the second row reused the first one's case
+    assert {"draw", "open", "inputs", "first_call"} <= set(b.wall_s)
+    case = prof._LAST_CASE[0][1]
+    torch.testing.assert_close(seen[0], case.args["x"], rtol=0, atol=0)  # the pristine draw
+    profile("layer_norm", "native", size="tiny", seed=8, min_time_s=0.01)
+    profile("layer_norm", "native", size="tiny", seed=8, variant="default", min_time_s=0.01)
+    assert len(drawn) == 2  # a new seed draws anew; the same seed again does not

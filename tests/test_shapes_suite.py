@@ -142,6 +142,18 @@ def test_geomean_and_minimum():
     assert r["min"] == 0.8 and r["min_at"] == "b fwd" and r["timed"] == 2
 
 
+def test_kernel_time_ratios_are_summarized_beside_but_never_judged():
+    # GPU runs also time kernels alone (the host's time per call left out): reported next
+    # to the end-to-end ratios, which alone decide the goals.
+    entries = [_entry("layer_norm", "a", 0.5), _entry("layer_norm", "b", 0.8)]
+    entries[0]["levels"]["triton"]["kernel_ratio"] = 1.2
+    entries[1]["levels"]["triton"]["kernel_ratio"] = 1.05
+    r = _status(entries, "layer_norm")
+    assert r["kernel_geomean"] == pytest.approx(math.sqrt(1.2 * 1.05)) and r["kernel_min"] == 1.05
+    assert r["status"] == "missed" and r["geomean"] == pytest.approx(math.sqrt(0.4))
+    assert _status([_entry("layer_norm", "a", 1.1)], "layer_norm")["kernel_geomean"] is None
+
+
 def test_one_shape_below_the_floor_misses_the_goal_whatever_the_mean():
     entries = [_entry("attention", "a", 3.0), _entry("attention", "b", 1.5),
                _entry("attention", "c", 0.69)]

@@ -77,6 +77,28 @@ def test_conv_bn_channels_last_rect_kernel_no_bias(training):
     _passes("conv_bn", args)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("weight_layout", ["1x1", "channels_last 3x3", "strided 1x1"])
+def test_conv_bn_eval_inference_applies_batchnorm_in_the_epilogue(bias, weight_layout):
+    # Eval under no_grad with a weight whose channels are contiguous takes the fused path
+    # (BatchNorm in the conv's epilogue, no fold kernel); the harness checks that forward
+    # again with gradients off. A 1x1 strided view (channels 2 apart) takes the fold.
+    k = 3 if "3x3" in weight_layout else 1
+    shape = dict(N=2, C_in=6, H=5, W=7, C_out=10, k=k, stride=(2, 1), padding=(k // 2, 0),
+                 channels_last=True)
+    args = _args("conv_bn", shape, torch.float32, seed=5, training=False)
+    if weight_layout == "channels_last 3x3":
+        args["conv_weight"] = args["conv_weight"].contiguous(memory_format=torch.channels_last)
+        assert args["conv_weight"].stride(1) == 1
+    if weight_layout == "strided 1x1":
+        w = args["conv_weight"]
+        args["conv_weight"] = torch.cat([w, w], 1)[:, ::2]
+        assert args["conv_weight"].stride(1) == 2
+    if not bias:
+        args["conv_bias"] = None
+    _passes("conv_bn", args)
+
+
 def test_conv_bn_train_updates_running_stats_once():
     # The running statistics move in forward only (not again in backward), like BatchNorm2d.
     args = _args("conv_bn", specs.get("conv_bn").sizes["tiny"], torch.float32, training=True)
@@ -118,6 +140,41 @@ def test_mlp_with_subtiled_epilogue(split, monkeypatch):
     _passes("mlp", _args("mlp", dict(rows=(37,), K=40, hidden=72, N=33), torch.float32, seed=split))
 
 
+@pytest.mark.parametrize("splits", [2, 3])
+def test_mlp_with_split_k(splits, monkeypatch):
+    # Split-K is only picked by the size rule on a GPU (few output tiles, long K); pinned
+    # here, the partial sums and the second kernel's epilogue (bias, GELU+save, GELU', none)
+    # go through the interpreter and the whole harness, forward and backward. K = 200 and
+    # hidden = 72: slices of 96 and 32 rows of K with a masked tail.
+    from triton_kernels import gemm
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=splits, num_warps=4,
+               num_stages=1 if DEVICE == "cpu" else 3)
+    monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
+    _passes("mlp", _args("mlp", dict(rows=(2, 5), K=200, hidden=72, N=33), torch.float32,
+                         seed=splits))
+
+
+def test_gemm_split_k_comes_from_the_problem_size():
+    from triton_kernels.gemm import NARROW_TILE, MID_TILE, SMALL_M, _as_dict, small_m_tile, \
+        split_k_for
+    decode = small_m_tile(8, 4096)
+    assert (decode["BLOCK_M"], decode["BLOCK_N"], decode["BLOCK_K"]) == (16, 64, 128)
+    assert small_m_tile(40, 768)["BLOCK_M"] == 64 and small_m_tile(SMALL_M, 4096)["BLOCK_M"] == 64
+    assert small_m_tile(8, 256)["BLOCK_K"] == 64  # K shorter than two long steps
+    # Llama-2 7B decode, M = 8: W1's 172 tiles fill 132 SMs, no split
+    assert split_k_for(8, 11008, 4096, decode, sms=132) == 1
+    # ...W2's 64 tiles do not: 3 slices of K = 11008 (every SM gets a program)
+    assert split_k_for(8, 4096, 11008, small_m_tile(8, 11008), sms=132) == 3
+    # a short K is not cut below MIN_K_PER_SPLIT: GPT-2 decode's W1 (K = 768) stays whole
+    assert split_k_for(8, 3072, 768, small_m_tile(8, 768), sms=132) == 1
+    assert split_k_for(8, 768, 3072, small_m_tile(8, 3072), sms=132) == 3
+    # full tiles never split (measured: the round trip costs more): GPT-2 prefill's W2
+    assert split_k_for(1000, 768, 3072, _as_dict(NARROW_TILE), sms=132) == 1
+    # enough tiles already: no split, whatever K is
+    assert split_k_for(8192, 16384, 4096, _as_dict(MID_TILE), sms=132) == 1
+    assert split_k_for(16, 132 * 64, 1 << 20, decode, sms=132) == 1
+
+
 def test_gemm_rejects_mismatched_operands():
     from triton_kernels.gemm import gemm
     a = torch.randn(4, 5, device=DEVICE)
@@ -144,6 +201,8 @@ def test_gemm_tile_comes_from_the_problem_size():
     assert tile_for(128 * 12, 256 * 11, sms=132) is BIG_TILE  # exactly 132
     assert tile_for(128 * 12, 256 * 11 - 1, sms=132) is BIG_TILE  # still 11 columns
     assert tile_for(128 * 11, 256 * 12, sms=133) is MID_TILE
+    from triton_kernels.gemm import NARROW_TILE
+    assert tile_for(1000, 768, sms=132) is NARROW_TILE  # 8 x 6 = 48 square tiles < 132 SMs
 
 
 # ------------------------------------------------------------------------------ GPU only --

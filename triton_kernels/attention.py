@@ -371,13 +371,19 @@ TUNED = {
     # BLOCK_N=128 stages 3: 495/436 TFLOP/s full/causal; BLOCK_N=64: 486/427; 4 stages or
     # 2 stages: 473/414 and 468/391.
     "fwd_d128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    "fwd_small_d": dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    # D <= 64: 64-query blocks. H100 kernel times (reports/h100-small-shapes.json), against
+    # 128 x 64: GPT-2 small (B8 H12 N1024 causal) 49 vs 61 us, ViT-B/16 (N197) 51 vs 59,
+    # BERT-base (N512) 79 vs 87.
+    "fwd_small_d": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     "fwd_fp32": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
     # Backward: BLOCK_N = the key block of dK/dV (and query block of dQ), BLOCK_M the
     # streamed block (query block of dK/dV, key block of dQ).
     # 8 warps: dK and dV of a 128-key block are two 128 x D fp32 accumulators (4 warps
     # spill: 171 TFLOP/s). Streamed block 64: 372/354 TFLOP/s full/causal, 32: 304/301.
     "bwd": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+    # D = 64 was tried with 32 x 64 and 64 x 64 blocks, 4 warps: the same kernel time as
+    # this entry within 2% at GPT-2 small, ViT-B/16 and BERT-base's shapes in one run,
+    # 10-20% apart either way in another (reports/h100-small-shapes*.json): kept.
     "bwd_fp32": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2),
     "interpreted_fwd": dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
     "interpreted_bwd": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),

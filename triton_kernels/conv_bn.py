@@ -59,14 +59,14 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # ---------------------------------------------------------------------------------------
 
 @triton.jit
-def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr,
+def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr,
                     P, C_in, H, W, C_out, H_out, W_out,
                     sxn, sxc, sxh, sxw, swo, swc, swi, swj, sop, soo,
-                    sh, sw, ph, pw,
+                    sh, sw, ph, pw, eps,
                     KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr):
+                    GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False):
     pid_m, pid_n = grouped_tile(P, C_out, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -105,6 +105,16 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr,
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
+    if BN_EPILOGUE:
+        # Eval BatchNorm as the epilogue: (conv + b - mean) * gamma / sqrt(var + eps) + beta,
+        # per output channel, on the tile in registers (fold_bn_kernel's job, without a
+        # launch or a folded copy of the weight).
+        var = tl.load(var_ptr + offs_o, mask=o_ok, other=1.0).to(tl.float32)
+        scale = tl.load(gamma_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32) \
+            / tl.sqrt(var + tl.cast(eps, tl.float32))
+        mean = tl.load(mean_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+        acc = (acc - mean[None, :]) * scale[None, :] + beta[None, :]
     tl.store(out_ptr + offs_p[:, None] * sop + offs_o[None, :] * soo,
              acc.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & o_ok[None, :])
 
@@ -458,17 +468,26 @@ def _fwd_tile(P: int, C_in: int, C_out: int, device) -> dict:
       multiply 61 masked zeros for every 3 channels;
     - BLOCK_N follows C_out: 64 for C_out <= 64 (a 128 or 256 wide tile would be half or
       three-quarters masked columns), the wide 256 only when C_out fills it and its tiles
-      alone fill every SM, else 128.
+      alone fill every SM, else 128;
+    - BLOCK_M is 64 instead of 128 when the 128-row tiles would leave half the SMs idle.
 
     LEVELS_TRITON_AUTOTUNE=1 times the two fixed tiles instead (a compile each per shape)."""
     block_k = min(64, max(16, next_power_of_2(C_in)))
+    sms = sm_count(device)
     if C_out <= 64:
         block_n, warps = 64, 4
-    elif C_out >= 256 and cdiv(P, 128) * cdiv(C_out, 256) >= sm_count(device):
+    elif C_out >= 256 and cdiv(P, 128) * cdiv(C_out, 256) >= sms:
         block_n, warps = 256, 8
     else:
         block_n, warps = 128, 8
-    return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_warps=warps,
+    block_m = 128
+    if 2 * cdiv(P, 128) * cdiv(C_out, block_n) <= sms:
+        # Few output pixels (ResNet's 7x7 stages: P = 32 x 49): half-height tiles, twice
+        # the programs, when the 128-row tiles would leave half the SMs idle or more. H100
+        # kernel times (reports/h100-small-shapes.json): layer4 3x3 43 us against 58; at
+        # layer3 (98 tiles of 128 rows) the 64-row tile was slower, 32 us against 26.
+        block_m, warps = 64, 4
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_warps=warps,
                 num_stages=3)
 
 
@@ -485,17 +504,20 @@ def _w_strides(w):
     return w.stride(0), w.stride(1), w.stride(2), w.stride(3)
 
 
-def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW):
-    """out2d[p, o] = conv(x, w)[p, o] (+ bias). w given as a tensor + its (o, c, i, j) strides."""
+def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
+    """out2d[p, o] = conv(x, w)[p, o] (+ bias). w given as a tensor + its (o, c, i, j) strides.
+    bn: (gamma, beta, running_mean, running_var, eps) to apply eval BatchNorm in the epilogue."""
     N, C_in, H, W = x.shape
     P = N * s["H_out"] * s["W_out"]
     C_out = out2d.shape[1]
     precision, cfg = _dot_cfg(x.dtype)
-    args = (x, w_ptr_t, bias if bias is not None else out2d, out2d,
+    gamma, beta, mean, var, eps = bn if bn is not None else (out2d, out2d, out2d, out2d, 0.0)
+    args = (x, w_ptr_t, bias if bias is not None else out2d, out2d, gamma, beta, mean, var,
             P, C_in, H, W, C_out, s["H_out"], s["W_out"], *x.stride(), *w_strides,
-            out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"])
+            out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"], eps)
+    # BN_EPILOGUE given even when False: Inductor's wrapper counts the arguments (gemm.py)
     common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
-                  DOT_PRECISION=precision)
+                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None)
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
         launch(conv_fwd_kernel, grid, *args, **common, GROUP_M=8, **cfg)
@@ -590,6 +612,16 @@ class _ConvBN(torch.autograd.Function):
                           memory_format=torch.channels_last)
         out2d = _as_rows(out)
         ctx.meta = (s, kH, kW, training, b is not None, P)
+        if not training and isinstance(ctx, _NoBackward) and w.stride(1) == 1:
+            # Inference with a weight whose channels are already contiguous (any 1x1 conv,
+            # channels_last weights): the fold's re-layout buys nothing, so BatchNorm rides
+            # in the convolution's epilogue instead: one launch and no folded weight copy
+            # (the host's time dominates small eval convs). A backward needs the fold's
+            # scale and folded weight, and an NCHW 3x3 weight the fold's K-major re-layout
+            # (its channels are 9 elements apart: scattered 2-byte loads in the main loop).
+            _conv_fwd(x, w, _w_strides(w), b, out2d, s, kH, kW,
+                      bn=(gamma, beta, running_mean, running_var, eps))
+            return out
         if not training:
             w_f = torch.empty((C_out, kH, kW, C_in), device=dev, dtype=x.dtype)
             b_f, scale, invstd = (torch.empty((C_out,), **f32) for _ in range(3))

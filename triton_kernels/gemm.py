@@ -33,6 +33,12 @@ so the fp32 tolerance applies; slow on tensor-core GPUs, and declared so). 16-bi
 run on the tensor cores with fp32 accumulation. Under TRITON_INTERPRET=1 tiles are
 upcast to fp32 before the dot, because the interpreter's bf16 arithmetic is wrong.
 
+Small M (decode: a handful of tokens) changes the problem: the GEMM is bound by reading
+B, and (M/128) x (N/128) tiles do not fill the GPU. The tile then has as few rows as the
+tensor cores take (small_m_tile), and split-K (split_k_for) gives slices of K their own
+programs; a second kernel adds the fp32 partial sums in a fixed order and runs the
+epilogue. Both are chosen from (M, N, K) and the SM count, never per benchmark shape.
+
 Limits: element offsets are 32-bit (the launcher refuses operands spanning >= 2**31
 elements instead of silently wrapping around).
 """
@@ -46,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv, launch
+from .launch import cdiv, launch, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -105,15 +111,19 @@ def _epilogue(acc, offs_m, offs_n, c_ptr, bias_ptr, aux_ptr, M, N,
 
 
 @triton.jit
-def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
-                M, N, K,
+def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, ws_ptr,
+                M, N, K, K_PER_SPLIT,
                 stride_am, stride_ak, stride_bk, stride_bn,
                 stride_cm, stride_cn, stride_xm, stride_xn,
                 HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ACCUMULATE: tl.constexpr,
                 UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr = 1):
+                GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr = 1, PARTIAL: tl.constexpr = False):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    # Split-K: program (tile, pid_k) sums only K_PER_SPLIT (a multiple of BLOCK_K) of the
+    # K dimension and, PARTIAL, stores that partial sum; unsplit, K_PER_SPLIT == K.
+    pid_k = tl.program_id(1)
+    k_first = pid_k * K_PER_SPLIT
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -123,16 +133,16 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
     # the K loop lean; only K itself must be masked, since it is summed over.
     a_rows = offs_m % M
     b_cols = offs_n % N
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + b_cols[None, :] * stride_bn
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_first + offs_k)[:, None] * stride_bk + b_cols[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(0, tl.cdiv(tl.minimum(K - k_first, K_PER_SPLIT), BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            k_left = K - k * BLOCK_K
+            k_left = K - k_first - k * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if UPCAST:
@@ -143,7 +153,12 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
         b_ptrs += BLOCK_K * stride_bk
 
     # ---- epilogue: everything below touches registers only, until the final store ----
-    if SPLIT_N == 2:
+    if PARTIAL:
+        # Only a partial sum: to the fp32 workspace (splits, M, N), contiguous, for
+        # splitk_reduce_kernel to add up in a fixed order and finish with the epilogue.
+        ws = ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    elif SPLIT_N == 2:
         # Epilogue subtiling: hand the tile to the epilogue in two (BLOCK_M, BLOCK_N/2)
         # halves. A 128x256 fp32 accumulator is already 128 registers per thread; the GELU
         # temporaries of the whole tile on top of it spill (measured: 42 and 292 spilled
@@ -161,6 +176,24 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr,
                   stride_cm, stride_cn, stride_xm, stride_xn, HAS_BIAS, EPILOGUE, ACCUMULATE)
 
 
+@triton.jit
+def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, aux_ptr, M, N, SPLITS,
+                         stride_cm, stride_cn, stride_xm, stride_xn,
+                         HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ACCUMULATE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out = epilogue(sum over the splits of the workspace): split-K's second pass. The
+    splits are added in the same order every run (no atomics): deterministic results."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(ws + s * M * N, mask=mask, other=0.0)
+    _epilogue(acc, offs_m, offs_n, c_ptr, bias_ptr, aux_ptr, M, N,
+              stride_cm, stride_cn, stride_xm, stride_xn, HAS_BIAS, EPILOGUE, ACCUMULATE)
+
+
 def _configs():
     # Measured on an H100 (MLP bench "forward sweep", reports/h100-bench.json, two runs):
     # 128x256 tiles with the subtiled epilogue (SPLIT_N=2) won, 565-578 TFLOP/s at 3 or 4
@@ -175,6 +208,11 @@ BIG_TILE_3_STAGES = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64
                                    "SPLIT_N": 2}, num_stages=3, num_warps=8)
 MID_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_N": 1},
                          num_stages=4, num_warps=8)
+# Half as wide again, for GEMMs whose 128 x 128 tiles do not fill the SMs (GPT-2 prefill's
+# second GEMM, M = 1000, N = 768: 48 tiles): twice the programs. H100 kernel time 14.2 us
+# against 17.5 us for 128 x 128 (reports/h100-small-shapes.json).
+NARROW_TILE = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
+                             "SPLIT_N": 1}, num_stages=4, num_warps=8)
 
 
 def sm_count(device) -> int:
@@ -198,14 +236,64 @@ def tile_for(M: int, N: int, sms: int) -> triton.Config:
     The big tile is the fastest per tile (it reuses each loaded A and B block 256 and 128
     times), but it only pays when there are enough tiles to keep every SM busy: a GEMM
     with fewer 128x256 tiles than SMs leaves SMs idle for the whole kernel, so it takes
-    the 128x128 tile, twice as many programs. At the MLP bench shape (8192 x 16384:
+    the 128x128 tile, twice as many programs, or the 128x64 when even those do not fill
+    the SMs. At the MLP bench shape (8192 x 16384:
     4096 big tiles on 132 SMs) this is the autotuner's own pick. Autotuning
     (LEVELS_TRITON_AUTOTUNE=1) instead compiles and times all three candidates for every
     new (M, N, K, strides, epilogue): about 3x the compile work of a first call (the MLP's
     cold first forward+backward at the bench shape took 19 s on the H100 with it) for
     the pick this rule makes at that shape."""
     big = cdiv(M, 128) * cdiv(N, 256)
-    return BIG_TILE if big >= sms else MID_TILE
+    if big >= sms:
+        return BIG_TILE
+    return MID_TILE if cdiv(M, 128) * cdiv(N, 128) >= sms else NARROW_TILE
+
+
+# A GEMM with at most this many rows (decode: a few tokens) is limited by reading B, not
+# by the tensor cores: a 128-row tile would compute 16x more rows than exist at M = 8.
+SMALL_M = 64
+
+
+def small_m_tile(M: int, K: int) -> dict:
+    """The tile for M <= SMALL_M: as few rows as tl.dot allows (16) or M rounded up to a
+    power of two, 64 columns (twice the programs of 128: this GEMM needs every SM pulling
+    B from memory), and long K steps (each streams a 64 x BLOCK_K slab of B, the bytes
+    this GEMM is made of). Measured on the H100 at Llama-2 7B's and GPT-2's decode GEMMs
+    (scripts/probe_small_shapes.py, kernel times in reports/h100-small-shapes.json), with
+    split_k_for's slices: within 1-6% of the fastest tile and split tried and of cuBLAS
+    (Llama W1 34.0 vs 33.6 us, W2 35.5 vs 35.3 us; GPT-2 W1 4.0 vs 3.4, W2 6.3 vs 6.1)."""
+    BLOCK_M = max(16, next_power_of_2(M))
+    BLOCK_K = 128 if K >= 512 else 64
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=BLOCK_K, GROUP_M=1, num_warps=4,
+                num_stages=4 if BLOCK_M <= 32 else 3)
+
+
+# Every slice of a split K is at least this long: shorter slices cost more in the partial
+# sums' round trip and the second launch than the extra programs gain (measured: GPT-2's
+# decode W1, K = 768, was fastest unsplit).
+MIN_K_PER_SPLIT = 1024
+
+
+def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
+    """How many slices of K to give separate programs (1: no split), from the size.
+
+    A GEMM whose output has fewer tiles than the GPU has SMs leaves SMs idle for the whole
+    kernel; with a long K (decode: M = 8, K = 4096-11008) each of those few programs also
+    runs for a long time. Split-K gives each (tile, K slice) its own program and adds the
+    fp32 partial sums in a second, small kernel (splitk_reduce_kernel), which also runs the
+    epilogue. The cost is that round trip (splits x M x N fp32 written and read back) and
+    one more launch, so it splits only as far as it takes to give every SM a program, and
+    never below MIN_K_PER_SPLIT of K per slice. Only light tiles (M <= SMALL_M) split:
+    with 128-row tiles the round trip cost more than the idle SMs (H100 kernel times,
+    reports/h100-small-shapes.json: GPT-2 prefill's 768-wide GEMM 14.2 us unsplit, 18.3 us
+    in 2 slices; Llama-2 decode's W2 35.5 us in 3 slices, 40.4 unsplit, cuBLAS 35.3)."""
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    if tiles >= sms or cfg["BLOCK_M"] > SMALL_M:
+        return 1
+    split = max(1, min(cdiv(sms, tiles), K // MIN_K_PER_SPLIT))
+    if split > 1 and split * M * N >= 2 ** 31:  # the workspace's 32-bit offsets
+        return 1
+    return split
 
 
 def autotuning() -> bool:
@@ -223,11 +311,12 @@ def _as_dict(config: triton.Config) -> dict:
 _FIXED_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
 _FIXED_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
-# tile_for's two answers as launch arguments, built once: {is it BIG_TILE: arguments}
-_TILE_ARGS = {True: _as_dict(BIG_TILE), False: _as_dict(MID_TILE)}
+# tile_for's answers as launch arguments, built once: {id(config): arguments}
+_TILE_ARGS = {id(t): _as_dict(t) for t in (BIG_TILE, MID_TILE, NARROW_TILE)}
 
-# Set to one config dict (the keys of _FIXED_GPU, optionally SPLIT_N) to pin every launch
-# to it: what the benchmark's tile sweep and the tests of the subtiled epilogue use.
+# Set to one config dict (the keys of _FIXED_GPU, optionally SPLIT_N and SPLIT_K, the
+# number of K slices, 1 if absent) to pin every launch to it: what the benchmark's tile
+# sweep and the tests of the subtiled epilogue and of split-K use.
 CONFIG_OVERRIDE: dict | None = None
 
 def even_k(args: dict) -> bool:
@@ -243,7 +332,7 @@ gemm_autotuned = triton.autotune(
          "HAS_BIAS"],
 )(triton.heuristics({"EVEN_K": even_k})(gemm_kernel))
 
-KERNELS = [gemm_kernel]
+KERNELS = [gemm_kernel, splitk_reduce_kernel]
 
 
 def _check_matrix(name: str, t: torch.Tensor, shape: tuple) -> None:
@@ -289,15 +378,18 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
     aux_t = aux if aux is not None else c
     bias_t = bias if bias is not None else c
     sa, sb, sc, sx = a.stride(), b.stride(), c.stride(), aux_t.stride()
-    args = (a, b, c, bias_t, aux_t, M, N, K, sa[0], sa[1], sb[0], sb[1], sc[0], sc[1], sx[0], sx[1])
     if autotuning() and CONFIG_OVERRIDE is None and not (INTERPRETED or accumulate
                                                          or a.dtype == torch.float32):
-        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        gemm_autotuned[grid](*args, HAS_BIAS=bias is not None, EPILOGUE=epilogue,
-                             ACCUMULATE=accumulate, UPCAST=INTERPRETED, DOT_PRECISION=precision)
+        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1)  # noqa: E731
+        gemm_autotuned[grid](a, b, c, bias_t, aux_t, c, M, N, K, K, sa[0], sa[1], sb[0], sb[1],
+                             sc[0], sc[1], sx[0], sx[1], HAS_BIAS=bias is not None,
+                             EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
+                             DOT_PRECISION=precision)
         return c  # EVEN_K: from each config (even_k)
+    split = 1
     if CONFIG_OVERRIDE is not None:
         cfg = CONFIG_OVERRIDE
+        split = cfg.get("SPLIT_K", 1)
     elif INTERPRETED:
         cfg = _FIXED_INTERPRETED
     elif a.dtype == torch.float32:  # "ieee" dots run on CUDA cores: big tiles only waste SMEM
@@ -305,15 +397,29 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
     elif accumulate:  # one config, as before: see _FIXED_GPU
         cfg = _FIXED_GPU
     else:
-        cfg = _TILE_ARGS[tile_for(M, N, sm_count(a.device)) is BIG_TILE]
+        sms = sm_count(a.device)
+        cfg = small_m_tile(M, K) if M <= SMALL_M else _TILE_ARGS[id(tile_for(M, N, sms))]
+        split = split_k_for(M, N, K, cfg, sms)
+    k_per_split = K
+    if split > 1:  # whole BLOCK_K steps per slice; the last slice may be shorter
+        k_per_split = cdiv(cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+        split = cdiv(K, k_per_split)
+    ws = c.new_empty((split, M, N), dtype=torch.float32) if split > 1 else c
     # SPLIT_N given even when 1, its default: Inductor's wrapper for a user kernel, when a
     # model is compiled whole, counts the arguments passed and does not fill in defaults.
-    launch(gemm_kernel, (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),), *args,
+    launch(gemm_kernel, (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), split),
+           a, b, c, bias_t, aux_t, ws, M, N, K, k_per_split, sa[0], sa[1], sb[0], sb[1],
+           sc[0], sc[1], sx[0], sx[1],
            HAS_BIAS=bias is not None, EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
            DOT_PRECISION=precision, EVEN_K=K % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"],
            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-           SPLIT_N=cfg.get("SPLIT_N", 1), num_warps=cfg["num_warps"],
+           SPLIT_N=cfg.get("SPLIT_N", 1), PARTIAL=split > 1, num_warps=cfg["num_warps"],
            num_stages=cfg["num_stages"])
+    if split > 1:
+        RB_M = min(32, max(16, next_power_of_2(M)))
+        launch(splitk_reduce_kernel, (cdiv(M, RB_M), cdiv(N, 128)), ws, c, bias_t, aux_t, M, N,
+               split, sc[0], sc[1], sx[0], sx[1], HAS_BIAS=bias is not None, EPILOGUE=epilogue,
+               ACCUMULATE=accumulate, BLOCK_M=RB_M, BLOCK_N=128, num_warps=4)
     return c
 
 

@@ -14,13 +14,13 @@ Backward: dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy * xhat)) needs whole
 again, so the same row tiling; dweight = sum_rows dy*xhat and dbias = sum_rows dy are
 reductions *across* programs. Each program loops over its own chunk of rows, accumulates
 its partial sums in registers and writes them to its own row of a (programs, N) buffer;
-a second small kernel sums that buffer. No atomics: deterministic, race-free.
+a second small kernel sums both buffers in one launch. No atomics: deterministic.
 
 Measured (H100, 16384x4096, kernel time, reports/h100-bench.json): forward fp32 2.92 TB/s
 (0.99x copy; 0.99x torch.compile, both at the copy floor), bf16 2.82 TB/s (0.98x copy,
 1.11x compile); backward fp32 2.57 TB/s (0.87x copy, 1.02x compile), bf16 2.37 TB/s
 (0.83x copy, 1.17x compile). End to end the backward is the CPU's: Python and autograd
-need ~0.35-0.45 ms to enqueue its three launches, longer than the kernels run.
+need ~0.35-0.45 ms to enqueue its launches (three then; two now), longer than the kernels run.
 
 What it costs: a row must fit in registers (widths up to 65536); wider rows would need a
 looped two-pass kernel (rejected with a ValueError instead of silently spilling).
@@ -111,14 +111,19 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
 
 @triton.jit
 def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n] = sum_p part[p, n]: the second stage of the dweight/dbias reduction."""
+    """out[h, n] = sum_p part[h, p, n]: the second stage of the dweight (h = 0) and dbias
+    (h = 1) reductions, both in one launch (grid axis 1 picks the half): a launch costs
+    the host more (~25 us) than this kernel costs the GPU."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    half = tl.program_id(1)
+    part_ptr += half * P * N
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         mask = (p[:, None] < P) & (cols[None, :] < N)
         acc += tl.load(part_ptr + p[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < N)
+    tl.store(out_ptr + half * N + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
+             mask=cols < N)
 
 
 KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel]
@@ -226,17 +231,14 @@ class _LayerNorm(torch.autograd.Function):
         programs = cdiv(M, rows)
         # dweight's and dbias's partial sums: one allocation, two halves
         parts = x2.new_empty((2, programs, N), dtype=torch.float32)
-        dw_part, db_part = parts[0], parts[1]
-        launch(layer_norm_bwd_kernel, (programs,), x2, weight, dy2, dx, mean, rstd, dw_part,
-               db_part, M, N, stride_xm, dy2.stride(0), N, rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-               num_warps=num_warps)
-        dw = weight.new_empty((N,))
-        db = weight.new_empty((N,))
+        launch(layer_norm_bwd_kernel, (programs,), x2, weight, dy2, dx, mean, rstd, parts[0],
+               parts[1], M, N, stride_xm, dy2.stride(0), N, rows, BLOCK_M=BLOCK_M,
+               BLOCK_N=BLOCK_N, num_warps=num_warps)
+        dwb = weight.new_empty((2, N))  # dweight, dbias: one allocation, one launch
         RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
-        for part, out in ((dw_part, dw), (db_part, db)):
-            launch(sum_partials_kernel, (cdiv(N, RB_N),), part, out, programs, N, BLOCK_P=32,
-                   BLOCK_N=RB_N)
-        return dx.reshape(ctx.x_shape), dw, db, None
+        launch(sum_partials_kernel, (cdiv(N, RB_N), 2), parts, dwb, programs, N, BLOCK_P=32,
+               BLOCK_N=RB_N)
+        return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
