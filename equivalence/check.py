@@ -8,6 +8,11 @@
   (the level's inputs, rounded to its dtype, then widened to float64), driven by the same
   random upstream gradient; and every value is finite, with the expected shape and dtype.
 
+Then the forward runs once more under torch.no_grad(), on fresh copies of the same inputs,
+and its outputs (and updated buffers) are held to the same bound: inference takes other code
+paths at some levels (Level 4 skips autograd.Function, stores no activations, folds
+BatchNorm into a GEMM's epilogue), and those must compute the same function.
+
 Inputs are fresh random numbers for every check (the seed is reported, so a failure can
 be replayed with `seed=`). Outputs are poisoned: while a level runs, torch fills every
 uninitialized allocation (torch.empty & co.) with NaN, so a kernel that forgets to write

@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check every case N times with fresh inputs of the same shapes; TorchScript "
                         "runs its fused graph from the 2nd call on, so use 2 to check that too")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--log", metavar="FILE", default="levels-reports/check.log",
+                   help="where messages printed by libraries (compilers, warnings) go")
 
     p = sub.add_parser("compare", formatter_class=fmt,
                        help="check and time every component x level; writes compare.json/png/log",
@@ -325,15 +327,21 @@ def cmd_check(args, console) -> int:
 
     device = _device(args.device)
     dtypes = _split(args.dtype) or ["float32", "bfloat16"]
+    comps = _split(args.component, COMPONENTS, "component") or COMPONENTS
+    names = _split(args.level) or levels.LEVEL_NAMES
     results = []
-    with console.status("checking…") as status:
-        for comp in _split(args.component, COMPONENTS, "component") or COMPONENTS:
-            for level in _split(args.level) or levels.LEVEL_NAMES:
+    log_path = Path(args.log)
+    # Libraries' own messages (a cuBLAS context warning from autograd's thread, compiler
+    # output) go to the log, as in compare: the terminal shows our status and table.
+    with _library_output_to(log_path, console) as quiet, quiet.status("checking…") as status:
+        for comp in comps:
+            for level in names:
                 for dtype in dtypes:
                     status.update(f"checking {comp} · {level} · {dtype} on {device}")
                     results += check(comp, level, dtype, device, args.size, args.seed, args.variant,
                                      args.repeat, args.layout)
     console.print(_check_table(results, f"levels check — size '{args.size}', device {device}"))
+    console.print(_log_note(log_path))
     if args.json:
         from . import environment
         with open(args.json, "w") as f:

@@ -116,6 +116,25 @@ def test_compare_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
     assert "after compare" in capfd.readouterr().out
 
 
+def test_check_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
+    original = native.layer_norm
+
+    def chatty(x, weight, bias, eps=1e-5):
+        print("AUTOTUNE print from a library")
+        warnings.warn("a library warning")
+        os.write(2, b"E1122 raw stderr of a subprocess compile\n")
+        return original(x, weight, bias, eps)
+
+    monkeypatch.setattr(native, "layer_norm", chatty)
+    log = tmp_path / "check.log"
+    assert main(["check", "--level", "native", "--component", "layer_norm", "--dtype", "fp32",
+                 "--log", str(log)]) == EXIT_OK
+    out, err = capfd.readouterr()
+    for noise in ("AUTOTUNE", "library warning", "E1122"):
+        assert noise not in out + err and noise in log.read_text()
+    assert "levels check" in out and str(log) in out and " passed, 0 failed" in out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize("argv", [["check", "--component", "mlp"], ["check", "--level", "triton"],
                                   ["compare", "--component", "mlp"], ["agree", "--component", "mlp"],

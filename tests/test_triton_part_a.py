@@ -173,6 +173,7 @@ def test_gemm_split_k_comes_from_the_problem_size():
     # enough tiles already: no split, whatever K is
     assert split_k_for(8192, 16384, 4096, _as_dict(MID_TILE), sms=132) == 1
     assert split_k_for(16, 132 * 64, 1 << 20, decode, sms=132) == 1
+    assert split_k_for(0, 768, 4096, decode, sms=132) == 1  # an empty batch: no tiles at all
 
 
 def test_gemm_rejects_mismatched_operands():

@@ -381,9 +381,10 @@ TUNED = {
     # 8 warps: dK and dV of a 128-key block are two 128 x D fp32 accumulators (4 warps
     # spill: 171 TFLOP/s). Streamed block 64: 372/354 TFLOP/s full/causal, 32: 304/301.
     "bwd": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-    # D = 64 was tried with 32 x 64 and 64 x 64 blocks, 4 warps: the same kernel time as
-    # this entry within 2% at GPT-2 small, ViT-B/16 and BERT-base's shapes in one run,
-    # 10-20% apart either way in another (reports/h100-small-shapes*.json): kept.
+    # D = 64 was tried with 32 x 64 and 64 x 64 blocks, 4 warps: within 2% of this entry at
+    # GPT-2 small, ViT-B/16 and BERT-base's shapes in one run, 9-17% faster in an earlier
+    # run in which this entry itself took 9-17% longer than in the later one
+    # (reports/h100-small-shapes*.json): within the spread between runs, so kept.
     "bwd_fp32": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2),
     "interpreted_fwd": dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
     "interpreted_bwd": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),

@@ -288,7 +288,7 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     reports/h100-small-shapes.json: GPT-2 prefill's 768-wide GEMM 14.2 us unsplit, 18.3 us
     in 2 slices; Llama-2 decode's W2 35.5 us in 3 slices, 40.4 unsplit, cuBLAS 35.3)."""
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    if tiles >= sms or cfg["BLOCK_M"] > SMALL_M:
+    if tiles == 0 or tiles >= sms or cfg["BLOCK_M"] > SMALL_M:  # (an empty output: no split)
         return 1
     split = max(1, min(cdiv(sms, tiles), K // MIN_K_PER_SPLIT))
     if split > 1 and split * M * N >= 2 ** 31:  # the workspace's 32-bit offsets
