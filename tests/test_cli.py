@@ -92,8 +92,8 @@ def test_compare_says_never_and_warm_or_cold(tmp_path, capsys):
     assert f"ms {rows['compile']['first_call_cache']}" in out and "baseline" in out
 
 
-def test_compare_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
-    # a library that talks: Python prints, warnings, and C-level writes to fds 1 and 2
+def _chatty_layer_norm(monkeypatch):
+    """A library that talks: Python prints, warnings, and C-level writes to fds 1 and 2."""
     original = native.layer_norm
 
     def chatty(x, weight, bias, eps=1e-5):
@@ -103,6 +103,10 @@ def test_compare_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
         return original(x, weight, bias, eps)
 
     monkeypatch.setattr(native, "layer_norm", chatty)
+
+
+def test_compare_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
+    _chatty_layer_norm(monkeypatch)
     assert main(["compare", "--level", "native", "--component", "layer_norm", "--size", "tiny",
                  "--check-size", "tiny", "--out", str(tmp_path)]) == EXIT_OK
     out, err = capfd.readouterr()
@@ -117,15 +121,7 @@ def test_compare_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
 
 
 def test_check_prints_nothing_but_ours(tmp_path, capfd, monkeypatch):
-    original = native.layer_norm
-
-    def chatty(x, weight, bias, eps=1e-5):
-        print("AUTOTUNE print from a library")
-        warnings.warn("a library warning")
-        os.write(2, b"E1122 raw stderr of a subprocess compile\n")
-        return original(x, weight, bias, eps)
-
-    monkeypatch.setattr(native, "layer_norm", chatty)
+    _chatty_layer_norm(monkeypatch)
     log = tmp_path / "check.log"
     assert main(["check", "--level", "native", "--component", "layer_norm", "--dtype", "fp32",
                  "--log", str(log)]) == EXIT_OK
