@@ -194,6 +194,7 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
           prebuild: Level5Build | None = None) -> list[Row]:
     """One row per component and target: a level's name, or an OwnLevel (your function)."""
     rows: list[tuple[Row, str, object]] = []
+    cases: dict = {}  # one draw of inputs for every level of a component (profile._case)
     for comp in components:
         native = None
         for target in targets:
@@ -203,7 +204,8 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
             start = time.perf_counter()
             if name == "cuda" and prebuild is not None:
                 prebuild.thread.join()  # the build ends before the first call is timed
-            row = Row(profile(comp, target, dtype, device, size, seed=seed, min_time_s=TIMING_S))
+            row = Row(profile(comp, target, dtype, device, size, seed=seed, min_time_s=TIMING_S,
+                              case_cache=cases))
             if name == "cuda" and prebuild is not None:
                 prebuild.charge(row.profile)
             row.seconds["profile"] = time.perf_counter() - start

@@ -100,26 +100,23 @@ class _Laps:
         self.last = now
 
 
-# The last case drawn, by everything that decides its values. `compare` profiles every
-# level of a component at one seed: the same numbers, drawn on the CPU and copied over,
-# took 1-2 s per row at the bench size on the H100's host (about 20 s of a cold compare,
-# reports/h100-compare-2026-11-23b.json). The levels never see these tensors: _prepare
-# hands each call its own copies, so reusing them cannot leak one level's writes into the
-# next. One entry only: a bench-size case is hundreds of MB.
-_LAST_CASE: list = []
-
-
-def _case(spec: specs.Spec, size, variant: str, dtype, device, seed: int) -> specs.Case:
-    if isinstance(size, dict):  # custom shapes: keyed by value, not identity
-        key = (spec.name, tuple(sorted(size.items())), variant, dtype, str(device), seed)
-    else:
-        key = (spec.name, size, variant, dtype, str(device), seed)
-    if _LAST_CASE and _LAST_CASE[0][0] == key:
-        return _LAST_CASE[0][1]
-    _LAST_CASE.clear()  # drop the old case before drawing the new one (peak memory)
-    case = spec.case(size, variant, dtype, device, seed)
-    _LAST_CASE.append((key, case))
-    return case
+def _case(spec: specs.Spec, size, variant: str, dtype, device, seed: int,
+          cache: dict | None) -> specs.Case:
+    """The case's random inputs, or the ones in `cache` when everything that decides their
+    values matches. `compare` profiles every level of a component at one seed: the same
+    numbers, drawn on the CPU and copied over, took 1-2 s per row at the bench size on the
+    H100's host (about 20 s of a cold compare, reports/h100-compare-2026-11-23b.json). The
+    levels never see these tensors: _prepare hands each call its own copies, so reusing
+    them cannot leak one level's writes into the next. The cache keeps one case (a
+    bench-size case is hundreds of MB), and lives as long as the caller keeps it."""
+    if cache is None:
+        return spec.case(size, variant, dtype, device, seed)
+    shape = tuple(sorted(size.items())) if isinstance(size, dict) else size
+    key = (spec.name, shape, variant, dtype, str(device), seed)
+    if key not in cache:
+        cache.clear()  # drop the old case before drawing the new one (peak memory)
+        cache[key] = spec.case(size, variant, dtype, device, seed)
+    return cache[key]
 
 
 def _passes(fn, case: specs.Case, seed: int):
@@ -216,13 +213,15 @@ def _trace(fn, device: torch.device, path: Path, label: str) -> str:
 
 def profile(component: str, level=None, dtype="float32", device="cpu", size="small",
             variant: str | None = None, seed: int | None = None, min_time_s: float = 0.3,
-            host_size: str | None = None, ceilings=None, trace_dir=None, *, fn=None) -> Profile:
+            host_size: str | None = None, ceilings=None, trace_dir=None, *, fn=None,
+            case_cache: dict | None = None) -> Profile:
     """Profile one level, or your function `fn`, on one component (see the module doc).
 
     host_size: also time this size preset end to end, calls back to back ("tiny": the
     per-call overhead). ceilings: an equivalence.ceilings.Ceilings to express the rates as
     fractions of. trace_dir: write a torch.profiler Chrome trace of three fwd+bwd calls
-    there, as <component>-<level>.json (open it in https://ui.perfetto.dev)."""
+    there, as <component>-<level>.json (open it in https://ui.perfetto.dev). case_cache: a
+    dict kept across calls to reuse one draw of inputs (see _case; `compare` passes one)."""
     target = _target(component, level, fn)
     dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -230,7 +229,7 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
     variant = variant or next(iter(spec.variants))
     seed = fresh_seed() if seed is None else seed
     start = time.perf_counter()
-    case = _case(spec, size, variant, dtype, device, seed)
+    case = _case(spec, size, variant, dtype, device, seed, case_cache)
     drawn = time.perf_counter()
     name, reason, module = _open(target, device, component)
     p = Profile(component, name, variant, dtype_name(dtype), str(device),

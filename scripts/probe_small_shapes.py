@@ -17,7 +17,6 @@ Recorded: reports/h100-small-shapes.json (reports/h100-small-shapes-first-sweep.
 first, wider sweep, before kernel times were taken for the GEMMs)."""
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -26,6 +25,7 @@ import triton
 from triton.testing import do_bench
 
 import levels.triton as L4
+from equivalence.timing import time_host
 from triton_kernels import gemm as G
 
 dev = torch.device("cuda")
@@ -40,18 +40,9 @@ def bench_us(fn):
     return round(do_bench(fn, warmup=25, rep=100) * 1000, 2)
 
 
-def host_us(fn, n=200):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e6 / n)
-    return round(statistics.median(per), 2)
+def host_us(fn):
+    """Host time per call, calls back to back (the timer of `levels bench --overhead`)."""
+    return round(time_host(fn, dev, min_time_s=0.2, warmup=20, batch=200).median_ms * 1e3, 2)
 
 
 def kernel_us(fn, reps=20):

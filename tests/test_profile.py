@@ -218,8 +218,7 @@ def test_rows_of_one_component_share_one_draw_and_never_each_others_copies(monke
         return real(self, *a, **k)
 
     monkeypatch.setattr(specs.Spec, "case", counting)
-    prof._LAST_CASE.clear()
-    seen = []
+    cache, seen = {}, []
 
     def mutating(x, weight, bias, eps=1e-5):
         seen.append(x.detach().clone())
@@ -227,13 +226,18 @@ def test_rows_of_one_component_share_one_draw_and_never_each_others_copies(monke
             x.add_(1000.0)  # a level that writes into its input: the next row must not see it
         return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
-    a = profile("layer_norm", fn=mutating, size="tiny", seed=7, min_time_s=0.01)
-    b = profile("layer_norm", "native", size="tiny", seed=7, min_time_s=0.01)
+    def run(level=None, seed=7, **kw):
+        return profile("layer_norm", level, size="tiny", seed=seed, min_time_s=0.01,
+                       case_cache=cache, **kw)
+
+    a, b = run(fn=mutating), run("native")
     assert a.status == "ok" and b.status == "ok"
     assert len(drawn) == 1  # the second row reused the first one's case
     assert {"draw", "open", "inputs", "first_call"} <= set(b.wall_s)
-    case = prof._LAST_CASE[0][1]
+    [case] = cache.values()
     torch.testing.assert_close(seen[0], case.args["x"], rtol=0, atol=0)  # the pristine draw
+    run("native", seed=8)
+    run("native", seed=8, variant="default")
+    assert len(drawn) == 2 and len(cache) == 1  # a new seed draws anew, keeping one case
     profile("layer_norm", "native", size="tiny", seed=8, min_time_s=0.01)
-    profile("layer_norm", "native", size="tiny", seed=8, variant="default", min_time_s=0.01)
-    assert len(drawn) == 2  # a new seed draws anew; the same seed again does not
+    assert len(drawn) == 3  # without a cache every call draws its own

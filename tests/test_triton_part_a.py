@@ -150,8 +150,9 @@ def test_mlp_with_split_k(splits, monkeypatch):
     cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=splits, num_warps=4,
                num_stages=1 if DEVICE == "cpu" else 3)
     monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
-    _passes("mlp", _args("mlp", dict(rows=(2, 5), K=200, hidden=72, N=33), torch.float32,
-                         seed=splits))
+    args = _args("mlp", dict(rows=(2, 5), K=200, hidden=72, N=33), torch.float32, seed=splits)
+    _passes("mlp", args)
+    _passes("mlp", specs.get("mlp").strided(args))  # every operand a view: strides, offsets
 
 
 def test_gemm_split_k_comes_from_the_problem_size():

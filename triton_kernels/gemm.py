@@ -262,10 +262,13 @@ def small_m_tile(M: int, K: int) -> dict:
     (scripts/probe_small_shapes.py, kernel times in reports/h100-small-shapes.json), with
     split_k_for's slices: within 1-6% of the fastest tile and split tried and of cuBLAS
     (Llama W1 34.0 vs 33.6 us, W2 35.5 vs 35.3 us; GPT-2 W1 4.0 vs 3.4, W2 6.3 vs 6.1)."""
-    BLOCK_M = max(16, next_power_of_2(M))
-    BLOCK_K = 128 if K >= 512 else 64
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=BLOCK_K, GROUP_M=1, num_warps=4,
-                num_stages=4 if BLOCK_M <= 32 else 3)
+    return _SMALL_M_TILES[(max(16, next_power_of_2(M)), 128 if K >= 512 else 64)]
+
+
+# small_m_tile's answers, built once (it runs on every launch: host time per call)
+_SMALL_M_TILES = {(bm, bk): dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=bk, GROUP_M=1, num_warps=4,
+                                 num_stages=4 if bm <= 32 else 3)
+                  for bm in (16, 32, 64) for bk in (64, 128)}
 
 
 # Every slice of a split K is at least this long: shorter slices cost more in the partial
