@@ -6,7 +6,9 @@ GEMM applies bias+GELU before its tile ever leaves the chip), and we write the b
 pass ourselves instead of relying on autograd of many small ops.
 
 What it costs: correctness is ours (masks at every edge, fp32 accumulation, races in
-reductions), so is the backward pass, and so is tuning block sizes per GPU.
+reductions), so is the backward pass, and so is tuning block sizes per GPU. And a first call
+at every new shape compiles kernels (seconds, cold; the launchers compile all of a call's
+forward and backward kernels at once, in threads: triton_kernels/launch.py).
 
 This module is thin on purpose: it validates with the shared contract, then calls the
 launcher in `triton_kernels/<component>.py`, which picks the grid and runs the kernels

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv, launch, needs_grad
+from .launch import apply_ahead, cdiv, launch, needs_grad
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -499,5 +499,5 @@ def attention(q, k, v, causal: bool, scale: float):
                              f"(batch, head) slice; the Triton kernels need < 2**31 there "
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
     if needs_grad(q, k, v):
-        return _FlashAttention.apply(q, k, v, causal, scale)
+        return apply_ahead(_FlashAttention, q, k, v, causal, scale)
     return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale)[0]

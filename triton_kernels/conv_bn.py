@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv, launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2
 from .gemm import autotuning, column_sum, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -734,7 +734,7 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     args = (x, conv_weight, conv_bias, bn_weight.contiguous(), bn_bias.contiguous(), run_mean,
             run_var, tuple(stride), tuple(padding), eps, momentum, training)
     if needs_grad(*(t for t in args[:5] if t is not None)):
-        out = _ConvBN.apply(*args)
+        out = apply_ahead(_ConvBN, *args)
     else:  # nothing to differentiate: the forward alone, without autograd's apply
         out = _ConvBN.forward(_NoBackward(), *args)
     if training:

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .gemm import sm_count
-from .launch import cdiv, launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_WIDTH = 65536
@@ -258,6 +258,6 @@ def layer_norm(x, weight, bias, eps=1e-5):
                         "Triton kernels; got torch.float64")
     weight, bias = weight.contiguous(), bias.contiguous()
     if needs_grad(x, weight, bias):
-        return _LayerNorm.apply(x, weight, bias, eps)
+        return apply_ahead(_LayerNorm, x, weight, bias, eps)
     # Nothing to differentiate: autograd.Function.apply would only cost microseconds
     return _forward(x, weight, bias, eps)[0]

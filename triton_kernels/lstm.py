@@ -56,7 +56,7 @@ import triton.language as tl
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, sm_count
-from .launch import cdiv, launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2, recording
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -385,7 +385,7 @@ def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch
 
 
 def _watch(err: torch.Tensor) -> None:
-    if err.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if err.device.type != "cuda" or recording() or torch.cuda.is_current_stream_capturing():
         return
     host = torch.empty(1, dtype=torch.int32, pin_memory=True)
     host.copy_(err, non_blocking=True)
@@ -523,7 +523,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     # Inside Function.forward grad mode is always off, so decide out here whether the
     # activations for backward (gates, c) must be saved at all (not under no_grad).
     if needs_grad(*inputs):
-        out, h_t, c_t = _LSTM.apply(True, *inputs)
+        out, h_t, c_t = apply_ahead(_LSTM, True, *inputs)
         return out, (h_t, c_t)
     # Nothing to differentiate: no activations saved, and no autograd.Function.apply
     out, c_t, _, _ = _forward(*inputs, save=False)

@@ -30,7 +30,7 @@ import torch
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, gemm_gelu_backward
-from .launch import needs_grad
+from .launch import apply_ahead, needs_grad
 
 KERNELS = list(_GEMM_KERNELS)
 
@@ -92,5 +92,5 @@ def mlp(x, w1, b1, w2, b2):
         raise TypeError("mlp: argument 'x' must be float16, bfloat16 or float32 for the Triton "
                         "kernels (tl.dot has no float64 tensor-core path); got torch.float64")
     if needs_grad(x, w1, b1, w2, b2):
-        return _MLP.apply(x, w1, b1, w2, b2)
+        return apply_ahead(_MLP, x, w1, b1, w2, b2)
     return _forward(x, w1, b1, w2, b2, keep_preact=False)[0]
