@@ -186,12 +186,18 @@ def test_gemm_rejects_mismatched_operands():
         gemm(a, torch.randn(5, 3, device=DEVICE), activation="relu")
 
 
-def test_gemm_even_k_comes_from_each_config():
+def test_gemm_even_k_comes_from_each_config(monkeypatch):
     # EVEN_K drops the K mask from the main loop: it must follow the BLOCK_K of the config
-    # the autotuner picked (it used to assume 64 for every config).
-    from triton_kernels.gemm import even_k, gemm_autotuned
-    assert even_k({"K": 96, "BLOCK_K": 32}) and not even_k({"K": 96, "BLOCK_K": 64})
-    assert "EVEN_K" in gemm_autotuned.fn.values  # a heuristic evaluated after the pick
+    # launched, the autotuner's candidates included (it used to assume 64 for every config).
+    from triton_kernels import gemm as G
+    seen = []
+    monkeypatch.setattr(G, "launch", lambda kernel, grid, *a, **kw: seen.append(kw["EVEN_K"]))
+    a, b = torch.zeros(8, 96), torch.zeros(96, 16)
+    c = torch.zeros(8, 16)
+    for block_k in (32, 64):
+        G._run((a, b, c, c, c), (False, G.EPI_NONE, False, "ieee"),
+               dict(G._FIXED_INTERPRETED, BLOCK_K=block_k), 1)
+    assert seen == [True, False]
 
 
 def test_gemm_tile_comes_from_the_problem_size():

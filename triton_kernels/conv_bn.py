@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
 from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2
 from .gemm import autotuning, column_sum, grouped_tile, sm_count
 
@@ -453,12 +454,6 @@ _FWD_MID = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_
 _FWD_BIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
                          num_stages=3, num_warps=8)
 
-conv_fwd_autotuned = triton.autotune(
-    configs=_fwd_configs(),
-    key=["P", "C_in", "C_out", "H", "W", "sxn", "sxc", "sxh", "sxw", "swo", "swc"],
-)(conv_fwd_kernel)
-
-
 def _fwd_tile(P: int, C_in: int, C_out: int, device) -> dict:
     """The forward's 16-bit tile from the problem's size, as gemm.tile_for chooses a GEMM's
     (the implicit GEMM's output is P x C_out, its reduction kH*kW taps of C_in channels):
@@ -471,7 +466,8 @@ def _fwd_tile(P: int, C_in: int, C_out: int, device) -> dict:
       alone fill every SM, else 128;
     - BLOCK_M is 64 instead of 128 when the 128-row tiles would leave half the SMs idle.
 
-    LEVELS_TRITON_AUTOTUNE=1 times the two fixed tiles instead (a compile each per shape)."""
+    LEVELS_TRITON_AUTOTUNE=1 times this tile and the two fixed ones instead, once per shape
+    bucket, and keeps the winner on disk (triton_kernels/tuning.py)."""
     block_k = min(64, max(16, next_power_of_2(C_in)))
     sms = sm_count(device)
     if C_out <= 64:
@@ -521,12 +517,21 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
         launch(conv_fwd_kernel, grid, *args, **common, GROUP_M=8, **cfg)
-    elif autotuning():
-        def grid(meta):
-            return (cdiv(P, meta["BLOCK_M"]) * cdiv(C_out, meta["BLOCK_N"]),)
-        conv_fwd_autotuned[grid](*args, **common)
     else:
         cfg = _fwd_tile(P, C_in, C_out, x.device)
+        if autotuning():  # the rule's tile and the fixed ones, timed once per shape bucket
+            key = (str(x.dtype).removeprefix("torch."), tuning.bucket(P), tuning.bucket(C_in),
+                   tuning.bucket(C_out), kH, kW, *s["stride"], x.stride(1) == 1,
+                   w_strides[1] == 1, bias is not None, bn is not None)
+            candidates = [cfg] + [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                                  for c in _fwd_configs()]
+            candidates = [c for i, c in enumerate(candidates) if c not in candidates[:i]]
+
+            def run(c):
+                grid = (cdiv(P, c["BLOCK_M"]) * cdiv(C_out, c["BLOCK_N"]),)
+                launch(conv_fwd_kernel, grid, *args, **common, **c)
+            cfg = tuning.pick("conv_fwd", key, candidates,
+                              lambda c: tuning.benchmark(lambda: run(c)), x.device)
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
         launch(conv_fwd_kernel, grid, *args, **common, **cfg)
 

@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
 from .launch import cdiv, launch, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -239,10 +240,11 @@ def tile_for(M: int, N: int, sms: int) -> triton.Config:
     the 128x128 tile, twice as many programs, or the 128x64 when even those do not fill
     the SMs. At the MLP bench shape (8192 x 16384:
     4096 big tiles on 132 SMs) this is the autotuner's own pick. Autotuning
-    (LEVELS_TRITON_AUTOTUNE=1) instead compiles and times all three candidates for every
-    new (M, N, K, strides, epilogue): about 3x the compile work of a first call (the MLP's
-    cold first forward+backward at the bench shape took 19 s on the H100 with it) for
-    the pick this rule makes at that shape."""
+    (LEVELS_TRITON_AUTOTUNE=1) instead compiles and times this rule's pick and the fixed
+    tiles once per shape bucket, and remembers the winner on disk (_tuned, tuning.py):
+    several times the compile work of a first call (Triton's own autotuner, keyed on exact
+    sizes, made the MLP's cold first forward+backward at the bench shape take 19 s on the
+    H100) for the pick this rule makes at that shape."""
     big = cdiv(M, 128) * cdiv(N, 256)
     if big >= sms:
         return BIG_TILE
@@ -300,7 +302,8 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
 
 
 def autotuning() -> bool:
-    """LEVELS_TRITON_AUTOTUNE=1: benchmark the candidate tiles (see tile_for), read each call."""
+    """LEVELS_TRITON_AUTOTUNE=1: benchmark candidate tiles once per shape bucket and keep
+    the winner on disk (tuning.py) instead of the size rules; read at each call."""
     return os.environ.get("LEVELS_TRITON_AUTOTUNE", "0") == "1"
 
 
@@ -308,9 +311,9 @@ def _as_dict(config: triton.Config) -> dict:
     return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-# One config under the interpreter (autotune with several fails there) and for
-# non-idempotent launches (accumulate=True: re-running a candidate config would add twice,
-# which is why those never autotune; the size rule could serve them too, untried).
+# One config under the interpreter (it cannot time candidates) and for non-idempotent
+# launches (accumulate=True: re-running a candidate config would add twice, which is why
+# those never autotune; the size rule could serve them too, untried).
 _FIXED_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
 _FIXED_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
@@ -321,19 +324,6 @@ _TILE_ARGS = {id(t): _as_dict(t) for t in (BIG_TILE, MID_TILE, NARROW_TILE)}
 # number of K slices, 1 if absent) to pin every launch to it: what the benchmark's tile
 # sweep and the tests of the subtiled epilogue and of split-K use.
 CONFIG_OVERRIDE: dict | None = None
-
-def even_k(args: dict) -> bool:
-    """Whether K splits into whole BLOCK_K chunks, so the K loop may load without masks.
-    A property of the config the autotuner picked, so it is derived from that config's
-    BLOCK_K (a heuristic runs after the pick), never assumed from one tile size."""
-    return args["K"] % args["BLOCK_K"] == 0
-
-
-gemm_autotuned = triton.autotune(
-    configs=_configs(),
-    key=["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "EPILOGUE",
-         "HAS_BIAS"],
-)(triton.heuristics({"EVEN_K": even_k})(gemm_kernel))
 
 KERNELS = [gemm_kernel, splitk_reduce_kernel]
 
@@ -378,17 +368,8 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
         # N elements, which costs nothing next to the GEMM.
         bias = bias.contiguous()
     precision = "ieee" if a.dtype == torch.float32 else "tf32"  # "tf32" is a no-op for 16-bit
-    aux_t = aux if aux is not None else c
-    bias_t = bias if bias is not None else c
-    sa, sb, sc, sx = a.stride(), b.stride(), c.stride(), aux_t.stride()
-    if autotuning() and CONFIG_OVERRIDE is None and not (INTERPRETED or accumulate
-                                                         or a.dtype == torch.float32):
-        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1)  # noqa: E731
-        gemm_autotuned[grid](a, b, c, bias_t, aux_t, c, M, N, K, K, sa[0], sa[1], sb[0], sb[1],
-                             sc[0], sc[1], sx[0], sx[1], HAS_BIAS=bias is not None,
-                             EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
-                             DOT_PRECISION=precision)
-        return c  # EVEN_K: from each config (even_k)
+    ops = (a, b, c, bias if bias is not None else c, aux if aux is not None else c)
+    flags = (bias is not None, epilogue, accumulate, precision)
     split = 1
     if CONFIG_OVERRIDE is not None:
         cfg = CONFIG_OVERRIDE
@@ -403,6 +384,36 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
         sms = sm_count(a.device)
         cfg = small_m_tile(M, K) if M <= SMALL_M else _TILE_ARGS[id(tile_for(M, N, sms))]
         split = split_k_for(M, N, K, cfg, sms)
+        if autotuning():
+            cfg = _tuned(ops, flags, dict(cfg, SPLIT_K=split))
+            split = cfg["SPLIT_K"]
+    _run(ops, flags, cfg, split)
+    return c
+
+
+def _tuned(ops, flags, rule: dict) -> dict:
+    """LEVELS_TRITON_AUTOTUNE=1: the fastest of the size rule's pick and the fixed tiles,
+    measured once per shape bucket (triton_kernels/tuning.py). Never for accumulate=True
+    (re-running a candidate would add twice) nor fp32 (one tile)."""
+    a, b, c, bias_t, aux_t = ops
+    M, K = a.shape
+    N = b.shape[1]
+    key = (str(a.dtype).removeprefix("torch."), flags[1], flags[0], tuning.bucket(M),
+           tuning.bucket(N), tuning.bucket(K), tuning.layout(a), tuning.layout(b))
+    candidates = [rule] + [dict(_as_dict(t), SPLIT_K=1) for t in _configs() + [NARROW_TILE]]
+    candidates = [cand for i, cand in enumerate(candidates) if cand not in candidates[:i]]
+    return tuning.pick("gemm", key, candidates,
+                       lambda cand: tuning.benchmark(lambda: _run(ops, flags, cand,
+                                                                  cand["SPLIT_K"])), a.device)
+
+
+def _run(ops, flags, cfg: dict, split: int) -> None:
+    """Launch the GEMM (and, split, the reduction of its K slices) with one config."""
+    a, b, c, bias_t, aux_t = ops
+    has_bias, epilogue, accumulate, precision = flags
+    M, K = a.shape
+    N = b.shape[1]
+    sa, sb, sc, sx = a.stride(), b.stride(), c.stride(), aux_t.stride()
     k_per_split = K
     if split > 1:  # whole BLOCK_K steps per slice; the last slice may be shorter
         k_per_split = cdiv(cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
@@ -410,10 +421,11 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
     ws = c.new_empty((split, M, N), dtype=torch.float32) if split > 1 else c
     # SPLIT_N given even when 1, its default: Inductor's wrapper for a user kernel, when a
     # model is compiled whole, counts the arguments passed and does not fill in defaults.
+    # EVEN_K (no K mask in the main loop) follows this config's BLOCK_K.
     launch(gemm_kernel, (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), split),
            a, b, c, bias_t, aux_t, ws, M, N, K, k_per_split, sa[0], sa[1], sb[0], sb[1],
            sc[0], sc[1], sx[0], sx[1],
-           HAS_BIAS=bias is not None, EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
+           HAS_BIAS=has_bias, EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
            DOT_PRECISION=precision, EVEN_K=K % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"],
            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
            SPLIT_N=cfg.get("SPLIT_N", 1), PARTIAL=split > 1, num_warps=cfg["num_warps"],
@@ -421,9 +433,8 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
     if split > 1:
         RB_M = min(32, max(16, next_power_of_2(M)))
         launch(splitk_reduce_kernel, (cdiv(M, RB_M), cdiv(N, 128)), ws, c, bias_t, aux_t, M, N,
-               split, sc[0], sc[1], sx[0], sx[1], HAS_BIAS=bias is not None, EPILOGUE=epilogue,
+               split, sc[0], sc[1], sx[0], sx[1], HAS_BIAS=has_bias, EPILOGUE=epilogue,
                ACCUMULATE=accumulate, BLOCK_M=RB_M, BLOCK_N=128, num_warps=4)
-    return c
 
 
 def _output(a, N, out, out_dtype):

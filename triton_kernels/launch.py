@@ -52,8 +52,9 @@ each distinct specialization it recorded is compiled in a pool of threads with T
 `kernel.warmup`, which also loads each binary. The real call then goes on; a launch whose
 kernel is still compiling waits for it (the forward's own kernels first, the backward's
 finish while the forward runs). Measured on the H100 (scripts/probe_first_calls.py,
-reports/h100-first-calls.json, cold cache): first forward+backward 1.1-2.6x faster, GNMT's
-LSTM 15.2 -> 5.8 s, ResNet-50's stem 8.9 -> 4.1 s. The signal is free: the first launch of a call at a new shape misses the direct
+reports/h100-first-calls.json, cold cache, a new process): first forward+backward 1.4-2.8x
+faster, GNMT's LSTM 12.8 -> 6.1 s, ResNet-50's stem 9.2 -> 3.3 s, the MLP at its bench
+shape 11.3 -> 4.7 s. The signal is free: the first launch of a call at a new shape misses the direct
 path's table (`launch` above), and `apply_ahead` has left the call's Function and
 arguments where that launch finds them. What it costs: one dry pass of host time per new
 shape (about the call's own host time, paid even when every kernel was compiled already
