@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2
-from .gemm import autotuning, column_sum, grouped_tile, sm_count
+from .launch import apply_ahead, autotuning, cdiv, launch, needs_grad, next_power_of_2
+from .gemm import column_sum, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .launch import cdiv, launch, next_power_of_2
+from .launch import autotuning, cdiv, launch, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -299,12 +299,6 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     if split > 1 and split * M * N >= 2 ** 31:  # the workspace's 32-bit offsets
         return 1
     return split
-
-
-def autotuning() -> bool:
-    """LEVELS_TRITON_AUTOTUNE=1: benchmark candidate tiles once per shape bucket and keep
-    the winner on disk (tuning.py) instead of the size rules; read at each call."""
-    return os.environ.get("LEVELS_TRITON_AUTOTUNE", "0") == "1"
 
 
 def _as_dict(config: triton.Config) -> dict:

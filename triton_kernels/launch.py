@@ -293,7 +293,7 @@ def apply_ahead(function, *args):
 def compile_ahead(function, args) -> None:
     """Compile every kernel that `function`'s forward and backward launch for `args`, in
     COMPILE_THREADS threads, and return while they compile (see the module docstring)."""
-    if not COMPILE_AHEAD or _BROKEN or not ENABLED or INTERPRETED or _autotuning():
+    if not COMPILE_AHEAD or _BROKEN or not ENABLED or INTERPRETED or autotuning():
         return
     if torch.compiler.is_compiling():
         return  # Dynamo traces the launches
@@ -317,7 +317,10 @@ def compile_ahead(function, args) -> None:
             _PENDING.setdefault(kernel, []).append(pool.submit(_warm, device, kernel, a, kw))
 
 
-def _autotuning() -> bool:
+def autotuning() -> bool:
+    """LEVELS_TRITON_AUTOTUNE=1: benchmark candidate tiles once per shape bucket and keep
+    the winner on disk (tuning.py) instead of the size rules; read at each call (gemm.py
+    and conv_bn.py's tiles; autotuned launches take no dry pass)."""
     return os.environ.get("LEVELS_TRITON_AUTOTUNE", "0") == "1"
 
 
