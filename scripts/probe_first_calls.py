@@ -107,6 +107,12 @@ def main() -> None:
 
     import torch
     import triton
+    if not torch.cuda.is_available():
+        print("probe_first_calls: needs a CUDA GPU (it times Triton compiling for one); the "
+              "recorded H100 runs are reports/h100-first-calls.json and "
+              "reports/h100-first-calls-autotune.json", file=sys.stderr)
+        sys.exit(3)
+
     def measure(component, where, env):
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", component, where],
