@@ -1,5 +1,6 @@
-"""Level 5 attention: the Python side of `attention.cu` (kernels) and
-`attention_binding.cpp` (the two torch ops).
+"""Level 5 attention: the Python side of `attention.cu` (kernels), `attention_binding.cpp` (the
+two kernel ops) and `autograd_binding.cpp` (`levels_cuda::attention`, the op a call is: the
+layout copies, the forward op and one C++ autograd node whose backward calls the backward op).
 
 The math, the online softmax and the FlashAttention-2 backward are Level 4's
 (triton_kernels/attention.py: read its docstring for why each piece is there). What Level 5
@@ -30,7 +31,7 @@ The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2
 (natural lse times log2(e)), so the backward's P is one FMA and one exp2 per element.
 
 Head dims D in HEAD_DIMS (one register tile spans D, templated per D); any Nq, Nk (masked
-edges); causal needs Nq == Nk (the contract's rule). Layouts: see `_operand`.
+edges); causal needs Nq == Nk (the contract's rule). Layouts: see the note on operands below.
 
 Measured on the H100 (bf16, B=4 H=16 N=4096 D=128, forward, against SDPA's FLASH backend in
 the same run; reports/h100-level5-part-b.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
@@ -90,41 +91,13 @@ def check_head_dim(q: torch.Tensor) -> None:
 
 # ---------------------------------------------------------------------------- layouts --
 
-def _reads_in_chunks(version: int, dtype: torch.dtype) -> bool:
-    return version in TENSOR_CORE_VERSIONS and dtype in TENSOR_CORE_DTYPES
-
-
-def has_chunked_rows(t: torch.Tensor) -> bool:
-    """What versions 3-5 read directly: stride 1 along D, every other dimension longer than 1
-    strided by a multiple of 8 elements, the first element 16-byte aligned (torch's
-    allocator aligns storages to far more, so the storage offset decides)."""
-    if t.stride(-1) != 1:
-        return False
-    if any(t.shape[d] > 1 and t.stride(d) % 8 for d in range(3)):
-        return False
-    if torch.compiler.is_compiling():
-        # Dynamo cannot trace storage_offset(); inside a compiled graph the op's own check
-        # (attention_binding.cpp check_chunks) refuses a misaligned view with an error
-        # naming the argument, it never reads it wrongly.
-        return True
-    return (t.storage_offset() * t.element_size()) % 16 == 0
-
-
-def _operand(t: torch.Tensor, version: int) -> torch.Tensor:
-    """t as the kernels of `version` read it, copied (one read and write of t, outside the
-    op so autograd routes the gradient through the copy) only when needed:
-      * every version: the last dimension (D) must have stride 1 — a transposed q, or an
-        expanded upstream gradient (stride 0) is copied;
-      * versions 3-5 in 16 bits: rows are read as 16-byte chunks (has_chunked_rows). The
-        packed qkv layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D)
-        tensors) already is: no copy. A view starting at an odd element is copied.
-    Batch, head and row strides are otherwise free (slices, the packed layout, stride 0
-    from expand): no copy."""
-    if t.stride(-1) == 1 and (not _reads_in_chunks(version, t.dtype) or has_chunked_rows(t)):
-        return t
-    # .contiguous() of a contiguous view that starts off a 16-byte boundary is the view
-    # itself: a clone is what moves it to a fresh (aligned) allocation.
-    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+# What the kernels of a version read, and what is copied otherwise, is decided in C++
+# (autograd_binding.cpp's attention_operand):
+# every version needs stride 1 along D (a transposed q, or an expanded upstream gradient with
+# stride 0, is copied); versions 3-5 in 16 bits read rows as 16-byte chunks. The packed qkv
+# layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D) tensors) already
+# is; a view starting at an odd element is copied. Batch, head and row strides are otherwise
+# free (slices, the packed layout, stride 0 from expand): no copy.
 
 
 # ------------------------------------------------------------------------ registration --
@@ -138,33 +111,14 @@ def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, version = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale, ctx.version = causal, scale, version
-    ctx.mark_non_differentiable(lse)  # a saved statistic, not an output of the math
-
-
-def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    # The upstream gradient comes in any layout (an expanded `.sum()` gradient has stride 0
-    # everywhere): made what the kernels read, with one copy at most.
-    dout = _operand(dout, ctx.version)
-    dq, dk, dv = torch.ops.levels_cuda.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale,
-                                                     ctx.version)
-    return dq, dk, dv, None, None, None
-
-
 def _register():
-    """Fake implementations of both ops and the forward's autograd; called by build.load()
-    once the library is loaded (the ops must exist to be registered against)."""
+    """Fake implementations of both kernel ops; called by build.load() once the library is
+    loaded (the ops must exist to be registered against)."""
     global _registered
     if _registered:
         return
     torch.library.register_fake("levels_cuda::attention_fwd")(_fwd_fake)
     torch.library.register_fake("levels_cuda::attention_bwd")(_bwd_fake)
-    torch.library.register_autograd("levels_cuda::attention_fwd", _backward, setup_context=_setup_context)
     _registered = True
 
 
@@ -181,13 +135,10 @@ def _ops():
 # ----------------------------------------------------------------------- entry point --
 
 def attention(q, k, v, causal=False, scale=None, version=None):
-    """Called by levels.cuda.attention after the contract's validation (CUDA tensors of one
-    float dtype, q (B, H, Nq, D), k and v (B, H, Nk, D), Nk == Nq when causal, scale a
-    positive float). Returns out with q's shape and dtype, contiguous. See `_operand` for
-    which inputs are copied (none in the usual layouts)."""
-    check_head_dim(q)
-    v_ = resolve_version(version)
+    """Called by levels.cuda.attention after the contract's validation
+    (CUDA tensors of one float dtype, q (B, H, Nq, D), k and v (B, H, Nk, D), Nk == Nq when
+    causal, scale a positive float). Returns out with q's shape and dtype, contiguous. See
+    above for which inputs are copied (none in the usual layouts)."""
+    check_head_dim(q)  # before anything is built or launched (a CPU tensor is refused too)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    q, k, v = _operand(q, v_), _operand(k, v_), _operand(v, v_)
-    out, _lse = _ops().attention_fwd(q, k, v, bool(causal), scale, v_)
-    return out
+    return _ops().attention.default(q, k, v, bool(causal), scale, resolve_version(version))

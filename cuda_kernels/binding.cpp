@@ -1,4 +1,5 @@
-// binding.cpp — the one translation unit of Level 5 that includes torch's headers.
+// binding.cpp — the translation unit of Level 5 that binds the kernels to torch (the other
+// one that includes torch's headers is autograd.cpp, the ops users call, with no CUDA in it).
 //
 // Parsing torch's headers is almost all of a cold build (59 s with torch/extension.h in a
 // .cu, 32 s with a pure .cu and a separate binding, measured on the H100), so:

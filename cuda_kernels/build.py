@@ -11,9 +11,11 @@ torch/CUDA/GPU by torch's JIT extension builder (`torch.utils.cpp_extension.load
 Why it is shaped like this (for one small kernel, cold-build time is almost all torch's
 headers, measured on the H100: 59 s with torch/extension.h in a .cu, 32 s with pure .cu
 files and one binding; for the real kernel files it is nvcc's optimizer):
-  * one translation unit sees torch's headers, `binding_all.cpp` (binding.cpp's prelude
-    followed by every `*_binding.cpp` fragment); every .cu file is pure CUDA and is its own
-    nvcc process, all of them run in parallel with the binding by ninja. That is
+  * two translation units see torch's headers: `binding_all.cpp` (binding.cpp's prelude
+    followed by every `*_binding.cpp` fragment: the kernels' ops) and `autograd.cpp` (the
+    ops a call is, with their C++ autograd: its autograd header alone costs g++ as much as
+    the whole binding, so it is a unit of its own, compiled beside it); every .cu file is
+    pure CUDA and is its own nvcc process, all of them run in parallel by ninja. That is
     cpp_extension.load on the files themselves, the default ("files"): load_inline (same
     machinery: it writes its strings to files and calls the same builder) concatenates all
     CUDA sources into one cuda.cu, so one nvcc process compiles them one after another.
@@ -94,6 +96,7 @@ EXT_NAME = "levels_cuda_kernels"  # the .so; the ops live in torch.ops.levels_cu
 OP_NAMESPACE = "levels_cuda"
 PRELUDE = "binding.cpp"
 FRAGMENT_SUFFIX = "_binding.cpp"
+AUTOGRAD = "autograd.cpp"  # the ops users call, autograd in C++: its own unit, torch only
 
 CUDA_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "--split-compile=0"]  # + one -gencode for the GPU
 HOST_FLAGS = ["-O1"]
@@ -162,6 +165,11 @@ def cpp_source(kernels_dir: Path = KERNELS_DIR) -> str:
     parts = [_with_line(kernels_dir / PRELUDE)]
     parts += [_with_line(f) for f in binding_fragments(kernels_dir)]
     return "".join(parts)
+
+
+def autograd_source(kernels_dir: Path = KERNELS_DIR) -> str:
+    """autograd.cpp: the five ops a Level 5 call is, with their autograd (no CUDA in it)."""
+    return _with_line(Path(kernels_dir) / AUTOGRAD)
 
 
 def cuda_source(kernels_dir: Path = KERNELS_DIR) -> str:
@@ -432,7 +440,7 @@ def source_stamp(kernels_dir: Path = KERNELS_DIR, extra: str = "") -> str:
     import torch
 
     h = hashlib.sha256()
-    for part in (cpp_source(kernels_dir), cuda_source(kernels_dir),
+    for part in (cpp_source(kernels_dir), autograd_source(kernels_dir), cuda_source(kernels_dir),
                  " ".join(CUDA_FLAGS + HOST_FLAGS + extra_nvcc_flags()),
                  torch.__version__, str(torch.version.cuda), extra):
         h.update(part.encode())
@@ -493,8 +501,8 @@ def _load_inline_builder(arch: str, kernels_dir: Path = KERNELS_DIR, mode: str =
     def build(directory: Path, verbose: bool) -> str:
         from torch.utils import cpp_extension
 
-        cpp = cpp_source(kernels_dir)
-        check_schemas(cpp)
+        cpp, autograd = cpp_source(kernels_dir), autograd_source(kernels_dir)
+        check_schemas(cpp + autograd)
         common = dict(name=EXT_NAME, extra_cflags=list(HOST_FLAGS),
                       extra_cuda_cflags=CUDA_FLAGS + extra_nvcc_flags() + [gencode(arch)],
                       extra_include_paths=[str(kernels_dir)], build_directory=str(directory),
@@ -507,10 +515,11 @@ def _load_inline_builder(arch: str, kernels_dir: Path = KERNELS_DIR, mode: str =
             if not main.exists() or main.read_text() != cpp:
                 main.write_text(cpp)
             build_fn = cpp_extension.load
-            kwargs = dict(common, sources=[str(main)] + [str(f) for f in kernel_files(kernels_dir)])
+            kwargs = dict(common, sources=[str(main), str(Path(kernels_dir) / AUTOGRAD)]
+                          + [str(f) for f in kernel_files(kernels_dir)])
         else:
             build_fn = cpp_extension.load_inline
-            kwargs = dict(common, cpp_sources=[cpp], cuda_sources=[cuda_source(kernels_dir)])
+            kwargs = dict(common, cpp_sources=[cpp, autograd], cuda_sources=[cuda_source(kernels_dir)])
             if "no_implicit_headers" in inspect.signature(cpp_extension.load_inline).parameters:
                 kwargs["no_implicit_headers"] = True
             elif verbose:
@@ -646,7 +655,8 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
 
 
 def _register_components(kernels_dir: Path = KERNELS_DIR) -> dict[str, str]:
-    """Import every cuda_kernels/<component>.py and call its _register() (fake + autograd).
+    """Import every cuda_kernels/<component>.py and call its _register() (fake implementations
+    of its kernel ops; autograd is C++, autograd_binding.cpp).
     A component whose registration fails is reported (levels.cuda marks it unavailable)
     instead of taking the others down."""
     errors = {}

@@ -9,11 +9,12 @@ Four custom ops, all functional (they return new tensors, never write their inpu
     conv_bn_eval_bwd / conv_bn_train_bwd                          -> dx, dw, dbias, dgamma, dbeta
 
 `_register()` (called by build.load() once the library is loaded) gives every op a fake
-implementation (shapes only: torch.compile and opcheck trace through it) and the two forward
-ops an autograd formula that calls the matching backward op. The running statistics are
-updated here, in Python, by copying the op's new values into the caller's buffers: the ops
-stay functional, and a buffer that is a strided view of something bigger is written through
-that view and nowhere else.
+implementation (shapes only: torch.compile and opcheck trace through it). A call is one
+more op, `levels_cuda::conv_bn` (autograd_binding.cpp): the layout copies, the forward op of
+its mode, one C++ autograd node whose backward calls the matching backward op, and the
+running statistics' update in training mode, by copying the kernel op's new values into the
+caller's buffers: the kernel ops stay functional, and a buffer that is a strided view of
+something bigger is written through that view and nowhere else.
 
 The version ladder (LEVELS_CUDA_VERSION_CONV_BN or version=) picks the forward convolution
 kernel; the backward (dgrad, wgrad) runs the version-2 tiled kernels for every version.
@@ -57,12 +58,16 @@ def _out_hw(H, W, kH, kW, stride, padding):
 
 
 def _ops():
+    """torch.ops.levels_cuda, building the library on first use. Once _register() has run
+    (build.load() calls it), a plain attribute read: torch.compile traces through it."""
+    if _registered or torch.compiler.is_compiling():
+        return torch.ops.levels_cuda
     from . import build
     return build.ops()
 
 
 # ---------------------------------------------------------------------------------------
-# Registration: fake implementations and autograd.
+# Registration: fake implementations.
 # ---------------------------------------------------------------------------------------
 
 def _fake_eval_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps,
@@ -101,45 +106,8 @@ def _fake_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version
     return _fake_bwd(x, w)
 
 
-def _setup_eval(ctx, inputs, output):
-    x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps, version = inputs
-    _, w_folded, scale, invstd = output
-    ctx.save_for_backward(x, w, w_folded, bias, running_mean, scale, invstd)
-    ctx.conv = (list(stride), list(padding), version)
-    ctx.has_bias = bias is not None
-
-
-def _backward_eval(ctx, dout, *unused):
-    x, w, w_folded, bias, running_mean, scale, invstd = ctx.saved_tensors
-    stride, padding, version = ctx.conv
-    # The kernels read dout as a (P, C_out) matrix: a copy only when autograd's gradient is
-    # not NHWC-contiguous already (i.e. the caller's upstream gradient was not channels_last).
-    dx, dw, db, dgamma, dbeta = torch.ops.levels_cuda.conv_bn_eval_bwd(
-        dout.contiguous(), x, w, w_folded, bias, running_mean, scale, invstd, stride, padding,
-        version)
-    return (dx, dw, db if ctx.has_bias else None, dgamma, dbeta,
-            None, None, None, None, None, None)
-
-
-def _setup_train(ctx, inputs, output):
-    x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps, momentum, version = inputs
-    _, y, mean, invstd, _, _ = output
-    ctx.save_for_backward(x, w, y, mean, invstd, gamma)
-    ctx.conv = (list(stride), list(padding), version)
-    ctx.has_bias = bias is not None
-
-
-def _backward_train(ctx, dout, *unused):
-    x, w, y, mean, invstd, gamma = ctx.saved_tensors
-    stride, padding, version = ctx.conv
-    dx, dw, db, dgamma, dbeta = torch.ops.levels_cuda.conv_bn_train_bwd(
-        dout.contiguous(), x, w, y, mean, invstd, gamma, stride, padding, version)
-    return (dx, dw, db if ctx.has_bias else None, dgamma, dbeta,
-            None, None, None, None, None, None, None)
-
-
 def _register() -> None:
-    """Fake implementations for every op, autograd for the forward ops (once per process)."""
+    """Fake implementations for every kernel op (once per process)."""
     global _registered
     if _registered:
         return
@@ -148,10 +116,6 @@ def _register() -> None:
     torch.library.register_fake(lib + "conv_bn_train_fwd", _fake_train_fwd)
     torch.library.register_fake(lib + "conv_bn_eval_bwd", _fake_eval_bwd)
     torch.library.register_fake(lib + "conv_bn_train_bwd", _fake_train_bwd)
-    torch.library.register_autograd(lib + "conv_bn_eval_fwd", _backward_eval,
-                                    setup_context=_setup_eval)
-    torch.library.register_autograd(lib + "conv_bn_train_fwd", _backward_train,
-                                    setup_context=_setup_train)
     _registered = True
 
 
@@ -162,37 +126,16 @@ def _register() -> None:
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride, padding, eps, momentum, training, version=None):
     """Conv2d then BatchNorm2d; stride and padding as int pairs. Returns (N, C_out, H_out,
-    W_out) in channels_last. Training mode updates running_mean/running_var in place."""
+    W_out) in channels_last. Training mode updates running_mean/running_var in place.
+    What each argument becomes (autograd_binding.cpp), and what it costs: x channels_last (a
+    no-op when it already is, one copy of x otherwise), viewed as (N, H, W, C_in), a permute;
+    conv_weight as (C_out, kH, kW, C_in) contiguous, so that the reduction k = (i, j, c) runs
+    along memory (one copy of the small weight unless stored that way); the 1-D parameters
+    and buffers contiguous (a copy only for strided views; C_out elements)."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"conv_bn: argument 'x' must be float16, bfloat16 or float32 for the CUDA "
                         f"kernels; got {x.dtype}")
-    version = resolve_version(version)
-    ops = _ops()
-    # What each argument becomes, and what it costs:
-    # - x: channels_last (a no-op when it already is, one copy of x otherwise), viewed as
-    #   (N, H, W, C_in) — a permute, no copy. The kernels take all four strides of that view.
-    # - conv_weight: (C_out, kH, kW, C_in) contiguous, so that the reduction k = (i, j, c) runs
-    #   along memory: one copy of the (small) weight unless it is stored that way already.
-    #   Done out here, autograd differentiates the permute/copy: dW comes back in the caller's
-    #   layout.
-    # - the 1-D parameters and buffers: .contiguous() (a copy only for strided views; C_out
-    #   elements).
-    x_nhwc = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    w_k = conv_weight.permute(0, 2, 3, 1).contiguous()
-    b = conv_bias.contiguous() if conv_bias is not None else None
-    gamma, beta = bn_weight.contiguous(), bn_bias.contiguous()
-    rm, rv = running_mean.contiguous(), running_var.contiguous()
-    stride, padding = [int(s) for s in stride], [int(p) for p in padding]
-    if not training:
-        out = ops.conv_bn_eval_fwd(x_nhwc, w_k, b, gamma, beta, rm, rv, stride, padding,
-                                   float(eps), version)[0]
-    else:
-        out, _, _, _, new_mean, new_var = ops.conv_bn_train_fwd(
-            x_nhwc, w_k, b, gamma, beta, rm, rv, stride, padding, float(eps), float(momentum),
-            version)
-        # In place through the caller's views (BatchNorm2d's semantics), nothing else written.
-        with torch.no_grad():
-            running_mean.copy_(new_mean)
-            running_var.copy_(new_var)
-    # (N, H_out, W_out, C_out) contiguous, seen as (N, C_out, H_out, W_out): channels_last.
-    return out.permute(0, 3, 1, 2)
+    return _ops().conv_bn.default(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
+                                  running_var, [int(s) for s in stride], [int(p) for p in padding],
+                                  float(eps), float(momentum), bool(training),
+                                  resolve_version(version))

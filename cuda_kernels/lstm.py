@@ -137,92 +137,33 @@ def _bwd_fake(dout, dh_n, dc_n, c0, w_hh, gates, cs, time_major, version):
     return dout.new_empty((B * T, 4 * H)), dout.new_empty((B, H)), dout.new_empty((B, H))
 
 
-def _setup_context(ctx, inputs, output):
-    x2, w_ih, _b_ih, _xp, h0, c0, w_hh, _b_hh, time_major, save, version = inputs
-    out, _h_n, _c_n, gates, cs = output
-    ctx.mark_non_differentiable(gates, cs)  # activations saved for backward, not results
-    ctx.save_for_backward(x2, w_ih, h0, c0, w_hh, out, gates, cs)
-    ctx.time_major, ctx.save, ctx.version = time_major, save, version
-
-
-def _h_prev(h0, out, time_major):
-    """h_{t-1} of every step, rows ordered as dz's: h0 then out[:, :-1] (one copy, B*T*H)."""
-    if time_major:  # rows t*B + b
-        return torch.cat([h0.unsqueeze(0), out[:, :-1].transpose(0, 1)], dim=0).reshape(-1, h0.shape[1])
-    return torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1).reshape(-1, h0.shape[1])
-
-
-def _backward(ctx, d_out, d_hn, d_cn, _d_gates, _d_cs):
-    if not ctx.save:
-        raise RuntimeError("levels_cuda::lstm_fwd ran with save=False (no activations kept), so it "
-                           "has no backward; cuda_kernels.lstm.lstm sets save when a gradient is needed")
-    x2, w_ih, h0, c0, w_hh, out, gates, cs = ctx.saved_tensors
-    # The kernels index the upstream gradients densely; an unused output's gradient is None,
-    # an expanded `.sum()` gradient has stride 0: both become dense tensors here (B*T*H at most).
-    d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
-    d_hn = torch.zeros_like(h0) if d_hn is None else d_hn.contiguous()
-    d_cn = torch.zeros_like(h0) if d_cn is None else d_cn.contiguous()
-    dz, dh0, dc0 = _ops().lstm_bwd(d_out, d_hn, d_cn, c0, w_hh, gates, cs, ctx.time_major, ctx.version)
-    needs = ctx.needs_input_grad
-    dx2 = mlp.gemm(dz, w_ih) if needs[0] else None                       # dx = dz W_ih
-    dw_ih = mlp.gemm(dz.t(), x2) if needs[1] else None                   # dW_ih = dz^T x
-    db = mlp.column_sum(dz) if (needs[2] or needs[7]) else None          # both biases: sum dz
-    dw_hh = mlp.gemm(dz.t(), _h_prev(h0, out, ctx.time_major)) if needs[6] else None  # dz^T h_{t-1}
-    return (dx2, dw_ih, db if needs[2] else None, None, dh0 if needs[4] else None,
-            dc0 if needs[5] else None, dw_hh, db.clone() if needs[7] else None, None, None, None)
-
-
 def _register():
-    """Fake implementations of both ops and the forward's autograd; called by build.load()
-    once the library is loaded (the ops must exist to be registered against)."""
+    """Fake implementations of both kernel ops; called by build.load() once the library is
+    loaded (the ops must exist to be registered against)."""
     global _registered
     if _registered:
         return
     torch.library.register_fake("levels_cuda::lstm_fwd")(_fwd_fake)
     torch.library.register_fake("levels_cuda::lstm_bwd")(_bwd_fake)
-    torch.library.register_autograd("levels_cuda::lstm_fwd", _backward, setup_context=_setup_context)
     _registered = True
 
 
 # ----------------------------------------------------------------------- entry point --
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """x (B, T, I) as the (rows, I) operand of the input-projection GEMM, and whether its rows
-    are time-major (row t*B + b) instead of batch-major (b*T + t). A view when the (B, T)
-    dimensions flatten in either order — a contiguous x, or a time-major x such as
-    `x_tbi.transpose(0, 1)` (the kernels take both row orders) — else one copy of x."""
-    B, T, I = x.shape
-    sb, st, _ = x.stride()
-    if B == 1 or T == 1 or sb == st * T:
-        return x.reshape(B * T, I), False
-    if st == sb * B:
-        return x.transpose(0, 1).reshape(T * B, I), True
-    return x.reshape(B * T, I), False  # a copy: the (B, T) strides flatten in neither order
-
-
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version=None):
     """Called by levels.cuda.lstm after the contract's validation. Returns (out (B, T, H),
-    (h_n (1, B, H), c_n (1, B, H))) like nn.LSTM(batch_first=True). What each argument is
-    made into, and what it costs:
-      * x: the GEMM's (B*T, I) operand, a view for batch-major or time-major x, else one copy
-        (_rows); part A's gemm then takes it with its strides (or its own K-major copy);
-      * w_ih: to the GEMM as its transposed view (the GEMM handles any strides);
-      * w_hh: .contiguous() — the kernels read 16-row slices densely; 4H*H elements, nothing
+    (h_n (1, B, H), c_n (1, B, H))) like nn.LSTM(batch_first=True). One op,
+    `levels_cuda::lstm` (autograd_binding.cpp), makes of each argument, and what it costs:
+      * x: the GEMM's (B*T, I) operand, a view for batch-major or time-major x (the kernels
+        take both row orders: a time-major x such as `x_tbi.transpose(0, 1)` is no copy),
+        else one copy;
+      * w_ih: to the input projection's GEMM as its transposed view (any strides);
+      * w_hh: contiguous — the kernels read 16-row slices densely; 4H*H elements, nothing
         when it already is (nn.LSTM's weight);
-      * h0, c0: their (B, H) slices .contiguous() (B*H elements); b_ih, b_hh .contiguous() (4H).
-    Every copy is outside the op, so autograd carries the gradients back through it."""
-    v = kernel_version(version)
-    x2, time_major = _rows(x)
-    h0c, c0c = h0[0].contiguous(), c0[0].contiguous()
-    w_hh_c, b_ih_c, b_hh_c = w_hh.contiguous(), b_ih.contiguous(), b_hh.contiguous()
-    # The projection of every step at once, in fp32 (the recurrence adds to it). Computed
-    # without autograd: lstm_fwd's registered backward returns the gradients of x2, w_ih and
-    # b_ih itself (they are lstm_fwd's arguments for that reason).
-    with torch.no_grad():
-        xp = mlp.gemm(x2, w_ih.t(), bias=b_ih_c, out_dtype=torch.float32)
-    # Inside the autograd formula grad mode is off, so decide here whether the activations
-    # for backward (gates and c of every step, fp32) must be kept at all.
-    save = torch.is_grad_enabled() and any([t.requires_grad for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh)])
-    out, h_n, c_n, _gates, _cs = _ops().lstm_fwd(x2, w_ih, b_ih_c, xp, h0c, c0c, w_hh_c, b_hh_c,
-                                                 time_major, save, v)
-    return out, (h_n.unsqueeze(0), c_n.unsqueeze(0))
+      * h0, c0: their (B, H) slices contiguous (B*H elements); b_ih, b_hh contiguous (4H).
+    The input projection of every step is one GEMM in fp32 before the recurrence, at part
+    A's version (LEVELS_CUDA_VERSION_MLP); backward's GEMMs too. The activations for backward
+    (gates and c of every step, fp32) are kept only when something requires grad."""
+    out, h_n, c_n = _ops().lstm.default(x, h0, c0, w_ih, w_hh, b_ih, b_hh, kernel_version(version),
+                                        mlp.resolve_version(None))
+    return out, (h_n, c_n)

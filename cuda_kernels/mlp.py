@@ -178,7 +178,8 @@ def column_sum(x, out_dtype=None, version=None):
 
 
 # ---------------------------------------------------------------------------------------
-# The MLP: forward op (C++: two GEMM launches), autograd from this level's GEMMs
+# The MLP: one op, `levels_cuda::mlp` (autograd_binding.cpp): the forward op (two GEMM
+# launches in C++) and one C++ autograd node whose backward is this level's GEMMs
 # ---------------------------------------------------------------------------------------
 
 def mlp(x, w1, b1, w2, b2, version=None):
@@ -186,59 +187,20 @@ def mlp(x, w1, b1, w2, b2, version=None):
     CUDA). What each argument is made into, and what it costs:
       * x (..., K) is viewed as (M, K): reshape is a view whenever the strides allow it
         (always for a contiguous x), a copy otherwise;
-      * b1, b2: .contiguous() (1-D, cheap);
+      * b1, b2: contiguous (1-D, cheap);
       * versions 1-3: x, w1, w2 go in with their strides, no copy;
-      * versions 4 and 5, 16-bit: each of x, w1, w2 that is not K-major with 16-byte aligned rows
-        is copied once (_k_major; none is for contiguous inputs with K, hidden multiples
-        of 8). A hidden size that is not a multiple of 8 is zero-padded (w1 and b1 rows,
-        w2 columns: GELU(0) * 0 adds exactly nothing), so that the (M, hidden) activations
-        the second GEMM reads have aligned rows.
-    All copies happen outside the op, so autograd differentiates them."""
-    v = resolve_version(version)
-    K, N = x.shape[-1], w2.shape[0]
-    x2 = x.reshape(-1, K)
-    b1, b2 = b1.contiguous(), b2.contiguous()
-    if v in TENSOR_CORE_VERSIONS and x.dtype in TENSOR_CORE_DTYPES:
-        pad = -w1.shape[0] % 8
-        if pad:
-            w1, b1, w2 = F.pad(w1, (0, 0, 0, pad)), F.pad(b1, (0, pad)), F.pad(w2, (0, pad))
-        x2, w1, w2 = _k_major(x2), _k_major(w1), _k_major(w2)
-    out, _pre, _act = _ops().mlp_fwd(x2, w1, b1, w2, b2, v)
-    return out.reshape(*x.shape[:-1], N)
-
-
-def _mlp_setup_context(ctx, inputs, output):
-    x, w1, b1, w2, b2, version = inputs
-    _out, pre, act = output
-    ctx.save_for_backward(x, w1, w2, pre, act)
-    ctx.version = version
-
-
-def _mlp_backward(ctx, grad_out, _grad_pre, _grad_act):
-    """pre and act are saved for backward, not used by callers: their gradients are ignored."""
-    x, w1, w2, pre, act = ctx.saved_tensors
-    v = ctx.version
-    needs = ctx.needs_input_grad
-    dx = dw1 = db1 = dw2 = db2 = None
-    dy = grad_out  # (M, N), any strides
-    if needs[3]:
-        dw2 = gemm(dy.t(), act, version=v)                       # dW2 = dY^T G
-    if needs[4]:
-        db2 = column_sum(dy, version=v)
-    if needs[0] or needs[1] or needs[2]:
-        dh = gemm(dy, w2, aux=pre, epilogue="gelu_grad", version=v)  # dH = (dY W2) * GELU'(H)
-        if needs[0]:
-            dx = gemm(dh, w1, version=v)                         # dX = dH W1
-        if needs[1]:
-            dw1 = gemm(dh.t(), x, version=v)                     # dW1 = dH^T X
-        if needs[2]:
-            db1 = column_sum(dh, version=v)
-    return dx, dw1, db1, dw2, db2, None
+      * versions 4 and 5, 16-bit: each GEMM operand that is not K-major with 16-byte aligned
+        rows is copied once by the GEMM op itself (mlp_binding.cpp's k_major; none is for
+        contiguous inputs with K, hidden multiples of 8), and the (M, hidden) activations are
+        stored with rows padded to 8 elements, so the second GEMM reads them in place.
+    Backward (in C++): dW2 = dY^T G, db2 = colsum(dY), dH = (dY W2) * GELU'(H) with the
+    derivative in the epilogue, dX = dH W1, dW1 = dH^T X, db1 = colsum(dH)."""
+    return _ops().mlp.default(x, w1, b1, w2, b2, resolve_version(version))
 
 
 def _register():
-    """Fake implementations of every op (shapes/dtypes for torch.compile and opcheck) and
-    the autograd of mlp_fwd. Called by build.load() once the library is loaded."""
+    """Fake implementations of every kernel op (shapes/dtypes for torch.compile and opcheck).
+    Called by build.load() once the library is loaded."""
     global _registered
     if _registered:
         return
@@ -272,5 +234,4 @@ def _register():
         M, hidden, N = x.shape[0], w1.shape[0], w2.shape[0]
         return _new(x, M, N), _new(x, M, hidden), _new(x, M, hidden)
 
-    torch.library.register_autograd(lib + "mlp_fwd", _mlp_backward, setup_context=_mlp_setup_context)
     _registered = True

@@ -187,18 +187,18 @@ def _probe_layer_norm(dev, want) -> dict:
     x2 = x.reshape(-1, 64)
     M, N = x2.shape
     y = torch.empty_like(x2)
-    mean = torch.empty(M, device=dev)
-    rstd = torch.empty(M, device=dev)
+    stats = torch.empty((2, M), device=dev)
     BM, BN, nw = tln._tiling(N, 2)
     g = (triton.cdiv(M, BM),)
-    args = (x2, w, b, y, mean, rstd, M, N, x2.stride(0), y.stride(0), 1e-5)
+    args = (x2, w, b, y, stats, M, N, x2.stride(0), y.stride(0), 1e-5)
+    kernel = tlaunch.jit_of(tln.layer_norm_fwd_kernel)
 
     def jit_launch():
-        return tln.layer_norm_fwd_kernel[g](*args, BLOCK_M=BM, BLOCK_N=BN, num_warps=nw)
+        return kernel[g](*args, BLOCK_M=BM, BLOCK_N=BN, STATS=True, num_warps=nw)
 
     rec.host("JIT launch only", jit_launch)
-    rec.host("fast launch only", lambda: tlaunch.launch(tln.layer_norm_fwd_kernel, g, *args,
-                                                          BLOCK_M=BM, BLOCK_N=BN, num_warps=nw))
+    rec.host("fast launch only", lambda: tlaunch.launch(kernel, g, *args, BLOCK_M=BM,
+                                                          BLOCK_N=BN, STATS=True, num_warps=nw))
     with torch.no_grad():
         rec.host("L4 levels.triton.layer_norm no_grad, fast launch OFF",
                  lambda: L4.layer_norm(x, w, b, 1e-5), fast_launch=False)

@@ -42,7 +42,7 @@ from types import ModuleType
 
 import torch
 
-from .contract import COMPONENTS, VALIDATORS
+from .contract import COMPONENTS, VALIDATORS, autocasts
 
 # Without a GPU, Level 4 runs in Triton's CPU interpreter, which must be on before anything
 # imports triton (torch._dynamo does, so Level 3 would): triton.language builds its own
@@ -151,6 +151,7 @@ def _validated(component: str, fn, level_name: str):
         validate(*args, **kwargs)
         return fn(*args, **kwargs)
 
+    checked = autocasts(component)(checked)  # torch.autocast's casts, as at every level
     checked.level = level_name
     return checked
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import contract, get
+from .contract import autocasts
 
 
 def choice(component: str, *args, **kwargs):
@@ -43,22 +44,27 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
     return None  # native always runs, so there is always something to choose
 
 
+@autocasts("attention")
 def attention(q, k, v, causal=False, scale=None):
     return _call("attention", q, k, v, causal=causal, scale=scale)
 
 
+@autocasts("layer_norm")
 def layer_norm(x, weight, bias, eps=1e-5):
     return _call("layer_norm", x, weight, bias, eps=eps)
 
 
+@autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     return _call("mlp", x, w1, b1, w2, b2)
 
 
+@autocasts("lstm")
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return _call("lstm", x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
+@autocasts("conv_bn")
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     return _call("conv_bn", x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,

@@ -49,8 +49,8 @@ import threading
 import torch
 
 from . import native
-from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
-                       validate_mlp)
+from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -335,26 +335,31 @@ def prepare(component: str, *args, **kwargs) -> tuple:
     return _PREPARE[component](*args, **kwargs)
 
 
+@autocasts("attention")
 def attention(q, k, v, causal=False, scale=None):
     args = _prepare_attention(q, k, v, causal, scale)
     return compiled("attention", q.device)(*args)
 
 
+@autocasts("layer_norm")
 def layer_norm(x, weight, bias, eps=1e-5):
     args = _prepare_layer_norm(x, weight, bias, eps)
     return compiled("layer_norm", x.device)(*args)
 
 
+@autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     args = _prepare_mlp(x, w1, b1, w2, b2)
     return compiled("mlp", x.device)(*args)
 
 
+@autocasts("lstm")
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     args = _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return call("lstm", compiled("lstm", x.device), args)
 
 
+@autocasts("conv_bn")
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     args = _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,

@@ -17,6 +17,7 @@ the argument, what was expected and what was given.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -70,9 +71,13 @@ def require_32bit_offsets(component: str, level: str, tensors: dict, extents: di
                   f"(<= 2**31 elements)", f"{elements} elements")
 
 
-def _tensors(component: str, named: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Type, dtype and device checks shared by all components; returns the first tensor."""
+def _tensors(component: str, named: dict[str, torch.Tensor], float32_group: tuple = (),
+             why: str = "") -> torch.Tensor:
+    """Type, dtype and device checks shared by all components; returns the first tensor.
+    One dtype for every argument, except `float32_group`: those share one dtype of their own,
+    the first tensor's or float32 beside a 16-bit first tensor (`why` says whose rule that is)."""
     first_name, first = None, None
+    group_name, group = None, None
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             _fail(component, name, "a torch.Tensor", type(t).__name__, TypeError)
@@ -82,7 +87,17 @@ def _tensors(component: str, named: dict[str, torch.Tensor]) -> torch.Tensor:
         if first is None:
             first_name, first = name, t
             continue
-        if t.dtype != first.dtype:
+        if name in float32_group:
+            if group is None:
+                group_name, group = name, t
+            elif t.dtype != group.dtype:
+                _fail(component, name, f"of dtype {group.dtype} like '{group_name}' ({why})",
+                      _describe(t), TypeError)
+            mixed = first.dtype in (torch.float16, torch.bfloat16) and t.dtype == torch.float32
+            if t.dtype != first.dtype and not mixed:
+                _fail(component, name, f"of dtype {first.dtype} like '{first_name}', or float32 "
+                      f"beside a 16-bit '{first_name}' ({why})", _describe(t), TypeError)
+        elif t.dtype != first.dtype:
             _fail(component, name, f"of dtype {first.dtype} like '{first_name}' (no mixed dtypes)",
                   _describe(t), TypeError)
         if t.device != first.device:
@@ -203,6 +218,11 @@ def validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> dict:
     return dict(B=B, T=T, I=I, H=Hd)
 
 
+# Mixed precision as nn.BatchNorm2d under torch.autocast: these may be float32 beside a
+# 16-bit x (the normalization is computed in float32 at every level).
+BATCH_NORM_TENSORS = ("bn_weight", "bn_bias", "running_mean", "running_var")
+
+
 def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                      stride=1, padding=0, eps=1e-5, momentum=0.1, training=False) -> dict:
     c = "conv_bn"
@@ -210,7 +230,8 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
              "running_mean": running_mean, "running_var": running_var}
     if conv_bias is not None:
         named["conv_bias"] = conv_bias
-    _tensors(c, named)
+    _tensors(c, named, BATCH_NORM_TENSORS, "BatchNorm's weights and running statistics share "
+             "one dtype: x's, or float32 as nn.BatchNorm2d keeps them under torch.autocast")
     _rank(c, "x", x, 4, "(N, C_in, H, W)")
     _rank(c, "conv_weight", conv_weight, 4, "(C_out, C_in, kH, kW), as nn.Conv2d.weight")
     Nb, Cin, Hh, Ww = x.shape
@@ -291,6 +312,175 @@ def _writable_buffers(component: str, buffers: dict, named: dict):
                 _fail(component, name, f"a buffer sharing no memory with '{other}' (it is updated "
                       f"in place, and '{other}' would change with it)",
                       f"{_describe(t)} overlapping '{other}'")
+
+
+# ---------------------------------------------------------------------------------------
+# Validating once per argument signature
+# ---------------------------------------------------------------------------------------
+#
+# A validator reads shapes, strides, dtypes, devices and flags, never values, so its verdict
+# is the same for every call whose arguments agree on those: a training loop calls each
+# layer with one signature thousands of times. Levels 4 and 5 therefore validate the first
+# call of a signature (the contract's checks and their own) and keep the verdict, the sizes
+# and their launch plan in a `Plans` table; later calls pay for the key alone (about a
+# microsecond on a fast host, against 4-23 us for the validators and the level's checks on
+# the H100's). A bad input is never stored: it raises before anything is kept, and its
+# signature differs from every good one in something the validator looked at, so it
+# raises again, with the same message, at every call (tests/test_validation_cache.py
+# replays the whole bad-input catalogue on a warm table).
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def signature(args: tuple) -> tuple | None:
+    """What a validator can see of `args`: each tensor's shape, strides, dtype, device,
+    requires_grad and 16-byte alignment (a launch plan depends on it), every other argument
+    by type and value. None when a call must not be served from a table: while torch.compile
+    or torch.export trace (the validator is traced instead, and guards do the caching), for
+    tensor subclasses (fake and functional tensors have other rules), and for arguments that
+    are not plain values (a list of strides, say)."""
+    if torch.compiler.is_compiling():
+        return None
+    key = []
+    for a in args:
+        cls = a.__class__
+        if cls in _PLAIN_TENSORS:
+            key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() & 15))
+        elif cls in _SCALARS:
+            key.append((cls, a))
+        elif cls is tuple and all(b.__class__ in _SCALARS for b in a):
+            key.append((cls, tuple((b.__class__, b) for b in a)))
+        else:
+            return None
+    return tuple(key)
+
+
+class Plans(dict):
+    """signature -> what `build(*args)` returned for the first call with that signature.
+
+    `build` validates (raising on a bad input, which stores nothing) and returns what the
+    level needs on every call (sizes, the copies to make, tiles). `extra(*args)` names what
+    else a verdict depends on that a signature does not hold (the addresses of buffers a call
+    updates in place, whose aliasing the contract checks). The table starts over past
+    `limit` signatures: a process that sees ever new shapes pays validation, never memory."""
+
+    def __init__(self, build, extra=None, limit: int = 4096):
+        super().__init__()
+        self.build, self.extra, self.limit = build, extra, limit
+
+    def __call__(self, *args):
+        key = signature(args)
+        if key is not None and self.extra is not None:
+            key = (key, self.extra(*args))
+        plan = self.get(key) if key is not None else None
+        if plan is None:
+            plan = self.build(*args)
+            if key is not None:
+                if len(self) >= self.limit:
+                    self.clear()
+                self[key] = plan
+        return plan
+
+
+def conv_bn_buffers(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                    stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    """`Plans.extra` for conv_bn: in training mode the running statistics are written in
+    place, and the contract checks that they alias no other argument and are writable here
+    (`_writable_buffers`): that depends on every tensor's address and on whether the buffers
+    were made in inference mode, so those join the key. (Addresses, shapes and strides fix
+    each tensor's byte range; two tensors' overlap is decided by their byte ranges alone.)"""
+    if not training:
+        return None
+    return (tuple(t.data_ptr() for t in (x, conv_weight, conv_bias, bn_weight, bn_bias,
+                                         running_mean, running_var) if t is not None),
+            running_mean.is_inference(), running_var.is_inference(),
+            torch.is_inference_mode_enabled())
+
+
+# ---------------------------------------------------------------------------------------
+# Mixed precision: the same casts as torch's own operators under torch.autocast
+# ---------------------------------------------------------------------------------------
+#
+# Under `torch.autocast(device_type, dtype)` torch casts an operator's floating-point
+# arguments before it runs: matrix products and convolutions to the autocast dtype
+# (F.linear, SDPA, F.conv2d, the LSTM cells), normalizations that need range to float32
+# (F.layer_norm). A model of fp32 parameters then computes in bf16 or fp16 where that is
+# safe. Our five functions are no torch operators, so autocast cannot see them: `autocasts`
+# applies the rule of the torch operator each one replaces, before the contract sees the
+# arguments, at every level alike (so the levels still compute one function, now of the
+# cast arguments; autograd carries the gradients back through the casts to fp32 parameters).
+# Inside the call autocast is off: the level's own torch ops see one dtype, as outside it.
+
+LOW_PRECISION, FLOAT32 = "the autocast dtype", "float32"
+AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
+    "attention": (LOW_PRECISION, ("q", "k", "v")),  # as F.scaled_dot_product_attention
+    "layer_norm": (FLOAT32, ("x", "weight", "bias")),  # as F.layer_norm
+    "mlp": (LOW_PRECISION, ("x", "w1", "b1", "w2", "b2")),  # as F.linear
+    "lstm": (LOW_PRECISION, ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")),  # as lstm_cell
+    # as F.conv2d; BatchNorm's weights and running statistics keep their dtype (float32), as
+    # nn.BatchNorm2d's do under autocast: the contract takes them in float32 beside a
+    # 16-bit x, and every level computes the normalization in float32
+    "conv_bn": (LOW_PRECISION, ("x", "conv_weight", "conv_bias")),
+}
+_SIGNATURES = {
+    "attention": ("q", "k", "v", "causal", "scale"),
+    "layer_norm": ("x", "weight", "bias", "eps"),
+    "mlp": ("x", "w1", "b1", "w2", "b2"),
+    "lstm": ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "conv_bn": ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias", "running_mean",
+                "running_var", "stride", "padding", "eps", "momentum", "training"),
+}
+
+
+def autocast_dtype(component: str, device: torch.device) -> torch.dtype | None:
+    """The dtype `component`'s arguments are cast to now on `device`; None if autocast is
+    off there."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    target, _ = AUTOCAST[component]
+    return torch.float32 if target == FLOAT32 else torch.get_autocast_dtype(device.type)
+
+
+def autocast_args(component: str, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """(args, kwargs) with the casts of AUTOCAST, or None when autocast is off for the device
+    of the call's first tensor. Only floating-point tensors are cast (a bad argument stays
+    what it was, for the contract to refuse by name)."""
+    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    if first is None:
+        return None
+    dtype = autocast_dtype(component, first.device)
+    if dtype is None:
+        return None
+    names = AUTOCAST[component][1]
+    order = _SIGNATURES[component]
+
+    def cast(name, value):
+        if name in names and isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+    args = tuple(cast(order[i] if i < len(order) else "", a) for i, a in enumerate(args))
+    return args, {k: cast(k, v) for k, v in kwargs.items()}
+
+
+def autocasts(component: str):
+    """Decorator for a level's `component` function: under torch.autocast its arguments are
+    cast as torch casts those of the operator it replaces (AUTOCAST), then the function runs
+    with autocast off. Outside autocast it costs one check (a few hundred nanoseconds)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if torch._C._is_any_autocast_enabled():
+                cast = autocast_args(component, args, kwargs)
+                if cast is not None:
+                    device_type = next(a for a in (*cast[0], *cast[1].values())
+                                       if isinstance(a, torch.Tensor)).device.type
+                    with torch.autocast(device_type, enabled=False):
+                        return fn(*cast[0], **cast[1])
+            return fn(*args, **kwargs)
+        call.autocast = AUTOCAST[component]
+        return call
+    return decorate
 
 
 VALIDATORS = {

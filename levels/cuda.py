@@ -37,8 +37,8 @@ import torch
 
 from cuda_kernels import build
 
-from .contract import (_describe, _fail, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
+                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -162,33 +162,75 @@ def _ready(component: str, name: str, t: torch.Tensor):
     return _MODULES[component]
 
 
-def attention(q, k, v, causal=False, scale=None):
+# Each function validates the first call of an argument signature (the contract, then
+# `_ready`: dtype, device, the library built) and keeps the verdict (levels.contract.Plans);
+# later calls with the same shapes, strides, dtypes and devices make one call into C++: the
+# component's op (cuda_kernels/autograd_binding.cpp), its autograd included.
+
+def _attention_plan(q, k, v, causal, scale):
     s = validate_attention(q, k, v, causal, scale)
-    return _ready("attention", "q", q).attention(q, k, v, causal, s["scale"])
+    return _ready("attention", "q", q), s["scale"]
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
+def _layer_norm_plan(x, weight, bias, eps):
     validate_layer_norm(x, weight, bias, eps)
-    return _ready("layer_norm", "x", x).layer_norm(x, weight, bias, float(eps))
+    return _ready("layer_norm", "x", x), float(eps)
 
 
-def mlp(x, w1, b1, w2, b2):
+def _mlp_plan(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
-    return _ready("mlp", "x", x).mlp(x, w1, b1, w2, b2)
+    return _ready("mlp", "x", x)
 
 
-def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def _lstm_plan(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
-    return _ready("lstm", "x", x).lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return _ready("lstm", "x", x)
 
 
-def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
-            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                  stride, padding, eps, momentum, training):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                          stride, padding, eps, momentum, training)
-    return _ready("conv_bn", "x", x).conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias,
-                                             running_mean, running_var, s["stride"], s["padding"],
-                                             float(eps), float(momentum), training)
+    return _ready("conv_bn", "x", x), s["stride"], s["padding"], float(eps), float(momentum)
+
+
+_ATTENTION = Plans(_attention_plan)
+_LAYER_NORM = Plans(_layer_norm_plan)
+_MLP = Plans(_mlp_plan)
+_LSTM = Plans(_lstm_plan)
+_CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+
+
+@autocasts("attention")
+def attention(q, k, v, causal=False, scale=None):
+    module, scale = _ATTENTION(q, k, v, causal, scale)
+    return module.attention(q, k, v, causal, scale)
+
+
+@autocasts("layer_norm")
+def layer_norm(x, weight, bias, eps=1e-5):
+    module, eps = _LAYER_NORM(x, weight, bias, eps)
+    return module.layer_norm(x, weight, bias, eps)
+
+
+@autocasts("mlp")
+def mlp(x, w1, b1, w2, b2):
+    return _MLP(x, w1, b1, w2, b2).mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("lstm")
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    return _LSTM(x, h0, c0, w_ih, w_hh, b_ih, b_hh).lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+
+
+@autocasts("conv_bn")
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    module, stride, padding, eps, momentum = _CONV_BN(
+        x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+        eps, momentum, training)
+    return module.conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                          stride, padding, eps, momentum, training)
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
-                       validate_mlp)
+from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -58,6 +58,7 @@ def gemm_operand(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+@autocasts("attention")
 def attention(q, k, v, causal=False, scale=None):
     s = validate_attention(q, k, v, causal, scale)
     return attention_math(q, k, v, causal, s["scale"])
@@ -76,6 +77,7 @@ def attention_math(q, k, v, causal: bool, scale: float):
     return torch.matmul(probs, v)
 
 
+@autocasts("layer_norm")
 def layer_norm(x, weight, bias, eps=1e-5):
     validate_layer_norm(x, weight, bias, eps)
     return layer_norm_math(x, weight, bias, float(eps))
@@ -94,6 +96,7 @@ def layer_norm_math(x, weight, bias, eps: float):
     ### END SOLUTION
 
 
+@autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return mlp_math(x, w1, b1, w2, b2)
@@ -105,6 +108,7 @@ def mlp_math(x, w1, b1, w2, b2):
     return F.linear(hidden, w2, b2)
 
 
+@autocasts("lstm")
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
@@ -140,6 +144,7 @@ def lstm_steps(x_proj, b_hh, h0, c0, w_hh):
     return torch.stack(outputs, dim=1), h.unsqueeze(0), c.unsqueeze(0)
 
 
+@autocasts("conv_bn")
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,

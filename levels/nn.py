@@ -62,7 +62,11 @@ class _Leveled(nn.Module):
         self._level = _level_name(value)
         # Resolved here, once, not in forward: levels.get imports a module, which
         # torch.compile cannot trace (one graph break per layer of a compiled model).
-        self._call = getattr(_get_level(self._level), self.component)
+        module = _get_level(self._level)
+        self._call = getattr(module, self.component)
+        load_kernels = getattr(module, "load_kernels", None)
+        if load_kernels is not None:  # a level that imports its kernels lazily: now, not traced
+            load_kernels(self.component)
 
     def _fn(self):
         return self._call

@@ -52,8 +52,8 @@ import torch
 from torch import Tensor
 
 from . import native
-from .contract import (validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
-                       validate_mlp)
+from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -264,26 +264,31 @@ uses_tf32 = native.uses_tf32  # the same cuBLAS/cuDNN calls as Level 1
 # The contract: validate first (same errors as every level), then run the graph.
 # ---------------------------------------------------------------------------------------
 
+@autocasts("attention")
 def attention(q, k, v, causal=False, scale=None):
     s = validate_attention(q, k, v, causal, scale)
     return _scripted()["attention"](q, k, v, causal, s["scale"])
 
 
+@autocasts("layer_norm")
 def layer_norm(x, weight, bias, eps=1e-5):
     validate_layer_norm(x, weight, bias, eps)
     return _scripted()["layer_norm"](x, weight, bias, float(eps))
 
 
+@autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return _scripted()["mlp"](x, w1, b1, w2, b2)
 
 
+@autocasts("lstm")
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return _scripted()["lstm"](x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
+@autocasts("conv_bn")
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,

@@ -26,8 +26,9 @@ import os
 
 import torch
 
-from .contract import (_describe, _fail, require_32bit_offsets, require_device, validate_attention,
-                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp)
+from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
+                       require_device, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -36,8 +37,23 @@ from . import TRITON_IMPORTED_TOO_EARLY
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_MODULES: dict = {}  # component -> triton_kernels.<component>, imported on first use
+
+
 def _kernels(component: str):
-    return importlib.import_module(f"triton_kernels.{component}")
+    """triton_kernels.<component>, imported once. Every call looks it up here rather than
+    through importlib: torch.compile cannot trace an import (each call would break the
+    graph), but it traces a dict lookup; the first eager call or `load_kernels` fills it."""
+    module = _MODULES.get(component)
+    if module is None:
+        module = _MODULES[component] = importlib.import_module(f"triton_kernels.{component}")
+    return module
+
+
+def load_kernels(component: str) -> None:
+    """Import `component`'s kernels now (levels.nn calls it when a layer takes this level),
+    so that a model compiled before its first eager call traces no import."""
+    _kernels(component)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -114,7 +130,11 @@ def _no_float64_on_gpu(component: str, name: str, t: torch.Tensor):
               _describe(t), TypeError)
 
 
-def attention(q, k, v, causal=False, scale=None):
+# Each function validates the first call of an argument signature (the contract, then the
+# checks above) and keeps the verdict (levels.contract.Plans): later calls with the same
+# shapes, strides, dtypes and devices go straight to the launcher.
+
+def _attention_plan(q, k, v, causal, scale):
     s = validate_attention(q, k, v, causal, scale)
     _on_kernel_device("attention", "q", q)
     _no_float64_on_gpu("attention", "q", q)
@@ -122,43 +142,87 @@ def attention(q, k, v, causal=False, scale=None):
         _fail("attention", "q", f"at most {GRID_AXIS_LIMIT} (batch x heads) slices for Level 4 "
               f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
               f"limits to {GRID_AXIS_LIMIT}", f"{_describe(q)} ({s['B'] * s['H']} slices)")
-    return _kernels("attention").attention(q, k, v, causal, s["scale"])
+    _kernels("attention").check(q, k, v)
+    return s["scale"]
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
+def _layer_norm_plan(x, weight, bias, eps):
     validate_layer_norm(x, weight, bias, eps)
     _on_kernel_device("layer_norm", "x", x)
-    return _kernels("layer_norm").layer_norm(x, weight, bias, float(eps))
+    _kernels("layer_norm").check(x)
+    return float(eps)
 
 
-def mlp(x, w1, b1, w2, b2):
+def _mlp_plan(x, w1, b1, w2, b2):
     s = validate_mlp(x, w1, b1, w2, b2)
     _on_kernel_device("mlp", "x", x)
     widest = max(s["K"], s["hidden"], s["N"])
     require_32bit_offsets("mlp", "Level 4 (Triton)", {**_gemm_reads(x), "w1": w1, "w2": w2},
                           {("x", "(rows, features) activations and their gradients"):
                            s["M"] * widest})
-    return _kernels("mlp").mlp(x, w1, b1, w2, b2)
+    _kernels("mlp").check(x)
+    return True
 
 
-def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def _lstm_plan(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     _on_kernel_device("lstm", "x", x)
     _no_float64_on_gpu("lstm", "x", x)
     require_32bit_offsets("lstm", "Level 4 (Triton)", {**_gemm_reads(x), "w_ih": w_ih, "w_hh": w_hh},
                           {("x", "(B*T, 4*hidden) gate pre-activations and their gradients"):
                            s["B"] * s["T"] * 4 * s["H"]})
-    return _kernels("lstm").lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    _kernels("lstm")
+    return True
 
 
-def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
-            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                  stride, padding, eps, momentum, training):
     s = validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                          stride, padding, eps, momentum, training)
     _on_kernel_device("conv_bn", "x", x)
-    return _kernels("conv_bn").conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
-                                       running_var, s["stride"], s["padding"], float(eps),
-                                       float(momentum), training)
+    _kernels("conv_bn").check(x, conv_weight)
+    return s["stride"], s["padding"], float(eps), float(momentum)
+
+
+_ATTENTION = Plans(_attention_plan)
+_LAYER_NORM = Plans(_layer_norm_plan)
+_MLP = Plans(_mlp_plan)
+_LSTM = Plans(_lstm_plan)
+_CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+
+
+@autocasts("attention")
+def attention(q, k, v, causal=False, scale=None):
+    scale = _ATTENTION(q, k, v, causal, scale)
+    return _MODULES["attention"].attention(q, k, v, causal, scale)
+
+
+@autocasts("layer_norm")
+def layer_norm(x, weight, bias, eps=1e-5):
+    eps = _LAYER_NORM(x, weight, bias, eps)
+    return _MODULES["layer_norm"].layer_norm(x, weight, bias, eps)
+
+
+@autocasts("mlp")
+def mlp(x, w1, b1, w2, b2):
+    _MLP(x, w1, b1, w2, b2)
+    return _MODULES["mlp"].mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("lstm")
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    _LSTM(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return _MODULES["lstm"].lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+
+
+@autocasts("conv_bn")
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    stride, padding, eps, momentum = _CONV_BN(x, conv_weight, conv_bias, bn_weight, bn_bias,
+                                              running_mean, running_var, stride, padding, eps,
+                                              momentum, training)
+    return _MODULES["conv_bn"].conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
+                                       running_var, stride, padding, eps, momentum, training)
 
 
 

@@ -318,6 +318,12 @@ def _inference_copy(t: torch.Tensor) -> torch.Tensor:
 # Rows whose answer depends on the level: computed where torch computes, refused where a
 # level's kernels cannot take them. Each is written out: they are few, and each different.
 PER_LEVEL = [
+    Bad("conv_bn", "batch-norm-float32",
+        "BatchNorm's weights and statistics float32, x and the convolution bfloat16 (autocast's "
+        "mixed precision, training)",
+        lambda a, d: cast(a, torch.float32, ("bn_weight", "bn_bias", "running_mean", "running_var")),
+        arg="x", expect=COMPUTE, variant="train", dtype=torch.bfloat16, grads=ALL,
+        note="float32 statistics"),
     Bad("attention", "head-dim-24", "head dimension 24 (no power of two)",
         lambda a, d: {n: randn(1, 2, 37, 24, device=d) for n in "qkv"}, arg="q",
         expect=COMPUTE, levels=(("triton", VALUE_ERROR), ("cuda", VALUE_ERROR)), backward=False,
@@ -579,22 +585,25 @@ def _upstream(outs, dtype) -> list:
     return [torch.randn(o.shape, generator=g).to(device=o.device, dtype=dtype) for o in outs]
 
 
-def _differs(name: str, got, ref: torch.Tensor, bound: float, dtype, scale=None) -> str:
+def _differs(name: str, got, ref: torch.Tensor, bound: float, dtype, scale=None,
+             expected_dtype=None) -> str:
     """'' if `got` is `ref` (float64): NaN, +Inf and -Inf at exactly ref's places, the finite
-    values within `bound` (relative to ||scale|| where the spec says ref is exactly 0);
-    else what differs."""
+    values within `bound` of the call's `dtype` (relative to ||scale|| where the spec says
+    ref is exactly 0), `got` itself of `expected_dtype` (default `dtype`); else what differs."""
+    expected_dtype = dtype if expected_dtype is None else expected_dtype
     if not isinstance(got, torch.Tensor):
         return f"{name}: expected a tensor, got {type(got).__name__}"
-    if tuple(got.shape) != tuple(ref.shape) or got.dtype != dtype or got.device != ref.device:
-        return (f"{name}: {got.dtype} {tuple(got.shape)} on {got.device}, expected {dtype} "
-                f"{tuple(ref.shape)} on {ref.device}")
+    if (tuple(got.shape) != tuple(ref.shape) or got.dtype != expected_dtype
+            or got.device != ref.device):
+        return (f"{name}: {got.dtype} {tuple(got.shape)} on {got.device}, expected "
+                f"{expected_dtype} {tuple(ref.shape)} on {ref.device}")
     got64 = got.detach().to(torch.float64)
     for what, where in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
         if not torch.equal(where(got64), where(ref)):
             return (f"{name}: {what} at {int(where(got64).sum())} places, the reference at "
                     f"{int(where(ref).sum())}, not all the same")
     finite = torch.isfinite(ref)
-    c = compare(name, got[finite], ref[finite], bound, dtype, scale=scale)
+    c = compare(name, got[finite], ref[finite], bound, expected_dtype, scale=scale)
     return "" if c.ok else f"{name}: relative error {c.rel_err:.3g} > {bound:g}"
 
 
@@ -635,7 +644,10 @@ def judge(bad: Bad, fn, tf32: bool, args: dict) -> Outcome:
     # float64 inputs are held to float32's bound: Level 1 (and with it Levels 2-3) computes
     # its statistics in float32, so that is the accuracy the ladder offers in float64.
     bound = tolerance(torch.float32 if dtype == torch.float64 else dtype, tf32=tf32)
-    problems = [_differs(n, o, r.detach(), bound, dtype)
+    # each output in the call's dtype; an updated buffer and a gradient in their tensor's own
+    # (float32 running statistics beside a 16-bit x stay float32)
+    own = {name: args[name].dtype for name in case.mutated}
+    problems = [_differs(n, o, r.detach(), bound, dtype, expected_dtype=own.get(n, dtype))
                 for n, o, r in zip(case.outputs, outs, ref_outs)]
     returned = outs[:case.n_returned]
     if not leaves:
@@ -657,7 +669,8 @@ def judge(bad: Bad, fn, tf32: bool, args: dict) -> Outcome:
         for i, g in zip(leaves, got):
             name = names[i]
             problems.append(f"grad {name}: none (dropped by the level)" if g is None else
-                            _differs(f"grad {name}", g, want[name], bound, dtype, scales.get(name)))
+                            _differs(f"grad {name}", g, want[name], bound, dtype, scales.get(name),
+                                     expected_dtype=leaves[i].dtype))
     problems = [p for p in problems if p]
     return Outcome("computed", message="; ".join(problems) or bad.note, ok=not problems)
 

@@ -76,18 +76,21 @@ def test_binding_and_fragments_pass_gxx_syntax_check(tmp_path):
     home = build.cuda_home()
     if home is None or not (Path(home) / "include" / "cuda_runtime.h").exists():
         pytest.skip(f"needs the CUDA headers (cuda_runtime.h) of a toolkit; CUDA_HOME={home}")
-    source = tmp_path / "main.cpp"
-    source.write_text(build.cpp_source())
-    cmd = [gxx, "-std=c++20", "-fsyntax-only", *[f"-I{d}" for d in _torch_includes(tmp_path)],
-           f"-I{Path(home) / 'include'}", f"-I{build.KERNELS_DIR}", str(source)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, build.format_build_error(proc.stdout + proc.stderr, rebuild_hint=False,
-                                                          what="g++ -fsyntax-only of the binding")
+    includes = [f"-I{d}" for d in _torch_includes(tmp_path)]
+    for name, text in (("main.cpp", build.cpp_source()), ("autograd.cpp", build.autograd_source())):
+        source = tmp_path / name
+        source.write_text(text)
+        cmd = [gxx, "-std=c++17", "-fsyntax-only", *includes,
+               f"-I{Path(home) / 'include'}", f"-I{build.KERNELS_DIR}", str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, build.format_build_error(
+            proc.stdout + proc.stderr, rebuild_hint=False, what=f"g++ -fsyntax-only of {name}")
 
 
 def test_every_op_schema_parses_and_is_defined_once():
-    build.check_schemas(build.cpp_source())
-    names = [torch._C.parse_schema(s).name for s in build.op_schemas(build.cpp_source())]
+    every = build.cpp_source() + build.autograd_source()
+    build.check_schemas(every)
+    names = [torch._C.parse_schema(s).name for s in build.op_schemas(every)]
     assert len(names) == len(set(names))
     with pytest.raises(build.BuildError, match="defined twice"):
         build.check_schemas('m.def("a_fwd(Tensor x) -> Tensor"); m.def("a_fwd(Tensor y) -> Tensor");')

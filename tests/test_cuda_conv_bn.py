@@ -185,8 +185,16 @@ def test_opcheck_every_op(dtype):
     ops = build.ops()
     for training, fwd, bwd in ((False, ops.conv_bn_eval_fwd, ops.conv_bn_eval_bwd),
                                (True, ops.conv_bn_train_fwd, ops.conv_bn_train_bwd)):
-        torch.library.opcheck(fwd, _op_inputs(dtype, training, grad=True))
         args = _op_inputs(dtype, training, grad=False)
+        torch.library.opcheck(fwd, args)
+        # the op a call is (autograd.cpp), its C++ autograd traced by AOT autograd: NCHW in,
+        # the running statistics updated in place in training mode
+        shape = dict(N=2, C_in=16, H=9, W=7, C_out=12, k=3, stride=1, padding=1, channels_last=True)
+        a = _args(shape, dtype, seed=4)
+        leaves = [a[n].detach().clone().requires_grad_(True)
+                  for n in ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias")]
+        torch.library.opcheck(ops.conv_bn, (*leaves, a["running_mean"], a["running_var"], [1, 1],
+                                            [1, 1], 1e-5, 0.1, training, 3))
         res = fwd(*args)
         x, w, b, g = args[0], args[1], args[2], args[3]
         dout = torch.randn_like(res[0])

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import levels
+from cuda_kernels import build
 from cuda_kernels import layer_norm as ln
 from equivalence import specs
 from equivalence.check import check, check_args
@@ -35,17 +36,6 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 # ------------------------------------------------------------------------------ CPU --
-
-def test_rows_view_copies_only_when_the_last_dimension_is_strided():
-    x = torch.randn(4, 5, 6)
-    assert ln._rows(x).data_ptr() == x.data_ptr()
-    padded = torch.randn(4, 9)[:, 1:7]  # row stride 9, offset 1: a view, no copy
-    r = ln._rows(padded)
-    assert r.data_ptr() == padded.data_ptr() and r.stride() == (9, 1)
-    t = torch.randn(6, 4).t()  # columns 4 apart: copied
-    assert ln._rows(t).stride() == (6, 1)
-    assert ln._rows(torch.randn(3, 1).expand(3, 1)).shape == (3, 1)
-
 
 def _ptxas(path: Path) -> dict[str, tuple[int, int, int]]:
     """{kernel (demangled): (registers, spill stores, spill loads)} for sm_90a."""
@@ -173,13 +163,14 @@ def test_expanded_upstream_gradient_and_determinism(version):
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_opcheck(version, dtype):
-    ln._fwd_op()  # builds and loads the library
+    build.load()
     ops = torch.ops.levels_cuda
     args = _args((33,), 200, dtype, seed=version)
     x, w, b = args["x"], args["weight"], args["bias"]
     torch.library.opcheck(ops.layer_norm_fwd, (x, w, b, 1e-5, version))
-    xg = x.detach().clone().requires_grad_(True)
-    torch.library.opcheck(ops.layer_norm_fwd, (xg, w, b, 1e-5, version))
+    # the op a call is (autograd.cpp): its C++ autograd traced by AOT autograd
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+    torch.library.opcheck(ops.layer_norm, (*leaves, 1e-5, version))
     _, mean, rstd = ops.layer_norm_fwd(x, w, b, 1e-5, version)
     dy = torch.randn_like(x)
     torch.library.opcheck(ops.layer_norm_bwd, (dy, x, w, mean, rstd, version))
@@ -187,8 +178,8 @@ def test_opcheck(version, dtype):
 
 BAD_VERSION = """
 import torch
-from cuda_kernels import layer_norm as ln
-ln._fwd_op()
+from cuda_kernels import build
+build.load()
 x = torch.randn(4, 64, device="cuda")
 w = torch.ones(64, device="cuda")
 try:
@@ -215,11 +206,12 @@ def test_bad_version_is_an_error_naming_it():
 @needs_gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_inside_torch_compile(version, monkeypatch):
-    # The ops have fake implementations and a registered autograd: Dynamo traces them into
-    # one graph (fullgraph=True: no break), and the compiled backward calls our backward op.
+    # The kernel ops have fake implementations and the op a call is has its autograd in C++:
+    # Dynamo traces them into one graph (fullgraph=True: no break), and the compiled backward
+    # calls our backward op.
     monkeypatch.setenv(ENV, str(version))
     levels.get("cuda")
-    ln._fwd_op()  # the library must be loaded before tracing (Dynamo cannot trace a build)
+    build.load()  # the library must be loaded before tracing (Dynamo cannot trace a build)
     args = _args((2, 50), 384, torch.bfloat16, seed=11)
     x, w, b = (args[n].detach().clone().requires_grad_(True) for n in ("x", "weight", "bias"))
 

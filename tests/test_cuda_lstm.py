@@ -74,18 +74,16 @@ def test_plan_only_when_nothing_chose_a_version(monkeypatch):
 def test_entry_sends_the_plan_to_the_ops_when_no_version_was_chosen(monkeypatch):
     seen = []
 
-    class Ops:
+    class Lstm:
         @staticmethod
-        def lstm_fwd(x2, w_ih, b_ih, xp, h0, c0, w_hh, b_hh, time_major, save, version):
+        def default(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version, gemm_version):
             seen.append(version)
-            B, H = h0.shape
-            return (h0.new_zeros(B, x2.shape[0] // B, H), h0.new_zeros(B, H), h0.new_zeros(B, H), None, None)
+            return x, h0, c0
 
-    import cuda_kernels.mlp as mlp
+    class Ops:
+        lstm = Lstm
 
     monkeypatch.setattr(K5, "_ops", lambda: Ops)
-    monkeypatch.setattr(mlp, "gemm", lambda a, b, bias=None, out_dtype=None, version=None: (
-        a.float() @ b.float() + (0 if bias is None else bias.float())).to(out_dtype or a.dtype))
     B, T, I, H = 2, 3, 4, 5
     args = [torch.randn(B, T, I), torch.randn(1, B, H), torch.randn(1, B, H), torch.randn(4 * H, I),
             torch.randn(4 * H, H), torch.randn(4 * H), torch.randn(4 * H)]
@@ -104,118 +102,6 @@ def test_version_from_argument_then_environment(monkeypatch):
     assert K5.resolve_version() == 1 and K5.resolve_version(2) == 2
     with pytest.raises(ValueError, match=r"lstm: argument 'version' must be one of \[1, 2\].*3"):
         K5.resolve_version(3)
-
-
-def test_rows_are_a_view_in_either_order_else_a_copy():
-    B, T, I = 3, 5, 7
-    x = torch.randn(B, T, I)
-    x2, time_major = K5._rows(x)
-    assert not time_major and x2.data_ptr() == x.data_ptr() and torch.equal(x2, x.reshape(B * T, I))
-    xt = torch.randn(T, B, I).transpose(0, 1)  # time-major view: rows t*B + b, no copy
-    x2, time_major = K5._rows(xt)
-    assert time_major and x2.data_ptr() == xt.data_ptr()
-    assert torch.equal(x2.view(T, B, I).transpose(0, 1), xt)
-    xs = torch.randn(B, T + 2, I + 1)[:, 1:T + 1, :I]  # flattens in neither order: copied
-    x2, time_major = K5._rows(xs)
-    assert not time_major and torch.equal(x2, xs.reshape(B * T, I))
-    one = torch.randn(1, 4, I)
-    assert K5._rows(one)[1] is False
-
-
-@pytest.mark.parametrize("time_major", [False, True])
-def test_h_prev_rows_pair_with_dz_rows(time_major):
-    """Row r of _h_prev must be h_{t-1} of the (b, t) that row r of dz belongs to."""
-    B, T, H = 3, 4, 2
-    h0 = torch.randn(B, H)
-    out = torch.randn(B, T, H)
-    hp = K5._h_prev(h0, out, time_major)
-    assert hp.shape == (B * T, H)
-    for b in range(B):
-        for t in range(T):
-            row = t * B + b if time_major else b * T + t
-            want = h0[b] if t == 0 else out[b, t - 1]
-            assert torch.equal(hp[row], want)
-
-
-# The kernels' per-step math (lstm.cu's cell_forward / cell_backward and the recurrent
-# products), written in torch and registered as CPU ops with lstm_fwd / lstm_bwd's schemas, so
-# that the REAL Python side — the entry's layouts and row orders, the autograd formula
-# registered for lstm_fwd (which GEMM gets which rows, every gradient's shape and dtype) —
-# goes through the harness on a CPU. part A's GEMMs are replaced by torch matmuls here.
-
-def _step_rows(B, T, time_major):
-    b, t = torch.arange(B)[:, None], torch.arange(T)[None, :]
-    return t * B + b if time_major else b * T + t  # [b, t] -> row of xp, gates, cs, dz
-
-
-_TWIN = {}
-
-
-def _twin_ops():
-    if _TWIN:
-        return _TWIN["ops"]
-    @torch.library.custom_op("levels_test_lstm_twin::lstm_fwd", mutates_args=())
-    def fwd(x2: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, xp: torch.Tensor, h0: torch.Tensor,
-            c0: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, time_major: bool, save: bool,
-            version: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, H = h0.shape
-        T = x2.shape[0] // B
-        rows = _step_rows(B, T, time_major)
-        h, c, outs = h0.float(), c0.float(), []
-        gates, cs = torch.empty(B * T, 4 * H), torch.empty(B * T, H)
-        for t in range(T):
-            z = xp[rows[:, t]] + h @ w_hh.float().t() + b_hh.float()
-            i, f, g, o = (torch.sigmoid(z[:, :H]), torch.sigmoid(z[:, H:2 * H]), torch.tanh(z[:, 2 * H:3 * H]),
-                          torch.sigmoid(z[:, 3 * H:]))
-            c = f * c + i * g
-            h_t = (o * torch.tanh(c)).to(h0.dtype)  # h goes through memory in the input dtype
-            gates[rows[:, t]], cs[rows[:, t]] = torch.cat([i, f, g, o], 1), c
-            h = h_t.float()
-            outs.append(h_t)
-        out = torch.stack(outs, 1)
-        # Unsaved activations: two separate empty tensors (a custom op's returns may not alias)
-        return (out, out[:, -1].clone(), c.to(h0.dtype), gates if save else torch.empty(0),
-                cs if save else torch.empty(0))
-
-    @torch.library.custom_op("levels_test_lstm_twin::lstm_bwd", mutates_args=())
-    def bwd(dout: torch.Tensor, dh_n: torch.Tensor, dc_n: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor,
-            gates: torch.Tensor, cs: torch.Tensor, time_major: bool,
-            version: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, H = dout.shape
-        rows = _step_rows(B, T, time_major)
-        dz = torch.empty(B * T, 4 * H, dtype=dout.dtype)
-        dc, w = dc_n.float(), w_hh.float()
-        for t in range(T - 1, -1, -1):
-            dh = dout[:, t].float() + (dh_n.float() if t == T - 1 else dz[rows[:, t + 1]].float() @ w)
-            g4 = gates[rows[:, t]]
-            gi, gf, gg, go = g4[:, :H], g4[:, H:2 * H], g4[:, 2 * H:3 * H], g4[:, 3 * H:]
-            tc = torch.tanh(cs[rows[:, t]])
-            c_prev = cs[rows[:, t - 1]] if t > 0 else c0.float()
-            dc = dc + dh * go * (1 - tc * tc)
-            dz[rows[:, t]] = torch.cat([dc * gg * gi * (1 - gi), dc * c_prev * gf * (1 - gf),
-                                        dc * gi * (1 - gg * gg), dh * tc * go * (1 - go)], 1).to(dout.dtype)
-            dc = dc * gf
-        return dz, (dz[rows[:, 0]].float() @ w).to(dout.dtype), dc.to(dout.dtype)
-
-    torch.library.register_autograd("levels_test_lstm_twin::lstm_fwd", K5._backward,
-                                    setup_context=K5._setup_context)
-    _TWIN["ops"] = torch.ops.levels_test_lstm_twin
-    return _TWIN["ops"]
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_python_side_through_the_harness_with_a_torch_twin_of_the_kernels(dtype, monkeypatch):
-    import cuda_kernels.mlp as mlp
-
-    ops = _twin_ops()
-    monkeypatch.setattr(K5, "_ops", lambda: ops)
-    monkeypatch.setattr(mlp, "gemm", lambda a, b, bias=None, out_dtype=None, version=None: (
-        a.float() @ b.float() + (0 if bias is None else bias.float())).to(out_dtype or a.dtype))
-    monkeypatch.setattr(mlp, "column_sum", lambda x, out_dtype=None, version=None: (
-        x.float().sum(0).to(out_dtype or x.dtype)))
-    for size in ("tiny", "small"):  # both layouts: x time-major, weights transposed, ...
-        for r in check("lstm", fn=lambda **a: K5.lstm(**a), dtype=dtype, size=size, seed=3):
-            assert r.passed, r.summary()
 
 
 @pytest.mark.skipif(NVCC is not None, reason=f"needs nvcc: {NVCC}")
@@ -410,14 +296,19 @@ def _op_args(dtype, version, save, requires_grad=False, time_major=False):
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_opcheck(version, dtype):
-    # Each opcheck traces the op through AOT autograd (seconds): the forward with gradients
-    # (its registered backward runs too) at every dtype, in one row order each; the forward
-    # without saving, and the backward op alone, once per version.
+    # Each opcheck traces the op through AOT autograd (seconds): the op a call is
+    # (autograd.cpp: its C++ backward runs too) with gradients at every dtype, in one row
+    # order each; the kernel ops (forward saving and not, backward) once per version.
     levels.get("cuda")
-    ops = K5._ops()  # builds and loads the library, registers the fakes and the autograd
+    ops = K5._ops()  # builds and loads the library, registers the fakes
     time_major = dtype == torch.bfloat16
-    torch.library.opcheck(ops.lstm_fwd, _op_args(dtype, version, save=True, requires_grad=True,
-                                                 time_major=time_major))
+    a = _args(3, 4, 5, 12, dtype, seed=version)
+    if time_major:
+        a["x"] = a["x"].transpose(0, 1).contiguous().transpose(0, 1)
+    leaves = [a[n].detach().clone().requires_grad_(True)
+              for n in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
+    torch.library.opcheck(ops.lstm, (*leaves, version, 4))
+    torch.library.opcheck(ops.lstm_fwd, _op_args(dtype, version, save=True, time_major=time_major))
     if dtype != torch.float32:
         return
     torch.library.opcheck(ops.lstm_fwd, _op_args(dtype, version, save=False))
@@ -431,7 +322,7 @@ def test_opcheck(version, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_inside_torch_compile(version, monkeypatch):
-    # Fake implementations and a registered autograd: Dynamo traces the Level 5 LSTM into one
+    # Fake implementations and the op's C++ autograd: Dynamo traces the Level 5 LSTM into one
     # graph (fullgraph=True: no break), and the compiled backward calls lstm_bwd.
     monkeypatch.setenv(ENV, str(version))
     level = levels.get("cuda")

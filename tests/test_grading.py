@@ -203,7 +203,7 @@ CHEATS = {
     "F.layer_norm": (
         "    weight, bias = weight.contiguous(), bias.contiguous()\n",
         ("    y = _LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), eps)\n"
-         "    ref = torch.nn.functional.layer_norm(x, (N,), weight, bias, eps)\n"
+         "    ref = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n"
          "    return y + (ref - y).detach()\n"),
         "PyTorch computed the component for you (ATen native_layer_norm)"),
 }
@@ -365,21 +365,21 @@ CUDA_CHEATS = {
          "files) ran in the forward pass")),
     # the real ops run (forward and backward) as a decoy, the value comes from Level 1
     "another level": (
-        ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
-         "    y = y.view(x.shape)\n"
+        ("    y = torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
+         "                                                 resolve_version(version))\n"
          "    import levels\n"
          "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()\n"),
         "another level's code ran inside yours (levels/native.py:layer_norm"),
     # the same decoy, the value from torch's fused layer_norm
     "F.layer_norm": (
-        ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
-         "    y = y.view(x.shape)\n"
+        ("    y = torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
+         "                                                 resolve_version(version))\n"
          "    ref = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n"
          "    return y + (ref - y).detach()\n"),
         "PyTorch computed the component for you (ATen native_layer_norm)"),
 }
-CUDA_ANSWER = ("    y, _mean, _rstd = _fwd_op()(x2, w, b, float(eps), v)\n"
-               "    return y.view(x.shape)")
+CUDA_ANSWER = ("    return torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
+               "                                                    resolve_version(version))")
 
 
 @pytest.mark.gpu

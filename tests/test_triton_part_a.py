@@ -190,8 +190,10 @@ def test_gemm_even_k_comes_from_each_config(monkeypatch):
     # EVEN_K drops the K mask from the main loop: it must follow the BLOCK_K of the config
     # launched, the autotuner's candidates included (it used to assume 64 for every config).
     from triton_kernels import gemm as G
+    from triton_kernels import launch as L
     seen = []
-    monkeypatch.setattr(G, "launch", lambda kernel, grid, *a, **kw: seen.append(kw["EVEN_K"]))
+    # every `kernel[grid](...)` of a @fast_launch kernel goes through launch.launch
+    monkeypatch.setattr(L, "launch", lambda kernel, grid, *a, **kw: seen.append(kw["EVEN_K"]))
     a, b = torch.zeros(8, 96), torch.zeros(96, 16)
     c = torch.zeros(8, 16)
     for block_k in (32, 64):

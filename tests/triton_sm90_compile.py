@@ -17,6 +17,7 @@ from triton.compiler import ASTSource
 
 
 def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int = 4) -> str:
+    fn = getattr(fn, "jit", fn)  # a @fast_launch kernel: its JITFunction
     signature, constants = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -46,11 +47,11 @@ def main() -> int:
                      dict(DOUT=dt, DHT=dt, DCIN=dt, W=dt, GATES=f32, CS=f32, C0=dt, DZ=dt, DH0=dt,
                           DC0=dt, FLAGS=i32, ERR=i32), dict(common, FINAL=True)))
     jobs.append(("layer_norm_fwd bf16", layer_norm.layer_norm_fwd_kernel,
-                 dict(x_ptr=bf16, w_ptr=bf16, b_ptr=bf16, y_ptr=bf16, mean_ptr=f32, rstd_ptr=f32,
-                      eps="fp32"), dict(BLOCK_M=1, BLOCK_N=4096)))
+                 dict(x_ptr=bf16, w_ptr=bf16, b_ptr=bf16, y_ptr=bf16, stats_ptr=f32,
+                      eps="fp32"), dict(BLOCK_M=1, BLOCK_N=4096, STATS=True)))
     jobs.append(("layer_norm_bwd bf16", layer_norm.layer_norm_bwd_kernel,
-                 dict(x_ptr=bf16, w_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, mean_ptr=f32, rstd_ptr=f32,
-                      dw_part_ptr=f32, db_part_ptr=f32), dict(BLOCK_M=4, BLOCK_N=4096)))
+                 dict(x_ptr=bf16, w_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, stats_ptr=f32,
+                      part_ptr=f32), dict(BLOCK_M=4, BLOCK_N=4096)))
     jobs.append(("attention_fwd bf16", attention._attn_fwd,
                  dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, qk_scale="fp32"),
                  dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, UPCAST=False,

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import apply_ahead, cdiv, launch, needs_grad
+from .launch import apply_ahead, cdiv, fast_launch, needs_grad
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -100,13 +100,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs
     return acc, l_i, m_i
 
 
+@fast_launch
 @triton.jit
 def _attn_fwd(Q, K, V, O, LSE,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
               H, N_Q, N_K, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+              SAVE_LSE: tl.constexpr):  # False under no_grad: no backward will read it
     # Float arguments become fp32 here: a plain launch types a Python float as fp32, but
     # Inductor, compiling a model around this kernel, passes it as fp64, which would make
     # the running accumulator fp64 inside the loop (a compile error) and the math slow.
@@ -150,7 +152,8 @@ def _attn_fwd(Q, K, V, O, LSE,
                                         BLOCK_N, False, True, UPCAST, PRECISION)
     # Every row saw at least one key (key 0 is visible to every query), so l_i > 0.
     out = acc / l_i[:, None]
-    tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
+    if SAVE_LSE:
+        tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
     tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
@@ -159,6 +162,7 @@ def _attn_fwd(Q, K, V, O, LSE,
 # Backward
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
                          stride_db, stride_dh, stride_dm, H, N_Q,
@@ -218,6 +222,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     return dk, dv
 
 
+@fast_launch
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -304,6 +309,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_
     return dq
 
 
+@fast_launch
 @triton.jit
 def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -422,19 +428,19 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(q, k, v, causal: bool, scale: float):
+def _forward(q, k, v, causal: bool, scale: float, save: bool):
+    """(o, lse) without autograd; the log-sum-exp only when a backward will read it."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
-    lse = q.new_empty((B, H, Nq), dtype=torch.float32)
+    lse = q.new_empty((B, H, Nq), dtype=torch.float32) if save else o
     cfg = _fwd_config(D, q.dtype)
-    grid = (cdiv(Nq, cfg["BLOCK_M"]), B * H)
-    launch(_attn_fwd, grid, q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v),
-           *_strides(o), H, Nq, Nk, scale * LOG2E,
-           HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
-           UPCAST=INTERPRETED and q.dtype != torch.float32,
-           PRECISION=_precision(q.dtype, q.device),
-           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
+        q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        H, Nq, Nk, scale * LOG2E,
+        HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
+        UPCAST=INTERPRETED and q.dtype != torch.float32, PRECISION=_precision(q.dtype, q.device),
+        SAVE_LSE=save, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o, lse
 
 
@@ -444,8 +450,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     do = _unit_last(do)
     delta = q.new_empty((B, H, Nq), dtype=torch.float32)
     pre_block = 64
-    launch(_attn_bwd_preprocess, (cdiv(Nq, pre_block), B * H),
-           o, do, delta, *_strides(o), *_strides(do), H, Nq, HEAD_DIM=D, BLOCK_M=pre_block)
+    _attn_bwd_preprocess[(cdiv(Nq, pre_block), B * H)](
+        o, do, delta, *_strides(o), *_strides(do), H, Nq, HEAD_DIM=D, BLOCK_M=pre_block)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -455,15 +461,15 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
                   num_stages=cfg["num_stages"])
     small, large = cfg["BLOCK_M"], cfg["BLOCK_N"]
     # dK/dV: a large key block stays on chip while small query blocks stream past.
-    launch(_attn_bwd_dkdv, (cdiv(Nk, large), B * H),
-           q, k, v, do, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-           *_strides(dk), *_strides(dv), H, Nq, Nk, scale * LOG2E, scale,
-           BLOCK_M=small, BLOCK_N=large, **common)
+    _attn_bwd_dkdv[(cdiv(Nk, large), B * H)](
+        q, k, v, do, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
+        *_strides(dk), *_strides(dv), H, Nq, Nk, scale * LOG2E, scale,
+        BLOCK_M=small, BLOCK_N=large, **common)
     # dQ: the mirror image, a large query block and small key blocks.
-    launch(_attn_bwd_dq, (cdiv(Nq, large), B * H),
-           q, k, v, do, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-           *_strides(dq), H, Nq, Nk, scale * LOG2E, scale,
-           BLOCK_M=large, BLOCK_N=small, **common)
+    _attn_bwd_dq[(cdiv(Nq, large), B * H)](
+        q, k, v, do, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
+        *_strides(dq), H, Nq, Nk, scale * LOG2E, scale,
+        BLOCK_M=large, BLOCK_N=small, **common)
     return dq, dk, dv
 
 
@@ -471,7 +477,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        o, lse = _forward(q, k, v, causal, scale)
+        o, lse = _forward(q, k, v, causal, scale, save=True)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -483,8 +489,10 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def attention(q, k, v, causal: bool, scale: float):
-    """softmax(q k^T * scale) v for (B, H, N, D) tensors; inputs already validated."""
+def check(q, k, v) -> None:
+    """What only these kernels refuse (levels.triton runs it once per argument signature,
+    after the contract): a head size the kernels are not templated for, and a (batch, head)
+    slice too long for their 32-bit offsets."""
     D = q.shape[-1]
     if D not in HEAD_DIMS:
         raise ValueError(f"attention: argument 'q' must have a head dimension D in "
@@ -498,6 +506,11 @@ def attention(q, k, v, causal: bool, scale: float):
             raise ValueError(f"attention: argument '{name}' spans {span} elements within one "
                              f"(batch, head) slice; the Triton kernels need < 2**31 there "
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def attention(q, k, v, causal: bool, scale: float):
+    """softmax(q k^T * scale) v for (B, H, N, D) tensors; inputs already validated (the
+    contract, then `check`)."""
     if needs_grad(q, k, v):
         return apply_ahead(_FlashAttention, q, k, v, causal, scale)
-    return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale)[0]
+    return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False)[0]

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .launch import apply_ahead, autotuning, cdiv, launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, autotuning, cdiv, fast_launch, needs_grad, next_power_of_2
 from .gemm import column_sum, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -59,6 +59,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Convolution forward: out[p, o] = bias[o] + sum_{i,j,c} x[n, c, h*sh-ph+i, w*sw-pw+j] w[o,c,i,j]
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr,
                     P, C_in, H, W, C_out, H_out, W_out,
@@ -125,6 +126,7 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
 # where h = ho*sh - ph + i, i.e. ho = (h + ph - i) / sh when that divides exactly.
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
                       Q, C_in, H, W, C_out, H_out, W_out,
@@ -178,6 +180,7 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 # Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them.
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
                       P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
@@ -220,6 +223,7 @@ def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
     tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
 
 
+@fast_launch
 @triton.jit
 def wgrad_finish_kernel(part_ptr, splits, C_out, K_total, C_in,
                         dw_ptr, sdwo, sdwc, sdwi, sdwj, w_ptr, swo, swc, swi, swj,
@@ -265,6 +269,7 @@ def wgrad_finish_kernel(part_ptr, splits, C_out, K_total, C_in,
 # Eval: fold BatchNorm into the convolution's weight and bias.
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def fold_bn_kernel(w_ptr, swo, swc, swi, swj, bias_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr,
                    wf_ptr, bf_ptr, scale_ptr, invstd_ptr, C_in, K_total, eps,
@@ -295,6 +300,7 @@ def fold_bn_kernel(w_ptr, swo, swc, swi, swj, bias_ptr, gamma_ptr, beta_ptr, mea
 # Train: batch statistics of y (P, C) fp32, chunked, merged with Chan's formula.
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -320,6 +326,7 @@ def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk
     tl.store(part_m2_ptr + chunk * C + cols, tl.sum(acc, axis=0), mask=c_ok)
 
 
+@fast_launch
 @triton.jit
 def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
                           gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr,
@@ -353,6 +360,7 @@ def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P,
     tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
 
 
+@fast_launch
 @triton.jit
 def channel_affine_kernel(y_ptr, scale_ptr, shift_ptr, out_ptr, P, C, sop, soo,
                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -371,6 +379,7 @@ def channel_affine_kernel(y_ptr, scale_ptr, shift_ptr, out_ptr, P, C, sop, soo,
 # Train backward through BN: dy_conv = gamma * invstd * (dY - mean(dY) - xhat * mean(dY xhat)).
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_ptr,
                           P, C, rows_per_chunk, chunks,
@@ -395,6 +404,7 @@ def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_pt
     tl.store(part_ptr + (chunks + chunk) * C + cols, tl.sum(s_dyx, axis=0), mask=c_ok)
 
 
+@fast_launch
 @triton.jit
 def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
                            BLOCK_C: tl.constexpr):
@@ -411,6 +421,7 @@ def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
     tl.store(dgamma_ptr + cols, s_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
 
 
+@fast_launch
 @triton.jit
 def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, sums_ptr,
                         dyc_ptr, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -516,7 +527,7 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
                   DOT_PRECISION=precision, BN_EPILOGUE=bn is not None)
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
-        launch(conv_fwd_kernel, grid, *args, **common, GROUP_M=8, **cfg)
+        conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
     else:
         cfg = _fwd_tile(P, C_in, C_out, x.device)
         if autotuning():  # the rule's tile and the fixed ones, timed once per shape bucket
@@ -529,11 +540,11 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
 
             def run(c):
                 grid = (cdiv(P, c["BLOCK_M"]) * cdiv(C_out, c["BLOCK_N"]),)
-                launch(conv_fwd_kernel, grid, *args, **common, **c)
+                conv_fwd_kernel[grid](*args, **common, **c)
             cfg = tuning.pick("conv_fwd", key, candidates,
                               lambda c: tuning.benchmark(lambda: run(c)), x.device)
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
-        launch(conv_fwd_kernel, grid, *args, **common, **cfg)
+        conv_fwd_kernel[grid](*args, **common, **cfg)
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
@@ -542,10 +553,10 @@ def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
     precision, cfg = _dot_cfg(x_like.dtype)
     Q = N * H * W
     grid = (cdiv(Q, cfg["BLOCK_M"]), cdiv(C_in, cfg["BLOCK_N"]))
-    launch(conv_dgrad_kernel, grid, dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"],
-           s["W_out"], dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
-           *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
-           DOT_PRECISION=precision, **cfg)
+    conv_dgrad_kernel[grid](dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"],
+                            s["W_out"], dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
+                            *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **cfg)
     return dx
 
 
@@ -565,10 +576,10 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW):
     splits = cdiv(P, per_split)
     part = torch.empty((splits, C_out, K_total), device=x.device, dtype=torch.float32)
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
-    launch(conv_wgrad_kernel, grid, dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
-           K_total, per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
-           *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
-           DOT_PRECISION=precision, **cfg)
+    conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
+                            K_total, per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
+                            *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **cfg)
     return part, splits
 
 
@@ -630,10 +641,10 @@ class _ConvBN(torch.autograd.Function):
         if not training:
             w_f = torch.empty((C_out, kH, kW, C_in), device=dev, dtype=x.dtype)
             b_f, scale, invstd = (torch.empty((C_out,), **f32) for _ in range(3))
-            launch(fold_bn_kernel, (C_out,), w, *_w_strides(w), b if b is not None else b_f, gamma,
-                   beta, running_mean, running_var, w_f, b_f, scale, invstd,
-                   C_in, K_total, eps, KW=kW, HAS_BIAS=b is not None,
-                   BLOCK=256 if INTERPRETED else 1024)
+            fold_bn_kernel[(C_out,)](w, *_w_strides(w), b if b is not None else b_f, gamma,
+                                     beta, running_mean, running_var, w_f, b_f, scale, invstd,
+                                     C_in, K_total, eps, KW=kW, HAS_BIAS=b is not None,
+                                     BLOCK=256 if INTERPRETED else 1024)
             wf_strides = (K_total, 1, kW * C_in, C_in)  # (o, c, i, j) of the (o, i, j, c) layout
             _conv_fwd(x, w_f, wf_strides, b_f, out2d, s, kH, kW)
             ctx.save_for_backward(x, w, w_f, b, running_mean, scale, invstd)
@@ -645,14 +656,14 @@ class _ConvBN(torch.autograd.Function):
         part_mean = torch.empty((chunks, C_out), **f32)
         part_m2 = torch.empty((chunks, C_out), **f32)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
-        launch(stats_partial_kernel, (chunks, c_blocks), y, part_mean, part_m2, P, C_out, rows,
-               **_RED)
+        stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows,
+                                                 **_RED)
         mean, invstd, scale, shift = (torch.empty((C_out,), **f32) for _ in range(4))
-        launch(stats_finalize_kernel, (c_blocks,), part_mean, part_m2, chunks, rows, P, C_out,
-               gamma, beta, running_mean, running_var, mean, invstd, scale, shift,
-               eps, momentum, BLOCK_C=_RED["BLOCK_C"])
-        launch(channel_affine_kernel, (cdiv(P, _RED["BLOCK_P"]), c_blocks),
-               y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
+        stats_finalize_kernel[(c_blocks,)](
+            part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean, running_var,
+            mean, invstd, scale, shift, eps, momentum, BLOCK_C=_RED["BLOCK_C"])
+        channel_affine_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
+            y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
         ctx.save_for_backward(x, w, y, mean, invstd, gamma)
         return out
 
@@ -672,13 +683,13 @@ class _ConvBN(torch.autograd.Function):
             dgamma = torch.empty((C_out,), device=dev, dtype=dt)
             dbeta = torch.empty((C_out,), device=dev, dtype=dt)
             db = torch.empty((C_out,), device=dev, dtype=dt) if has_bias else None
-            launch(wgrad_finish_kernel, (C_out,), part, splits, C_out, part.shape[2], x.shape[1],
-                   dw, *dw.stride(), w, *_w_strides(w),
-                   scale, invstd, running_mean,
-                   b if has_bias else scale, sum_dy, dgamma, dbeta,
-                   db if has_bias else dbeta,
-                   KW=kW, EVAL=True, HAS_BIAS=has_bias,
-                   BLOCK=256 if INTERPRETED else 1024)
+            wgrad_finish_kernel[(C_out,)](part, splits, C_out, part.shape[2], x.shape[1],
+                                          dw, *dw.stride(), w, *_w_strides(w),
+                                          scale, invstd, running_mean,
+                                          b if has_bias else scale, sum_dy, dgamma, dbeta,
+                                          db if has_bias else dbeta,
+                                          KW=kW, EVAL=True, HAS_BIAS=has_bias,
+                                          BLOCK=256 if INTERPRETED else 1024)
             if ctx.needs_input_grad[0]:
                 K_total = part.shape[2]
                 dx = _conv_dgrad(dy2d, w_f, (K_total, 1, kW * x.shape[1], x.shape[1]), x, s,
@@ -689,43 +700,36 @@ class _ConvBN(torch.autograd.Function):
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
         part = torch.empty((2, chunks, C_out), device=dev, dtype=torch.float32)
-        launch(bn_bwd_partial_kernel, (chunks, c_blocks), dy2d, dy2d.stride(0), dy2d.stride(1), y,
-               mean, invstd, part, P, C_out, rows, chunks, **_RED)
+        bn_bwd_partial_kernel[(chunks, c_blocks)](
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, part, P, C_out, rows, chunks,
+            **_RED)
         sums = torch.empty((2, C_out), device=dev, dtype=torch.float32)
         dgamma = torch.empty((C_out,), device=dev, dtype=dt)
         dbeta = torch.empty((C_out,), device=dev, dtype=dt)
-        launch(bn_bwd_finalize_kernel, (c_blocks,), part, chunks, C_out, sums, dgamma, dbeta,
-               BLOCK_C=_RED["BLOCK_C"])
+        bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
+                                            BLOCK_C=_RED["BLOCK_C"])
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
-        launch(bn_bwd_apply_kernel, (cdiv(P, _RED["BLOCK_P"]), c_blocks),
-               dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
-               **_RED)
+        bn_bwd_apply_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
+            **_RED)
         if has_bias:
             # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not assumed.
             db = column_sum(dyc, out_dtype=dt)
         part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW)
         dw = torch.empty_like(w)
-        launch(wgrad_finish_kernel, (C_out,), part_w, splits, C_out, part_w.shape[2], x.shape[1],
-               dw, *dw.stride(), w, *_w_strides(w),
-               sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
-               KW=kW, EVAL=False, HAS_BIAS=False,
-               BLOCK=256 if INTERPRETED else 1024)
+        wgrad_finish_kernel[(C_out,)](part_w, splits, C_out, part_w.shape[2], x.shape[1],
+                                      dw, *dw.stride(), w, *_w_strides(w),
+                                      sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
+                                      KW=kW, EVAL=False, HAS_BIAS=False,
+                                      BLOCK=256 if INTERPRETED else 1024)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
 
 
-def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
-            stride, padding, eps, momentum, training):
-    """Called by levels.triton.conv_bn after the shared validation (stride/padding as pairs).
-
-    Layouts: x and conv_weight go to the kernels with all four strides (NCHW, channels_last
-    or any view). The per-channel vectors are indexed `ptr + channel` by the kernels, so
-    they are made contiguous here (C_out elements each; autograd carries the gradients of
-    conv_bias, bn_weight and bn_bias back through the copies). The running statistics are
-    updated in place: the kernels update contiguous copies when the caller's buffers are
-    views, and the new values are then copied back through those views, so nothing but
-    their own elements is ever written."""
+def check(x, conv_weight) -> None:
+    """What only these kernels refuse (levels.triton runs it once per argument signature,
+    after the contract): float64, and tensors too long for their 32-bit offsets."""
     if x.dtype == torch.float64:
         raise TypeError("conv_bn: argument 'x' must be float16, bfloat16 or float32 for the Triton "
                         "kernels; got torch.float64")
@@ -734,6 +738,20 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
         if span >= 2 ** 31:
             raise ValueError(f"conv_bn: argument '{name}' spans {span} elements; the Triton "
                              f"kernels use 32-bit offsets and need < 2**31")
+
+
+def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+            stride, padding, eps, momentum, training):
+    """Called by levels.triton.conv_bn after the shared validation and `check` (stride and
+    padding as pairs).
+
+    Layouts: x and conv_weight go to the kernels with all four strides (NCHW, channels_last
+    or any view). The per-channel vectors are indexed `ptr + channel` by the kernels, so
+    they are made contiguous here (C_out elements each; autograd carries the gradients of
+    conv_bias, bn_weight and bn_bias back through the copies). The running statistics are
+    updated in place: the kernels update contiguous copies when the caller's buffers are
+    views, and the new values are then copied back through those views, so nothing but
+    their own elements is ever written."""
     conv_bias = conv_bias.contiguous() if conv_bias is not None else None
     run_mean, run_var = running_mean.contiguous(), running_var.contiguous()
     args = (x, conv_weight, conv_bias, bn_weight.contiguous(), bn_bias.contiguous(), run_mean,

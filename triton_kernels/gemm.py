@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .launch import autotuning, cdiv, launch, next_power_of_2
+from .launch import autotuning, cdiv, fast_launch, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -111,6 +111,7 @@ def _epilogue(acc, offs_m, offs_n, c_ptr, bias_ptr, aux_ptr, M, N,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, ws_ptr,
                 M, N, K, K_PER_SPLIT,
@@ -177,6 +178,7 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, ws_ptr,
                   stride_cm, stride_cn, stride_xm, stride_xn, HAS_BIAS, EPILOGUE, ACCUMULATE)
 
 
+@fast_launch
 @triton.jit
 def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, aux_ptr, M, N, SPLITS,
                          stride_cm, stride_cn, stride_xm, stride_xn,
@@ -416,19 +418,18 @@ def _run(ops, flags, cfg: dict, split: int) -> None:
     # SPLIT_N given even when 1, its default: Inductor's wrapper for a user kernel, when a
     # model is compiled whole, counts the arguments passed and does not fill in defaults.
     # EVEN_K (no K mask in the main loop) follows this config's BLOCK_K.
-    launch(gemm_kernel, (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), split),
-           a, b, c, bias_t, aux_t, ws, M, N, K, k_per_split, sa[0], sa[1], sb[0], sb[1],
-           sc[0], sc[1], sx[0], sx[1],
-           HAS_BIAS=has_bias, EPILOGUE=epilogue, ACCUMULATE=accumulate, UPCAST=INTERPRETED,
-           DOT_PRECISION=precision, EVEN_K=K % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"],
-           BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-           SPLIT_N=cfg.get("SPLIT_N", 1), PARTIAL=split > 1, num_warps=cfg["num_warps"],
-           num_stages=cfg["num_stages"])
+    gemm_kernel[(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), split)](
+        a, b, c, bias_t, aux_t, ws, M, N, K, k_per_split, sa[0], sa[1], sb[0], sb[1], sc[0],
+        sc[1], sx[0], sx[1], HAS_BIAS=has_bias, EPILOGUE=epilogue, ACCUMULATE=accumulate,
+        UPCAST=INTERPRETED, DOT_PRECISION=precision, EVEN_K=K % cfg["BLOCK_K"] == 0,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], SPLIT_N=cfg.get("SPLIT_N", 1), PARTIAL=split > 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         RB_M = min(32, max(16, next_power_of_2(M)))
-        launch(splitk_reduce_kernel, (cdiv(M, RB_M), cdiv(N, 128)), ws, c, bias_t, aux_t, M, N,
-               split, sc[0], sc[1], sx[0], sx[1], HAS_BIAS=has_bias, EPILOGUE=epilogue,
-               ACCUMULATE=accumulate, BLOCK_M=RB_M, BLOCK_N=128, num_warps=4)
+        splitk_reduce_kernel[(cdiv(M, RB_M), cdiv(N, 128))](
+            ws, c, bias_t, aux_t, M, N, split, sc[0], sc[1], sx[0], sx[1], HAS_BIAS=has_bias,
+            EPILOGUE=epilogue, ACCUMULATE=accumulate, BLOCK_M=RB_M, BLOCK_N=128, num_warps=4)
 
 
 def _output(a, N, out, out_dtype):
@@ -469,6 +470,7 @@ def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None, check=True):
 # the result is the same on every run (deterministic order).
 # ---------------------------------------------------------------------------------------
 
+@fast_launch
 @triton.jit
 def column_sum_kernel(x_ptr, part_ptr, M, N, stride_xm, stride_xn, rows_per_program,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -491,22 +493,29 @@ KERNELS.append(column_sum_kernel)
 
 
 def column_sum(x, out_dtype=None, out=None):
-    """x.sum(0) for a 2-D x (any strides), accumulated in fp32."""
+    """x.sum(0) for a 2-D x (any strides), accumulated in fp32. Up to 256 rows (a small
+    batch's bias gradient) one program per column block sums them all and writes the result
+    itself: one launch; beyond that, partial sums and a second pass over them."""
     M, N = x.shape
     BLOCK_M, BLOCK_N = (16, 32) if INTERPRETED else (32, 128)
     # Enough row-chunks to fill the GPU, each a whole number of BLOCK_M rows.
     chunks = 1 if INTERPRETED else max(1, min(cdiv(M, 256), 64))
     rows = cdiv(cdiv(M, chunks), BLOCK_M) * BLOCK_M
     chunks = cdiv(M, rows)
-    part = x.new_empty((chunks, N), dtype=torch.float32)
-    launch(column_sum_kernel, (chunks, cdiv(N, BLOCK_N)), x, part, M, N, x.stride(0), x.stride(1),
-           rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     if out is None:
         out = x.new_empty((N,), dtype=out_dtype or x.dtype)
+    if chunks <= 1:
+        column_sum_kernel[(1, cdiv(N, BLOCK_N))](x, out, M, N, x.stride(0), x.stride(1),
+                                                 max(rows, BLOCK_M), BLOCK_M=BLOCK_M,
+                                                 BLOCK_N=BLOCK_N)
+        return out
+    part = x.new_empty((chunks, N), dtype=torch.float32)
+    column_sum_kernel[(chunks, cdiv(N, BLOCK_N))](x, part, M, N, x.stride(0), x.stride(1),
+                                                  rows, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     # Second pass: the same kernel over the (chunks, N) partials, one chunk of all rows.
     total = cdiv(chunks, BLOCK_M) * BLOCK_M
-    launch(column_sum_kernel, (1, cdiv(N, BLOCK_N)), part, out, chunks, N, N, 1, total,
-           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    column_sum_kernel[(1, cdiv(N, BLOCK_N))](part, out, chunks, N, N, 1, total,
+                                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     return out
 
 

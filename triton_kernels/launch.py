@@ -66,6 +66,7 @@ path is off. `LEVELS_TRITON_COMPILE_AHEAD=0` switches it off, to measure the dif
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -100,9 +101,12 @@ ENABLED = os.environ.get("LEVELS_TRITON_FAST_LAUNCH", "1") != "0"
 
 
 class _Plan:
-    """Per kernel: the parameter order and defaults, and the compiled kernels by our key."""
+    """Per kernel: the parameter order and defaults, and by our key the compiled kernel with
+    the trailing arguments it takes after the positional ones (constexprs and defaults, in
+    signature order: fixed by the key, so built once)."""
 
     def __init__(self, kernel):
+        self.kernel = kernel  # held: the table is keyed by id(kernel), which must stay its own
         params = kernel.params
         self.names = [p.name for p in params]
         self.defaults = {p.name: p.default for p in params if p.has_default}
@@ -136,51 +140,90 @@ def launch(kernel, grid, *args, **kwargs):
         if _PENDING:
             _wait_for(kernel)
         return kernel[grid](*args, **kwargs)
-    plan = _PLANS.get(kernel)
+    # by id: hashing a JITFunction reads its cache_key property, microseconds a launch
+    plan = _PLANS.get(id(kernel))
     if plan is None:
-        plan = _PLANS[kernel] = _Plan(kernel)
-    full = list(args)
-    for name in plan.names[len(args):]:
-        full.append(kwargs[name] if name in kwargs else plan.defaults[name])
+        plan = _PLANS[id(kernel)] = _Plan(kernel)
     if not _DRIVER:
         _DRIVER.append((driver.active.get_current_device, driver.active.get_current_stream))
     current_device, current_stream = _DRIVER[0]
     device = current_device()
     # The key: each tensor by dtype and 16-byte alignment, everything else by class and
-    # value (class: 1, True and 1.0 are equal keys in Python), then the options.
+    # value (class: 1, True and 1.0 are equal keys in Python), then the keyword arguments
+    # (constexprs and options) by name and value.
     key = (device, tuple([(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-                          else (a.__class__, a) for a in full]),
-           kwargs.get("num_warps"), kwargs.get("num_stages"), kwargs.get("num_ctas"),
-           kwargs.get("maxnreg"))
-    ck = plan.compiled.get(key)
-    if ck is None:
-        call = _RECORDER.call
-        if call is not None:  # the first launch of a call at a new shape: compile ahead
-            _RECORDER.call = None
-            compile_ahead(*call)
-        if _PENDING:  # compile_ahead may be compiling this very specialization
-            _wait_for(kernel)
-        ck = kernel[grid](*args, **kwargs)
-        why = _usable(ck)
-        if why is not None:
-            _BROKEN.append(why)
-            warnings.warn(f"levels: Level 4 launches kernels through kernel[grid] in this process "
-                          f"({why}; triton {triton.__version__}): slower per call, same results",
-                          RuntimeWarning, stacklevel=2)
-            return ck
-        if len(plan.compiled) >= _MAX_KEYS:
-            plan.compiled.clear()
-        plan.compiled[key] = ck
-        return ck
+                          else (a.__class__, a) for a in args]), tuple(kwargs.items()))
+    entry = plan.compiled.get(key)
+    if entry is None:
+        return _first_launch(kernel, plan, key, grid, args, kwargs)
+    ck, rest = entry
     stream = current_stream(device)
     runtime = knobs.runtime
     # Profilers (Triton's proton) hook launches through knobs: keep honouring them.
     enter, leave = _hook(runtime.launch_enter_hook), _hook(runtime.launch_exit_hook)
-    metadata = None if enter is None else ck.launch_metadata(grid, stream, *full)
+    metadata = None if enter is None else ck.launch_metadata(grid, stream, *args, *rest)
     n = len(grid)
     ck.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, ck.function,
-           ck.packed_metadata, metadata, enter, leave, *full)
+           ck.packed_metadata, metadata, enter, leave, *args, *rest)
     return ck
+
+
+def _first_launch(kernel, plan: _Plan, key, grid, args, kwargs):
+    """A key the table has not seen: compile ahead if a call is starting, launch through
+    the JIT (which compiles if needed), keep what it returns."""
+    call = _RECORDER.call
+    if call is not None:  # the first launch of a call at a new shape: compile ahead
+        _RECORDER.call = None
+        compile_ahead(*call)
+    if _PENDING:  # compile_ahead may be compiling this very specialization
+        _wait_for(kernel)
+    ck = kernel[grid](*args, **kwargs)
+    why = _usable(ck)
+    if why is not None:
+        _BROKEN.append(why)
+        warnings.warn(f"levels: Level 4 launches kernels through kernel[grid] in this process "
+                      f"({why}; triton {triton.__version__}): slower per call, same results",
+                      RuntimeWarning, stacklevel=3)
+        return ck
+    if len(plan.compiled) >= _MAX_KEYS:
+        plan.compiled.clear()
+    rest = tuple(kwargs[name] if name in kwargs else plan.defaults[name]
+                 for name in plan.names[len(args):])
+    plan.compiled[key] = (ck, rest)
+    return ck
+
+
+class Launcher:
+    """`kernel[grid](*args, **constexprs)`, Triton's own idiom, for a kernel decorated with
+    `@fast_launch`: the call goes through `launch`. Every other attribute is the
+    JITFunction's (`fn`, `params`, `warmup`, `device_caches`), so the kernel still reads,
+    compiles and is inspected as a Triton kernel."""
+
+    def __init__(self, jit):
+        self.jit = jit
+
+    def __getitem__(self, grid):
+        if torch.compiler.is_compiling():
+            # Dynamo captures a user kernel from the JITFunction's own kernel[grid]
+            return self.jit[grid]
+        return functools.partial(launch, self.jit, grid)
+
+    def __getattr__(self, name):
+        return getattr(self.jit, name)
+
+    def __repr__(self) -> str:
+        return f"fast_launch({self.jit!r})"
+
+
+def fast_launch(kernel) -> Launcher:
+    """Decorator (above `@triton.jit`): `kernel[grid](...)` then launches directly once a
+    specialization has been compiled (the module docstring says what that saves)."""
+    return Launcher(kernel)
+
+
+def jit_of(kernel):
+    """The JITFunction behind a kernel, decorated with `fast_launch` or not."""
+    return kernel.jit if isinstance(kernel, Launcher) else kernel
 
 
 def _hook(hook):
@@ -193,7 +236,7 @@ def _hook(hook):
 
 def compiled_count(kernel) -> int:
     """How many specializations of `kernel` the direct path holds (tests, explain)."""
-    plan = _PLANS.get(kernel)
+    plan = _PLANS.get(id(jit_of(kernel)))
     return 0 if plan is None else len(plan.compiled)
 
 

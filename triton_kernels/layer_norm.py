@@ -35,16 +35,21 @@ import triton
 import triton.language as tl
 
 from .gemm import sm_count
-from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_WIDTH = 65536
 
 
+@fast_launch
 @triton.jit
-def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+def layer_norm_fwd_kernel(x_ptr,  # (M, N) rows, row stride stride_xm, columns adjacent
+                          w_ptr, b_ptr,  # (N,) contiguous
+                          y_ptr,  # (M, N) output, row stride stride_ym
+                          stats_ptr,  # (2, M) fp32: mean, then 1/std (read by backward)
                           M, N, stride_xm, stride_ym, eps,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          STATS: tl.constexpr):  # False under no_grad: nothing to save
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -67,14 +72,18 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(y_ptr + row_off[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    if STATS:
+        tl.store(stats_ptr + rows, mean, mask=row_ok)
+        tl.store(stats_ptr + M + rows, rstd, mask=row_ok)
     ### END SOLUTION
 
 
+@fast_launch
 @triton.jit
-def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_part_ptr,
-                          db_part_ptr, M, N, stride_xm, stride_dym, stride_dxm, rows_per_program,
+def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr,  # rows as in the forward; w (N,)
+                          stats_ptr,  # (2, M) fp32: the forward's mean and 1/std
+                          part_ptr,  # (2, programs, N) fp32: dweight's, then dbias's partial sums
+                          M, N, stride_xm, stride_dym, stride_dxm, rows_per_program, programs,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -93,8 +102,8 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
                     other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row_off[:, None] * stride_dym + cols[None, :], mask=mask,
                      other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        mean = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(stats_ptr + M + rows, mask=row_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         wdy = dy * w[None, :]  # zero on masked lanes (dy and w loaded as 0 there)
         c1 = tl.sum(xhat * wdy, axis=1) / N
@@ -105,10 +114,11 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_p
         dw_acc += tl.sum(dy * xhat, axis=0)
         db_acc += tl.sum(dy, axis=0)
         ### END SOLUTION
-    tl.store(dw_part_ptr + pid * N + cols, dw_acc, mask=col_ok)
-    tl.store(db_part_ptr + pid * N + cols, db_acc, mask=col_ok)
+    tl.store(part_ptr + pid * N + cols, dw_acc, mask=col_ok)
+    tl.store(part_ptr + (programs + pid) * N + cols, db_acc, mask=col_ok)
 
 
+@fast_launch
 @triton.jit
 def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """out[h, n] = sum_p part[h, p, n]: the second stage of the dweight (h = 0) and dbias
@@ -190,9 +200,11 @@ def _n_programs(device: torch.device, M: int, BLOCK_M: int, per_sm: int = 4) -> 
     return min(sm_count(device) * per_sm, cdiv(M, BLOCK_M))
 
 
-def _forward(x, weight, bias, eps):
-    """(y, x2, mean, rstd): the launch, without autograd. A contiguous x is passed as it is
-    (its row stride is N): no reshape views, and y = empty_like(x) has x's shape already."""
+def _forward(x, weight, bias, eps, save: bool):
+    """(y, x2, stats): the launch, without autograd. A contiguous x is passed as it is (its
+    row stride is N): no reshape view, and y = empty_like(x) has x's shape already. The
+    statistics (mean and 1/std, one (2, M) fp32 buffer) are kept only for a backward:
+    under no_grad the kernel stores none and the call allocates y alone, as eager does."""
     N = x.shape[-1]
     if x.is_contiguous():
         x2, stride_xm, M = x, N, x.numel() // N
@@ -200,27 +212,27 @@ def _forward(x, weight, bias, eps):
         x2 = _rows(x)
         stride_xm, M = x2.stride(0), x2.shape[0]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    mean = x.new_empty((M,), dtype=torch.float32)
-    rstd = x.new_empty((M,), dtype=torch.float32)
+    stats = x.new_empty((2, M), dtype=torch.float32) if save else y
     BLOCK_M, BLOCK_N, num_warps = _tiling(N, x.element_size())
-    launch(layer_norm_fwd_kernel, (cdiv(M, BLOCK_M),), x2, weight, bias, y, mean, rstd, M, N,
-           stride_xm, N, eps, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
-    return y, x2, mean, rstd
+    layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
+        x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STATS=save, num_warps=num_warps)
+    return y, x2, stats
 
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        y, x2, mean, rstd = _forward(x, weight, bias, eps)
-        ctx.save_for_backward(x2, weight, mean, rstd)
+        y, x2, stats = _forward(x, weight, bias, eps, save=True)
+        ctx.save_for_backward(x2, weight, stats)
         ctx.x_shape = x.shape
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, mean, rstd = ctx.saved_tensors
+        x2, weight, stats = ctx.saved_tensors
         N = ctx.x_shape[-1]
-        M = mean.shape[0]
+        M = stats.shape[1]
         stride_xm = x2.stride(0) if x2.dim() == 2 and not x2.is_contiguous() else N
         dy2 = _rows(dy)
         dx = x2.new_empty((M, N))
@@ -231,24 +243,18 @@ class _LayerNorm(torch.autograd.Function):
         programs = cdiv(M, rows)
         # dweight's and dbias's partial sums: one allocation, two halves
         parts = x2.new_empty((2, programs, N), dtype=torch.float32)
-        launch(layer_norm_bwd_kernel, (programs,), x2, weight, dy2, dx, mean, rstd, parts[0],
-               parts[1], M, N, stride_xm, dy2.stride(0), N, rows, BLOCK_M=BLOCK_M,
-               BLOCK_N=BLOCK_N, num_warps=num_warps)
+        layer_norm_bwd_kernel[(programs,)](
+            x2, weight, dy2, dx, stats, parts, M, N, stride_xm, dy2.stride(0), N, rows, programs,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
         dwb = weight.new_empty((2, N))  # dweight, dbias: one allocation, one launch
         RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
-        launch(sum_partials_kernel, (cdiv(N, RB_N), 2), parts, dwb, programs, N, BLOCK_P=32,
-               BLOCK_N=RB_N)
+        sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)
         return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
-    """Called by levels.triton.layer_norm after the shared validation.
-
-    Layouts: x may have any strides: its (M, N) row view keeps a row stride (a copy only
-    when the last dimension itself is strided, see _rows). weight and bias are indexed
-    `w_ptr + cols` by the kernels, so they are made contiguous here: a no-op for ordinary
-    parameters, an N-element copy for a strided view (autograd carries the gradient back
-    through the copy to the view)."""
+def check(x) -> None:
+    """What only these kernels refuse (levels.triton runs it once per argument signature,
+    after the contract): rows too wide for registers, float64."""
     N = x.shape[-1]
     if N > MAX_WIDTH:
         raise ValueError(f"layer_norm: argument 'x' must have a last dimension <= {MAX_WIDTH} for "
@@ -256,8 +262,18 @@ def layer_norm(x, weight, bias, eps=1e-5):
     if x.dtype == torch.float64:
         raise TypeError("layer_norm: argument 'x' must be float16, bfloat16 or float32 for the "
                         "Triton kernels; got torch.float64")
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """Called by levels.triton.layer_norm after the shared validation and `check`.
+
+    Layouts: x may have any strides: its (M, N) row view keeps a row stride (a copy only
+    when the last dimension itself is strided, see _rows). weight and bias are indexed
+    `w_ptr + cols` by the kernels, so they are made contiguous here: a no-op for ordinary
+    parameters, an N-element copy for a strided view (autograd carries the gradient back
+    through the copy to the view)."""
     weight, bias = weight.contiguous(), bias.contiguous()
     if needs_grad(x, weight, bias):
         return apply_ahead(_LayerNorm, x, weight, bias, eps)
     # Nothing to differentiate: autograd.Function.apply would only cost microseconds
-    return _forward(x, weight, bias, eps)[0]
+    return _forward(x, weight, bias, eps, save=False)[0]

@@ -56,7 +56,7 @@ import triton.language as tl
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, sm_count
-from .launch import apply_ahead, cdiv, launch, needs_grad, next_power_of_2, recording
+from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2, recording
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -117,6 +117,7 @@ def _grid_barrier(flags, err, pid_h, n_h, step, N_H_POW2: tl.constexpr,
 
 # The two h_{t-1} sources are picked at run time; an argument equal to 1 would otherwise be
 # specialized into a compile-time constant and the two branches would disagree in type.
+@fast_launch
 @triton.jit(do_not_specialize=["stride_h0b", "stride_ob"])
 def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
               B, T, HID, t_begin, t_end,
@@ -214,6 +215,7 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
     tl.store(CT + offs_b[:, None] * HID + offs_j[None, :], c.to(CT.dtype.element_ty), mask=bj_ok)
 
 
+@fast_launch
 @triton.jit
 def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR,
               B, HID, t_hi, t_lo, T,
@@ -434,9 +436,10 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
                   num_warps=p["num_warps"], SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t0, t1, c_in, sync):
-        launch(_lstm_fwd, (n_b, n_h), xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B,
-               T, H, t0, t1, T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0),
-               w.stride(1), out.stride(0), out.stride(1), SYNC=sync, **common)
+        _lstm_fwd[(n_b, n_h)](
+            xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B, T, H, t0, t1, T * 4 * H,
+            4 * H, h0_.stride(0), c_in.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            out.stride(1), SYNC=sync, **common)
 
     # 2. The recurrence.
     if p["mode"] == "step":
@@ -467,9 +470,9 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
                   SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t_hi, t_lo, dc_in, sync, final):
-        launch(_lstm_bwd, (n_b, n_h), d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
-               err, B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
-               w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
+        _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
+                              err, B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
+                              w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
 
     if p["mode"] == "step":
         for t in range(T - 1, -1, -1):

@@ -86,11 +86,16 @@ class _MLP(torch.autograd.Function):
         return dx, dw1, db1, dw2, db2
 
 
-def mlp(x, w1, b1, w2, b2):
-    """Called by levels.triton.mlp after the shared validation."""
+def check(x) -> None:
+    """What only these kernels refuse (levels.triton runs it once per argument signature,
+    after the contract)."""
     if x.dtype == torch.float64:
         raise TypeError("mlp: argument 'x' must be float16, bfloat16 or float32 for the Triton "
                         "kernels (tl.dot has no float64 tensor-core path); got torch.float64")
+
+
+def mlp(x, w1, b1, w2, b2):
+    """Called by levels.triton.mlp after the shared validation and `check`."""
     if needs_grad(x, w1, b1, w2, b2):
         return apply_ahead(_MLP, x, w1, b1, w2, b2)
     return _forward(x, w1, b1, w2, b2, keep_preact=False)[0]

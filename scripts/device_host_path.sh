@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The host-path work's device run, one call: Level 5 built cold (its time), Levels 4 and 5
+# checked by the harness at every dtype, layout and variant, their GPU tests, and the probe
+# of where a call's host time goes (scripts/probe_host_path.py). Each step has its own time
+# limit and its log under $OUT, so a step that runs out of time loses only itself.
+#
+#   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe]
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to the output directory}"
+exec > >(tee "$OUT/run.log") 2>&1
+export LEVELS_CUDA_CACHE="${LEVELS_CUDA_CACHE:-$(mktemp -d)}"  # cold: the first step builds
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for step in ${*:-build check tests probe}; do
+  start=$(date +%s)
+  case $step in
+    build) timeout 240 python3 -m cuda_kernels.build ;;
+    check) timeout 240 python3 -m equivalence check --device cuda --dtype fp32,fp16,bf16 \
+             --level 4,5 --json "$OUT/check45.json" --log "$OUT/check.log" | tail -n 25 ;;
+    tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x \
+             ${TESTS:-tests/test_cuda_build.py tests/test_cuda_layer_norm.py tests/test_cuda_attention.py \
+             tests/test_cuda_mlp.py tests/test_cuda_lstm.py tests/test_cuda_conv_bn.py tests/test_launch.py \
+             tests/test_compile_ahead.py} 2>&1 | tail -n 40 ;;
+    probe) timeout 200 python3 scripts/probe_host_path.py > "$OUT/probe.txt" 2>&1; echo "probe exit $?"
+           grep -B2 -A40 "== components" "$OUT/probe.txt" | head -n 60 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  echo "== $step: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s"
+done
