@@ -51,6 +51,7 @@ prints and writes; losses are averaged over the processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -140,6 +141,7 @@ class Run:
     reason: str = ""
     interpreted: bool = False       # Triton's CPU interpreter: an emulation, not a speed
     whole_model_compiled: bool = False
+    cuda_graph: bool = False        # every step after the warm-up one CUDA-graph replay
     losses: list = field(default_factory=list)
     step_s: list = field(default_factory=list)
     val_loss: float | None = None
@@ -329,25 +331,53 @@ def aliased_gradients(model) -> list[tuple[str, str]]:
     return pairs
 
 
-def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None):
+GRAPH_WARMUP = 3  # eager steps before a step is captured (compiles, autotunes, allocators)
+
+
+def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None,
+              amp: torch.dtype | None = None, cuda_graph: bool = False):
     """Train `net` on `batches`, then evaluate `inner` (the model inside `net`) on
     `val_batches`; returns (losses, seconds per step, validation loss). `aliased`, a list,
-    receives the pairs of parameters that share one gradient tensor after the first backward."""
+    receives the pairs of parameters that share one gradient tensor after the first backward.
+
+    `amp`: the forward runs under torch.autocast of that dtype (the parameters, their
+    gradients and Adam's state stay float32); float16 scales the loss (torch.amp.GradScaler)
+    so that small gradients do not flush to zero. `cuda_graph`: after GRAPH_WARMUP eager steps
+    (real steps of the run, on a side stream as CUDA graphs require), one whole step —
+    forward, backward, clipping and Adam's update — is captured and every later step is one
+    replay of it with the next batch copied into its input: no Python, no validation, no
+    launches on the host. Adam runs `capturable` (its step count on the GPU) in every step of
+    such a run."""
     import torch.distributed as dist
 
     size, _, _ = world()
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    params = list(net.parameters())
+    opt = torch.optim.Adam(params, lr=lr, capturable=cuda_graph)
+    device_type = params[0].device.type
+    scaler = torch.amp.GradScaler(device_type) if amp == torch.float16 else None
+
+    def step_fn(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = net(x)
+        loss = loss_of(logits, y)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.unscale_(opt)
+        return loss
+
+    def finish_step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
     net.train()
     losses, step_s = [], []
-    for step, (x, y) in enumerate(batches):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(net(x), y)
-        loss.backward()
-        if step == 0 and aliased is not None:  # once: a property of the level's backward
-            aliased.extend(aliased_gradients(inner))
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
+
+    def record(step, loss, start):
         value = loss.detach().clone()
         if size > 1:
             dist.all_reduce(value)
@@ -358,16 +388,53 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
             on_step(step, losses[-1], step_s[-1])
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"the loss is {losses[-1]} at step {step}")
+
+    graph = static = None
+    side = torch.cuda.Stream() if cuda_graph else None
+    for step, (x, y) in enumerate(batches):
+        start = time.perf_counter()
+        if graph is not None:
+            static[0].copy_(x)
+            static[1].copy_(y)
+            graph.replay()
+            record(step, static[2], start)
+            continue
+        if cuda_graph:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if cuda_graph else contextlib.nullcontext():
+            loss = step_fn(x, y)
+            if step == 0 and aliased is not None:  # once: a property of the level's backward
+                aliased.extend(aliased_gradients(inner))
+            finish_step()
+        if cuda_graph:
+            torch.cuda.current_stream().wait_stream(side)
+        record(step, loss, start)
+        if cuda_graph and step + 1 == GRAPH_WARMUP and step + 1 < len(batches):
+            graph, static = _capture_step(step_fn, finish_step, x, y)
     # Validation with autograd on but no backward: Level 3 compiled its graphs with grad
     # enabled, and under no_grad it would compile them all again for one evaluation. On the
     # model inside: DistributedDataParallel expects a backward after every forward with
     # grad on (its second forward would raise), and every process has the whole model.
     inner.eval()
     total = 0.0
-    for x, y in val_batches:
-        total += loss_of(inner(x), y).item()
+    with torch.autocast(device_type, dtype=amp or torch.float32, enabled=amp is not None):
+        for x, y in val_batches:
+            total += loss_of(inner(x), y).item()
     inner.train()
     return losses, step_s, total / max(len(val_batches), 1)
+
+
+def _capture_step(step_fn, finish_step, x, y):
+    """(graph, (input, target, loss)): one training step captured as a CUDA graph on copies
+    of a batch, which every replay reads; capturing runs nothing. The gradients are set to
+    None first, so that the captured backward allocates them in the graph's memory and each
+    replay writes them afresh (the recipe of torch's CUDA-graph notes)."""
+    static_x, static_y = x.clone(), y.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step_fn(static_x, static_y)
+        finish_step()
+    return graph, (static_x, static_y, loss)
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,14 +495,29 @@ def agreement(runs: list[Run], dtype: torch.dtype, reference: str = REFERENCE,
 # The whole comparison
 # ---------------------------------------------------------------------------------------
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+              "float16": torch.float16}
+
+
+def mode_of(compile_model: bool, cuda_graph: bool) -> str:
+    """How every run of a report steps: eager, compile (the whole model under torch.compile)
+    or cuda-graph (each step after the warm-up one graph replay)."""
+    return "compile" if compile_model else ("cuda-graph" if cuda_graph else "eager")
+
+
 def train(model: str = "gpt", level_names=("native",), baselines=("torch",), preset_name: str = "tiny",
           steps: int | None = None, device=None, dtype: str | None = None, seed: int = 0,
           batch: int | None = None, compile_model: bool = False, compile_mode: str | None = None,
-          on_run=None, on_step=None, breakdown: bool = False) -> dict:
+          on_run=None, on_step=None, breakdown: bool = False, amp: str | None = None,
+          cuda_graph: bool = False) -> dict:
     """Train `model` at each of `level_names` (and each baseline) from the same weights on the
     same batches; returns the report `levels train` writes. Progress callbacks:
     on_run(run, phase, steps, items_per_step) with phase "start" before a run (or its skip) and
-    "done" after it; on_step(run, step, loss, seconds, items_per_step) after each step."""
+    "done" after it; on_step(run, step, loss, seconds, items_per_step) after each step.
+    `amp` ("bf16" or "fp16"): float32 parameters, the forward under torch.autocast of that
+    dtype (see train_run). `cuda_graph`: every step after the warm-up replays one captured
+    CUDA graph (GPU only; not with compile_model, torchrun or fp16's loss scaling, whose
+    overflow check reads a value on the host every step)."""
     from .compare import CompileMode, resolve_compile_mode
 
     p = preset(model, preset_name)
@@ -448,11 +530,27 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
             raise ValueError(f"argument '--{name}' must be a positive int; got {value!r}")
     p["steps"] = steps or p["steps"]
     p["batch"] = batch or p["batch"]
-    dtype_name = dtype or p["dtype"]
+    amp_dtype = None
+    if amp is not None:
+        if amp not in AMP_DTYPES:
+            raise ValueError(f"argument '--amp' must be one of {', '.join(AMP_DTYPES)}; got {amp!r}")
+        amp_dtype = AMP_DTYPES[amp]
+        if dtype is not None and DTYPES.get(dtype) != torch.float32:
+            raise ValueError(f"argument '--dtype' must be float32 (or left out) with --amp: mixed "
+                             f"precision keeps float32 parameters and computes in {amp}; got {dtype!r}")
+    dtype_name = "float32" if amp_dtype is not None else (dtype or p["dtype"])
     if dtype_name not in DTYPES:
         raise ValueError(f"argument '--dtype' must be one of {', '.join(DTYPES)}; got {dtype_name!r}")
     torch_dtype = DTYPES[dtype_name]
     size, rank, _ = world()
+    if cuda_graph:
+        why = ("a CUDA device" if device.type != "cuda" else
+               "no --compile (the whole step is captured instead)" if compile_model else
+               "one process (no torchrun)" if size > 1 else
+               "--amp bf16, not fp16 (fp16's loss scaler checks for overflow on the host every "
+               "step, which a captured step cannot)" if amp_dtype == torch.float16 else None)
+        if why:
+            raise ValueError(f"argument '--cuda-graph' needs {why}")
     if size > 1:
         device = init_distributed(device)
 
@@ -472,6 +570,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
     runs = [Run(n, "level") for n in level_names] + [Run(n, "baseline") for n in baselines]
     for run in runs:
         run.whole_model_compiled = compile_model or run.name == "native-compiled"
+        run.cuda_graph = cuda_graph
         run.interpreted = run.name == "triton" and _triton_interpreted()
         level = REFERENCE if run.name == "native-compiled" else (None if run.kind == "baseline" else run.name)
         reason = unavailable(model, level, device, preset_name, compile_model) if level else None
@@ -497,7 +596,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                 run.losses, run.step_s, run.val_loss = train_run(
                     net, inner, train_batches, val_batches, p["lr"],
                     on_step=(lambda s, loss, sec, run=run: on_step(run, s, loss, sec, items_per_step))
-                    if on_step else None, aliased=run.aliased_gradients)
+                    if on_step else None, aliased=run.aliased_gradients, amp=amp_dtype,
+                    cuda_graph=cuda_graph)
                 if breakdown:
                     run.breakdown = _breakdown(net, inner, run, train_batches, p["lr"], size)
             except Exception as exc:  # noqa: BLE001 - a level that raises is a result, reported
@@ -515,13 +615,15 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                      "dtype": str(torch_dtype).removeprefix("torch."), "device": str(device),
                      "seed": seed, "levels": list(level_names), "baselines": list(baselines),
                      "compile_model": compile_model, "compile_mode": mode, "world_size": size,
+                     "mode": mode_of(compile_model, cuda_graph), "cuda_graph": cuda_graph,
+                     "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else None,
                      "ddp_backend": ("nccl" if device.type == "cuda" else "gloo") if size > 1 else None,
                      "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit,
                      "breakdown": breakdown},
         "data": about,
         "environment": environment.describe(device),
         "runs": [r.to_dict(items_per_step) for r in runs],
-        "agreement": agreement(runs, torch_dtype, tf32=frozenset(
+        "agreement": agreement(runs, amp_dtype or torch_dtype, tf32=frozenset(
             r.name for r in runs if r.status == "ok"
             and model_uses_tf32(model, REFERENCE if r.kind == "baseline" else r.name, device, torch_dtype))),
     }
@@ -540,10 +642,16 @@ def exit_code(report: dict) -> int:
 # Files: JSON and the picture
 # ---------------------------------------------------------------------------------------
 
+def stem(model: str, preset_name: str, mode: str = "eager", amp: str | None = None) -> str:
+    """train-<model>-<preset>[-compile|-cuda-graph][-amp-<dtype>]: one file per table."""
+    return (f"train-{model}-{preset_name}" + ("" if mode == "eager" else f"-{mode}")
+            + (f"-amp-{amp}" if amp else ""))
+
+
 def paths(report: dict, out_dir) -> tuple[Path, Path]:
     s = report["settings"]
-    stem = Path(out_dir) / f"train-{s['model']}-{s['preset']}"
-    return stem.with_suffix(".json"), stem.with_suffix(".png")
+    path = Path(out_dir) / stem(s["model"], s["preset"], s.get("mode", "eager"), s.get("amp"))
+    return path.with_suffix(".json"), path.with_suffix(".png")
 
 
 def save(report: dict, out_dir) -> tuple[Path, Path]:
@@ -694,8 +802,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the preset's)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if there is a GPU, else cpu)")
     p.add_argument("--seed", type=int, default=0, help="weights and batches (default 0)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the whole model of every run (graph breaks are counted)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--compile", action="store_true",
+                     help="torch.compile the whole model of every run (graph breaks are counted)")
+    how.add_argument("--cuda-graph", action="store_true",
+                     help="capture one whole training step (forward, backward, clipping, Adam) as a "
+                          "CUDA graph after 3 eager steps and replay it for every later step (GPU)")
+    p.add_argument("--amp", choices=sorted(AMP_DTYPES),
+                   help="mixed precision: float32 parameters, the forward under torch.autocast of "
+                        "this dtype (fp16 with a GradScaler)")
     p.add_argument("--compile-mode", help="torch.compile mode for Level 3 and --compile "
                                           "(default: 'default', or $LEVELS_COMPILE_MODE)")
     p.add_argument("--breakdown", action="store_true",
@@ -727,6 +842,9 @@ def run_train(args, console) -> int:
     if args.preset == "gpu" and torch.device(device).type != "cuda":
         raise NothingToRun("the 'gpu' preset needs a CUDA GPU (GPT-2-small at 1024 tokens takes hours "
                            "on a CPU); here use --preset tiny or --preset small")
+    if getattr(args, "cuda_graph", False) and torch.device(device).type != "cuda":
+        raise NothingToRun("--cuda-graph captures the training step as a CUDA graph, which needs a "
+                           "CUDA GPU; here train eagerly (leave --cuda-graph out) or with --compile")
     _, rank, _ = world()
     try:
         if rank == 0:
@@ -748,8 +866,9 @@ def _run(args, console, names, baselines, device) -> int:
 
     _, rank, _ = world()
     out = Path(args.out)
-    stem = f"train-{args.model}-{args.preset}"  # one log per model and preset, next to its JSON
-    log_path = out / (f"{stem}.log" if rank == 0 else f"{stem}-rank{rank}.log")
+    name = stem(args.model, args.preset, mode_of(args.compile, getattr(args, "cuda_graph", False)),
+                args.amp and str(AMP_DTYPES[args.amp]).removeprefix("torch."))
+    log_path = out / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log")  # beside its JSON
     with _library_output_to(log_path, console) as quiet:
         with _progress(quiet) as progress:
             task = progress.add_task("", total=1, status="")
@@ -777,14 +896,17 @@ def _run(args, console, names, baselines, device) -> int:
             unit = "images/s" if args.model == "cnn" else "tokens/s"
             report = train(args.model, names, baselines, args.preset, args.steps, device, args.dtype,
                            args.seed, args.batch, args.compile, args.compile_mode, on_run, on_step,
-                           getattr(args, "breakdown", False))
+                           getattr(args, "breakdown", False), args.amp,
+                           getattr(args, "cuda_graph", False))
         if rank != 0:
             return exit_code(report)
         json_path, png_path = save(report, out)
 
     s, agree = report["settings"], report["agreement"]
     base = next((r for r in report["runs"] if r["name"] == REFERENCE and r["status"] == "ok"), None)
-    table = Table(title=f"levels train — {s['model']}, preset '{s['preset']}', {s['dtype']}, {s['device']}, "
+    how = "" if s.get("mode", "eager") == "eager" else f", {s['mode']}"
+    precision = f"float32 + autocast {s['amp']}" if s.get("amp") else s["dtype"]
+    table = Table(title=f"levels train — {s['model']}, preset '{s['preset']}'{how}, {precision}, {s['device']}, "
                         f"{s['steps']} steps × {s['items_per_step']} {s['unit'].split('/')[0]}"
                         + (f", {s['world_size']} processes" if s["world_size"] > 1 else ""))
     for col in ("run", "status", "loss first → last", "val loss", s["unit"], "vs native", "1st step",
@@ -830,7 +952,7 @@ def _run(args, console, names, baselines, device) -> int:
     with_tf32 = (f" ({tolerance(torch.float32, tf32=True):g} where TF32 runs: {', '.join(tf32)})"
                  if tf32 else "")
     console.print(f"agreement: relative loss difference from {agree['reference']} ≤ {agree['early_bound']:g} "
-                  f"(the harness's {s['dtype']} bound){with_tf32} for the first {agree['early_steps']} "
+                  f"(the harness's {s.get('amp') or s['dtype']} bound){with_tf32} for the first {agree['early_steps']} "
                   f"steps, ≤ {agree['drift_bound']:g} after (training is chaotic: see equivalence/train.py)",
                   markup=False, highlight=False)
     if s.get("breakdown"):

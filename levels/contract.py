@@ -404,7 +404,7 @@ def conv_bn_buffers(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
 #
 # Under `torch.autocast(device_type, dtype)` torch casts an operator's floating-point
 # arguments before it runs: matrix products and convolutions to the autocast dtype
-# (F.linear, SDPA, F.conv2d, the LSTM cells), normalizations that need range to float32
+# (F.linear, SDPA, F.conv2d, nn.LSTM), normalizations that need range to float32
 # (F.layer_norm). A model of fp32 parameters then computes in bf16 or fp16 where that is
 # safe. Our five functions are no torch operators, so autocast cannot see them: `autocasts`
 # applies the rule of the torch operator each one replaces, before the contract sees the
@@ -417,7 +417,8 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     "attention": (LOW_PRECISION, ("q", "k", "v")),  # as F.scaled_dot_product_attention
     "layer_norm": (FLOAT32, ("x", "weight", "bias")),  # as F.layer_norm
     "mlp": (LOW_PRECISION, ("x", "w1", "b1", "w2", "b2")),  # as F.linear
-    "lstm": (LOW_PRECISION, ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")),  # as lstm_cell
+    # as nn.LSTM (cuDNN's RNN on a GPU, oneDNN's on a CPU)
+    "lstm": (LOW_PRECISION, ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")),
     # as F.conv2d; BatchNorm's weights and running statistics keep their dtype (float32), as
     # nn.BatchNorm2d's do under autocast: the contract takes them in float32 beside a
     # 16-bit x, and every level computes the normalization in float32

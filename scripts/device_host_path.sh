@@ -4,7 +4,10 @@
 # of where a call's host time goes (scripts/probe_host_path.py). Each step has its own time
 # limit and its log under $OUT, so a step that runs out of time loses only itself.
 #
-#   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe]
+#   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe] [overhead] [train]
+#
+#   TESTS="files..."      the GPU tests to run (default: Level 5's and the launch path's)
+#   TRAIN="gpt:eager ..." the training tables (model:mode[:amp]), each its own `levels train`
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to the output directory}"
@@ -18,12 +21,29 @@ for step in ${*:-build check tests probe}; do
     build) timeout 240 python3 -m cuda_kernels.build ;;
     check) timeout 240 python3 -m equivalence check --device cuda --dtype fp32,fp16,bf16 \
              --level 4,5 --json "$OUT/check45.json" --log "$OUT/check.log" | tail -n 25 ;;
-    tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x \
+    tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf --maxfail=8 \
              ${TESTS:-tests/test_cuda_build.py tests/test_cuda_layer_norm.py tests/test_cuda_attention.py \
              tests/test_cuda_mlp.py tests/test_cuda_lstm.py tests/test_cuda_conv_bn.py tests/test_launch.py \
              tests/test_compile_ahead.py} 2>&1 | tail -n 40 ;;
     probe) timeout 200 python3 scripts/probe_host_path.py > "$OUT/probe.txt" 2>&1; echo "probe exit $?"
            grep -B2 -A40 "== components" "$OUT/probe.txt" | head -n 60 ;;
+    overhead) timeout 200 python3 -m equivalence bench --overhead --device cuda \
+                --out "$OUT/h100-overhead.json" 2>&1 | tail -n 45 ;;
+    train)  # one `levels train` per table, every level and the plain-torch model
+      mkdir -p "$OUT/train"
+      for table in ${TRAIN:-gpt:eager gpt:cuda-graph gpt:compile}; do
+        IFS=: read -r model mode amp <<< "$table"
+        flags=(--model "$model" --preset gpu --level all --baseline torch --steps "${STEPS:-30}")
+        [ "$mode" = compile ] && flags+=(--compile)
+        [ "$mode" = cuda-graph ] && flags+=(--cuda-graph)
+        [ -n "$amp" ] && flags+=(--amp "$amp")
+        t0=$(date +%s)
+        timeout "${TABLE_LIMIT:-240}" python3 -m equivalence train "${flags[@]}" --out "$OUT/train" \
+          > "$OUT/train/$model-$mode${amp:+-$amp}-stdout.txt" 2>&1
+        echo "train $table: exit $? after $(( $(date +%s) - t0 )) s"
+        tail -n 14 "$OUT/train/$model-$mode${amp:+-$amp}-stdout.txt"
+      done
+      tar -czf "$OUT/train.tar.gz" -C "$OUT" train && rm -rf "$OUT/train" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== $step: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s"

@@ -389,13 +389,16 @@ def test_overhead_command_writes_its_report(tmp_path):
     assert "validation µs" in text.getvalue() and "GPU figure" in text.getvalue()
 
 
-def test_overhead_goal_is_eager_plus_ten_microseconds():
+def test_overhead_goals_are_eager_plus_ten_microseconds_forward_forty_with_backward():
     rows = [{"component": "layer_norm", "level": "triton", "host_fwd_vs_eager_us": 9.5,
-             "host_fwd_bwd_vs_eager_us": 10.5},
+             "host_fwd_bwd_vs_eager_us": 40.5},
+            {"component": "layer_norm", "level": "cuda", "host_fwd_vs_eager_us": 10.5,
+             "host_fwd_bwd_vs_eager_us": 39.5},
             {"component": "mlp", "level": "triton", "status": "skip", "reason": "no GPU",
              "host_fwd_vs_eager_us": None, "host_fwd_bwd_vs_eager_us": None},
             {"component": "mlp", "level": "native", "host_fwd_vs_eager_us": 99.0,
              "host_fwd_bwd_vs_eager_us": 99.0}]
-    got = {(g["component"], g["pass"]): g["status"] for g in overhead.goals(rows, "cuda")}
-    assert got == {("layer_norm", "fwd"): "met", ("layer_norm", "fwd+bwd"): "missed",
-                   ("mlp", "fwd"): "not evaluated", ("mlp", "fwd+bwd"): "not evaluated"}
+    got = {(g["component"], g["level"], g["pass"]): g["status"] for g in overhead.goals(rows, "cuda")}
+    assert got == {("layer_norm", "triton", "fwd"): "met", ("layer_norm", "triton", "fwd+bwd"): "missed",
+                   ("layer_norm", "cuda", "fwd"): "missed", ("layer_norm", "cuda", "fwd+bwd"): "met",
+                   ("mlp", "triton", "fwd"): "not evaluated", ("mlp", "triton", "fwd+bwd"): "not evaluated"}
