@@ -108,11 +108,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // What the kernels of `version` read (cuda_kernels/attention.py's _operand): stride 1 along D;
 // versions 3-5 in 16 bits also 16-byte chunks (batch, head and row strides multiples of 8,
 // the first element 16-byte aligned). Anything else is copied, once.
+// (sym_*: under torch.compile with dynamic shapes these are symbols, and the rule a guard.)
 inline Tensor attention_operand(const Tensor& t, int64_t version) {
-  bool ok = t.stride(-1) == 1;
+  bool ok = t.sym_stride(-1) == 1;
   if (ok && version >= 3 && version <= 5 && t.scalar_type() != at::kFloat) {
-    for (int d = 0; d < 3; ++d) ok = ok && (t.size(d) == 1 || t.stride(d) % 8 == 0);
-    ok = ok && (t.storage_offset() * static_cast<int64_t>(t.element_size())) % 16 == 0;
+    for (int d = 0; d < 3; ++d) ok = ok && (t.sym_size(d) == 1 || t.sym_stride(d) % 8 == 0);
+    ok = ok && (t.sym_storage_offset() * static_cast<int64_t>(t.element_size())) % 16 == 0;
   }
   if (ok) return t;
   // .contiguous() of a contiguous view that starts off a 16-byte boundary is the view
@@ -344,6 +345,12 @@ using ConvBnTrainBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
 
 inline bool b_defined(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
+// t in `dtype`: itself when it already is (Tensor::to would return it too, but as an op
+// that, dispatched below autograd, a dispatch mode sees returning its own input).
+inline Tensor as_dtype(const Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
 inline std::optional<Tensor> maybe(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? std::optional<Tensor>(t->contiguous()) : std::nullopt;
 }
@@ -374,18 +381,24 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
       // BatchNorm's tensors in float32 beside a 16-bit x (autocast's mixed precision): the
       // kernels take one dtype, so they get x's; the running statistics stay float32 below.
       const auto dtype = x.scalar_type();
-      const Tensor gamma = bn_weight.to(dtype).contiguous(), beta = bn_bias.to(dtype).contiguous();
-      const Tensor rm = running_mean.to(dtype).contiguous(), rv = running_var.to(dtype).contiguous();
+      const Tensor gamma = as_dtype(bn_weight, dtype).contiguous(),
+                   beta = as_dtype(bn_bias, dtype).contiguous();
+      const Tensor rm = as_dtype(running_mean, dtype).contiguous(),
+                   rv = as_dtype(running_var, dtype).contiguous();
       if (training) {
         auto [o, y, mean, invstd, nm, nv] = train_fwd.call(x_nhwc, w_k, b, gamma, beta, rm, rv,
                                                            stride, padding, eps, momentum, version);
         ctx->save_for_backward({x_nhwc, w_k, y, mean, invstd, gamma});
         out = o, new_mean = nm, new_var = nv;
         if (running_mean.scalar_type() != dtype) {
-          // BatchNorm2d's update in float32, from this batch's float32 statistics (mean, and
-          // the biased variance 1/invstd^2 - eps), so the statistics keep float32's precision
+          // BatchNorm2d's update in float32, from this batch's float32 statistics, so the
+          // statistics keep float32's precision: the kernels' mean is that of the convolution
+          // without its bias (which cancels in the normalization; conv_bn.cu's
+          // stats_finalize_kernel adds it back for the running mean, so here too), and the
+          // biased variance is 1/invstd^2 - eps.
           const double n = static_cast<double>(o.size(0) * o.size(1) * o.size(2));
-          new_mean = running_mean.mul(1.0 - momentum).add(mean, momentum);
+          const Tensor batch_mean = b.has_value() ? mean.add(b->to(at::kFloat)) : mean;
+          new_mean = running_mean.mul(1.0 - momentum).add(batch_mean, momentum);
           new_var = running_var.mul(1.0 - momentum).add(invstd.pow(-2).sub(eps),
                                                          momentum * n / (n - 1.0));
         }
@@ -434,8 +447,8 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     // BatchNorm weights' gradients to their dtype (float32 beside a 16-bit x)
     const auto bn_dtype = static_cast<at::ScalarType>(ctx->saved_data["bn_dtype"].toInt());
     return {dx.permute({0, 3, 1, 2}), dw.permute({0, 3, 1, 2}),
-            ctx->saved_data["has_bias"].toBool() ? db : Tensor(), dgamma.to(bn_dtype),
-            dbeta.to(bn_dtype), Tensor(),
+            ctx->saved_data["has_bias"].toBool() ? db : Tensor(), as_dtype(dgamma, bn_dtype),
+            as_dtype(dbeta, bn_dtype), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };

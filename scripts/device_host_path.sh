@@ -24,7 +24,7 @@ for step in ${*:-build check tests probe}; do
     tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf --maxfail=8 \
              ${TESTS:-tests/test_cuda_build.py tests/test_cuda_layer_norm.py tests/test_cuda_attention.py \
              tests/test_cuda_mlp.py tests/test_cuda_lstm.py tests/test_cuda_conv_bn.py tests/test_launch.py \
-             tests/test_compile_ahead.py} 2>&1 | tail -n 40 ;;
+             tests/test_compile_ahead.py} > "$OUT/tests.txt" 2>&1; tail -n 12 "$OUT/tests.txt" ;;
     probe) timeout 200 python3 scripts/probe_host_path.py > "$OUT/probe.txt" 2>&1; echo "probe exit $?"
            grep -B2 -A40 "== components" "$OUT/probe.txt" | head -n 60 ;;
     overhead) timeout 200 python3 -m equivalence bench --overhead --device cuda \

@@ -398,7 +398,11 @@ def _watch(err: torch.Tensor) -> None:
 
 def check_barrier(wait: bool = False) -> None:
     """Raise RuntimeError(BARRIER_GAVE_UP) if a finished persistent launch gave up at its
-    barrier; wait=True waits for the launches still running first."""
+    barrier; wait=True waits for the launches still running first. Not while a CUDA graph
+    is being captured: querying an event then (cudaEventQuery) invalidates the capture, and a
+    replay's launches are not watched anyway (see _watch)."""
+    if _WATCHED and torch.cuda.is_current_stream_capturing():
+        return
     pending, failed = [], False
     for event, host in _WATCHED:
         if wait:
