@@ -1,14 +1,14 @@
-"""Issue 5 on the GPU, in one call: correctness, then speed, of Level 4 attention and LSTM.
+"""Level 4 (Triton) attention and LSTM on the GPU, in one call: correctness, then speed.
 
-    PYTHONPATH=. python scripts/device_issue5.py [--sweep] [--skip-checks]
+    PYTHONPATH=. python scripts/device_triton_attention_lstm.py [--sweep] [--skip-checks]
 
 1. smoke: the persistent LSTM (grid barrier) in a subprocess with a timeout, so that a
    deadlock cannot eat the whole call; if it fails, the rest runs in step mode.
 2. the harness (equivalence.check) for attention and lstm at fp32/fp16/bf16, tiny+small,
    while `pytest -m gpu tests/test_triton_part_b.py` runs in parallel (compiles are CPU-bound).
-3. equivalence.bench.run(["attention", "lstm"]): the figures of the speed goals.
+3. equivalence.commands.bench.goals.run(["attention", "lstm"]): the figures of the speed goals.
 4. --sweep: a few block shapes of the attention kernels and both LSTM recurrence modes.
-Writes $OUT/issue5.json (or reports/issue5-local.json) and prints a summary last.
+Writes $OUT/device-triton-attention-lstm.json (or reports/device-triton-attention-lstm-local.json) and prints a summary last.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
     import levels
     import triton_kernels.attention as A
     import triton_kernels.lstm as LS
-    from equivalence import specs
+    from equivalence import cards
     from equivalence.timing import time_fn
 
     rows = []
@@ -107,7 +107,7 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
         A.TUNED["bwd"] = default_bwd
         del out, leaves
 
-    spec = specs.get("lstm")
+    spec = cards.get("lstm")
     ours = levels.get("triton").lstm
     for size in ("bench", "bench-large"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -164,7 +164,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONUNBUFFERED="1")
 
     def save():
-        (out_dir / "issue5.json").write_text(json.dumps(result, indent=1, default=str))
+        (out_dir / "device-triton-attention-lstm.json").write_text(json.dumps(result, indent=1, default=str))
 
     t0 = time.time()
     result["smoke_persistent_lstm"] = smoke_persistent(env)
@@ -177,7 +177,8 @@ def main() -> int:
     import torch  # after the mode is settled: triton_kernels.lstm reads it at import
 
     import levels.triton  # noqa: F401
-    from equivalence import bench, environment
+    from equivalence import environment
+    from equivalence.commands.bench import goals as bench
     from equivalence.check import check
 
     device = torch.device("cuda")

@@ -1,8 +1,9 @@
-"""Issue 4 on the GPU, in one call: harness checks, benchmarks, explain summaries, GPU tests.
+"""Level 4 (Triton) layer_norm, MLP and conv+BN on the GPU, in one call: harness checks, the
+speed goals' benchmarks, explain summaries, GPU tests.
 
-    OUT=/some/dir PYTHONPATH=. python scripts/device_issue4.py [--skip-checks] [--skip-bench] [--skip-tests]
+    OUT=/some/dir PYTHONPATH=. python scripts/device_triton_layer_norm_mlp_conv_bn.py [--skip-checks] [--skip-bench] [--skip-tests]
 
-Writes $OUT/issue4.json (environment, every check result, the pytest tail, the PTX/SASS
+Writes $OUT/device-triton-layer-norm-mlp-conv-bn.json (environment, every check result, the pytest tail, the PTX/SASS
 summaries and every benchmark figure) and prints a short table last.
 """
 
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from equivalence import bench, environment
+from equivalence import environment
+from equivalence.commands.bench import goals as bench
 from equivalence.check import check
-from equivalence.explain import explain
+from equivalence.commands.explain import explain
 
 COMPONENTS = ["layer_norm", "mlp", "conv_bn"]
 
@@ -33,7 +35,7 @@ def main() -> int:
     t0 = time.time()
 
     def save():
-        (out_dir / "issue4.json").write_text(json.dumps(report, indent=1, default=str))
+        (out_dir / "device-triton-layer-norm-mlp-conv-bn.json").write_text(json.dumps(report, indent=1, default=str))
 
     for comp in ([] if "--skip-checks" in sys.argv else COMPONENTS):
         for dtype in ("float32", "float16", "bfloat16"):

@@ -47,10 +47,10 @@ def child(component: str, where: str) -> dict:
     import torch
 
     import levels.triton as L4
-    from equivalence import shapes, specs
+    from equivalence import cards, shapes
     from equivalence.check import flatten
 
-    spec = specs.get(component)
+    spec = cards.get(component)
     if where in spec.sizes:
         sizes, variant, dtype = spec.sizes[where], next(iter(spec.variants)), torch.bfloat16
     else:

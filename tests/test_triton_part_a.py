@@ -1,7 +1,7 @@
 """Level 4 (Triton), part A: layer_norm, mlp and conv_bn, forward and backward.
 
 Without a GPU these run in Triton's CPU interpreter (slow: sizes stay tiny). Every case is
-compared with the float64 reference of equivalence/specs at the fixed tolerance of its
+compared with the float64 reference of equivalence/cards at the fixed tolerance of its
 dtype — outputs, every gradient and the running statistics conv_bn updates — with
 uninitialized memory poisoned by NaN. @pytest.mark.gpu tests repeat this on CUDA at
 fp16/bf16/fp32 with odd sizes (widths 1023/4097, row counts that are no multiple of a tile).
@@ -14,7 +14,7 @@ import torch
 
 # First: without a GPU this sets TRITON_INTERPRET=1 before anything imports triton.
 import levels.triton as L4  # isort: skip
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args, compare
 from equivalence.tolerances import tolerance
 
@@ -26,7 +26,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 def _args(component, shape, dtype, seed=0, **variant):
     g = torch.Generator().manual_seed(seed)
-    args = specs.get(component).module.make_args(shape, dtype, torch.device(DEVICE), g)
+    args = cards.get(component).module.make_args(shape, dtype, torch.device(DEVICE), g)
     args.update(variant)
     return args
 
@@ -44,7 +44,7 @@ def _passes(component, args):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_harness_tiny(component, dtype):
     results = check(component, "triton", dtype=dtype, device=DEVICE, size="tiny")
-    assert len(results) == len(specs.get(component).variants) * len(specs.LAYOUTS)
+    assert len(results) == len(cards.get(component).variants) * len(cards.LAYOUTS)
     for r in results:
         assert r.status == "pass", f"{r.variant}: {r.status} {r.reason} {r.worst}"
 
@@ -101,7 +101,7 @@ def test_conv_bn_eval_inference_applies_batchnorm_in_the_epilogue(bias, weight_l
 
 def test_conv_bn_train_updates_running_stats_once():
     # The running statistics move in forward only (not again in backward), like BatchNorm2d.
-    args = _args("conv_bn", specs.get("conv_bn").sizes["tiny"], torch.float32, training=True)
+    args = _args("conv_bn", cards.get("conv_bn").sizes["tiny"], torch.float32, training=True)
     rm, rv = args["running_mean"].clone(), args["running_var"].clone()
     x = args["x"].clone().requires_grad_(True)
     out = L4.conv_bn(x, args["conv_weight"], args["conv_bias"], args["bn_weight"], args["bn_bias"],
@@ -123,7 +123,7 @@ def test_layer_norm_rejects_rows_too_wide_for_registers():
 
 @pytest.mark.parametrize("component", ["layer_norm", "mlp", "conv_bn"])
 def test_float64_is_refused_by_name(component):
-    args = _args(component, specs.get(component).sizes["tiny"], torch.float64)
+    args = _args(component, cards.get(component).sizes["tiny"], torch.float64)
     with pytest.raises(TypeError, match=rf"{component}: argument 'x'.*float64"):
         getattr(L4, component)(**args)
 
@@ -152,7 +152,7 @@ def test_mlp_with_split_k(splits, monkeypatch):
     monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
     args = _args("mlp", dict(rows=(2, 5), K=200, hidden=72, N=33), torch.float32, seed=splits)
     _passes("mlp", args)
-    _passes("mlp", specs.get("mlp").strided(args))  # every operand a view: strides, offsets
+    _passes("mlp", cards.get("mlp").strided(args))  # every operand a view: strides, offsets
 
 
 def test_gemm_split_k_comes_from_the_problem_size():
@@ -293,6 +293,6 @@ def test_layer_norm_gpu_beyond_2_31_elements():
     with torch.no_grad():
         y = L4.layer_norm(x, w, b)
     for rows in (slice(0, 2), slice(M - 3, M)):
-        ref = specs.get("layer_norm").module.reference(x[rows].double(), w.double(), b.double())[0]
+        ref = cards.get("layer_norm").module.reference(x[rows].double(), w.double(), b.double())[0]
         assert compare("rows", y[rows], ref, tolerance(torch.bfloat16), torch.bfloat16).ok, rows
     del x, y

@@ -1,7 +1,7 @@
 """Level 4 (Triton), part B: flash attention and the LSTM, forward and backward.
 
 On a machine without a GPU these run in Triton's CPU interpreter (slow: sizes stay tiny).
-Each case is compared with the float64 reference of equivalence/specs at the fixed
+Each case is compared with the float64 reference of equivalence/cards at the fixed
 tolerance of its dtype, gradients included, with uninitialized memory poisoned by NaN.
 The @pytest.mark.gpu tests repeat the checks on CUDA at fp16/bf16/fp32 and larger sizes.
 """
@@ -15,7 +15,7 @@ import torch
 # imports triton (triton.language's own @jit helpers, e.g. tl.max's combine function, are
 # built at import time and only work in the interpreter if it is on by then).
 import levels.triton as L4  # isort: skip
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args, compare
 from equivalence.tolerances import tolerance
 
@@ -40,7 +40,7 @@ def _attention_args(B, H, N, D, dtype, causal, seed=0, Nk=None):
 
 def _lstm_args(B, T, I, H, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return specs.get("lstm").module.make_args(dict(B=B, T=T, I=I, H=H), dtype, torch.device(DEVICE), g)
+    return cards.get("lstm").module.make_args(dict(B=B, T=T, I=I, H=H), dtype, torch.device(DEVICE), g)
 
 
 # ------------------------------------------------------------------- the harness, tiny --
@@ -177,7 +177,7 @@ def test_attention_gpu_beyond_2_31_elements():
     with torch.no_grad():
         o = L4.attention(q, k, v)
     last = slice(B - 1, B)
-    ref = specs.get("attention").module.reference(q[last].double(), k[last].double(), v[last].double())[0]
+    ref = cards.get("attention").module.reference(q[last].double(), k[last].double(), v[last].double())[0]
     assert compare("last batch", o[last], ref, tolerance(torch.bfloat16), torch.bfloat16).ok
     del q, k, v, o
 

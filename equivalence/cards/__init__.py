@@ -1,26 +1,62 @@
-"""One spec per component: what to feed it, what it must compute, and what a call costs.
+"""One card per component: everything the harness and the commands know about it.
 
-A spec module (`equivalence/specs/<component>.py`) defines
+A card is a module, `equivalence/cards/<component>.py`, found by the component's name (the
+names are levels.contract.COMPONENTS). Like PyTorch's OpInfo entries, it is the one place a
+component is described; shared code asks the card and never branches on a name.
+
+What the harness needs (every card defines these):
 
     SIZES          preset name -> shape parameters: 'tiny' (tests, interpreters),
                    'small' (CPU runs), 'bench' (the GPU), sometimes more
     VARIANTS       variant name -> non-tensor keyword arguments (causal, training, ...)
     OUTPUTS        names of the flattened outputs, in order
     DIFFERENTIABLE the arguments whose gradients are checked
-    MUTATED        variant -> buffers the call updates in place (checked like outputs)
-    STRIDED        argument -> how the `strided` layout stores it (see LAYOUT_KINDS); a spec
+    STRIDED        argument -> how the `strided` layout stores it (see LAYOUT_KINDS); a card
                    may instead define strided(args) -> args itself (attention: q, k, v
                    sliced from one packed (B, N, 3, H, D) buffer)
-    zero_gradient_scales(args, upstream, grads) -> {input: tensor} (optional): for inputs
-                   whose gradient is exactly zero on these arguments, the tensor whose norm
-                   the level's (rounding-sized) gradient is measured against instead
     make_args(shape, dtype, device, generator) -> dict of arguments, in signature order
     reference(**args) -> tuple of float64 outputs, written from the math (never by
                    calling a level), then the new values of the MUTATED buffers
     flops(args) / min_bytes(args) -> {'fwd': ..., 'bwd': ...} for one call
+    SCALING_DIM    the shape parameter `levels profile --scaling` stretches (the dimension
+                   a user grows first: attention's sequence, the others' batch)
+    GRAPH_INPUTS   the arguments a layer takes per call (its activations); the other tensors
+                   are its parameters, or buffers if the call updates them (`levels bench
+                   --overhead` captures the component as such a layer in a CUDA graph)
 
-`Spec` wraps such a module with the generic parts (sizes and variants by name, seeding,
-layouts).
+What the harness may use (defaults in brackets):
+
+    MUTATED        variant -> buffers the call updates in place, checked like outputs [{}]
+    zero_gradient_scales(args, upstream, grads) -> {input: tensor}: for inputs whose
+                   gradient is exactly zero on these arguments, the tensor whose norm the
+                   level's (rounding-sized) gradient is measured against instead [none]
+    RATE           "TFLOP/s" or "TB/s": the rate that says how a level does on it; TB/s for
+                   a component that moves bytes rather than computing ["TFLOP/s"]
+    MODEL_SHAPES   the shapes real models call it with (Shape, below) for `levels bench
+                   --suite models`, with tiny_twin(sizes) (the CPU-sized twin: same
+                   structure) and describe(sizes, variants) (one line) [()]
+    SUITE_GOAL     the suite's goal on the geometric mean of a level's ratios to the best
+                   library call: a number, or {variant: number or None} to set it per
+                   variant, with NO_GOAL {variant: why not} [None]
+    libraries(device, dtype) -> [equivalence.calls.Impl]: the library calls the suite times
+                   a level against (each where it runs; the fastest is the baseline), and
+                   eager(device, dtype): the one a user writes without thinking of backends
+                   (`levels bench --overhead`'s yardstick) [the first of libraries]
+    FUSED_ATEN     ATen ops that compute the whole component in one call: a kernel level
+                   that dispatches one has not written the kernel (`levels grade`) [()]
+    NN_MODULES     class names of its layers (levels.nn's and torch's twins): `levels train
+                   --breakdown` charges their time to the component [()]
+    SOLUTION_FILES level -> the file that holds its solution regions at that level, where it
+                   is not the rung's usual one (`levels assignment build`) [{}]
+    explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
+                   this component at `level` [none]
+    HOST_PROBE     what `levels explain --level triton` says about the host time of one small
+                   call: kernel_dominates_above(host_us) (from what size the kernel's time
+                   outweighs the host's), fix_note(rows, raw) (a fix of its own), recorded
+                   (keys of a whole call measured in reports/h100-host-probe.json) [none]
+
+`Card` wraps such a module with these defaults and the generic parts (sizes and variants by
+name, seeding, layouts); `get(component)` returns it.
 
 Layouts. A level receives whatever tensors a user has, and a user's tensors are often views:
 a bias sliced from a fused parameter buffer, a weight stored transposed, activations sliced
@@ -36,8 +72,11 @@ same NaN bytes, which would hide a write; on a sentinel it cannot.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -76,14 +115,44 @@ class Case:
         return {k: tuple(v.shape) for k, v in self.tensors().items()}
 
 
-class Spec:
+REQUIRED = ("SIZES", "VARIANTS", "OUTPUTS", "DIFFERENTIABLE", "make_args", "reference", "flops",
+            "min_bytes", "SCALING_DIM", "GRAPH_INPUTS")
+
+
+class Card:
+    """A card module with the generic parts and the defaults of the optional entries."""
+
     def __init__(self, module: ModuleType):
         self.name = module.__name__.rsplit(".", 1)[1]
         self.module = module
+        missing = [entry for entry in REQUIRED if not hasattr(module, entry)]
+        if not hasattr(module, "STRIDED") and not hasattr(module, "strided"):
+            missing.append("STRIDED (or strided)")
+        if missing:
+            raise TypeError(f"the card {module.__name__} lacks {', '.join(missing)} "
+                            f"(docs/adding-a-component.md lists what a card holds)")
         self.sizes: dict[str, dict] = module.SIZES
         self.variants: dict[str, dict] = module.VARIANTS
         self.outputs: tuple[str, ...] = tuple(module.OUTPUTS)
         self.differentiable: tuple[str, ...] = tuple(module.DIFFERENTIABLE)
+        self.scaling_dim: str = module.SCALING_DIM
+        self.graph_inputs: tuple[str, ...] = tuple(module.GRAPH_INPUTS)
+        self.rate: str = getattr(module, "RATE", "TFLOP/s")
+        self.fused_aten: tuple[str, ...] = tuple(getattr(module, "FUSED_ATEN", ()))
+        self.nn_modules: tuple[str, ...] = tuple(getattr(module, "NN_MODULES", ()))
+        self.solution_files: dict[str, str] = dict(getattr(module, "SOLUTION_FILES", {}))
+        self.host_probe: dict = dict(getattr(module, "HOST_PROBE", {}))
+
+    def __repr__(self) -> str:
+        return f"<card {self.name}>"
+
+    def mutated(self, variant: str) -> tuple[str, ...]:
+        return tuple(getattr(self.module, "MUTATED", {}).get(variant, ()))
+
+    @property
+    def buffers(self) -> tuple[str, ...]:
+        """The arguments some variant updates in place: a layer's buffers, not parameters."""
+        return tuple(dict.fromkeys(b for v in self.variants for b in self.mutated(v)))
 
     def case(self, size: str | dict, variant: str, dtype: torch.dtype, device, seed: int,
              layout: str = "contiguous") -> Case:
@@ -105,11 +174,11 @@ class Spec:
         args = self.module.make_args(shape, dtype, torch.device(device), generator)
         args.update(self.variants[variant])
         if layout == "strided":
-            args = self.strided(args, self.module.MUTATED.get(variant, ()))
+            args = self.strided(args, self.mutated(variant))
         return self.case_from_args(args, size, layout)
 
     def strided(self, args: dict, mutated=()) -> dict:
-        """The same values with every tensor argument a view (the spec's STRIDED kinds)."""
+        """The same values with every tensor argument a view (the card's STRIDED kinds)."""
         own = getattr(self.module, "strided", None)
         if own is not None:
             return own(dict(args))
@@ -124,7 +193,7 @@ class Spec:
                         if all(bool(args.get(k, False)) == v for k, v in flags.items())), None)
         if variant is None:
             raise ValueError(f"{self.name}: the arguments match no variant of {sorted(self.variants)}")
-        mutated = tuple(self.module.MUTATED.get(variant, ()))
+        mutated = self.mutated(variant)
         differentiable = tuple(n for n in self.differentiable if isinstance(args.get(n), torch.Tensor))
         if layout is None:
             contiguous = all(t.is_contiguous() for t in args.values() if isinstance(t, torch.Tensor))
@@ -144,6 +213,134 @@ class Spec:
 
     def min_bytes(self, args: dict) -> dict[str, int]:
         return self.module.min_bytes(args)
+
+    # -- the model-shape suite ------------------------------------------------------------
+
+    @functools.cached_property
+    def model_shapes(self) -> tuple[Shape, ...]:
+        """MODEL_SHAPES, each with this component's name and its tiny twin filled in."""
+        return tuple(dataclasses.replace(s, component=self.name, tiny_sizes=self.tiny_twin(s.sizes))
+                     for s in getattr(self.module, "MODEL_SHAPES", ()))
+
+    def tiny_twin(self, sizes: dict) -> dict:
+        return self.module.tiny_twin(dict(sizes))
+
+    def describe(self, sizes: dict, variants) -> str:
+        return self.module.describe(sizes, set(variants))
+
+    def goal(self, variant: str) -> float | None:
+        """The suite's goal for a level's ratios at this variant (None: reported only)."""
+        goal = getattr(self.module, "SUITE_GOAL", None)
+        return goal.get(variant) if isinstance(goal, dict) else goal
+
+    def goal_group(self, variant: str) -> str:
+        """What a goal is set on: the component, or the component and a variant where the
+        card sets goals per variant (conv_bn: 'conv_bn eval')."""
+        return f"{self.name} {variant}" if isinstance(getattr(self.module, "SUITE_GOAL", None),
+                                                       dict) else self.name
+
+    def no_goal(self, variant: str) -> str:
+        return getattr(self.module, "NO_GOAL", {}).get(variant, "")
+
+    def libraries(self, device, dtype) -> list:
+        return list(self.module.libraries(torch.device(device), dtype))
+
+    def eager(self, device, dtype):
+        own = getattr(self.module, "eager", None)
+        return own(torch.device(device), dtype) if own else self.libraries(device, dtype)[0]
+
+    # -- the other commands -----------------------------------------------------------------
+
+    def explain(self, level: str, case: Case, device) -> list[tuple[str, str]]:
+        own = getattr(self.module, "explain", None)
+        return [] if own is None else list(own(level, case, device))
+
+
+# ---------------------------------------------------------------------------------------
+# Model shapes: the sizes real models call a component with (`levels bench --suite models`)
+# ---------------------------------------------------------------------------------------
+
+FWD, FWD_BWD = "fwd", "fwd+bwd"
+PASSES = (FWD, FWD_BWD)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape of the suite. `sizes` are the card's shape parameters (make_args
+    conventions), so the card builds its arguments, FLOPs and minimum bytes as for the
+    presets. `directions` says what is timed there, as (variant, pass) pairs: "fwd"
+    (inference: no autograd) or "fwd+bwd" (training). Every shape runs in bfloat16 on a GPU
+    except where `dtype` says otherwise; `source` says where its numbers come from."""
+    name: str  # unique in the suite, e.g. "gpt2-small-train"
+    model: str  # the model it comes from, as a reader would name it
+    source: str
+    sizes: dict
+    directions: tuple
+    dtype: str = "bfloat16"  # on a GPU; the CPU smoke run uses float32
+    component: str = ""  # filled in by the card
+    tiny_sizes: dict = field(default_factory=dict)  # the card's tiny_twin of `sizes`
+
+    def tiny(self) -> dict:
+        """The scaled-down twin's shape parameters (same structure, CPU-sized)."""
+        return dict(self.tiny_sizes)
+
+    def describe(self, tiny: bool = False) -> str:
+        """The sizes (or the tiny twin's) in one line, e.g. 'B8 H12 N1024 D64 causal'."""
+        return get(self.component).describe(self.tiny_sizes if tiny else self.sizes,
+                                            {v for v, _ in self.directions})
+
+
+def train(variant="default") -> tuple:
+    """A training shape's directions: the forward alone and forward+backward."""
+    return ((variant, FWD), (variant, FWD_BWD))
+
+
+def infer(variant="default") -> tuple:
+    """An inference shape's direction: the forward alone."""
+    return ((variant, FWD),)
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def shrink(n: int, factor: int, low: int = 1) -> int:
+    """n / factor, at least `low`; a size that is no power of two stays none (the masked
+    edges are what an odd size tests), a power of two stays one."""
+    small = max(low, round(n / factor))
+    if is_pow2(n):
+        return max(low, 1 << (small.bit_length() - 1))  # the power of two at or below
+    if is_pow2(small) and small > 1:
+        small += 1
+    return small
+
+
+def shrink_rows(rows: tuple) -> tuple:
+    """Leading "rows" dimensions of a tiny twin: the outer ones capped at 2, the last / 16."""
+    return tuple(min(r, 2) for r in rows[:-1]) + (shrink(rows[-1], 16),)
+
+
+def rows_text(rows: tuple) -> str:
+    return "x".join(map(str, rows))
+
+
+def prod(values) -> int:
+    return math.prod(values)
+
+
+# Model dimensions, each from the model's published configuration (shared by several cards):
+GPT2 = "HF transformers GPT2Config (openai-community/gpt2*): n_embd, n_head, n_positions=1024"
+LLAMA2 = ("Llama 2 7B (Touvron et al. 2023; HF meta-llama/Llama-2-7b: hidden_size=4096, "
+          "num_attention_heads=32, intermediate_size=11008, max_position_embeddings=4096)")
+BERT = "BERT-base (Devlin et al. 2018): hidden 768, 12 heads, intermediate 3072, max 512 positions"
+CLIP = ("CLIP ViT-B/32 text encoder (Radford et al. 2021; HF CLIPTextConfig): width 512, 8 heads, "
+        "intermediate 2048, context 77 tokens, causal mask")
+VIT = ("ViT-B/16 (Dosovitskiy et al. 2020): hidden 768, 12 heads, MLP 3072; 224/16 = 14x14 "
+       "patches + [CLS] = 197 tokens")
+WHISPER = ("Whisper base (Radford et al. 2022; HF WhisperConfig): d_model 512, 8 heads, encoder "
+           "1500 positions (30 s of audio)")
+RESNET50 = ("ResNet-50 v1.5 (He et al. 2016, Table 1; torchvision resnet50: the stride on the 3x3 "
+            "of each stage's first block) at 224x224")
 
 
 def randn(shape, generator, dtype, device, scale=1.0, shift=0.0) -> torch.Tensor:
@@ -202,12 +399,19 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def get(component: str) -> Spec:
+def names() -> tuple[str, ...]:
+    """Every component with a card: the contract's, in its order."""
+    return tuple(COMPONENTS)
+
+
+@functools.cache
+def get(component: str) -> Card:
+    """The card of `component` (equivalence/cards/<component>.py)."""
     if component not in COMPONENTS:
         raise ValueError(f"argument 'component' must be one of {', '.join(COMPONENTS)}; "
                          f"got {component!r}")
-    return Spec(importlib.import_module(f"{__name__}.{component}"))
+    return Card(importlib.import_module(f"{__name__}.{component}"))
 
 
-__all__ = ["LAYOUTS", "LAYOUT_KINDS", "Case", "Spec", "as_view", "get", "nbytes", "randn",
-           "uniform"]
+__all__ = ["FWD", "FWD_BWD", "LAYOUTS", "LAYOUT_KINDS", "PASSES", "Card", "Case", "Shape", "as_view",
+           "get", "infer", "names", "nbytes", "randn", "train", "uniform"]

@@ -1,4 +1,4 @@
-"""Level against level: do any two levels agree with each other as well as with the truth?
+"""`levels agree`, level against level: do any two levels agree with each other as well as with the truth?
 
 For one component, every available level runs forward and backward on the *same* inputs
 with the *same* upstream gradient; the matrix entry (a, b) is the worst relative
@@ -19,10 +19,12 @@ import torch
 
 import levels
 
-from . import specs
-from .check import _open, fresh_seed, poisoned_allocations, reference_case, resolve_dtype, run_case
+from .. import cards
+from ..check import (AGREEMENT_REFERENCE, _open, fresh_seed, own_targets, poisoned_allocations,
+                     reference_case, resolve_dtype, run_case)
+from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, fmt_err, resolve_device
 
-REFERENCE = "float64 reference"
+REFERENCE = AGREEMENT_REFERENCE
 
 
 @dataclass
@@ -43,43 +45,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
 
 
-def _is_level(name: str) -> bool:
-    try:
-        levels.resolve(name)
-    except ValueError:
-        return False
-    return True
-
-
-def own_targets(component: str, fns) -> list:
-    """`fns` ({name: function}) as OwnLevels named by their keys (never a level's name)."""
-    if fns is None:
-        return []
-    if not isinstance(fns, dict):
-        raise TypeError(f"argument 'fns' must be a dict {{name: function}}; "
-                        f"got {type(fns).__name__}")
-    targets = []
-    for name, fn in fns.items():
-        if not isinstance(name, str) or not name.strip() or name == REFERENCE or _is_level(name):
-            raise ValueError(f"argument 'fns': each name must be a non-empty str that names no "
-                             f"level (those run by their name); got {name!r}")
-        targets.append(levels.own(component, fn, name=name))
-    return targets
-
-
 def agreement(component: str, dtype="float32", device="cpu", size="tiny", variant=None,
               level_names=None, seed=None, *, fns: dict | None = None) -> Agreement:
     """The matrix of `level_names` (default: the five levels, then the registered ones),
     followed by your functions `fns` ({name: function}), against the reference and each
     other. A level that cannot run here, or raises, is left out with the reason in
     `skipped`."""
-    spec = specs.get(component)
-    variant = variant or next(iter(spec.variants))
+    card = cards.get(component)
+    variant = variant or next(iter(card.variants))
     dtype = resolve_dtype(dtype)
     seed = fresh_seed() if seed is None else seed
     names = [levels.resolve(name).name for name in level_names or levels.names()]
     targets = names + own_targets(component, fns)
-    case = spec.case(size, variant, dtype, torch.device(device), seed)
+    case = card.case(size, variant, dtype, torch.device(device), seed)
     ref_outs, ref_grads, upstream, _ = reference_case(case, seed)
     results = {REFERENCE: ref_outs + ref_grads}
     skipped = {}
@@ -107,3 +85,39 @@ def agreement(component: str, dtype="float32", device="cpu", size="tiny", varian
               for r in names]
     return Agreement(component, variant, str(dtype).replace("torch.", ""), names, matrix, skipped,
                      seed)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("agree", formatter_class=HELP_FORMAT,
+                       help="level-vs-level agreement matrix",
+                       description="Relative difference between every pair of levels (and the float64 "
+                                   "reference) on the same inputs, worst over outputs and gradients.")
+    p.add_argument("--component", required=True, choices=cards.names())
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device")
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--variant")
+    p.add_argument("--seed", type=int)
+    p.set_defaults(run=run)
+
+
+def run(args, console) -> int:
+    from rich.table import Table
+
+    a = agreement(args.component, args.dtype, resolve_device(args.device), args.size, args.variant,
+                  seed=args.seed)
+    table = Table(title=f"{a.component} [{a.variant}] {a.dtype}: max relative difference "
+                        f"(row vs column), seed {a.seed}")
+    table.add_column("")
+    for n in a.names:
+        table.add_column(n, justify="right")
+    for n, row in zip(a.names, a.matrix):
+        table.add_row(n, *[fmt_err(x) if x else "0" for x in row])
+    console.print(table)
+    for name, reason in a.skipped.items():
+        console.print(f"[yellow]skipped {name}[/]: {reason}")
+    bad = any(x != x for row in a.matrix for x in row)
+    if bad:
+        return EXIT_FAILED
+    # the reference alone agrees with nothing
+    return EXIT_OK if len(a.names) > 1 else EXIT_NOTHING_RAN

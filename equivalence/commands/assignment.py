@@ -90,7 +90,9 @@ from pathlib import Path
 
 from levels.contract import COMPONENTS
 
-ROOT = Path(__file__).resolve().parent.parent
+from ..settings import REPOSITORY
+
+ROOT = REPOSITORY
 
 PY_BEGIN, PY_END = "### BEGIN SOLUTION", "### END SOLUTION"
 CU_BEGIN, CU_END = "// ### BEGIN SOLUTION", "// ### END SOLUTION"
@@ -146,16 +148,21 @@ class StudentCopy:
     hidden_tests: dict[str, int] = field(default_factory=dict)  # .py file -> regions removed
 
 
+# Where a rung keeps a component's solution, unless the component's card says otherwise
+# (SOLUTION_FILES: the MLP's Level 5 is its GEMM, cuda_kernels/gemm.cu).
+USUAL_FILES = {"native": "levels/native.py", "triton": "triton_kernels/{component}.py",
+               "cuda": "cuda_kernels/{component}.cu"}
+
+
 def part_files(component: str, level: str) -> list[str]:
     """The files (relative to the repo) that hold a component's solution at a level."""
-    if level == "native":
-        return ["levels/native.py"]
-    if level == "triton":
-        return [f"triton_kernels/{component}.py"]
-    if level == "cuda":
-        return ["cuda_kernels/gemm.cu" if component == "mlp" else f"cuda_kernels/{component}.cu"]
-    raise ValueError(f"argument 'levels' must name levels with solution files "
-                     f"({', '.join(ASSIGNABLE_LEVELS)}); got {level!r}")
+    from .. import cards
+
+    if level not in USUAL_FILES:
+        raise ValueError(f"argument 'levels' must name levels with solution files "
+                         f"({', '.join(ASSIGNABLE_LEVELS)}); got {level!r}")
+    own = cards.get(component).solution_files.get(level)
+    return [own or USUAL_FILES[level].format(component=component)]
 
 
 def _comment_lines(text: str, path: str) -> set[int]:
@@ -484,7 +491,7 @@ def build(components, level_names, out_dir, repo=ROOT) -> StudentCopy:
 
 
 # ---------------------------------------------------------------------------------------
-# The command line (equivalence/cli.py wires these in)
+# The command line
 # ---------------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
@@ -510,6 +517,7 @@ def add_parser(sub) -> None:
                         f"with --components)")
     b.add_argument("--out", required=True, help="directory for the student copy (new or empty)")
     b.add_argument("--repo", default=str(ROOT), help="the reference repo (default: this one)")
+    p.set_defaults(run=run_assignment)
 
 
 def _plural(n: int, word: str) -> str:

@@ -25,19 +25,26 @@ from __future__ import annotations
 
 import warnings
 
+import functools
+
 import torch
 from torch import nn
 
-# Layer types, by class name: the levels' modules, their torch twins, and the parts around them.
-KINDS = {
-    "LayerNorm": "layer_norm", "MultiheadAttention": "attention", "CausalSelfAttention": "attention",
-    "MLP": "mlp", "LSTM": "lstm", "ConvBN": "conv_bn", "Conv2d": "conv_bn", "BatchNorm2d": "conv_bn",
-    "Embedding": "embedding", "Linear": "linear (head, projections)",
-}
+from .. import cards
+
+# The parts around the components' layers, by class name
+AROUND = {"Embedding": "embedding", "Linear": "linear (head, projections)"}
+
+
+@functools.cache
+def kinds() -> dict[str, str]:
+    """Layer types by class name: each card's layers (levels.nn's and their torch twins,
+    NN_MODULES) under its component's name, and the parts around them."""
+    return {cls: name for name in cards.names() for cls in cards.get(name).nn_modules} | AROUND
 
 
 def _kind(module: nn.Module) -> str | None:
-    return KINDS.get(type(module).__name__)
+    return kinds().get(type(module).__name__)
 
 
 def _outermost(model: nn.Module) -> list[tuple[str, nn.Module]]:

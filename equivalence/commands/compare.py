@@ -33,7 +33,6 @@ benchmarks dozens of GEMM/conv candidates per shape, minutes on a GPU, and is an
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,26 +44,19 @@ import torch
 import levels
 from levels.contract import COMPONENTS
 
-from . import environment, specs
-from .agreement import own_targets
-from .check import (CheckResult, check_case, dtype_name, fresh_seed, poisoned_allocations,
-                    resolve_dtype)
-from .profile import Profile, break_even_calls, profile
+from .. import cards, environment
+from ..check import (CheckResult, check_case, dtype_name, fresh_seed, own_targets,
+                     poisoned_allocations, resolve_dtype)
+from ..profile import Profile, break_even_calls, profile
+from ..settings import CompileMode, compile_mode as resolve_compile_mode, default_dtype, default_size
+from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, add_filters, fmt_break_even,
+                      fmt_first_call, fmt_ms, library_output_to, log_note, progress,
+                      resolve_device, split_list)
 
-DEFAULT_COMPILE_MODE = "default"
 # Seconds of timed calls per median (at least 10 calls whatever it takes): compare is the
 # overview of 25 rows, `levels profile` (0.3 s) the closer look at one component. Measured
 # on the H100, compare's 50 medians took 21 s of its cold run at 0.3 s each.
 TIMING_S = 0.15
-
-
-def default_dtype(device) -> str:
-    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
-
-
-def resolve_compile_mode(requested: str | None = None) -> str:
-    """The mode compare runs Level 3 in: asked for, else $LEVELS_COMPILE_MODE, else default."""
-    return requested or os.environ.get("LEVELS_COMPILE_MODE") or DEFAULT_COMPILE_MODE
 
 
 @dataclass
@@ -95,11 +87,11 @@ def compare(components=None, level_names=None, dtype=None, device=None, size=Non
             fns: dict | None = None) -> dict:
     """Run the comparison; `on_step(description)` is called before each unit of work.
     dtype None: bfloat16 on a GPU, float32 on a CPU. compile_mode: Level 3's mode for this
-    run (see `resolve_compile_mode`); the level's own settings are restored afterwards.
+    run (default: the level's own, see settings.compile_mode); the level's own settings are restored afterwards.
     level_names None: the five levels, then the registered ones. fns: your functions
     ({name: function}) as rows after them, for one component (name it in `components`)."""
     device = torch.device(device) if device else environment.default_device()
-    size = size or ("bench" if device.type == "cuda" else "small")
+    size = size or default_size(device)
     dtype = resolve_dtype(dtype or default_dtype(device))
     seed = fresh_seed() if seed is None else seed
     components = list(components or COMPONENTS)
@@ -112,7 +104,7 @@ def compare(components=None, level_names=None, dtype=None, device=None, size=Non
                              f"with levels.register and name it in level_names); got components="
                              f"{components}")
         own = own_targets(components[0], fns)
-    mode = resolve_compile_mode(compile_mode)
+    mode = resolve_compile_mode(compile_mode, device)
     prebuild = Level5Build.start(device) if "cuda" in names else None
     with CompileMode(mode if "compile" in names else None, device):
         rows = _rows(components, names + own, dtype, device, size, check_size, seed, on_step,
@@ -123,28 +115,6 @@ def compare(components=None, level_names=None, dtype=None, device=None, size=Non
                          "device": str(device), "size": size, "check_size": check_size,
                          "seed": seed, "compile_mode": mode},
             "rows": [r.to_dict() for r in rows]}
-
-
-class CompileMode:
-    """Level 3 in `mode` on `device` for the duration, then as it was (mode None: untouched).
-    Reconfiguring drops Level 3's compiled functions, so it only happens on a change."""
-
-    def __init__(self, mode: str | None, device):
-        self.mode, self.device, self.saved = mode, torch.device(device), None
-
-    def __enter__(self):
-        if self.mode is None:
-            return self
-        compiled = levels.get("compile")
-        current = compiled.settings(self.device)["mode"]
-        if current != self.mode:
-            self.saved = current
-            compiled.configure(mode=self.mode)
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            levels.get("compile").configure(mode=self.saved)
 
 
 class Level5Build:
@@ -259,7 +229,7 @@ def _check_rows(rows, dtype, device, check_size, seed, on_step) -> None:
             name = getattr(target, "name", target)
             if row.profile.status == "skip":
                 continue
-            size, variants = at(row), specs.get(comp).variants
+            size, variants = at(row), cards.get(comp).variants
             if threaded and name == "triton":  # one task per variant
                 pending.append((row, comp, name, [pool.submit(run, comp, target, size, v)
                                                    for v in variants]))
@@ -287,5 +257,81 @@ def save(report: dict, out_dir) -> tuple[Path, Path]:
 
 def plot(report: dict, path) -> Path:
     """compare.png: steady-state speed-up over native above first-call cost and break-even."""
-    from .plots import levels_figure
+    from ..plots import levels_figure
     return levels_figure(report["rows"], report["settings"], report["environment"], path)
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", formatter_class=HELP_FORMAT,
+                       help="check and time every component x level; writes compare.json/png/log",
+                       description="For every component and level: time it (at --size): first call "
+                                   "(compile/build, and whether it found a warm cache) separately from "
+                                   "steady state, forward and forward+backward, peak GPU memory, "
+                                   "break-even against native; then, every row timed, check it (at "
+                                   "--check-size).\n"
+                                   "Prints only a progress bar and the table; what libraries print "
+                                   "(compiler logs, warnings) goes to compare.log next to the report.")
+    add_filters(p, None, "timing size preset (default: small on CPU, bench on GPU)",
+                "float32/fp32, float16/fp16, bfloat16/bf16 (default: bfloat16 on a GPU, float32 on a CPU)")
+    p.add_argument("--check-size", default="small", help="size preset of the checks (default: small)")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"),
+                   help=COMPILE_MODE_HELP)
+    p.add_argument("--out", default="levels-reports",
+                   help="directory for compare.json, compare.png and compare.log")
+    p.set_defaults(run=run)
+
+
+def run(args, console) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    comps = split_list(args.component, COMPONENTS, "component") or list(COMPONENTS)
+    names = [levels.resolve(n).name for n in split_list(args.level) or levels.LEVEL_NAMES]
+    device = resolve_device(args.device)
+    dtype = (split_list(args.dtype) or [default_dtype(device)])[0]
+    out = Path(args.out)
+    log_path = out / "compare.log"
+    with library_output_to(log_path, console) as quiet:
+        steps = 2 * len(comps) * len(names)  # each row is timed, then (all timed) checked
+        with progress(quiet, steps) as bar:
+            task = bar.add_task("comparing", total=steps)
+            first = [True]
+
+            def step(description):
+                if not first[0]:
+                    bar.advance(task)
+                first[0] = False
+                bar.update(task, description=description)
+
+            report = compare(comps, names, dtype, device, args.size, args.check_size,
+                             args.seed, on_step=step, compile_mode=args.compile_mode)
+            bar.advance(task)
+        json_path, png_path = save(report, out)
+
+    s = report["settings"]
+    table = Table(title=f"levels compare — {s['dtype']}, time at '{s['size']}', check at "
+                        f"'{s['check_size']}', {report['environment'].get('gpu') or 'CPU'}, "
+                        f"torch.compile mode '{s['compile_mode']}'")
+    for col in ("component", "level", "check", "first call", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s",
+                "fwd TB/s", "break-even calls", "note"):
+        table.add_column(col, no_wrap=col != "note", ratio=1 if col == "note" else None,
+                         min_width=24 if col == "note" else None)
+    failed = False
+    for r in report["rows"]:
+        check_style = {"pass": "green", "FAIL": "bold red", "skip": "yellow"}[r["check"]]
+        failed |= r["check"] == "FAIL" or r["status"] == "error"
+        tp = r["throughput"]["fwd"]
+        table.add_row(r["component"], r["level"], f"[{check_style}]{r['check']}[/]",
+                      fmt_first_call(r), fmt_ms(r["fwd"]), fmt_ms(r["fwd_bwd"]),
+                      f"{tp['tflops']:.3g}" if tp else "—", f"{tp['tbps']:.3g}" if tp else "—",
+                      fmt_break_even(r), escape(r["reason"] or r["notes"]))
+    console.print(table)
+    console.print("first call: cold = it compiled (its cache gained files), warm = it found its "
+                  "work in the on-disk cache. break-even: calls until a level's first call is paid "
+                  "back by its faster steady state against native; never = not faster.")
+    console.print(f"wrote {json_path} and {png_path}; {log_note(log_path)}")
+    return EXIT_FAILED if failed else EXIT_OK

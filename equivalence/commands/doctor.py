@@ -41,7 +41,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 2, 3  # the values of equivalence.cli's codes
+from .console import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT
+
 
 # The oldest versions the project is tested with (pyproject.toml, README).
 PYTHON_FLOOR = (3, 11)
@@ -197,7 +198,7 @@ def _facts(env: _Env, device, build) -> list[Fact]:
 
     import levels.triton as level4  # cheap: triton itself is imported by Level 4's check
 
-    from .ceilings import cache_path
+    from ..settings import current
 
     facts = []
     py = sys.version_info
@@ -272,7 +273,7 @@ def _facts(env: _Env, device, build) -> list[Fact]:
     else:
         where = f"{build.cache_root()} (one build per torch/CUDA/GPU arch; nothing builds without a GPU)"
     facts.append(Fact("Level 5 build dir", where, True))
-    facts.append(Fact("levels cache", f"{cache_path('')} (measured ceilings, auto's decisions)", True))
+    facts.append(Fact("levels cache", f"{current().cache_path('')} (measured ceilings, auto's decisions)", True))
     facts.append(Fact("Inductor cache", _inductor_cache(env), True))
     if triton_version:
         facts.append(Fact("Triton cache", _triton_cache(), True))
@@ -420,7 +421,7 @@ def _level_rows(device, env: _Env) -> list[LevelRow]:
 def parse_device(value: str | None):
     """The device to diagnose. A malformed name is ValueError (exit 2); a valid one this
     machine lacks is diagnosed, not refused: saying why it is missing is the point."""
-    from .environment import parse_device as parse
+    from ..environment import parse_device as parse
 
     return parse(value)
 
@@ -450,7 +451,7 @@ def diagnose(device=None) -> Report:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "doctor", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "doctor", formatter_class=HELP_FORMAT,
         help="what works on this machine, what does not, and the command that fixes it",
         description="What works on this machine and why not, in a second or two, building and\n"
                     "compiling nothing: Python, torch and its CUDA, triton (compiled or interpreted),\n"
@@ -460,6 +461,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EXIT_HELP)
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if there is a GPU, else cpu)")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.set_defaults(run=run)
     return p
 
 

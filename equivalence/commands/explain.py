@@ -1,6 +1,6 @@
 """`levels explain`: what a level actually runs for one call of a component.
 
-    from equivalence.explain import explain
+    from equivalence.commands.explain import explain
     print(explain("layer_norm", "compile"))          # terminal
     explain("layer_norm", "native")                  # a notebook shows it as text
 
@@ -39,8 +39,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import levels
 from levels.contract import COMPONENTS
 
-from . import specs
-from .check import _prepare, flatten, resolve_dtype
+from .. import cards
+from ..calls import upstream as _upstream  # a fixed random upstream gradient per output
+from ..check import _prepare, flatten, resolve_dtype
+from .console import EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, resolve_device
 
 RULE = "=" * 88
 
@@ -104,7 +106,7 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
         raise ValueError(f"argument 'device' must be a torch device such as 'cpu' or 'cuda'; "
                          f"got {device!r}") from exc
     dtype = resolve_dtype(dtype)
-    spec = specs.get(component)
+    spec = cards.get(component)
     if variant is not None and variant not in spec.variants:
         raise ValueError(f"argument 'variant' must be one of {sorted(spec.variants)} for "
                          f"{component}; got {variant!r}")
@@ -159,7 +161,7 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
 # Running one case forward and backward
 # ---------------------------------------------------------------------------------------
 
-def _run(fn, case: specs.Case, backward: bool = True, seed: int = 0):
+def _run(fn, case: cards.Case, backward: bool = True, seed: int = 0):
     """Call fn on fresh leaf copies of the case's inputs; then backward with a fixed
     upstream gradient. Returns the flat outputs."""
     args, _ = _prepare(case)
@@ -169,13 +171,7 @@ def _run(fn, case: specs.Case, backward: bool = True, seed: int = 0):
     return outs
 
 
-def _upstream(outs, seed: int = 0) -> list:
-    """A fixed random upstream gradient per output (drawn on the CPU: same on every device)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
-
-
-def _variant_title(case: specs.Case, what: str) -> str:
+def _variant_title(case: cards.Case, what: str) -> str:
     """A section title; forward sections also name the input shapes and dtype."""
     shapes = ", ".join(f"{k}{tuple(v)}" for k, v in case.shapes().items())
     return what + (f"  ({shapes}, {case.dtype})" if what.startswith("forward") else "")
@@ -211,7 +207,7 @@ def _op_table(ops: list) -> str:
     return "\n".join(lines)
 
 
-def _explain_native(component: str, case: specs.Case, device) -> list[Section]:
+def _explain_native(component: str, case: cards.Case, device) -> list[Section]:
     fn = getattr(levels.get("native"), component)
     args, _ = _prepare(case)
     with _OpRecorder() as fwd:
@@ -281,7 +277,7 @@ def _why_no_fusion(device) -> str:
             "chain. torch.compile (Level 3) fuses on the CPU too.")
 
 
-def _explain_torchscript(component: str, case: specs.Case, device) -> list[Section]:
+def _explain_torchscript(component: str, case: cards.Case, device) -> list[Section]:
     ts = levels.get("torchscript")
     fn = getattr(ts, component)
     # The profiling executor records shapes on the first calls and optimizes (fuses) once it
@@ -305,24 +301,8 @@ def _explain_torchscript(component: str, case: specs.Case, device) -> list[Secti
                 "derivatives), which the executor profiles and fuses like the forward one; "
                 "this is the last of them to run, optimized:\n" + _fusion_report(backward)),
     ]
-    if component == "conv_bn" and not case.args["training"]:
-        a = case.args
-        before, frozen = ts.frozen_conv_bn(a["conv_weight"], a["conv_bias"], a["bn_weight"],
-                                           a["bn_bias"], a["running_mean"], a["running_var"],
-                                           a["stride"], a["padding"], a["eps"],
-                                           return_unfrozen=True)
-        inlined = before.inlined_graph if hasattr(before, "inlined_graph") else before.graph
-        kinds_before = sorted({n.kind() for n in _nodes(inlined) if n.kind().startswith("aten::")})
-        kinds_after = sorted({n.kind() for n in _nodes(frozen.graph)
-                              if n.kind().startswith("aten::")})
-        sections.append(Section(
-            "torch.jit.freeze: batch norm folded into the convolution (inference deployment)",
-            "nn.Sequential(Conv2d, BatchNorm2d).eval(), scripted: aten ops "
-            + ", ".join(kinds_before)
-            + "\nafter torch.jit.freeze: aten ops " + ", ".join(kinds_after)
-            + "\n(weights and statistics became constants: the folded weight is W * gamma / "
-              "sqrt(var + eps).\n The level does the same fold per call, differentiably; see "
-              "levels/torchscript.py.)\n\nfrozen graph:\n" + str(frozen.graph)))
+    sections += [Section(title, body)
+                 for title, body in cards.get(component).explain("torchscript", case, device)]
     return sections
 
 
@@ -330,7 +310,7 @@ def _explain_torchscript(component: str, case: specs.Case, device) -> list[Secti
 # Level 3: the code Inductor generates
 # ---------------------------------------------------------------------------------------
 
-def inductor_code(component: str, case: specs.Case, device, backward: bool = True,
+def inductor_code(component: str, case: cards.Case, device, backward: bool = True,
                   **settings) -> list[str]:
     """Compile the Level 3 math of `case` afresh and return Inductor's output code
     (one module per graph: forward, then backward).
@@ -375,7 +355,7 @@ def _code_summary(code: str) -> str:
     return "\n".join(lines)
 
 
-def _explain_compile(component: str, case: specs.Case, device) -> list[Section]:
+def _explain_compile(component: str, case: cards.Case, device) -> list[Section]:
     compiled = levels.get("compile")
     settings = compiled.settings(device)
     codes = inductor_code(component, case, device)
@@ -398,7 +378,7 @@ def _explain_compile(component: str, case: specs.Case, device) -> list[Section]:
                                 summary))
         sections.append(Section(_variant_title(case, f"{what}: Inductor output code"),
                                 _strip_header(code)))
-    if component == "attention" and any("scaled_dot_product" in c for c in codes):
+    if any("scaled_dot_product" in c for c in codes):
         plain = inductor_code(component, case, device, sdpa_rewrite=False)
         for i, code in enumerate(plain):
             what = names[i] if i < len(names) else f"graph {i}"
@@ -491,16 +471,17 @@ def _host_not_probed(component, hp) -> str:
                    f"host the contract's checks, allocations, autograd.Function.apply (when "
                    f"a gradient is wanted) and one Python launch per kernel, and at a tiny "
                    f"shape that host time is the call's time.")]
-    if component == "attention":
+    recorded = cards.get(component).host_probe.get("recorded")
+    if recorded:
         try:
-            rec = hp.load_recorded().get("layer_norm_bwd", {})
-            l4, eager = rec.get("attn L4 no_grad"), rec.get("attn eager sdpa no_grad")
+            rec = hp.load_recorded().get(recorded["group"], {})
+            l4, eager = rec.get(recorded["level4"]), rec.get(recorded["library"])
         except (OSError, ValueError, AttributeError):
             l4 = eager = None
         if isinstance(l4, (int, float)) and isinstance(eager, (int, float)):
             lines += ["", _wrap(f"Recorded ({hp._shown(hp.RECORDED)}, not measured here): the "
-                                f"whole Level 4 call {l4:.1f} µs against SDPA's {eager:.1f} µs, "
-                                f"causal, q = k = v (1, 2, 37, 16) bfloat16, under no_grad.")]
+                                f"whole Level 4 call {l4:.1f} µs against {recorded['library_name']} "
+                                f"{eager:.1f} µs, {recorded['call']}.")]
     return "\n".join(lines)
 
 
@@ -564,12 +545,9 @@ def _host_lesson(data: dict, hp) -> list[str]:
     out.append("- The fixes:")
     validate = rows.get(f"validate_{component}")
     once = f"validate once: the contract's checks cost {_us(validate)} µs on every call"
-    if component == "mlp":
-        own, unchecked = rows.get("one GEMM with its own checks"), None
-        unchecked = data["raw"].get("mlp", {}).get("tg.gemm gelu into out, check=False")
-        if own is not None and unchecked is not None:
-            once += (f"; checking the GEMM operands again in each launch would add "
-                     f"{own - unchecked:.1f} µs a GEMM, so Level 4 passes check=False")
+    fix_note = cards.get(component).host_probe.get("fix_note")
+    if fix_note:
+        once += fix_note(rows, data["raw"])
     out.append(_wrap(once + "; a layer whose shapes do not change can check at its first "
                      "call.", indent="    ", first="  * "))
     apply = rows.get("autograd.Function.apply")
@@ -599,6 +577,23 @@ def _host_lesson(data: dict, hp) -> list[str]:
                      "buffers fixed at capture). levels.nn.cuda_graph(module, *example_args) "
                      "does this for a levels.nn layer.", indent="    ", first="  * "))
     return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("explain", formatter_class=HELP_FORMAT, help="show what a level actually runs",
+                       description="native: the ATen ops a call dispatches; torchscript: the optimized "
+                                   "graph; compile: Inductor's generated code; triton: kernel source "
+                                   "(and PTX/SASS summary on a GPU).")
+    p.add_argument("--component", required=True, choices=COMPONENTS)
+    p.add_argument("--level", required=True)
+    p.add_argument("--device")
+    p.set_defaults(run=run)
+
+
+def run(args, console) -> int:
+    text = explain(args.component, levels.resolve(args.level).name, resolve_device(args.device))
+    console.print(text, markup=False, highlight=False)
+    return EXIT_NOTHING_RAN if any(s.title == "unavailable" for s in text.sections) else EXIT_OK
 
 
 __all__ = ["Explanation", "Section", "explain", "host_time_section", "inductor_code"]

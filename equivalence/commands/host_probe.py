@@ -1,6 +1,6 @@
 """Where a small Level 4 call's microseconds go, piece by piece (issue 12).
 
-    from equivalence.host_probe import host_breakdown, recorded_breakdown
+    from equivalence.commands.host_probe import host_breakdown, recorded_breakdown
     host_breakdown("layer_norm")        # measured now: needs a CUDA GPU
     recorded_breakdown("layer_norm")    # the same table from reports/h100-host-probe.json
 
@@ -44,19 +44,19 @@ import torch
 
 import levels  # noqa: F401 - first: it switches Triton's interpreter on where there is no GPU
 
+from .. import cards
+from ..settings import REPOSITORY
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPOSITORY
 RECORDED = ROOT / "reports" / "h100-host-probe.json"
 COMMAND = "PYTHONPATH=. python3 scripts/probe_host.py [OUTPUT.json]"
 UNITS = ("microseconds per call: host time, calls back to back (GPU rows: one synchronize per "
          "batch of 50)")
 PROBED = ("layer_norm", "mlp")  # the components broken down piece by piece
 
-# The kernels' speed at a large problem, measured on an H100 (reports/h100-bench.json,
-# bfloat16): what turns "the host needs T us per call" into "the kernel needs longer than
-# that above this size". An estimate: a kernel reaches this rate only at large sizes.
-LAYER_NORM_TBPS = 2.82   # forward 16384x4096, 0.98x copy bandwidth
-MLP_TFLOPS = 565.0       # forward 8192 x 4096 -> 16384 -> 4096
+# What turns "the host needs T us per call" into "the kernel needs longer above this size":
+# each card's kernel rate at a large problem, measured on an H100 (an estimate: a kernel
+# reaches that rate only at large sizes).
 RATES_SOURCE = "reports/h100-bench.json, H100, bfloat16"
 
 
@@ -316,7 +316,7 @@ def _probe_backward_and_attention(dev, want) -> dict:
 def _kernel_us(key: str, fn, dev) -> dict:
     """The GPU's own time for one call (the queue held by a GPU-side sleep while Python
     enqueues, equivalence.timing), so the host's pace is not in it."""
-    from .timing import time_fn
+    from ..timing import time_fn
 
     try:
         return {key: round(time_fn(fn, dev, min_time_s=0.2, prime=True).median_ms * 1e3, 2)}
@@ -341,7 +341,7 @@ def _require(device) -> torch.device:
 def probe(device="cuda") -> dict:
     """Every raw measurement, in the recorded file's shape: metadata, then per group
     ("layer_norm", "mlp", "layer_norm_bwd") {measurement: us}. GPU only."""
-    from .environment import describe
+    from ..environment import describe
 
     dev = _require(device)
     env = describe(dev)
@@ -503,7 +503,7 @@ def host_breakdown(component: str = "layer_norm", device="cuda") -> dict:
     ValueError for a component it does not cover (PROBED)."""
     _check_component(component)
     dev = _require(device)
-    from .environment import describe
+    from ..environment import describe
 
     layout = LAYOUTS[component]
     rows = (layout.total, layout.eager, *layout.pieces, *layout.alternatives)
@@ -544,22 +544,11 @@ def recorded_breakdown(component: str = "layer_norm", path=None) -> dict:
 
 def kernel_dominates_above(component: str, host_us: float) -> str | None:
     """How big the problem must be before the kernel needs longer than the host's `host_us`
-    (at the H100 rates in RATES_SOURCE; an estimate: small kernels run below them)."""
+    (at the H100 rate its card gives, RATES_SOURCE; an estimate: small kernels run below it)."""
     if host_us is None or host_us <= 0:
         return None
-    if component == "layer_norm":
-        moved = host_us * 1e-6 * LAYER_NORM_TBPS * 1e12  # bytes: read x, write y
-        rows = moved / (2 * 2 * 4096)  # bfloat16 rows of 4096, read once and written once
-        return (f"at {LAYER_NORM_TBPS} TB/s ({RATES_SOURCE}) {host_us:.0f} µs moves "
-                f"{moved / 1e6:.0f} MB: a layer_norm of about {rows:,.0f} rows of 4096 (x read, "
-                f"y written)")
-    if component == "mlp":
-        flops = host_us * 1e-6 * MLP_TFLOPS * 1e12
-        per_row = 2 * 2 * 4096 * 16384  # two GEMMs, 4096 -> 16384 -> 4096
-        return (f"at {MLP_TFLOPS:.0f} TFLOP/s ({RATES_SOURCE}) {host_us:.0f} µs is "
-                f"{flops / 1e9:.0f} GFLOP: an MLP 4096 -> 16384 -> 4096 on about "
-                f"{flops / per_row:,.0f} rows")
-    return None
+    estimate = cards.get(component).host_probe.get("kernel_dominates_above")
+    return None if estimate is None else estimate(host_us, RATES_SOURCE)
 
 
 __all__ = ["LAYOUTS", "PROBED", "RECORDED", "HostProbeUnavailable", "host_breakdown",

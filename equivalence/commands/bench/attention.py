@@ -22,8 +22,8 @@ import sys
 
 import torch
 
-from . import Figure, cuda_version, one_call_ms
-from ..timing import time_first_call, time_fn
+from .goals import Figure, cuda_version, one_call_ms
+from ...timing import time_first_call, time_fn
 
 SHAPE = dict(B=4, H=16, N=4096, D=128)
 DTYPE = torch.bfloat16

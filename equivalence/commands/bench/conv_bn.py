@@ -13,19 +13,19 @@ import torch
 import torch.nn.functional as F
 
 import levels
-from equivalence import specs
+from ... import cards
 
-from . import Figure, figure
+from .goals import Figure, figure
 
 
 
 def run(device) -> list:
     device = torch.device(device)
-    spec = specs.get("conv_bn")
-    shape = spec.sizes["bench"]
+    card = cards.get("conv_bn")
+    shape = card.sizes["bench"]
     dtype = torch.bfloat16
-    a = spec.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
-    flops = spec.flops(a)
+    a = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
+    flops = card.flops(a)
     shp = {k: shape[k] for k in ("N", "C_in", "H", "W", "C_out", "k", "stride", "padding")}
     shp["layout"] = "channels_last"
     tri = levels.get("triton")
@@ -99,12 +99,12 @@ def run_cuda(device) -> list:
         return []
     from cuda_kernels import conv_bn as kernels
 
-    spec = specs.get("conv_bn")
+    card = cards.get("conv_bn")
     figs = []
-    for label, shape, goal in (("", spec.sizes["bench"], CUDA_GOAL),
+    for label, shape, goal in (("", card.sizes["bench"], CUDA_GOAL),
                                (" resnet50 1x1", RESNET50_1X1, None)):
-        figs += _cuda_eval_versions(kernels, spec, shape, device, label, goal)
-    figs += _cuda_train(kernels, spec, device)
+        figs += _cuda_eval_versions(kernels, card, shape, device, label, goal)
+    figs += _cuda_train(kernels, card, device)
     return figs
 
 
@@ -114,10 +114,10 @@ def _shape_of(shape):
     return shp
 
 
-def _cuda_eval_versions(kernels, spec, shape, device, label, goal) -> list:
+def _cuda_eval_versions(kernels, card, shape, device, label, goal) -> list:
     dtype = torch.bfloat16
-    a = spec.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
-    flops = spec.flops(a)["fwd"]
+    a = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
+    flops = card.flops(a)["fwd"]
     stride, padding = (a["stride"],) * 2, (a["padding"],) * 2
     name = f"forward eval{label}"
 
@@ -166,13 +166,13 @@ def _cuda_eval_versions(kernels, spec, shape, device, label, goal) -> list:
     return figs
 
 
-def _cuda_train(kernels, spec, device) -> list:
+def _cuda_train(kernels, card, device) -> list:
     """Training mode at the bench shape, default version: forward, and forward+backward
     (the backward's dgrad/wgrad are the v2 tiled kernels for every version)."""
-    shape = spec.sizes["bench"]
+    shape = card.sizes["bench"]
     dtype = torch.bfloat16
-    a = spec.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
-    fl = spec.flops(a)
+    a = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
+    fl = card.flops(a)
     stride, padding = (a["stride"],) * 2, (a["padding"],) * 2
     rm, rv = a["running_mean"].clone(), a["running_var"].clone()
     leaves = {k: a[k].detach().requires_grad_(True)

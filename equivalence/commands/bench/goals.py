@@ -1,6 +1,7 @@
 """`levels bench`: the speed goals, each a ratio to a baseline timed in the same run.
 
-One module per component (`equivalence/bench/<component>.py`) defines
+One module per component (`equivalence/commands/bench/<component>.py`, found by its name)
+defines
 
     def run(device) -> list[Figure]
     def unavailable_reason(device) -> str | None   (optional; default: needs a CUDA GPU)
@@ -25,8 +26,8 @@ import torch
 
 from levels.contract import COMPONENTS
 
-from .. import environment
-from ..timing import time_first_call, time_fn
+from ... import environment
+from ...timing import time_first_call, time_fn
 
 
 @dataclass
@@ -118,14 +119,18 @@ def one_call_ms(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _module_name(component: str) -> str:
+    return f"{__package__}.{component}"
+
+
 def available() -> list[str]:
     found = []
     for c in COMPONENTS:
         try:
-            importlib.import_module(f"{__name__}.{c}")
+            importlib.import_module(_module_name(c))
             found.append(c)
         except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{c}":
+            if exc.name != _module_name(c):
                 raise
     return found
 
@@ -137,7 +142,7 @@ def run(components=None, device=None, out_dir: str | Path | None = None) -> dict
         if c not in available():
             report["skipped"][c] = "no benchmark module for this component yet"
             continue
-        module = importlib.import_module(f"{__name__}.{c}")
+        module = importlib.import_module(_module_name(c))
         reason = getattr(module, "unavailable_reason", needs_cuda)(device)
         if reason:
             report["skipped"][c] = reason

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 import levels
-from equivalence import specs
+from ... import cards
 
-from . import Figure, copy_tbps, figure
+from .goals import Figure, copy_tbps, figure
 
 
 # Kernel time on both sides (equivalence.timing, prime=True): the backward's 0.2-0.4 ms of
@@ -84,17 +84,17 @@ def _backward_sweep(y, leaves, dy, dtype, shp, device, nbytes, copy_ms, copy) ->
 
 def run(device) -> list:
     device = torch.device(device)
-    spec = specs.get("layer_norm")
-    shape = spec.sizes["bench"]
+    card = cards.get("layer_norm")
+    shape = card.sizes["bench"]
     triton_level = levels.get("triton")
     compiled_ln = torch.compile(F.layer_norm)
     figs = []
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(0)
-        args = spec.module.make_args(shape, dtype, device, gen)
+        args = card.module.make_args(shape, dtype, device, gen)
         x, w, b, eps = args["x"], args["weight"], args["bias"], args["eps"]
         N = x.shape[-1]
-        nbytes = spec.min_bytes(args)
+        nbytes = card.min_bytes(args)
         copy = copy_tbps(x.numel() * x.element_size(), device, dtype, prime=PRIME)
         copy_fwd_ms = nbytes["fwd"] / (copy * 1e12) * 1e3
         copy_bwd_ms = nbytes["bwd"] / (copy * 1e12) * 1e3

@@ -3,7 +3,7 @@
 Forward (inference, no_grad), fp32 and bf16:
   'bench'       B=8,  input 256, hidden 512, T=64   goal >= 1.0x nn.LSTM
   'bench-large' B=64, input 512, hidden 512, T=100  reported, no goal
-FLOPs from equivalence/specs/lstm.py.
+FLOPs from equivalence/cards/lstm.py.
 
 In fp32, cuDNN's RNN follows torch.backends.cudnn.allow_tf32 (True by default), so the
 default nn.LSTM may run its GEMMs in TF32 while Level 4 computes exact fp32 dots. The goal
@@ -26,9 +26,9 @@ import sys
 
 import torch
 
-from . import Figure, cuda_version
-from .. import specs
-from ..timing import time_first_call, time_fn
+from .goals import Figure, cuda_version
+from ... import cards
+from ...timing import time_first_call, time_fn
 
 GOAL = 1.0
 SIZES = ("bench", "bench-large")
@@ -79,13 +79,13 @@ def _level4(device) -> list[Figure]:
     import triton_kernels.lstm as kernels
 
     ours = levels.get("triton").lstm
-    spec = specs.get("lstm")
+    card = cards.get("lstm")
     figures = []
     for size in SIZES:
         for dtype in DTYPES:
-            args = spec.case(size, "default", dtype, device, seed=0).args
-            shape = spec.sizes[size]
-            flops = spec.flops(args)["fwd"]
+            args = card.case(size, "default", dtype, device, seed=0).args
+            shape = card.sizes[size]
+            flops = card.flops(args)["fwd"]
             plan = kernels._plan(shape["B"], shape["H"], device)
             call = lambda: ours(**args)  # noqa: E731
             with torch.no_grad():
@@ -177,17 +177,17 @@ def _level5(device) -> list[Figure]:
         return []
     import cuda_kernels.lstm as k5
 
-    from . import figure
+    from .goals import figure
 
     cuda = levels.get("cuda")
-    spec = specs.get("lstm")
+    card = cards.get("lstm")
     names = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
     figures = []
     for size in SIZES:
         for dtype in DTYPES:
-            args = spec.case(size, "default", dtype, device, seed=0).args
-            shape = dict(spec.sizes[size])
-            flops = spec.flops(args)
+            args = card.case(size, "default", dtype, device, seed=0).args
+            shape = dict(card.sizes[size])
+            flops = card.flops(args)
             tensors = [args[n] for n in names]
             dt = str(dtype)[6:]
             with torch.no_grad():

@@ -20,9 +20,9 @@ import sys
 import torch
 
 import levels
-from equivalence import specs
+from ... import cards
 
-from . import Figure, cuda_version, figure, one_call_ms
+from .goals import Figure, cuda_version, figure, one_call_ms
 
 SWEEP = (  # (BLOCK_M, BLOCK_N, num_stages, SPLIT_N); BLOCK_K=64, 8 warps, GROUP_M=8
     (128, 128, 3, 1), (128, 128, 4, 1), (128, 256, 3, 1), (128, 256, 3, 2), (256, 128, 3, 2),
@@ -54,11 +54,11 @@ def _sweep(ours, flops, dtype, shp, device, eager_ms) -> list:
 
 def run(device) -> list:
     device = torch.device(device)
-    spec = specs.get("mlp")
-    shape = spec.sizes["bench"]
+    card = cards.get("mlp")
+    shape = card.sizes["bench"]
     dtype = torch.bfloat16
-    args = spec.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
-    flops = spec.flops(args)
+    args = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
+    flops = card.flops(args)
     names = ("x", "w1", "b1", "w2", "b2")
     shp = {"M": args["x"].shape[0], "K": shape["K"], "hidden": shape["hidden"], "N": shape["N"]}
     triton_level, native = levels.get("triton"), levels.get("native")
@@ -88,7 +88,7 @@ def run(device) -> list:
                        device, flops=flops["fwd"] + flops["bwd"],
                        baseline="eager PyTorch (cuBLAS + GELU)", baseline_ms=eager_fb.ms, goal=1.0))
     figs.append(eager_fb)
-    figs += _level5(device, spec, dtype)
+    figs += _level5(device, card, dtype)
     return figs
 
 
@@ -100,7 +100,7 @@ LEVEL5_SHAPES = {"bench": None, "gpt2-small": dict(rows=(1000,), K=768, hidden=3
 SLOW_CALL_S = 1.0
 
 
-def _level5(device, spec, dtype) -> list:
+def _level5(device, card, dtype) -> list:
     reason = levels.status("cuda", device, "mlp")
     if reason:
         print(f"mlp bench: Level 5 skipped: {reason}", file=sys.stderr)
@@ -110,9 +110,9 @@ def _level5(device, spec, dtype) -> list:
     cuda, native = levels.get("cuda"), levels.get("native")
     figs = []
     for label, shape in LEVEL5_SHAPES.items():
-        shape = shape or spec.sizes["bench"]
-        args = spec.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
-        flops = spec.flops(args)
+        shape = shape or card.sizes["bench"]
+        args = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
+        flops = card.flops(args)
         tensors = [args[n] for n in ("x", "w1", "b1", "w2", "b2")]
         M = args["x"].numel() // shape["K"]
         shp = {"M": M, "K": shape["K"], "hidden": shape["hidden"], "N": shape["N"], "shape": label}

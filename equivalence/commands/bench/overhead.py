@@ -44,43 +44,42 @@ import torch
 import levels
 from levels.contract import COMPONENTS, VALIDATORS
 
-from . import specs
-from .timing import time_fn, time_host
+from ... import cards
+from ...calls import level_impl, own_args, upstream
+from ...check import flatten
+from ...timing import time_fn, time_host
+from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, library_output_to, log_note,
+                       progress, resolve_device, split_list)
+from .reports import output_path, report_environment, write_report
+from .suite import compile_mode
 
 GOAL_EXTRA_US = 10.0  # issue 12: a Level 4 call's host time <= eager's + 10 us
 GRAPH_LEVELS = ("native", "triton")  # levels also timed replayed as a CUDA graph
 GRAPH_NEEDS_CUDA = "CUDA graphs need a CUDA device"
 GRAPH_SUFFIX = " + CUDA graph"
-# the arguments a graphed component takes per call (its activations); the other tensors are
-# its module's parameters (running statistics: buffers), the rest constants
-GRAPH_INPUTS = {"attention": ("q", "k", "v"), "layer_norm": ("x",), "mlp": ("x",),
-                "lstm": ("x", "h0", "c0"), "conv_bn": ("x",)}
-_BUFFERS = ("running_mean", "running_var")
 SIZE = "tiny"
 EAGER = "eager"
 MIN_TIME_S = 0.2  # per measurement: a tiny call is ~10-100 us, so thousands of calls
 
 
 def _passes(impl, args: dict, component: str, seed: int):
-    """(forward under no_grad, forward+backward) closures of one side (bench.suite.Impl) on
+    """(forward under no_grad, forward+backward) closures of one side (equivalence.calls.Impl) on
     its own copy of the arguments."""
-    from .bench.suite import _own_args, _upstream
-
-    plain = _own_args(args, component, training=False)
+    plain = own_args(args, component, training=False)
     call, _ = impl.prepare(plain)
 
     def forward():
         with torch.no_grad():
             return call()
 
-    leaves = _own_args(args, component, training=True)
+    leaves = own_args(args, component, training=True)
     call_g, inputs = impl.prepare(leaves)
     grads = []
 
     def forward_backward():
         outs = call_g()
         if not grads:
-            grads.extend(_upstream(outs, seed))
+            grads.extend(upstream(outs, seed))
         torch.autograd.grad(outs, inputs, grads)
 
     return forward, forward_backward
@@ -146,11 +145,12 @@ def _time_passes(row: dict, forward, forward_backward, device, min_time_s: float
 def _one_call(component: str, level: str, args: dict, training: bool) -> torch.nn.Module:
     """One component's function at `level` as a levels.nn module (what cuda_graph captures):
     its weights as parameters (requiring grad for a training pass), running statistics as
-    buffers, constants fixed, the activations (GRAPH_INPUTS) as forward's arguments."""
+    buffers, constants fixed, the activations (the card's GRAPH_INPUTS) as forward's arguments."""
     from levels.nn import _Leveled
 
-    inputs = GRAPH_INPUTS[component]
-    wants = set(specs.get(component).differentiable) if training else set()
+    card = cards.get(component)
+    inputs = card.graph_inputs
+    wants = set(card.differentiable) if training else set()
 
     class OneCall(_Leveled):
         def __init__(self):
@@ -161,7 +161,7 @@ def _one_call(component: str, level: str, args: dict, training: bool) -> torch.n
                     continue
                 if not isinstance(value, torch.Tensor):
                     self.constants[name] = value
-                elif name in _BUFFERS:
+                elif name in card.buffers:
                     self.register_buffer(name, value.detach().clone())
                 else:
                     self.register_parameter(name, torch.nn.Parameter(
@@ -185,11 +185,8 @@ def _graph_passes(component: str, name: str, args: dict, seed: int):
     backward), each on its own copy of the arguments."""
     from levels.nn import cuda_graph
 
-    from .bench.suite import _own_args, _upstream
-    from .check import flatten
-
-    plain = _own_args(args, component, training=False)
-    inputs = [plain[n] for n in GRAPH_INPUTS[component]]
+    plain = own_args(args, component, training=False)
+    inputs = [plain[n] for n in cards.get(component).graph_inputs]
     start = time.perf_counter()
     with torch.no_grad():
         fwd_graph = cuda_graph(_one_call(component, name, plain, False), *inputs, backward=False)
@@ -199,8 +196,8 @@ def _graph_passes(component: str, name: str, args: dict, seed: int):
         with torch.no_grad():
             return fwd_graph(*inputs)
 
-    leaves = _own_args(args, component, training=True)
-    inputs_g = [leaves[n] for n in GRAPH_INPUTS[component]]
+    leaves = own_args(args, component, training=True)
+    inputs_g = [leaves[n] for n in cards.get(component).graph_inputs]
     module = _one_call(component, name, leaves, True)
     start = time.perf_counter()
     bwd_graph = cuda_graph(module, *inputs_g, backward=True)
@@ -212,7 +209,7 @@ def _graph_passes(component: str, name: str, args: dict, seed: int):
     def forward_backward():
         outs = flatten(bwd_graph(*inputs_g))
         if not grads:
-            grads.extend(_upstream(outs, seed))
+            grads.extend(upstream(outs, seed))
         torch.autograd.grad(outs, wrt, grads)
 
     return forward, forward_backward, capture_fwd_ms, capture_fwd_bwd_ms
@@ -246,8 +243,6 @@ def measure_graph_row(component: str, name: str, args: dict, device: torch.devic
 def measure(components=None, level_names=None, device="cpu", dtype=None, seed: int = 0,
             min_time_s: float = MIN_TIME_S, on_step=None) -> dict:
     """Every component x (eager, every level) at the tiny size; see the module doc."""
-    from .bench.suite import _environment, compile_mode, eager_impl, level_impl
-
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     names = [levels.resolve(n).name for n in (level_names or levels.LEVEL_NAMES)]
@@ -256,7 +251,7 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
     start = time.perf_counter()
     with compile_mode(names, device):
         for component in components or COMPONENTS:
-            spec = specs.get(component)
+            spec = cards.get(component)
             variant = next(iter(spec.variants))
             args = spec.case(SIZE, variant, dtype, device, seed).args
             shapes = {k: list(v.shape) for k, v in args.items() if isinstance(v, torch.Tensor)}
@@ -265,7 +260,7 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
                 if on_step:
                     on_step(f"{component} · {name}")
                 if name == EAGER:
-                    impl = eager_impl(component, device, dtype)
+                    impl = cards.get(component).eager(device, dtype)
                     row = measure_row(component, EAGER, impl, args, device, seed, min_time_s)
                     row["library"] = impl.name
                 else:
@@ -288,7 +283,7 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
                 graph_rows.append(row | {"variant": variant, "size": SIZE, "shapes": shapes})
     _compare_with_eager(rows)
     _compare_graphs(graph_rows, rows)
-    return {"kind": "overhead", "environment": _environment(device),
+    return {"kind": "overhead", "environment": report_environment(device),
             "settings": {"device": str(device), "dtype": str(dtype).replace("torch.", ""),
                          "size": SIZE, "levels": names, "min_time_s": min_time_s, "seed": seed,
                          "goal_extra_us": GOAL_EXTRA_US, "graph_levels": graphed},
@@ -340,7 +335,7 @@ def goals(rows: list[dict], device) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
-# The command line (wired into `levels bench` by equivalence/cli.py)
+# The command line (wired into `levels bench` by equivalence/commands/bench/__init__.py)
 # ---------------------------------------------------------------------------------------
 
 def add_overhead_arguments(parser) -> None:
@@ -441,27 +436,23 @@ def _graph_note(r: dict) -> str:
 
 def run_overhead(args, console) -> int:
     """`levels bench --overhead`: 0 when it ran, 1 when a level raised, 3 when nothing ran."""
-    from .bench.suite import _write, output_path
-    from .cli import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, _device, _library_output_to,
-                      _log_note, _progress, _split)
-
     if getattr(args, "suite", None):
         raise ValueError("argument '--overhead': --suite and --overhead are two different runs; "
                          "pass one of them")
-    device = _device(args.device)
-    comps = _split(args.component, COMPONENTS, "component") or list(COMPONENTS)
-    names = [levels.resolve(n).name for n in (_split(getattr(args, "level", None)) or [])] or None
+    device = resolve_device(args.device)
+    comps = split_list(args.component, COMPONENTS, "component") or list(COMPONENTS)
+    names = [levels.resolve(n).name for n in (split_list(getattr(args, "level", None)) or [])] or None
     json_path = output_path(args.out, device, "overhead")
     log_path = json_path.with_suffix(".log")
     chosen = names or levels.LEVEL_NAMES
     steps = len(comps) * (1 + len(chosen) + sum(n in chosen for n in GRAPH_LEVELS))
-    with _library_output_to(log_path, console) as quiet:
-        with _progress(quiet, steps) as progress:
-            task = progress.add_task("overhead", total=steps)
+    with library_output_to(log_path, console) as quiet:
+        with progress(quiet, steps) as bar:
+            task = bar.add_task("overhead", total=steps)
             started = [0]
 
             def on_step(text):  # called as each step starts: the previous one is done
-                progress.update(task, description=text, completed=started[0])
+                bar.update(task, description=text, completed=started[0])
                 started[0] += 1
             report = measure(comps, names, device, on_step=on_step)
         report["command"] = " ".join(["levels bench --overhead --device", device]
@@ -470,13 +461,13 @@ def run_overhead(args, console) -> int:
                                         else []))
         measured = any(r["status"] == "ok" for r in report["rows"])
         if measured:
-            _write(report, json_path)
+            write_report(report, json_path)
     if not measured:
         console.print(f"levels bench --overhead: nothing could be timed here, so nothing was "
-                      f"written; {_log_note(log_path)}", markup=False, highlight=False)
+                      f"written; {log_note(log_path)}", markup=False, highlight=False)
         return EXIT_NOTHING_RAN
     print_report(report, console)
-    console.print(f"wrote {json_path}; {_log_note(log_path)}", markup=False, highlight=False)
+    console.print(f"wrote {json_path}; {log_note(log_path)}", markup=False, highlight=False)
     return EXIT_FAILED if any(r["status"] == "error" for r in report["rows"]
                               + report["graph_rows"]) else EXIT_OK
 

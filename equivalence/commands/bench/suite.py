@@ -9,7 +9,7 @@ process:
              `levels.status(level, device, component)` is None, else recorded as skipped
              with that reason (never replaced by something else)
   libraries  the best call PyTorch offers for the component, the baseline a user would
-             otherwise run:
+             otherwise run (its card's `libraries`):
                attention   F.scaled_dot_product_attention with each fused backend pinned
                            (FLASH, EFFICIENT, CUDNN): each is timed where it runs, the
                            fastest is the baseline
@@ -24,8 +24,9 @@ Each side is timed as every bench figure is (equivalence/timing.py): its first c
 own (for a level: JIT, autotuning, build at this new shape; with whether it found a warm
 on-disk cache, as `levels profile` says it), then warm-up, then CUDA events around each
 call with the L2 cache flushed, median and p20/p80. The ratio is best library median /
-level median: above 1 the level is faster. Rates come from the spec's FLOPs and minimum
-bytes (TFLOP/s; TB/s for layer_norm, which moves bytes rather than computing).
+level median: above 1 the level is faster. Rates come from the card's FLOPs and minimum
+bytes (TFLOP/s; TB/s where the card's RATE says so: layer_norm moves bytes rather than
+computing).
 
 That is end-to-end time: at a small shape, a call whose Python enqueues its kernels more
 slowly than the GPU runs them is timed at the CPU's pace, which is what a user of the
@@ -40,10 +41,10 @@ count. Both are within their dtype's bound of the exact result if both are right
 must agree within the sum of the two bounds; a level that does not is marked `wrong`,
 left out of every mean, and fails the run (exit 1).
 
-The goals (issue 12), per level, over the suite's ratios: the geometric mean per component
->= 1.0 for attention, layer_norm, lstm and conv_bn eval, >= 0.9 for the mlp, and no shape
-of those below 0.7 (conv_bn train is reported, without a goal: the issue sets conv_bn's
-on eval).
+The goals, per level, over the suite's ratios (each card's SUITE_GOAL): the geometric mean
+per component >= 1.0 for attention, layer_norm, lstm and conv_bn eval, >= 0.9 for the mlp,
+and no shape of those below 0.7 (conv_bn train is reported, without a goal: its card sets
+conv_bn's on eval).
 
 On a CPU there is nothing to measure that the goals speak of, so `--device cpu` is a smoke
 run: the tiny twins of every shape, Levels 1 and 2 (and 3 with `--level compile`, minutes:
@@ -62,28 +63,22 @@ rest.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import re
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from rich.markup import escape
 
 import levels
-from levels.contract import COMPONENTS
 
-from .. import environment, shapes, specs
-from ..check import flatten
-from ..timing import time_fn
-from ..tolerances import tolerance
+from ... import cards, shapes
+from ...calls import Impl, level_impl, own_args, upstream
+from ...settings import RECORDED as RECORDED_REPORTS, CompileMode, compile_mode as level3_mode
+from ...timing import time_fn
+from ...tolerances import tolerance
+from .reports import report_environment, write_report
 
 SUITE = "models"
 GPU_LEVELS = ("triton", "cuda")
@@ -94,11 +89,20 @@ GPU_LEVELS = ("triton", "cuda")
 CPU_LEVELS = ("native", "torchscript")
 CPU_DTYPE = "float32"  # what CPU users run, and what `levels compare` uses on a CPU
 
-# Goals (issue 12): geometric mean of the ratios per group, and the floor under every shape
-# of a group that has a goal.
-GOALS = {"attention": 1.0, "layer_norm": 1.0, "mlp": 0.9, "lstm": 1.0, "conv_bn eval": 1.0}
+# The goals: the geometric mean of a group's ratios (each card's SUITE_GOAL), and the floor
+# under every shape of a group that has a goal.
 FLOOR = 0.7
-NO_GOAL = {"conv_bn train": "reported without a goal: issue 12 sets conv_bn's goal on eval"}
+
+
+def goals() -> dict[str, float]:
+    """{group: goal} of every card that sets one: 'attention', ..., 'conv_bn eval'."""
+    found = {}
+    for component in cards.names():
+        card = cards.get(component)
+        for variant in card.variants:
+            if card.goal(variant) is not None:
+                found[card.goal_group(variant)] = card.goal(variant)
+    return found
 
 # Steady-state timing per side: the first call and WARMUP calls untimed, then batches of 10
 # until MIN_TIME_S has passed, between 10 and MAX_RUNS calls. Medians settle within a few
@@ -107,124 +111,21 @@ MIN_TIME_S = {"cuda": 0.1, "cpu": 0.02}
 WARMUP = 2
 MAX_RUNS = 100
 
-RECORDED = Path(__file__).resolve().parents[2] / "reports" / "h100-suite-models.json"
+RECORDED = RECORDED_REPORTS / "h100-suite-models.json"
 
 
 # ---------------------------------------------------------------------------------------
 # What is timed: a level, or a library call, prepared on its own copy of the arguments
 # ---------------------------------------------------------------------------------------
 
-@dataclass
-class Impl:
-    """One side of a comparison. `prepare(args)` gets this side's own copy of the arguments
-    (differentiable ones requiring grad in a training pass) and returns (call, inputs):
-    `call()` runs it and returns its outputs as a flat list, `inputs` are the tensors the
-    backward differentiates. `context` is entered around all of its calls (SDPA's backend
-    pin: entered once, so its few microseconds of Python are not timed)."""
-    name: str
-    kind: str  # "level" or "library"
-    prepare: Callable[[dict], tuple[Callable[[], list], list]]
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    tf32: bool = False  # whether its fp32 math runs in TF32 (its agreement bound)
-
-
-def _differentiable(component: str, args: dict) -> list:
-    return [args[n] for n in specs.get(component).differentiable
-            if isinstance(args.get(n), torch.Tensor)]
-
-
-def level_impl(name: str, component: str, device, dtype) -> Impl:
-    module = levels.get(name)
-    fn = getattr(module, component)
-
-    def prepare(args):
-        return (lambda: flatten(fn(**args))), _differentiable(component, args)
-
-    return Impl(name, "level", prepare, tf32=bool(module.uses_tf32(component, device, dtype)))
-
-
-def _sdpa(backend):
-    from torch.nn.attention import sdpa_kernel
-
-    def prepare(args):
-        q, k, v = args["q"], args["k"], args["v"]
-
-        def call():
-            return [F.scaled_dot_product_attention(q, k, v, is_causal=args["causal"],
-                                                   scale=args["scale"])]
-        return call, [q, k, v]
-
-    label = f"SDPA {backend.name}" if backend is not None else "SDPA (PyTorch's choice)"
-    context = (lambda: sdpa_kernel(backend)) if backend is not None else contextlib.nullcontext
-    return Impl(label, "library", prepare, context)
-
-
-def _layer_norm(args):
-    x, w, b, eps = args["x"], args["weight"], args["bias"], args["eps"]
-    return (lambda: [F.layer_norm(x, (x.shape[-1],), w, b, eps)]), [x, w, b]
-
-
-def _mlp(args):
-    x, w1, b1, w2, b2 = (args[n] for n in ("x", "w1", "b1", "w2", "b2"))
-    return (lambda: [F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)]), [x, w1, b1, w2, b2]
-
-
-def _lstm(args):
-    x, h0, c0 = args["x"], args["h0"], args["c0"]
-    m = torch.nn.LSTM(x.shape[-1], args["w_hh"].shape[1], batch_first=True, device=x.device,
-                      dtype=x.dtype)
-    with torch.no_grad():
-        for ours, theirs in (("w_ih", "weight_ih_l0"), ("w_hh", "weight_hh_l0"),
-                             ("b_ih", "bias_ih_l0"), ("b_hh", "bias_hh_l0")):
-            getattr(m, theirs).copy_(args[ours])
-    m.flatten_parameters()  # one contiguous weight buffer, as cuDNN wants it
-    inputs = [t for t in (x, h0, c0) if t.requires_grad] + list(m.parameters())
-    return (lambda: flatten(m(x, (h0, c0)))), inputs
-
-
-def _conv_bn(args):
-    x, w, b = args["x"], args["conv_weight"], args["conv_bias"]
-
-    def call():
-        y = F.conv2d(x, w, b, stride=args["stride"], padding=args["padding"])
-        return [F.batch_norm(y, args["running_mean"], args["running_var"], args["bn_weight"],
-                             args["bn_bias"], training=args["training"], momentum=args["momentum"],
-                             eps=args["eps"])]
-    return call, _differentiable("conv_bn", args)
-
-
 def library_impls(component: str, device, dtype) -> list[Impl]:
-    """The library calls a level is measured against (see the module doc)."""
-    device = torch.device(device)
-    # cuDNN's convolutions and RNNs run fp32 in TF32 unless told not to (the default);
-    # cuBLAS GEMMs only if torch.backends.cuda.matmul.allow_tf32 says so
-    cudnn_tf32 = device.type == "cuda" and torch.backends.cudnn.allow_tf32
-    if component == "attention":
-        from torch.nn.attention import SDPBackend
-        return [_sdpa(b) for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                   SDPBackend.CUDNN_ATTENTION)]
-    if component == "layer_norm":
-        return [Impl("F.layer_norm", "library", _layer_norm)]
-    if component == "mlp":
-        return [Impl("F.linear+gelu (cuBLAS)" if device.type == "cuda" else "F.linear+gelu",
-                     "library", _mlp,
-                     tf32=device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)]
-    if component == "lstm":
-        return [Impl("nn.LSTM (cuDNN)" if device.type == "cuda" else "nn.LSTM", "library", _lstm,
-                     tf32=cudnn_tf32)]
-    if component == "conv_bn":
-        return [Impl("F.conv2d+batch_norm (cuDNN)" if device.type == "cuda"
-                     else "F.conv2d+batch_norm", "library", _conv_bn, tf32=cudnn_tf32)]
-    raise ValueError(f"argument 'component' must be one of {', '.join(COMPONENTS)}; "
-                     f"got {component!r}")
+    """The library calls a level is measured against: the card's (see the module doc)."""
+    return cards.get(component).libraries(device, dtype)
 
 
 def eager_impl(component: str, device, dtype) -> Impl:
-    """The library call a user writes without thinking about backends: for attention SDPA
-    left to choose its own kernel, for the others the one library call above."""
-    if component == "attention":
-        return _sdpa(None)
-    return library_impls(component, device, dtype)[0]
+    """The library call a user writes without thinking about backends (the card's eager)."""
+    return cards.get(component).eager(device, dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -272,25 +173,12 @@ class Side:
         return {k: v for k, v in self.__dict__.items() if k != "outputs"}
 
 
-def _own_args(args: dict, component: str, training: bool) -> dict:
-    """A side's own copy: running statistics it may update, leaves with their own grads."""
-    wants = set(specs.get(component).differentiable) if training else set()
-    return {k: (v.detach().clone().requires_grad_(k in wants) if isinstance(v, torch.Tensor) else v)
-            for k, v in args.items()}
-
-
-def _upstream(outs: list, seed: int) -> list:
-    """The same upstream gradients for every side: drawn on the CPU from one seed."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
-
-
 def _time_side(impl: Impl, args: dict, component: str, pass_: str, device: torch.device,
                seed: int, keep_outputs: bool) -> Side:
-    from ..profile import _timed_first_call
+    from ...profile import _timed_first_call
 
     side = Side(impl.name, impl.kind, "ok")
-    own = _own_args(args, component, pass_ == shapes.FWD_BWD)
+    own = own_args(args, component, pass_ == shapes.FWD_BWD)
     caught = []
     try:
         with impl.context():
@@ -311,7 +199,7 @@ def _time_side(impl: Impl, args: dict, component: str, pass_: str, device: torch
                     def run():
                         outs = call()
                         if not grads:
-                            grads.extend(_upstream(outs, seed))
+                            grads.extend(upstream(outs, seed))
                         torch.autograd.grad(outs, inputs, grads)
                         return outs
                 kept = []
@@ -375,8 +263,9 @@ def direction_label(shape: shapes.Shape, variant: str, pass_: str) -> str:
 
 
 def group_of(component: str, variant: str) -> str:
-    """What a goal is set on: the component, and for conv_bn its mode."""
-    return f"conv_bn {variant}" if component == "conv_bn" else component
+    """What a goal is set on: the component, or with a variant where its card sets goals per
+    variant ('conv_bn eval')."""
+    return cards.get(component).goal_group(variant)
 
 
 def measure_shape(shape: shapes.Shape, level_names, device, *, tiny: bool, dtype=None,
@@ -384,11 +273,11 @@ def measure_shape(shape: shapes.Shape, level_names, device, *, tiny: bool, dtype
     """Every direction of one shape: a list of entries (see `run`)."""
     device = torch.device(device)
     dtype = getattr(torch, dtype or shape.dtype)
-    spec = specs.get(shape.component)
+    card = cards.get(shape.component)
     entries = []
     for variant, pass_ in shape.directions:
         args = shapes.make_args(shape, variant, dtype, device, seed, tiny=tiny)
-        fl, by = spec.flops(args), spec.min_bytes(args)
+        fl, by = card.flops(args), card.min_bytes(args)
         work = fl["fwd"] + (fl["bwd"] if pass_ == shapes.FWD_BWD else 0)
         traffic = by["fwd"] + (by["bwd"] if pass_ == shapes.FWD_BWD else 0)
         label = direction_label(shape, variant, pass_)
@@ -490,7 +379,8 @@ def summarize(entries: list[dict], level_names) -> list[dict]:
             # skipped here, or timed with no library to compare against
             untimed = [(e, s) for e, s in sides if s["status"] == "skip" or
                        (s["status"] == "ok" and s["ratio"] is None)]
-            goal = GOALS.get(group)
+            card = cards.get(mine[0]["component"])
+            goal = card.goal(mine[0]["variant"])
             row = {"level": level, "group": group, "entries": len(mine), "timed": len(timed),
                    "failed": [f"{e['shape']} {e['direction']}: {s['status']}" for e, s in failed],
                    "untimed": [f"{e['shape']} {e['direction']}: {s['reason'] or 'no library baseline ran'}"
@@ -511,7 +401,7 @@ def summarize(entries: list[dict], level_names) -> list[dict]:
                 row["below_floor"] = [f"{e['shape']} {e['direction']} {s['ratio']:.2f}×"
                                       for e, s in timed if s["ratio"] < FLOOR]
             if goal is None:
-                row["status"], row["note"] = "no goal", NO_GOAL.get(group, "")
+                row["status"], row["note"] = "no goal", card.no_goal(mine[0]["variant"])
             elif not timed and not failed:
                 row["status"] = "not evaluated"
                 row["note"] = untimed[0][1]["reason"] if untimed else ""
@@ -529,71 +419,10 @@ def summarize(entries: list[dict], level_names) -> list[dict]:
 # The run
 # ---------------------------------------------------------------------------------------
 
-def gpu_slug(name: str) -> str:
-    """A GPU's marketing name as a file-name prefix: 'NVIDIA H100 80GB HBM3' -> 'h100',
-    'NVIDIA GeForce RTX 4090' -> 'rtx-4090': the words up to the first with a digit (the
-    model, not the memory size)."""
-    words = [w for w in re.split(r"[\s_\-]+", name.lower())
-             if w and w not in ("nvidia", "geforce", "tesla")]
-    kept = []
-    for w in words:
-        kept.append(re.sub(r"[^a-z0-9.]", "", w))
-        if any(ch.isdigit() for ch in w):
-            break
-    return "-".join(k for k in kept if k) or "gpu"
-
-
-def device_slug(device) -> str:
-    """'h100', 'rtx-4090', ... for a GPU; 'cpu' for the CPU."""
-    device = torch.device(device)
-    return gpu_slug(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu"
-
-
-def output_path(out, device, what: str) -> Path:
-    """--out as given: a .json file, or a directory. Default: reports/<gpu>-<what>.json on a
-    GPU (the recorded results live there), levels-reports/cpu-<what>.json on a CPU (a smoke
-    run is nothing to commit next to them)."""
-    name = f"{device_slug(device)}-{what}.json"
-    if out is None:
-        return Path("reports" if torch.device(device).type == "cuda" else "levels-reports") / name
-    out = Path(out)
-    return out if out.suffix == ".json" else out / name
-
-
-def _write(report: dict, path: Path) -> None:
-    # written whole and renamed: a run cut short leaves the last complete file, never half
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_finite(report), indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
-def _finite(value):
-    """The report with every inf/NaN float as a string ("inf"): JSON has no such numbers
-    (Python would write a bare Infinity, which other readers reject)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def compile_mode(level_names, device):
     """Level 3, where it is timed, in `levels compare`'s mode (a newcomer's default rather
     than minutes of max-autotune at every shape); `.mode` is None when it is not timed."""
-    from .. import compare
-
-    wanted = compare.resolve_compile_mode(None) if "compile" in level_names else None
-    return compare.CompileMode(wanted, device)
-
-
-def _environment(device) -> dict:
-    env = environment.describe(device)
-    if torch.device(device).type == "cuda":
-        env["cudnn"] = torch.backends.cudnn.version()
-    return env
+    return CompileMode(level3_mode(None, device) if "compile" in level_names else None, device)
 
 
 def run(device, level_names=None, components=None, patterns=None, *, tiny: bool | None = None,
@@ -611,12 +440,12 @@ def run(device, level_names=None, components=None, patterns=None, *, tiny: bool 
                                                      (GPU_LEVELS if on_gpu else CPU_LEVELS))]
     chosen = shapes.shapes(components, patterns)
     report = {
-        "suite": SUITE, "command": command, "environment": _environment(device),
+        "suite": SUITE, "command": command, "environment": report_environment(device),
         "settings": {"device": str(device), "levels": level_names, "tiny_twins": tiny,
                      "dtype": ("per shape: bfloat16 unless the shape says otherwise" if on_gpu
                                else CPU_DTYPE),
                      "min_time_s": MIN_TIME_S[device.type], "warmup": WARMUP,
-                     "max_runs": MAX_RUNS, "seed": seed, "goals": GOALS, "floor": FLOOR},
+                     "max_runs": MAX_RUNS, "seed": seed, "goals": goals(), "floor": FLOOR},
         "smoke": not on_gpu,
         "note": ("" if on_gpu else
                  "CPU smoke run: the tiny twins of the suite's shapes, in float32, against the "
@@ -646,15 +475,15 @@ def run(device, level_names=None, components=None, patterns=None, *, tiny: bool 
                                                seed=seed, on_side=on_side)
             report["entries"].sort(key=lambda e: order[(e["component"], e["shape"])])  # stable
             report["elapsed_s"] = time.perf_counter() - start
-            if out_path is not None and _measured(report):
-                _write(report, Path(out_path))
+            if out_path is not None and measured(report):
+                write_report(report, Path(out_path))
             if on_shape:
                 on_shape(shape)
     report["summary"] = summarize(report["entries"], level_names)
     report["complete"] = True
     report["elapsed_s"] = time.perf_counter() - start
-    if out_path is not None and _measured(report):
-        _write(report, Path(out_path))
+    if out_path is not None and measured(report):
+        write_report(report, Path(out_path))
     return report
 
 
@@ -680,195 +509,11 @@ def _resumable(earlier: dict, report: dict, chosen) -> set:
     return {key for key, n in counts.items() if wanted.get(key) == n}
 
 
-def _measured(report: dict) -> bool:
+def measured(report: dict) -> bool:
     """Whether anything was timed: a report without a single figure is never written."""
     return any(s["status"] == "ok" for e in report["entries"]
                for s in list(e["libraries"].values()) + list(e["levels"].values()))
 
 
-# ---------------------------------------------------------------------------------------
-# The command line (wired into `levels bench` by equivalence/cli.py)
-# ---------------------------------------------------------------------------------------
-
-def add_suite_arguments(parser) -> None:
-    """`levels bench --suite models [--level L] [--shapes PATTERNS]`; --component, --device
-    and --out are bench's own."""
-    parser.add_argument("--suite", choices=(SUITE,),
-                        help="time the levels at the shapes of named real models "
-                             "(equivalence/shapes.py) against the best library call per shape "
-                             "(SDPA backends, cuBLAS, cuDNN): ratios, goals, JSON and a plot. "
-                             "--out: a .json path or a directory (default "
-                             "reports/<gpu>-suite-models.json; on a CPU "
-                             "levels-reports/cpu-suite-models.json). On a CPU: a smoke run of the "
-                             "tiny twins at Levels 1-2 (--level to choose)")
-    parser.add_argument("--level", help="with --suite or --overhead: comma-separated levels "
-                                        "(default with --suite: triton,cuda on a GPU, "
-                                        "native,torchscript on a CPU: compile recompiles at "
-                                        "every shape, minutes there)")
-    parser.add_argument("--shapes", help="with --suite: comma-separated shape names or patterns "
-                                         "(gpt2-*, mlp/llama2-*; default: all)")
-    parser.add_argument("--resume", action="store_true",
-                        help="with --suite: keep the shapes the report at --out already has (a "
-                             "run cut short: the JSON is written after every shape) and time "
-                             "only the others")
-
-
-def _fmt_ms(side: dict) -> str:
-    """'0.412 ms' over its p20–p80, or what happened instead."""
-    status = side["status"]
-    if status != "ok":
-        label = {"skip": "[yellow]skip[/]", "error": "[red]error[/]",
-                 "wrong": "[bold red]WRONG[/]"}[status]
-        return f"{label}\n{escape(side['reason'].splitlines()[0][:24]) if side['reason'] else ''}"
-    return f"{side['median_ms']:.3g} ms\n{side['p20_ms']:.2g}–{side['p80_ms']:.2g}"
-
-
-def _fmt_ratio(side: dict) -> str:
-    r = side.get("ratio")
-    if r is None:
-        return "—"
-    style = "green" if r >= 1.0 else ("red" if r < FLOOR else "yellow")
-    k = side.get("kernel_ratio")
-    return f"[{style}]{r:.2f}×[/]" + (f"\nk {k:.2f}×" if k else "")
-
-
-def _fmt_first(side: dict) -> str:
-    ms = side.get("first_call_ms")
-    if ms is None:
-        return "—"
-    cache = f"\n{side['first_call_cache']} cache" if side.get("first_call_cache") else ""
-    return (f"{ms / 1e3:.3g} s" if ms >= 1000 else f"{ms:.3g} ms") + cache
-
-
-def _rate(entry: dict, side: dict) -> str:
-    if side.get("status") != "ok":
-        return "—"
-    if entry["component"] == "layer_norm":
-        return f"{side['tbps']:.3g} TB/s"
-    return f"{side['tflops']:.3g} TFLOP/s"
-
-
-def _listed(items: list, most: int = 3) -> str:
-    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
-
-
-def print_report(report: dict, console) -> None:
-    from rich.table import Table
-
-    env, names = report["environment"], report["settings"]["levels"]
-    where = env.get("gpu") or f"CPU ({env.get('cpu_threads')} threads)"
-    table = Table(title=f"levels bench --suite models — {where}, "
-                        f"{'tiny twins' if report['settings']['tiny_twins'] else 'full shapes'}; "
-                        f"ratio = best library time / level time (> 1×: the level is faster); "
-                        f"k: the same by kernel time (GPU), without the host's time per call")
-    table.add_column("shape", no_wrap=True)
-    table.add_column("pass", no_wrap=True)
-    table.add_column("best library", no_wrap=True)
-    for n in names:
-        table.add_column(f"{n}\nms, p20–p80", no_wrap=True)
-        table.add_column("ratio", no_wrap=True, justify="right")
-        table.add_column("first\ncall", no_wrap=True)
-    table.add_column("fastest level", no_wrap=True)
-    last = None
-    for e in report["entries"]:
-        if last is not None and e["component"] != last:
-            table.add_section()
-        last = e["component"]
-        lib = e["libraries"].get(e["best_library"]) if e["best_library"] else None
-        lib_text = (f"{escape(e['best_library'])}\n{lib['median_ms']:.3g} ms, "
-                    f"{lib['p20_ms']:.2g}–{lib['p80_ms']:.2g}" if lib else "[red]none ran[/]")
-        cells = []
-        for n in names:
-            cells += [_fmt_ms(e["levels"][n]), _fmt_ratio(e["levels"][n]), _fmt_first(e["levels"][n])]
-        ok = [e["levels"][n] for n in names if e["levels"][n]["status"] == "ok"]
-        fastest = min(ok, key=lambda s: s["median_ms"], default=None)
-        table.add_row(f"{e['component']} · {e['shape']}\n{e['description']}", e["direction"],
-                      lib_text, *cells,
-                      f"{fastest['name']}\n{_rate(e, fastest)}" if fastest else "—")
-    console.print(table)
-    goals = Table(title="goals (issue 12): per component, geomean of the ratios "
-                        f">= goal and no shape below {FLOOR}×"
-                        + (" — CPU smoke run: not what the goals are about" if report["smoke"] else ""))
-    for col in ("level", "group", "timed", "geomean", "min (at)", "kernel\ngeomean", "goal",
-                "status", "why"):
-        goals.add_column(col, no_wrap=col != "why", min_width=30 if col == "why" else None)
-    style = {"met": "green", "missed": "bold red", "incomplete": "yellow", "not evaluated": "yellow",
-             "no goal": "dim"}
-    for r in report["summary"]:
-        why = "; ".join(filter(None, [
-            f"{len(r['below_floor'])} below {FLOOR}× ({_listed(r['below_floor'])})"
-            if r["below_floor"] else "",
-            f"failed: {_listed(r['failed'])}" if r["failed"] else "",
-            f"not timed: {_listed(r['untimed'], 2)}" if r["untimed"] else "", r["note"]]))
-        goals.add_row(r["level"], r["group"], f"{r['timed']}/{r['entries']}",
-                      f"{r['geomean']:.2f}×" if r["geomean"] else "—",
-                      f"{r['min']:.2f}× ({r['min_at']})" if r["min"] is not None else "—",
-                      f"{r['kernel_geomean']:.2f}×" if r.get("kernel_geomean") else "—",
-                      f"≥ {r['goal']}×" if r["goal"] else "—",
-                      f"[{style[r['status']]}]{r['status']}[/]", escape(why))
-    console.print(goals)
-
-
-def run_suite(args, console) -> int:
-    """`levels bench --suite models`: exit 0 when it ran (goals are data: see the table),
-    1 when a level raised or was wrong at a shape, 3 when nothing could be timed."""
-    from .. import plots
-    from ..cli import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, _device, _library_output_to,
-                       _log_note, _progress, _split)
-
-    if getattr(args, "overhead", False):
-        raise ValueError("argument '--suite': --suite and --overhead are two different runs; "
-                         "pass one of them")
-    device = _device(args.device)
-    comps = _split(args.component, COMPONENTS, "component")
-    names = [levels.resolve(n).name for n in (_split(args.level) or [])] or None
-    patterns = _split(getattr(args, "shapes", None))
-    chosen = shapes.shapes(comps, patterns)  # a bad pattern is a usage error before any work
-    on_gpu = device.startswith("cuda")
-    json_path = output_path(args.out, device, f"suite-{SUITE}")
-    log_path = json_path.with_suffix(".log")
-    earlier = None
-    if getattr(args, "resume", False):
-        if not json_path.exists():
-            raise ValueError(f"argument '--resume': there is no report to resume at {json_path}")
-        earlier = json.loads(json_path.read_text())
-    command = " ".join(["levels bench --suite", SUITE, "--device", device]
-                       + (["--component", args.component] if args.component else [])
-                       + (["--level", args.level] if args.level else [])
-                       + (["--shapes", args.shapes] if getattr(args, "shapes", None) else [])
-                       + (["--out", str(args.out)] if args.out is not None else [])
-                       + (["--resume"] if getattr(args, "resume", False) else []))
-    if not on_gpu:
-        recorded = (f"the recorded H100 run is {RECORDED}" if RECORDED.exists()
-                    else "no H100 run is recorded in reports/ yet")
-        console.print(f"levels bench --suite models on a CPU: a smoke run (the tiny twin of each "
-                      f"shape, float32, {', '.join(names or CPU_LEVELS)} against the same library "
-                      f"calls on this CPU; Level 3 only with --level compile: it compiles at every "
-                      f"shape, minutes on a CPU). The "
-                      f"suite's goals are GPU figures: the real suite needs a CUDA GPU "
-                      f"(`levels bench --suite models --device cuda`); {recorded}.",
-                      markup=False, highlight=False)
-    with _library_output_to(log_path, console) as quiet:
-        with _progress(quiet, len(chosen)) as progress:
-            task = progress.add_task("suite", total=len(chosen))
-            report = run(device, names, comps, patterns, out_path=json_path, command=command,
-                         on_side=lambda text: progress.update(task, description=text[:60]),
-                         on_shape=lambda shape: progress.advance(task), resume=earlier)
-        png = plots.suite_figure(report, json_path.with_suffix(".png")) if _measured(report) \
-            else None
-    if png is None:
-        console.print("levels bench --suite models: nothing could be timed here, so nothing was "
-                      f"written; {_log_note(log_path)}", markup=False, highlight=False)
-        return EXIT_NOTHING_RAN
-    print_report(report, console)
-    console.print(f"wrote {json_path} and {png}; {_log_note(log_path)}", markup=False,
-                  highlight=False)
-    bad = any(s["status"] in ("error", "wrong") for e in report["entries"]
-              for s in e["levels"].values())
-    return EXIT_FAILED if bad else EXIT_OK
-
-
-__all__ = ["CPU_LEVELS", "FLOOR", "GOALS", "GPU_LEVELS", "Impl", "Side", "add_suite_arguments",
-           "compile_mode", "device_slug", "eager_impl", "geomean", "gpu_slug", "level_impl",
-           "library_impls", "measure_shape", "output_path", "print_report", "run", "run_suite",
-           "summarize"]
+__all__ = ["CPU_LEVELS", "FLOOR", "GPU_LEVELS", "Side", "compile_mode", "eager_impl", "geomean",
+           "goals", "group_of", "library_impls", "measure_shape", "measured", "run", "summarize"]
