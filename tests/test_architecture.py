@@ -195,6 +195,18 @@ def test_importing_levels_imports_no_harness():
     assert out == "[]"
 
 
+def test_auto_finds_the_harness_chooser_without_levels_importing_it():
+    """levels.auto gets its decision function from the harness's entry point (pyproject.toml),
+    so a process that never imported the harness still chooses with it."""
+    import subprocess
+
+    code = ("import levels.auto as auto; chooser = auto._choose(); "
+            "print(chooser.__module__, chooser.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "equivalence.select decide_for_call"
+
+
 if __name__ == "__main__":
     known = modules()
     graph = imports(known)
