@@ -1,4 +1,4 @@
-"""The layouts issue on the GPU, in one call: every level that is quick to check (1, 2, 4)
+"""Both layouts on the GPU, in one call: every level that is quick to check (1, 2, 4)
 in both layouts (contiguous and strided) at fp32/fp16/bf16, the widest layer_norm row
 (MAX_WIDTH: registers and spills, measured), and the GPU-marked tests of Level 4 and of
 the layouts.

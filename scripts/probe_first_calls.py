@@ -1,4 +1,4 @@
-"""The first call at a new shape, with and without compiling ahead (issue 12's first-call goal).
+"""The first call at a new shape, with and without compiling ahead (the first-call goal).
 
     PYTHONPATH=. python3 scripts/probe_first_calls.py [--out reports/h100-first-calls.json]
 

@@ -1,4 +1,4 @@
-"""Where Level 4's host microseconds go, piece by piece (GPU only; issue 12).
+"""Where Level 4's host microseconds go, piece by piece (GPU only).
 
     PYTHONPATH=. python3 scripts/probe_host.py                # JSON to $OUT/probe_host.json
     PYTHONPATH=. python3 scripts/probe_host.py reports/h100-host-probe.json   # the record

@@ -8,7 +8,7 @@ docs/bad-inputs.md, generated from what the levels really do so that it cannot d
                                                             on a GPU: what each level does there,
                                                             for the table's GPU section
 
-What a level must do with a bad input (issue #15): refuse it with a ValueError or TypeError
+What a level must do with a bad input: refuse it with a ValueError or TypeError
 that names the component and the argument, says what was expected and what was given, and
 does so before any kernel runs; or, where torch itself computes through (NaN, Inf, float64,
 some inputs without requires_grad, q is k), compute what the float64 reference computes:

@@ -120,7 +120,7 @@ def test_notebook_display_is_the_text():
 
 
 # ---------------------------------------------------------------------------------------
-# Level 4: "Where the microseconds go" (host time of one small call; issue 12)
+# Level 4: "Where the microseconds go" (host time of one small call)
 # ---------------------------------------------------------------------------------------
 
 HOST = "Where the microseconds go"

@@ -79,7 +79,7 @@ def test_break_even_calls():
 
 
 def test_break_even_never_for_a_slower_level_with_a_cheap_first_call():
-    # issue 13: torchscript's first call (65 ms) was under native's steady time (85 ms), but
+    # measured once: torchscript's first call (65 ms) was under native's steady time (85 ms), but
     # its steady state is slower (105 ms): it was reported as paying off after 1 call
     assert break_even_calls(_p(65.4, 105.0), _p(98.9, 85.2)) == NEVER
     assert break_even_calls(_p(0.5, 1.0), _p(1.0, 1.0)) == NEVER  # as fast is not faster

@@ -1,4 +1,4 @@
-"""Where a small Level 4 call's microseconds go, piece by piece (issue 12).
+"""Where a small Level 4 call's microseconds go, piece by piece.
 
     from equivalence.commands.host_probe import host_breakdown, recorded_breakdown
     host_breakdown("layer_norm")        # measured now: needs a CUDA GPU

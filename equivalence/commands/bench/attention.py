@@ -5,7 +5,7 @@ Timed in the same process, bf16, B=4, H=16, N=4096, D=128, causal and not:
            backend (stretch goal >= 0.8x); FLOPs 4*B*H*N^2*D, half of that when causal
   backward vs SDPA FLASH backward (goal >= 0.9x); FLOPs 2.5x the forward's
 
-Level 5 (CUDA C++, issue 11): every version of cuda_kernels/attention.cu, same shape and
+Level 5 (CUDA C++): every version of cuda_kernels/attention.cu, same shape and
 dtype, forward, backward alone and forward+backward, each against SDPA's FLASH backend
 timed in this run (cuDNN's ratio in `extra` where that backend runs). Goals for the best
 version (the fastest one measured in this run at the bench shape, for each of forward and

@@ -1,6 +1,6 @@
 """conv_bn speed goals, eval, bf16 channels_last, N=32, 128 -> 256 channels, 64x64, 3x3 pad 1:
-Triton (BN folded, implicit GEMM) >= 0.75x eager Conv2d + BatchNorm2d (cuDNN) (issue 4);
-Level 5 CUDA, best version >= 0.6x the same baseline (issue 10), every version of
+Triton (BN folded, implicit GEMM) >= 0.75x eager Conv2d + BatchNorm2d (cuDNN);
+Level 5 CUDA, best version >= 0.6x the same baseline, every version of
 cuda_kernels/conv_bn.cu timed side by side in the same run (v1 is skipped where one call
 takes more than a second), plus a ResNet-50 1x1 256 -> 512, 28x28, batch 8 figure.
 Training mode (forward, and forward+backward) is reported without a goal."""
@@ -86,7 +86,7 @@ def run(device) -> list:
 # Level 5 (CUDA): every version of the convolution, against cuDNN timed in the same run.
 # ---------------------------------------------------------------------------------------
 
-CUDA_GOAL = 0.6  # issue 10: eval bf16 at the bench shape, best version vs eager cuDNN conv+BN
+CUDA_GOAL = 0.6  # eval bf16 at the bench shape, best version vs eager cuDNN conv+BN
 SLOW_CALL_S = 1.0  # a version slower than this per call is skipped at that shape (v1)
 
 RESNET50_1X1 = dict(N=8, C_in=256, H=28, W=28, C_out=512, k=1, stride=1, padding=0,

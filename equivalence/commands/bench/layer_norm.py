@@ -1,4 +1,4 @@
-"""layer_norm speed goals (issue 4): Triton forward >= 0.9x copy bandwidth and >= 1.0x
+"""layer_norm speed goals: Triton forward >= 0.9x copy bandwidth and >= 1.0x
 torch.compile, fp32 and bf16 at 16384x4096; backward >= 0.6x copy bandwidth counting the
 bytes it must move (read x and dy, write dx).
 
@@ -7,7 +7,7 @@ no goal — and the backward over (rows per iteration, warps, programs per SM), 
 sweep": what the default tiling leaves on the table. (A first bf16 run "missed" 0.9x
 copy with bimodal timings; it was the CPU's enqueue time, hence PRIME below.)
 
-Level 5 (issue 10): every version of cuda_kernels/layer_norm.cu side by side, level "cuda",
+Level 5: every version of cuda_kernels/layer_norm.cu side by side, level "cuda",
 figures named "vN forward MxN" and "vN backward MxN", each with its TB/s, its ratio to the
 copy bandwidth (the figure's baseline) and, in extra, its ratio to torch.compile timed in
 the same run. Goals on v3 (the default): forward >= 0.9x copy and >= 1.0x torch.compile

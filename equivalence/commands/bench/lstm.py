@@ -13,7 +13,7 @@ recurrence runs its dots as 3xTF32 (triton_kernels/lstm.py FP32_DOT); the same k
 exact fp32 FMA dots ("ieee") is timed as well, a figure without a goal, to show what the
 trick buys.
 
-Level 5 (CUDA C++, issue 11): every version of cuda_kernels/lstm.cu (v1 a step kernel per
+Level 5 (CUDA C++): every version of cuda_kernels/lstm.cu (v1 a step kernel per
 time step, v2 one persistent cooperative launch) at fp32 and bf16, both sizes, forward; and
 forward+backward at 'bench' (against nn.LSTM's forward+backward, same run). Goals at 'bench',
 forward, for the default version (v2): bf16 >= 5x nn.LSTM, fp32 >= 1.0x. The Level 4 figures

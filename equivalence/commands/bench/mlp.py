@@ -1,4 +1,4 @@
-"""mlp speed goal (issue 4): bf16, M=8192, 4096 -> 16384 -> 4096, Triton >= 1.0x eager
+"""mlp speed goal: bf16, M=8192, 4096 -> 16384 -> 4096, Triton >= 1.0x eager
 PyTorch (cuBLAS GEMMs with the bias, GELU as its own kernel). Forward is the goal; forward
 + backward is reported against the same baseline.
 
@@ -6,7 +6,7 @@ The forward is also swept over GEMM tile configs pinned with gemm.CONFIG_OVERRID
 figures named "forward sweep", no goal — so the choice of autotune candidates rests on
 measurements (SPLIT_N=2: the epilogue works on half a tile at a time, fewer registers).
 
-Level 5 (CUDA C++, issue 10): every version of cuda_kernels/gemm.cu side by side, forward
+Level 5 (CUDA C++): every version of cuda_kernels/gemm.cu side by side, forward
 and forward+backward, each against the same eager baseline timed in this run (goal 0.7x
 forward for the best version this GPU has: v5 (wgmma) on an H100, else v4); at the bench shape and at a GPT-2-like M=1000,
 768 -> 3072 -> 768. A version whose single call takes over 1 s at a shape (v1, perhaps v2,

@@ -4,8 +4,8 @@ At a tiny problem (each spec's `tiny` size) a GPU finishes a call's kernels long
 CPU has issued the next call, so the time per call, calls back to back, is the host's work:
 Python, the contract's validation, the dispatcher, autograd, and one launch per kernel. That
 cost does not shrink with the problem, so it is the floor under every time a level reports,
-and at a small shape (a decode step, a batch of one) it is the time. Issue 12 measured a
-4096x1023 layer_norm at ~100 us per call at Level 4 against eager's ~43 us.
+and at a small shape (a decode step, a batch of one) it is the time. Level 4 once spent ~100 us
+per call on a 4096x1023 layer_norm, against eager's ~43 us.
 
 Per component and level, and for the eager library call (the yardstick, a user's default):
 
@@ -18,8 +18,8 @@ Per component and level, and for the eager library call (the yardstick, a user's
                   the same arguments, measured once per component: every level calls it first,
                   so it is part of each level's host time (eager PyTorch checks in C++ instead)
 
-`host - kernel` is the time per call the GPU sits idle waiting for the CPU. The goal
-(issue 12): a Level 4 call costs the host at most eager's + 10 us.
+`host - kernel` is the time per call the GPU sits idle waiting for the CPU. The goal: a
+Level 4 call costs the host at most eager's + 10 us.
 
 Then the same component at Level 1 and Level 4 replayed as a CUDA graph
 (levels.nn.cuda_graph, GPU only), timed the same way: the report's `graph_rows` (the level
@@ -53,7 +53,7 @@ from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, library_output_to
 from .reports import output_path, report_environment, write_report
 from .suite import compile_mode
 
-GOAL_EXTRA_US = 10.0  # issue 12: a Level 4 call's host time <= eager's + 10 us
+GOAL_EXTRA_US = 10.0  # the goal: a Level 4 call's host time <= eager's + 10 us
 GRAPH_LEVELS = ("native", "triton")  # levels also timed replayed as a CUDA graph
 GRAPH_NEEDS_CUDA = "CUDA graphs need a CUDA device"
 GRAPH_SUFFIX = " + CUDA graph"
@@ -316,7 +316,7 @@ def _compare_with_eager(rows: list[dict]) -> None:
 
 
 def goals(rows: list[dict], device) -> list[dict]:
-    """Issue 12: Level 4's host time per call <= eager's + GOAL_EXTRA_US, forward and
+    """The goal: Level 4's host time per call <= eager's + GOAL_EXTRA_US, forward and
     forward+backward, per component. A GPU goal: on a CPU none is evaluated."""
     if torch.device(device).type != "cuda":
         return []
@@ -394,7 +394,7 @@ def print_report(report: dict, console) -> None:
         table.add_row(r["component"], escape(name), *cells, note)
     console.print(table)
     if report["goals"]:
-        g = Table(title=f"goal (issue 12): a Level 4 call costs the host at most eager's + "
+        g = Table(title=f"goal: a Level 4 call costs the host at most eager's + "
                         f"{GOAL_EXTRA_US:g} µs")
         for col in ("component", "pass", "Level 4 - eager µs", "status"):
             g.add_column(col)
