@@ -5,7 +5,7 @@
 1. smoke: the persistent LSTM (grid barrier) in a subprocess with a timeout, so that a
    deadlock cannot eat the whole call; if it fails, the rest runs in step mode.
 2. the harness (equivalence.check) for attention and lstm at fp32/fp16/bf16, tiny+small,
-   while `pytest -m gpu tests/test_triton_part_b.py` runs in parallel (compiles are CPU-bound).
+   while `pytest -m gpu tests/test_triton_attention.py tests/test_triton_lstm.py` runs in parallel (compiles are CPU-bound).
 3. equivalence.commands.bench.goals.run(["attention", "lstm"]): the figures of the speed goals.
 4. --sweep: a few block shapes of the attention kernels and both LSTM recurrence modes.
 Writes $OUT/device-triton-attention-lstm.json (or reports/device-triton-attention-lstm-local.json) and prints a summary last.
@@ -187,7 +187,7 @@ def main() -> int:
     if not args.skip_checks:
         skip = [] if result["smoke_persistent_lstm"]["ok"] else ["-k", "not persistent"]
         py = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-n", "6",
-                               "tests/test_triton_part_b.py", *skip], env=env, stdout=subprocess.PIPE,
+                               "tests/test_triton_attention.py", "tests/test_triton_lstm.py", *skip], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         checks = []
         for comp in ("attention", "lstm"):

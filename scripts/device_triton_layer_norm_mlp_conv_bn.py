@@ -70,7 +70,8 @@ def main() -> int:
 
     if "--skip-tests" not in sys.argv:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                            "tests/test_triton_part_a.py"], capture_output=True, text=True)
+                            "tests/test_triton_layer_norm.py", "tests/test_triton_mlp.py",
+                            "tests/test_triton_conv_bn.py"], capture_output=True, text=True)
         report["gpu_tests"] = {"returncode": p.returncode, "tail": (p.stdout + p.stderr)[-6000:]}
         print(p.stdout[-1500:], flush=True)
         save()
