@@ -105,7 +105,7 @@ def _case(card: cards.Card, size, variant: str, dtype, device, seed: int,
     """The case's random inputs, or the ones in `cache` when everything that decides their
     values matches. `compare` profiles every level of a component at one seed: the same
     numbers, drawn on the CPU and copied over, took 1-2 s per row at the bench size on the
-    H100's host (about 20 s of a cold compare, reports/h100-compare-2026-11-23b.json). The
+    H100's host (about 20 s of a cold compare, reports/h100-compare-checks-in-threads.json). The
     levels never see these tensors: _prepare hands each call its own copies, so reusing
     them cannot leak one level's writes into the next. The cache keeps one case (a
     bench-size case is hundreds of MB), and lives as long as the caller keeps it."""

@@ -62,8 +62,8 @@ def main() -> int:
     parser.add_argument("--levels", default="triton,native,torchscript")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--sizes", default="tiny,small")
-    parser.add_argument("--tests", default="tests/test_triton_layer_norm.py,tests/test_triton_mlp.py,tests/test_triton_conv_bn.py,"
-                                                 "tests/test_triton_attention.py,tests/test_triton_lstm.py")
+    parser.add_argument("--tests", default=",".join(
+        f"tests/test_triton_{c}.py" for c in ("layer_norm", "mlp", "conv_bn", "attention", "lstm")))
     parser.add_argument("--skip-max-width", action="store_true")
     parser.add_argument("--tests-reserve-s", type=float, default=300,
                         help="stop the checks when less than this is left for the tests")
