@@ -23,6 +23,10 @@ What the harness needs (every card defines these):
     GRAPH_INPUTS   the arguments a layer takes per call (its activations); the other tensors
                    are its parameters, or buffers if the call updates them (`levels bench
                    --overhead` captures the component as such a layer in a CUDA graph)
+    libraries(device, dtype) -> [equivalence.calls.Impl]: the library calls a level is timed
+                   against (the suite times each where it runs; the fastest is the baseline;
+                   `levels bench --overhead` the first, or eager(device, dtype) if the card
+                   has one: the call a user writes without thinking of backends)
 
 What the harness may use (defaults in brackets):
 
@@ -38,10 +42,8 @@ What the harness may use (defaults in brackets):
     SUITE_GOAL     the suite's goal on the geometric mean of a level's ratios to the best
                    library call: a number, or {variant: number or None} to set it per
                    variant, with NO_GOAL {variant: why not} [None]
-    libraries(device, dtype) -> [equivalence.calls.Impl]: the library calls the suite times
-                   a level against (each where it runs; the fastest is the baseline), and
-                   eager(device, dtype): the one a user writes without thinking of backends
-                   (`levels bench --overhead`'s yardstick) [the first of libraries]
+    eager(device, dtype) -> Impl: the library call `levels bench --overhead` measures a
+                   level against [the first of libraries]
     FUSED_ATEN     ATen ops that compute the whole component in one call: a kernel level
                    that dispatches one has not written the kernel (`levels grade`) [()]
     NN_MODULES     class names of its layers (levels.nn's and torch's twins): `levels train
@@ -51,7 +53,7 @@ What the harness may use (defaults in brackets):
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
-                   call: kernel_dominates_above(host_us) (from what size the kernel's time
+                   call: kernel_dominates_above(host_us, source) (from what size the kernel's time
                    outweighs the host's), fix_note(rows, raw) (a fix of its own), recorded
                    (keys of a whole call measured in reports/h100-host-probe.json) [none]
 
@@ -116,7 +118,7 @@ class Case:
 
 
 REQUIRED = ("SIZES", "VARIANTS", "OUTPUTS", "DIFFERENTIABLE", "make_args", "reference", "flops",
-            "min_bytes", "SCALING_DIM", "GRAPH_INPUTS")
+            "min_bytes", "SCALING_DIM", "GRAPH_INPUTS", "libraries")
 
 
 class Card:
