@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from . import cards
+from .environment import triton_cache_dir
 from .check import _open, _prepare, _target, dtype_name, flatten, fresh_seed, resolve_dtype
 from .timing import peak_memory_mb, time_first_call, time_fn, time_host
 
@@ -150,11 +151,7 @@ def _cache_dirs(level: str, device: torch.device) -> list[Path]:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
         return [Path(cache_dir())]
     if level == "triton" and device.type == "cuda":
-        try:
-            from triton import knobs
-            return [Path(knobs.cache.dir)]
-        except (ImportError, AttributeError):  # triton before 3.4 had no knobs
-            return [Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")]
+        return [triton_cache_dir()[0]]  # the level ran, so triton is imported and answers
     return []
 
 

@@ -315,15 +315,10 @@ def _inductor_cache(env: _Env) -> str:
 
 
 def _triton_cache() -> str:
-    if os.environ.get("TRITON_CACHE_DIR"):
-        return os.environ["TRITON_CACHE_DIR"] + " ($TRITON_CACHE_DIR)"
-    if "triton" in sys.modules:  # Level 4's check imported it
-        try:
-            return str(sys.modules["triton"].knobs.cache.dir)
-        except Exception:  # noqa: BLE001 - an older triton without knobs
-            pass
-    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
-    return os.path.join(home, ".triton", "cache")
+    from ..environment import triton_cache_dir
+
+    path, source = triton_cache_dir()  # triton's own answer once Level 4's check imported it
+    return f"{path} ($TRITON_CACHE_DIR)" if source == "$TRITON_CACHE_DIR" else str(path)
 
 
 # ---------------------------------------------------------------------------------------
