@@ -1,6 +1,7 @@
-"""`levels train` on the terminal: its arguments, a progress bar per run, the table of runs and
-of where a step's time goes; `python -m equivalence.commands.train` is the same command (what
-torchrun starts). The training itself is equivalence/commands/training.py.
+"""`levels train`: its arguments, a progress bar per run, the table of runs and of where a
+step's time goes, and the JSON and the picture it writes; `python -m
+equivalence.commands.train` is the same command (what torchrun starts). The training itself,
+and what it measures, is equivalence/commands/training.py.
 """
 
 from __future__ import annotations
