@@ -11,29 +11,21 @@ instruction mixes that nobody's code gets, and on a CPU there is no datasheet fi
 
 They are measured once per device (its name, thread count on a CPU) and torch version, and
 kept in `<cache>/ceilings.json`; the cache is ~/.cache/levels (or $XDG_CACHE_HOME/levels,
-or $LEVELS_CACHE_DIR). Delete the file to measure again.
+or $LEVELS_CACHE_DIR: equivalence/settings.py). Delete the file to measure again.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from .settings import Settings, current
 from .timing import time_fn
-
-
-def cache_path(name: str) -> Path:
-    """Where levels keeps what it measured about this machine, per user."""
-    root = os.environ.get("LEVELS_CACHE_DIR")
-    if not root:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "levels"
-    return Path(root) / name
 
 
 def device_name(device) -> str:
@@ -95,12 +87,13 @@ def _load(path: Path) -> dict:
         return {}  # missing or damaged: measure again
 
 
-def get(device, dtype=torch.float32) -> Ceilings:
-    """This device's ceilings for `dtype`, from the cache or measured now (about a second)."""
+def get(device, dtype=torch.float32, settings: Settings | None = None) -> Ceilings:
+    """This device's ceilings for `dtype`, from the cache (in `settings.cache_dir`; default:
+    this process's settings) or measured now (about a second)."""
     from .check import dtype_name, resolve_dtype
 
     device, dtype = torch.device(device), resolve_dtype(dtype)
-    path = cache_path("ceilings.json")
+    path = (settings or current()).cache_path("ceilings.json")
     key = f"{device_name(device)} | torch {torch.__version__}"
     data = _load(path)
     entry = data.get(key, {})

@@ -4,7 +4,7 @@
 
   for every output, every updated buffer and the gradient of every differentiable input,
       relative error  ||level - ref|| / ||ref||  <=  the bound for the dtype (tolerances.py)
-  where ref is the float64 reference of equivalence/specs evaluated on the *same* inputs
+  where ref is the float64 reference of equivalence/cards evaluated on the *same* inputs
   (the level's inputs, rounded to its dtype, then widened to float64), driven by the same
   random upstream gradient; and every value is finite, with the expected shape and dtype.
 
@@ -20,7 +20,7 @@ an element produces a NaN, and a NaN never passes.
 
 Layouts are kept: the level receives copies with the caller's sizes, strides and storage
 offset, and the memory around them (a strided view's gaps, NaN-filled by the `strided`
-layout of equivalence/specs). After forward and backward every byte of every input's
+layout of equivalence/cards). After forward and backward every byte of every input's
 memory is compared with what it was: an input must be unchanged, and a buffer the call
 updates in place (running statistics) may change only at its own elements. A kernel that
 indexes a view as if its stride were 1 therefore fails twice: it reads NaN from the gaps,
@@ -51,11 +51,14 @@ import torch
 import levels
 from levels.contract import COMPONENTS
 
-from . import specs
+from . import cards
 from .tolerances import tolerance
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+# The float64 reference's name in an agreement matrix: a name no function of yours may take.
+AGREEMENT_REFERENCE = "float64 reference"
 
 
 def resolve_dtype(dtype) -> torch.dtype:
@@ -97,7 +100,7 @@ class CheckResult:
     tolerance: float | None = None
     tf32: bool = False
     comparisons: list[Comparison] = field(default_factory=list)
-    layout: str = "contiguous"  # or "strided": every tensor argument a view (specs.LAYOUTS)
+    layout: str = "contiguous"  # or "strided": every tensor argument a view (cards.LAYOUTS)
 
     @property
     def passed(self) -> bool:
@@ -197,7 +200,7 @@ def _outside_view(t: torch.Tensor) -> torch.Tensor:
     return (~inside).repeat_interleave(size)
 
 
-def _memory_comparisons(case: specs.Case, args: dict, before: dict) -> list[Comparison]:
+def _memory_comparisons(case: cards.Case, args: dict, before: dict) -> list[Comparison]:
     """Every input's memory after the call against `before`: inputs untouched, updated
     buffers changed at their own elements only."""
     found = []
@@ -216,7 +219,7 @@ def _memory_comparisons(case: specs.Case, args: dict, before: dict) -> list[Comp
     return found
 
 
-def _prepare(case: specs.Case, reference: bool = True):
+def _prepare(case: cards.Case, reference: bool = True):
     """Leaf tensors for the level (grads on), laid out like the case's, and their float64
     twins for the reference (an empty dict when `reference` is False: timing needs none, and
     at the bench size they are the biggest allocation of the call)."""
@@ -242,7 +245,7 @@ class WrongOutputs(Exception):
         self.outs = outs
 
 
-def run_case(fn, case: specs.Case, upstream=None, memory: list | None = None):
+def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
     """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
 
     Inputs are fresh leaf copies, so the case itself (its buffers too) never changes.
@@ -269,22 +272,22 @@ def run_case(fn, case: specs.Case, upstream=None, memory: list | None = None):
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads)
 
 
-def reference_case(case: specs.Case, seed: int):
+def reference_case(case: cards.Case, seed: int):
     """The float64 reference, forward and backward: (outputs, grads, upstream, scales).
 
     The upstream gradient is random, one per output, rounded to the case's dtype so that
     the level (which receives it in that dtype) and the reference see the same numbers.
     `scales` names the gradients that are exactly zero here, with what to measure them by."""
-    spec = specs.get(case.component)
+    card = cards.get(case.component)
     _, ref_args = _prepare(case)
-    outs = spec.reference(ref_args)
+    outs = card.reference(ref_args)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     upstream = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=case.dtype)
                 for o in outs[:case.n_returned]]
     upstream64 = [u.to(torch.float64) for u in upstream]
     inputs = [ref_args[name] for name in case.differentiable]
     grads = torch.autograd.grad(outs[:case.n_returned], inputs, upstream64)
-    scales = spec.zero_gradient_scales(ref_args, upstream64, dict(zip(case.differentiable, grads)))
+    scales = card.zero_gradient_scales(ref_args, upstream64, dict(zip(case.differentiable, grads)))
     return [o.detach() for o in outs], list(grads), upstream, scales
 
 
@@ -292,11 +295,11 @@ def check_case(component: str, level: str | int | None, dtype, device, size: str
                variant: str, seed: int | None = None, layout: str = "contiguous", *, fn=None,
                uses_tf32=None) -> CheckResult:
     """One check on fresh random inputs of a size preset (or dict of shape parameters),
-    in a layout of specs.LAYOUTS, of a level or of your function `fn` (see `check`)."""
+    in a layout of cards.LAYOUTS, of a level or of your function `fn` (see `check`)."""
     target = _target(component, level, fn, uses_tf32)
     dtype = resolve_dtype(dtype)
     seed = fresh_seed() if seed is None else seed
-    return _check(lambda: specs.get(component).case(size, variant, dtype, device, seed, layout),
+    return _check(lambda: cards.get(component).case(size, variant, dtype, device, seed, layout),
                   target, component, variant, dtype, device,
                   size if isinstance(size, str) else "custom", seed, layout)
 
@@ -319,7 +322,7 @@ def check_args(component: str, level: str | int | dict | None = None, args: dict
         raise TypeError(f"check_args: argument 'args' must be a dict of the component's keyword "
                         f"arguments; got {type(args).__name__}")
     target = _target(component, level, fn, uses_tf32)
-    case = specs.get(component).case_from_args(args)
+    case = cards.get(component).case_from_args(args)
     seed = fresh_seed() if seed is None else seed
     device = next(iter(case.tensors().values())).device
     return _check(lambda: case, target, component, case.variant, case.dtype, device, "custom", seed,
@@ -342,6 +345,30 @@ def _target(component: str, level, fn, uses_tf32=None):
         raise ValueError("pass a level (a name such as 'native', or a registered one) or your "
                          "function as fn=")
     return levels.resolve(level).name
+
+
+def _is_level(name: str) -> bool:
+    try:
+        levels.resolve(name)
+    except ValueError:
+        return False
+    return True
+
+
+def own_targets(component: str, fns) -> list:
+    """`fns` ({name: function}) as OwnLevels named by their keys (never a level's name)."""
+    if fns is None:
+        return []
+    if not isinstance(fns, dict):
+        raise TypeError(f"argument 'fns' must be a dict {{name: function}}; "
+                        f"got {type(fns).__name__}")
+    targets = []
+    for name, fn in fns.items():
+        if not isinstance(name, str) or not name.strip() or name == AGREEMENT_REFERENCE or _is_level(name):
+            raise ValueError(f"argument 'fns': each name must be a non-empty str that names no "
+                             f"level (those run by their name); got {name!r}")
+        targets.append(levels.own(component, fn, name=name))
+    return targets
 
 
 def _open(target, device: torch.device, component: str):
@@ -433,7 +460,7 @@ def check(component: str | None = None, level: str | int | None = None, dtype="f
           variant: str | None = None, repeat: int = 1, layout: str | None = None, *,
           fn=None, uses_tf32=None) -> list[CheckResult]:
     """Check one or all components at one or all levels: one result per variant, layout
-    (both of specs.LAYOUTS unless `layout` names one) and round. Without `level`: the five
+    (both of cards.LAYOUTS unless `layout` names one) and round. Without `level`: the five
     levels, then the registered ones (`levels.names()`).
 
     `fn`: check your own function for `component` instead of a level (see the module doc);
@@ -448,8 +475,8 @@ def check(component: str | None = None, level: str | int | None = None, dtype="f
         raise ValueError("fn= checks one component: name it, e.g. check('layer_norm', fn=...)")
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"argument 'repeat' must be an int >= 1; got {repeat!r}")
-    if layout is not None and layout not in specs.LAYOUTS:
-        raise ValueError(f"argument 'layout' must be one of {', '.join(specs.LAYOUTS)}; "
+    if layout is not None and layout not in cards.LAYOUTS:
+        raise ValueError(f"argument 'layout' must be one of {', '.join(cards.LAYOUTS)}; "
                          f"got {layout!r}")
     if fn is not None or level is not None or uses_tf32 is not None:
         targets = [_target(component, level, fn, uses_tf32)]  # refuses fn with level, by name
@@ -457,10 +484,10 @@ def check(component: str | None = None, level: str | int | None = None, dtype="f
         targets = list(levels.names())
     results = []
     for comp in ([component] if component else COMPONENTS):
-        spec = specs.get(comp)
+        card = cards.get(comp)
         for lvl in targets:
-            for var in ([variant] if variant else spec.variants):
-                for lay in ([layout] if layout else specs.LAYOUTS):
+            for var in ([variant] if variant else card.variants):
+                for lay in ([layout] if layout else cards.LAYOUTS):
                     for r in range(repeat):
                         round_seed = None if seed is None else seed + 7919 * r
                         results.append(check_case(comp, lvl, dtype, device, size, var,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
+import sys
+from pathlib import Path
 
 import torch
 
@@ -50,3 +53,19 @@ def parse_device(value: str | None) -> torch.device:
     if device is None or device.type not in ("cpu", "cuda"):
         raise ValueError(f"argument '--device' must be cpu, cuda or cuda:N; got {value!r}")
     return device
+
+
+def triton_cache_dir() -> tuple[Path, str]:
+    """Where Triton keeps what it compiled, and who says so: "$TRITON_CACHE_DIR", "triton"
+    (its own answer, once it is imported) or "default" (its rule: $TRITON_HOME, else the
+    home directory, then .triton/cache). Triton is not imported to ask: importing it decides
+    for the whole process whether Level 4 runs compiled or in the interpreter."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"]), "$TRITON_CACHE_DIR"
+    if "triton" in sys.modules:
+        try:
+            return Path(sys.modules["triton"].knobs.cache.dir), "triton"
+        except AttributeError:  # triton before 3.4 had no knobs
+            pass
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return Path(home) / ".triton" / "cache", "default"

@@ -236,7 +236,7 @@ def scaling_figure(points: list[dict], component: str, dim: str, settings: dict,
 
 def roofline_figure(rows: list[dict], ceilings: dict, settings: dict, environment: dict,
                     path) -> Path:
-    """Achieved TFLOP/s against arithmetic intensity (spec FLOPs / minimum bytes), per level
+    """Achieved TFLOP/s against arithmetic intensity (the card's FLOPs / minimum bytes), per level
     and pass, under min(matmul rate, copy bandwidth × intensity) measured on this device."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from . import specs
+from . import cards
+from .environment import triton_cache_dir
 from .check import _open, _prepare, _target, dtype_name, flatten, fresh_seed, resolve_dtype
 from .timing import peak_memory_mb, time_first_call, time_fn, time_host
 
@@ -68,7 +69,7 @@ class Profile:
     wall_s: dict = field(default_factory=dict)
 
     def throughput(self, which: str = "fwd") -> dict:
-        """Achieved TFLOP/s and TB/s of a pass (from the spec's FLOPs and minimum bytes), and
+        """Achieved TFLOP/s and TB/s of a pass (from the card's FLOPs and minimum bytes), and
         with ceilings, their fractions of this device's matmul rate and copy bandwidth."""
         timing = self.fwd if which == "fwd" else self.fwd_bwd
         if not timing:
@@ -100,26 +101,26 @@ class _Laps:
         self.last = now
 
 
-def _case(spec: specs.Spec, size, variant: str, dtype, device, seed: int,
-          cache: dict | None) -> specs.Case:
+def _case(card: cards.Card, size, variant: str, dtype, device, seed: int,
+          cache: dict | None) -> cards.Case:
     """The case's random inputs, or the ones in `cache` when everything that decides their
     values matches. `compare` profiles every level of a component at one seed: the same
     numbers, drawn on the CPU and copied over, took 1-2 s per row at the bench size on the
-    H100's host (about 20 s of a cold compare, reports/h100-compare-2026-11-23b.json). The
+    H100's host (about 20 s of a cold compare, reports/h100-compare-checks-in-threads.json). The
     levels never see these tensors: _prepare hands each call its own copies, so reusing
     them cannot leak one level's writes into the next. The cache keeps one case (a
     bench-size case is hundreds of MB), and lives as long as the caller keeps it."""
     if cache is None:
-        return spec.case(size, variant, dtype, device, seed)
+        return card.case(size, variant, dtype, device, seed)
     shape = tuple(sorted(size.items())) if isinstance(size, dict) else size
-    key = (spec.name, shape, variant, dtype, str(device), seed)
+    key = (card.name, shape, variant, dtype, str(device), seed)
     if key not in cache:
         cache.clear()  # drop the old case before drawing the new one (peak memory)
-        cache[key] = spec.case(size, variant, dtype, device, seed)
+        cache[key] = card.case(size, variant, dtype, device, seed)
     return cache[key]
 
 
-def _passes(fn, case: specs.Case, seed: int):
+def _passes(fn, case: cards.Case, seed: int):
     """Closures for one forward, and one forward+backward, on fixed inputs."""
     args, _ = _prepare(case, reference=False)
     inputs = [args[n] for n in case.differentiable]
@@ -150,11 +151,7 @@ def _cache_dirs(level: str, device: torch.device) -> list[Path]:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
         return [Path(cache_dir())]
     if level == "triton" and device.type == "cuda":
-        try:
-            from triton import knobs
-            return [Path(knobs.cache.dir)]
-        except (ImportError, AttributeError):  # triton before 3.4 had no knobs
-            return [Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")]
+        return [triton_cache_dir()[0]]  # the level ran, so triton is imported and answers
     return []
 
 
@@ -225,16 +222,16 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
     target = _target(component, level, fn)
     dtype = resolve_dtype(dtype)
     device = torch.device(device)
-    spec = specs.get(component)
-    variant = variant or next(iter(spec.variants))
+    card = cards.get(component)
+    variant = variant or next(iter(card.variants))
     seed = fresh_seed() if seed is None else seed
     start = time.perf_counter()
-    case = _case(spec, size, variant, dtype, device, seed, case_cache)
+    case = _case(card, size, variant, dtype, device, seed, case_cache)
     drawn = time.perf_counter()
     name, reason, module = _open(target, device, component)
     p = Profile(component, name, variant, dtype_name(dtype), str(device),
                 size if isinstance(size, str) else "custom", case.shapes(), status="skip",
-                flops=spec.flops(case.args), min_bytes=spec.min_bytes(case.args),
+                flops=card.flops(case.args), min_bytes=card.min_bytes(case.args),
                 ceilings=ceilings.to_dict() if ceilings is not None else None)
     if reason:
         p.reason = reason
@@ -262,7 +259,7 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
         p.peak_memory_mb = peak_memory_mb(forward_backward, device)
         lap("memory")
         if host_size is not None:
-            small = spec.case(host_size, variant, dtype, device, seed)
+            small = card.case(host_size, variant, dtype, device, seed)
             p.host = time_host(_passes(fn, small, seed)[1], device,
                                min_time_s=min(min_time_s, 0.2)).to_dict()
             p.host["size"] = host_size
@@ -299,8 +296,6 @@ def break_even_calls(level: Profile, baseline: Profile) -> int | str | None:
 # Scaling: one dimension of a size preset stretched, everything else as it is.
 # ---------------------------------------------------------------------------------------
 
-# The dimension a user grows first: the sequence for attention, the batch for the rest.
-SCALING_DIMS = {"attention": "N", "layer_norm": "rows", "mlp": "rows", "lstm": "B", "conv_bn": "N"}
 SCALING_FACTORS = (1 / 8, 1 / 4, 1 / 2, 1, 2)
 
 
@@ -311,11 +306,11 @@ def scaling(component: str, level=None, dtype="float32", device="cpu", size="sma
     each factor.
     Returns (dimension, points); a point is {"level", "value", "shape", "status", "fwd",
     "fwd_bwd", "first_call_ms"}. Every new shape is a new compile for Level 3."""
-    spec = specs.get(component)
-    dim = SCALING_DIMS[component]
+    card = cards.get(component)
+    dim = card.scaling_dim  # the dimension a user grows first (the card's SCALING_DIM)
     points = []
     for factor in factors:
-        shape = dict(spec.sizes[size])
+        shape = dict(card.sizes[size])
         if isinstance(shape[dim], tuple):  # leading "rows" dimensions: stretch the first
             shape[dim] = (max(1, round(shape[dim][0] * factor)), *shape[dim][1:])
             value = shape[dim][0]

@@ -9,7 +9,7 @@ The first call of a class runs every level on those arguments: the check of
 `equivalence.check` (forward and backward against the float64 reference), then, for the
 levels that pass, the first call and the steady-state medians of forward and of
 forward+backward. What was measured is kept in `<cache>/auto.json` (see
-`equivalence.ceilings.cache_path`); the decision is made from it on every lookup:
+`equivalence.settings`); the decision is made from it on every lookup:
 
   - candidates: levels that are available here, not interpreted, and passed the check;
   - the pass that matters: forward+backward when grad is on and an input requires it,
@@ -32,11 +32,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import levels
+import levels.auto
 
-from . import specs
-from .ceilings import cache_path, device_name
+from . import cards
+from .ceilings import device_name
 from .check import check_args, dtype_name, fresh_seed
 from .profile import _passes
+from .settings import Settings, current
 from .timing import time_first_call, time_fn
 
 TIE = 0.05
@@ -93,16 +95,15 @@ def _key(component: str, variant: str, dtype: torch.dtype, device: torch.device,
                        f"torch {torch.__version__}", cls))
 
 
-def _load() -> dict:
+def _load(path) -> dict:
     try:
-        return json.loads(cache_path("auto.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _store(key: str, entry: dict) -> None:
-    path = cache_path("auto.json")
-    data = _load()
+def _store(path, key: str, entry: dict) -> None:
+    data = _load(path)
     data[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,8 +123,7 @@ def measure(component: str, args: dict, level_names=None, min_time_s: float = 0.
             seed: int | None = None) -> list[Measurement]:
     """Check every level on `args` (the component's keyword arguments), then time those
     that pass. The arguments are never modified."""
-    spec = specs.get(component)
-    case = spec.case_from_args(args)
+    case = cards.get(component).case_from_args(args)
     device = next(iter(case.tensors().values())).device
     seed = fresh_seed() if seed is None else seed
     found = []
@@ -170,24 +170,26 @@ def choose(measurements: list[Measurement], passes: str) -> str:
 
 
 def decide(component: str, args: dict, passes: str = "fwd_bwd", remeasure: bool = False,
-           level_names=None, announce=None) -> Decision:
-    """The decision for a call with these keyword arguments, from memory, the disk cache, or
-    measured now (then `announce(line)` is called first, if given)."""
-    case = specs.get(component).case_from_args(args)
+           level_names=None, announce=None, settings: Settings | None = None) -> Decision:
+    """The decision for a call with these keyword arguments, from memory, the disk cache
+    (in `settings.cache_dir`; default: this process's settings), or measured now (then
+    `announce(line)` is called first, if given)."""
+    path = (settings or current()).cache_path("auto.json")
+    case = cards.get(component).case_from_args(args)
     tensor = next(iter(case.tensors().values()))
     cls = shape_class(case.args)
     key = _key(component, case.variant, tensor.dtype, tensor.device, cls)
-    entry = None if remeasure else (_MEMORY.get(key) or _load().get(key))
-    source = str(cache_path("auto.json"))
+    entry = None if remeasure else (_MEMORY.get(key) or _load(path).get(key))
+    source = str(path)
     if entry is None:
         if announce:
             announce(f"levels auto: first {component} call of its kind ({dtype_name(tensor.dtype)}, "
                      f"{tensor.device}, {cls}): checking and timing each level once, kept in "
-                     f"{cache_path('auto.json')}")
+                     f"{path}")
         found = measure(component, case.args, level_names)
         entry = {"measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "measurements": [asdict(m) for m in found]}
-        _store(key, entry)
+        _store(path, key, entry)
         source = "measured now"
     _MEMORY[key] = entry
     found = [Measurement(**m) for m in entry["measurements"]]
@@ -209,3 +211,7 @@ def decide_for_call(component: str, args: tuple, kwargs: dict) -> Decision:
         isinstance(t, torch.Tensor) and t.requires_grad for t in named.values())
     return decide(component, named, "fwd_bwd" if training else "fwd",
                   announce=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+# level="auto" asks this module: `levels` never imports the harness, the harness registers.
+levels.auto.use_chooser(decide_for_call)

@@ -15,24 +15,51 @@ that fails the check, and Triton in its CPU interpreter (an emulation: its time 
 nothing about the kernel). Levels within 5% of the fastest count as equally fast, and
 then the lowest rung wins: less code, no compile, nothing gained by the rest.
 
-The choice needs the harness, so this module imports `equivalence` when a call is made,
-the one place where `levels` looks up at the package that checks it: the harness stays
-independent of `auto`, and `import levels` imports nothing of it.
+Choosing needs the harness (a check against the float64 reference, then timing), and
+`levels` never imports the harness that checks it: dependencies point one way. So the
+harness hands its chooser to this module instead: importing `equivalence.select` registers
+it (`use_chooser`), and a call made before that finds it through the entry point the
+installed package declares in the group "levels.auto" (pyproject.toml). `import levels`
+imports nothing of the harness either way.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
 
 import torch
 
 from . import contract, get
 from .contract import autocasts
 
+ENTRY_POINT_GROUP = "levels.auto"
+_chooser = None
+
+
+def use_chooser(chooser) -> None:
+    """Make `chooser(component, args, kwargs) -> decision` (a `.level` to run) the one every
+    level="auto" call asks; equivalence.select registers its own when imported."""
+    global _chooser
+    _chooser = chooser
+
+
+def _choose():
+    if _chooser is None:
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            use_chooser(entry.load())
+            break
+        else:
+            raise RuntimeError("level='auto' needs the harness to choose with, and none is "
+                               "registered: install the levels package (`pip install -e .` "
+                               "declares equivalence.select's chooser), or import "
+                               "equivalence.select first")
+    return _chooser
+
 
 def choice(component: str, *args, **kwargs):
     """The `equivalence.select.Decision` a call with these arguments gets (measured if new)."""
     getattr(contract, f"validate_{component}")(*args, **kwargs)
-    from equivalence import select
-    return select.decide_for_call(component, args, kwargs)
+    return _choose()(component, args, kwargs)
 
 
 def _call(component: str, *args, **kwargs):

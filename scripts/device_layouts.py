@@ -1,4 +1,4 @@
-"""The layouts issue on the GPU, in one call: every level that is quick to check (1, 2, 4)
+"""Both layouts on the GPU, in one call: every level that is quick to check (1, 2, 4)
 in both layouts (contiguous and strided) at fp32/fp16/bf16, the widest layer_norm row
 (MAX_WIDTH: registers and spills, measured), and the GPU-marked tests of Level 4 and of
 the layouts.
@@ -62,7 +62,8 @@ def main() -> int:
     parser.add_argument("--levels", default="triton,native,torchscript")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--sizes", default="tiny,small")
-    parser.add_argument("--tests", default="tests/test_triton_part_a.py,tests/test_triton_part_b.py")
+    parser.add_argument("--tests", default=",".join(
+        f"tests/test_triton_{c}.py" for c in ("layer_norm", "mlp", "conv_bn", "attention", "lstm")))
     parser.add_argument("--skip-max-width", action="store_true")
     parser.add_argument("--tests-reserve-s", type=float, default=300,
                         help="stop the checks when less than this is left for the tests")

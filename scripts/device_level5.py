@@ -5,7 +5,7 @@ component x version x dtype x layout, opcheck of every op, the GPU tests, the be
 
 Writes (flat in --out, at most 6 files): level5.json (everything, rewritten after every
 step so a kill loses only the step it interrupted), pytest-gpu.xml (junit of
-`pytest -m gpu tests/test_cuda_*.py`), bench.json (equivalence.bench of the Level 5
+`pytest -m gpu tests/test_cuda_*.py`), bench.json (equivalence.commands.bench.goals of the Level 5
 components), and build-error.txt only if the build fails. Every step runs in try/except;
 once the time budget is spent the remaining steps are skipped and the JSON says so.
 """
@@ -141,14 +141,14 @@ def step_build(run: Run, cache: str, builder: str, other: str | None):
                       "two_processes_both_succeed": len(both) == 2 and not errors}}
 
 
-# What ncu profiles: one kernel of each component at its bench shape (equivalence/specs),
+# What ncu profiles: one kernel of each component at its bench shape (equivalence/cards),
 # after a warm-up call, with the clocks left alone (METHOD.md).
 NCU_TARGET = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from equivalence import specs
+from equivalence import cards
 component = {component!r}
-spec = specs.get(component.removesuffix("_bwd"))
+spec = cards.get(component.removesuffix("_bwd"))
 args = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
 if component == "mlp":
     from cuda_kernels import mlp as k
@@ -246,13 +246,13 @@ SWEEP_VARIANTS = {
 SWEEP_TIMER = """
 import json, sys, torch, torch.nn.functional as F
 sys.path.insert(0, {root!r})
-from equivalence import specs
+from equivalence import cards
 from equivalence.timing import time_fn
 from cuda_kernels import build, conv_bn as kc, mlp as km
 build.load()
 out = {{"build": build.last_build()}}
 g = torch.Generator().manual_seed(0)
-spec = specs.get("conv_bn")
+spec = cards.get("conv_bn")
 a = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", g)
 st, pd = (a["stride"],) * 2, (a["padding"],) * 2
 def conv(v):
@@ -261,7 +261,7 @@ def conv(v):
 def cudnn():
     y = F.conv2d(a["x"], a["conv_weight"], a["conv_bias"], stride=st, padding=pd)
     return F.batch_norm(y, a["running_mean"], a["running_var"], a["bn_weight"], a["bn_bias"], training=False, eps=a["eps"])
-spec = specs.get("mlp")
+spec = cards.get("mlp")
 m = spec.module.make_args(spec.sizes["bench"], torch.bfloat16, "cuda", g)
 t = [m[n] for n in ("x", "w1", "b1", "w2", "b2")]
 def eager():
@@ -324,8 +324,8 @@ def _versions(component: str) -> list[int]:
 
 def _layouts() -> list[str]:
     try:
-        from equivalence import specs
-        return list(getattr(specs, "LAYOUTS", ("contiguous",)))
+        from equivalence import cards
+        return list(getattr(cards, "LAYOUTS", ("contiguous",)))
     except Exception:  # noqa: BLE001
         return ["contiguous"]
 
@@ -411,7 +411,7 @@ def _capture_op_calls(fn, namespace: str = "levels_cuda"):
 def step_opcheck(run: Run):
     import torch
 
-    from equivalence import specs
+    from equivalence import cards
     from equivalence.check import _prepare, flatten
 
     import levels
@@ -427,7 +427,7 @@ def step_opcheck(run: Run):
                     return rows
                 os.environ[env] = str(version)
                 try:
-                    spec = specs.get(c)
+                    spec = cards.get(c)
                     for variant in spec.variants:
                         case = spec.case("tiny", variant, dtype, "cuda", seed=0)
 
@@ -500,7 +500,7 @@ def step_pytest(run: Run, k: str = ""):
 
 def step_bench(run: Run, only=()):
     comps = [c for c in _components() if not only or c in only]
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from equivalence import bench; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from equivalence.commands.bench import goals as bench; "
             f"bench.run({comps!r}, 'cuda', {str(run.out)!r})")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

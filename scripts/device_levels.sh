@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lead's device run, one call: the GPU-marked tests (Level 4 kernels at fp16/bf16/fp32
-# and odd sizes, issues 4-5), Levels 1-3 checked on the GPU at fp32/fp16/bf16 (issue 3),
+# and odd sizes), Levels 1-3 checked on the GPU at fp32/fp16/bf16,
 # and `levels compare` at bench size. Each step has its own time limit and writes its own
 # JSON as soon as it ends, so a step that runs out of time loses only itself.
 #

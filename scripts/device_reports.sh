@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recorded reference results for people without a GPU (issue 13): `reports/h100/`.
+# The recorded reference results for people without a GPU: `reports/h100/`.
 # One device call runs the README's own commands, on cold caches, exactly as a new user would:
 #
 #   OUT=dir bash scripts/device_reports.sh [compare] [profile] [select]

@@ -1,4 +1,4 @@
-"""The first call at a new shape, with and without compiling ahead (issue 12's first-call goal).
+"""The first call at a new shape, with and without compiling ahead (the first-call goal).
 
     PYTHONPATH=. python3 scripts/probe_first_calls.py [--out reports/h100-first-calls.json]
 
@@ -47,10 +47,10 @@ def child(component: str, where: str) -> dict:
     import torch
 
     import levels.triton as L4
-    from equivalence import shapes, specs
+    from equivalence import cards, shapes
     from equivalence.check import flatten
 
-    spec = specs.get(component)
+    spec = cards.get(component)
     if where in spec.sizes:
         sizes, variant, dtype = spec.sizes[where], next(iter(spec.variants)), torch.bfloat16
     else:

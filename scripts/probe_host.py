@@ -1,4 +1,4 @@
-"""Where Level 4's host microseconds go, piece by piece (GPU only; issue 12).
+"""Where Level 4's host microseconds go, piece by piece (GPU only).
 
     PYTHONPATH=. python3 scripts/probe_host.py                # JSON to $OUT/probe_host.json
     PYTHONPATH=. python3 scripts/probe_host.py reports/h100-host-probe.json   # the record
@@ -6,7 +6,7 @@
 Times, calls back to back at a tiny shape, each piece of a Level 4 layer_norm and MLP call
 against eager PyTorch: the contract's validation, allocations, the JIT launch
 (`kernel[grid]`), the direct launch (triton_kernels/launch.py), the compiled kernel's
-launcher alone, autograd.Function.apply. The probes live in equivalence/host_probe.py
+launcher alone, autograd.Function.apply. The probes live in equivalence/commands/host_probe.py
 (`levels explain --level triton` shows them as a table); this writes all of them, in the
 shape of the recorded reports/h100-host-probe.json. Without a CUDA GPU it says why and
 exits 3."""
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from equivalence import host_probe  # imports levels before triton
+from equivalence.commands import host_probe  # imports levels before triton
 
 if __name__ == "__main__":
     try:

@@ -84,8 +84,8 @@ def micro():
 
 
 def components():
-    from equivalence import specs
-    from equivalence.bench.suite import _own_args, _upstream
+    from equivalence import cards as specs
+    from equivalence.calls import own_args as _own_args, upstream as _upstream
     from equivalence.check import flatten
 
     r = {}

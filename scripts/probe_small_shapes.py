@@ -1,4 +1,4 @@
-"""Kernel time against end-to-end time at the suite's small shapes (GPU only; issue 12).
+"""Kernel time against end-to-end time at the suite's small shapes (GPU only).
 
     PYTHONPATH=. python3 scripts/probe_small_shapes.py      # JSON to $OUT/small-shapes.json
 

@@ -17,3 +17,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def settings_read_anew():
+    """A test that sets LEVELS_CACHE_DIR (monkeypatch.setenv) gets it: the harness reads its
+    settings from the environment once per process, so each test starts without them."""
+    from equivalence import settings
+
+    settings.use(None)
+    yield
+    settings.use(None)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from rich.console import Console
 
-from equivalence import assignment, grading
+from equivalence.commands import assignment, grade as grading, grade_notebooks
 
 ROOT = assignment.ROOT
 NOTEBOOKS = sorted(rel for rel in assignment.repo_files(ROOT) if rel.endswith(".ipynb"))
@@ -424,17 +424,18 @@ def test_the_command_reports_what_it_cut(tmp_path):
                    [printed_source, code_cell(EXERCISE, "ex1-solution", solution=True),
                     code_cell(GRADE, "ex1-tests", grade=True)])
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
-    grading.add_parsers(sub)
+    assignment.add_parser(sub)
+    grading.add_parser(sub)
     parser = sub._name_parser_map["assignment"]
     args = parser.parse_args(["build", "--out", str(tmp_path / "student"), "--repo", str(repo)])
     text = io.StringIO()
-    assert grading.run_assignment(args, Console(file=text, width=200)) == 0
+    assert assignment.run_assignment(args, Console(file=text, width=200)) == 0
     assert ("cleared notebooks/lesson.ipynb: 1 solution region, 1 hidden-test region removed; "
             "outputs of cells 0 (printed a marked source), 1, 2") in text.getvalue()
     half = parser.parse_args(["build", "--components", "layer_norm",
                               "--out", str(tmp_path / "other"), "--repo", str(repo)])
     with pytest.raises(ValueError, match="'components' and 'levels' go together"):
-        grading.run_assignment(half, Console(file=io.StringIO()))
+        assignment.run_assignment(half, Console(file=io.StringIO()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -514,7 +515,7 @@ def test_a_grade_cell_needs_points_and_a_unique_grade_id(tmp_path):
                                                     code_cell("x = 2", "a-tests", grade=True)])
     with pytest.raises(ValueError, match=r"notebooks/a\.ipynb, cell 1: grade_id 'a-tests' is used "
                                          r"twice"):
-        grading.grade_cells(tmp_path, "notebooks/a.ipynb")
+        grade_notebooks.grade_cells(tmp_path, "notebooks/a.ipynb")
     no_points = code_cell("x = 1", "b-tests", grade=True)
     del no_points["metadata"]["nbgrader"]["points"]
     # grade and solution: an answer for a person to grade, no autograder test (so no points
@@ -525,14 +526,15 @@ def test_a_grade_cell_needs_points_and_a_unique_grade_id(tmp_path):
     write_notebook(tmp_path / "notebooks/b.ipynb", [answer, no_points])
     with pytest.raises(ValueError, match=r"notebooks/b\.ipynb, cell 1: .* needs a grade_id and "
                                          r"numeric points; got grade_id='b-tests', points=None"):
-        grading.grade_cells(tmp_path, "notebooks/b.ipynb")
+        grade_notebooks.grade_cells(tmp_path, "notebooks/b.ipynb")
     with pytest.raises(ValueError, match="argument 'notebooks': notebooks/c.ipynb is no notebook"):
         grading.grade(ROOT, parts=[], notebooks=["notebooks/c.ipynb"], reference=tmp_path)
 
 
 def test_the_grade_command_takes_notebooks():
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
-    grading.add_parsers(sub)
+    assignment.add_parser(sub)
+    grading.add_parser(sub)
     parser = sub._name_parser_map["grade"]
     assert parser.parse_args([]).notebooks is None
     assert grading._notebooks_arg(parser.parse_args(["--notebooks"]).notebooks) is True
@@ -558,7 +560,7 @@ def test_a_real_notebook_scores_zero_blanked_and_full_as_the_reference(notebooks
     """notebooks/01_native.ipynb, the fastest of 00-07 (about 9 s on 2 cores), graded from
     the student copy and from this repo, at once (each in its own process anyway)."""
     rel = "notebooks/01_native.ipynb"
-    cells = grading.grade_cells(ROOT, rel)
+    cells = grade_notebooks.grade_cells(ROOT, rel)
     with ThreadPoolExecutor(2) as pool:
         student, reference = pool.map(
             lambda repo: grading.grade(repo, parts=[], notebooks=[rel], notebook_timeout_s=300),

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from equivalence import specs
+from equivalence import cards as specs
 from equivalence.check import compare, flatten
 from equivalence.tolerances import tolerance
 from levels.contract import AUTOCAST, COMPONENTS, FLOAT32

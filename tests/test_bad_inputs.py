@@ -8,7 +8,7 @@ docs/bad-inputs.md, generated from what the levels really do so that it cannot d
                                                             on a GPU: what each level does there,
                                                             for the table's GPU section
 
-What a level must do with a bad input (issue #15): refuse it with a ValueError or TypeError
+What a level must do with a bad input: refuse it with a ValueError or TypeError
 that names the component and the argument, says what was expected and what was given, and
 does so before any kernel runs; or, where torch itself computes through (NaN, Inf, float64,
 some inputs without requires_grad, q is k), compute what the float64 reference computes:
@@ -53,7 +53,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import compare, flatten
 from equivalence.tolerances import tolerance
 from levels.contract import COMPONENTS
@@ -119,7 +119,7 @@ class Bad:
 
     def args(self, device) -> dict:
         device = torch.device(device)
-        spec = specs.get(self.component)
+        spec = cards.get(self.component)
         variant = self.variant or next(iter(spec.variants))
         size = SIZES[self.component] if self.size is None else self.size
         good = dict(spec.case(size, variant, self.dtype, device, seed=0).args)
@@ -136,7 +136,7 @@ def other_device(device: torch.device) -> str:
 
 
 def randn(*shape, device) -> torch.Tensor:
-    """Seeded, like the specs' inputs: a table row is the same call on every run."""
+    """Seeded, like the cards' inputs: a table row is the same call on every run."""
     return torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device)
 
 
@@ -178,7 +178,7 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x"}
-# The specs' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
+# The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
 
@@ -532,7 +532,7 @@ def _level(call):
 
 
 # ---------------------------------------------------------------------------------------
-# "As torch does" with NaN and Inf: torch's own operators, in float64. The specs' references
+# "As torch does" with NaN and Inf: torch's own operators, in float64. The cards' references
 # are written from the math (their own sigmoid, GELU, softmax), which is what finite inputs
 # are checked against; at infinities the math and torch part ways in the gradients (the
 # derivative of 1 / (1 + exp(-z)) at z = -inf is 0 * inf = NaN, torch.sigmoid's is 0), and
@@ -611,7 +611,7 @@ def judge(bad: Bad, fn, tf32: bool, args: dict) -> Outcome:
     """Call `fn` (a level's function) on `args`; if it returns, compare with the float64
     reference on the same inputs, aliases kept (q is k stays true for the reference), and
     the gradients of the inputs that require grad. LevelRaised if the level raises."""
-    spec = specs.get(bad.component)
+    spec = cards.get(bad.component)
     case = spec.case_from_args(args)
     tensors = case.tensors()
     dtype = case.dtype

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from equivalence import train as T
-from equivalence.breakdown import _outermost, breakdown
+from equivalence.commands import training as T
+from equivalence.commands.breakdown import _outermost, breakdown
 
 
 def _model(name: str):

@@ -1,4 +1,4 @@
-"""triton_kernels/launch.py's compile-ahead: a new shape's kernels compiled at once (issue 12).
+"""triton_kernels/launch.py's compile-ahead: a new shape's kernels compiled at once.
 
 On a CPU: the mechanism with stand-in kernels (a miss of the direct path's table starts a
 dry pass, each distinct specialization is compiled once, in the pool, with small stand-in

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check
-from equivalence.explain import inductor_code
+from equivalence.commands.explain import inductor_code
 from levels import compiled
 
 
@@ -122,7 +122,7 @@ def test_uses_tf32_is_honest():
 
 
 def test_attention_is_rewritten_into_sdpa_and_the_rewrite_can_be_switched_off():
-    case = specs.get("attention").case("tiny", "full", torch.float32, "cpu", seed=0)
+    case = cards.get("attention").case("tiny", "full", torch.float32, "cpu", seed=0)
     with_rewrite = inductor_code("attention", case, "cpu")
     assert len(with_rewrite) == 2  # forward and backward graphs
     assert all("scaled_dot_product" in code for code in with_rewrite)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import cuda_kernels.attention as K5
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args
 
 ENV = K5.ENV_VERSION
@@ -97,8 +97,8 @@ def test_no_kernel_spills_on_sm90a(ptxas):
 def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     dev = torch.device("cuda")
-    return dict(q=specs.randn((B, H, Nq, D), g, dtype, dev), k=specs.randn((B, H, Nk, D), g, dtype, dev),
-                v=specs.randn((B, H, Nk, D), g, dtype, dev), causal=causal, scale=scale)
+    return dict(q=cards.randn((B, H, Nq, D), g, dtype, dev), k=cards.randn((B, H, Nk, D), g, dtype, dev),
+                v=cards.randn((B, H, Nk, D), g, dtype, dev), causal=causal, scale=scale)
 
 
 def _passes(args, version, monkeypatch):
@@ -113,7 +113,7 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts_and_variants(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("attention", "cuda", dtype=dtype, device="cuda", size="tiny")
-    assert {r.layout for r in results} == set(specs.LAYOUTS) and len(results) == 4
+    assert {r.layout for r in results} == set(cards.LAYOUTS) and len(results) == 4
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
 
@@ -157,8 +157,8 @@ def test_layouts(version, dtype, layout, monkeypatch):
     B, H, N, D = 2, 3, 77, 64
     args = _args(B, H, N, N, D, dtype, causal=True, scale=0.3, seed=11)
     if layout == "packed":  # the fused-qkv layout of the spec's `strided`: read in place
-        args = specs.get("attention").module.strided(args)
-    elif layout == "transposed":  # D strided: copied by the Python side
+        args = cards.get("attention").module.strided(args)
+    elif layout == "transposed":  # D strided: copied (autograd.cpp's attention_operand)
         for n in "qkv":
             args[n] = args[n].transpose(-1, -2).contiguous().transpose(-1, -2)
     elif layout == "offset":  # one element off 16 bytes: copied at v3/v4, read as is below

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from cuda_kernels import conv_bn as cb
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args
 
 ENV = cb.ENV_VERSION
@@ -32,7 +32,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 # ------------------------------------------------------------------------------ CPU --
 
 def test_float64_is_refused_by_name():
-    args = specs.get("conv_bn").module.make_args(specs.get("conv_bn").sizes["tiny"], torch.float64,
+    args = cards.get("conv_bn").module.make_args(cards.get("conv_bn").sizes["tiny"], torch.float64,
                                                  torch.device("cpu"), torch.Generator().manual_seed(0))
     with pytest.raises(TypeError, match=r"conv_bn: argument 'x'.*float64"):
         cb.conv_bn(args["x"], args["conv_weight"], args["conv_bias"], args["bn_weight"],
@@ -58,7 +58,7 @@ def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
 
 def _args(shape, dtype, seed=0, **variant):
     g = torch.Generator().manual_seed(seed)
-    args = specs.get("conv_bn").module.make_args(shape, dtype, torch.device("cuda"), g)
+    args = cards.get("conv_bn").module.make_args(shape, dtype, torch.device("cuda"), g)
     args.update(variant)
     return args
 
@@ -79,7 +79,7 @@ def test_harness_tiny_every_version(version, dtype, layout, monkeypatch):
     # stride-2 view into a NaN-filled buffer (updated through the view, nothing else touched).
     monkeypatch.setenv(ENV, str(version))
     results = check("conv_bn", "cuda", dtype=dtype, device="cuda", size="tiny", layout=layout)
-    assert len(results) == len(specs.get("conv_bn").variants)
+    assert len(results) == len(cards.get("conv_bn").variants)
     for r in results:
         assert r.status == "pass", f"v{version} {r.variant}: {r.status} {r.reason} {r.worst}"
 
@@ -147,7 +147,7 @@ def test_x_neither_nchw_nor_channels_last(version, dtype, monkeypatch):
 @pytest.mark.gpu
 @needs_gpu
 def test_running_stats_move_once_through_strided_views():
-    args = _args(specs.get("conv_bn").sizes["tiny"], torch.float32, training=True)
+    args = _args(cards.get("conv_bn").sizes["tiny"], torch.float32, training=True)
     buf_m = torch.full((2 * 5,), float("nan"), device="cuda")
     buf_v = torch.full((2 * 5,), float("nan"), device="cuda")
     rm, rv = buf_m[::2], buf_v[::2]

@@ -25,7 +25,7 @@ import torch
 import levels
 from cuda_kernels import build
 from cuda_kernels import layer_norm as ln
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args
 
 ENV = ln.ENV_VERSION
@@ -72,7 +72,7 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
 
 def _args(rows, N, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return specs.get("layer_norm").module.make_args(dict(rows=rows, N=N), dtype,
+    return cards.get("layer_norm").module.make_args(dict(rows=rows, N=N), dtype,
                                                     torch.device("cuda"), g)
 
 
@@ -89,7 +89,7 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("layer_norm", "cuda", dtype=dtype, device="cuda", size="tiny")
-    assert {r.layout for r in results} == set(specs.LAYOUTS)
+    assert {r.layout for r in results} == set(cards.LAYOUTS)
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
 

@@ -33,7 +33,7 @@ import torch
 import levels
 from cuda_kernels import build, versions
 from cuda_kernels import lstm as K5
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args
 
 ENV = K5.ENV_VERSION
@@ -148,7 +148,7 @@ def test_knob_variants_compile_without_spills(knobs, kernels, tmp_path):
 
 def _args(B, T, I, H, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return specs.get("lstm").module.make_args(dict(B=B, T=T, I=I, H=H), dtype, torch.device("cuda"), g)
+    return cards.get("lstm").module.make_args(dict(B=B, T=T, I=I, H=H), dtype, torch.device("cuda"), g)
 
 
 def _passes(args, version, monkeypatch):
@@ -163,7 +163,7 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("lstm", "cuda", dtype=dtype, device="cuda", size="tiny")
-    assert {r.layout for r in results} == set(specs.LAYOUTS)
+    assert {r.layout for r in results} == set(cards.LAYOUTS)
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import cuda_kernels.mlp as K5
-from equivalence import specs
+from equivalence import cards
 from equivalence.tolerances import tolerance
 
 VERSIONS = sorted(K5.VERSIONS)
@@ -248,7 +248,7 @@ def test_int64_offsets(version):
 
 def _mlp_args(shape, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return specs.get("mlp").module.make_args(shape, dtype, torch.device("cuda"), g)
+    return cards.get("mlp").module.make_args(shape, dtype, torch.device("cuda"), g)
 
 
 def _passes(args, version, monkeypatch):

@@ -22,7 +22,7 @@ import torch
 
 import levels
 import levels.triton  # noqa: F401  (first: the interpreter must be on before triton loads)
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import poisoned_allocations, reference_case, run_case
 from levels.contract import COMPONENTS
 
@@ -30,7 +30,7 @@ from levels.contract import COMPONENTS
 # its profiling runs (two by default), and must be compared on the graph it settles on.
 WARM_CALLS = {"torchscript": 3}
 
-CASES = [(c, v, lay) for c in COMPONENTS for v in specs.get(c).variants for lay in specs.LAYOUTS]
+CASES = [(c, v, lay) for c in COMPONENTS for v in cards.get(c).variants for lay in cards.LAYOUTS]
 
 
 @pytest.mark.parametrize("level", ("native", "torchscript", "compile", "triton"))
@@ -55,7 +55,7 @@ def _same_bits(level, component, variant, layout, size, dtype, device):
     reason = levels.status(level, device, component)
     if reason:
         pytest.skip(f"{level}: {reason}")
-    case = specs.get(component).case(size, variant, dtype, device, seed=3, layout=layout)
+    case = cards.get(component).case(size, variant, dtype, device, seed=3, layout=layout)
     _, _, upstream, _ = reference_case(case, seed=3)
     fn = getattr(levels.get(level), component)
     runs = []

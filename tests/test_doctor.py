@@ -12,7 +12,7 @@ from rich.console import Console
 
 import levels
 from cuda_kernels import build
-from equivalence import doctor
+from equivalence.commands import doctor
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -177,7 +177,7 @@ def test_doctor_imports_neither_dynamo_nor_inductor():
     import subprocess
     import sys
 
-    code = ("import sys; from equivalence import doctor; r = doctor.diagnose('cpu'); "
+    code = ("import sys; from equivalence.commands import doctor; r = doctor.diagnose('cpu'); "
             "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules)); "
             "print(r.seconds)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import levels
-from equivalence import explain as explain_module
-from equivalence import host_probe
-from equivalence.explain import Explanation, explain
+from equivalence.commands import explain as explain_module
+from equivalence.commands import host_probe
+from equivalence.commands.explain import Explanation, explain
 from levels import torchscript as ts
 
 # Ops that only the named component's code could produce, per level's vocabulary.
@@ -120,7 +120,7 @@ def test_notebook_display_is_the_text():
 
 
 # ---------------------------------------------------------------------------------------
-# Level 4: "Where the microseconds go" (host time of one small call; issue 12)
+# Level 4: "Where the microseconds go" (host time of one small call)
 # ---------------------------------------------------------------------------------------
 
 HOST = "Where the microseconds go"

@@ -4,7 +4,7 @@ reference, forward and backward, NaN-poisoned allocations, memory around the vie
 
 Each component's strategy draws a plain dict of parameters (shape, dtype, layout,
 options, magnitude, seed); `_args` turns it into the component's arguments with a
-torch.Generator seeded from it, the way the specs' make_args do. The named hard cases
+torch.Generator seeded from it, the way the cards' make_args do. The named hard cases
 (HARD_CASES) run at every level on every run, whatever hypothesis draws:
 
   widths and lengths that are no multiple of any block (1, 17, 1023), batch 1, causal with
@@ -60,7 +60,7 @@ from hypothesis import strategies as st
 
 import levels
 import levels.triton  # noqa: F401  (first: the interpreter must be on before triton loads)
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check_args
 
 EXAMPLES = int(os.environ.get("LEVELS_FUZZ_EXAMPLES", "4"))
@@ -147,7 +147,7 @@ BUILDERS = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "ls
             "conv_bn": _conv_bn}
 
 # Layouts beyond `contiguous` and the spec's own `strided` (STRIDED / attention's packed
-# qkv): argument -> specs.LAYOUT_KINDS kind.
+# qkv): argument -> cards.LAYOUT_KINDS kind.
 LAYOUTS = {
     "attention": {"sliced": dict(q="row_padded", k="row_padded", v="row_padded"),
                   "every_other": dict(q="last_every_other", k="last_every_other",
@@ -170,12 +170,12 @@ def _args(component: str, p: dict, device="cpu") -> dict:
             for name, v in BUILDERS[component](p, g).items()}
     layout = p["layout"]
     if layout == "strided":
-        spec = specs.get(component)
+        spec = cards.get(component)
         variant = spec.case_from_args(args).variant
         return spec.strided(args, spec.module.MUTATED.get(variant, ()))
     if layout != "contiguous":
         for name, kind in LAYOUTS[component][layout].items():
-            args[name] = specs.as_view(args[name], kind)
+            args[name] = cards.as_view(args[name], kind)
     return args
 
 
@@ -262,7 +262,7 @@ def attention_params(draw, small=False, dtypes=("float32", "bfloat16"), head_dim
     causal = draw(st.booleans())
     Nq = draw(ODD if small else st.integers(1, 80))
     # Nk = 1 is fine: grad q and grad k are then exactly 0 (softmax over one key is
-    # constant), and the spec measures them against their natural scale (specs/attention.py).
+    # constant), and the spec measures them against their natural scale (cards/attention.py).
     Nk = Nq if causal else draw(st.sampled_from([Nq, 17, 40]))
     D = draw(st.sampled_from(head_dims or ((16, 32) if small else (1, 8, 16, 17, 32, 64))))
     # Two keys at a small D: grad k_1 = -grad k_2 row by row (softmax's gradient sums to 0

@@ -17,7 +17,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from equivalence import assignment, grading
+from equivalence.commands import assignment, grade as grading, grade_notebooks, grade_process
 
 ROOT = assignment.ROOT
 GRADESCOPE_TOP = {"score", "execution_time", "output", "visibility", "tests"}
@@ -50,11 +50,12 @@ def reasons(result):
 def student(tmp_path_factory):
     out = tmp_path_factory.mktemp("student") / "copy"
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
-    grading.add_parsers(sub)
+    assignment.add_parser(sub)
+    grading.add_parser(sub)
     args = sub._name_parser_map["assignment"].parse_args(
         ["build", "--components", "layer_norm", "--levels", "native,4", "--out", str(out)])
     text = io.StringIO()
-    assert grading.run_assignment(args, Console(file=text, width=200)) == 0
+    assert assignment.run_assignment(args, Console(file=text, width=200)) == 0
     assert "blanked layer_norm at native: levels/native.py (1 region)" in text.getvalue()
     assert "blanked layer_norm at triton: triton_kernels/layer_norm.py (2 regions)" in text.getvalue()
     return out
@@ -125,7 +126,8 @@ def test_student_copy_scores_zero_on_blanked_parts_only(student, tmp_path):
         {"component": "layer_norm", "level": "triton", "points": 10},
         {"component": "mlp", "level": "native", "points": 3}]}))
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
-    grading.add_parsers(sub)
+    assignment.add_parser(sub)
+    grading.add_parser(sub)
     results = tmp_path / "results.json"
     args = sub._name_parser_map["grade"].parse_args(
         ["--repo", str(student), "--config", str(config), "--gradescope", str(results)])
@@ -232,7 +234,7 @@ def test_each_kernel_level_forbids_the_others_code_and_not_its_own():
 
     import levels
 
-    triton, cuda = grading.other_level_code("triton"), grading.other_level_code("cuda")
+    triton, cuda = grade_process.other_level_code("triton"), grade_process.other_level_code("cuda")
     assert {"levels/cuda.py", "cuda_kernels"} <= set(triton)
     assert {"levels/triton.py", "triton_kernels"} <= set(cuda)
     assert not {"levels/triton.py", "triton_kernels"} & set(triton)
@@ -242,25 +244,25 @@ def test_each_kernel_level_forbids_the_others_code_and_not_its_own():
         assert shared in triton and shared in cuda, shared
     # every rung's module is named, under the harness's level names: a renamed module must
     # not quietly drop out of the rule
-    assert set(grading.LEVEL_CODE) == set(levels.LEVEL_NAMES)
+    assert set(grade_process.LEVEL_CODE) == set(levels.LEVEL_NAMES)
     for info in levels.LEVELS:
         assert importlib.util.find_spec(info.module).origin == str(
-            ROOT / grading.LEVEL_CODE[info.name][0]), info.name
+            ROOT / grade_process.LEVEL_CODE[info.name][0]), info.name
     for rel in set(triton) | set(cuda):
         assert (ROOT / rel).exists(), rel
     # the files the profiler watches at Level 5: Level 4's kernels, none of its own
-    watched = grading._forbidden_files({ROOT}, "cuda")
+    watched = grade_process._forbidden_files({ROOT}, "cuda")
     assert str(ROOT / "triton_kernels/layer_norm.py") in watched
     assert str(ROOT / "numba_kernels/layer_norm.py") in watched
     assert not [f for f in watched if "/cuda_kernels/" in f or f.endswith("levels/cuda.py")]
     with pytest.raises(ValueError, match="argument 'level' must be one of"):
-        grading.other_level_code("auto")
+        grade_process.other_level_code("auto")
 
 
 def test_the_grader_counts_the_namespace_the_build_registers():
     from cuda_kernels import build  # importing it builds nothing
 
-    assert grading.CUDA_OP_NAMESPACE == build.OP_NAMESPACE
+    assert grade_process.CUDA_OP_NAMESPACE == build.OP_NAMESPACE
     # and the GPU tests below still find the line they plant their cheats into
     assert (ROOT / "cuda_kernels/layer_norm.py").read_text().count(CUDA_ANSWER) == 1
     bindings = [p.read_text() for p in (ROOT / "cuda_kernels").glob("*_binding.cpp")]
@@ -315,8 +317,8 @@ def test_level5_op_counter_counts_the_extension_ops_per_pass():
 
         launches, interpreted = {"forward": {}, "backward": {}}, {}
         other, fused = {}, {}
-        counter = grading.OpCounter(namespace, "CPU", launches, interpreted)
-        watch = grading._watcher(ROOT, ROOT, "layer_norm", "cuda", other, fused, counter)
+        counter = grade_process.OpCounter(namespace, "CPU", launches, interpreted)
+        watch = grade_process._watcher(ROOT, ROOT, "layer_norm", "cuda", other, fused, counter)
         assert torch.equal(watch(run_case), torch.full((2, 4), 9.0))
     finally:
         lib._destroy()
@@ -327,14 +329,14 @@ def test_level5_op_counter_counts_the_extension_ops_per_pass():
     assert fused == {"native_layer_norm": 1} and other == {}
 
     notes = []
-    problems = grading._kernel_verdicts("cuda", launches, other, fused, interpreted, notes)
+    problems = grade_process._kernel_verdicts("cuda", launches, other, fused, interpreted, notes)
     assert notes == [f"forward: your CUDA ops ran: {namespace}::scale x2",
                      f"backward: your CUDA ops ran: {namespace}::scale_bwd x2"]
     assert problems[0].startswith(f"not compiled from your cuda_kernels/: {namespace}::scale is "
                                   f"Python (registered at ")
     assert problems[1].startswith("PyTorch computed the component for you (ATen native_layer_norm)")
     # nothing of the extension ran at all: rule 1 in both passes
-    empty = grading._kernel_verdicts("cuda", {"forward": {}, "backward": {}}, {}, {}, {}, [])
+    empty = grade_process._kernel_verdicts("cuda", {"forward": {}, "backward": {}}, {}, {}, {}, [])
     assert empty == [f"no op of your compiled cuda_kernels/ (torch.ops.levels_cuda, built from "
                      f"your .cu files) ran in the {phase} pass: at a kernel level the answer must "
                      f"come from your own kernel, not from PyTorch ops or another level"
@@ -345,11 +347,11 @@ def test_a_compiled_op_is_not_reported_as_python():
     import torch
 
     # ATen's add: C++ registered by TORCH_LIBRARY_IMPL, as the Level 5 bindings are
-    where = grading.kernel_registration("aten::add.Tensor", "CPU")
+    where = grade_process.kernel_registration("aten::add.Tensor", "CPU")
     assert where is not None and where.rsplit(":", 1)[0].endswith(".cpp"), where
     launches, interpreted = {"forward": {}, "backward": {}}, {}
-    counter = grading.OpCounter("aten", "CPU", launches, interpreted)
-    watch = grading._watcher(ROOT, ROOT, "layer_norm", "cuda", {}, {}, counter)
+    counter = grade_process.OpCounter("aten", "CPU", launches, interpreted)
+    watch = grade_process._watcher(ROOT, ROOT, "layer_norm", "cuda", {}, {}, counter)
     watch(lambda: torch.ones(3) + torch.ones(3))
     assert launches["forward"].get("aten::add", 0) == 1 and interpreted == {}
 

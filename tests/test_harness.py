@@ -4,15 +4,15 @@ import pytest
 import torch
 
 import levels.native as native
-from equivalence import specs
-from equivalence.agreement import REFERENCE, agreement
+from equivalence import cards
+from equivalence.commands.agree import REFERENCE, agreement
 from equivalence.check import check, poisoned_allocations
 from equivalence.profile import NEVER, Profile, break_even_calls, profile
 from equivalence.timing import time_first_call, time_fn
 
 
 def test_inputs_are_fresh_random_and_replayable():
-    spec = specs.get("mlp")
+    spec = cards.get("mlp")
     a = spec.case("tiny", "default", torch.float32, "cpu", seed=1).args["x"]
     b = spec.case("tiny", "default", torch.float32, "cpu", seed=2).args["x"]
     c = spec.case("tiny", "default", torch.float32, "cpu", seed=1).args["x"]
@@ -79,7 +79,7 @@ def test_break_even_calls():
 
 
 def test_break_even_never_for_a_slower_level_with_a_cheap_first_call():
-    # issue 13: torchscript's first call (65 ms) was under native's steady time (85 ms), but
+    # measured once: torchscript's first call (65 ms) was under native's steady time (85 ms), but
     # its steady state is slower (105 ms): it was reported as paying off after 1 call
     assert break_even_calls(_p(65.4, 105.0), _p(98.9, 85.2)) == NEVER
     assert break_even_calls(_p(0.5, 1.0), _p(1.0, 1.0)) == NEVER  # as fast is not faster
@@ -104,20 +104,20 @@ def test_agreement_matrix_shows_a_disagreeing_level(monkeypatch):
 
 def test_spec_rejects_unknown_size_and_variant():
     with pytest.raises(ValueError, match="argument 'size'"):
-        specs.get("lstm").case("huge", "default", torch.float32, "cpu", 0)
+        cards.get("lstm").case("huge", "default", torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match="argument 'variant'"):
-        specs.get("attention").case("tiny", "sliding", torch.float32, "cpu", 0)
+        cards.get("attention").case("tiny", "sliding", torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match="argument 'component'"):
-        specs.get("softmax")
+        cards.get("softmax")
 
 
 def test_check_args_takes_your_own_arguments():
     from equivalence.check import check_args
-    args = specs.get("attention").case("tiny", "causal", torch.float32, "cpu", seed=3).args
+    args = cards.get("attention").case("tiny", "causal", torch.float32, "cpu", seed=3).args
     args["q"] = args["q"].transpose(1, 2).contiguous().transpose(1, 2)  # a strided view
     r = check_args("attention", "native", args)
     assert r.passed and r.variant == "causal" and r.size == "custom", r.summary()
-    r = check_args("conv_bn", "native", specs.get("conv_bn").case(
+    r = check_args("conv_bn", "native", cards.get("conv_bn").case(
         dict(N=2, C_in=3, H=5, W=4, C_out=2, k=1, stride=1, padding=0), "train", torch.float32, "cpu", 1).args
         | {"conv_bias": None})
     assert r.passed and "grad conv_bias" not in str(r.comparisons), r.summary()

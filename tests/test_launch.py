@@ -1,4 +1,4 @@
-"""triton_kernels/launch.py: Level 4's direct launch path (host time per call, issue 12).
+"""triton_kernels/launch.py: Level 4's direct launch path (host time per call).
 
 On a CPU the path is exercised with a stand-in kernel (the interpreter never takes it);
 on a GPU (`-m gpu`) with the real kernels: the same results as kernel[grid], a new

@@ -13,7 +13,7 @@ import torch
 
 import levels.native as native
 import levels.triton  # noqa: F401  (first: the interpreter must be on before triton loads)
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_args, clone_layout
 from levels.contract import COMPONENTS
 
@@ -26,7 +26,7 @@ def _views(case):
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_strided_layout_makes_every_tensor_a_view_of_the_same_values(component):
-    spec = specs.get(component)
+    spec = cards.get(component)
     for variant in spec.variants:
         plain = spec.case("tiny", variant, torch.float32, "cpu", seed=5)
         strided = spec.case("tiny", variant, torch.float32, "cpu", seed=5, layout="strided")
@@ -37,11 +37,11 @@ def test_strided_layout_makes_every_tensor_a_view_of_the_same_values(component):
 
 
 def test_gaps_hold_nan_and_updated_buffers_a_sentinel():
-    case = specs.get("conv_bn").case("tiny", "train", torch.float32, "cpu", seed=1, layout="strided")
+    case = cards.get("conv_bn").case("tiny", "train", torch.float32, "cpu", seed=1, layout="strided")
     storage = lambda t: torch.empty(0).set_(t.untyped_storage())  # noqa: E731
     weight, running_var = storage(case.args["bn_weight"]), storage(case.args["running_var"])
     assert torch.isnan(weight[1::2]).all()  # a read between the elements poisons the result
-    assert (running_var[1::2] == specs.GAP_SENTINEL).all()  # a write there shows up
+    assert (running_var[1::2] == cards.GAP_SENTINEL).all()  # a write there shows up
     assert torch.isfinite(running_var[0::2]).all()
 
 
@@ -64,7 +64,7 @@ def test_check_args_hands_the_level_the_callers_strides(monkeypatch):
         return original(x, weight, bias, eps)
 
     monkeypatch.setattr(native, "layer_norm", spy)
-    args = specs.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0, "strided").args
+    args = cards.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0, "strided").args
     result = check_args("layer_norm", "native", args)
     assert result.passed, result.summary()
     assert result.layout == "strided"
@@ -73,8 +73,8 @@ def test_check_args_hands_the_level_the_callers_strides(monkeypatch):
 
 def test_default_check_runs_both_layouts_of_every_variant():
     results = check(level="native", dtype="float32")
-    expected = {(c, v, lay) for c in COMPONENTS for v in specs.get(c).variants
-                for lay in specs.LAYOUTS}
+    expected = {(c, v, lay) for c in COMPONENTS for v in cards.get(c).variants
+                for lay in cards.LAYOUTS}
     assert {(r.component, r.variant, r.layout) for r in results} == expected
     assert all(r.passed for r in results), [r.summary() for r in results if not r.passed]
     # the memory of every input was checked too

@@ -1,5 +1,5 @@
 """levels.models (a GPT, an LSTM language model, a ResNet-style CNN), their data, and
-`levels train` (equivalence/train.py): same function as the plain-torch twin, same loss
+`levels train` (equivalence/commands/train.py, training.py): same function as the plain-torch twin, same loss
 curve at every level, deterministic data, the files the command writes, DDP with gloo.
 
 Timings on the 2-core CPU: everything not marked `slow` takes about a minute together;
@@ -18,7 +18,9 @@ import pytest
 import torch
 
 import levels
-from equivalence import train as T
+from equivalence.commands import train as train_command
+from equivalence.commands import training as T
+from equivalence.commands.console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE
 from equivalence.tolerances import tolerance
 from levels import models
 from levels import nn as lnn
@@ -216,7 +218,7 @@ def test_native_torchscript_and_plain_torch_train_the_same_curve(model):
     assert set(report["agreement"]["runs"]) == {"torchscript", "torch"}
     for name, a in report["agreement"]["runs"].items():
         assert a["passed"], f"{model} at {name}: {a}"
-    assert T.exit_code(report) == T.EXIT_OK
+    assert T.exit_code(report) == EXIT_OK
     timing = runs["native"]["timing"]
     assert timing["items_per_s"] > 0 and timing["steps_timed"] == 6 - T.WARMUP
 
@@ -293,7 +295,7 @@ def test_a_planted_kernel_error_leaves_the_curve_in_the_first_steps():
         levels.unregister("planted")
     a = report["agreement"]["runs"]["planted"]
     assert not a["passed"] and a["worst_early"] > a["early_bound"], a
-    assert T.exit_code(report) == T.EXIT_FAILED
+    assert T.exit_code(report) == EXIT_FAILED
 
 
 def test_agreement_takes_the_tf32_bound_where_a_run_uses_tf32():
@@ -326,10 +328,11 @@ def test_cli_writes_json_png_and_prints_only_ours(tmp_path, capsys, monkeypatch)
         os.write(2, b"a compiler's message\n")
         return loss_of(logits, targets)
 
-    monkeypatch.setattr(T, "loss_of", noisy_loss)
-    code = T.main(["--model", "lstm", "--level", "native,torchscript", "--baseline", "none",
+    from equivalence.commands import steps
+    monkeypatch.setattr(steps, "loss_of", noisy_loss)  # what every step computes
+    code = train_command.main(["--model", "lstm", "--level", "native,torchscript", "--baseline", "none",
                    "--steps", "4", "--out", str(tmp_path)])
-    assert code == T.EXIT_OK
+    assert code == EXIT_OK
     captured = capsys.readouterr()
     out = captured.out
     assert "levels train — lstm" in out and "tokens/s" in out
@@ -348,18 +351,18 @@ def test_cli_writes_json_png_and_prints_only_ours(tmp_path, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("argv, code, says", [
-    (["--model", "gpt", "--level", "9"], T.EXIT_USAGE, "argument 'level' must be one of"),
-    (["--model", "gpt", "--baseline", "cudnn"], T.EXIT_USAGE, "argument '--baseline' must be"),
-    (["--model", "gpt", "--steps", "0"], T.EXIT_USAGE, "argument '--steps' must be a positive int"),
-    (["--model", "cnn", "--dtype", "int8"], T.EXIT_USAGE, "argument '--dtype' must be one of"),
-    (["--model", "gpt", "--device", "cuda"], T.EXIT_NOTHING_RAN, "no CUDA GPU here"),
-    (["--model", "gpt", "--preset", "gpu"], T.EXIT_NOTHING_RAN, "'gpu' preset needs a CUDA GPU"),
-    (["--model", "gpt", "--level", "cuda", "--baseline", "none"], T.EXIT_NOTHING_RAN, "cuda (skip)"),
+    (["--model", "gpt", "--level", "9"], EXIT_USAGE, "argument 'level' must be one of"),
+    (["--model", "gpt", "--baseline", "cudnn"], EXIT_USAGE, "argument '--baseline' must be"),
+    (["--model", "gpt", "--steps", "0"], EXIT_USAGE, "argument '--steps' must be a positive int"),
+    (["--model", "cnn", "--dtype", "int8"], EXIT_USAGE, "argument '--dtype' must be one of"),
+    (["--model", "gpt", "--device", "cuda"], EXIT_NOTHING_RAN, "no CUDA GPU here"),
+    (["--model", "gpt", "--preset", "gpu"], EXIT_NOTHING_RAN, "'gpu' preset needs a CUDA GPU"),
+    (["--model", "gpt", "--level", "cuda", "--baseline", "none"], EXIT_NOTHING_RAN, "cuda (skip)"),
 ])
 def test_cli_exit_codes(argv, code, says, tmp_path, capsys):
-    if torch.cuda.is_available() and code == T.EXIT_NOTHING_RAN:
+    if torch.cuda.is_available() and code == EXIT_NOTHING_RAN:
         pytest.skip("this machine has a GPU")
-    assert T.main([*argv, "--out", str(tmp_path)]) == code
+    assert train_command.main([*argv, "--out", str(tmp_path)]) == code
     assert says in " ".join(capsys.readouterr().out.split())
 
 
@@ -374,7 +377,7 @@ def test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains(tm
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"  # two processes on two cores
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "equivalence.train", "--model", "gpt", "--level", "native,torchscript",
+           "-m", "equivalence.commands.train", "--model", "gpt", "--level", "native,torchscript",
            "--baseline", "none", "--steps", "4", "--batch", "1", "--out", str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170,
                           cwd=Path(__file__).resolve().parent.parent)
@@ -473,7 +476,7 @@ def test_ddp_on_two_gpus(tmp_path):
         pytest.skip(f"needs 2 GPUs; this machine has {torch.cuda.device_count()}")
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "equivalence.train", "--model", "gpt", "--level", "native,triton", "--baseline", "none",
+           "-m", "equivalence.commands.train", "--model", "gpt", "--level", "native,triton", "--baseline", "none",
            "--dtype", "bfloat16", "--steps", "6", "--out", str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parent.parent)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check
 from levels.contract import COMPONENTS
 
@@ -11,11 +11,11 @@ from levels.contract import COMPONENTS
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_native_passes(component, dtype):
     results = check(component, "native", dtype, "cpu", "tiny")
-    assert len(results) == len(specs.get(component).variants) * len(specs.LAYOUTS)
+    assert len(results) == len(cards.get(component).variants) * len(cards.LAYOUTS)
     for r in results:
         assert r.status == "pass", (r.variant, r.reason, r.comparisons)
         # outputs, updated buffers and every gradient were all compared
-        n_grads = len(specs.get(component).differentiable)
+        n_grads = len(cards.get(component).differentiable)
         assert len(r.comparisons) >= 1 + n_grads
 
 

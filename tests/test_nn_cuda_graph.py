@@ -188,7 +188,7 @@ def test_a_changed_module_is_refused():
 
 
 def test_overhead_graph_rows_on_a_cpu_are_skipped_with_the_reason():
-    from equivalence import overhead
+    from equivalence.commands.bench import overhead
 
     report = overhead.measure(["layer_norm"], ["native", "cuda"], "cpu", min_time_s=0.01)
     assert [(r["level"], r["status"]) for r in report["rows"]] == \
@@ -437,7 +437,7 @@ def test_gpu_errors_after_a_real_capture(level):
 
 @pytest.mark.gpu
 def test_overhead_graph_rows_on_a_gpu():
-    from equivalence import overhead
+    from equivalence.commands.bench import overhead
 
     report = overhead.measure(["layer_norm"], ["native", "triton"], "cuda", min_time_s=0.05)
     rows = {r["graphed_level"]: r for r in report["graph_rows"]}

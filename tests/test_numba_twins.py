@@ -26,7 +26,7 @@ import numba_kernels  # before anything imports numba: switches the simulator on
 from numba import cuda
 # isort: on
 import levels
-from equivalence import specs
+from equivalence import cards
 from equivalence.check import check, check_case
 from numba_kernels import gemm as gemm_twin
 from numba_kernels import layer_norm as ln_twin
@@ -82,7 +82,7 @@ MLP_SMALL = dict(rows=(2, 3), K=10, hidden=12, N=7)
 
 
 @simulated
-@pytest.mark.parametrize("layout", specs.LAYOUTS)
+@pytest.mark.parametrize("layout", cards.LAYOUTS)
 def test_mlp_twin_with_gemm_cu_32x32_tiles_passes_the_harness(layout):
     _all_pass([check_case("mlp", None, "float32", "cpu", MLP_SMALL, "default", layout=layout,
                           fn=level.mlp)])
@@ -92,7 +92,7 @@ def test_mlp_twin_with_gemm_cu_32x32_tiles_passes_the_harness(layout):
 def test_mlp_twin_across_8x8_tiles_passes_the_harness():
     mlp8 = functools.partial(level.mlp, tile=8)
     _all_pass([check_case("mlp", None, "float32", "cpu", MLP_SMALL, "default", layout=layout,
-                          fn=mlp8) for layout in specs.LAYOUTS])
+                          fn=mlp8) for layout in cards.LAYOUTS])
 
 
 @simulated

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import levels
-from equivalence import select, specs
+from equivalence import cards, select
 from equivalence import check as check_module
-from equivalence.agreement import REFERENCE, agreement
+from equivalence.commands.agree import REFERENCE, agreement
 from equivalence.check import check, check_args
-from equivalence.compare import compare
+from equivalence.commands.compare import compare
 from equivalence.profile import profile
 from levels import nn as lnn
 
@@ -66,7 +66,7 @@ def _module(name="student_levels", **functions):
 
 def test_a_correct_function_passes_both_layouts_under_its_own_name():
     results = check("layer_norm", fn=my_layer_norm)
-    assert {r.layout for r in results} == set(specs.LAYOUTS)
+    assert {r.layout for r in results} == set(cards.LAYOUTS)
     for r in results:
         assert r.passed, r.summary()
         assert r.level == "fn:my_layer_norm" and r.tolerance == 1e-5 and not r.tf32
@@ -88,7 +88,7 @@ def test_a_function_that_ignores_the_weights_stride_fails_in_the_strided_layout(
 
 
 def test_check_args_takes_a_function_and_keeps_the_callers_strides():
-    args = specs.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0, "strided").args
+    args = cards.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0, "strided").args
     seen = {}
 
     def spy(x, weight, bias, eps=1e-5):
@@ -164,7 +164,7 @@ def test_tf32_is_declared_never_assumed():
 def test_bad_uses_raise_clear_errors():
     with pytest.raises(ValueError, match="either a level or fn="):
         check("layer_norm", "native", fn=my_layer_norm)
-    args = specs.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0).args
+    args = cards.get("layer_norm").case("tiny", "default", torch.float32, "cpu", 0).args
     with pytest.raises(ValueError, match="either a level or fn="):
         check_args("layer_norm", "native", args, fn=my_layer_norm)
     with pytest.raises(ValueError, match="one component"):

@@ -112,7 +112,7 @@ def test_level5_built_in_the_background_is_charged_to_its_first_row(monkeypatch)
     # row waits for it and its first call is charged with the build, once.
     import threading
 
-    from equivalence.compare import Level5Build
+    from equivalence.commands.compare import Level5Build
 
     build = types.SimpleNamespace(loaded=lambda: False, last_build=lambda: None)
     ran = threading.Event()
@@ -137,7 +137,7 @@ def test_level5_built_in_the_background_is_charged_to_its_first_row(monkeypatch)
 
 
 def test_level5_build_failure_in_the_background_is_kept_for_the_rows(monkeypatch):
-    from equivalence.compare import Level5Build
+    from equivalence.commands.compare import Level5Build
 
     def load(device):
         raise RuntimeError("nvcc: error")
@@ -155,7 +155,7 @@ def test_level5_build_failure_in_the_background_is_kept_for_the_rows(monkeypatch
 
 
 def test_compare_starts_no_level5_build_without_a_gpu():
-    from equivalence.compare import Level5Build
+    from equivalence.commands.compare import Level5Build
     assert Level5Build.start("cpu") is None
 
 
@@ -166,7 +166,7 @@ def test_compare_checks_level4_in_threads_after_all_timing_poisoned_throughout(m
     import threading
     import time as _time
 
-    from equivalence import compare as C
+    from equivalence.commands import compare as C
 
     events = []
 
@@ -202,22 +202,22 @@ def test_compare_checks_level4_in_threads_after_all_timing_poisoned_throughout(m
     # the main thread's checks did not wait for Level 4's: they were done first
     assert max(i for i, e in enumerate(checks) if e[2] != "triton") < \
         max(i for i, e in enumerate(checks) if e[2] == "triton")
-    from equivalence import specs
-    expected = [list(specs.get(c).variants) for c in ("attention", "layer_norm") for _ in range(3)]
+    from equivalence import cards
+    expected = [list(cards.get(c).variants) for c in ("attention", "layer_norm") for _ in range(3)]
     assert [[c.variant for c in r.checks] for r in rows] == expected  # in order, every variant
 
 
 def test_rows_of_one_component_share_one_draw_and_never_each_others_copies(monkeypatch):
-    from equivalence import specs
+    from equivalence import cards
 
     drawn = []
-    real = specs.Spec.case
+    real = cards.Card.case
 
     def counting(self, *a, **k):
         drawn.append(a)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(specs.Spec, "case", counting)
+    monkeypatch.setattr(cards.Card, "case", counting)
     cache, seen = {}, []
 
     def mutating(x, weight, bias, eps=1e-5):

@@ -1,6 +1,6 @@
 """The float64 references agree with torch's own modules, on random and odd shapes.
 
-The references in equivalence/specs are written from the math; these tests are what
+The references in equivalence/cards are written from the math; these tests are what
 lets them be trusted as the ground truth for every level."""
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence import specs
+from equivalence import cards
 
 f64 = dict(dtype=torch.float64)
 
@@ -23,7 +23,7 @@ def close(a, b):
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_attention_reference_matches_sdpa(B, H, Nq, Nk, D, causal, scale):
     q, k, v = torch.randn(B, H, Nq, D, **f64), torch.randn(B, H, Nk, D, **f64), torch.randn(B, H, Nk, D, **f64)
-    ref, = specs.get("attention").reference(dict(q=q, k=k, v=v, causal=causal, scale=scale))
+    ref, = cards.get("attention").reference(dict(q=q, k=k, v=v, causal=causal, scale=scale))
     close(ref, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale))
 
 
@@ -34,7 +34,7 @@ def test_layer_norm_reference_matches_nn(shape):
         m.weight.normal_()
         m.bias.normal_()
     x = torch.randn(shape, **f64) * 3 + 1
-    ref, = specs.get("layer_norm").reference(dict(x=x, weight=m.weight, bias=m.bias, eps=m.eps))
+    ref, = cards.get("layer_norm").reference(dict(x=x, weight=m.weight, bias=m.bias, eps=m.eps))
     close(ref, m(x))
 
 
@@ -42,7 +42,7 @@ def test_layer_norm_reference_matches_nn(shape):
 def test_mlp_reference_matches_linear_gelu_linear(rows, K, Hd, N):
     fc1, fc2 = nn.Linear(K, Hd, **f64), nn.Linear(Hd, N, **f64)
     x = torch.randn(*rows, K, **f64)
-    ref, = specs.get("mlp").reference(dict(x=x, w1=fc1.weight, b1=fc1.bias, w2=fc2.weight, b2=fc2.bias))
+    ref, = cards.get("mlp").reference(dict(x=x, w1=fc1.weight, b1=fc1.bias, w2=fc2.weight, b2=fc2.bias))
     close(ref, fc2(F.gelu(fc1(x))))
 
 
@@ -50,7 +50,7 @@ def test_mlp_reference_matches_linear_gelu_linear(rows, K, Hd, N):
 def test_lstm_reference_matches_nn_lstm(B, T, I, H):
     m = nn.LSTM(I, H, batch_first=True, **f64)
     x, h0, c0 = torch.randn(B, T, I, **f64), torch.randn(1, B, H, **f64), torch.randn(1, B, H, **f64)
-    out, h, c = specs.get("lstm").reference(dict(x=x, h0=h0, c0=c0, w_ih=m.weight_ih_l0, w_hh=m.weight_hh_l0,
+    out, h, c = cards.get("lstm").reference(dict(x=x, h0=h0, c0=c0, w_ih=m.weight_ih_l0, w_hh=m.weight_hh_l0,
                                                  b_ih=m.bias_ih_l0, b_hh=m.bias_hh_l0))
     want, (want_h, want_c) = m(x, (h0, c0))
     close(out, want)
@@ -75,7 +75,7 @@ def test_conv_bn_reference_matches_conv2d_batchnorm2d(N, Ci, Hh, W, Co, k, strid
     mean0, var0 = bn.running_mean.clone(), bn.running_var.clone()
     bn.train(training)
     x = torch.randn(N, Ci, Hh, W, **f64)
-    got = specs.get("conv_bn").reference(dict(
+    got = cards.get("conv_bn").reference(dict(
         x=x, conv_weight=conv.weight, conv_bias=conv.bias, bn_weight=bn.weight, bn_bias=bn.bias,
         running_mean=mean0, running_var=var0, stride=stride, padding=padding, eps=bn.eps,
         momentum=bn.momentum, training=training))

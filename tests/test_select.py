@@ -7,7 +7,7 @@ import torch
 
 import levels
 import levels.native as native
-from equivalence import select, specs
+from equivalence import cards, select
 from equivalence.select import TIE, Measurement, choose
 from levels import nn as lnn
 
@@ -46,7 +46,7 @@ def test_choose_never_picks_a_level_that_did_not_pass():
 
 
 def _args(component="layer_norm", size="tiny", variant="default"):
-    return specs.get(component).case(size, variant, torch.float32, "cpu", seed=5).args
+    return cards.get(component).case(size, variant, torch.float32, "cpu", seed=5).args
 
 
 def test_measured_choice_is_within_5_percent_of_the_fastest_it_recorded(fresh_cache, monkeypatch):

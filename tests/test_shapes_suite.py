@@ -1,5 +1,6 @@
 """The model-shape suite (equivalence/shapes.py), its runner (`levels bench --suite models`,
-equivalence/bench/suite.py) and the per-call overhead measurement (equivalence/overhead.py),
+equivalence/commands/bench/suite.py) and the per-call overhead measurement
+(equivalence/commands/bench/overhead.py),
 on a CPU: every shape is a real model's and builds through its spec and the contract, the
 runner writes every shape (the tiny twins) to JSON and a plot, the goals are judged right,
 and nothing that could not run is hidden."""
@@ -14,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import levels
-from equivalence import overhead, plots, shapes, specs
-from equivalence.bench import suite
+from equivalence import calls, cards, plots, shapes
+from equivalence.commands.bench import overhead, reports, suite, suite_report
 from equivalence.timing import Timing
 from levels.contract import COMPONENTS, VALIDATORS
 
@@ -29,7 +30,7 @@ def test_every_component_has_six_shapes_each_from_a_named_model():
         mine = shapes.SHAPES[component]
         assert len(mine) >= 6, component
         assert len({s.name for s in mine}) == len(mine), f"{component}: shape names repeat"
-        spec = specs.get(component)
+        spec = cards.get(component)
         for s in mine:
             assert s.component == component
             assert s.model.strip() and len(s.source) > 20, f"{s.name} names no model or source"
@@ -79,8 +80,8 @@ def test_full_shape_passes_the_contract_without_allocating(shape):
         for key, value in _expected_sizes(shape).items():
             assert got[key] == value, (shape.name, key, got[key], value)
         assert args["x" if shape.component != "attention" else "q"].dtype == getattr(torch, shape.dtype)
-        flops = specs.get(shape.component).flops(args)
-        nbytes = specs.get(shape.component).min_bytes(args)
+        flops = cards.get(shape.component).flops(args)
+        nbytes = cards.get(shape.component).min_bytes(args)
         assert flops["fwd"] > 0 and flops["bwd"] > 0 and nbytes["fwd"] > 0
         if shape.component == "conv_bn" and shape.sizes.get("channels_last"):
             assert args["x"].is_contiguous(memory_format=torch.channels_last)
@@ -276,7 +277,7 @@ def test_nothing_timed_writes_nothing(tmp_path, quick_timer, monkeypatch):
         raise RuntimeError("this library call is not built here")
 
     monkeypatch.setattr(suite, "library_impls",
-                        lambda component, device, dtype: [suite.Impl("lib", "library", broken)])
+                        lambda component, device, dtype: [calls.Impl("lib", "library", broken)])
     out = tmp_path / "empty.json"
     report = suite.run("cpu", ["cuda"], ["layer_norm"], ["gpt2-small-train"], out_path=out)
     assert not out.exists()
@@ -310,7 +311,7 @@ def _bench_args(**given):
     p.add_argument("--component")
     p.add_argument("--device")
     p.add_argument("--out")
-    suite.add_suite_arguments(p)
+    suite_report.add_suite_arguments(p)
     overhead.add_overhead_arguments(p)
     argv = []
     for k, v in given.items():
@@ -324,7 +325,7 @@ def test_suite_command_on_a_cpu_says_it_is_a_smoke_run(tmp_path, quick_timer):
     text = io.StringIO()
     args = _bench_args(suite="models", device="cpu", component="layer_norm", level="native",
                        shapes="gpt2-*", out=tmp_path)
-    assert suite.run_suite(args, Console(file=text, width=200)) == 0
+    assert suite_report.run_suite(args, Console(file=text, width=200)) == 0
     printed = text.getvalue()
     assert "smoke run" in printed and "needs a CUDA GPU" in printed
     json_path = tmp_path / "cpu-suite-models.json"
@@ -333,20 +334,20 @@ def test_suite_command_on_a_cpu_says_it_is_a_smoke_run(tmp_path, quick_timer):
     assert [e["shape"] for e in saved["entries"]] == ["gpt2-small-train"] * 2 + \
         ["gpt2-medium-train"] * 2 + ["gpt2-xl-train"] * 2
     assert saved["command"].startswith("levels bench --suite models --device cpu")
-    assert "goals (issue 12)" in printed and "gpt2-xl-train" in printed
+    assert "goals: per component" in printed and "gpt2-xl-train" in printed
     with pytest.raises(ValueError, match="two different runs"):
-        suite.run_suite(_bench_args(suite="models", overhead=True, device="cpu"), Console(file=text))
+        suite_report.run_suite(_bench_args(suite="models", overhead=True, device="cpu"), Console(file=text))
 
 
 def test_output_paths_and_device_names():
-    assert suite.output_path(None, "cpu", "suite-models").as_posix() == \
+    assert reports.output_path(None, "cpu", "suite-models").as_posix() == \
         "levels-reports/cpu-suite-models.json"  # a smoke run is not a recorded result
-    assert suite.output_path("x/y.json", "cpu", "suite-models").as_posix() == "x/y.json"
-    assert suite.output_path("x", "cpu", "overhead").as_posix() == "x/cpu-overhead.json"
-    assert suite.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert suite.gpu_slug("NVIDIA H200") == "h200"
-    assert suite.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
-    assert suite.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"
+    assert reports.output_path("x/y.json", "cpu", "suite-models").as_posix() == "x/y.json"
+    assert reports.output_path("x", "cpu", "overhead").as_posix() == "x/cpu-overhead.json"
+    assert reports.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert reports.gpu_slug("NVIDIA H200") == "h200"
+    assert reports.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert reports.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"
 
 
 # ---------------------------------------------------------------------------------------

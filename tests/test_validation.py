@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import levels
-from equivalence import specs
+from equivalence import cards
 from levels.contract import COMPONENTS
 
 
@@ -18,7 +18,7 @@ def runnable(component):
 
 
 def good_args(component):
-    case = specs.get(component).case("tiny", next(iter(specs.get(component).variants)),
+    case = cards.get(component).case("tiny", next(iter(cards.get(component).variants)),
                                      torch.float32, "cpu", seed=0)
     return dict(case.args)
 

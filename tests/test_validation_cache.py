@@ -32,7 +32,7 @@ def _positional(fn, args: dict) -> tuple:
 
 
 def _good(bad: Bad) -> dict:
-    from equivalence import specs
+    from equivalence import cards as specs
     spec = specs.get(bad.component)
     variant = bad.variant or next(iter(spec.variants))
     size = SIZES[bad.component] if bad.size is None else bad.size
@@ -129,7 +129,7 @@ def test_the_table_starts_over_past_its_limit():
 def test_training_buffers_key_on_their_addresses_and_inference_mode():
     # the contract's aliasing check reads addresses: a new buffer that overlaps an argument
     # must be refused although the shapes are those of a kept good call
-    from equivalence import specs
+    from equivalence import cards as specs
     args = dict(specs.get("conv_bn").case("tiny", "train", torch.float32, "cpu", seed=0).args)
     validator = VALIDATORS["conv_bn"]
     table = Plans(validator, extra=conv_bn_buffers)

@@ -1,0 +1,111 @@
+"""Level 4 (Triton): conv2d + batchnorm, forward and backward.
+
+Without a GPU these run in Triton's CPU interpreter (slow: sizes stay tiny). Every case is
+compared with the float64 reference of equivalence/cards at the fixed tolerance of its
+dtype (the running statistics it updates too), with uninitialized memory poisoned by NaN. @pytest.mark.gpu tests repeat
+this on CUDA at fp16/bf16/fp32 with odd sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# First: without a GPU this sets TRITON_INTERPRET=1, which must happen before anything
+# imports triton (triton.language's own @jit helpers, e.g. tl.max's combine function, are
+# built at import time and only work in the interpreter if it is on by then).
+import levels.triton as L4  # isort: skip
+from equivalence import cards
+from equivalence.check import check, check_args
+
+pytest.importorskip("triton")
+
+COMPONENT = "conv_bn"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _args(component, shape, dtype, seed=0, **variant):
+    g = torch.Generator().manual_seed(seed)
+    args = cards.get(component).module.make_args(shape, dtype, torch.device(DEVICE), g)
+    args.update(variant)
+    return args
+
+
+def _passes(component, args):
+    """The harness's own check (equivalence.check.check_args) on these exact arguments:
+    outputs, updated buffers and every gradient against the float64 reference, poisoned."""
+    r = check_args(component, "triton", args)
+    assert r.passed, r.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_harness_tiny(dtype):
+    results = check(COMPONENT, "triton", dtype=dtype, device=DEVICE, size="tiny")
+    assert len(results) == len(cards.get(COMPONENT).variants) * len(cards.LAYOUTS)
+    for r in results:
+        assert r.status == "pass", f"{r.variant}: {r.status} {r.reason} {r.worst}"
+
+
+def test_float64_is_refused_by_name():
+    args = _args(COMPONENT, cards.get(COMPONENT).sizes["tiny"], torch.float64)
+    with pytest.raises(TypeError, match=rf"{COMPONENT}: argument 'x'.*float64"):
+        getattr(L4, COMPONENT)(**args)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_channels_last_rect_kernel_no_bias(training):
+    shape = dict(N=2, C_in=5, H=7, W=6, C_out=6, k=3, stride=(1, 2), padding=(0, 1),
+                 channels_last=True)
+    args = _args("conv_bn", shape, torch.float32, seed=4, training=training)
+    w = args["conv_weight"][:, :, :2, :]  # a 2x3 kernel, as a strided view
+    args["conv_weight"] = w
+    args["conv_bias"] = None
+    _passes("conv_bn", args)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("weight_layout", ["1x1", "channels_last 3x3", "strided 1x1"])
+def test_conv_bn_eval_inference_applies_batchnorm_in_the_epilogue(bias, weight_layout):
+    # Eval under no_grad with a weight whose channels are contiguous takes the fused path
+    # (BatchNorm in the conv's epilogue, no fold kernel); the harness checks that forward
+    # again with gradients off. A 1x1 strided view (channels 2 apart) takes the fold.
+    k = 3 if "3x3" in weight_layout else 1
+    shape = dict(N=2, C_in=6, H=5, W=7, C_out=10, k=k, stride=(2, 1), padding=(k // 2, 0),
+                 channels_last=True)
+    args = _args("conv_bn", shape, torch.float32, seed=5, training=False)
+    if weight_layout == "channels_last 3x3":
+        args["conv_weight"] = args["conv_weight"].contiguous(memory_format=torch.channels_last)
+        assert args["conv_weight"].stride(1) == 1
+    if weight_layout == "strided 1x1":
+        w = args["conv_weight"]
+        args["conv_weight"] = torch.cat([w, w], 1)[:, ::2]
+        assert args["conv_weight"].stride(1) == 2
+    if not bias:
+        args["conv_bias"] = None
+    _passes("conv_bn", args)
+
+
+def test_conv_bn_train_updates_running_stats_once():
+    # The running statistics move in forward only (not again in backward), like BatchNorm2d.
+    args = _args("conv_bn", cards.get("conv_bn").sizes["tiny"], torch.float32, training=True)
+    rm, rv = args["running_mean"].clone(), args["running_var"].clone()
+    x = args["x"].clone().requires_grad_(True)
+    out = L4.conv_bn(x, args["conv_weight"], args["conv_bias"], args["bn_weight"], args["bn_bias"],
+                     rm, rv, args["stride"], args["padding"], training=True)
+    after_fwd = rm.clone(), rv.clone()
+    out.sum().backward()
+    assert not torch.equal(after_fwd[0], args["running_mean"])
+    assert torch.equal(after_fwd[0], rm) and torch.equal(after_fwd[1], rv)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [
+    dict(N=4, C_in=64, H=30, W=31, C_out=96, k=3, stride=1, padding=1, channels_last=True),
+    dict(N=3, C_in=19, H=17, W=20, C_out=33, k=3, stride=2, padding=1),
+])
+def test_conv_bn_gpu(dtype, training, shape):
+    _passes("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"], training=training))

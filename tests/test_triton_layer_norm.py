@@ -1,0 +1,118 @@
+"""Level 4 (Triton): layer_norm, forward and backward.
+
+Without a GPU these run in Triton's CPU interpreter (slow: sizes stay tiny). Every case is
+compared with the float64 reference of equivalence/cards at the fixed tolerance of its
+dtype, with uninitialized memory poisoned by NaN. @pytest.mark.gpu tests repeat
+this on CUDA at fp16/bf16/fp32 with odd sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# First: without a GPU this sets TRITON_INTERPRET=1, which must happen before anything
+# imports triton (triton.language's own @jit helpers, e.g. tl.max's combine function, are
+# built at import time and only work in the interpreter if it is on by then).
+import levels.triton as L4  # isort: skip
+from equivalence import cards
+from equivalence.check import check, check_args, compare
+from equivalence.tolerances import tolerance
+
+pytest.importorskip("triton")
+
+COMPONENT = "layer_norm"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _args(component, shape, dtype, seed=0, **variant):
+    g = torch.Generator().manual_seed(seed)
+    args = cards.get(component).module.make_args(shape, dtype, torch.device(DEVICE), g)
+    args.update(variant)
+    return args
+
+
+def _passes(component, args):
+    """The harness's own check (equivalence.check.check_args) on these exact arguments:
+    outputs, updated buffers and every gradient against the float64 reference, poisoned."""
+    r = check_args(component, "triton", args)
+    assert r.passed, r.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_harness_tiny(dtype):
+    results = check(COMPONENT, "triton", dtype=dtype, device=DEVICE, size="tiny")
+    assert len(results) == len(cards.get(COMPONENT).variants) * len(cards.LAYOUTS)
+    for r in results:
+        assert r.status == "pass", f"{r.variant}: {r.status} {r.reason} {r.worst}"
+
+
+def test_float64_is_refused_by_name():
+    args = _args(COMPONENT, cards.get(COMPONENT).sizes["tiny"], torch.float64)
+    with pytest.raises(TypeError, match=rf"{COMPONENT}: argument 'x'.*float64"):
+        getattr(L4, COMPONENT)(**args)
+
+
+@pytest.mark.parametrize("N", [1, 7, 300])
+def test_layer_norm_odd_widths(N):
+    _passes("layer_norm", _args("layer_norm", dict(rows=(3,), N=N), torch.float32, seed=N))
+
+
+def test_layer_norm_strided_rows():
+    args = _args("layer_norm", dict(rows=(4, 5), N=33), torch.float32, seed=2)
+    args["x"] = args["x"].transpose(0, 1).contiguous().transpose(0, 1)  # rows not evenly strided
+    _passes("layer_norm", args)
+
+
+def test_layer_norm_rejects_rows_too_wide_for_registers():
+    x = torch.randn(1, 65537, device=DEVICE)
+    w = torch.ones(65537, device=DEVICE)
+    with pytest.raises(ValueError, match=r"layer_norm: argument 'x'.*65536.*65537"):
+        L4.layer_norm(x, w, w)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,N", [((1000,), 1023), ((3, 77), 4097), ((513,), 1), ((64,), 16384)])
+def test_layer_norm_gpu(dtype, rows, N):
+    _passes("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tiling", [(2, 8, 4), (4, 16, 2), (1, 4, 8)])
+def test_layer_norm_gpu_backward_tilings(dtype, tiling, monkeypatch):
+    # The tilings the benchmark sweeps must compute the same gradients (rows not a multiple
+    # of BLOCK_M or of the programs: the last program's share is ragged).
+    import triton_kernels.layer_norm as kernels
+    key = (1000, torch.empty((), dtype=dtype).element_size())
+    monkeypatch.setattr(kernels, "BACKWARD_TILING", {key: tiling})
+    _passes("layer_norm", _args("layer_norm", dict(rows=(777,), N=1000), dtype, seed=tiling[0]))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_gpu_widest_row(dtype):
+    # MAX_WIDTH: one 65536-wide row per program, in registers (spills are measured by
+    # scripts/device_layouts.py and recorded in reports/h100-layouts.json).
+    _passes("layer_norm", _args("layer_norm", dict(rows=(67,), N=65536), dtype, seed=1))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_layer_norm_gpu_beyond_2_31_elements():
+    # Row offsets past 2**31 elements: a 32-bit product would wrap and read row 0's memory.
+    M, N = 2 ** 19 + 3, 4096
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = L4.layer_norm(x, w, b)
+    for rows in (slice(0, 2), slice(M - 3, M)):
+        ref = cards.get("layer_norm").module.reference(x[rows].double(), w.double(), b.double())[0]
+        assert compare("rows", y[rows], ref, tolerance(torch.bfloat16), torch.bfloat16).ok, rows
+    del x, y
