@@ -34,7 +34,7 @@ Head dims D in HEAD_DIMS (one register tile spans D, templated per D); any Nq, N
 edges); causal needs Nq == Nk (the contract's rule). Layouts: see the note on operands below.
 
 Measured on the H100 (bf16, B=4 H=16 N=4096 D=128, forward, against SDPA's FLASH backend in
-the same run; reports/h100-level5-part-b.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
+the same run; reports/h100-level5-attention-lstm.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
 v5 253 (0.73x; causal 217, 0.71x; goal 0.9x). Backward (v4/v5's) 172 TFLOP/s = 0.59x FLASH's:
 the dQ kernel recomputes S and dP, 7 matrix products where the FLOP count has 5. Level 4's
 Triton kernel reaches 488 on the same GPU: the distance is what the next rungs (fewer
@@ -61,7 +61,7 @@ VERSIONS = {
        "memory feeds two MMAs, Q re-read from shared memory; backward: version 4's "
        "(fp32 runs version 2)",
 }
-DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-part-b.json)
+DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-attention-lstm.json)
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
 HEAD_DIMS = (16, 32, 64, 128)  # Level 4's (triton_kernels/attention.py)
 TENSOR_CORE_VERSIONS = (3, 4, 5)

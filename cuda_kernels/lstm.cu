@@ -22,7 +22,7 @@
 //   input 512, hidden 512, T=100: bf16 v2 1.16 ms (2.13x), fp32 v2 2.61 ms (0.97x). Forward
 //   + backward, bf16, the first shape: v2 1.73 ms (2.37x).
 //   v2 after tuning (the per-step latency work below: fatter blocks, the split flag barrier,
-//   cp.async staging, xp prefetched across the barrier): see reports/h100-level5-part-b.json.
+//   cp.async staging, xp prefetched across the barrier): see reports/h100-level5-attention-lstm.json.
 //
 // Versions (LEVELS_CUDA_VERSION_LSTM=1|2, or version=; neither: the PLAN, v2 where its plan
 // fits this GPU — all its blocks resident at once with their W_hh rows on chip — else v1):

@@ -39,7 +39,7 @@ elements, 8 KB) from L2 into each block's shared memory.
     + backward, bf16, B=8: v2 1.73 ms (2.37x).
     v2 after tuning (8 units a block up to batch 16, the flag barrier split around the xp
     prefetch, cp.async staging; build knobs LEVELS_LSTM_V2_UNITS / _FAT_BATCH / _BARRIER in
-    lstm.cu): see reports/h100-level5-part-b.json.
+    lstm.cu): see reports/h100-level5-attention-lstm.json.
 
 Safer than Level 4's barrier: v2 is launched with cudaLaunchCooperativeKernel, its grid sized
 from cudaOccupancyMaxActiveBlocksPerMultiprocessor, so all of its blocks are resident at once

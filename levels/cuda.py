@@ -47,7 +47,7 @@ NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain 
 # (`KERNEL_FILES = ("gemm.cu",)` in cuda_kernels/<component>.py): gemm.cu serves the MLP.
 DEFAULT_KERNEL_FILES = {"mlp": ("gemm.cu",)}
 
-# equivalence/explain.py may show explain() even where the level cannot run: reading the
+# equivalence/commands/explain.py may show explain() even where the level cannot run: reading the
 # kernels and their ptxas report needs nvcc, not a GPU.
 EXPLAIN_WITHOUT_DEVICE = True
 

@@ -1,7 +1,7 @@
 """levels.nn.cuda_graph: a levels.nn module's call captured as a CUDA graph and replayed.
 
 On a CPU: the clear errors (a CPU module or input, level="auto", keyword arguments, bad
-options), every per-call check of the arguments and of the module (levels.nn._Signature
+options), every per-call check of the arguments and of the module (levels.cuda_graph._Signature
 needs no GPU), the `levels bench --overhead` graph rows (skipped, with the reason), and the
 capture/replay wiring itself with a stand-in for the CUDA graph (`recorded_graphs` below:
 it records the aten ops a capture would and replays them into the same tensors), so that
@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import levels
+from levels import cuda_graph as graphs
 from levels import nn as lnn
 
 NO_GPU = "CUDA graphs replay GPU work"
@@ -131,7 +132,7 @@ def test_keyword_and_option_errors():
 
 def test_each_call_is_checked_against_the_capture_naming_the_argument():
     m, make_args = _case("attention")
-    sig = lnn._Signature(m, make_args())
+    sig = graphs._Signature(m, make_args())
     assert len(sig.tensors(make_args())) == 1  # query; key/value None and causal are fixed
     x = make_args()[0]
     bad = {
@@ -151,7 +152,7 @@ def test_each_call_is_checked_against_the_capture_naming_the_argument():
     assert "'causal' is argument 3 of MultiheadAttention.forward" in str(err)
 
     lstm, make_lstm = _case("lstm")
-    sig = lnn._Signature(lstm, make_lstm())
+    sig = graphs._Signature(lstm, make_lstm())
     assert sig.tensor_names == ["argument 'x'", "argument 'hx'[0]", "argument 'hx'[1]"]
     x, (h0, c0) = make_lstm()
     with pytest.raises(ValueError, match=r"argument 'hx' must be a tuple of 2 items.*got NoneType"):
@@ -163,7 +164,7 @@ def test_each_call_is_checked_against_the_capture_naming_the_argument():
 
 def test_a_changed_module_is_refused():
     m, make_args = _case("conv_bn_train")
-    sig = lnn._Signature(m, make_args())
+    sig = graphs._Signature(m, make_args())
     sig.check_module()
     m.level = "torchscript"
     with pytest.raises(RuntimeError,
@@ -178,7 +179,7 @@ def test_a_changed_module_is_refused():
     with pytest.raises(RuntimeError, match="buffer 'bn.running_mean' was replaced or moved"):
         sig.check_module()
     m2, make_args2 = _case("mlp")
-    sig = lnn._Signature(m2, make_args2())
+    sig = graphs._Signature(m2, make_args2())
     with torch.no_grad():
         m2.fc1.weight.add_(1)  # in place: what an optimizer does, fine
     sig.check_module()

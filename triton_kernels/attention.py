@@ -23,7 +23,7 @@ Causal masking costs nothing where it is not needed: key blocks entirely above t
 diagonal are never visited, blocks entirely below it run without a mask, and only the
 blocks that straddle the diagonal (or the ragged end of the sequence) pay for `tl.where`.
 
-Measured on an H100 (reports/h100-triton-part-b.json), bf16 B=4 H=16 N=4096 D=128:
+Measured on an H100 (reports/h100-triton-attention-lstm.json), bf16 B=4 H=16 N=4096 D=128:
 forward 495 / 434 TFLOP/s (full / causal), 1.42x SDPA's FLASH backend, 0.79x / 0.80x its
 cuDNN backend; backward 374 / 354 TFLOP/s, 1.28x / 1.41x SDPA FLASH backward.
 
@@ -369,11 +369,11 @@ KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _attn_bwd_preprocess, _attn
 # ---------------------------------------------------------------------------------------
 # Block shapes. Causal masking needs BLOCK_M % BLOCK_N == 0 in the forward and dQ kernels
 # and BLOCK_N % BLOCK_M == 0 in the dK/dV kernel, so that the diagonal is covered by whole
-# inner blocks. The 16-bit entries were measured on an H100 (scripts/device_issue5.py
+# inner blocks. The 16-bit entries were measured on an H100 (scripts/device_triton_attention_lstm.py
 # sweeps them); fp32 tiles are twice as large, so they get smaller blocks to fit shared
 # memory, and the interpreter gets small blocks because it is slow.
 TUNED = {
-    # H100, bf16, B4 H16 N4096 D128 (scripts/device_issue5.py --sweep, 2026-11-21):
+    # H100, bf16, B4 H16 N4096 D128 (scripts/device_triton_attention_lstm.py --sweep, 2026-11-21):
     # BLOCK_N=128 stages 3: 495/436 TFLOP/s full/causal; BLOCK_N=64: 486/427; 4 stages or
     # 2 stages: 473/414 and 468/391.
     "fwd_d128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),

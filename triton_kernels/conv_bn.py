@@ -23,7 +23,7 @@ What it adds over torch.compile / cuDNN + a BN kernel:
   the same G that gives dW: y is never recomputed or stored.
 
 Measured (H100, bf16 channels_last, N=32, 128 -> 256, 64x64, 3x3 pad 1,
-reports/h100-bench.json and h100-triton-part-a.json): eval forward 0.26-0.34 ms =
+reports/h100-bench.json and h100-triton-layer-norm-mlp-conv-bn.json): eval forward 0.26-0.34 ms =
 228-301 TFLOP/s, 0.83-1.10x eager cuDNN Conv2d + BatchNorm2d over three runs (goal
 0.75x; measured when an autotuner picked between two close tiles, which the size rule of
 _fwd_tile now does without timing them); train forward

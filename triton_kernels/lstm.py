@@ -31,7 +31,7 @@ programs one after another, a single program per batch block owns every hidden u
 needs no barrier.
 
 Measured on an H100, B=8, input 256, hidden 512, T=64, forward (reports/h100-bench.json;
-step mode in reports/h100-triton-part-b.json): bf16 0.49 ms persistent (7.6 us/step),
+step mode in reports/h100-triton-attention-lstm.json): bf16 0.49 ms persistent (7.6 us/step),
 3.5x cuDNN's nn.LSTM (1.69 ms), vs 1.9 ms in step mode (30 us/step, mostly launch
 overhead). fp32 with exact dots (input_precision="ieee") takes 2.50 ms, 0.44x nn.LSTM:
 Triton lowers fp32 "ieee" dots to CUDA-core FMAs through shared-memory layout shuffles,
