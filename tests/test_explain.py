@@ -1,6 +1,7 @@
 """`explain`: what each level really runs, in text that belongs to the component."""
 
 import json
+import re
 import types
 
 import pytest
@@ -242,3 +243,18 @@ def test_live_host_breakdown_times_every_piece(component):
     assert sum(p["us"] for p in d["pieces"]) == pytest.approx(d["total"]["us"], abs=0.1)
     section = explain(component, "triton", device="cuda").section(HOST)
     assert "MEASURED here, now" in section and "GPU time of the call" in section
+
+
+@pytest.mark.parametrize("level", ["triton", "cuda"])
+def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
+    # the lesson needs no GPU: it reads the two committed `levels bench --overhead` runs and
+    # the GPT's training tables (reports/), and says which files
+    from equivalence.commands import host_path
+    for component in ("layer_norm", "mlp"):
+        title, body = host_path.section(component, level)
+        assert title == host_path.TITLE
+        assert re.search(r"forward +\d+\.\d us \([+-]\d+\) +\d+\.\d us \([+-]\d+\) +\d+\.\d us", body), body
+        assert re.search(r"forward\+backward +\d+\.\d us", body)
+        assert "reports/h100-overhead-before-host-path.json" in body and "tokens/s" in body
+    text = explain("layer_norm", level, "cpu")
+    assert host_path.TITLE in text

@@ -15,13 +15,10 @@ Each level answers in its own terms, from the real thing, never from a descripti
   compile      the code Inductor generated for the forward and the backward graph: C++
                (OpenMP + SIMD) on a CPU, Triton on a GPU, plus the library calls it kept.
   others       the level module's own `explain(component, device)`, if it has one.
-  triton       also "Where the microseconds go": the host time of one small call, piece by
-               piece (validation, allocations, launch, autograd.Function.apply), measured
-               on a CUDA GPU, else the recorded reports/h100-host-probe.json, labelled so
-               (equivalence/host_probe.py).
-
-Inputs are the component's `tiny` case (float32 unless asked otherwise), so the listing
-is short and fast; the structure is the same at every size.
+  triton       also "Where the microseconds go": one small call's host time, piece by piece,
+               live on a CUDA GPU, else as recorded (host_probe.py); triton and cuda: the
+               host path before and after, as recorded on an H100 (host_path.py).
+Inputs are the component's `tiny` case (float32 unless asked), so the listing is short.
 """
 
 from __future__ import annotations
@@ -42,6 +39,7 @@ from levels.contract import COMPONENTS
 from .. import cards
 from ..calls import upstream as _upstream  # a fixed random upstream gradient per output
 from ..check import _prepare, flatten, resolve_dtype
+from . import host_path
 from .console import EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, resolve_device
 
 RULE = "=" * 88
@@ -122,11 +120,12 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
         if getattr(module, "EXPLAIN_WITHOUT_DEVICE", False):
             # Level 5's kernels can still be read, and their ptxas report made, with nvcc alone.
             return Explanation(component, info.name, name, [
-                Section("runs elsewhere", note),
-                Section("the kernels", module.explain(component, device))])
+                Section("runs elsewhere", note), Section("the kernels", module.explain(component, device)),
+                Section(*host_path.section(component, info.name))])
         sections = [Section("unavailable", note)]
-        if info.name == "triton":  # the recorded host-time lesson needs no GPU
-            sections.append(host_time_section(component, device))
+        if info.name == "triton":  # the recorded host-time lessons need no GPU
+            sections += [host_time_section(component, device),
+                         Section(*host_path.section(component, "triton"))]
         return Explanation(component, info.name, name, sections)
     explainers = {"native": _explain_native, "torchscript": _explain_torchscript,
                   "compile": _explain_compile}
@@ -154,6 +153,8 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
     sections = [Section(info.title, str(own(component, device)))]
     if info.name == "triton":
         sections.append(host_time_section(component, device))
+    if info.name in host_path.WHAT_CHANGED:
+        sections.append(Section(*host_path.section(component, info.name)))
     return Explanation(component, info.name, name, sections)
 
 
@@ -422,9 +423,8 @@ def _table(rows: list[dict], name_width: int = NAME_WIDTH) -> list[str]:
 
 
 def host_time_section(component: str, device) -> Section:
-    """"Where the microseconds go": the host time of one small Level 4 call, piece by piece.
-    Measured live on a CUDA GPU (equivalence.host_probe.host_breakdown); elsewhere the
-    recorded numbers (reports/h100-host-probe.json), labelled as recorded."""
+    """"Where the microseconds go": one small Level 4 call's host time, piece by piece: live on
+    a CUDA GPU (host_probe.host_breakdown), else reports/h100-host-probe.json, so labelled."""
     from . import host_probe as hp
 
     device = torch.device(device)
