@@ -18,6 +18,7 @@ the argument, what was expected and what was given.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 
@@ -424,14 +425,12 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     # 16-bit x, and every level computes the normalization in float32
     "conv_bn": (LOW_PRECISION, ("x", "conv_weight", "conv_bias")),
 }
-_SIGNATURES = {
-    "attention": ("q", "k", "v", "causal", "scale"),
-    "layer_norm": ("x", "weight", "bias", "eps"),
-    "mlp": ("x", "w1", "b1", "w2", "b2"),
-    "lstm": ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh"),
-    "conv_bn": ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias", "running_mean",
-                "running_var", "stride", "padding", "eps", "momentum", "training"),
-}
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(component: str) -> tuple[str, ...]:
+    """The contract's argument names of `component`, in order (its validator's signature)."""
+    return tuple(inspect.signature(VALIDATORS[component]).parameters)
 
 
 def autocast_dtype(component: str, device: torch.device) -> torch.dtype | None:
@@ -443,10 +442,10 @@ def autocast_dtype(component: str, device: torch.device) -> torch.dtype | None:
     return torch.float32 if target == FLOAT32 else torch.get_autocast_dtype(device.type)
 
 
-def autocast_args(component: str, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """(args, kwargs) with the casts of AUTOCAST, or None when autocast is off for the device
-    of the call's first tensor. Only floating-point tensors are cast (a bad argument stays
-    what it was, for the contract to refuse by name)."""
+def autocast_args(component: str, args: tuple, kwargs: dict) -> tuple[tuple, dict, str] | None:
+    """(args, kwargs, device type) with the casts of AUTOCAST, or None when autocast is off for
+    the device of the call's first tensor. Only floating-point tensors are cast (a bad argument
+    stays what it was, for the contract to refuse by name)."""
     first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
     if first is None:
         return None
@@ -454,14 +453,14 @@ def autocast_args(component: str, args: tuple, kwargs: dict) -> tuple[tuple, dic
     if dtype is None:
         return None
     names = AUTOCAST[component][1]
-    order = _SIGNATURES[component]
+    order = _parameters(component)
 
     def cast(name, value):
         if name in names and isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.to(dtype)
         return value
     args = tuple(cast(order[i] if i < len(order) else "", a) for i, a in enumerate(args))
-    return args, {k: cast(k, v) for k, v in kwargs.items()}
+    return args, {k: cast(k, v) for k, v in kwargs.items()}, first.device.type
 
 
 def autocasts(component: str):
@@ -474,10 +473,9 @@ def autocasts(component: str):
             if torch._C._is_any_autocast_enabled():
                 cast = autocast_args(component, args, kwargs)
                 if cast is not None:
-                    device_type = next(a for a in (*cast[0], *cast[1].values())
-                                       if isinstance(a, torch.Tensor)).device.type
+                    args, kwargs, device_type = cast
                     with torch.autocast(device_type, enabled=False):
-                        return fn(*cast[0], **cast[1])
+                        return fn(*args, **kwargs)
             return fn(*args, **kwargs)
         call.autocast = AUTOCAST[component]
         return call
