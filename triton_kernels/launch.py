@@ -8,8 +8,10 @@ and only then calls the CUDA launcher. Measured on an H100's host (`scripts/prob
 one layer_norm launch, tiny problem): 26-32 us through `kernel[grid]`, 10-11.5 us for the
 compiled kernel's launcher alone, against 19-28 us for a whole eager `F.layer_norm`.
 
-`launch(kernel, grid, *args, **constexprs_and_options)` keeps the launcher and skips the
-rest when it can:
+A kernel decorated `@fast_launch` (above `@triton.jit`) is still launched the Triton way,
+`kernel[grid](*args, **constexprs)`, in every file of triton_kernels/: that call goes to
+`launch(kernel, grid, *args, **constexprs_and_options)`, which keeps the launcher and skips
+the rest when it can:
 
 - the first call with a new key goes through `kernel[grid]` (which compiles if needed)
   and keeps the CompiledKernel it returns;
@@ -30,12 +32,17 @@ difference (the grader does, to count launches in JITFunction.run). While torch.
 traces a model (Dynamo must see `kernel[grid]` to capture a user-defined Triton kernel)
 and in the CPU interpreter, the JIT path is always taken.
 
-What it saved is smaller than the launcher alone suggests (layer_norm's launch: 26 -> 24
-us on that host, reports/h100-host-probe.json, with a first version of the key built by
-one Python call per argument): building a key in Python costs much of what the JIT's C++
-specializer costs. The larger savings in Level 4's host time came from around the launches: no
-autograd.Function.apply when nothing needs a gradient (`needs_grad`), fewer allocations
-and reshapes, no `triton.cdiv` on the host, and operand checks done once, by the contract.
+What it saved was smaller than the launcher alone suggests with the first key (layer_norm's
+launch: 26 -> 24 us on that host, reports/h100-host-probe.json, the key built by one Python
+call per argument, the kernel hashed by its cache_key property per launch, the constexprs
+re-collected per launch): building a key in Python costs much of what the JIT's C++
+specializer costs. The key now is one comprehension over the positional arguments plus the
+keyword arguments as they come, the kernel's table is found by id, and the constexprs and
+defaults to append are stored with the compiled kernel (the profile of
+reports/h100-host-path-probe-before.json showed the old per-launch work). The larger savings
+came from around the launches: no autograd.Function.apply when nothing needs a gradient
+(`needs_grad`), fewer allocations (no statistics stored without a backward), the contract's
+validation once per argument signature (levels/triton.py), and no import per call.
 
 `cdiv` and `next_power_of_2` are here because Triton's own are ConstexprFunction objects
 on recent versions: usable inside kernels, but several microseconds per host call.
