@@ -1,0 +1,495 @@
+"""Level 5's C++ glue on a CPU: the real cuda_kernels/autograd.cpp, compiled with g++, run
+against torch twins of the kernel ops and checked by the harness like any level.
+
+autograd.cpp is all that lies between a Level 5 call and its kernels (reshapes, copies, NHWC
+permutes, the LSTM's row orders, the backward GEMMs, the mixed-dtype BatchNorm update), and
+it reaches the kernel ops through the dispatcher only. So here the binding's own schemas are
+registered for the CPU, each op a twin written in torch from the contract the CUDA op
+documents (its *_binding.cpp and .cu): what it reads in which layout, what it returns in which
+dtype and row order, where it rounds to 16 bits; and a twin refuses what its binding refuses.
+Passing proves the glue, given kernels that keep their contract: whether they do is
+tests/test_cuda_<component>.py's business, on a GPU, where this module skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import shutil
+from pathlib import Path
+
+import levels  # noqa: F401 - first: it switches Triton's interpreter on where there is no GPU
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.grad import conv2d_input, conv2d_weight
+
+from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
+from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
+from equivalence import specs
+from equivalence.check import check, check_args, clone_layout, compare, flatten
+from equivalence.tolerances import tolerance
+from levels.contract import COMPONENTS
+from tests.test_bad_inputs import BY_KEY, judge
+
+
+def _why_not_here() -> str | None:
+    from torch.utils import cpp_extension
+
+    if torch.cuda.is_available():
+        return ("a CUDA GPU is present: the real Level 5 library owns torch.ops.levels_cuda "
+                "(tests/test_cuda_<component>.py test it)")
+    compiler = os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension runs (g++ here)
+    if shutil.which(compiler) is None:
+        return (f"needs a C++ compiler to build cuda_kernels/autograd.cpp: {compiler!r} ($CXX, "
+                f"default c++) is not on PATH")
+    if not any((Path(d) / "torch" / "library.h").exists() for d in cpp_extension.include_paths()):
+        return "this torch has no C++ headers (torch/library.h) to build autograd.cpp against"
+    if not cpp_extension.is_ninja_available():
+        return "needs ninja (torch.utils.cpp_extension builds with it)"
+    return None
+
+
+if (_reason := _why_not_here()) is not None:
+    pytest.skip(_reason, allow_module_level=True)
+
+SEED = 20260522  # fixed: a failure replays with the same numbers
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------
+# The twins: the kernel ops' contract, in torch
+# ---------------------------------------------------------------------------------------
+
+def _refuse(ok: bool, op: str, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"levels_cuda::{op}: {what} (the CUDA op refuses this)")
+
+
+def _expect(op, name, t, shape, dtype, dense=False) -> None:
+    ok = tuple(t.shape) == tuple(shape) and t.dtype == dtype and (not dense or t.is_contiguous())
+    _refuse(ok, op, f"'{name}' must be {'contiguous ' if dense else ''}{dtype} {tuple(shape)}; "
+                f"got {t.dtype} {tuple(t.shape)} with strides {t.stride()}")
+
+
+def _version(op, version, known) -> None:
+    _refuse(version in known, op, f"version {version} does not exist")
+
+
+# layer_norm.cu: x (M, N) with adjacent columns (any row stride); mean, rstd fp32 per row.
+def layer_norm_fwd(x, weight, bias, eps, version):
+    _version("layer_norm_fwd", version, k_layer_norm.VERSIONS)
+    _refuse(x.size(1) == 1 or x.stride(1) == 1, "layer_norm_fwd", "'x': adjacent columns")
+    for name, t in (("weight", weight), ("bias", bias)):
+        _expect("layer_norm_fwd", name, t, (x.size(1),), x.dtype, dense=True)
+    x32 = x.float()
+    mean = x32.mean(1)
+    rstd = torch.rsqrt(((x32 - mean[:, None]) ** 2).mean(1) + eps)
+    y = (x32 - mean[:, None]) * rstd[:, None] * weight.float() + bias.float()
+    return y.to(x.dtype), mean, rstd
+
+
+def layer_norm_bwd(dy, x, weight, mean, rstd, version):
+    op, (M, N) = "layer_norm_bwd", x.shape
+    _version(op, version, k_layer_norm.VERSIONS)
+    _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,
+            "'dy' and 'x' must be (M, N) with adjacent columns")
+    _expect(op, "weight", weight, (N,), x.dtype, dense=True)
+    for name, t in (("mean", mean), ("rstd", rstd)):
+        _expect(op, name, t, (M,), F32, dense=True)
+    xhat = (x.float() - mean[:, None]) * rstd[:, None]  # from the forward's statistics
+    g = dy.float() * weight.float()
+    dx = rstd[:, None] * (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True))
+    dt = weight.dtype
+    return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(dt), dy.float().sum(0).to(dt)
+
+
+# attention.cu: stride 1 along D, and 16-byte chunks at versions 3-5 in 16 bits; lse fp32 in
+# base 2, log2 sum_j 2^(scale log2(e) q.k_j); the backward recomputes P from lse and takes
+# delta = rowsum(dO * O) from the forward's out.
+def _operands(op, version, like, **named) -> None:
+    chunks = version in k_attention.TENSOR_CORE_VERSIONS and like.dtype != F32
+    for name, t in named.items():
+        _expect(op, name, t, t.shape, like.dtype)
+        _refuse(t.stride(-1) == 1, op, f"'{name}' must have stride 1 along D")
+        _refuse(not chunks or t.data_ptr() % 16 == 0 and all(
+            t.size(d) == 1 or t.stride(d) % 8 == 0 for d in range(3)), op,
+            f"'{name}' (tensor cores) must be 16-byte aligned with strides multiples of 8")
+
+
+def _scores_log2(q, k, causal, scale):
+    s = q.float() @ k.float().transpose(-2, -1) * (scale * math.log2(math.e))
+    if causal:  # query i sees keys j <= i
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+def attention_fwd(q, k, v, causal, scale, version):
+    _version("attention_fwd", version, k_attention.VERSIONS)
+    _operands("attention_fwd", version, q, q=q, k=k, v=v)
+    s = _scores_log2(q, k, causal, scale)
+    m = s.amax(-1, keepdim=True)
+    lse = m + torch.log2(torch.exp2(s - m).sum(-1, keepdim=True))
+    return (torch.exp2(s - lse) @ v.float()).to(q.dtype), lse.squeeze(-1)
+
+
+def attention_bwd(dout, q, k, v, out, lse, causal, scale, version):
+    op = "attention_bwd"
+    _version(op, version, k_attention.VERSIONS)
+    _operands(op, version, q, q=q, k=k, v=v, dout=dout)
+    _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
+    _expect(op, "lse", lse, q.shape[:3], F32, dense=True)
+    p = torch.exp2(_scores_log2(q, k, causal, scale) - lse[..., None])
+    do = dout.float()
+    ds = p * (do @ v.float().transpose(-2, -1) - (do * out.float()).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ k.float(), scale * ds.transpose(-2, -1) @ q.float()
+    return dq.to(q.dtype), dk.to(q.dtype), (p.transpose(-2, -1) @ do).to(q.dtype)
+
+
+# gemm.cu: epilogue(a @ b + bias) of an fp32 accumulator, b the (K, N) matrix, any strides;
+# exact (erf) GELU; the saved pre-activation and the GELU' epilogue's output in a's dtype.
+def _gelu(v):
+    return 0.5 * v * (1 + torch.erf(v * 0.5 ** 0.5))
+
+
+def _acc(op, a, b, bias, version):
+    _version(op, version, k_mlp.VERSIONS)
+    _refuse(a.dim() == b.dim() == 2 and a.size(1) == b.size(0), op, "'a' (M, K), 'b' (K, N)")
+    _refuse(bias is None or tuple(bias.shape) == (b.size(1),), op, "'bias' must be (N,)")
+    acc = a.float() @ b.float()
+    return acc if bias is None else acc + bias.float()
+
+
+def gemm_matmul(a, b, bias, gelu, out_fp32, version):
+    v = _acc("gemm_matmul", a, b, bias, version)
+    return (_gelu(v) if gelu else v).to(F32 if out_fp32 else a.dtype)
+
+
+def gemm_matmul_gelu_save(a, b, bias, version):
+    v = _acc("gemm_matmul_gelu_save", a, b, bias, version)
+    return _gelu(v).to(a.dtype), v.to(a.dtype)
+
+
+def gemm_matmul_gelu_grad(a, b, pre, version):
+    v = _acc("gemm_matmul_gelu_grad", a, b, None, version)
+    _expect("gemm_matmul_gelu_grad", "pre", pre, v.shape, a.dtype)
+    h = pre.float()  # GELU'(h) = Phi(h) + h phi(h)
+    return (v * (0.5 * (1 + torch.erf(h * 0.5 ** 0.5))
+                 + h * torch.exp(-0.5 * h * h) / (2 * math.pi) ** 0.5)).to(a.dtype)
+
+
+def gemm_matmul_accumulate(c, a, b, bias, version):
+    c.copy_(c.float() + _acc("gemm_matmul_accumulate", a, b, bias, version))
+
+
+def gemm_column_sum(x, out_fp32, version):
+    _version("gemm_column_sum", version, k_mlp.VERSIONS)
+    return x.float().sum(0).to(F32 if out_fp32 else x.dtype)
+
+
+def mlp_fwd(x, w1, b1, w2, b2, version):
+    # act, pre: (M, hidden) views of rows padded to 8 elements, as mlp_binding.cpp allocates
+    M, hidden = x.size(0), w1.size(0)
+    act, pre = (x.new_empty((M, -(-hidden // 8) * 8))[:, :hidden] for _ in range(2))
+    v = _acc("mlp_fwd", x, w1.t(), b1, version)
+    pre.copy_(v)
+    act.copy_(_gelu(v))
+    return _acc("mlp_fwd", act, w2.t(), b2, version).to(x.dtype), pre, act
+
+
+# lstm.cu: of x, only xp (fp32 x W_ih^T + b_ih, made before) is read; the rows of xp, gates
+# (activated i, f, g, o), cs (c_t) and dz are b*T + t, or t*B + b when time_major. c stays
+# fp32, but each step reads h_{t-1} back from out and dz_{t+1} from dz, in the input dtype.
+def _rows(time_major, B, T, t):
+    return torch.arange(B) * (1 if time_major else T) + t * (B if time_major else 1)
+
+
+def lstm_fwd(x2, w_ih, b_ih, xp, h0, c0, w_hh, b_hh, time_major, save, version):
+    op, (B, H), dt = "lstm_fwd", h0.shape, h0.dtype
+    _version(op, version, (k_lstm.PLAN, *k_lstm.VERSIONS))
+    rows, I = x2.shape
+    for name, t, shape, dense in (
+            ("x2", x2, (rows, I), False), ("w_ih", w_ih, (4 * H, I), False),
+            ("b_ih", b_ih, (4 * H,), False), ("h0", h0, (B, H), True), ("c0", c0, (B, H), True),
+            ("w_hh", w_hh, (4 * H, H), True), ("b_hh", b_hh, (4 * H,), True)):
+        _expect(op, name, t, shape, dt, dense)
+    _expect(op, "xp", xp, (rows, 4 * H), F32, dense=True)
+    T = rows // B
+    out = h0.new_empty((B, T, H))
+    gates, cs = (xp.new_empty((rows, n) if save else (0,)) for n in (4 * H, H))
+    h, c = h0, c0.float()
+    for t in range(T):
+        r = _rows(time_major, B, T, t)
+        i, f, g, o = (xp[r] + h.float() @ w_hh.float().t() + b_hh.float()).chunk(4, 1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c = f * c + i * g
+        out[:, t] = o * c.tanh()
+        h = out[:, t]
+        if save:
+            gates[r], cs[r] = torch.cat((i, f, g, o), 1), c
+    return out, h.clone(), c.to(dt), gates, cs
+
+
+def lstm_bwd(dout, dh_n, dc_n, c0, w_hh, gates, cs, time_major, version):
+    op, (B, T, H), dt = "lstm_bwd", dout.shape, dout.dtype
+    _version(op, version, (k_lstm.PLAN, *k_lstm.VERSIONS))
+    for name, t, shape, dtype, dense in (
+            ("dout", dout, (B, T, H), dt, True), ("dh_n", dh_n, (B, H), dt, True),
+            ("dc_n", dc_n, (B, H), dt, True), ("c0", c0, (B, H), dt, True),
+            ("w_hh", w_hh, (4 * H, H), dt, False), ("gates", gates, (B * T, 4 * H), F32, True),
+            ("cs", cs, (B * T, H), F32, True)):
+        _expect(op, name, t, shape, dtype, dense)
+    dz = dout.new_empty((B * T, 4 * H))
+    rec, dc = torch.zeros(B, H), dc_n.float()  # rec: dz_{t+1} W_hh, what h_t gave step t+1
+    for t in reversed(range(T)):
+        r = _rows(time_major, B, T, t)
+        dh = dout[:, t].float() + rec + (dh_n.float() if t == T - 1 else 0)
+        gi, gf, gg, go = gates[r].chunk(4, 1)
+        tc = cs[r].tanh()
+        c_prev = cs[r - (B if time_major else 1)] if t > 0 else c0.float()
+        dc = dc + dh * go * (1 - tc * tc)
+        dz[r] = torch.cat((dc * gg * gi * (1 - gi), dc * c_prev * gf * (1 - gf),
+                           dc * gi * (1 - gg * gg), dh * tc * go * (1 - go)), 1).to(dt)
+        rec, dc = dz[r].float() @ w_hh.float(), dc * gf
+    return dz, rec.to(dt), dc.to(dt)
+
+
+# conv_bn.cu: x an (N, H, W, C_in) view (any strides), w (C_out, kH, kW, C_in), dout NHWC, the
+# per-channel tensors all contiguous in x's dtype; outputs NHWC. Train: y is the fp32
+# convolution WITHOUT its bias (the batch mean absorbs it), mean its batch mean, the bias
+# enters the running mean only, the running variance is unbiased. Eval: BN folded into w.
+def _conv_args(op, x, w, version, dout=None, **per_channel) -> None:
+    _version(op, version, k_conv_bn.VERSIONS)
+    _expect(op, "w", w, (w.size(0), w.size(1), w.size(2), x.size(3)), x.dtype, dense=True)
+    _refuse(dout is None or dout.is_contiguous() and dout.dtype == x.dtype, op, "'dout': NHWC")
+    for name, t in per_channel.items():
+        if t is not None:
+            _expect(op, name, t, (w.size(0),), x.dtype, dense=True)
+
+
+def _conv32(x, w, bias, stride, padding):  # NHWC in, NHWC out, fp32
+    return F.conv2d(x.permute(0, 3, 1, 2).float(), w.permute(0, 3, 1, 2).float(), bias, stride,
+                    padding).permute(0, 2, 3, 1).contiguous()
+
+
+def _conv_grads(dy, x, w, stride, padding):
+    """(dx, dy^T im2col(x)), NHWC and (C_out, kH, kW, C_in), fp32, dx through w."""
+    dy, x, w = (t.permute(0, 3, 1, 2).float() for t in (dy, x, w))
+    return (conv2d_input(x.shape, w, dy, stride, padding).permute(0, 2, 3, 1),
+            conv2d_weight(x, w.shape, dy, stride, padding).permute(0, 2, 3, 1))
+
+
+def conv_bn_eval_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps,
+                     version):
+    _conv_args("conv_bn_eval_fwd", x, w, version, bias=bias, gamma=gamma, beta=beta,
+               running_mean=running_mean, running_var=running_var)
+    invstd = torch.rsqrt(running_var.float() + eps)
+    scale = gamma.float() * invstd
+    w_folded = (w.float() * scale[:, None, None, None]).to(w.dtype)
+    b_folded = ((0 if bias is None else bias.float()) - running_mean.float()) * scale + beta.float()
+    return _conv32(x, w_folded, b_folded, stride, padding).to(x.dtype), w_folded, scale, invstd
+
+
+def conv_bn_train_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps,
+                      momentum, version):
+    _conv_args("conv_bn_train_fwd", x, w, version, bias=bias, gamma=gamma, beta=beta,
+               running_mean=running_mean, running_var=running_var)
+    y = _conv32(x, w, None, stride, padding)
+    P = y.numel() // y.size(-1)
+    mean = y.reshape(P, -1).mean(0)
+    var = ((y.reshape(P, -1) - mean) ** 2).mean(0)
+    invstd = torch.rsqrt(var + eps)
+    new_mean = (1 - momentum) * running_mean.float() + momentum * (
+        mean if bias is None else mean + bias.float())
+    new_var = (1 - momentum) * running_var.float() + momentum * var * P / (P - 1)
+    scale = gamma.float() * invstd
+    out = (y * scale + (beta.float() - mean * scale)).to(x.dtype)
+    return out, y, mean, invstd, new_mean.to(running_mean.dtype), new_var.to(running_var.dtype)
+
+
+def conv_bn_eval_bwd(dout, x, w, w_folded, bias, running_mean, scale, invstd, stride, padding,
+                     version):
+    _conv_args("conv_bn_eval_bwd", x, w, version, dout, bias=bias, running_mean=running_mean)
+    dx, G = _conv_grads(dout, x, w_folded, stride, padding)  # G: the folded weight's dW
+    sum_dy = dout.float().sum((0, 1, 2))
+    shift = (0 if bias is None else bias.float()) - running_mean.float()
+    dgamma = invstd * ((w.float() * G).sum((1, 2, 3)) + shift * sum_dy)
+    dt = x.dtype
+    return (dx.to(dt).contiguous(), (G * scale[:, None, None, None]).to(dt).contiguous(),
+            (scale * sum_dy).to(dt), dgamma.to(dt), sum_dy.to(dt))
+
+
+def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version):
+    op, dt = "conv_bn_train_bwd", x.dtype
+    _conv_args(op, x, w, version, dout, gamma=gamma)
+    _expect(op, "y", y, dout.shape, F32, dense=True)
+    C = dout.size(-1)
+    P = dout.numel() // C
+    d, xhat = dout.reshape(P, C).float(), (y.reshape(P, C) - mean) * invstd
+    s_dy, s_dyx = d.sum(0), (d * xhat).sum(0)
+    # the convolution's output gradient, stored in x's dtype (its backward GEMMs read it so)
+    dyc = (gamma.float() * invstd * (d - s_dy / P - xhat * s_dyx / P)).to(dt)
+    dx, dw = _conv_grads(dyc.reshape(dout.shape), x, w, stride, padding)
+    return (dx.to(dt).contiguous(), dw.to(dt).contiguous(), dyc.float().sum(0).to(dt),
+            s_dyx.to(dt), s_dy.to(dt))
+
+
+TWINS = {f.__name__: f for f in (
+    layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
+    gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
+    mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
+    conv_bn_train_bwd)}
+
+
+def kernel_op_schemas() -> dict[str, str]:
+    """name -> schema of every kernel op of the binding (autograd.cpp's own ops aside)."""
+    name = lambda schema: torch._C.parse_schema(schema).name  # noqa: E731
+    own = {name(s) for s in build.op_schemas(build.autograd_source())}
+    return {name(s): s for s in build.op_schemas(build.cpp_source()) if name(s) not in own}
+
+
+@pytest.fixture(scope="session")
+def cpp_ops(pytestconfig, tmp_path_factory):
+    """torch.ops.levels_cuda: the twins, and autograd.cpp built for the CPU over them, once
+    per text of the file (and torch version): the build directory is keyed by both."""
+    from torch.utils import cpp_extension
+
+    source = build.autograd_source()  # behind a #line directive: errors name the real file
+    key = hashlib.sha256((source + torch.__version__).encode()).hexdigest()[:16]
+    cache = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
+    directory = (cache.mkdir(f"cuda-autograd-cpu-{key}") if cache is not None
+                 else tmp_path_factory.mktemp("cuda-autograd-cpu"))
+    copy = directory / build.AUTOGRAD  # never rewritten: ninja's timestamps stay warm even
+    if not copy.exists():  # after a checkout touches the original
+        copy.write_text(source)
+    lib = torch.library.Library(build.OP_NAMESPACE, "FRAGMENT")
+    for name, schema in kernel_op_schemas().items():
+        lib.define(schema)
+        lib.impl(name, TWINS[name], "CPU")
+    cpp_extension.load(name="levels_cuda_autograd_cpu", sources=[str(copy)], extra_cflags=["-O1"],
+                       build_directory=str(directory), with_cuda=False, is_python_module=False)
+    yield getattr(torch.ops, build.OP_NAMESPACE)
+    lib._destroy()
+
+
+# ---------------------------------------------------------------------------------------
+# The C++ ops, called with the arguments cuda_kernels/<component>.py gives them
+# ---------------------------------------------------------------------------------------
+
+OPS = torch.ops.levels_cuda  # resolves each op when it is called: after the fixture ran
+
+
+def layer_norm_op(x, weight, bias, eps=1e-5):
+    return OPS.layer_norm(x, weight, bias, float(eps), k_layer_norm.resolve_version())
+
+
+def attention_op(q, k, v, causal=False, scale=None):
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return OPS.attention(q, k, v, bool(causal), scale, k_attention.resolve_version())
+
+
+def mlp_op(x, w1, b1, w2, b2):
+    return OPS.mlp(x, w1, b1, w2, b2, k_mlp.resolve_version())
+
+
+def lstm_op(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    out, h_n, c_n = OPS.lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, k_lstm.kernel_version(),
+                             k_mlp.resolve_version())  # the MLP's version for its GEMMs
+    return out, (h_n, c_n)
+
+
+def conv_bn_op(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+               stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
+    pair = lambda v: [int(v)] * 2 if isinstance(v, int) else [int(i) for i in v]  # noqa: E731
+    return OPS.conv_bn(
+        x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, pair(stride),
+        pair(padding), float(eps), float(momentum), bool(training), k_conv_bn.resolve_version())
+
+
+CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
+         "lstm": lstm_op, "conv_bn": conv_bn_op}
+
+
+# ---------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------
+
+def test_every_kernel_op_of_the_binding_has_a_twin():
+    assert sorted(kernel_op_schemas()) == sorted(TWINS)  # a new op needs its contract here
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_cpp_op_passes_the_harness(cpp_ops, component, dtype):
+    # every variant in both layouts (strided: an LSTM x in time-major order, channels_last
+    # images, stride-2 running statistics written through their views), forward, backward
+    # and the forward again under no_grad
+    results = check(component, fn=CALLS[component], dtype=dtype, size="tiny", seed=SEED)
+    assert results and all(r.passed for r in results), "\n".join(r.summary() for r in results)
+
+
+@pytest.mark.parametrize("variant", ["train", "eval"])
+def test_conv_bn_float32_batch_norm_beside_bfloat16_x(cpp_ops, variant):
+    # autocast's mixed precision, judged as the bad-input table judges it at every level:
+    # each output, buffer and gradient in its own dtype, within bfloat16's bound
+    bad = dataclasses.replace(BY_KEY["conv_bn/batch-norm-float32"], variant=variant)
+    outcome = judge(bad, conv_bn_op, False, bad.args("cpu"))
+    assert outcome.ok, outcome.message
+    # and the running statistics within float32's: updated in float32 from float32 batch
+    # statistics, they must not carry bfloat16's rounding (nor a 1/(n-1) that bfloat16's
+    # bound is too wide to see)
+    args = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in bad.args("cpu").items()}
+    ref = specs.get("conv_bn").reference(
+        {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+    conv_bn_op(**args)
+    for name, want in zip(("running_mean", "running_var"), ref[1:]):
+        c = compare(name, args[name], want, tolerance(F32), F32)
+        assert c.ok, c
+
+
+@pytest.mark.parametrize("variant", ["train", "eval"])
+def test_conv_bn_without_conv_bias(cpp_ops, variant):
+    # no bias: no input of the node, no gradient returned for it, nothing in the running mean
+    spec = specs.get("conv_bn")
+    args = spec.case("tiny", variant, BF16, "cpu", SEED).args | {"conv_bias": None}
+    result = check_args("conv_bn", args, fn=conv_bn_op, seed=SEED)
+    assert result.passed, result.summary()
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_forward_without_autograd(cpp_ops, component, mode):
+    # The Functions run as plain forwards: the same values, nothing that requires grad
+    # (inputs that do included), the running statistics still updated.
+    spec = specs.get(component)
+    for variant in spec.variants:
+        case = spec.case("tiny", variant, F32, "cpu", SEED)
+        ref = spec.reference({k: v.double() if isinstance(v, torch.Tensor) else v
+                              for k, v in case.args.items()})
+        args = {k: clone_layout(v).requires_grad_(k in case.differentiable)
+                if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
+        with torch.no_grad() if mode == "no_grad" else torch.inference_mode():
+            outs = flatten(CALLS[component](**args)) + [args[m] for m in case.mutated]
+        for name, got, want in zip(case.outputs, outs, ref):
+            assert not got.requires_grad, f"{component}[{variant}] {name} requires grad"
+            c = compare(name, got, want, tolerance(F32), F32)
+            assert c.ok, f"{component}[{variant}] {mode}: {c}"
+
+
+@pytest.mark.parametrize("operand", ["misaligned", "strided_head_dim"])
+def test_attention_copies_what_its_kernels_cannot_read(cpp_ops, operand):
+    # Every version needs stride 1 along D; versions 3-5 in 16 bits read 16-byte chunks, so
+    # a view that starts off a 16-byte boundary is cloned (.contiguous() would return it).
+    g = torch.Generator().manual_seed(SEED)
+
+    def view():
+        if operand == "misaligned":  # contiguous, one element past an aligned start
+            return torch.randn(2 * 37 * 16 + 1, generator=g).to(BF16)[1:].view(1, 2, 37, 16)
+        return torch.randn(1, 2, 16, 37, generator=g).to(BF16).transpose(-2, -1)
+
+    result = check_args("attention", dict(q=view(), k=view(), v=view(), causal=True),
+                        fn=attention_op, seed=SEED)
+    assert result.passed, result.summary()
