@@ -10,8 +10,8 @@ default nn.LSTM may run its GEMMs in TF32 while Level 4 computes exact fp32 dots
 is against the default nn.LSTM, as stated; the same baseline with TF32 switched off (the
 same arithmetic as exact fp32) is timed too and reported in `extra`. Level 4's fp32
 recurrence runs its dots as 3xTF32 (triton_kernels/lstm.py FP32_DOT); the same kernel with
-exact fp32 FMA dots ("ieee") is timed as well, a figure without a goal, to show what the
-trick buys.
+exact fp32 FMA dots (the launcher's argument fp32_dot="ieee") is timed as well, a figure
+without a goal, to show what the trick buys.
 
 Level 5 (CUDA C++): every version of cuda_kernels/lstm.cu (v1 a step kernel per
 time step, v2 one persistent cooperative launch) at fp32 and bf16, both sizes, forward; and
@@ -104,13 +104,10 @@ def _level4(device) -> list[Figure]:
                     finally:
                         torch.backends.cudnn.allow_tf32 = allowed
                 ieee = None
-                if dtype == torch.float32:
-                    saved, kernels.FP32_DOT = kernels.FP32_DOT, "ieee"
-                    try:
-                        time_first_call(call, device)
-                        ieee = time_fn(call, device)
-                    finally:
-                        kernels.FP32_DOT = saved
+                if dtype == torch.float32:  # args validated by `call` (Level 4) above
+                    exact_dots = lambda: kernels.lstm(**args, fp32_dot="ieee")  # noqa: E731
+                    time_first_call(exact_dots, device)
+                    ieee = time_fn(exact_dots, device)
             if ieee is not None:
                 figures.append(Figure(
                     component="lstm", name=f"forward float32 {size} exact-fp32 dots",
