@@ -167,7 +167,7 @@ using Matmul = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&
 using MatmulGeluGrad = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t);
 using ColumnSum = Tensor(const Tensor&, bool, int64_t);
 using MlpFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                 const Tensor&, const Tensor&, int64_t);
+                                                 const Tensor&, const Tensor&, int64_t, int64_t);
 
 inline Tensor gemm(const Tensor& a, const Tensor& b, int64_t version) {  // a @ b
   static auto matmul = op<Matmul>("levels_cuda::gemm_matmul");
@@ -185,7 +185,9 @@ struct Mlp : public torch::autograd::Function<Mlp> {
     static auto fwd = op<MlpFwd>("levels_cuda::mlp_fwd");
     BelowAutograd guard;
     const Tensor x2 = x.reshape({-1, x.size(-1)});
-    auto [out, pre, act] = fwd.call(x2, w1, b1.contiguous(), w2, b2.contiguous(), version);
+    // tile 0: each GEMM's tile from its size (only the bench's sweep pins one, calling
+    // mlp_fwd itself: cuda_kernels/mlp.py mlp_forward)
+    auto [out, pre, act] = fwd.call(x2, w1, b1.contiguous(), w2, b2.contiguous(), version, 0);
     ctx->save_for_backward({x2, w1, w2, pre, act});
     ctx->saved_data["version"] = version;
     ctx->saved_data["shape"] = sizes_of(x);

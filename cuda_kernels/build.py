@@ -287,8 +287,9 @@ def build_key(arch: str) -> str:
             f"{sys.version_info.minor}-sm{arch}")
 
 
-def build_dir(arch: str) -> Path:
-    return cache_root() / build_key(arch)
+def build_dir(arch: str, cache: str | Path | None = None) -> Path:
+    """Where `arch`'s build lives under `cache` (default: cache_root())."""
+    return (Path(cache).expanduser() if cache else cache_root()) / build_key(arch)
 
 
 def private_dir(path: Path) -> Path:
@@ -482,10 +483,13 @@ def _forget_versions(name: str) -> None:
 BUILDERS = ("inline", "files")
 
 
-def builder_name() -> str:
-    name = os.environ.get("LEVELS_CUDA_BUILDER", "files")
+def builder_name(name: str | None = None) -> str:
+    """`name` if given (load's `builder` argument), else $LEVELS_CUDA_BUILDER, else "files"."""
+    source = "argument 'builder'"
+    if name is None:
+        name, source = os.environ.get("LEVELS_CUDA_BUILDER", "files"), "LEVELS_CUDA_BUILDER"
     if name not in BUILDERS:
-        raise BuildError(f"LEVELS_CUDA_BUILDER must be one of {', '.join(BUILDERS)}; got {name!r}")
+        raise BuildError(f"{source} must be one of {', '.join(BUILDERS)}; got {name!r}")
     return name
 
 
@@ -688,9 +692,12 @@ def registration_errors() -> dict[str, str]:
     return dict(_state["registration_errors"])
 
 
-def load(device=None) -> str:
+def load(device=None, cache: str | Path | None = None, builder: str | None = None) -> str:
     """Build (first time) and load the Level 5 library into this process; returns its path.
-    Thread-safe; later calls return at once. Raises BuildError with the compiler's message."""
+    Thread-safe; later calls return at once. Raises BuildError with the compiler's message.
+    cache, builder: where to build and how (default: $LEVELS_CUDA_CACHE, cache_root(), and
+    $LEVELS_CUDA_BUILDER): a script that built in child processes loads that build so,
+    without writing them into its own environment."""
     with _lock:
         if _state["library"] is not None:
             return _state["library"]
@@ -708,8 +715,8 @@ def load(device=None) -> str:
         arch = gpu_arch(device)
         stamp = source_stamp(extra=arch)
         try:
-            mode = builder_name()
-            info = run_build(build_dir(arch) / mode, _load_inline_builder(arch, mode=mode), stamp,
+            mode = builder_name(builder)
+            info = run_build(build_dir(arch, cache) / mode, _load_inline_builder(arch, mode=mode), stamp,
                              arch, verbose=_verbose())
         except BuildError as exc:
             _state["error"], _state["error_stamp"] = str(exc), source_stamp()

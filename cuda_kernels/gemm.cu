@@ -782,7 +782,7 @@ int launch_v4_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
 
 template <typename T, typename TC>
 int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, int tile, cudaStream_t stream) {
   if constexpr (std::is_same<T, float>::value) {
     return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);  // exact fp32
   } else {
@@ -791,7 +791,7 @@ int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
     const bool rows_ok = sak == 1 && sbk == 1 && sam % 8 == 0 && sbn % 8 == 0;
     const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0;
     if (!rows_ok || !base_ok) return LEVELS_UNSUPPORTED;
-    // Tile shape (LEVELS_GEMM_V4_TILE=n pins one, for the bench's sweep; 0 or unset: auto):
+    // Tile shape (the `tile` argument pins one, for the bench's sweep; 0: auto):
     //   1: 128x256, 8 warps of 64x64, 3 stages (144 KB, one block per SM)  [measured]
     //   2: the same with 4 stages (192 KB): more loads in flight per SM   [not measured yet]
     //   3: 128x128, 8 warps of 64x32, 3 stages (96 KB, two blocks per SM) [measured]
@@ -799,8 +799,6 @@ int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
     // a 64x32 one. Auto: the big tile only when its tiles fill every SM at least once.
     // Every shape here is 4 more kernels to compile (2 dtypes x 2 output dtypes): the sweep
     // stays short on purpose (build time).
-    int tile = 0;
-    if (const char* env = getenv("LEVELS_GEMM_V4_TILE")) tile = atoi(env);
     if (tile == 0) tile = cdiv(M, 128) * cdiv(N, 256) >= num_sms() ? 1 : 3;
     switch (tile) {
       case 1: return launch_v4_config<T, TC, 128, 256, 2, 4, 3>(A, sam, B, sbn, M, N, K, ep, stream);
@@ -850,15 +848,15 @@ int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
 }
 
 template <typename T, typename TC>
-int launch(int version, const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbk, int64_t sbn,
-           int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbk,
+           int64_t sbn, int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
   const T* A = static_cast<const T*>(a);
   const T* B = static_cast<const T*>(b);
   switch (version) {
     case 1: return launch_v1<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     case 2: return launch_v2<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     case 3: return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
-    case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
+    case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, v4_tile, stream);
     case 5: return launch_v5<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
     default: return LEVELS_BAD_VERSION;
   }
@@ -871,8 +869,9 @@ int launch(int version, const void* a, int64_t sam, int64_t sak, const void* b, 
 // written only by the GELU_SAVE / GELU_GRAD epilogues. c_fp32: C is float32 (else the input
 // dtype). accumulate: C += instead of C =. Version 4 needs stride_ak == stride_bk == 1, row
 // strides (stride_am, stride_bn) multiples of 8 and 16-byte aligned A, B (cuda_kernels/mlp.py
-// makes them so), else LEVELS_UNSUPPORTED. M, N or K may be 0.
-extern "C" int levels_gemm_matmul(int dtype, int version,
+// makes them so), else LEVELS_UNSUPPORTED. M, N or K may be 0. v4_tile pins version 4's
+// tile shape (1, 2, 3: see launch_v4; 0: chosen from the size); other versions ignore it.
+extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   const void* a, int64_t stride_am, int64_t stride_ak,
                                   const void* b, int64_t stride_bk, int64_t stride_bn,
                                   void* c, int64_t stride_cm, int64_t stride_cn, int c_fp32,
@@ -886,9 +885,10 @@ extern "C" int levels_gemm_matmul(int dtype, int version,
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
   const EpiArgs ep{c, stride_cm, stride_cn, bias, stride_bias, aux, stride_xm, stride_xn, epilogue, accumulate};
+  if (v4_tile < 0 || v4_tile > 3) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T,
-                  return c_fp32 ? launch<T, float>(version, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream)
-                                : launch<T, T>(version, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream));
+                  return c_fp32 ? launch<T, float>(version, v4_tile, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream)
+                                : launch<T, T>(version, v4_tile, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream));
   return LEVELS_OK;  // not reached
 }
 

@@ -2,6 +2,9 @@
 
     mlp(x, w1, b1, w2, b2, version=None)          the entry levels/cuda.py calls, after the
                                                   contract's validation; differentiable
+    mlp_forward(x, w1, b1, w2, b2, version=None, tile=0)
+                                                  the forward alone, no autograd; `tile` pins
+                                                  version 4's tile shape (V4_TILES)
     gemm(a, b, bias=None, epilogue="none", aux=None, out_dtype=None, version=None)
                                                   epilogue(a @ b) for any component: "none"
                                                   (+bias), "gelu", "gelu_save" -> (act, pre),
@@ -48,6 +51,10 @@ VERSIONS = {
        "asynchronously (sm_90 only; fp32 runs version 3)",
 }
 DEFAULT_VERSION = 4  # every GPU with mma.sync (sm_80 on)
+# Version 4's tile shapes (gemm.cu launch_v4), for `tile=` of mlp_forward: 0 picks from the
+# size (the big tile when its tiles fill every SM); the others pin one, so `levels bench`
+# can time each beside the automatic choice.
+V4_TILES = {0: "auto", 1: "128x256 s3", 2: "128x256 s4", 3: "128x128 s3 (64x32 warps)"}
 HOPPER_VERSION = 5   # the default where wgmma exists (sm_90: H100, H200)
 TENSOR_CORE_VERSIONS = (4, 5)  # the versions with version 4's operand layout rules
 ENV_VERSION = "LEVELS_CUDA_VERSION_MLP"
@@ -198,6 +205,24 @@ def mlp(x, w1, b1, w2, b2, version=None):
     return _ops().mlp.default(x, w1, b1, w2, b2, resolve_version(version))
 
 
+def mlp_forward(x, w1, b1, w2, b2, version=None, tile=0):
+    """The MLP's forward op alone (levels_cuda::mlp_fwd), no autograd node: what `mlp`
+    runs under no_grad, with version 4's tile shape as an argument. tile=0 lets each GEMM
+    take its tile from its size, as `mlp` always does; 1-3 pin one (V4_TILES): the
+    measurements behind that choice (`levels bench`). Other versions have one tile each,
+    so a pinned tile is refused there rather than silently ignored."""
+    v = resolve_version(version)
+    if isinstance(tile, bool) or tile not in V4_TILES:
+        raise ValueError(f"mlp_forward: argument 'tile' must be one of {sorted(V4_TILES)} "
+                         f"(cuda_kernels/mlp.py V4_TILES); got {tile!r}")
+    if tile and v != 4:
+        raise ValueError(f"mlp_forward: argument 'tile' pins version 4's tile shape; got "
+                         f"tile={tile} with version {v}")
+    x2 = x.reshape(-1, x.shape[-1])
+    out = _ops().mlp_fwd(x2, w1, b1.contiguous(), w2, b2.contiguous(), v, tile)[0]
+    return out.view(*x.shape[:-1], w2.shape[0])
+
+
 def _register():
     """Fake implementations of every kernel op (shapes/dtypes for torch.compile and opcheck).
     Called by build.load() once the library is loaded."""
@@ -230,7 +255,7 @@ def _register():
         return x.new_empty((x.shape[1],), dtype=torch.float32 if out_fp32 else x.dtype)
 
     @torch.library.register_fake(lib + "mlp_fwd")
-    def _(x, w1, b1, w2, b2, version):
+    def _(x, w1, b1, w2, b2, version, tile=0):
         M, hidden, N = x.shape[0], w1.shape[0], w2.shape[0]
         return _new(x, M, N), _new(x, M, hidden), _new(x, M, hidden)
 

@@ -10,8 +10,8 @@
 // In the gemm_* ops, `b` is the (K, N) matrix of C = A·B; pass `w.t()` for an nn.Linear
 // weight w (a view: for version 4 that is exactly the K-major layout it wants).
 
-extern "C" int levels_gemm_matmul(int dtype, int version, const void* a, int64_t stride_am, int64_t stride_ak,
-                                  const void* b, int64_t stride_bk, int64_t stride_bn, void* c,
+extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile, const void* a, int64_t stride_am,
+                                  int64_t stride_ak, const void* b, int64_t stride_bk, int64_t stride_bn, void* c,
                                   int64_t stride_cm, int64_t stride_cn, int c_fp32, const void* bias,
                                   int64_t stride_bias, void* aux, int64_t stride_xm, int64_t stride_xn,
                                   int epilogue, int accumulate, int64_t M, int64_t N, int64_t K,
@@ -42,16 +42,17 @@ inline at::Tensor k_major(const at::Tensor& t) {  // t (R, K)
   return copy;
 }
 
-// c = epilogue(a · b); aux and bias may be undefined tensors.
+// c = epilogue(a · b); aux and bias may be undefined tensors. v4_tile: gemm.cu's (0: the
+// tile from the size; 1-3 pin one, what mlp_fwd's `tile` passes for the bench's sweep).
 inline void matmul_into(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in,
                         const std::optional<at::Tensor>& bias, const at::Tensor* aux, int epilogue,
-                        bool accumulate, int64_t version, const char* op) {
+                        bool accumulate, int64_t version, const char* op, int64_t v4_tile = 0) {
   const bool tensor_cores = (version == 4 || version == 5) && a_in.scalar_type() != at::kFloat;
   const at::Tensor a = tensor_cores ? k_major(a_in) : a_in;
   const at::Tensor b = tensor_cores ? k_major(b_in.t()).t() : b_in;
   const bool has_bias = bias.has_value() && bias->defined();
   const int status = levels_gemm_matmul(
-      levels_cuda::dtype_code(a), static_cast<int>(version),
+      levels_cuda::dtype_code(a), static_cast<int>(version), static_cast<int>(v4_tile),
       levels_cuda::in(a), a.stride(0), a.stride(1),
       levels_cuda::in(b), b.stride(0), b.stride(1),
       levels_cuda::out(c), c.stride(0), c.stride(1), c.scalar_type() == at::kFloat ? 1 : 0,
@@ -108,16 +109,18 @@ at::Tensor column_sum(const at::Tensor& x, bool out_fp32, int64_t version) {
 
 // out = GELU(x · w1ᵀ + b1) · w2ᵀ + b2 with x (M, K), w1 (hidden, K), w2 (N, hidden) as
 // nn.Linear stores them; also returns the pre-activation H and the activation G = GELU(H)
-// that backward needs (both written by the first GEMM's epilogue, in one pass).
+// that backward needs (both written by the first GEMM's epilogue, in one pass). tile pins
+// version 4's tile shape for both GEMMs (0: each GEMM's from its size; see gemm.cu).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, const at::Tensor& w1,
                                                        const at::Tensor& b1, const at::Tensor& w2,
-                                                       const at::Tensor& b2, int64_t version) {
+                                                       const at::Tensor& b2, int64_t version,
+                                                       int64_t tile) {
   const int64_t M = x.size(0), hidden = w1.size(0), N = w2.size(0);
   at::Tensor act = padded_rows(M, hidden, x.options());
   at::Tensor pre = padded_rows(M, hidden, x.options());
   at::Tensor out = at::empty({M, N}, x.options());
-  matmul_into(act, x, w1.t(), b1, &pre, EPI_GELU_SAVE, false, version, "mlp_fwd (first GEMM)");
-  matmul_into(out, act, w2.t(), b2, nullptr, EPI_NONE, false, version, "mlp_fwd (second GEMM)");
+  matmul_into(act, x, w1.t(), b1, &pre, EPI_GELU_SAVE, false, version, "mlp_fwd (first GEMM)", tile);
+  matmul_into(out, act, w2.t(), b2, nullptr, EPI_NONE, false, version, "mlp_fwd (second GEMM)", tile);
   return {out, pre, act};
 }
 
@@ -129,7 +132,8 @@ TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("gemm_matmul_gelu_grad(Tensor a, Tensor b, Tensor pre, int version) -> Tensor");
   m.def("gemm_matmul_accumulate(Tensor(a!) c, Tensor a, Tensor b, Tensor? bias, int version) -> ()");
   m.def("gemm_column_sum(Tensor x, bool out_fp32, int version) -> Tensor");
-  m.def("mlp_fwd(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int version) -> (Tensor, Tensor, Tensor)");
+  m.def("mlp_fwd(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int version, int tile=0) -> "
+        "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {

@@ -2,8 +2,9 @@
 
     version=None  ->  $LEVELS_CUDA_VERSION_<COMPONENT> if it is set, else the component's default
 
-so `LEVELS_CUDA_VERSION_MLP=2 levels bench --component mlp --level cuda` times version 2
-without touching the code, and `mlp(..., version=2)` picks one for a single call."""
+so `LEVELS_CUDA_VERSION_MLP=2 levels train ...` runs version 2 wherever Level 5's MLP runs,
+without touching the code (a user's choice for the process, read at each call), and
+`mlp(..., version=2)` picks one for a single call: how `levels bench` times every version."""
 
 from __future__ import annotations
 

@@ -125,12 +125,10 @@ def step_build(run: Run, cache: str, builder: str, other: str | None):
     compared = (_build_subprocess(tempfile.mkdtemp(prefix="levels-cuda-other-"),
                                   timeout=max(60.0, run.left() - 60), builder=other)
                 if other else None)
-    os.environ["LEVELS_CUDA_CACHE"] = cache  # this process loads the same (warm) build
-    os.environ["LEVELS_CUDA_BUILDER"] = builder
     from cuda_kernels import build
 
     t0 = time.perf_counter()
-    build.load()
+    build.load(cache=cache, builder=builder)  # this process loads the same (warm) build
     in_process = build.last_build() | {"load_s": round(time.perf_counter() - t0, 3),
                                        "registration_errors": build.registration_errors()}
     return {"builder": builder, "cold": cold, "concurrent": both, "warm": warm,
@@ -330,50 +328,63 @@ def _layouts() -> list[str]:
         return ["contiguous"]
 
 
-def _check(component, dtype, size, layout):
-    import inspect
+def _at_version(component: str, version: int):
+    """Level 5's `component` at `version`, the version passed as an argument: the kernels'
+    entry (cuda_kernels.<component>.<component>(..., version=)) behind what levels.cuda does
+    first, the contract's validation (the harness's own wrapper of fn=) and its int pairs
+    for conv_bn's stride and padding."""
+    import importlib
 
+    from levels.contract import VALIDATORS
+
+    entry = getattr(importlib.import_module(f"cuda_kernels.{component}"), component)
+
+    def call(**args):
+        normalized = VALIDATORS[component](**args)
+        args.update({k: normalized[k] for k in ("stride", "padding") if k in args})
+        return entry(**args, version=version)
+    call.__name__ = f"cuda_{component}_v{version}"
+    return call
+
+
+def _check(component, dtype, size, layout, version):
+    import levels
     from equivalence.check import check
 
-    if "layout" in inspect.signature(check).parameters:
-        return check(component, "cuda", dtype, "cuda", size, layout=layout)
-    return check(component, "cuda", dtype, "cuda", size)
+    cuda = levels.get("cuda")
+    return check(component, dtype=dtype, device="cuda", size=size, layout=layout,
+                 fn=_at_version(component, version), uses_tf32=cuda.uses_tf32)
 
 
 def step_harness(run: Run, quick: bool):
     size = "tiny" if quick else "small"
     rows, counts = [], {"pass": 0, "fail": 0, "error": 0, "skip": 0}
     for c in _components():
-        env = f"LEVELS_CUDA_VERSION_{c.upper()}"
         for version in _versions(c):
-            os.environ[env] = str(version)
-            try:
-                for dtype in DTYPES:
-                    for layout in _layouts():
-                        if run.left() < 60:
-                            rows.append({"component": c, "version": version, "note": "budget: stopped here"})
-                            return {"size": size, "counts": counts, "results": rows}
-                        try:
-                            results = _check(c, dtype, size, layout)
-                        except Exception as exc:  # noqa: BLE001
-                            rows.append({"component": c, "version": version, "dtype": dtype, "layout": layout,
-                                         "status": "error", "reason": f"{type(exc).__name__}: {exc}"})
-                            counts["error"] += 1
-                            continue
-                        for r in results:
-                            w = r.worst
-                            counts[r.status] = counts.get(r.status, 0) + 1
-                            rows.append({"component": c, "version": version, "dtype": dtype,
-                                         "layout": getattr(r, "layout", layout), "variant": r.variant,
-                                         "status": r.status, "reason": r.reason[:2000], "tf32": r.tf32,
-                                         "tolerance": r.tolerance, "seed": r.seed,
-                                         "worst": None if w is None else [w.name, w.rel_err, w.max_abs_err],
-                                         "failed": [[x.name, x.rel_err, x.problem] for x in r.comparisons
-                                                    if not x.ok]})
-                            print(f"  {c} v{version} {dtype} {layout} {r.variant}: {r.status}"
-                                  + (f" ({r.summary()[:200]})" if r.status != "pass" else ""), flush=True)
-            finally:
-                os.environ.pop(env, None)
+            for dtype in DTYPES:
+                for layout in _layouts():
+                    if run.left() < 60:
+                        rows.append({"component": c, "version": version, "note": "budget: stopped here"})
+                        return {"size": size, "counts": counts, "results": rows}
+                    try:
+                        results = _check(c, dtype, size, layout, version)
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append({"component": c, "version": version, "dtype": dtype, "layout": layout,
+                                     "status": "error", "reason": f"{type(exc).__name__}: {exc}"})
+                        counts["error"] += 1
+                        continue
+                    for r in results:
+                        w = r.worst
+                        counts[r.status] = counts.get(r.status, 0) + 1
+                        rows.append({"component": c, "version": version, "dtype": dtype,
+                                     "layout": getattr(r, "layout", layout), "variant": r.variant,
+                                     "status": r.status, "reason": r.reason[:2000], "tf32": r.tf32,
+                                     "tolerance": r.tolerance, "seed": r.seed,
+                                     "worst": None if w is None else [w.name, w.rel_err, w.max_abs_err],
+                                     "failed": [[x.name, x.rel_err, x.problem] for x in r.comparisons
+                                                if not x.ok]})
+                        print(f"  {c} v{version} {dtype} {layout} {r.variant}: {r.status}"
+                              + (f" ({r.summary()[:200]})" if r.status != "pass" else ""), flush=True)
     return {"size": size, "counts": counts, "results": rows}
 
 
@@ -414,26 +425,22 @@ def step_opcheck(run: Run):
     from equivalence import cards
     from equivalence.check import _prepare, flatten
 
-    import levels
-
-    cuda = levels.get("cuda")
     rows = []
     for c in _components():
-        env = f"LEVELS_CUDA_VERSION_{c.upper()}"
         for version in _versions(c):
             for dtype in (torch.float32, torch.bfloat16):
                 if run.left() < 60:
                     rows.append({"component": c, "note": "budget: stopped here"})
                     return rows
-                os.environ[env] = str(version)
                 try:
                     spec = cards.get(c)
+                    at_version = _at_version(c, version)  # the version as the call's argument
                     for variant in spec.variants:
                         case = spec.case("tiny", variant, dtype, "cuda", seed=0)
 
                         def call():
                             args, _ = _prepare(case)
-                            outs = [o for o in flatten(getattr(cuda, c)(**args))[:case.n_returned]
+                            outs = [o for o in flatten(at_version(**args))[:case.n_returned]
                                     if isinstance(o, torch.Tensor) and o.requires_grad]
                             if outs:
                                 torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
@@ -463,8 +470,6 @@ def step_opcheck(run: Run):
                 except Exception as exc:  # noqa: BLE001
                     rows.append({"component": c, "version": version, "dtype": str(dtype), "status": "error",
                                  "reason": f"{type(exc).__name__}: {exc}"})
-                finally:
-                    os.environ.pop(env, None)
     return rows
 
 

@@ -3,11 +3,14 @@
     PYTHONPATH=. python scripts/device_triton_attention_lstm.py [--sweep] [--skip-checks]
 
 1. smoke: the persistent LSTM (grid barrier) in a subprocess with a timeout, so that a
-   deadlock cannot eat the whole call; if it fails, the rest runs in step mode.
+   deadlock cannot eat the whole call; if it fails, the rest runs in step mode, in a child
+   process started with LSTM_TRITON_MODE=step in its environment (the kernels read it once,
+   at import; nothing here writes os.environ).
 2. the harness (equivalence.check) for attention and lstm at fp32/fp16/bf16, tiny+small,
    while `pytest -m gpu tests/test_triton_attention.py tests/test_triton_lstm.py` runs in parallel (compiles are CPU-bound).
 3. equivalence.commands.bench.goals.run(["attention", "lstm"]): the figures of the speed goals.
-4. --sweep: a few block shapes of the attention kernels and both LSTM recurrence modes.
+4. --sweep: a few block shapes of the attention kernels and both LSTM recurrence modes,
+   each passed to the launcher as an argument (config=, backward_config=, mode=, num_warps=).
 Writes $OUT/device-triton-attention-lstm.json (or reports/device-triton-attention-lstm-local.json) and prints a summary last.
 """
 
@@ -66,7 +69,6 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn((B, H, N, D), generator=g).to(device=device, dtype=torch.bfloat16)
                    for _ in range(4))
-    default_fwd, default_bwd = dict(A.TUNED["fwd_d128"]), dict(A.TUNED["bwd"])
     fwd_cfgs = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
@@ -80,23 +82,21 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
         for cfg in fwd_cfgs:
             if late():
                 break
-            A.TUNED["fwd_d128"] = cfg
             try:
                 with torch.no_grad():
-                    t = time_fn(lambda: A.attention(q, k, v, causal, D ** -0.5), device, min_time_s=0.2)
+                    t = time_fn(lambda: A.attention(q, k, v, causal, D ** -0.5, config=cfg), device,
+                                min_time_s=0.2)
                 rows.append(dict(what="attn fwd", causal=causal, cfg=cfg, ms=t.median_ms,
                                  tflops=flops / t.median_ms / 1e9))
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record, go on
                 rows.append(dict(what="attn fwd", causal=causal, cfg=cfg, error=repr(exc)[:300]))
             log(rows[-1])
-        A.TUNED["fwd_d128"] = default_fwd
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = A.attention(*leaves, causal, D ** -0.5)
         for cfg in bwd_cfgs:
             if late():
                 break
-            A.TUNED["bwd"] = cfg
             try:
+                out = A.attention(*leaves, causal, D ** -0.5, backward_config=cfg)
                 t = time_fn(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), device,
                             min_time_s=0.2)
                 rows.append(dict(what="attn bwd", causal=causal, cfg=cfg, ms=t.median_ms,
@@ -104,11 +104,10 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
             except Exception as exc:  # noqa: BLE001
                 rows.append(dict(what="attn bwd", causal=causal, cfg=cfg, error=repr(exc)[:300]))
             log(rows[-1])
-        A.TUNED["bwd"] = default_bwd
-        del out, leaves
+        out = leaves = None  # the last backward's graph, freed before the next shapes
 
     spec = cards.get("lstm")
-    ours = levels.get("triton").lstm
+    levels.get("triton")  # Level 4 is set up (the card's tensors need no validation)
     for size in ("bench", "bench-large"):
         for dtype in (torch.float32, torch.bfloat16):
             args = spec.case(size, "default", dtype, device, seed=0).args
@@ -117,10 +116,10 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
             modes = ("persistent", "step") if persistent_ok else ("step",)
             for mode in modes:
                 for warps in (4, 8):
-                    LS._MODE, LS.NUM_WARPS = mode, warps
                     try:
                         with torch.no_grad():
-                            t = time_fn(lambda: ours(**args), device, min_time_s=0.2)
+                            t = time_fn(lambda: LS.lstm(**args, mode=mode, num_warps=warps), device,
+                                        min_time_s=0.2)
                         rows.append(dict(what="lstm fwd", size=size, dtype=str(dtype), mode=mode,
                                          warps=warps, ms=t.median_ms))
                     except Exception as exc:  # noqa: BLE001
@@ -131,10 +130,8 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
             leaves = {n: (t.detach().requires_grad_() if n in spec.differentiable else t)
                       for n, t in args.items()}
             for mode in modes:
-                LS._MODE, LS.NUM_WARPS = mode, 4
-
-                def fwd_bwd():
-                    out, (h, c) = ours(**leaves)
+                def fwd_bwd(mode=mode):
+                    out, (h, c) = LS.lstm(**leaves, mode=mode)
                     torch.autograd.grad([out], [leaves[n] for n in spec.differentiable],
                                         [torch.ones_like(out)])
                 try:
@@ -145,7 +142,6 @@ def sweep(device, persistent_ok: bool, attention: bool = True) -> list[dict]:
                     rows.append(dict(what="lstm fwd+bwd", size=size, dtype=str(dtype), mode=mode,
                                      error=repr(exc)[:300]))
                 log(rows[-1])
-    LS._MODE, LS.NUM_WARPS = os.environ.get("LSTM_TRITON_MODE", "auto"), 4
     return rows
 
 
@@ -156,6 +152,8 @@ def main() -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds; the sweep stops after")
+    # set by this script on itself: the rest, in step mode, after a failed smoke test
+    ap.add_argument("--after-failed-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     DEADLINE[0] = time.time() + args.deadline
     out_dir = Path(os.environ.get("OUT") or "reports")
@@ -163,15 +161,24 @@ def main() -> int:
     result: dict = {}
     env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONUNBUFFERED="1")
 
+    report = out_dir / "device-triton-attention-lstm.json"
+
     def save():
-        (out_dir / "device-triton-attention-lstm.json").write_text(json.dumps(result, indent=1, default=str))
+        report.write_text(json.dumps(result, indent=1, default=str))
 
     t0 = time.time()
-    result["smoke_persistent_lstm"] = smoke_persistent(env)
-    log("smoke:", result["smoke_persistent_lstm"])
-    if not result["smoke_persistent_lstm"]["ok"]:
-        os.environ["LSTM_TRITON_MODE"] = env["LSTM_TRITON_MODE"] = "step"
+    if args.after_failed_smoke:  # the parent's smoke result is in the report already
+        result.update(json.loads(report.read_text()))
+    else:
+        result["smoke_persistent_lstm"] = smoke_persistent(env)
+        log("smoke:", result["smoke_persistent_lstm"])
+    if not result["smoke_persistent_lstm"]["ok"] and not args.after_failed_smoke:
         result["note"] = "persistent LSTM failed its smoke test: everything below ran in step mode"
+        save()
+        # triton_kernels.lstm reads LSTM_TRITON_MODE once, at import: the rest runs in a
+        # process of its own that has it in its environment (this one's is left alone).
+        return subprocess.call([sys.executable, *sys.argv, "--after-failed-smoke"],
+                               env=dict(env, LSTM_TRITON_MODE="step"))
     save()
 
     import torch  # after the mode is settled: triton_kernels.lstm reads it at import

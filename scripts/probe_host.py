@@ -6,10 +6,11 @@
 Times, calls back to back at a tiny shape, each piece of a Level 4 layer_norm and MLP call
 against eager PyTorch: the contract's validation, allocations, the JIT launch
 (`kernel[grid]`), the direct launch (triton_kernels/launch.py), the compiled kernel's
-launcher alone, autograd.Function.apply. The probes live in equivalence/commands/host_probe.py
-(`levels explain --level triton` shows them as a table); this writes all of them, in the
-shape of the recorded reports/h100-host-probe.json. Without a CUDA GPU it says why and
-exits 3."""
+launcher alone, autograd.Function.apply. The measurements are the cards' (HOST_PROBE in
+equivalence/cards/<component>.py), run by equivalence/commands/host_probe.py (`levels explain
+--level triton` shows them as a table; the "fast launch OFF" rows in a child process started
+with LEVELS_TRITON_FAST_LAUNCH=0); this writes all of them, in the shape of the recorded
+reports/h100-host-probe.json. Without a CUDA GPU it says why and exits 3."""
 import json
 import os
 import sys

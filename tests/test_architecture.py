@@ -25,11 +25,6 @@ PACKAGES = ("triton_kernels", "cuda_kernels", "numba_kernels", "levels", "equiva
 LAYERS = ("kernels", "levels", "harness", "commands", "cli")
 MAX_LINES = 600
 COMPONENT_NAMES = ("attention", "layer_norm", "mlp", "lstm", "conv_bn")
-# Known, with the reason, and nothing else: host_probe.py is a study of two particular calls
-# (layer_norm's and the MLP's host path at Level 4); its two tables (_PROBES: the measurements,
-# LAYOUTS: how their pieces add up) define those two studies. They are being rewritten with
-# the host-path lessons, and move onto the cards then; until that, they are the one place.
-KNOWN_TABLES = {"equivalence/commands/host_probe.py": 2}
 
 
 def layer_of(module: str) -> str:
@@ -183,11 +178,7 @@ def test_no_import_circles():
 
 
 def test_shared_code_asks_the_cards():
-    found = component_switches(modules())
-    tables = {path: sum(f.startswith(path + ":") and "a table" in f for f in found)
-              for path in KNOWN_TABLES}
-    assert tables == KNOWN_TABLES  # when they move to the cards, drop them from KNOWN_TABLES
-    assert [f for f in found if not (f.split(":")[0] in KNOWN_TABLES and "a table" in f)] == []
+    assert component_switches(modules()) == []
 
 
 def test_files_in_the_harness_stay_under_the_limit():

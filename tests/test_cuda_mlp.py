@@ -58,6 +58,19 @@ def test_k_major_keeps_contiguous_weights_and_gradients():
     assert torch.equal(x.grad, torch.full_like(x, 2.0))
 
 
+@pytest.mark.parametrize("tile,version,match", [
+    (4, 4, r"argument 'tile' must be one of \[0, 1, 2, 3\]"),
+    (True, 4, r"argument 'tile' must be one of"),
+    (1, 3, r"pins version 4's tile shape; got tile=1 with version 3"),
+])
+def test_mlp_forward_refuses_a_tile_it_cannot_pin(tile, version, match):
+    # Checked before anything is built or launched: a CPU says so too.
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=match):
+        K5.mlp_forward(x, torch.randn(16, 8), torch.randn(16), torch.randn(8, 16), torch.randn(8),
+                       version=version, tile=tile)
+
+
 # ------------------------------------------------------------------------ CPU: nvcc ---
 
 def _nvcc_reason():
@@ -350,6 +363,21 @@ def test_ops_take_any_operand_layout(version):
                 assert torch.equal(got, base)
             err = float((got.double() - want).norm() / want.norm())
             assert err < (1e-2 if dt == torch.bfloat16 else 1e-5), (version, a_l.stride(), b_l.stride(), err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", sorted(K5.V4_TILES))
+def test_mlp_forward_with_each_v4_tile(tile):
+    # The tiles `levels bench` sweeps (mlp_forward's `tile` argument) compute the forward
+    # `mlp` computes: every tile reads the same values in the same order along K.
+    args = _mlp_args(dict(rows=(300,), K=64, hidden=256, N=72), torch.bfloat16, seed=tile)
+    t = [args[n] for n in ("x", "w1", "b1", "w2", "b2")]
+    with torch.no_grad():
+        want = K5.mlp(*t, version=4)
+        got = K5.mlp_forward(*t, version=4, tile=tile)
+    assert got.shape == want.shape
+    err = float((got.double() - want.double()).norm() / want.double().norm())
+    assert err < 1e-2, (tile, err)
 
 
 @pytest.mark.gpu

@@ -229,6 +229,61 @@ def test_a_live_breakdown_is_labelled_measured_and_a_failed_one_falls_back(monke
     assert "RECORDED, not measured here (the live probe failed: RuntimeError: boom)" in body
 
 
+def test_the_cards_measure_every_recorded_key(monkeypatch):
+    # What the probe measures is on the cards (HOST_PROBE["measure"]); with the timers
+    # stubbed, running them yields the recorded file's keys, group by group, and the rows
+    # timed through kernel[grid] go to the process started without direct launches.
+    import contextlib
+
+    monkeypatch.setattr(host_probe, "_host_us", lambda fn, batch=50: 1.0)
+    monkeypatch.setattr(host_probe, "_cpu_us", lambda fn: 1.0)
+    monkeypatch.setattr(host_probe, "_kernel_us", lambda fn, dev: 1.0)
+    monkeypatch.setattr(host_probe, "_fast_launch_on", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    deferred = {}
+
+    def without_direct_launches(keys, dev):
+        deferred.update(keys)
+        return {group: {k: 2.0 for k in ks} for group, ks in keys.items()}
+
+    monkeypatch.setattr(host_probe, "_in_jit_process", without_direct_launches)
+    raw = host_probe._collect({group: None for group in host_probe._measures()},
+                              torch.device("cpu"))
+    recorded = host_probe.load_recorded()
+    assert list(raw) == ["layer_norm", "mlp", "layer_norm_bwd"]
+    # (no GPU here: the compiled kernel's own launcher cannot be reached, and says why)
+    no_gpu = {"CompiledKernel[grid](...) all args", "ck.run raw maxerr",
+              "driver get_current_stream", "ck.run raw"}
+    for group, keys in raw.items():
+        measured = {k for k in keys if not k.endswith(" error")}
+        assert set(recorded[group]) - measured <= no_gpu, group
+    assert {k for ks in deferred.values() for k in ks} == {
+        "L4 levels.triton.layer_norm no_grad, fast launch OFF", "L4 mlp no_grad, fast launch OFF",
+        "L4 fwd+bwd, fast launch OFF"}
+    assert raw["mlp"]["L4 mlp no_grad, fast launch OFF"] == 2.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the child measures")
+def test_the_process_without_direct_launches_reports_why_it_could_not_measure():
+    # The rows timed through kernel[grid] run in `python -m equivalence.commands.host_probe`
+    # started with LEVELS_TRITON_FAST_LAUNCH=0; here it cannot time anything, and says so
+    # per row instead of losing the others.
+    got = host_probe._in_jit_process({"mlp": ["L4 mlp no_grad, fast launch OFF"]}, "cuda")
+    why = got["mlp"]["L4 mlp no_grad, fast launch OFF error"]
+    assert "the process without direct launches failed" in why and "no CUDA GPU" in why
+
+
+def test_the_host_probe_layouts_come_from_the_cards():
+    from equivalence import cards
+
+    assert host_probe.PROBED == ("layer_norm", "mlp")
+    for component in host_probe.PROBED:
+        spec = cards.get(component).host_probe["layout"]
+        lay = host_probe.layout(component)
+        assert lay.call == spec["call"] and len(lay.pieces) == len(spec["pieces"])
+        assert all(isinstance(r.keys, tuple) for r in (lay.total, *lay.pieces, *lay.alternatives))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("component", host_probe.PROBED)
 def test_live_host_breakdown_times_every_piece(component):

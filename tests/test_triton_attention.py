@@ -47,6 +47,21 @@ def _attention_args(B, H, N, D, dtype, causal, seed=0, Nk=None):
                 causal=causal, scale=None)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_block_shapes_as_arguments(causal):
+    # The device script's sweep passes block shapes as the launcher's `config` and
+    # `backward_config` arguments: forward and every gradient must hold at any of them
+    # (16 x 16 blocks: causal's divisibility holds, N = 37 leaves ragged blocks).
+    import triton_kernels.attention as kernels
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+
+    def attention(q, k, v, causal=False, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return kernels.attention(q, k, v, causal, scale, config=cfg, backward_config=cfg)
+    r = check_args(COMPONENT, _attention_args(1, 2, 37, 16, torch.float32, causal), fn=attention)
+    assert r.passed, r.summary()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_harness_tiny(dtype):
     results = check(COMPONENT, "triton", dtype=dtype, device=DEVICE, size="tiny")

@@ -80,17 +80,38 @@ def test_layer_norm_gpu(dtype, rows, N):
     _passes("layer_norm", _args("layer_norm", dict(rows=rows, N=N), dtype, seed=N))
 
 
-@pytest.mark.gpu
-@needs_gpu
+def _pinned(tiling=None, backward_tiling=None):
+    """triton_kernels.layer_norm.layer_norm with its tiles pinned (its `tiling` and
+    `backward_tiling` arguments), as a function the harness checks (check_args(fn=))."""
+    import triton_kernels.layer_norm as kernels
+
+    def layer_norm(x, weight, bias, eps=1e-5):
+        return kernels.layer_norm(x, weight, bias, eps, tiling=tiling,
+                                  backward_tiling=backward_tiling)
+    return layer_norm
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tiling", [(2, 8, 4), (4, 16, 2), (1, 4, 8)])
-def test_layer_norm_gpu_backward_tilings(dtype, tiling, monkeypatch):
-    # The tilings the benchmark sweeps must compute the same gradients (rows not a multiple
-    # of BLOCK_M or of the programs: the last program's share is ragged).
+def test_layer_norm_backward_tilings(dtype, tiling):
+    # The tilings the benchmark sweeps (passed as arguments) must compute the same
+    # gradients (rows not a multiple of BLOCK_M or of the programs: the last program's
+    # share is ragged). The interpreter honours a pinned tiling too, at a CPU-sized shape.
+    rows, N = ((777,), 1000) if DEVICE == "cuda" else ((37,), 100)
+    args = _args("layer_norm", dict(rows=rows, N=N), dtype, seed=tiling[0])
+    r = check_args("layer_norm", args, fn=_pinned(backward_tiling=tiling))
+    assert r.passed, r.summary()
+
+
+@pytest.mark.parametrize("tiling", [(1, 4), (4, 8)])
+def test_layer_norm_forward_tilings(tiling):
+    # The forward sweep's tilings, as arguments; the next call without one is the rule's.
     import triton_kernels.layer_norm as kernels
-    key = (1000, torch.empty((), dtype=dtype).element_size())
-    monkeypatch.setattr(kernels, "BACKWARD_TILING", {key: tiling})
-    _passes("layer_norm", _args("layer_norm", dict(rows=(777,), N=1000), dtype, seed=tiling[0]))
+    rows, N = ((777,), 1000) if DEVICE == "cuda" else ((37,), 100)
+    args = _args("layer_norm", dict(rows=rows, N=N), torch.float32, seed=tiling[0])
+    r = check_args("layer_norm", args, fn=_pinned(tiling=tiling))
+    assert r.passed, r.summary()
+    assert not hasattr(kernels, "FORWARD_TILING") and not hasattr(kernels, "BACKWARD_TILING")
 
 
 @pytest.mark.gpu

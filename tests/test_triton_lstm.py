@@ -68,17 +68,51 @@ def test_lstm_step_mode_with_several_column_programs(monkeypatch):
     # The interpreter normally runs one program owning every hidden unit; force the GPU's
     # fallback layout (one launch per step, hidden units split over programs, ragged edge).
     import triton_kernels.lstm as kernels
-    monkeypatch.setattr(kernels, "_plan", lambda B, H, device: dict(
+    monkeypatch.setattr(kernels, "_plan", lambda B, H, device, mode=None, num_warps=None: dict(
         BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, mode="step", num_warps=4))
     _passes("lstm", _lstm_args(3, 4, 6, 20, torch.float32, seed=4))
 
 
-def test_lstm_rejects_an_unknown_launch_mode(monkeypatch):
+def _pinned(**knobs):
+    """triton_kernels.lstm.lstm with this call's mode / fp32_dot / num_warps (its
+    arguments), as a function the harness checks (check_args(fn=))."""
+    import triton_kernels.lstm as kernels
+
+    def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        return kernels.lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, **knobs)
+    return lstm
+
+
+def _passes_pinned(args, **knobs):
+    r = check_args("lstm", args, fn=_pinned(**knobs))
+    assert r.passed, r.summary()
+
+
+def test_lstm_rejects_an_unknown_launch_mode():
     # An unknown mode used to run the multi-program grid without its barrier.
     import triton_kernels.lstm as kernels
-    monkeypatch.setattr(kernels, "_MODE", "persistant")
-    with pytest.raises(ValueError, match="LSTM_TRITON_MODE must be one of auto, persistent, step"):
-        L4.lstm(**_lstm_args(2, 3, 4, 16, torch.float32))
+    args = _lstm_args(2, 3, 4, 16, torch.float32)
+    with pytest.raises(ValueError, match="argument 'mode' must be one of auto, persistent, step"):
+        kernels.lstm(**args, mode="persistant")
+    with pytest.raises(ValueError, match="argument 'fp32_dot' must be 'tf32x3' or 'ieee'"):
+        kernels.lstm(**args, fp32_dot="tf32")
+
+
+def test_lstm_settings_from_the_environment_are_checked_too():
+    # LSTM_TRITON_MODE is read once, at import: a process of its own, started with it in
+    # its environment, is how a user (or a script) sets it.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import levels.triton, torch, triton_kernels.lstm as k\n"
+            "try:\n    k._plan(2, 16, torch.device('cpu'))\n"
+            "except ValueError as exc:\n    print(exc)")
+    env = dict(os.environ, LSTM_TRITON_MODE="persistant")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, check=True).stdout
+    assert "LSTM_TRITON_MODE must be one of auto, persistent, step; got 'persistant'" in out
 
 
 @pytest.mark.gpu
@@ -92,25 +126,21 @@ def test_lstm_gpu(dtype, B, T, I, H):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("mode", ["step", "persistent"])
-def test_lstm_gpu_recurrence_modes(mode, monkeypatch):
-    # Both launch strategies must compute the same function (auto picks one per shape).
+@pytest.mark.parametrize("warps", [4, 8])
+def test_lstm_gpu_recurrence_modes(mode, warps):
+    # Both launch strategies must compute the same function (auto picks one per shape),
+    # at the warps the device script sweeps.
     import triton_kernels.lstm as kernels
-    monkeypatch.setattr(kernels, "_MODE", mode)
-    assert kernels._plan(3, 48, torch.device("cuda"))["mode"] == mode
-    _passes("lstm", _lstm_args(3, 9, 20, 48, torch.float32, seed=2))
+    assert kernels._plan(3, 48, torch.device("cuda"), mode)["mode"] == mode
+    _passes_pinned(_lstm_args(3, 9, 20, 48, torch.float32, seed=2), mode=mode, num_warps=warps)
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dot", ["tf32x3", "ieee"])
-def test_lstm_gpu_fp32_dot_modes(dot, monkeypatch):
+def test_lstm_gpu_fp32_dot_modes(dot):
     # fp32 recurrence dots: 3xTF32 (the default) and exact FMAs must both meet the fp32 bound.
-    import triton_kernels.lstm as kernels
-    monkeypatch.setattr(kernels, "FP32_DOT", dot)
-    _passes("lstm", _lstm_args(8, 64, 256, 512, torch.float32, seed=9))
-    monkeypatch.setattr(kernels, "FP32_DOT", "tf32")
-    with pytest.raises(ValueError, match="LSTM_TRITON_FP32_DOT"):
-        L4.lstm(**_lstm_args(2, 3, 4, 16, torch.float32))
+    _passes_pinned(_lstm_args(8, 64, 256, 512, torch.float32, seed=9), fp32_dot=dot)
 
 
 @pytest.mark.gpu
@@ -140,13 +170,11 @@ def test_lstm_gpu_barrier_gives_up_instead_of_hanging(monkeypatch):
     # say why; then the next calls work again.
     import triton_kernels.lstm as kernels
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 10 ** 6)  # "everything fits"
-    monkeypatch.setattr(kernels, "_MODE", "persistent")
     monkeypatch.setattr(kernels, "SPIN_LIMIT", 2 ** 14)
     args = _lstm_args(128, 3, 16, 8192, torch.bfloat16, seed=1)  # 4 x 512 programs
     with torch.no_grad():
-        out, _ = L4.lstm(**args)
+        out, _ = kernels.lstm(**args, mode="persistent")
     with pytest.raises(RuntimeError, match="gave up waiting at its grid barrier"):
         kernels.check_barrier(wait=True)
     assert torch.isnan(out).any()
-    monkeypatch.setattr(kernels, "_MODE", "step")
-    _passes("lstm", _lstm_args(3, 5, 8, 48, torch.float32, seed=2))
+    _passes_pinned(_lstm_args(3, 5, 8, 48, torch.float32, seed=2), mode="step")

@@ -58,31 +58,60 @@ def test_mlp_odd_sizes_3d_input():
     _passes("mlp", _args("mlp", dict(rows=(3, 11), K=17, hidden=45, N=9), torch.float32, seed=3))
 
 
+def _pinned(config):
+    """triton_kernels.mlp.mlp with every GEMM pinned to `config` (its `config` argument),
+    as a function the harness checks like a level (check_args(..., fn=))."""
+    from triton_kernels import mlp as kernels
+
+    def mlp(x, w1, b1, w2, b2):
+        return kernels.mlp(x, w1, b1, w2, b2, config=config)
+    return mlp
+
+
+def _passes_pinned(args, config):
+    r = check_args(COMPONENT, args, fn=_pinned(config))
+    assert r.passed, r.summary()
+
+
 @pytest.mark.parametrize("split", [1, 2])
-def test_mlp_with_subtiled_epilogue(split, monkeypatch):
+def test_mlp_with_subtiled_epilogue(split):
     # SPLIT_N=2 (the epilogue on two half tiles) is only ever picked by autotune on a GPU;
     # pinning it here puts its reshape/split path and every epilogue (GELU+save, GELU',
     # none) through the interpreter and the harness.
-    from triton_kernels import gemm
     cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, SPLIT_N=split, num_warps=4,
                num_stages=1 if DEVICE == "cpu" else 3)
-    monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
-    _passes("mlp", _args("mlp", dict(rows=(37,), K=40, hidden=72, N=33), torch.float32, seed=split))
+    _passes_pinned(_args("mlp", dict(rows=(37,), K=40, hidden=72, N=33), torch.float32, seed=split),
+                   cfg)
 
 
 @pytest.mark.parametrize("splits", [2, 3])
-def test_mlp_with_split_k(splits, monkeypatch):
+def test_mlp_with_split_k(splits):
     # Split-K is only picked by the size rule on a GPU (few output tiles, long K); pinned
     # here, the partial sums and the second kernel's epilogue (bias, GELU+save, GELU', none)
     # go through the interpreter and the whole harness, forward and backward. K = 200 and
     # hidden = 72: slices of 96 and 32 rows of K with a masked tail.
-    from triton_kernels import gemm
     cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=splits, num_warps=4,
                num_stages=1 if DEVICE == "cpu" else 3)
-    monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", cfg)
     args = _args("mlp", dict(rows=(2, 5), K=200, hidden=72, N=33), torch.float32, seed=splits)
-    _passes("mlp", args)
-    _passes("mlp", cards.get("mlp").strided(args))  # every operand a view: strides, offsets
+    _passes_pinned(args, cfg)
+    _passes_pinned(cards.get("mlp").strided(args), cfg)  # every operand a view: strides, offsets
+
+
+def test_a_pinned_tile_is_an_argument_not_a_setting():
+    # Pinning one call's tile changes nothing for the next call without one: the size rule
+    # serves it (there is no module setting left to forget to restore).
+    from triton_kernels import gemm
+
+    a = torch.randn(20, 40, device=DEVICE)
+    b = torch.randn(40, 24, device=DEVICE)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, SPLIT_K=2, num_warps=4,
+               num_stages=1 if DEVICE == "cpu" else 3)
+    pinned = gemm.gemm(a, b, config=cfg)
+    plain = gemm.gemm(a, b)
+    want = a.double() @ b.double()
+    for got in (pinned, plain):
+        assert float((got.double() - want).norm() / want.norm()) < 1e-5
+    assert not hasattr(gemm, "CONFIG_OVERRIDE")
 
 
 def test_gemm_split_k_comes_from_the_problem_size():

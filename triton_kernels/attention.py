@@ -428,13 +428,14 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(q, k, v, causal: bool, scale: float, save: bool):
-    """(o, lse) without autograd; the log-sum-exp only when a backward will read it."""
+def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None):
+    """(o, lse) without autograd; the log-sum-exp only when a backward will read it.
+    config: the caller's block shapes (a TUNED-style dict), else the table's."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
     lse = q.new_empty((B, H, Nq), dtype=torch.float32) if save else o
-    cfg = _fwd_config(D, q.dtype)
+    cfg = _fwd_config(D, q.dtype) if config is None else config
     _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
         q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
         H, Nq, Nk, scale * LOG2E,
@@ -444,7 +445,7 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool):
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     do = _unit_last(do)
@@ -455,7 +456,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    cfg = _bwd_config(D, q.dtype)
+    cfg = _bwd_config(D, q.dtype) if config is None else config
     common = dict(HEAD_DIM=D, CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
                   PRECISION=_precision(q.dtype, q.device), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
@@ -475,18 +476,18 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, config=None, backward_config=None):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        o, lse = _forward(q, k, v, causal, scale, save=True)
+        o, lse = _forward(q, k, v, causal, scale, save=True, config=config)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.backward_config = causal, scale, backward_config
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.backward_config)
+        return dq, dk, dv, None, None, None, None
 
 
 def check(q, k, v) -> None:
@@ -508,9 +509,15 @@ def check(q, k, v) -> None:
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
 
 
-def attention(q, k, v, causal: bool, scale: float):
+def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None):
     """softmax(q k^T * scale) v for (B, H, N, D) tensors; inputs already validated (the
-    contract, then `check`)."""
+    contract, then `check`).
+
+    config=None, backward_config=None: the block shapes of TUNED for this head size and
+    dtype. A dict with TUNED's keys (BLOCK_M, BLOCK_N, num_warps, num_stages; causal calls
+    need the divisibility above) pins the forward's or the backward's for this call: what
+    scripts/device_triton_attention_lstm.py --sweep times, passing them as arguments."""
     if needs_grad(q, k, v):
-        return apply_ahead(_FlashAttention, q, k, v, causal, scale)
-    return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False)[0]
+        return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config)
+    return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False,
+                    config=config)[0]

@@ -316,11 +316,6 @@ _FIXED_GPU_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=
 # tile_for's answers as launch arguments, built once: {id(config): arguments}
 _TILE_ARGS = {id(t): _as_dict(t) for t in (BIG_TILE, MID_TILE, NARROW_TILE)}
 
-# Set to one config dict (the keys of _FIXED_GPU, optionally SPLIT_N and SPLIT_K, the
-# number of K slices, 1 if absent) to pin every launch to it: what the benchmark's tile
-# sweep and the tests of the subtiled epilogue and of split-K use.
-CONFIG_OVERRIDE: dict | None = None
-
 KERNELS = [gemm_kernel, splitk_reduce_kernel]
 
 
@@ -354,7 +349,7 @@ def _check(a, b, c, bias, aux):
         _check_matrix("preact", aux, (M, N))
 
 
-def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
+def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True, config=None):
     if check:
         _check(a, b, c, bias, aux)
     M, K = a.shape
@@ -367,8 +362,8 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True):
     ops = (a, b, c, bias if bias is not None else c, aux if aux is not None else c)
     flags = (bias is not None, epilogue, accumulate, precision)
     split = 1
-    if CONFIG_OVERRIDE is not None:
-        cfg = CONFIG_OVERRIDE
+    if config is not None:  # pinned by the caller (see gemm's docstring)
+        cfg = config
         split = cfg.get("SPLIT_K", 1)
     elif INTERPRETED:
         cfg = _FIXED_INTERPRETED
@@ -441,9 +436,16 @@ def _output(a, N, out, out_dtype):
 
 
 def gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=False,
-         preact_out=None, check=True):
+         preact_out=None, check=True, config=None):
     """act(a @ b [+ out] [+ bias]); see the module docstring. check=False skips the
-    operand checks (callers whose operands are validated already: host time per call)."""
+    operand checks (callers whose operands are validated already: host time per call).
+
+    config=None: the tile follows from the problem's size (tile_for, small_m_tile,
+    split_k_for). A dict pins this launch to one tile instead: the keys of _FIXED_GPU
+    (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), optionally SPLIT_N (the
+    subtiled epilogue, 1 or 2) and SPLIT_K (how many K slices, 1 if absent). It is what
+    the benchmark's tile sweep and the tests of split-K and of the subtiled epilogue pass,
+    as an argument: no setting of the module changes what other calls run."""
     if activation not in (None, "gelu"):
         raise ValueError(f"gemm: argument 'activation' must be None or 'gelu'; got {activation!r}")
     if accumulate and out is None:
@@ -455,13 +457,14 @@ def gemm(a, b, bias=None, activation=None, out=None, out_dtype=None, accumulate=
         epilogue = EPI_NONE
     else:
         epilogue = EPI_GELU if preact_out is None else EPI_GELU_SAVE
-    return _launch(a, b, c, bias, preact_out, epilogue, bool(accumulate), check)
+    return _launch(a, b, c, bias, preact_out, epilogue, bool(accumulate), check, config)
 
 
-def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None, check=True):
-    """(a @ b) * GELU'(preact), in one pass (the derivative is applied in the epilogue)."""
+def gemm_gelu_backward(a, b, preact, out=None, out_dtype=None, check=True, config=None):
+    """(a @ b) * GELU'(preact), in one pass (the derivative is applied in the epilogue);
+    config as for gemm."""
     c = _output(a, b.shape[1], out, out_dtype)
-    return _launch(a, b, c, None, preact, EPI_GELU_GRAD, False, check)
+    return _launch(a, b, c, None, preact, EPI_GELU_GRAD, False, check, config)
 
 
 # ---------------------------------------------------------------------------------------

@@ -143,20 +143,18 @@ def uses_tf32(device, dtype) -> bool:
     return False  # no dot products
 
 
-# (width, element size) -> (BLOCK_M, num_warps) replacing the rule below in the forward
-# pass. Empty by default; `levels bench` fills it for a moment to time alternatives (all
-# within 1.5% of the rule at 16384x4096, fp32 and bf16: the rule stays).
-FORWARD_TILING: dict[tuple[int, int], tuple[int, int]] = {}
+def _tiling(N: int, tiling=None):
+    """(BLOCK_M, BLOCK_N, num_warps): about 4-8K elements per program, whole rows.
 
-
-def _tiling(N: int, element_size: int | None = None):
-    """(BLOCK_M, BLOCK_N, num_warps): about 4-8K elements per program, whole rows."""
+    tiling: the caller's (BLOCK_M, num_warps) instead of the rule (layer_norm's `tiling`
+    argument: `levels bench` times alternatives so, all within 1.5% of the rule at
+    16384x4096, fp32 and bf16: the rule stays)."""
     BLOCK_N = next_power_of_2(N)
+    if tiling is not None:
+        BLOCK_M, num_warps = tiling
+        return BLOCK_M, BLOCK_N, num_warps
     if INTERPRETED:
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
-    if (N, element_size) in FORWARD_TILING:
-        BLOCK_M, num_warps = FORWARD_TILING[(N, element_size)]
-        return BLOCK_M, BLOCK_N, num_warps
     BLOCK_M = max(1, 4096 // BLOCK_N)  # narrow rows: several rows per program
     elems = BLOCK_M * BLOCK_N
     num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
@@ -169,25 +167,21 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-# (width, element size) -> (BLOCK_M, num_warps, programs per SM) replacing the defaults of
-# the backward pass; empty by default, filled for a moment by `levels bench`'s sweep.
-BACKWARD_TILING: dict[tuple[int, int], tuple[int, int, int]] = {}
-
-
-def _backward_tiling(N: int, element_size: int):
-    """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the backward pass.
+def _backward_tiling(N: int, tiling=None):
+    """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the backward pass; tiling: the
+    caller's (BLOCK_M, num_warps, programs per SM) instead (layer_norm's `backward_tiling`).
 
     The backward is a loop over its rows with two row reductions between load and store,
     so each iteration should carry many bytes: 16K elements (4 rows of 4096) per iteration
     with 16 warps and 2 programs per SM. Measured at 16384x4096 on an H100 (`levels bench`
     "backward sweep", kernel time): bf16 0.171 ms (0.83x copy) vs 0.222 ms (0.64x) for one
     row per iteration, 8 warps, 4 programs per SM; fp32 0.315 vs 0.327 ms."""
+    BLOCK_N = next_power_of_2(N)
+    if tiling is not None:
+        BLOCK_M, num_warps, per_sm = tiling
+        return BLOCK_M, BLOCK_N, num_warps, per_sm
     if INTERPRETED:
         return (*_tiling(N), 1)
-    BLOCK_N = next_power_of_2(N)
-    if (N, element_size) in BACKWARD_TILING:
-        BLOCK_M, num_warps, per_sm = BACKWARD_TILING[(N, element_size)]
-        return BLOCK_M, BLOCK_N, num_warps, per_sm
     BLOCK_M = min(64, max(1, 16384 // BLOCK_N))
     elems = BLOCK_M * BLOCK_N
     num_warps = 4 if elems <= 2048 else (8 if elems < 8192 else 16)
@@ -200,7 +194,7 @@ def _n_programs(device: torch.device, M: int, BLOCK_M: int, per_sm: int = 4) -> 
     return min(sm_count(device) * per_sm, cdiv(M, BLOCK_M))
 
 
-def _forward(x, weight, bias, eps, save: bool):
+def _forward(x, weight, bias, eps, save: bool, tiling=None):
     """(y, x2, stats): the launch, without autograd. A contiguous x is passed as it is (its
     row stride is N): no reshape view, and y = empty_like(x) has x's shape already. The
     statistics (mean and 1/std, one (2, M) fp32 buffer) are kept only for a backward:
@@ -213,7 +207,7 @@ def _forward(x, weight, bias, eps, save: bool):
         stride_xm, M = x2.stride(0), x2.shape[0]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
-    BLOCK_M, BLOCK_N, num_warps = _tiling(N, x.element_size())
+    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling)
     layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STATS=save, num_warps=num_warps)
@@ -222,10 +216,11 @@ def _forward(x, weight, bias, eps, save: bool):
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, x2, stats = _forward(x, weight, bias, eps, save=True)
+    def forward(ctx, x, weight, bias, eps, tiling=None, backward_tiling=None):
+        y, x2, stats = _forward(x, weight, bias, eps, save=True, tiling=tiling)
         ctx.save_for_backward(x2, weight, stats)
         ctx.x_shape = x.shape
+        ctx.backward_tiling = backward_tiling
         return y
 
     @staticmethod
@@ -236,7 +231,7 @@ class _LayerNorm(torch.autograd.Function):
         stride_xm = x2.stride(0) if x2.dim() == 2 and not x2.is_contiguous() else N
         dy2 = _rows(dy)
         dx = x2.new_empty((M, N))
-        BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, x2.element_size())
+        BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, ctx.backward_tiling)
         programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
         # Whole BLOCK_M groups per program, so programs never share a row.
         rows = cdiv(cdiv(M, programs), BLOCK_M) * BLOCK_M
@@ -249,7 +244,7 @@ class _LayerNorm(torch.autograd.Function):
         dwb = weight.new_empty((2, N))  # dweight, dbias: one allocation, one launch
         RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
         sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)
-        return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None
+        return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None, None, None
 
 
 def check(x) -> None:
@@ -264,8 +259,13 @@ def check(x) -> None:
                         "Triton kernels; got torch.float64")
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
+def layer_norm(x, weight, bias, eps=1e-5, tiling=None, backward_tiling=None):
     """Called by levels.triton.layer_norm after the shared validation and `check`.
+
+    tiling=None, backward_tiling=None: the tiles follow from the row width (_tiling,
+    _backward_tiling). (BLOCK_M, num_warps) and (BLOCK_M, num_warps, programs per SM) pin
+    the forward's and the backward's instead, for this call: `levels bench` times its
+    sweeps so, passing them as arguments.
 
     Layouts: x may have any strides: its (M, N) row view keeps a row stride (a copy only
     when the last dimension itself is strided, see _rows). weight and bias are indexed
@@ -274,6 +274,6 @@ def layer_norm(x, weight, bias, eps=1e-5):
     through the copy to the view)."""
     weight, bias = weight.contiguous(), bias.contiguous()
     if needs_grad(x, weight, bias):
-        return apply_ahead(_LayerNorm, x, weight, bias, eps)
+        return apply_ahead(_LayerNorm, x, weight, bias, eps, tiling, backward_tiling)
     # Nothing to differentiate: autograd.Function.apply would only cost microseconds
-    return _forward(x, weight, bias, eps, save=False)[0]
+    return _forward(x, weight, bias, eps, save=False, tiling=tiling)[0]

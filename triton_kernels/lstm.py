@@ -319,21 +319,27 @@ KERNELS = [_lstm_fwd, _lstm_bwd, _recurrent_grad, _grid_barrier, _sigmoid, _tanh
 _sm_count = sm_count  # the plan below and its tests name it so
 
 
-# Forced from the environment by the device script to time the alternatives side by side:
-# "persistent" (one launch, grid barrier), "step" (one launch per time step), or "auto".
-# Anything else is refused: a mode the launcher does not know would run the multi-program
-# grid without its barrier.
+# The recurrence's launch strategy: "persistent" (one launch, grid barrier), "step" (one
+# launch per time step), or "auto" (persistent when every program can be resident). A
+# user's choice, read once from the environment (LSTM_TRITON_MODE); a call may pass its
+# own (lstm's `mode`: how the device script times the alternatives side by side). Anything
+# else is refused: a mode the launcher does not know would run the multi-program grid
+# without its barrier.
 MODES = ("auto", "persistent", "step")
-_MODE = os.environ.get("LSTM_TRITON_MODE", "auto")
+MODE = os.environ.get("LSTM_TRITON_MODE", "auto")
 
 
-NUM_WARPS = 4
+NUM_WARPS = 4  # per program of the recurrence; lstm's `num_warps` may pass another
 
 
-def _plan(B: int, H: int, device: torch.device) -> dict:
-    """Tiles and mode. BLOCK_B >= 16 because tl.dot needs 16 rows."""
-    if _MODE not in MODES:
-        raise ValueError(f"lstm: LSTM_TRITON_MODE must be one of {', '.join(MODES)}; got {_MODE!r}")
+def _plan(B: int, H: int, device: torch.device, mode=None, num_warps=None) -> dict:
+    """Tiles and mode. BLOCK_B >= 16 because tl.dot needs 16 rows. mode, num_warps: the
+    call's own (None: MODE, NUM_WARPS)."""
+    source = "argument 'mode'"
+    if mode is None:
+        mode, source = MODE, "LSTM_TRITON_MODE"
+    if mode not in MODES:
+        raise ValueError(f"lstm: {source} must be one of {', '.join(MODES)}; got {mode!r}")
     if INTERPRETED:
         # Programs run one after another here: one program must own every hidden unit.
         bh = next_power_of_2(H)
@@ -344,27 +350,34 @@ def _plan(B: int, H: int, device: torch.device) -> dict:
     block_h = 16
     n_b, n_h = cdiv(B, block_b), cdiv(H, block_h)
     fits = n_b * n_h <= _sm_count(device)
-    mode = _MODE if _MODE != "auto" else ("persistent" if fits else "step")
+    if mode == "auto":
+        mode = "persistent" if fits else "step"
     if mode == "persistent" and not fits:
         mode = "step"  # never spin on programs that may not be resident
-    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64, mode=mode, num_warps=NUM_WARPS)
+    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64, mode=mode,
+                num_warps=NUM_WARPS if num_warps is None else num_warps)
 
 
 # How fp32 recurrence dots run on a GPU: "tf32x3" (default: three TF32 tensor-core dots on
 # a hi/lo split of each operand, hi*hi + hi*lo + lo*hi, about 22 of fp32's 24 mantissa bits,
 # checked at the fp32 bound) or "ieee" (exact fp32 FMAs on the CUDA cores). The interpreter
-# always computes exact fp32. LSTM_TRITON_FP32_DOT=ieee, or setting this, picks the other.
+# always computes exact fp32. LSTM_TRITON_FP32_DOT=ieee (read once) picks the other for the
+# process, lstm's `fp32_dot` for one call (what `levels bench` times the exact variant with).
+FP32_DOTS = ("tf32x3", "ieee")
 FP32_DOT = os.environ.get("LSTM_TRITON_FP32_DOT", "tf32x3")
 
 
-def _precision(dtype) -> str:
+def _precision(dtype, fp32_dot=None) -> str:
+    source = "argument 'fp32_dot'"
+    if fp32_dot is None:
+        fp32_dot, source = FP32_DOT, "LSTM_TRITON_FP32_DOT"
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"lstm: {source} must be 'tf32x3' or 'ieee'; got {fp32_dot!r}")
     if INTERPRETED:
         return "ieee"
     if dtype != torch.float32:
         return "tf32"  # ignored for 16-bit operands
-    if FP32_DOT not in ("tf32x3", "ieee"):
-        raise ValueError(f"lstm: LSTM_TRITON_FP32_DOT must be 'tf32x3' or 'ieee'; got {FP32_DOT!r}")
-    return FP32_DOT
+    return fp32_dot
 
 
 BARRIER_GAVE_UP = (
@@ -416,7 +429,8 @@ def check_barrier(wait: bool = False) -> None:
         raise RuntimeError(BARRIER_GAVE_UP)
 
 
-def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
+def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=None,
+             num_warps=None):
     B, T, I = x.shape
     H = w_hh.shape[1]
     x2 = x.reshape(B * T, I)
@@ -430,13 +444,13 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
     else:
         gates, cs = xp, xp  # never touched (SAVE=False); any pointer will do
     h0_, c0_ = h0[0], c0[0]
-    p = _plan(B, H, x.device)
+    p = _plan(B, H, x.device, mode, num_warps)
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     w = w_hh
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
-                  SAVE=save, UPCAST=INTERPRETED, PRECISION=_precision(x.dtype),
+                  SAVE=save, UPCAST=INTERPRETED, PRECISION=_precision(x.dtype, fp32_dot),
                   num_warps=p["num_warps"], SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t0, t1, c_in, sync):
@@ -456,13 +470,14 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool):
     return out, c_t, gates, cs
 
 
-def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
+def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=None,
+              fp32_dot=None, num_warps=None):
     B, T, I = x.shape
     H = w_hh.shape[1]
     dz = torch.empty((B, T, 4 * H), device=x.device, dtype=x.dtype)
     dh0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
     dc0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
-    p = _plan(B, H, x.device)
+    p = _plan(B, H, x.device, mode, num_warps)
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
@@ -470,7 +485,7 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
     d_hT, d_cT = d_hT[0].contiguous(), d_cT[0].contiguous()
     c0_ = c0[0].contiguous()
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
-                  UPCAST=INTERPRETED, PRECISION=_precision(x.dtype), num_warps=p["num_warps"],
+                  UPCAST=INTERPRETED, PRECISION=_precision(x.dtype, fp32_dot), num_warps=p["num_warps"],
                   SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t_hi, t_lo, dc_in, sync, final):
@@ -502,21 +517,29 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT):
 
 class _LSTM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, save, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        out, c_t, gates, cs = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save)
+    def forward(ctx, save, x, h0, c0, w_ih, w_hh, b_ih, b_hh, knobs=(None, None, None)):
+        # knobs: (mode, fp32_dot, num_warps) of the call, the backward's too
+        out, c_t, gates, cs = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save, *knobs)
         h_t = out[:, -1].unsqueeze(0).clone()
         if save:
             ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, gates, cs)
+            ctx.knobs = knobs
         return out, h_t, c_t.unsqueeze(0)
 
     @staticmethod
     def backward(ctx, d_out, d_hT, d_cT):
         x, h0, c0, w_ih, w_hh, out, gates, cs = ctx.saved_tensors
-        return (None,) + _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT)
+        return ((None,) + _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT,
+                                    *ctx.knobs) + (None,))
 
 
-def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=None, fp32_dot=None, num_warps=None):
     """One-layer batch_first LSTM, gates i, f, g, o; inputs already validated.
+
+    mode, fp32_dot, num_warps: this call's recurrence strategy (MODES), float32 dot
+    arithmetic (FP32_DOTS) and warps per program; None: the process's (MODE and FP32_DOT,
+    from the environment, and NUM_WARPS). Benches and sweeps pass them to time the
+    alternatives side by side.
 
     Layouts: x may have any strides (its (B*T, I) view is a copy only when reshape needs
     one); w_ih, w_hh go to the kernels with their strides (transposed storage is fine);
@@ -530,8 +553,9 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     # Inside Function.forward grad mode is always off, so decide out here whether the
     # activations for backward (gates, c) must be saved at all (not under no_grad).
     if needs_grad(*inputs):
-        out, h_t, c_t = apply_ahead(_LSTM, True, *inputs)
+        out, h_t, c_t = apply_ahead(_LSTM, True, *inputs, (mode, fp32_dot, num_warps))
         return out, (h_t, c_t)
     # Nothing to differentiate: no activations saved, and no autograd.Function.apply
-    out, c_t, _, _ = _forward(*inputs, save=False)
+    out, c_t, _, _ = _forward(*inputs, save=False, mode=mode, fp32_dot=fp32_dot,
+                              num_warps=num_warps)
     return out, (out[:, -1].unsqueeze(0).clone(), c_t.unsqueeze(0))

@@ -44,24 +44,26 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def _forward(x, w1, b1, w2, b2, keep_preact: bool):
+def _forward(x, w1, b1, w2, b2, keep_preact: bool, config=None):
     """(out, x2, pre, act) without autograd; pre (H = X W1^T + b1) is only kept for a
-    backward pass (the GELU's derivative needs it); without one, one GEMM fewer stores."""
+    backward pass (the GELU's derivative needs it); without one, one GEMM fewer stores.
+    config: gemm's (None: each GEMM's tile from its size)."""
     x2 = _rows(x)
     M, hidden = x2.shape[0], w1.shape[0]
     pre = x2.new_empty((M, hidden)) if keep_preact else None
     # G = GELU(H), and H itself in the same pass when the backward needs it
-    act = gemm(x2, w1.t(), b1, activation="gelu", preact_out=pre, check=False)
-    out = gemm(act, w2.t(), b2, check=False)
+    act = gemm(x2, w1.t(), b1, activation="gelu", preact_out=pre, check=False, config=config)
+    out = gemm(act, w2.t(), b2, check=False, config=config)
     return out.view(*x.shape[:-1], w2.shape[0]), x2, pre, act
 
 
 class _MLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2):
-        out, x2, pre, act = _forward(x, w1, b1, w2, b2, keep_preact=True)
+    def forward(ctx, x, w1, b1, w2, b2, config=None):
+        out, x2, pre, act = _forward(x, w1, b1, w2, b2, keep_preact=True, config=config)
         ctx.save_for_backward(x2, w1, w2, pre, act)
         ctx.x_shape = x.shape
+        ctx.config = config  # the backward's GEMMs run the same pinned tile, if any
         return out
 
     @staticmethod
@@ -69,21 +71,22 @@ class _MLP(torch.autograd.Function):
         x2, w1, w2, pre, act = ctx.saved_tensors
         dy = grad_out.reshape(-1, grad_out.shape[-1])  # (M, N), any strides
         needs = ctx.needs_input_grad
+        cfg = ctx.config
         dx = dw1 = db1 = dw2 = db2 = None
         # Second layer: dW2 = dY^T G, db2 = colsum(dY); dH = (dY W2) * GELU'(H) fused.
         if needs[3]:
-            dw2 = gemm(dy.t(), act, check=False)
+            dw2 = gemm(dy.t(), act, check=False, config=cfg)
         if needs[4]:
             db2 = column_sum(dy, out_dtype=dy.dtype)
         if needs[0] or needs[1] or needs[2]:
-            dh = gemm_gelu_backward(dy, w2, pre, check=False)  # (M, hidden)
+            dh = gemm_gelu_backward(dy, w2, pre, check=False, config=cfg)  # (M, hidden)
             if needs[0]:
-                dx = gemm(dh, w1, check=False).reshape(ctx.x_shape)  # dX = dH W1
+                dx = gemm(dh, w1, check=False, config=cfg).reshape(ctx.x_shape)  # dX = dH W1
             if needs[1]:
-                dw1 = gemm(dh.t(), x2, check=False)  # dW1 = dH^T X
+                dw1 = gemm(dh.t(), x2, check=False, config=cfg)  # dW1 = dH^T X
             if needs[2]:
                 db1 = column_sum(dh, out_dtype=dh.dtype)
-        return dx, dw1, db1, dw2, db2
+        return dx, dw1, db1, dw2, db2, None
 
 
 def check(x) -> None:
@@ -94,8 +97,12 @@ def check(x) -> None:
                         "kernels (tl.dot has no float64 tensor-core path); got torch.float64")
 
 
-def mlp(x, w1, b1, w2, b2):
-    """Called by levels.triton.mlp after the shared validation and `check`."""
+def mlp(x, w1, b1, w2, b2, config=None):
+    """Called by levels.triton.mlp after the shared validation and `check`.
+
+    config=None: every GEMM's tile follows from its size. A dict (gemm's `config`) pins
+    all of them, forward and backward, to one tile: what `levels bench`'s tile sweep and
+    the split-K tests pass."""
     if needs_grad(x, w1, b1, w2, b2):
-        return apply_ahead(_MLP, x, w1, b1, w2, b2)
-    return _forward(x, w1, b1, w2, b2, keep_preact=False)[0]
+        return apply_ahead(_MLP, x, w1, b1, w2, b2, config)
+    return _forward(x, w1, b1, w2, b2, keep_preact=False, config=config)[0]

@@ -55,7 +55,10 @@ What the harness may use (defaults in brackets):
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
                    call: kernel_dominates_above(host_us, source) (from what size the kernel's time
                    outweighs the host's), fix_note(rows, raw) (a fix of its own), recorded
-                   (keys of a whole call measured in reports/h100-host-probe.json) [none]
+                   (keys of a whole call measured in reports/h100-host-probe.json), measure
+                   {group: fn(rec, device)} (the measurements, into the probe's recorder; a
+                   group of the recorded file may gather several cards'), layout (how the
+                   pieces of the call add up: plain data, see cards/layer_norm.py) [none]
 
 `Card` wraps such a module with these defaults and the generic parts (sizes and variants by
 name, seeding, layouts); `get(component)` returns it.

@@ -154,8 +154,23 @@ def eager(device, dtype):
     return _sdpa(None)  # SDPA left to choose its own kernel
 
 
-# What `levels explain --level triton` quotes about a whole small call (the host probe's
-# recorded run measured it beside layer_norm's backward).
-HOST_PROBE = {"recorded": {"group": "layer_norm_bwd", "level4": "attn L4 no_grad",
+def host_probe(rec, device) -> None:
+    """A whole small call against SDPA's (equivalence/commands/host_probe.py; the recorder
+    `rec` is described in cards/layer_norm.py), measured beside layer_norm's backward:
+    group "layer_norm_bwd" of the recorded reports/h100-host-probe.json."""
+    import torch.nn.functional as F
+
+    import levels.triton as L4
+
+    q = torch.randn(1, 2, 37, 16, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        rec.host("attn eager sdpa no_grad",
+                 lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
+        rec.host("attn L4 no_grad", lambda: L4.attention(q, q, q, True))
+
+
+# What `levels explain --level triton` quotes about that call (no piece-by-piece layout).
+HOST_PROBE = {"measure": {"layer_norm_bwd": host_probe},
+              "recorded": {"group": "layer_norm_bwd", "level4": "attn L4 no_grad",
                            "library": "attn eager sdpa no_grad", "library_name": "SDPA's",
                            "call": "causal, q = k = v (1, 2, 37, 16) bfloat16, under no_grad"}}

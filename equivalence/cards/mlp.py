@@ -127,4 +127,74 @@ def fix_note(rows: dict, raw: dict) -> str:
             f"µs a GEMM, so Level 4 passes check=False")
 
 
-HOST_PROBE = {"kernel_dominates_above": kernel_dominates_above, "fix_note": fix_note}
+# The host probe (equivalence/commands/host_probe.py; the recorder `rec` is described in
+# cards/layer_norm.py): every piece of a tiny Level 4 MLP call, keys as in the recorded
+# reports/h100-host-probe.json.
+PROBE_SHAPES = "x (148, 64), w1 (256, 64), w2 (64, 256), bfloat16: 148 rows, 64 -> 256 -> 64"
+
+
+def host_probe(rec, device) -> None:
+    import torch.nn.functional as F
+
+    import levels.triton as L4
+    from levels.contract import validate_mlp
+    from triton_kernels import gemm as tg
+    from triton_kernels import mlp as tmlp
+
+    M, K, H, Nn = 148, 64, 256, 64
+    xm = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    w1 = torch.randn(H, K, device=device, dtype=torch.bfloat16) * 0.1
+    b1 = torch.randn(H, device=device, dtype=torch.bfloat16)
+    w2 = torch.randn(Nn, H, device=device, dtype=torch.bfloat16) * 0.1
+    b2 = torch.randn(Nn, device=device, dtype=torch.bfloat16)
+
+    def eager():
+        return F.linear(F.gelu(F.linear(xm, w1, b1)), w2, b2)
+
+    with torch.no_grad():
+        rec.host("eager mlp no_grad", eager)
+        rec.host("L4 mlp no_grad", lambda: L4.mlp(xm, w1, b1, w2, b2))
+        rec.host("L4 mlp no_grad, fast launch OFF", lambda: L4.mlp(xm, w1, b1, w2, b2),
+                 jit_launches=True)
+    rec.host("eager mlp", eager)
+    rec.host("L4 mlp", lambda: L4.mlp(xm, w1, b1, w2, b2))
+    rec.cpu("validate_mlp", lambda: validate_mlp(xm, w1, b1, w2, b2))
+    rec.host("tmlp.mlp", lambda: tmlp.mlp(xm, w1, b1, w2, b2))
+    out = torch.empty(M, H, device=device, dtype=torch.bfloat16)
+    rec.host("tg.gemm gelu into out", lambda: tg.gemm(xm, w1.t(), b1, activation="gelu", out=out))
+    rec.host("tg.gemm gelu into out, check=False",
+             lambda: tg.gemm(xm, w1.t(), b1, activation="gelu", out=out, check=False))
+    rec.cpu("tg.tile_for", lambda: tg.tile_for(M, H, tg.sm_count(device)))
+    rec.cpu("tg.sm_count", lambda: tg.sm_count(device))
+    with torch.no_grad():
+        rec.gpu_time(lambda: L4.mlp(xm, w1, b1, w2, b2))
+
+
+# How the pieces add up (rows as in cards/layer_norm.py's HOST_PROBE_LAYOUT).
+HOST_PROBE_LAYOUT = dict(
+    call="levels.triton.mlp(x, w1, b1, w2, b2) under torch.no_grad()",
+    shapes=PROBE_SHAPES,
+    total=("the Level 4 call", "levels.triton.mlp: all the above", ("L4 mlp no_grad",)),
+    eager=("eager F.linear/gelu/linear", "3 C++ calls (cuBLAS addmm, gelu, addmm)",
+           ("eager mlp no_grad",)),
+    pieces=(
+        ("validate_mlp", "contract checks in Python (eager: in C++)", ("validate_mlp",)),
+        ("Level 4's own checks *", "device, 32-bit offsets, glue",
+         ("L4 mlp no_grad", "validate_mlp", "tmlp.mlp")),
+        ("2 GEMMs (one timed, x 2)", "tile, key, launcher; output given",
+         ("2x", "tg.gemm gelu into out, check=False")),
+    ),
+    rest="2 output allocs, reshape, Python glue",
+    footnote="* the Level 4 call minus validate_mlp minus triton_kernels.mlp.mlp (timed "
+             "with grad on, inputs without requires_grad: the same no-apply path)",
+    alternatives=(
+        ("one GEMM with its own checks", "gemm(check=True): operands checked again",
+         ("tg.gemm gelu into out",)),
+        ("the call, direct launches off", "every launch through kernel[grid]",
+         ("L4 mlp no_grad, fast launch OFF",)),
+        ("GEMM tile choice (tile_for)", "in each GEMM launch: from M, N and the SMs", ("tg.tile_for",)),
+    ),
+)
+
+HOST_PROBE = {"kernel_dominates_above": kernel_dominates_above, "fix_note": fix_note,
+              "measure": {"mlp": host_probe}, "layout": HOST_PROBE_LAYOUT}

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -89,24 +87,6 @@ def copy_tbps(nbytes: int, device, dtype=torch.float32, prime=False) -> float:
     dst = torch.empty_like(src)
     t = time_fn(lambda: dst.copy_(src), device, prime=prime)
     return 2 * n * src.element_size() / (t.median_ms * 1e-3) / 1e12
-
-
-@contextmanager
-def cuda_version(component: str, version: int):
-    """Level 5's `component` runs `version` inside the block: the variable every component
-    reads (cuda_kernels/versions.py), restored afterwards."""
-    from cuda_kernels import versions
-
-    name = versions.env_name(component)
-    old = os.environ.get(name)
-    os.environ[name] = str(version)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def one_call_ms(fn, device) -> float:

@@ -10,8 +10,8 @@ default nn.LSTM may run its GEMMs in TF32 while Level 4 computes exact fp32 dots
 is against the default nn.LSTM, as stated; the same baseline with TF32 switched off (the
 same arithmetic as exact fp32) is timed too and reported in `extra`. Level 4's fp32
 recurrence runs its dots as 3xTF32 (triton_kernels/lstm.py FP32_DOT); the same kernel with
-exact fp32 FMA dots ("ieee") is timed as well, a figure without a goal, to show what the
-trick buys.
+exact fp32 FMA dots (the launcher's argument fp32_dot="ieee") is timed as well, a figure
+without a goal, to show what the trick buys.
 
 Level 5 (CUDA C++): every version of cuda_kernels/lstm.cu (v1 a step kernel per
 time step, v2 one persistent cooperative launch) at fp32 and bf16, both sizes, forward; and
@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from .goals import Figure, cuda_version
+from .goals import Figure
 from ... import cards
 from ...timing import time_first_call, time_fn
 
@@ -104,13 +104,10 @@ def _level4(device) -> list[Figure]:
                     finally:
                         torch.backends.cudnn.allow_tf32 = allowed
                 ieee = None
-                if dtype == torch.float32:
-                    saved, kernels.FP32_DOT = kernels.FP32_DOT, "ieee"
-                    try:
-                        time_first_call(call, device)
-                        ieee = time_fn(call, device)
-                    finally:
-                        kernels.FP32_DOT = saved
+                if dtype == torch.float32:  # args validated by `call` (Level 4) above
+                    exact_dots = lambda: kernels.lstm(**args, fp32_dot="ieee")  # noqa: E731
+                    time_first_call(exact_dots, device)
+                    ieee = time_fn(exact_dots, device)
             if ieee is not None:
                 figures.append(Figure(
                     component="lstm", name=f"forward float32 {size} exact-fp32 dots",
@@ -179,7 +176,6 @@ def _level5(device) -> list[Figure]:
 
     from .goals import figure
 
-    cuda = levels.get("cuda")
     card = cards.get("lstm")
     names = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
     figures = []
@@ -217,16 +213,18 @@ def _level5(device) -> list[Figure]:
                     base_fb = None
                     print(f"lstm bench: nn.LSTM backward unavailable at {dt}: {exc}", file=sys.stderr)
             for version in sorted(k5.VERSIONS):
+                def ours(*t, version=version):  # the kernels' entry, this version
+                    return k5.lstm(*t, version=version)
                 goal = (LEVEL5_GOALS[dtype] if size == "bench" and version == k5.DEFAULT_VERSION
                         else None)
-                runs = [("forward", lambda: cuda.lstm(*tensors), flops["fwd"], base, goal, False)]
+                runs = [("forward", lambda: ours(*tensors), flops["fwd"], base, goal, False)]
                 if train:
-                    runs.append(("forward+backward", _train_step(cuda.lstm, leaves, upstream),
+                    runs.append(("forward+backward", _train_step(ours, leaves, upstream),
                                  flops["fwd"] + flops["bwd"], base_fb, None, True))
                 for what, fn, fl, baseline, g_, grad in runs:
                     name = f"{what} {dt} {size} cuda v{version}"
                     try:
-                        with cuda_version("lstm", version), torch.set_grad_enabled(grad):
+                        with torch.set_grad_enabled(grad):
                             fig = figure("lstm", name, "cuda", dtype, shape, fn, device, flops=fl,
                                          baseline="nn.LSTM (cuDNN)" if baseline else None,
                                          baseline_ms=baseline.ms if baseline else None, goal=g_,
