@@ -189,7 +189,14 @@ def validate_mlp(x, w1, b1, w2, b2) -> dict:
         _fail(c, "x", "a non-empty tensor of shape (..., in_features)", _describe(x))
     _rank(c, "w1", w1, 2, "(hidden, in_features), as nn.Linear.weight")
     _rank(c, "w2", w2, 2, "(out_features, hidden), as nn.Linear.weight")
-    K, Hd, O = x.shape[-1], w1.shape[0], w2.shape[0]
+    # The hidden size as most of w1, b1 and w2 have it: a transposed w1 is then reported
+    # against the shape the others imply, not one derived from itself.
+    K, O = x.shape[-1], w2.shape[0]
+    sizes = [w1.shape[0], w2.shape[1]] + ([b1.shape[0]] if b1.dim() == 1 else [])
+    Hd = max(sizes, key=sizes.count)
+    if tuple(w1.shape) == (K, Hd) and K != Hd:
+        _fail(c, "w1", f"of shape (hidden, in_features) = {(Hd, K)}, as nn.Linear.weight stores it "
+              f"(it looks transposed: pass w1.t(), or the linear layer's .weight)", _describe(w1))
     _shape(c, "w1", w1, (Hd, K), "(hidden, in_features) with in_features = x.shape[-1]")
     _shape(c, "b1", b1, (Hd,), "(hidden,) with hidden = w1.shape[0]")
     _shape(c, "w2", w2, (O, Hd), "(out_features, hidden) with hidden = w1.shape[0]")
