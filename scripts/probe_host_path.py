@@ -141,9 +141,8 @@ def graph_breaks():
     for level in LEVELS:
         torch._dynamo.reset()
         try:
-            twin = gpt.build_twin if hasattr(gpt, "build_twin") else None
             cfg = gpt.GPTConfig(vocab=128, seq_len=64, d_model=128, n_heads=2, n_layers=2)
-            model = gpt.GPT(cfg, level=level).to(DEV, DTYPE) if hasattr(gpt, "GPT") else None
+            model = gpt.GPT(cfg, level=level).to(DEV, DTYPE)
             tokens = torch.randint(0, 128, (2, 64), device=DEV)
             t0 = time.perf_counter()
             ex = torch._dynamo.explain(model)(tokens)
