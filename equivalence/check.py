@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -51,7 +52,7 @@ import torch
 import levels
 from levels.contract import COMPONENTS
 
-from . import cards
+from . import cards, interpreter
 from .tolerances import tolerance
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -84,6 +85,9 @@ class Comparison:
     max_abs_err: float
     ok: bool
     problem: str = ""  # non-numeric failures: NaN, wrong shape or dtype
+    # Where a failing value is wrong, for a person to look at: the first element past the
+    # bound (its index, what the level gave, what the reference expects); "" when ok.
+    first_wrong: str = ""
 
 
 @dataclass
@@ -118,8 +122,9 @@ class CheckResult:
         head = f"{self.component}[{case}] {self.level} {self.dtype} {self.device}: {self.status}"
         if self.reason:
             return f"{head} ({self.reason})"
-        bad = [f"{c.name}: {c.problem}" if c.problem else
-               f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g}"
+        bad = [(f"{c.name}: {c.problem}" if c.problem else
+                f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g}")
+               + (f", {c.first_wrong}" if c.first_wrong else "")
                for c in self.comparisons if not c.ok]
         return f"{head}" + (f" ({'; '.join(bad)})" if bad else "")
 
@@ -167,14 +172,42 @@ def compare(name: str, got, ref: torch.Tensor, bound: float, dtype: torch.dtype,
     if got.device != ref.device:
         return Comparison(name, nan, nan, False, f"device {got.device}, expected {ref.device}")
     got64 = got.detach().to(torch.float64)
+    ref_norm = float(torch.linalg.vector_norm(ref if scale is None else scale))
     if not torch.isfinite(got64).all():
         bad = int((~torch.isfinite(got64)).sum())
-        return Comparison(name, nan, nan, False, f"{bad} non-finite value(s) (NaN/Inf)")
+        return Comparison(name, nan, nan, False, f"{bad} non-finite value(s) (NaN/Inf)",
+                          first_wrong(got64, ref, bound, ref_norm))
     diff = got64 - ref
-    ref_norm = float(torch.linalg.vector_norm(ref if scale is None else scale))
     rel = float(torch.linalg.vector_norm(diff)) / max(ref_norm, torch.finfo(torch.float64).tiny)
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    return Comparison(name, rel, max_abs, rel <= bound)
+    ok = rel <= bound
+    return Comparison(name, rel, max_abs, ok, "", "" if ok else first_wrong(got64, ref, bound,
+                                                                           ref_norm))
+
+
+def first_wrong(got64: torch.Tensor, ref: torch.Tensor, bound: float, ref_norm: float) -> str:
+    """The first element (in row-major order) that is wrong on its own: non-finite, or off by
+    more than the bound allows at its size (relative to itself, with the tensor's RMS as a
+    floor, so that an element near zero is judged at the scale of its neighbours). If the
+    error is spread too thin for any one element to stand out, the element with the
+    largest error. A relative error says how wrong; this says where to look."""
+    if got64.numel() == 0:
+        return ""
+    bad = ~torch.isfinite(got64)
+    if not bad.any():
+        err = (got64 - ref).abs()
+        rms = ref_norm / got64.numel() ** 0.5
+        bad = err > bound * (ref.abs() + rms)
+        if not bad.any():
+            bad = err == err.max()
+    flat = int(bad.reshape(-1).nonzero()[0, 0])
+    index, rest = [], flat
+    for size in reversed(got64.shape):
+        index.append(rest % size)
+        rest //= size
+    where = "[" + ", ".join(map(str, reversed(index))) + "]"
+    got_v, ref_v = float(got64.reshape(-1)[flat]), float(ref.reshape(-1)[flat])
+    return f"first wrong element {where}: got {got_v:.6g}, expected {ref_v:.6g}"
 
 
 def clone_layout(t: torch.Tensor) -> torch.Tensor:
@@ -396,6 +429,10 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     bound = tolerance(dtype, tf32=result.tf32)
     result.tolerance = bound
+    if "triton" in sys.modules:
+        # Level 4 (or a function of yours) may launch Triton kernels: in the interpreter,
+        # an access out of bounds becomes a message instead of a corrupted heap
+        interpreter.install()
 
     case = make_case()
     ref_outs = None
@@ -415,6 +452,7 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
+        exc = _inner(exc)
         tb = traceback.extract_tb(exc.__traceback__)[-1]
         result.reason = f"{where} raised {type(exc).__name__}: {exc} ({tb.filename}:{tb.lineno})"
         return result
@@ -453,6 +491,15 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     result.comparisons += memory
     result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
+
+
+def _inner(exc: BaseException) -> BaseException:
+    """The exception to report: Triton's interpreter wraps whatever a kernel raised in an
+    InterpreterError holding only its repr (quotes escaped, the kernel's line lost), so the
+    one it was raised from is the one that says what happened, and where."""
+    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
 
 
 def check(component: str | None = None, level: str | int | None = None, dtype="float32",
