@@ -278,6 +278,16 @@ class WrongOutputs(Exception):
         self.outs = outs
 
 
+class BackwardFailed(Exception):
+    """The forward returned its outputs and the backward then raised: `check` still compares
+    the forward's outputs (a level whose backward is not written yet gets its forward judged)
+    and reports the backward's exception as the error."""
+
+    def __init__(self, outs: list, error: BaseException):
+        super().__init__(f"the backward raised {type(error).__name__}: {error}")
+        self.outs, self.error = outs, error
+
+
 def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
     """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
 
@@ -296,10 +306,15 @@ def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
         pairs = list(zip(outs[:case.n_returned], upstream))
         if not all(isinstance(o, torch.Tensor) and o.shape == g.shape for o, g in pairs):
             raise WrongOutputs([o.detach() if isinstance(o, torch.Tensor) else o for o in outs])
+        detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outs]
         if not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _ in pairs):
-            raise RuntimeError("an output does not require grad: the level has no backward for it")
-        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                    allow_unused=True)
+            raise BackwardFailed(detached, RuntimeError(
+                "an output does not require grad: the level has no backward for it"))
+        try:
+            grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                        allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - reported by check, with the forward judged
+            raise BackwardFailed(detached, exc) from exc
     if memory is not None:
         memory.extend(_memory_comparisons(case, level_args, before))
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads)
@@ -437,11 +452,15 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     case = make_case()
     ref_outs = None
     memory: list[Comparison] = []
+    backward_error = None
     try:
         ref_outs, ref_grads, upstream, scales = reference_case(case, seed)
         with poisoned_allocations():
-            outs, grads = run_case(getattr(module, component), case, upstream=upstream,
-                                   memory=memory)
+            try:
+                outs, grads = run_case(getattr(module, component), case, upstream=upstream,
+                                       memory=memory)
+            except BackwardFailed as exc:
+                outs, grads, backward_error = exc.outs, None, _inner(exc.error)
             # Inference takes other code paths at some levels (Level 4 skips autograd's
             # Function, stores no activations for a backward, folds BatchNorm into an
             # epilogue): the forward is checked again with gradients off.
@@ -452,9 +471,9 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
-        exc = _inner(exc)
-        tb = traceback.extract_tb(exc.__traceback__)[-1]
-        result.reason = f"{where} raised {type(exc).__name__}: {exc} ({tb.filename}:{tb.lineno})"
+        inner = _inner(exc)
+        tb = (traceback.extract_tb(inner.__traceback__) or traceback.extract_tb(exc.__traceback__))[-1]
+        result.reason = f"{where} raised {type(inner).__name__}: {inner} ({tb.filename}:{tb.lineno})"
         return result
 
     if len(outs) != len(ref_outs):
@@ -466,13 +485,24 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     for out_name, got, ref in zip(case.outputs, outs, ref_outs):
         result.comparisons.append(compare(out_name, got, ref, bound, dtype))
-    if grads is not None and len(plain) != len(ref_outs):
+    ran = grads is not None or backward_error is not None  # the no-grad forward too
+    if ran and len(plain) != len(ref_outs):
         result.comparisons.append(Comparison("no grad", float("nan"), float("nan"), False,
                                              f"under torch.no_grad() returned {len(plain)} "
                                              f"values, expected {len(ref_outs)}"))
-    elif grads is not None:
+    elif ran:
         for out_name, got, ref in zip(case.outputs, plain, ref_outs):
             result.comparisons.append(compare(f"{out_name} (no grad)", got, ref, bound, dtype))
+    if backward_error is not None:
+        # the forward is judged above; the backward has nothing to compare
+        tb = traceback.extract_tb(backward_error.__traceback__)
+        at = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+        why = f"{type(backward_error).__name__}: {backward_error}{at}"
+        nan = float("nan")
+        result.comparisons.append(Comparison("backward", nan, nan, False, f"raised {why}"))
+        result.status = "error"
+        result.reason = f"level's backward raised {why}"
+        return result
     if grads is None:
         nan = float("nan")
         result.comparisons.append(Comparison("backward", nan, nan, False,
@@ -495,9 +525,11 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
 
 def _inner(exc: BaseException) -> BaseException:
     """The exception to report: Triton's interpreter wraps whatever a kernel raised in an
-    InterpreterError holding only its repr (quotes escaped, the kernel's line lost), so the
-    one it was raised from is the one that says what happened, and where."""
-    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+    InterpreterError holding only its repr (quotes escaped, the kernel's line lost), and
+    torch.compile a user's exception in an `Unsupported: Observed exception` of its own, so
+    the one each was raised from is the one that says what happened, and where."""
+    while (type(exc).__name__ in ("InterpreterError", "Unsupported")
+           and exc.__cause__ is not None):
         exc = exc.__cause__
     return exc
 

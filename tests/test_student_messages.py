@@ -6,7 +6,7 @@ terms. Tiny shapes; about 3 s on a 2-core CPU."""
 import pytest
 import torch
 
-import levels  # noqa: F401  (switches Triton's interpreter on without a GPU, before triton)
+import levels  # (also switches Triton's interpreter on without a GPU, before triton)
 from equivalence import interpreter
 from equivalence.check import check
 
@@ -39,9 +39,6 @@ def test_a_wrong_value_names_its_first_wrong_element():
     ("cols <= N", "store", "out-of-bounds tl.store in copy_kernel"),
 ])
 def test_an_out_of_bounds_access_is_named_not_a_crash(mask, what, message):
-    import triton
-    import triton.language as tl
-
     load_mask = mask if what == "load" else "cols < N"
     store_mask = mask if what == "store" else "cols < N"
     source = f'''
@@ -88,3 +85,18 @@ def test_simulator_artifacts_are_said_in_cuda_terms():
     assert "where a GPU returns NaN" in domain
     other = AttributeError("'NoneType' object has no attribute 'x'")
     assert _translated(other) is other
+
+
+def test_the_cli_says_when_it_runs_another_copy_than_the_one_here(tmp_path, monkeypatch):
+    """A student in their copy, before `pip install -e .`: `levels check` would run the
+    installed reference, and passes on blank stubs; the CLI says so first."""
+    from equivalence import cli
+
+    (tmp_path / "levels").mkdir()
+    (tmp_path / "levels/__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    warning = cli.other_copy_here()
+    assert warning.startswith(f"note: this directory has its own levels/ ({tmp_path})")
+    assert "pip install -e ." in warning
+    monkeypatch.chdir(cli.Path(levels.__file__).parent.parent)
+    assert cli.other_copy_here() is None
