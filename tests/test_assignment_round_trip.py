@@ -61,6 +61,10 @@ def test_the_build_writes_the_parts_and_the_bundle(assignment_build):
     hidden = {(p.component, p.level) for p in copy.parts if p.gives_away}
     assert {("layer_norm", "torchscript"), ("attention", "numba")} <= hidden
     assert "hidden while layer_norm is assigned" in (copy.out / "levels/torchscript.py").read_text()
+    # the hidden tests are in the bundle, and nowhere in the copy
+    hidden = (copy.instructor / "hidden-tests.md").read_text()
+    assert "## notebooks/00_start_here.ipynb" in hidden
+    assert hidden.count("### BEGIN HIDDEN TESTS") >= 10
     # instructor-only files stay out; the student's instructions come in
     assert not (copy.out / "notebooks/INSTRUCTORS.md").exists()
     assert (copy.instructor / "INSTRUCTORS.md").is_file()

@@ -164,15 +164,30 @@ def write_bundle(copy, repo: Path, out: Path, points: float) -> Path:
         hidden += [f"## {rel}", ""] + [f"```python\n{text}\n```\n" for text in regions]
     for nb in copy.notebooks:
         if nb.hidden_tests:
-            hidden.append(f"- {nb.path}: {nb.hidden_tests} hidden-test region(s) in its grade "
-                          f"cells (the grader runs the reference's grade cells, hidden tests "
-                          f"included)")
+            hidden += [f"## {nb.path}", "", "The grader runs the reference's grade cells, these "
+                       "regions included.", ""]
+            hidden += [f"Cell {index}:\n\n```python\n{text}\n```\n"
+                       for index, text in _notebook_hidden_tests(repo / nb.path, nb.path)]
     (out / "hidden-tests.md").write_text("\n".join(hidden) + "\n")
     for rel in INSTRUCTOR_ONLY:
         if (repo / rel).is_file():
             shutil.copy2(repo / rel, out / Path(rel).name)
     _gradescope(out / "gradescope", repo, copy.out, config, repo_files(repo))
     return out
+
+
+def _notebook_hidden_tests(path: Path, rel: str) -> list[tuple[int, str]]:
+    """(cell index, text) of every hidden-test region of a notebook."""
+    from .assignment_regions import HIDDEN_BEGIN, HIDDEN_END, find_regions
+
+    found = []
+    for index, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else source
+        lines = source.splitlines()
+        for r in find_regions(source, f"{rel}, cell {index}", (HIDDEN_BEGIN, HIDDEN_END)):
+            found.append((index, "\n".join(lines[r.start:r.end + 1])))
+    return found
 
 
 def _commit(repo: Path) -> str | None:
