@@ -249,7 +249,13 @@ def _kernel_line(launch: _Launch) -> str:
     while frame is not None:
         name = frame.f_code.co_filename
         if launch.file and name == launch.file:
-            line = linecache.getline(name, frame.f_lineno).strip()
-            return f" ({Path(name).parent.name}/{Path(name).name}:{frame.f_lineno}: {line})"
+            # the whole statement: a store's mask is often on its second line
+            line, n = "", frame.f_lineno
+            while n < frame.f_lineno + 6:
+                line += " " + linecache.getline(name, n).strip()
+                n += 1
+                if line.count("(") <= line.count(")"):
+                    break
+            return f" ({Path(name).parent.name}/{Path(name).name}:{frame.f_lineno}: {line.strip()})"
         frame = frame.f_back
     return ""

@@ -39,6 +39,11 @@ def _parts(copy) -> list:
     return [(p.component, p.level) for p in copy.assigned]
 
 
+def _torch_version() -> str:
+    import torch
+    return torch.__version__.split("+")[0]
+
+
 def write_student_files(copy) -> None:
     """ASSIGNMENT.md and the visible tests, in the student copy."""
     from .parts import LEVEL_TITLES
@@ -61,7 +66,7 @@ def write_student_files(copy) -> None:
     lines += ["", "## Set up", "", "Install *this* copy, so that `levels`, the notebooks and the "
               "tests run your code and not another copy's:", "", "```bash",
               "python -m venv .venv && . .venv/bin/activate",
-              "pip install torch  # first: the build you want (the CPU wheel on a laptop)",
+              f"pip install torch=={_torch_version()}  # first, alone: pip then keeps this build",
               "pip install -e \".[test]\"", "```", "", "## Check your work", "", "```bash"]
     for component, level in parts:
         lines.append(f"levels check --component {component} --level {level}")
@@ -198,11 +203,8 @@ def _commit(repo: Path) -> str | None:
 
 def _gradescope(out: Path, repo: Path, handout: Path, config: dict, files: list[str]) -> Path:
     """setup.sh, run_autograder, prepare_submission.py, grading.json and autograder.zip."""
-    import torch
-
     out.mkdir(parents=True, exist_ok=True)
-    torch_version = torch.__version__.split("+")[0]
-    (out / "setup.sh").write_text(_SETUP.replace("TORCH_VERSION", torch_version))
+    (out / "setup.sh").write_text(_SETUP.replace("TORCH_VERSION", _torch_version()))
     (out / "run_autograder").write_text(_RUN)
     (out / "prepare_submission.py").write_text(_PREPARE)
     (out / "grading.json").write_text(json.dumps(config, indent=2) + "\n")
