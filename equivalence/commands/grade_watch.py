@@ -12,6 +12,7 @@ what took its credit.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from pathlib import Path
@@ -245,7 +246,7 @@ def watcher(repo: Path, grader: Path, component: str, level: str, ledger: Ledger
         failure = None
         try:
             with Watch(), (interpreter.listening(on_store) if stores and level == "triton"
-                           else _nothing()):
+                           else contextlib.nullcontext()):
                 result = run_case(spy, case, upstream=upstream, memory=memory)
         except BackwardFailed as exc:
             failure, result = exc, (exc.outs, None)
@@ -262,10 +263,3 @@ def watcher(repo: Path, grader: Path, component: str, level: str, ledger: Ledger
 
     return watch
 
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
