@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -51,7 +52,7 @@ import torch
 import levels
 from levels.contract import COMPONENTS
 
-from . import cards
+from . import cards, interpreter
 from .tolerances import tolerance
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -84,6 +85,9 @@ class Comparison:
     max_abs_err: float
     ok: bool
     problem: str = ""  # non-numeric failures: NaN, wrong shape or dtype
+    # Where a failing value is wrong, for a person to look at: the first element past the
+    # bound (its index, what the level gave, what the reference expects); "" when ok.
+    first_wrong: str = ""
 
 
 @dataclass
@@ -118,8 +122,9 @@ class CheckResult:
         head = f"{self.component}[{case}] {self.level} {self.dtype} {self.device}: {self.status}"
         if self.reason:
             return f"{head} ({self.reason})"
-        bad = [f"{c.name}: {c.problem}" if c.problem else
-               f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g}"
+        bad = [(f"{c.name}: {c.problem}" if c.problem else
+                f"{c.name}: rel {c.rel_err:.3g} > {self.tolerance:g}")
+               + (f", {c.first_wrong}" if c.first_wrong else "")
                for c in self.comparisons if not c.ok]
         return f"{head}" + (f" ({'; '.join(bad)})" if bad else "")
 
@@ -167,14 +172,42 @@ def compare(name: str, got, ref: torch.Tensor, bound: float, dtype: torch.dtype,
     if got.device != ref.device:
         return Comparison(name, nan, nan, False, f"device {got.device}, expected {ref.device}")
     got64 = got.detach().to(torch.float64)
+    ref_norm = float(torch.linalg.vector_norm(ref if scale is None else scale))
     if not torch.isfinite(got64).all():
         bad = int((~torch.isfinite(got64)).sum())
-        return Comparison(name, nan, nan, False, f"{bad} non-finite value(s) (NaN/Inf)")
+        return Comparison(name, nan, nan, False, f"{bad} non-finite value(s) (NaN/Inf)",
+                          first_wrong(got64, ref, bound, ref_norm))
     diff = got64 - ref
-    ref_norm = float(torch.linalg.vector_norm(ref if scale is None else scale))
     rel = float(torch.linalg.vector_norm(diff)) / max(ref_norm, torch.finfo(torch.float64).tiny)
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    return Comparison(name, rel, max_abs, rel <= bound)
+    ok = rel <= bound
+    return Comparison(name, rel, max_abs, ok, "", "" if ok else first_wrong(got64, ref, bound,
+                                                                           ref_norm))
+
+
+def first_wrong(got64: torch.Tensor, ref: torch.Tensor, bound: float, ref_norm: float) -> str:
+    """The first element (in row-major order) that is wrong on its own: non-finite, or off by
+    more than the bound allows at its size (relative to itself, with the tensor's RMS as a
+    floor, so that an element near zero is judged at the scale of its neighbours). If the
+    error is spread too thin for any one element to stand out, the element with the
+    largest error. A relative error says how wrong; this says where to look."""
+    if got64.numel() == 0:
+        return ""
+    bad = ~torch.isfinite(got64)
+    if not bad.any():
+        err = (got64 - ref).abs()
+        rms = ref_norm / got64.numel() ** 0.5
+        bad = err > bound * (ref.abs() + rms)
+        if not bad.any():
+            bad = err == err.max()
+    flat = int(bad.reshape(-1).nonzero()[0, 0])
+    index, rest = [], flat
+    for size in reversed(got64.shape):
+        index.append(rest % size)
+        rest //= size
+    where = "[" + ", ".join(map(str, reversed(index))) + "]"
+    got_v, ref_v = float(got64.reshape(-1)[flat]), float(ref.reshape(-1)[flat])
+    return f"first wrong element {where}: got {got_v:.6g}, expected {ref_v:.6g}"
 
 
 def clone_layout(t: torch.Tensor) -> torch.Tensor:
@@ -245,6 +278,16 @@ class WrongOutputs(Exception):
         self.outs = outs
 
 
+class BackwardFailed(Exception):
+    """The forward returned its outputs and the backward then raised: `check` still compares
+    the forward's outputs (a level whose backward is not written yet gets its forward judged)
+    and reports the backward's exception as the error."""
+
+    def __init__(self, outs: list, error: BaseException):
+        super().__init__(f"the backward raised {type(error).__name__}: {error}")
+        self.outs, self.error = outs, error
+
+
 def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
     """Forward (+ backward if `upstream` is given) of `fn`: (outputs, grads), flat lists.
 
@@ -263,10 +306,15 @@ def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
         pairs = list(zip(outs[:case.n_returned], upstream))
         if not all(isinstance(o, torch.Tensor) and o.shape == g.shape for o, g in pairs):
             raise WrongOutputs([o.detach() if isinstance(o, torch.Tensor) else o for o in outs])
+        detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outs]
         if not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _ in pairs):
-            raise RuntimeError("an output does not require grad: the level has no backward for it")
-        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                    allow_unused=True)
+            raise BackwardFailed(detached, RuntimeError(
+                "an output does not require grad: the level has no backward for it"))
+        try:
+            grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                        allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - reported by check, with the forward judged
+            raise BackwardFailed(detached, exc) from exc
     if memory is not None:
         memory.extend(_memory_comparisons(case, level_args, before))
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads)
@@ -396,15 +444,23 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     bound = tolerance(dtype, tf32=result.tf32)
     result.tolerance = bound
+    if "triton" in sys.modules:
+        # Level 4 (or a function of yours) may launch Triton kernels: in the interpreter,
+        # an access out of bounds becomes a message instead of a corrupted heap
+        interpreter.install()
 
     case = make_case()
     ref_outs = None
     memory: list[Comparison] = []
+    backward_error = None
     try:
         ref_outs, ref_grads, upstream, scales = reference_case(case, seed)
         with poisoned_allocations():
-            outs, grads = run_case(getattr(module, component), case, upstream=upstream,
-                                   memory=memory)
+            try:
+                outs, grads = run_case(getattr(module, component), case, upstream=upstream,
+                                       memory=memory)
+            except BackwardFailed as exc:
+                outs, grads, backward_error = exc.outs, None, _inner(exc.error)
             # Inference takes other code paths at some levels (Level 4 skips autograd's
             # Function, stores no activations for a backward, folds BatchNorm into an
             # epilogue): the forward is checked again with gradients off.
@@ -415,8 +471,9 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     except Exception as exc:  # noqa: BLE001 - any failure of the level is a reported error
         result.status = "error"
         where = "reference" if ref_outs is None else "level"
-        tb = traceback.extract_tb(exc.__traceback__)[-1]
-        result.reason = f"{where} raised {type(exc).__name__}: {exc} ({tb.filename}:{tb.lineno})"
+        inner = _inner(exc)
+        tb = (traceback.extract_tb(inner.__traceback__) or traceback.extract_tb(exc.__traceback__))[-1]
+        result.reason = f"{where} raised {type(inner).__name__}: {inner} ({tb.filename}:{tb.lineno})"
         return result
 
     if len(outs) != len(ref_outs):
@@ -428,13 +485,24 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     for out_name, got, ref in zip(case.outputs, outs, ref_outs):
         result.comparisons.append(compare(out_name, got, ref, bound, dtype))
-    if grads is not None and len(plain) != len(ref_outs):
+    ran = grads is not None or backward_error is not None  # the no-grad forward too
+    if ran and len(plain) != len(ref_outs):
         result.comparisons.append(Comparison("no grad", float("nan"), float("nan"), False,
                                              f"under torch.no_grad() returned {len(plain)} "
                                              f"values, expected {len(ref_outs)}"))
-    elif grads is not None:
+    elif ran:
         for out_name, got, ref in zip(case.outputs, plain, ref_outs):
             result.comparisons.append(compare(f"{out_name} (no grad)", got, ref, bound, dtype))
+    if backward_error is not None:
+        # the forward is judged above; the backward has nothing to compare
+        tb = traceback.extract_tb(backward_error.__traceback__)
+        at = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+        why = f"{type(backward_error).__name__}: {backward_error}{at}"
+        nan = float("nan")
+        result.comparisons.append(Comparison("backward", nan, nan, False, f"raised {why}"))
+        result.status = "error"
+        result.reason = f"level's backward raised {why}"
+        return result
     if grads is None:
         nan = float("nan")
         result.comparisons.append(Comparison("backward", nan, nan, False,
@@ -453,6 +521,17 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
     result.comparisons += memory
     result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
+
+
+def _inner(exc: BaseException) -> BaseException:
+    """The exception to report: Triton's interpreter wraps whatever a kernel raised in an
+    InterpreterError holding only its repr (quotes escaped, the kernel's line lost), and
+    torch.compile a user's exception in an `Unsupported: Observed exception` of its own, so
+    the one each was raised from is the one that says what happened, and where."""
+    while (type(exc).__name__ in ("InterpreterError", "Unsupported")
+           and exc.__cause__ is not None):
+        exc = exc.__cause__
+    return exc
 
 
 def check(component: str | None = None, level: str | int | None = None, dtype="float32",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import levels
 from levels.contract import COMPONENTS
@@ -72,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def other_copy_here() -> str | None:
+    """A warning when the working directory is a copy of the repo (a student's) whose
+    levels/ is not the one `levels` imports: every command would run the installed code,
+    not the code in front of the user."""
+    here = Path.cwd() / "levels" / "__init__.py"
+    imported = Path(levels.__file__).resolve()
+    if not here.is_file() or here.resolve() == imported:
+        return None
+    return (f"note: this directory has its own levels/ ({here.parent.parent}), but `levels` runs "
+            f"the code installed from {imported.parent.parent}: to run yours, `pip install -e .` "
+            f"here (or set PYTHONPATH={here.parent.parent})")
+
+
 def main(argv=None) -> int:
     from rich.console import Console
 
@@ -81,6 +95,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+    warning = other_copy_here()
+    if warning and args.command not in ("grade", "assignment"):  # those name their repos
+        console.print(warning, style="yellow", markup=False)
     # Read from the environment once, here: the command and everything it calls get these.
     settings.use(settings.Settings.from_environment())
     try:

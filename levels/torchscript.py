@@ -77,15 +77,18 @@ WHY_STILL_USED = ("Level 2 keeps using it on purpose: it is the simplest place t
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
     q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
+    ### BEGIN SOLUTION
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
         # scale and mask are one fused pointwise group; softmax and both matmuls stay library calls.
         scores = scores.masked_fill(future, float("-inf"))
     return torch.matmul(torch.softmax(scores, -1), v)
+    ### END SOLUTION
 
 
 def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    ### BEGIN SOLUTION
     x32 = x.float()
     mean = x32.mean(-1, keepdim=True)
     centered = x32 - mean
@@ -93,15 +96,18 @@ def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     # sub, mul, add-eps, rsqrt, mul, mul, add, cast: one fused kernel between the two means.
     y = centered * torch.rsqrt(var + eps) * weight.float() + bias.float()
     return y.to(x.dtype)
+    ### END SOLUTION
 
 
 def _mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     # The bias is left out of the first GEMM on purpose, so that bias + GELU form one
     # pointwise chain the fuser can turn into a single kernel. GELU is spelled out
     # (exact erf form, as F.gelu) so that the graph shows every op the fuser merges.
+    ### BEGIN SOLUTION
     h = torch.matmul(native.gemm_operand(x), w1.t()).float() + b1.float()
     h = (0.5 * h * (1.0 + torch.erf(h * 0.7071067811865476))).to(x.dtype)
     return torch.matmul(h, w2.t()) + b2
+    ### END SOLUTION
 
 
 def _lstm(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
@@ -114,11 +120,13 @@ def _lstm(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: T
     outputs: List[Tensor] = []
     # The loop stays a loop in the graph (prim::Loop): no Python runs between steps.
     for t in range(x.size(1)):
+        ### BEGIN SOLUTION
         gates = x_proj.select(1, t) + torch.mm(h, w_hh_t)
         i, f, g, o = gates.chunk(4, 1)  # nn.LSTM's gate order
         # Three sigmoids, two tanh, three muls and an add: the classic fused LSTM cell.
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
+        ### END SOLUTION
         outputs.append(h)
     return torch.stack(outputs, 1), (h.unsqueeze(0), c.unsqueeze(0))
 
@@ -132,12 +140,14 @@ def _conv_bn_eval(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], b
     # One convolution and no normalization pass over the output. Done every call (a few
     # C_out-sized ops and one pass over W) so fresh weights and statistics are always used,
     # and differentiable, so gradients reach conv and BN parameters alike.
+    ### BEGIN SOLUTION
     s = bn_weight.float() * torch.rsqrt(running_var.float() + eps)
     w = (conv_weight.float() * s.reshape(-1, 1, 1, 1)).to(conv_weight.dtype)
     shift = bn_bias.float() - running_mean.float() * s
     if conv_bias is not None:
         shift = shift + conv_bias.float() * s
     return torch.conv2d(x, w, shift.to(x.dtype), stride, padding)
+    ### END SOLUTION
 
 
 def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], bn_weight: Tensor,
@@ -146,6 +156,7 @@ def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], 
     # Training mode normalizes with this batch's statistics, which only exist after the
     # conv has run: nothing can be folded. What fuses is the normalization chain.
     y32 = torch.conv2d(x, conv_weight, conv_bias, stride, padding).float()
+    ### BEGIN SOLUTION
     mean = y32.mean([0, 2, 3])
     centered = y32 - mean.reshape(1, -1, 1, 1)
     var = (centered * centered).mean([0, 2, 3])  # biased: what the batch is normalized with
@@ -159,6 +170,7 @@ def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], 
     scale = bn_weight.float() * torch.rsqrt(var + eps)
     out = centered * scale.reshape(1, -1, 1, 1) + bn_bias.float().reshape(1, -1, 1, 1)
     return out.to(x.dtype)
+    ### END SOLUTION
 
 
 _SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,

@@ -111,6 +111,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                 Vs[j, d] = V[b * svb + h * svh + n * svn + d * svd] if n < Nk else 0.0
             cuda.syncthreads()
             if row_ok:
+                ### BEGIN SOLUTION
                 tile_max = float32(-math.inf)
                 for j in range(BLOCK_N):
                     n = start_n + j
@@ -137,6 +138,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                         for d in range(D):
                             acc[d] = cuda.fma(p, Vs[j, d], acc[d])
                 m_i = m_new
+                ### END SOLUTION
             cuda.syncthreads()  # everyone is done with the tile before it is overwritten
         if row_ok:
             for d in range(D):
@@ -205,6 +207,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                 for r in range(BLOCK_M):
                     i = start_m + r
                     if i < Nq and (not causal or j <= i):
+                        ### BEGIN SOLUTION
                         dot = float32(0.0)
                         for d in range(D):
                             dot = cuda.fma(Qs[r, d], k[d], dot)
@@ -216,6 +219,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                         ds = p * (dp - delta_s[r])
                         for d in range(D):
                             dk[d] = cuda.fma(ds, Qs[r, d], dk[d])
+                        ### END SOLUTION
             cuda.syncthreads()
         if col_ok:
             for d in range(D):
@@ -264,6 +268,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                 for j in range(BLOCK_N):
                     n = start_n + j
                     if n < Nk and (not causal or n <= i):
+                        ### BEGIN SOLUTION
                         dot = float32(0.0)
                         dp = float32(0.0)
                         for d in range(D):
@@ -273,6 +278,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
                         ds = p * (dp - delta)
                         for d in range(D):
                             dq[d] = cuda.fma(ds, Ks[j, d], dq[d])
+                        ### END SOLUTION
             cuda.syncthreads()
         if row_ok:
             for d in range(D):

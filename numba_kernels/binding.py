@@ -31,6 +31,7 @@ float64 is refused, as at Level 5: no kernel has a float64 path.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 
 import torch
@@ -104,10 +105,46 @@ def launch(kernel, grid, block, *args):
     once, block after block, with the GIL handed round faster (see _fast_switching)."""
     if SIMULATED:
         with _fast_switching():
-            kernel[grid, block](*args)
+            try:
+                kernel[grid, block](*args)
+            except (AttributeError, ValueError) as exc:
+                new = _translated(exc)
+                if new is exc:
+                    raise
+                raise new from exc
         return
     stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
     kernel[grid, block, stream](*args)
+
+
+# numba's simulator runs a kernel with `cuda` swapped for a fake module of threadIdx,
+# syncthreads and the rest, and swaps the real one back when a thread of the block leaves
+# the kernel. A thread still running then finds the real `numba.cuda`, which has none of
+# them: "module 'numba.cuda' has no attribute 'syncthreads'". On a GPU the same code would
+# hang or race at that barrier.
+_SWAPPED_OUT = re.compile(r"module 'numba\.cuda' has no attribute '(\w+)'")
+
+
+def _translated(exc: Exception) -> Exception:
+    """A simulator artifact said in CUDA's terms (`exc` itself if it is none)."""
+    thread = str(exc).split(":", 1)[0] if str(exc).startswith("tid=") else "a thread"
+    if isinstance(exc, ValueError) and str(exc).endswith("math domain error"):
+        # math.sqrt/log of a negative number: Python raises where a GPU returns NaN
+        return RuntimeError(
+            f"{thread}: math domain error (numba's simulator runs the kernel as Python, whose "
+            f"math.sqrt and math.log raise on a negative number where a GPU returns NaN). The "
+            f"value was negative: a variance or sum that came out wrong, often a reduction "
+            f"that reads shared memory before every thread wrote it (a missing "
+            f"cuda.syncthreads()).")
+    found = _SWAPPED_OUT.search(str(exc))
+    if found is None:
+        return exc
+    return RuntimeError(
+        f"{thread} used cuda.{found[1]} after other threads of its block had left the kernel "
+        f"(numba's simulator said: {exc}). The threads of a block did not all reach the same "
+        f"barriers: a cuda.syncthreads() that some threads skip (inside an `if` on threadIdx, "
+        f"or after an early `return`) or one that is missing. Every thread of the block must "
+        f"pass every barrier; on a GPU this code would hang or race there.")
 
 
 # The simulator runs a block as one OS thread per CUDA thread, and its block manager

@@ -67,15 +67,19 @@ EPILOGUES = {"none": EPI_NONE, "gelu": EPI_GELU, "gelu_save": EPI_GELU_SAVE, "ge
 
 @cuda.jit(device=True)
 def gelu(v):
+    ### BEGIN SOLUTION
     return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+    ### END SOLUTION
 
 
 @cuda.jit(device=True)
 def gelu_grad(v):
     # d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    ### BEGIN SOLUTION
     cdf = 0.5 * (1.0 + math.erf(v * 0.7071067811865476))
     pdf = math.exp(-0.5 * v * v) * 0.3989422804014327
     return cdf + v * pdf
+    ### END SOLUTION
 
 
 @cuda.jit(device=True)

@@ -132,6 +132,7 @@ def row_kernels(block_sum=block_sum, block_sum2=block_sum2) -> RowKernels:
         row = cuda.blockIdx.x  # one block per row: the whole block runs every barrier
         t = cuda.threadIdx.x
         xr = row * stride_xm
+        ### BEGIN SOLUTION
         total = float32(0.0)
         for i in range(t, N, cuda.blockDim.x):  # fwd_v2's lane stride: neighbours read neighbours
             total += x[xr + i * stride_xn]
@@ -146,6 +147,7 @@ def row_kernels(block_sum=block_sum, block_sum2=block_sum2) -> RowKernels:
         if t == 0:
             mean_out[row] = mean
             rstd_out[row] = rstd
+        ### END SOLUTION
 
     @cuda.jit
     def bwd_dx_block_row(dy, stride_dym, stride_dyn,  # (M, N) view
@@ -162,6 +164,7 @@ def row_kernels(block_sum=block_sum, block_sum2=block_sum2) -> RowKernels:
         dyr = row * stride_dym
         mu = mean[row]
         rs = rstd[row]
+        ### BEGIN SOLUTION
         c1 = float32(0.0)
         c2 = float32(0.0)
         for i in range(t, N, cuda.blockDim.x):
@@ -176,6 +179,7 @@ def row_kernels(block_sum=block_sum, block_sum2=block_sum2) -> RowKernels:
             xhat = (x[xr + i * stride_xn] - mu) * rs
             wdy = weight[i * stride_w] * dy[dyr + i * stride_dyn]
             dx[row * N + i] = (wdy - xhat * c1 - c2) * rs
+        ### END SOLUTION
 
     return RowKernels(fwd_block_row, bwd_dx_block_row)
 
@@ -201,6 +205,7 @@ def bwd_dwdb_partial(dy, stride_dym, stride_dyn,
     # The C++'s ternary, not min(): numba 0.68's CUDA target does not compile the builtin
     # min/max of two numbers (cuda.compile_ptx rejects their generic overload).
     last = first + rows_per_chunk if first + rows_per_chunk < M else M
+    ### BEGIN SOLUTION
     dw = float32(0.0)
     db = float32(0.0)
     for m in range(first, last):
@@ -209,6 +214,7 @@ def bwd_dwdb_partial(dy, stride_dym, stride_dyn,
         db += g
     part_dw[p * N + col] = dw
     part_db[p * N + col] = db
+    ### END SOLUTION
 
 
 @cuda.jit

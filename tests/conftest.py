@@ -28,3 +28,18 @@ def settings_read_anew():
     settings.use(None)
     yield
     settings.use(None)
+
+
+# One assignment built per session, shared by the grading tests (a build copies the repo:
+# a few seconds): layer_norm and attention at Levels 1 and 4, with the instructor's bundle.
+ROUND_TRIP = {"components": ("layer_norm", "attention"), "levels": ("native", "triton")}
+
+
+@pytest.fixture(scope="session")
+def assignment_build(tmp_path_factory):
+    from equivalence.commands import assignment
+
+    root = tmp_path_factory.mktemp("assignment")
+    copy = assignment.build(ROUND_TRIP["components"], ROUND_TRIP["levels"], root / "student",
+                            instructor_dir=root / "instructor")
+    return copy

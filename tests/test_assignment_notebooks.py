@@ -81,15 +81,11 @@ def comment_markers(text):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The student copy of this repo: one component's marked parts blanked (whichever
-    component is marked first), every notebook cleared."""
-    marked = assignment.marked_parts(ROOT)
-    component = marked[0][0]
-    chosen = [(c, level) for c, level in marked if c == component]
-    out = tmp_path_factory.mktemp("assignment") / "student"
-    copy = assignment.build([component], [level for _, level in chosen], out)
-    return out, copy, chosen
+def built(assignment_build):
+    """The session's student copy (tests/conftest.py): its parts blanked, and the parts that
+    would give them away, every notebook cleared."""
+    copy = assignment_build
+    return copy.out, copy, [(p.component, p.level) for p in copy.parts]
 
 
 def test_no_marker_is_left_in_the_student_copy(built):
@@ -97,24 +93,23 @@ def test_no_marker_is_left_in_the_student_copy(built):
     for rel in NOTEBOOKS:  # sources, outputs, metadata: the whole file
         text = (out / rel).read_text(encoding="utf-8")
         assert not [m for m in MARKER_TEXT if m in text], rel
-    chosen_files = {f for c, level in chosen for f in assignment.part_files(c, level)}
-    unchosen = [p for p in assignment.marked_parts(ROOT) if p not in chosen]
-    may_keep = {f for c, level in unchosen for f in assignment.part_files(c, level)}
+    part_files = {f for c, level in assignment.marked_parts(ROOT)
+                  for f in assignment.part_files(c, level)}
+    for component, level in chosen:  # a blanked part keeps no region (a shared file keeps
+        for rel in assignment.part_files(component, level):  # the other components')
+            text = (out / rel).read_text(encoding="utf-8")
+            assert assignment.regions_of(text, rel, component) == [], (component, level, rel)
     for rel in assignment.repo_files(out):
-        if not (rel in chosen_files or rel.endswith((".py", ".cu", ".cuh"))):
+        if not rel.endswith((".py", ".cu", ".cuh")) or rel in part_files:
             continue  # Markdown may show the markers (it marks nothing); the rest is data
         text = (out / rel).read_text(encoding="utf-8")
-        if rel in chosen_files:
-            assert not [m for m in MARKER_TEXT if m in text], rel
         if rel.endswith(".py"):
             kept = comment_markers(text)
-        elif rel.endswith((".cu", ".cuh")):
+        else:
             kept = [i + 1 for i, line in enumerate(text.splitlines())
                     if line.strip().startswith("//") and any(m in line for m in MARKER_TEXT)]
-        else:
-            kept = []
-        # a part nobody chose keeps its regions, by design; nothing else may keep one
-        assert not kept or rel in may_keep, f"{rel}: marker comments left at lines {kept}"
+        # only a part's file may keep regions (a part nobody chose); nothing else has any
+        assert not kept, f"{rel}: marker comments left at lines {kept}"
 
 
 def test_every_region_of_the_notebooks_is_counted_and_cut(built):

@@ -86,6 +86,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs
         if UPCAST:  # the interpreter's 16-bit arithmetic is wrong: compute in fp32 there
             kT = kT.to(tl.float32)
             v = v.to(tl.float32)
+        ### BEGIN SOLUTION
         s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale  # log2 units
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
@@ -97,6 +98,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+        ### END SOLUTION
     return acc, l_i, m_i
 
 
@@ -209,6 +211,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         if UPCAST:
             qT = qT.to(tl.float32)
             do = do.to(tl.float32)
+        ### BEGIN SOLUTION
         sT = tl.dot(k, qT, input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse[None, :])
         if CAUSAL_MASK:
@@ -219,6 +222,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+        ### END SOLUTION
     return dk, dv
 
 
@@ -297,6 +301,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_
         if UPCAST:
             kT = kT.to(tl.float32)
             vT = vT.to(tl.float32)
+        ### BEGIN SOLUTION
         s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale
         p = tl.math.exp2(s - lse[:, None])
         if CAUSAL_MASK:
@@ -306,6 +311,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_
         dp = tl.dot(do, vT, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=PRECISION)
+        ### END SOLUTION
     return dq
 
 

@@ -111,12 +111,14 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
         # Eval BatchNorm as the epilogue: (conv + b - mean) * gamma / sqrt(var + eps) + beta,
         # per output channel, on the tile in registers (fold_bn_kernel's job, without a
         # launch or a folded copy of the weight).
+        ### BEGIN SOLUTION
         var = tl.load(var_ptr + offs_o, mask=o_ok, other=1.0).to(tl.float32)
         scale = tl.load(gamma_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32) \
             / tl.sqrt(var + tl.cast(eps, tl.float32))
         mean = tl.load(mean_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)
         beta = tl.load(beta_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)
         acc = (acc - mean[None, :]) * scale[None, :] + beta[None, :]
+        ### END SOLUTION
     tl.store(out_ptr + offs_p[:, None] * sop + offs_o[None, :] * soo,
              acc.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & o_ok[None, :])
 
@@ -277,8 +279,10 @@ def fold_bn_kernel(w_ptr, swo, swc, swi, swj, bias_ptr, gamma_ptr, beta_ptr, mea
     """Program o: w'[o, i, j, c] = w[o, c, i, j] * s,  b'[o] = (b - mean) * s + beta,
     s = gamma / sqrt(var + eps). w' is written K-major, (C_out, kH, kW, C_in)."""
     o = tl.program_id(0)
+    ### BEGIN SOLUTION
     invstd = 1.0 / tl.sqrt(tl.load(var_ptr + o).to(tl.float32) + eps)
     scale = tl.load(gamma_ptr + o).to(tl.float32) * invstd
+    ### END SOLUTION
     for k0 in range(0, K_total, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
         k_ok = k < K_total
@@ -344,6 +348,7 @@ def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P,
         n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
         d = tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0) - mean
         m2 += tl.load(part_m2_ptr + s * C + cols, mask=c_ok, other=0.0) + n_s * d * d
+    ### BEGIN SOLUTION
     invstd = 1.0 / tl.sqrt(m2 / P + eps)  # normalize with the biased variance
     scale = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) * invstd
     shift = tl.load(beta_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) - mean * scale
@@ -356,6 +361,7 @@ def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P,
     rv = tl.load(run_var_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     rm = (1.0 - momentum) * rm + momentum * mean
     rv = (1.0 - momentum) * rv + momentum * (m2 / (P - 1))
+    ### END SOLUTION
     tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
     tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
 
@@ -437,8 +443,10 @@ def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr
     gamma = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     m_dy = tl.load(sums_ptr + cols, mask=c_ok, other=0.0) / P
     m_dyx = tl.load(sums_ptr + C + cols, mask=c_ok, other=0.0) / P
+    ### BEGIN SOLUTION
     xhat = (y - mean[None, :]) * invstd[None, :]
     dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
+    ### END SOLUTION
     tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
              mask=mask)
 

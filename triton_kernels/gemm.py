@@ -64,15 +64,19 @@ EPI_NONE, EPI_GELU, EPI_GELU_SAVE, EPI_GELU_GRAD = 0, 1, 2, 3
 @triton.jit
 def gelu(x):
     """Exact GELU, x * Phi(x), with Phi from erf (tl.erf: no libdevice import needed)."""
+    ### BEGIN SOLUTION
     return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    ### END SOLUTION
 
 
 @triton.jit
 def gelu_grad(x):
     """d/dx [x * Phi(x)] = Phi(x) + x * phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)."""
+    ### BEGIN SOLUTION
     cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
     pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327
     return cdf + x * pdf
+    ### END SOLUTION
 
 
 @triton.jit

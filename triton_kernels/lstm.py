@@ -188,6 +188,7 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
             acc_g = tl.dot(h, w_g, acc_g, input_precision=PRECISION)
             acc_o = tl.dot(h, w_o, acc_o, input_precision=PRECISION)
         xp = XP + offs_b[:, None] * stride_xpb + t * stride_xpt + offs_j[None, :]
+        ### BEGIN SOLUTION
         gate_i = _sigmoid(acc_i + tl.load(xp + 0 * HID, mask=bj_ok, other=0.0) + bias_i)
         gate_f = _sigmoid(acc_f + tl.load(xp + 1 * HID, mask=bj_ok, other=0.0) + bias_f)
         gate_g = _tanh(acc_g + tl.load(xp + 2 * HID, mask=bj_ok, other=0.0) + bias_g)
@@ -196,6 +197,7 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
         if SYNC:
             c = tl.where(alive != 0, c, float("nan"))
         h_new = gate_o * _tanh(c)
+        ### END SOLUTION
         tl.store(OUT + offs_b[:, None] * stride_ob + t * stride_ot + offs_j[None, :],
                  h_new.to(OUT.dtype.element_ty), mask=bj_ok)
         if SAVE:
@@ -266,12 +268,14 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR,
             c_prev = tl.load(C0 + bj, mask=bj_ok, other=0.0).to(tl.float32)
         else:
             c_prev = tl.load(c_ptrs + (t - 1) * HID, mask=bj_ok, other=0.0)
+        ### BEGIN SOLUTION
         dc += dh * gate_o * (1.0 - tanh_c * tanh_c)
         dz_i = dc * gate_g * gate_i * (1.0 - gate_i)
         dz_f = dc * c_prev * gate_f * (1.0 - gate_f)
         dz_g = dc * gate_i * (1.0 - gate_g * gate_g)
         dz_o = dh * tanh_c * gate_o * (1.0 - gate_o)
         dc = dc * gate_f
+        ### END SOLUTION
         z_ptrs = DZ + offs_b[:, None] * (T * G4) + t * G4 + offs_j[None, :]
         tl.store(z_ptrs + 0 * HID, dz_i.to(DZ.dtype.element_ty), mask=bj_ok)
         tl.store(z_ptrs + 1 * HID, dz_f.to(DZ.dtype.element_ty), mask=bj_ok)

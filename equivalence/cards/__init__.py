@@ -48,8 +48,8 @@ What the harness may use (defaults in brackets):
                    that dispatches one has not written the kernel (`levels grade`) [()]
     NN_MODULES     class names of its layers (levels.nn's and torch's twins): `levels train
                    --breakdown` charges their time to the component [()]
-    SOLUTION_FILES level -> the file that holds its solution regions at that level, where it
-                   is not the rung's usual one (`levels assignment build`) [{}]
+    SOLUTION_FILES level -> the file (or files) that hold its solution regions at that level,
+                   where it is not the level's usual one (`levels assignment build`) [{}]
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
@@ -145,7 +145,7 @@ class Card:
         self.rate: str = getattr(module, "RATE", "TFLOP/s")
         self.fused_aten: tuple[str, ...] = tuple(getattr(module, "FUSED_ATEN", ()))
         self.nn_modules: tuple[str, ...] = tuple(getattr(module, "NN_MODULES", ()))
-        self.solution_files: dict[str, str] = dict(getattr(module, "SOLUTION_FILES", {}))
+        self.solution_files: dict = dict(getattr(module, "SOLUTION_FILES", {}))
         self.host_probe: dict = dict(getattr(module, "HOST_PROBE", {}))
 
     def __repr__(self) -> str:

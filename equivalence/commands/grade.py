@@ -1,110 +1,55 @@
 """`levels grade`: the harness as an autograder, one component x level at a time, and
 optionally the notebooks' grade cells.
 
-    grade("submission/")                      # every part with solution markers
+    grade("submission/", config="instructor/grading.json")   # the parts the build wrote
     grade("submission/", parts=[("layer_norm", "triton", 10)], timeout_s=60)
-    grade("submission/", parts=[], notebooks=True)      # the notebooks' grade cells only
+    grade("submission/", parts=[], notebooks=True)           # the notebooks' grade cells only
 
-Each part runs in its own Python process, so a submission that hangs, segfaults or
-corrupts its process loses that part only: the process is killed (with its children) at
-`timeout_s`, and a crash or a nonzero exit scores 0 with the reason. In that process:
+What is graded: exactly the parts named, by the config `levels assignment build` wrote into
+the instructor's bundle (its "parts", with their points and credit shares), or by `parts=`
+(`--parts layer_norm@triton,...`). Never a default set: a part nobody assigned is the
+reference's code, and would score full marks. Before anything runs, `requirements()` checks
+that this machine has what the parts and notebooks need (triton, numba, nbclient, nvcc...):
+a grader that cannot run a part must refuse to grade (exit 2, saying what to install), not
+score the students 0.
 
-- the submission's code is what gets imported: its directory comes first on sys.path (and
-  in PYTHONPATH, for any process it starts), ahead of the editable install of the
-  reference repo; the process checks `levels.__file__` (and, at a kernel level,
-  `triton_kernels/` or `cuda_kernels/`) and refuses to grade if they are not the submission's;
-- the harness is the grader's own (`equivalence` is imported from the grading repo before
-  the submission is put on the path): a submission cannot change what is checked;
-- the part is `equivalence.check.check(component, level, size="tiny")` at float32 and
-  bfloat16, every variant, both layouts: fresh random inputs, the float64 reference,
-  NaN-poisoned allocations, the memory checks.
+How a part is graded: in its own Python process (grade_process.py), the submission first on
+its path (its `levels`, `triton_kernels`, ... are imported, never the installed reference;
+the harness, `equivalence`, is always the grader's), killed with its children at the
+timeout: a hang, a segfault or an exception costs that part only. In it, the harness's
+`check(component, level, size="tiny")` runs for each dtype (float32, bfloat16), every
+variant, both layouts: fresh random inputs, the float64 reference, NaN-poisoned allocations,
+the memory checks. At a kernel level (triton, cuda, numba) every call is watched by the rules
+of grade_rules.py: the submission's own kernels must have computed it.
 
-A part's level may be named as the harness names it ("triton", 4, "5"); it is graded, and
-reported, under its name.
+Score: partial credit inside a part (grade_credit.py): forward and backward, each dtype, each
+layout, weighted by the config's "credit"; a kernel rule broken in a pass takes that pass's
+share. The reason leads with the first real cause of each pass that lost points.
 
-Score: all or nothing per part (this first cut): `max_score` if every check passed, else 0.
+Level 5 (cuda) without a GPU: the part's .cu file is compiled with nvcc to PTX (the grader's
+own compile, on the submission's source), and every kernel in it must store something (a
+blanked kernel writes nothing). That earns the credit's "compiles" share (default 0.1); the
+rest needs a GPU, and the reason says so ("needs a CUDA GPU: ..."). It is reported as failed
+rather than left out: Gradescope's tests are "passed" or "failed", and a part left out would
+silently shrink the maximum. On a GPU the part runs like any other.
 
-No credit for PyTorch at a kernel level. At Level 4 (triton) and Level 5 (cuda) a part also
-needs:
-1. its own kernels to have run, in the forward pass AND in the backward pass; the pass is
-   told apart by autograd's current graph task (-1 outside a backward).
-   - Level 4: a kernel defined in the submission's `triton_kernels/` must be launched
-     (launches are counted by wrapping Triton's launcher, `JITFunction.run` and the
-     interpreter's `run`).
-   - Level 5: an op of the submission's compiled extension must be called. The library
-     that cuda_kernels/build.py builds from the submission's `cuda_kernels/*.cu` is no
-     Python module (`is_python_module=False`): its functions are torch ops that the
-     bindings register with TORCH_LIBRARY in the namespace `levels_cuda`
-     (CUDA_OP_NAMESPACE), reached as `torch.ops.levels_cuda.layer_norm_fwd`, through
-     `build.ops()`, or from the backward that autograd calls. All those paths meet in the
-     dispatcher, so the calls are counted there, by the TorchDispatchMode of rule 3. The
-     dispatcher also records where each op's kernel was registered: a `.cpp` of the build
-     (TORCH_LIBRARY_IMPL) is compiled code; a `.py` file (an op defined from Python with
-     torch.library, in the right namespace) is not, and voids the part.
-   This is the rule that cannot be dodged by spelling: whether the answer comes from torch
-   ops written out, `F.layer_norm`, or another level, no kernel ran.
-2. no other level's code to have run (a launch of a token kernel, then
-   `levels.native.layer_norm(...)` for the answer): every Python call is watched while the
-   level runs (`sys.setprofile`), and a call into another level's files voids the part.
-   What is another level's depends on the level graded (`other_level_code`): each level's
-   module in levels/ (`native.py`, `torchscript.py`, `compiled.py`, `triton.py`, `cuda.py`)
-   and kernel directory (`triton_kernels/`, `cuda_kernels/`) except its own, plus the code
-   that belongs to no rung and computes the components all the same: the chooser
-   (`levels/auto.py`) and Level 5's numba twins (`numba_kernels/`, CUDA kernels in Python
-   that numba would run on the GPU: Level 5's math, not the submission's CUDA C++);
-3. none of the component's fused ATen ops (`aten.native_layer_norm`, SDPA, convolution,
-   batch norm, LSTM: the reference computation in one call) to have been dispatched,
-   recorded by a TorchDispatchMode.
-An aten-op deny-list alone would miss the answer written out op by op (mean, sub, rsqrt...),
-which a real launcher may also use for small things; a launch count alone would miss the
-token kernel. Together they catch what a student would plausibly try; they do not make a
-determined cheat impossible (the submission runs in the grader's process). Two holes, known:
-a dispatch mode sees the ops called from Python, not the ATen calls a compiled op makes
-inside its own C++ (`at::layer_norm` in a binding); and `sys.setprofile` follows the calling
-thread and the threads Python starts, not the autograd engine's own CUDA thread, so another
-level's code called from a backward on the GPU goes unseen (rules 1 and 3 still hold there).
-
-Level 5 runs only on an NVIDIA GPU. A cuda part graded where there is none (`device` is not
-cuda) scores 0 with the reason "needs a CUDA GPU: ...", without starting its process: never
-a crash, never full marks for code that did not run. It is reported as failed rather than
-left out, because Gradescope's tests are "passed" or "failed" (it has no "skipped"), and a
-part left out would silently shrink the maximum: the total shows the points the machine
-could not award, and the reason says why.
-
-Notebooks (`notebooks=True`, `levels grade --notebooks`; off by default: a notebook runs for
-seconds to minutes, and the instructor chooses whether its exercises count). The grade cells
-are nbgrader's autograder tests: code cells whose metadata says `"grade": true` (and not
-`"solution": true`: those are answers for a person to grade) with `points` and `grade_id`.
-The reference repo (the grading one, `reference=`) defines them: which notebooks, which
-cells, how many points, and their sources. As nbgrader's autograde does, each grade cell of
-the submission's notebook (matched by `grade_id`) is run with the reference's source, hidden
-tests included, so a student who edits a grade cell changes nothing; one whose grade cell is
-gone scores 0 for it. Each notebook runs in its own process (nbclient, with the kernel its
-metadata names, in the notebook's directory, the submission first on PYTHONPATH; the kernel
-is asked where `levels` comes from before any cell runs, and the notebook is refused if it
-is not the submission's), top to bottom, errors allowed: an exercise that raises costs its
-own grade cell, not the rest. A grade cell scores its points if it ran without an error,
-else 0 with the exception's line ("AssertionError: ..."). A notebook's cells get
-`notebook_timeout_s` in all, counted from when its kernel is up; when it runs out, or the
-kernel dies, the cell running scores 0 and so do the cells not yet run, each with the reason
-("not run: the notebook timed out after 600 s in cell 14"), and the next notebook starts
-afresh. The kernel (in a session of its own, as jupyter starts it) is shut down by its
-client, or, should the notebook's process itself hang, killed with its process group when
-that process is.
-
-Performance points (GPU, thresholds in a config): not yet.
+Notebooks (`notebooks=True`, `--notebooks`): grade_notebooks.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import os
 import signal
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .grade_credit import cells, credit_shares, verdict
 from .grade_notebooks import _cells_to_grade, _grade_notebook, notebooks_with_grade_cells
 from .grade_process import _RESULT, ROOT, PartResult, _bootstrap, _device_type, _run_child
 
@@ -112,9 +57,16 @@ DEFAULT_POINTS = 10.0
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600.0
 DTYPES = ("float32", "bfloat16")
+TWIN_LEVELS = ("numba",)  # gradable levels that are no rung of the ladder
 NEEDS_GPU = ("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, and this grader runs on "
-             "{device}; grade this part on a machine with one (0 points here is no verdict on "
-             "the code: it did not run)")
+             "{device}; grade this part on a machine with one (what could be done here: "
+             "{done})")
+
+
+class MissingRequirement(RuntimeError):
+    """This machine lacks what the parts or notebooks need (the message says what to install):
+    the grader refuses to grade rather than score what it cannot run."""
+
 
 @dataclass
 class Part:
@@ -122,6 +74,8 @@ class Part:
     level: str
     max_score: float = DEFAULT_POINTS
     timeout_s: float | None = None  # None: grade()'s
+    credit: dict | None = None  # the shares of grade_credit (None: the config's, else defaults)
+    dtypes: list | None = None  # None: grade()'s
 
     @property
     def name(self) -> str:
@@ -133,7 +87,11 @@ def _as_part(p) -> Part:
         return p
     if isinstance(p, dict):
         points = p.get("points", p.get("max_score", DEFAULT_POINTS))
-        return Part(p["component"], p["level"], float(points), p.get("timeout_s"))
+        return Part(p["component"], p["level"], float(points), p.get("timeout_s"), p.get("credit"),
+                    p.get("dtypes"))
+    if isinstance(p, str):  # "layer_norm@triton" (the command line's form)
+        component, _, level = p.partition("@")
+        return Part(component.strip(), level.strip())
     component, level, *rest = p
     return Part(component, level, float(rest[0]) if rest else DEFAULT_POINTS)
 
@@ -143,46 +101,78 @@ def _named(part: Part) -> Part:
     kernel rules and the GPU check go by the name, so an alias must not slip past them."""
     import levels
 
+    if str(part.level).strip().lower() in TWIN_LEVELS:
+        return dataclasses.replace(part, level=str(part.level).strip().lower())
     try:
         name = levels.resolve(part.level).name
     except ValueError as e:
-        raise ValueError(f"part {part.component} @ {part.level}: {e}") from None
+        raise ValueError(f"part {part.component} @ {part.level}: {e} (or {', '.join(TWIN_LEVELS)})"
+                         ) from None
     return dataclasses.replace(part, level=name)
 
 
+CONFIG_KEYS = {"timeout_s", "parts", "device", "dtypes", "size", "notebooks",
+               "notebook_timeout_s", "credit", "jobs", "assignment"}
+
+
 def load_config(path) -> dict:
-    """A grading config (JSON): {"timeout_s": 120, "parts": [{"component": "layer_norm",
-    "level": "triton", "points": 10, "timeout_s": 60}, ...], "notebooks": true,
-    "notebook_timeout_s": 300}; every key optional. "notebooks": true (every notebook with
-    grade cells), false, or a list of paths ("notebooks/01_native.ipynb")."""
+    """A grading config (JSON), as `levels assignment build` writes it: {"parts":
+    [{"component": "layer_norm", "level": "triton", "points": 10, "timeout_s": 60, "credit":
+    {...}}], "credit": {"forward": 0.5, ...}, "timeout_s": 120, "notebooks": true,
+    "notebook_timeout_s": 300, "jobs": 2, "assignment": {what was built}}; every key optional.
+    "notebooks": true (every notebook with grade cells), false, or a list of paths."""
     config = json.loads(Path(path).read_text())
     if not isinstance(config, dict):
         raise TypeError(f"grading config {path}: expected a JSON object; "
                         f"got {type(config).__name__}")
-    known = {"timeout_s", "parts", "device", "dtypes", "size", "notebooks", "notebook_timeout_s"}
-    unknown = set(config) - known
+    unknown = set(config) - CONFIG_KEYS
     if unknown:
         raise ValueError(f"grading config {path}: unknown key(s) {', '.join(sorted(unknown))} "
-                         f"(expected {', '.join(sorted(known))})")
+                         f"(expected {', '.join(sorted(CONFIG_KEYS))})")
     return config
+
+
+def requirements(parts, notebooks: bool, device: str) -> list[str]:
+    """What this machine lacks to grade `parts` (and notebooks, if `notebooks`), each with
+    how to install it; [] when nothing is missing."""
+    missing = []
+
+    def need(module: str, why: str, install: str):
+        if importlib.util.find_spec(module) is None and not any(why in m for m in missing):
+            missing.append(f"{module} (for {why}): {install}")
+
+    for p in parts:
+        if p.level == "triton":
+            need("triton", "Level 4 parts", "pip install 'triton>=3.6' (Linux)")
+        elif p.level == "numba":
+            need("numba", "the numba parts", "pip install 'numba>=0.60,<0.69'")
+        elif p.level == "cuda" and _device_type(device) != "cuda":
+            from cuda_kernels import build
+
+            why = build.nvcc_available()
+            if why and not any("nvcc" in m for m in missing):
+                missing.append(f"nvcc (for compiling the Level 5 parts without a GPU): {why}")
+    if notebooks:
+        for module in ("nbformat", "nbclient", "ipykernel"):
+            need(module, "--notebooks", "pip install nbformat nbclient ipykernel")
+    return missing
 
 
 def grade(repo_dir, parts=None, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None,
           dtypes=DTYPES, size: str = "tiny", config=None, notebooks=None,
-          notebook_timeout_s: float | None = None, reference=None) -> dict:
+          notebook_timeout_s: float | None = None, reference=None, jobs: int | None = None) -> dict:
     """Grade the submission in `repo_dir`. `parts`: Parts, (component, level[, points])
-    tuples or config dicts; default: every (component, level) with solution markers in
-    the grading repo (this one), 10 points each. `notebooks`: None or False (none), True
-    (every notebook of `reference` with grade cells) or a list of notebook paths relative
-    to the repo; each gets `notebook_timeout_s` (default DEFAULT_NOTEBOOK_TIMEOUT_S).
-    `reference`: the repo whose notebooks define the grade cells (default: the grading
-    repo). `config`: a path or dict (see load_config) whose keys fill in what is not
-    passed. Returns the totals and one PartResult dict per part, then per grade cell,
-    under "tests"."""
+    tuples, "component@level" strings or config dicts; `config`: a path or dict (see
+    load_config) whose keys fill in what is not passed. One of them must name the parts
+    (an empty list: notebooks only). `notebooks`: None or False (none), True (every notebook
+    of `reference` with grade cells) or a list of notebook paths; each gets
+    `notebook_timeout_s`. `reference`: the repo whose notebooks define the grade cells
+    (default: the grading repo). `jobs`: parts graded at once (default: 2 or the cores, the
+    fewer). Returns the totals and one PartResult dict per part, then per grade cell, under
+    "tests". MissingRequirement if this machine cannot grade them."""
     from levels.contract import COMPONENTS
 
-    from .assignment import marked_parts
-
+    shares = None
     if config is not None:
         config = load_config(config) if not isinstance(config, dict) else config
         parts = parts if parts is not None else config.get("parts")
@@ -190,44 +180,98 @@ def grade(repo_dir, parts=None, timeout_s: float = DEFAULT_TIMEOUT_S, device: st
         device = device or config.get("device")
         dtypes = config.get("dtypes", dtypes)
         size = config.get("size", size)
+        shares = config.get("credit")
+        jobs = jobs or config.get("jobs")
         notebooks = notebooks if notebooks is not None else config.get("notebooks")
         if notebook_timeout_s is None:
             notebook_timeout_s = config.get("notebook_timeout_s")
     repo = Path(repo_dir).resolve()
     if not (repo / "levels" / "__init__.py").is_file():
         raise ValueError(f"argument 'repo_dir': {repo} holds no levels/ package: not a submission")
-    parts = [_named(_as_part(p)) for p in (parts if parts is not None else marked_parts(ROOT))]
+    if parts is None:
+        raise ValueError("no parts to grade: pass the config `levels assignment build` wrote "
+                         "(--config INSTRUCTOR_DIR/grading.json) or name them (--parts "
+                         "layer_norm@triton,...); an empty list grades the notebooks only")
+    parts = [_named(_as_part(p)) for p in parts]
     for p in parts:
         if p.component not in COMPONENTS:
             raise ValueError(f"part {p.name}: component must be one of {', '.join(COMPONENTS)}")
-    cells = _cells_to_grade(Path(reference or ROOT).resolve(), notebooks)
+        credit_shares({**(shares or {}), **(p.credit or {})})  # refused before anything runs
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    missing = requirements(parts, bool(notebooks), device)
+    if missing:
+        raise MissingRequirement("this machine cannot grade what was asked; install:\n  "
+                                 + "\n  ".join(missing))
+    cells_of = _cells_to_grade(Path(reference or ROOT).resolve(), notebooks)
     start = time.perf_counter()
-    results = [_grade_part(repo, p, p.timeout_s or timeout_s, device, list(dtypes), size)
-               for p in parts]
-    for rel, grade_cells in cells.items():
+    jobs = max(1, int(jobs or min(2, os.cpu_count() or 1)))
+    with ThreadPoolExecutor(jobs) as pool:  # each part is a process: threads only wait
+        results = list(pool.map(
+            lambda p: _grade_part(repo, p, p.timeout_s or timeout_s, device,
+                                  list(p.dtypes or dtypes), size,
+                                  {**(shares or {}), **(p.credit or {})}), parts))
+    for rel, grade_cells in cells_of.items():
         results += _grade_notebook(repo, rel, grade_cells,
                                    notebook_timeout_s or DEFAULT_NOTEBOOK_TIMEOUT_S)
-    return {"score": sum(r.score for r in results), "max_score": sum(r.max_score for r in results),
+    return {"score": round(sum(r.score for r in results), 2),
+            "max_score": sum(r.max_score for r in results),
             "execution_time": round(time.perf_counter() - start, 1), "repo": str(repo),
             "device": device, "tests": [asdict(r) for r in results]}
 
 
-def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, size) -> PartResult:
+def _compiles(repo: Path, part: Part) -> tuple[bool, str]:
+    """Level 5 without a GPU: does the part's .cu compile (nvcc, to PTX), and does every
+    kernel in it store something? (ok, what was found)"""
+    from cuda_kernels import build
+
+    from .parts import part_files
+
+    found = []
+    for rel in part_files(part.component, "cuda"):
+        path = repo / rel
+        if not path.is_file():
+            return False, f"your {rel} is missing"
+        try:
+            ptx = build.compile_ptx(path, "80", include_dirs=[path.parent])
+        except build.BuildError as e:
+            return False, f"{rel} does not compile: {str(e).strip()[:1500]}"
+        empty = [name for name, body in _entries(ptx) if not any(
+            op in body for op in ("st.global", "atom.", "red."))]
+        if empty:
+            return False, (f"{rel} compiles, but these kernels store nothing (a kernel whose "
+                           f"body is still a TODO): {', '.join(empty[:5])}")
+        found.append(f"{rel} compiles (nvcc, sm_80 PTX) and each of its kernels stores its result")
+    return True, "; ".join(found)
+
+
+def _entries(ptx: str):
+    """(name, body) of each kernel (.entry) of a PTX module."""
+    parts = ptx.split(".entry ")[1:]
+    for part in parts:
+        yield part.split("(", 1)[0].strip(), part
+
+
+def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, size,
+                shares: dict) -> PartResult:
+    shares = credit_shares(shares)
+    compiles_share = shares["compiles"] if part.level == "cuda" else 0.0
     if part.level == "cuda" and _device_type(device) != "cuda":
-        # No process: nothing of Level 5 can run here, and the harness would only report
-        # every check skipped.
-        reason = NEEDS_GPU.format(device=device)
-        return PartResult(part.name, part.component, part.level, 0.0, part.max_score, "failed",
-                          reason, reason, 0.0)
+        # No process: nothing of Level 5 can run here. The compile is the grader's own.
+        start = time.perf_counter()
+        ok, done = _compiles(repo, part)
+        score = round(part.max_score * compiles_share, 2) if ok else 0.0
+        reason = NEEDS_GPU.format(device=device, done=done)
+        return PartResult(part.name, part.component, part.level, score, part.max_score, "failed",
+                          reason, reason, round(time.perf_counter() - start, 1))
     spec = {"repo": str(repo), "grader": str(ROOT), "component": part.component,
             "level": part.level, "device": device, "dtypes": dtypes, "size": size}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="levels-grade-") as tmp:
         spec["result"] = str(Path(tmp) / _RESULT)
-        log, returncode, timed_out = _run_child(_bootstrap("equivalence.commands.grade_process._child"), spec, repo, timeout_s)
+        log, returncode, timed_out = _run_child(
+            _bootstrap("equivalence.commands.grade_process._child"), spec, repo, timeout_s)
         seconds = time.perf_counter() - start
         result_file = Path(spec["result"])
         child = json.loads(result_file.read_text()) if result_file.is_file() else None
@@ -242,20 +286,23 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
     if timed_out:
         return failed(f"timed out after {timeout_s:g} s (killed)")
     if returncode < 0:
-        name = signal.Signals(-returncode).name
-        return failed(f"the process died of signal {name}")
+        return failed(f"the process died of signal {signal.Signals(-returncode).name}")
     if returncode != 0 or child is None:
         return failed(f"the process exited with code {returncode} before the checks finished")
-    lines = [c["summary"] for c in child["checks"]]
-    problems = list(child["problems"])
-    not_passed = [c for c in child["checks"] if c["status"] != "pass"]
-    if not_passed:
-        problems.insert(0, f"{len(not_passed)} of {len(child['checks'])} checks did not pass")
-    lines += child["notes"]
-    if problems:
-        return failed("; ".join(problems), "\n".join(lines))
-    return PartResult(part.name, part.component, part.level, part.max_score, part.max_score,
-                      "passed", "", "\n".join(lines), round(seconds, 1), child["checks"])
+    from equivalence.cards import LAYOUTS
+
+    part_cells = cells(child["checks"], child["problems"], dtypes, list(LAYOUTS), shares)
+    points = part.max_score * (1 - compiles_share)
+    score, reason, lines = verdict(part_cells, points, part.name)
+    if compiles_share:
+        score = round(score + part.max_score * compiles_share, 2)  # it ran: it compiled
+    lines += [c["summary"] for c in child["checks"]] + child["notes"]
+    lines += [f"{p}: {problem}" for p in ("forward", "backward") for problem in child["problems"][p]]
+    lines += [c["text"] for c in child["problems"]["cheats"]]
+    status = "passed" if score >= part.max_score else "failed"
+    return PartResult(part.name, part.component, part.level, score, part.max_score, status,
+                      reason, "\n".join(([reason] if reason else []) + lines), round(seconds, 1),
+                      child["checks"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,19 +336,23 @@ def write_gradescope(result: dict, path) -> Path:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "grade", help="grade a submission: the harness per component x level",
-        description="Run the harness on a submission, each component x level in its own process "
-                    "with a timeout, print the score table and optionally write Gradescope's "
-                    "results.json. A part scores its points only if every check passes (float32 "
-                    "and bfloat16, both layouts); at a kernel level (triton, cuda), only if the "
-                    "submission's own kernels computed it. A cuda part needs a CUDA GPU (0 points, "
-                    "with that reason, without one). With --notebooks, also run the submission's "
-                    "notebooks, each in its own process, and score their grade cells.")
+        description="Run the harness on a submission, each assigned component x level in its own "
+                    "process with a timeout, print the score table and optionally write "
+                    "Gradescope's results.json. Partial credit inside a part: forward and "
+                    "backward, each dtype and layout; at a kernel level (triton, cuda, numba) "
+                    "only for what the submission's own kernels computed. The parts come from "
+                    "--config (the grading.json `levels assignment build` wrote) or --parts. "
+                    "Exit 0 at full marks, 1 otherwise, 2 if this machine cannot grade them.")
     p.add_argument("--repo", default=".", help="the submission's directory (default: .)")
     p.add_argument("--gradescope", metavar="FILE", help="write Gradescope's results.json here")
     p.add_argument("--config", metavar="FILE",
-                   help="grading config (JSON: timeout_s, parts with component, level, points, "
-                        "timeout_s; notebooks, notebook_timeout_s)")
+                   help="grading config (JSON; written by `levels assignment build`: parts, "
+                        "points, credit shares, timeouts, notebooks)")
+    p.add_argument("--parts", metavar="PARTS",
+                   help="comma-separated component@level (layer_norm@triton,mlp@native), 10 "
+                        "points each, instead of the config's")
     p.add_argument("--timeout", type=float, help=f"seconds per part (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--jobs", type=int, help="parts graded at once (default: 2, or 1 on one core)")
     p.add_argument("--device", help="cpu or cuda (default: cuda if there is a GPU)")
     p.add_argument("--notebooks", nargs="?", const="all", metavar="PATHS",
                    help="also score the notebooks' grade cells (nbgrader's, with the reference's "
@@ -324,10 +375,20 @@ def _notebooks_arg(value):
 def run_grade(args, console) -> int:
     from rich.table import Table
 
+    from .console import EXIT_USAGE
+
     kwargs = {} if args.timeout is None else {"timeout_s": args.timeout}
+    parts = getattr(args, "parts", None)
+    if parts is not None:
+        kwargs["parts"] = [p for p in parts.split(",") if p.strip()]
     notebooks = _notebooks_arg(getattr(args, "notebooks", None))
-    result = grade(args.repo, device=args.device, config=args.config, notebooks=notebooks,
-                   notebook_timeout_s=getattr(args, "notebook_timeout", None), **kwargs)
+    try:
+        result = grade(args.repo, device=args.device, config=args.config, notebooks=notebooks,
+                       notebook_timeout_s=getattr(args, "notebook_timeout", None),
+                       jobs=getattr(args, "jobs", None), **kwargs)
+    except MissingRequirement as exc:
+        console.print(f"levels grade: {exc}", style="red", markup=False)
+        return EXIT_USAGE
     table = Table(title=f"levels grade — {result['repo']} ({result['device']})")
     for col in ("part", "score", "max", "time", "why not full"):
         table.add_column(col, justify="right" if col in ("score", "max", "time") else "left")
@@ -344,3 +405,7 @@ def run_grade(args, console) -> int:
     if args.gradescope:
         console.print(f"wrote {write_gradescope(result, args.gradescope)}", markup=False)
     return 0 if result["score"] == result["max_score"] else 1
+
+
+__all__ = ["DEFAULT_POINTS", "DTYPES", "MissingRequirement", "Part", "grade", "gradescope",
+           "load_config", "requirements", "write_gradescope"]

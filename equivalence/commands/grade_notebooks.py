@@ -63,7 +63,7 @@ def grade_cells(repo, rel: str) -> list[GradeCell]:
 
 def notebooks_with_grade_cells(repo=ROOT) -> list[str]:
     """The notebooks of `repo` (its tracked files) that have grade cells."""
-    from .assignment import repo_files
+    from .parts import repo_files
     return [rel for rel in sorted(repo_files(Path(repo))) if rel.endswith(".ipynb")
             and grade_cells(repo, rel)]
 
