@@ -14,7 +14,7 @@ from . import settings
 from .commands import (agree, assignment, bench, check, compare, doctor, explain, grade, profile,
                        select, train)
 from .commands.console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT,
-                               NothingToRun)
+                               NothingToRun, terminal_console)
 
 # In the order `levels --help` lists them.
 COMMANDS = (check, compare, profile, select, agree, explain, bench, doctor, train, assignment, grade)
@@ -73,14 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+    console = terminal_console()
     # Read from the environment once, here: the command and everything it calls get these.
     settings.use(settings.Settings.from_environment())
     try:

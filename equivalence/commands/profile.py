@@ -15,9 +15,9 @@ from .. import ceilings as ceil
 from ..check import fresh_seed, resolve_dtype
 from ..profile import break_even_calls, profile, scaling
 from ..settings import CompileMode, compile_mode, default_dtype, default_size
-from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, fmt_break_even,
-                      fmt_first_call, fmt_ms, fmt_pct, fmt_spread, library_output_to, log_note,
-                      progress, resolve_device, split_list)
+from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, Column,
+                      Sheet, fmt_break_even, fmt_first_call, fmt_ms, fmt_pct, fmt_spread,
+                      library_output_to, log_note, progress, resolve_device, split_list)
 
 
 def add_parser(sub) -> None:
@@ -50,10 +50,33 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, console) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+def print_table(rows: list[dict], settings: dict, env: dict, console) -> bool:
+    """The profile's table; True if a level raised."""
+    variant = f" [{settings['variant']}]" if settings.get("variant") else ""
+    table = Sheet(f"levels profile — {settings['component']}{variant}, "
+                  f"{settings['dtype']}, size '{settings['size']}', {env.get('gpu') or 'CPU'}",
+                  ["level", Column("fwd ms\np20–p80", "right"),
+                   Column("fwd+bwd ms\np20–p80", "right"), "first call",
+                   Column("break-even", "right", under="first call"),
+                   Column("host\nms/call", "right"), Column("peak\nMB", "right", under="host\nms/call", optional=True),
+                   Column("fwd+bwd\nTFLOP/s", "right"),
+                   Column("fwd+bwd\nTB/s", "right", under="fwd+bwd\nTFLOP/s")])
+    errors = False
+    for r in rows:
+        errors |= r["status"] == "error"
+        tp = r["throughput"]["fwd_bwd"]
+        table.add_row(r["level"], fmt_spread(r["fwd"]), fmt_spread(r["fwd_bwd"]), fmt_first_call(r),
+                      fmt_break_even(r), fmt_ms(r["host"]),
+                      f"{r['peak_memory_mb']:.1f}" if r["peak_memory_mb"] is not None else "—",
+                      f"{tp['tflops']:.3g}\n{fmt_pct(tp.get('of_matmul'))} of matmul" if tp else "—",
+                      f"{tp['tbps']:.3g}\n{fmt_pct(tp.get('of_copy'))} of copy" if tp else "—",
+                      note=r["reason"] or r["notes"])
+        table.add_section()
+    table.print(console)
+    return errors
 
+
+def run(args, console) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype or default_dtype(device))
     size = args.size or default_size(device)
@@ -108,23 +131,7 @@ def run(args, console) -> int:
                                          "ceilings": c.to_dict(), "rows": rows,
                                          "scaling": points}, indent=2))
 
-    table = Table(title=escape(f"levels profile — {args.component} [{variant}], {settings['dtype']}, "
-                               f"size '{size}', {env.get('gpu') or 'CPU'}"))
-    for col in ("level", "fwd ms\np20–p80", "fwd+bwd ms\np20–p80", "first call", "break-even",
-                "host\nms/call", "peak\nMB", "fwd+bwd\nTFLOP/s", "fwd+bwd\nTB/s", "note"):
-        table.add_column(col, no_wrap=col != "note", min_width=24 if col == "note" else None)
-    errors = False
-    for r in rows:
-        errors |= r["status"] == "error"
-        tp = r["throughput"]["fwd_bwd"]
-        table.add_row(r["level"], fmt_spread(r["fwd"]), fmt_spread(r["fwd_bwd"]), fmt_first_call(r),
-                      fmt_break_even(r), fmt_ms(r["host"]),
-                      f"{r['peak_memory_mb']:.1f}" if r["peak_memory_mb"] is not None else "—",
-                      f"{tp['tflops']:.3g}\n{fmt_pct(tp.get('of_matmul'))} of matmul" if tp else "—",
-                      f"{tp['tbps']:.3g}\n{fmt_pct(tp.get('of_copy'))} of copy" if tp else "—",
-                      escape(r["reason"] or r["notes"]))
-        table.add_section()
-    console.print(table)
+    errors = print_table(rows, settings, env, console)
     console.print(f"ceilings of this device ({c.source}): copy {c.copy_tbps * 1e3:.3g} GB/s, "
                   f"{c.dtype} matmul {c.matmul_tflops:.3g} TFLOP/s. host ms/call: size 'tiny', calls "
                   "back to back: what one call costs the CPU, the floor under every time above.")
