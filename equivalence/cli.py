@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import levels
 from levels.contract import COMPONENTS
 
 from . import settings
+from .logs import warnings_to
 from .commands import (agree, assignment, bench, check, compare, doctor, explain, grade, profile,
                        select, train)
 from .commands.console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT,
                                NothingToRun, terminal_console)
+
+WARNINGS_LOG = Path("levels-reports") / "warnings.log"
 
 # In the order `levels --help` lists them.
 COMMANDS = (check, compare, profile, select, agree, explain, bench, doctor, train, assignment, grade)
@@ -81,16 +85,22 @@ def main(argv=None) -> int:
     console = terminal_console()
     # Read from the environment once, here: the command and everything it calls get these.
     settings.use(settings.Settings.from_environment())
-    try:
-        return args.run(args, console)
-    except NothingToRun as exc:
-        console.print(f"levels {args.command}: {exc}", style="yellow", markup=False)
-        return EXIT_NOTHING_RAN
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
-        console.print(f"levels {args.command}: {exc}", style="red", markup=False)
-        return EXIT_USAGE
-    finally:
-        settings.use(None)  # a caller in the same process (a test, a notebook) reads anew
+    # A library's warning goes to a log, never between our lines (equivalence/logs.py);
+    # the commands that run levels also send what libraries print to their own log.
+    words = sys.argv[1:] if argv is None else list(argv)
+    with warnings_to(WARNINGS_LOG, "levels " + " ".join(words)) as log:
+        try:
+            return args.run(args, console)
+        except NothingToRun as exc:
+            console.print(f"levels {args.command}: {exc}", style="yellow", markup=False)
+            return EXIT_NOTHING_RAN
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+            console.print(f"levels {args.command}: {exc}", style="red", markup=False)
+            return EXIT_USAGE
+        finally:
+            settings.use(None)  # a caller in the same process (a test, a notebook) reads anew
+            if log.count:
+                console.print(log.note(), markup=False, highlight=False)
 
 
 __all__ = ["COMMANDS", "EXIT_FAILED", "EXIT_NOTHING_RAN", "EXIT_OK", "EXIT_USAGE", "build_parser",

@@ -38,6 +38,7 @@ from . import cards
 from .ceilings import device_name
 from .check import check_args, dtype_name, fresh_seed
 from .profile import _passes
+from .logs import warnings_to
 from .settings import Settings, current
 from .timing import time_first_call, time_fn
 
@@ -174,7 +175,8 @@ def decide(component: str, args: dict, passes: str = "fwd_bwd", remeasure: bool 
     """The decision for a call with these keyword arguments, from memory, the disk cache
     (in `settings.cache_dir`; default: this process's settings), or measured now (then
     `announce(line)` is called first, if given)."""
-    path = (settings or current()).cache_path("auto.json")
+    settings = settings or current()
+    path = settings.cache_path("auto.json")
     case = cards.get(component).case_from_args(args)
     tensor = next(iter(case.tensors().values()))
     cls = shape_class(case.args)
@@ -185,8 +187,11 @@ def decide(component: str, args: dict, passes: str = "fwd_bwd", remeasure: bool 
         if announce:
             announce(f"levels auto: first {component} call of its kind ({dtype_name(tensor.dtype)}, "
                      f"{tensor.device}, {cls}): checking and timing each level once, kept in "
-                     f"{path}")
-        found = measure(component, case.args, level_names)
+                     f"{path} (libraries' warnings in auto.log beside it)")
+        # the levels run here on the caller's behalf: their libraries' warnings go to a
+        # log beside the decisions, not to the caller's terminal (equivalence/logs.py)
+        with warnings_to(settings.cache_path("auto.log"), f"level='auto' measuring {key}"):
+            found = measure(component, case.args, level_names)
         entry = {"measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "measurements": [asdict(m) for m in found]}
         _store(path, key, entry)
