@@ -47,10 +47,10 @@ from levels.contract import COMPONENTS
 from .. import cards, environment
 from ..check import (CheckResult, check_case, dtype_name, fresh_seed, own_targets,
                      poisoned_allocations, resolve_dtype)
-from ..profile import Profile, break_even_calls, profile
+from ..profile import Profile, break_even_calls, profile, speedup_spread
 from ..settings import CompileMode, compile_mode as resolve_compile_mode, default_dtype, default_size
 from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, Column, Sheet, add_filters,
-                      fmt_break_even, fmt_first_call, fmt_ms, library_output_to, log_note, progress,
+                      BREAK_EVEN_SAME, fmt_break_even, fmt_first_call, fmt_ms, library_output_to, log_note, progress,
                       resolve_device, split_list)
 
 # Seconds of timed calls per median (at least 10 calls whatever it takes): compare is the
@@ -64,6 +64,7 @@ class Row:
     profile: Profile
     checks: list[CheckResult] = field(default_factory=list)
     break_even_calls: int | str | None = None
+    speedup: tuple | None = None  # (p20-end, median, p80-end) of fwd+bwd against native
     # where this row's wall time went: the profile (first call and timing) and the checks
     seconds: dict = field(default_factory=dict)
 
@@ -78,6 +79,7 @@ class Row:
         return {**self.profile.to_dict(), "check": self.checked,
                 "checks": [c.to_dict() for c in self.checks],
                 "break_even_calls_vs_native": self.break_even_calls,
+                "speedup_vs_native": self.speedup,
                 "wall_s": {**{k: round(v, 2) for k, v in self.seconds.items()},
                            "profile_phases": self.profile.wall_s}}
 
@@ -186,6 +188,7 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
                 native = row.profile
             elif native is not None:
                 row.break_even_calls = break_even_calls(row.profile, native)
+                row.speedup = speedup_spread(row.profile, native)
             rows.append((row, comp, target))
     _check_rows(rows, dtype, device, check_size, seed, on_step)
     return [row for row, _, _ in rows]
@@ -293,7 +296,7 @@ def print_report(report: dict, console) -> bool:
     table.print(console)
     console.print("first call: cold = it compiled (its cache gained files), warm = it found its "
                   "work in the on-disk cache. break-even: calls until a level's first call is paid "
-                  "back by its faster steady state against native; never = not faster.")
+                  f"back by its faster steady state against native; never = slower; {BREAK_EVEN_SAME}")
     return failed
 
 

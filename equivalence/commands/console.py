@@ -176,10 +176,17 @@ def fmt_first_call(r: dict) -> str:
         f"{r['first_call_ms']:.2g} ms{cache}"
 
 
+BREAK_EVEN_SAME = ("≈ = as fast as native: their p20–p80 intervals of forward+backward overlap, "
+                   "so no count would hold from one run to the next (under it: the speed-up's range)")
+
+
 def fmt_break_even(r: dict) -> str:
     be = r.get("break_even_calls_vs_native")
     if r["level"] == "native":
         return "baseline" if r["status"] == "ok" else "—"
+    spread = r.get("speedup_vs_native")
+    if be == "≈" and spread:
+        return f"≈\n{spread[0]:.2f}–{spread[2]:.2f}×"
     return "—" if be is None else str(be)
 
 

@@ -13,11 +13,11 @@ from levels.contract import COMPONENTS
 from .. import cards, environment, plots
 from .. import ceilings as ceil
 from ..check import fresh_seed, resolve_dtype
-from ..profile import break_even_calls, profile, scaling
+from ..profile import break_even_calls, profile, scaling, speedup_spread
 from ..settings import CompileMode, compile_mode, default_dtype, default_size
-from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, Column,
-                      Sheet, fmt_break_even, fmt_first_call, fmt_ms, fmt_pct, fmt_spread,
-                      library_output_to, log_note, progress, resolve_device, split_list)
+from .console import (BREAK_EVEN_SAME, COMPILE_MODE_HELP, EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK,
+                      HELP_FORMAT, Column, Sheet, fmt_break_even, fmt_first_call, fmt_ms, fmt_pct,
+                      fmt_spread, library_output_to, log_note, progress, resolve_device, split_list)
 
 
 def add_parser(sub) -> None:
@@ -73,6 +73,8 @@ def print_table(rows: list[dict], settings: dict, env: dict, console) -> bool:
                       note=r["reason"] or r["notes"])
         table.add_section()
     table.print(console)
+    if any(r.get("break_even_calls_vs_native") == "≈" for r in rows):
+        console.print(BREAK_EVEN_SAME, markup=False, highlight=False)
     return errors
 
 
@@ -109,6 +111,8 @@ def run(args, console) -> int:
                 row = profiles[name].to_dict()
                 row["break_even_calls_vs_native"] = (None if name == "native" else
                                                      break_even_calls(profiles[name], profiles["native"]))
+                row["speedup_vs_native"] = (None if name == "native" else
+                                            speedup_spread(profiles[name], profiles["native"]))
                 rows.append(row)
             if args.scaling:
                 for name in names:

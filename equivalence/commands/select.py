@@ -8,7 +8,7 @@ from levels.contract import COMPONENTS
 
 from .. import cards
 from ..check import fresh_seed, resolve_dtype
-from ..select import TIE, decide
+from ..select import TIE, as_fast, decide
 from ..settings import current, default_dtype, default_size
 from .console import (EXIT_OK, HELP_FORMAT, Column, Sheet, library_output_to, progress, resolve_device,
                       split_list)
@@ -44,13 +44,28 @@ def print_table(decisions, device, size, passes, console) -> None:
     verdicts = {"unavailable": "[yellow]unavailable[/]", "interpreted": "[yellow]not a candidate[/]",
                 "failed": "[red]failed check[/]", "error": "[red]error[/]"}
     for d in decisions:
-        fastest = d.fastest_ms()
+        best = d.fastest()
+        fastest = getattr(best, f"{passes}_ms")
         for m in d.measurements:
             t = getattr(m, f"{passes}_ms")
+            if m.status == "ok":
+                lo, hi = m.spread(passes)
+                spread = f"p20–p80 {lo:.3g}–{hi:.3g} ms"
             if m.level == d.level:
-                verdict, why = "[bold green]chosen[/]", ("fastest" if t == fastest else
-                                                         f"within {TIE:.0%} of the fastest, and a "
-                                                         "lower rung")
+                verdict = "[bold green]chosen[/]"
+                if m is best:
+                    why = "fastest"
+                elif t <= fastest * (1 + TIE):
+                    why = f"within {TIE:.0%} of the fastest, and a lower rung"
+                else:
+                    why = (f"as fast as the fastest ({best.level}) as far as the timing can tell "
+                           f"({spread} overlaps its {best.spread(passes)[0]:.3g}–"
+                           f"{best.spread(passes)[1]:.3g} ms), and a lower rung")
+            elif m.status == "ok" and as_fast(m, best, passes):
+                # no verdict the next run could reverse: the intervals overlap
+                verdict, why = "≈ as fast", f"{spread}: as fast as the timing can tell; a higher rung"
+            elif m.status == "ok":
+                verdict, why = "slower", f"{spread}, above the fastest's"
             else:
                 verdict, why = verdicts.get(m.status, "slower"), m.reason
             table.add_row(d.component, d.variant, escape(d.shape_class), m.level, verdict,
