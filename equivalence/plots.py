@@ -286,8 +286,10 @@ def roofline_figure(rows: list[dict], ceilings: dict, settings: dict, environmen
     best = max(points, key=lambda p: p[1] / min(peak, bw * p[0]), default=None)
     message = f"{comps} is {bound} here"
     if best:
-        message += (f"; best: {best[2]['level']} {dict(PASSES)[best[3]]} at "
-                    f"{best[1] / min(peak, bw * best[0]):.0%} of its roof")
+        fraction = best[1] / min(peak, bw * best[0])
+        message += f"; best: {best[2]['level']} {dict(PASSES)[best[3]]} at {fraction:.0%} of its roof"
+        if fraction > 1:  # never above a roof without saying why
+            message += "\n(above it: the roof is stale, measured under load, or the data fits in cache)"
     ax.set_title(message, fontsize=10)
     fig.text(0.5, 0.005, _where(settings, environment) + "; roofs measured on this device",
              ha="center", fontsize=8, color="#333333")

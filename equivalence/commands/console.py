@@ -160,6 +160,11 @@ def fmt_pct(x: float | None) -> str:
     return f"{x:.0%}" if x is not None else "—"
 
 
+def fmt_roof(x: float | None) -> str:
+    """A fraction of a roof; above 100% marked (a line under the table says why)."""
+    return fmt_pct(x) + (" ⚠" if x is not None and x > 1 else "")
+
+
 def fmt_ms(t) -> str:
     return f"{t['median_ms']:.3g}" if t else "—"
 
