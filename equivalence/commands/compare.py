@@ -49,9 +49,9 @@ from ..check import (CheckResult, check_case, dtype_name, fresh_seed, own_target
                      poisoned_allocations, resolve_dtype)
 from ..profile import Profile, break_even_calls, profile, speedup_spread
 from ..settings import CompileMode, compile_mode as resolve_compile_mode, default_dtype, default_size
-from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, Column, Sheet, add_filters,
-                      BREAK_EVEN_SAME, fmt_break_even, fmt_first_call, fmt_ms, library_output_to, log_note, progress,
-                      resolve_device, split_list)
+from .console import (BREAK_EVEN_SAME, COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, Column,
+                      Sheet, add_filters, fmt_break_even, fmt_first_call, fmt_ms, library_output_to,
+                      log_note, progress, resolve_device, split_list)
 
 # Seconds of timed calls per median (at least 10 calls whatever it takes): compare is the
 # overview of 25 rows, `levels profile` (0.3 s) the closer look at one component. Measured

@@ -84,7 +84,8 @@ def print_table(rows: list[dict], settings: dict, env: dict, console) -> bool:
                   ["level", Column("fwd ms\np20–p80", "right"),
                    Column("fwd+bwd ms\np20–p80", "right"), "first call",
                    Column("break-even", "right", under="first call"),
-                   Column("host\nms/call", "right"), Column("peak\nMB", "right", under="host\nms/call", optional=True),
+                   Column("host\nms/call", "right"),
+                   Column("peak\nMB", "right", under="host\nms/call", optional=True),
                    Column("fwd+bwd\nTFLOP/s", "right"),
                    Column("fwd+bwd\nTB/s", "right", under="fwd+bwd\nTFLOP/s")])
     errors = False

@@ -367,7 +367,8 @@ def print_report(report: dict, console) -> None:
     on_gpu = s["device"].startswith("cuda")
     cols = [Column("component"), Column("level"), Column("host fwd\nµs", "right"),
             Column("host\nfwd+bwd µs", "right", under="host fwd\nµs"),
-            Column("vs eager\nfwd µs", "right"), Column("validation\nµs", "right", under="vs eager\nfwd µs")]
+            Column("vs eager\nfwd µs", "right"),
+            Column("validation\nµs", "right", under="vs eager\nfwd µs")]
     if on_gpu:
         cols[4:4] = [Column("GPU fwd\nµs", "right"), Column("GPU\nops/call", "right", under="GPU fwd\nµs")]
     table = Sheet(f"levels bench --overhead — {env.get('gpu') or 'CPU'}, {s['dtype']}, size "
