@@ -12,10 +12,13 @@ import levels
 from levels.contract import COMPONENTS
 
 from . import settings
+from .logs import warnings_to
 from .commands import (agree, assignment, bench, check, compare, doctor, explain, grade, profile,
                        select, train)
 from .commands.console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT,
-                               NothingToRun)
+                               NothingToRun, terminal_console)
+
+WARNINGS_LOG = Path("levels-reports") / "warnings.log"
 
 # In the order `levels --help` lists them.
 COMMANDS = (check, compare, profile, select, agree, explain, bench, doctor, train, assignment, grade)
@@ -87,29 +90,33 @@ def other_copy_here() -> str | None:
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+    console = terminal_console()
     warning = other_copy_here()
     if warning and args.command not in ("grade", "assignment"):  # those name their repos
         console.print(warning, style="yellow", markup=False)
     # Read from the environment once, here: the command and everything it calls get these.
     settings.use(settings.Settings.from_environment())
-    try:
-        return args.run(args, console)
-    except NothingToRun as exc:
-        console.print(f"levels {args.command}: {exc}", style="yellow", markup=False)
-        return EXIT_NOTHING_RAN
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
-        console.print(f"levels {args.command}: {exc}", style="red", markup=False)
-        return EXIT_USAGE
-    finally:
-        settings.use(None)  # a caller in the same process (a test, a notebook) reads anew
+    # A library's warning goes to a log, never between our lines (equivalence/logs.py);
+    # the commands that run levels also send what libraries print to their own log.
+    words = sys.argv[1:] if argv is None else list(argv)
+    with warnings_to(WARNINGS_LOG, "levels " + " ".join(words)) as log:
+        try:
+            return args.run(args, console)
+        except NothingToRun as exc:
+            console.print(f"levels {args.command}: {exc}", style="yellow", markup=False)
+            return EXIT_NOTHING_RAN
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+            console.print(f"levels {args.command}: {exc}", style="red", markup=False)
+            return EXIT_USAGE
+        finally:
+            settings.use(None)  # a caller in the same process (a test, a notebook) reads anew
+            if log.count:
+                console.print(log.note(), markup=False, highlight=False)
 
 
 __all__ = ["COMMANDS", "EXIT_FAILED", "EXIT_NOTHING_RAN", "EXIT_OK", "EXIT_USAGE", "build_parser",

@@ -40,6 +40,7 @@ from .check import _open, _prepare, _target, dtype_name, flatten, fresh_seed, re
 from .timing import peak_memory_mb, time_first_call, time_fn, time_host
 
 NEVER = "never"  # break-even of a level that is not faster in steady state
+SAME = "≈"  # break-even of a level whose steady state the timing cannot tell from the baseline's
 
 
 @dataclass
@@ -276,14 +277,42 @@ def profile(component: str, level=None, dtype="float32", device="cpu", size="sma
     return p
 
 
+def _spread(timing: dict) -> tuple[float, float]:
+    """The p20–p80 interval of a timing (a timing without one: its median, exactly)."""
+    return timing.get("p20_ms", timing["median_ms"]), timing.get("p80_ms", timing["median_ms"])
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two timings' p20–p80 intervals overlap: then the timing cannot tell which is
+    faster, and a verdict either way would flip between runs (it did: a break-even of 16
+    calls in one run was "never" in the next, from the same code)."""
+    (alo, ahi), (blo, bhi) = _spread(a), _spread(b)
+    return alo <= bhi and blo <= ahi and (ahi > alo or bhi > blo)
+
+
+def speedup_spread(level: Profile | dict, baseline: Profile | dict, which: str = "fwd_bwd"):
+    """(low, median, high) of a level's speed-up over `baseline`: the medians' ratio, and the
+    ratio at the two ends of the intervals (baseline's p20 over the level's p80, and the
+    other way round); None if either was not timed."""
+    a, b = (getattr(x, which) if isinstance(x, Profile) else x.get(which) for x in (level, baseline))
+    if not a or not b:
+        return None
+    (alo, ahi), (blo, bhi) = _spread(a), _spread(b)
+    return blo / ahi, b["median_ms"] / a["median_ms"], bhi / alo
+
+
 def break_even_calls(level: Profile, baseline: Profile) -> int | str | None:
     """After how many calls a level's cold start has paid for itself against `baseline`.
 
     The smallest n with  first + (n-1)*steady  <=  n * baseline_steady  (fwd+bwd medians).
-    NEVER ("never") if the level is not faster in steady state: then no number of calls
-    pays for its first one, however cheap that was. None if either was not timed."""
+    SAME ("≈") if the two fwd+bwd p20–p80 intervals overlap: neither is measurably faster,
+    and a count would be noise. NEVER ("never") if the level is slower in steady state:
+    then no number of calls pays for its first one, however cheap that was. None if either
+    was not timed. (Timings without a spread are compared by their medians alone.)"""
     if level.status != "ok" or baseline.status != "ok":
         return None
+    if overlap(level.fwd_bwd, baseline.fwd_bwd):
+        return SAME
     steady, base = level.fwd_bwd["median_ms"], baseline.fwd_bwd["median_ms"]
     if steady >= base:
         return NEVER

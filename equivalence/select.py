@@ -14,8 +14,9 @@ forward+backward. What was measured is kept in `<cache>/auto.json` (see
   - candidates: levels that are available here, not interpreted, and passed the check;
   - the pass that matters: forward+backward when grad is on and an input requires it,
     else forward;
-  - every candidate within TIE (5%) of the fastest is as fast as the timing can tell, and
-    the lowest rung of those wins (less code, no compile to wait for).
+  - every candidate within TIE (5%) of the fastest, or whose p20–p80 interval overlaps
+    the fastest's, is as fast as the timing can tell, and the lowest rung of those wins
+    (less code, no compile to wait for).
 
 `levels select` prints the table behind a decision; `levels.auto` uses it on every call.
 """
@@ -38,6 +39,7 @@ from . import cards
 from .ceilings import device_name
 from .check import check_args, dtype_name, fresh_seed
 from .profile import _passes
+from .logs import warnings_to
 from .settings import Settings, current
 from .timing import time_first_call, time_fn
 
@@ -54,6 +56,14 @@ class Measurement:
     first_call_ms: float | None = None
     fwd_ms: float | None = None
     fwd_bwd_ms: float | None = None
+    # p20 and p80 of each pass: two levels whose intervals overlap are as fast as the timing
+    # can tell (None in a decision kept before the spread was: the medians alone decide)
+    fwd_spread: list | None = None
+    fwd_bwd_spread: list | None = None
+
+    def spread(self, passes: str) -> tuple[float, float]:
+        t = getattr(self, f"{passes}_ms")
+        return tuple(getattr(self, f"{passes}_spread") or (t, t))
 
 
 @dataclass
@@ -69,7 +79,11 @@ class Decision:
     source: str = ""  # "measured now" or the cache file
 
     def fastest_ms(self) -> float:
-        return min(getattr(m, f"{self.passes}_ms") for m in self.measurements if m.status == "ok")
+        return getattr(self.fastest(), f"{self.passes}_ms")
+
+    def fastest(self) -> Measurement:
+        return min((m for m in self.measurements if m.status == "ok"),
+                   key=lambda m: getattr(m, f"{self.passes}_ms"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -147,24 +161,34 @@ def measure(component: str, args: dict, level_names=None, min_time_s: float = 0.
             forward, forward_backward = _passes(getattr(module, component), case, seed)
             try:
                 m = Measurement(name, "ok", first_call_ms=time_first_call(forward_backward, device))
-                m.fwd_ms = time_fn(forward, device, min_time_s=min_time_s).median_ms
-                m.fwd_bwd_ms = time_fn(forward_backward, device, min_time_s=min_time_s).median_ms
+                for passes, fn in (("fwd", forward), ("fwd_bwd", forward_backward)):
+                    t = time_fn(fn, device, min_time_s=min_time_s)
+                    setattr(m, f"{passes}_ms", t.median_ms)
+                    setattr(m, f"{passes}_spread", [t.p20_ms, t.p80_ms])  # as JSON keeps it
             except Exception as exc:  # noqa: BLE001 - a level that raises is never chosen
                 m = Measurement(name, "error", f"{type(exc).__name__}: {exc}")
         found.append(m)
     return found
 
 
+def as_fast(m: Measurement, fastest: Measurement, passes: str) -> bool:
+    """Whether `m` is as fast as `fastest` as far as the timing can tell: within TIE of its
+    median, or their p20–p80 intervals overlap."""
+    t, best = getattr(m, f"{passes}_ms"), getattr(fastest, f"{passes}_ms")
+    (lo, _), (_, best_hi) = m.spread(passes), fastest.spread(passes)
+    return t <= best * (1 + TIE) or lo <= best_hi
+
+
 def choose(measurements: list[Measurement], passes: str) -> str:
-    """The lowest rung within TIE of the fastest candidate (see the module doc)."""
+    """The lowest rung as fast as the fastest candidate (see the module doc)."""
     ok = [m for m in measurements if m.status == "ok"]
     if not ok:
         reasons = "; ".join(f"{m.level}: {m.reason}" for m in measurements)
         raise RuntimeError(f"no level passes the harness for this call, so there is nothing to "
                            f"choose from ({reasons})")
-    fastest = min(getattr(m, f"{passes}_ms") for m in ok)
+    fastest = min(ok, key=lambda m: getattr(m, f"{passes}_ms"))
     rung = {name: i for i, name in enumerate(levels.LEVEL_NAMES)}
-    tied = [m for m in ok if getattr(m, f"{passes}_ms") <= fastest * (1 + TIE)]
+    tied = [m for m in ok if as_fast(m, fastest, passes)]
     # A level of your own (levels.register) ranks above the five rungs: on a tie, a rung wins.
     return min(tied, key=lambda m: rung.get(m.level, len(rung))).level
 
@@ -174,7 +198,8 @@ def decide(component: str, args: dict, passes: str = "fwd_bwd", remeasure: bool 
     """The decision for a call with these keyword arguments, from memory, the disk cache
     (in `settings.cache_dir`; default: this process's settings), or measured now (then
     `announce(line)` is called first, if given)."""
-    path = (settings or current()).cache_path("auto.json")
+    settings = settings or current()
+    path = settings.cache_path("auto.json")
     case = cards.get(component).case_from_args(args)
     tensor = next(iter(case.tensors().values()))
     cls = shape_class(case.args)
@@ -185,8 +210,11 @@ def decide(component: str, args: dict, passes: str = "fwd_bwd", remeasure: bool 
         if announce:
             announce(f"levels auto: first {component} call of its kind ({dtype_name(tensor.dtype)}, "
                      f"{tensor.device}, {cls}): checking and timing each level once, kept in "
-                     f"{path}")
-        found = measure(component, case.args, level_names)
+                     f"{path} (libraries' warnings in auto.log beside it)")
+        # the levels run here on the caller's behalf: their libraries' warnings go to a
+        # log beside the decisions, not to the caller's terminal (equivalence/logs.py)
+        with warnings_to(settings.cache_path("auto.log"), f"level='auto' measuring {key}"):
+            found = measure(component, case.args, level_names)
         entry = {"measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "measurements": [asdict(m) for m in found]}
         _store(path, key, entry)

@@ -116,6 +116,13 @@ def _shape(component: str, name: str, t: torch.Tensor, shape: tuple, layout: str
         _fail(component, name, f"of shape {layout} = {tuple(shape)}", _describe(t))
 
 
+def _agreed(sizes: list[int]) -> int:
+    """The size most of the tensors that carry it have (a tie: the first's, the tensor that
+    defines it). A mismatch is then reported on the odd one out, against the size the others
+    imply, never on the tensors that agree with each other against a size derived from it."""
+    return max(sizes, key=sizes.count)
+
+
 def _number(component: str, name: str, value, *, low=None, low_open=False, high=None, allow_none=False):
     if value is None and allow_none:
         return
@@ -176,6 +183,10 @@ def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
     if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
         _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
     N = x.shape[-1]
+    lengths = [N] + [t.shape[0] for t in (weight, bias) if t.dim() == 1]
+    if _agreed(lengths) != N:  # weight and bias agree, x does not: x is the odd one out
+        _fail(c, "x", f"of shape (..., N) with N = {_agreed(lengths)}, the length of weight and bias",
+              _describe(x))
     _shape(c, "weight", weight, (N,), "(N,) with N = x.shape[-1]")
     _shape(c, "bias", bias, (N,), "(N,) with N = x.shape[-1]")
     _number(c, "eps", eps, low=0, low_open=True)
@@ -216,7 +227,18 @@ def validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> dict:
     _rank(c, "w_hh", w_hh, 2, "(4*hidden, hidden), as nn.LSTM.weight_hh_l0")
     if w_hh.shape[0] % 4 or w_hh.shape[0] // 4 != w_hh.shape[1] or w_hh.shape[1] == 0:
         _fail(c, "w_hh", "of shape (4*hidden, hidden), gates stacked i, f, g, o", _describe(w_hh))
-    Hd = w_hh.shape[1]
+    # hidden and B as most of the tensors that carry them have them (w_hh and x first)
+    hiddens = [w_hh.shape[1]] + [t.shape[0] // 4 for t in (w_ih, b_ih, b_hh)
+                                 if t.dim() >= 1 and t.shape[0] % 4 == 0]
+    hiddens += [t.shape[-1] for t in (h0, c0) if t.dim() == 3]
+    Hd = _agreed(hiddens)
+    if Hd != w_hh.shape[1]:
+        _fail(c, "w_hh", f"of shape (4*hidden, hidden) = {(4 * Hd, Hd)}, with hidden = {Hd} as w_ih, "
+              f"the biases, h0 and c0 have it", _describe(w_hh))
+    batches = [B] + [t.shape[1] for t in (h0, c0) if t.dim() == 3]
+    if _agreed(batches) != B:
+        _fail(c, "x", f"of shape (B, T, input_size) with B = {_agreed(batches)} as h0 and c0 have it "
+              f"(batch_first)", _describe(x))
     _shape(c, "w_ih", w_ih, (4 * Hd, I), "(4*hidden, input_size) with input_size = x.shape[-1]")
     _shape(c, "b_ih", b_ih, (4 * Hd,), "(4*hidden,)")
     _shape(c, "b_hh", b_hh, (4 * Hd,), "(4*hidden,)")
@@ -248,6 +270,12 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
            "(C_out, C_in, kH, kW) with C_in = x.shape[1] (groups are not supported)")
     if min(Nb, Cin, Hh, Ww, Cout, kH, kW) == 0:
         _fail(c, "x", "non-empty, with a non-empty conv_weight", _describe(x))
+    channels = [Cout] + [t.shape[0] for t in (conv_bias, bn_weight, bn_bias, running_mean, running_var)
+                         if t is not None and t.dim() == 1]
+    if _agreed(channels) != Cout:  # the per-channel vectors agree, conv_weight does not
+        _fail(c, "conv_weight", f"of shape (C_out, C_in, kH, kW) = {(_agreed(channels), Cin, kH, kW)}, "
+              f"with C_out the length of its bias and of BatchNorm's weights and statistics",
+              _describe(conv_weight))
     for name, t in (("conv_bias", conv_bias), ("bn_weight", bn_weight), ("bn_bias", bn_bias),
                     ("running_mean", running_mean), ("running_var", running_var)):
         if t is not None:

@@ -1,4 +1,5 @@
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -8,15 +9,90 @@ if not torch.cuda.is_available():
     # triton: triton.language builds its own @jit helpers (tl.max's combine, ...) at import.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+GPU_REASON = "needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"
 
+# The tests that make the whole suite too long for the README's command on a 2-core CPU
+# (`-m "not slow"`, under 10 minutes there); CI runs them after it (`.ci/run`: `-m slow`).
+# One place, so the split is read and changed here, not hunted for across the files: a file,
+# or a test of a file (all its parameters). Seconds: the whole run on the 2-core CPU, loaded.
+SLOW = {
+    "notebooks/": "the eight notebooks, executed (221 s)",
+    "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (194 s)",
+    "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (113 s)",
+    "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s)",
+    "tests/test_compiled.py::test_harness_passes_all_components_forward_and_backward":
+        "Level 3 compiles every case (111 s)",
+    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (52 s)",
+    "tests/test_models.py::test_every_level_trains_the_same_curve": "three models, five levels (41 s)",
+    "tests/test_models.py::test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains":
+        "two processes training (8 s)",
+    "tests/test_cuda_attention.py::test_no_kernel_spills_on_sm90a": "ptxas on every kernel (44 s)",
+    "tests/test_cuda_autograd_cpu.py::test_cpp_op_passes_the_harness": "g++ builds the C++ op (43 s)",
+    "tests/test_shapes_suite.py::test_cpu_run_writes_every_shape_and_a_plot": "37 s",
+    "tests/test_autocast.py::test_under_autocast_a_level_computes_its_function_of_the_cast_arguments":
+        "Level 3 compiles under autocast (35 s)",
+    "tests/test_torchscript.py::test_harness_passes_at_small_size": "19 s",
+    "tests/test_cuda_mlp.py::test_version_5_uses_wgmma_on_sm90a": "nvcc (9 s)",
+    "tests/test_cuda_mlp.py::test_each_rung_uses_its_instructions": "nvcc (6 s)",
+    "tests/test_cuda_conv_bn.py::test_v3_compiles_to_tensor_core_and_cp_async_code": "nvcc (12 s)",
+    "tests/test_triton_conv_bn.py::test_harness_tiny": "the interpreter (11 s)",
+    "tests/test_grading.py::test_hang_and_segfault_cost_their_part_only": "a hang's timeout (21 s)",
+    "tests/test_grading.py::test_kernel_level_gives_no_credit_for_pytorch_answers": "11 s",
+    "tests/test_grading.py::test_student_copy_scores_zero_on_blanked_parts_only": "9 s",
+    "tests/test_grading.py::test_reference_solution_scores_full": "7 s",
+    "tests/test_grading.py::test_planted_wrong_answer_loses_exactly_its_points": "6 s",
+    "tests/test_assignment_notebooks.py::test_a_real_notebook_scores_zero_blanked_and_full_as_the_reference":
+        "a notebook run twice (20 s)",
+    "tests/test_assignment_notebooks.py::test_a_blanked_exercise_fails_its_grade_cell_and_the_reference_passes":
+        "15 s",
+    "tests/test_assignment_notebooks.py::test_notebook_grade_cells_score_their_points_and_a_hang_costs_the_rest":
+        "11 s",
+}
+
+
+def _slow(nodeid: str) -> bool:
+    for key in SLOW:
+        if key.endswith("/"):
+            if nodeid.startswith(key):
+                return True
+        elif nodeid == key or nodeid.startswith((key + "::", key + "[")):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m picks by marker
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests skip cleanly (with the reason) on a machine without CUDA."""
+    """`slow` on the tests SLOW names; `@pytest.mark.gpu` tests skip cleanly (with the reason)
+    on a machine without CUDA."""
+    for item in items:
+        if _slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
+    skip = pytest.mark.skip(reason=GPU_REASON)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_report_teststatus(report, config):
+    """A skip prints no `s`: on a CPU most of the suite is GPU tests, and screens of them
+    said nothing; the summary counts them by reason instead (pytest_terminal_summary)."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        return "skipped", "", "SKIPPED"
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per skip reason, most frequent first: "1962 skipped: needs a CUDA GPU ..."."""
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, n in reasons.most_common():
+            terminalreporter.write_line(f"{n} skipped: {reason}")
 
 
 @pytest.fixture(autouse=True)

@@ -207,6 +207,20 @@ def test_auto_finds_the_harness_chooser_without_levels_importing_it():
     assert out == "equivalence.select decide_for_call"
 
 
+def test_every_slow_entry_names_a_test_that_exists():
+    """conftest.SLOW splits the suite by name: a renamed test must not fall back into the
+    README's command unnoticed."""
+    from conftest import SLOW
+
+    for key in SLOW:
+        path, _, name = key.partition("::")
+        assert (ROOT / path).exists(), key
+        if name:
+            tree = ast.parse((ROOT / path).read_text())
+            names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            assert name in names, f"conftest.SLOW names {key}, which does not exist"
+
+
 if __name__ == "__main__":
     known = modules()
     graph = imports(known)

@@ -7,7 +7,7 @@ import levels.native as native
 from equivalence import cards
 from equivalence.commands.agree import REFERENCE, agreement
 from equivalence.check import check, poisoned_allocations
-from equivalence.profile import NEVER, Profile, break_even_calls, profile
+from equivalence.profile import NEVER, SAME, Profile, break_even_calls, profile, speedup_spread
 from equivalence.timing import time_first_call, time_fn
 
 
@@ -65,9 +65,12 @@ def test_profile_skips_with_reason_and_times_native():
     assert p.throughput("fwd")["tbps"] > 0 and p.flops["fwd"] > 0
 
 
-def _p(first, steady):
+def _p(first, steady, spread=None):
+    timing = {"median_ms": steady}
+    if spread:
+        timing.update(p20_ms=spread[0], p80_ms=spread[1])
     return Profile("mlp", "x", "default", "float32", "cpu", "tiny", {}, "ok", first_call_ms=first,
-                   fwd_bwd={"median_ms": steady})
+                   fwd_bwd=timing)
 
 
 def test_break_even_calls():
@@ -83,6 +86,17 @@ def test_break_even_never_for_a_slower_level_with_a_cheap_first_call():
     # its steady state is slower (105 ms): it was reported as paying off after 1 call
     assert break_even_calls(_p(65.4, 105.0), _p(98.9, 85.2)) == NEVER
     assert break_even_calls(_p(0.5, 1.0), _p(1.0, 1.0)) == NEVER  # as fast is not faster
+
+
+def test_break_even_is_a_count_only_when_the_spreads_do_not_overlap():
+    # measured twice from the same code: 16 calls, then never; the intervals overlapped
+    native_p = _p(1.0, 1.0, (0.9, 1.2))
+    assert break_even_calls(_p(20.0, 0.95, (0.85, 1.1)), native_p) == SAME
+    assert break_even_calls(_p(20.0, 1.05, (0.95, 1.3)), native_p) == SAME
+    assert break_even_calls(_p(20.0, 0.5, (0.45, 0.6)), native_p) == 39  # clear of it: a count
+    assert break_even_calls(_p(20.0, 2.0, (1.8, 2.2)), native_p) == NEVER
+    low, mid, high = speedup_spread(_p(20.0, 0.95, (0.85, 1.1)), native_p)
+    assert low == pytest.approx(0.9 / 1.1) and mid == pytest.approx(1 / 0.95) and high == pytest.approx(1.2 / 0.85)
 
 
 def test_break_even_unknown_when_either_was_not_timed():

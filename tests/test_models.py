@@ -357,7 +357,8 @@ def test_cli_writes_json_png_and_prints_only_ours(tmp_path, capsys, monkeypatch)
     (["--model", "cnn", "--dtype", "int8"], EXIT_USAGE, "argument '--dtype' must be one of"),
     (["--model", "gpt", "--device", "cuda"], EXIT_NOTHING_RAN, "no CUDA GPU here"),
     (["--model", "gpt", "--preset", "gpu"], EXIT_NOTHING_RAN, "'gpu' preset needs a CUDA GPU"),
-    (["--model", "gpt", "--level", "cuda", "--baseline", "none"], EXIT_NOTHING_RAN, "cuda (skip)"),
+    (["--model", "gpt", "--level", "cuda", "--baseline", "none"], EXIT_NOTHING_RAN,
+     "cuda skipped: layer_norm: needs a CUDA GPU"),
 ])
 def test_cli_exit_codes(argv, code, says, tmp_path, capsys):
     if torch.cuda.is_available() and code == EXIT_NOTHING_RAN:

@@ -249,8 +249,11 @@ def test_a_registered_level_in_levels_nn():
     attention = lnn.MultiheadAttention(16, 2, level="mine")
     with pytest.raises(NotImplementedError, match="'mine' has no attention function"):
         attention(torch.randn(1, 3, 16))
-    with pytest.raises(ValueError, match="argument 'weight'"):  # validated before your code
+    # validated before your code; x is the odd one out (weight and bias agree on 24)
+    with pytest.raises(ValueError, match="argument 'x'"):
         levels.get("mine").layer_norm(torch.randn(3, 4), layer.weight, layer.bias)
+    with pytest.raises(ValueError, match="argument 'weight'"):
+        levels.get("mine").layer_norm(torch.randn(3, 24), layer.weight[:4], layer.bias)
 
 
 def test_optional_unavailable_reason_and_uses_tf32():

@@ -67,7 +67,15 @@ def test_compare_figure_shows_first_call_cache_and_break_even(tmp_path, monkeypa
 
 def test_headline_says_when_nothing_beats_native():
     rows = [_row("mlp", "native", 5.0, 20.0), _row("mlp", "compile", 6.0, 900.0, be="never")]
-    assert plots._headline(rows).startswith("no level beats native in steady state")
+    assert plots._headline(rows).startswith("no level is measurably faster than native in steady state")
+
+
+def test_headline_takes_the_best_pass_and_only_a_measurable_win():
+    native, fast = _row("mlp", "native", 6.0, 20.0), _row("mlp", "compile", 2.0, 900.0, be=5)
+    fast["fwd_bwd"] = _timing(18.0 / 2.5)  # forward 3.0×, forward+backward 2.5×
+    assert "3.0× faster than native in steady state (mlp, forward)" in plots._headline([native, fast])
+    near = _row("mlp", "compile", 5.5, 900.0)  # 1.09× by the medians, the spreads overlap
+    assert plots._headline([native, near]).startswith("no level is measurably faster")
 
 
 def test_scaling_figure_is_log_log_with_a_line_per_level(tmp_path, monkeypatch):

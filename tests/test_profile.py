@@ -91,6 +91,51 @@ def test_ceilings_are_measured_once_and_cached_per_device_and_dtype(cache_dir, m
     assert ceilings.get("cpu", "bf16").matmul_tflops == 0.5  # a new dtype is measured
 
 
+def test_an_implausible_ceiling_is_measured_again_and_the_best_round_kept(cache_dir, monkeypatch):
+    paper = {"copy_tbps": 1.0, "matmul_tflops": 1.0, "source": "a datasheet"}
+    monkeypatch.setattr(ceilings, "known_figures", lambda device, dtype: paper)
+    rounds = iter([0.01, 0.02, 0.6, 0.5, 0.1])  # a busy machine, then a quiet round
+    monkeypatch.setattr(ceilings, "_measure_matmul_tflops", lambda d, t: next(rounds))
+    monkeypatch.setattr(ceilings, "_measure_copy_tbps", lambda d: 0.8)
+    c = ceilings.get("cpu", "float32")
+    assert c.matmul_tflops == 0.6 and c.doubts == [] and next(rounds) == 0.5  # 3 rounds, no more
+    monkeypatch.setattr(ceilings, "_measure_matmul_tflops", lambda d, t: 0.01)  # busy throughout
+    c = ceilings.get("cpu", "float32", remeasure=True)
+    assert c.source == "measured now" and c.matmul_tflops == 0.01
+    assert len(c.doubts) == 1 and "1% of the 1 on paper" in c.doubts[0] and "--remeasure" in c.doubts[0]
+    assert ceilings.get("cpu", "float32").doubts == c.doubts  # kept with the figures
+
+
+def test_ceilings_are_keyed_by_torch_and_a_cpu_has_figures_on_paper():
+    assert f"torch {torch.__version__}" in ceilings.cache_key("cpu")
+    paper = ceilings.known_figures("cpu", "float32")
+    if paper["matmul_tflops"] is not None:  # Linux: /proc/cpuinfo
+        assert "threads" in paper["source"] and paper["matmul_tflops"] > 0
+
+
+def test_a_level_above_its_roof_is_never_shown_without_why(cache_dir, tmp_path, capsys):
+    from equivalence.cli import main
+    from equivalence.commands.profile import roof_warnings
+    from equivalence.commands.console import fmt_roof
+
+    assert fmt_roof(1.53) == "153% ⚠" and fmt_roof(0.5) == "50%"
+    row = {"level": "native", "throughput": {"fwd": {"of_matmul": 1.53, "of_copy": 0.2},
+                                             "fwd_bwd": {"of_matmul": 0.9, "of_copy": 1.2}}}
+    [matmul, copy] = roof_warnings([row], "mlp")
+    assert "153% of the matmul roof" in matmul and "stale" in matmul and "--remeasure" in matmul
+    assert "120% of the copy roof" in copy and "cache" in copy
+    # a cached roof a level lands above (measured under load) is measured again, once
+    key = ceilings.cache_key("cpu")
+    cache_dir.mkdir(parents=True)
+    (cache_dir / "ceilings.json").write_text(json.dumps(
+        {key: {"copy_tbps": 1e-9, "matmul_tflops": {"float32": 1e-9}, "measured": "long ago"}}))
+    assert main(["profile", "--component", "mlp", "--level", "native", "--size", "tiny",
+                 "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "profile-mlp.json").read_text())
+    assert data["ceilings"]["source"] == "measured now" and data["ceilings"]["matmul_tflops"] > 1e-6
+    assert data["rows"][0]["throughput"]["fwd_bwd"]["of_matmul"] < 1
+
+
 def test_scaling_stretches_one_dimension():
     dim, points = scaling("layer_norm", "native", size="tiny", factors=(0.5, 1, 2), min_time_s=0.01)
     assert dim == "rows" and [p["value"] for p in points] == [1, 2, 4]

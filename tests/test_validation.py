@@ -91,6 +91,34 @@ def test_conv_bn_bad_inputs():
     expect("conv_bn", ValueError, "x", x=a["x"][:, :, :1, :1], padding=0)  # smaller than the kernel
 
 
+def test_a_mismatch_is_reported_on_the_odd_one_out():
+    """The size most of the tensors carrying it agree on is the expected one: the message names
+    the tensor that differs, not one that agrees with the others (a transposed w1 was once
+    reported against a shape derived from w1 itself)."""
+    def message(component, **changes):
+        with pytest.raises(ValueError) as info:
+            getattr(levels.get("native"), component)(**(good_args(component) | changes))
+        return str(info.value)
+
+    ln = good_args("layer_norm")
+    N = ln["x"].shape[-1]
+    assert f"'x' must be of shape (..., N) with N = {N}, the length of weight and bias" in \
+        message("layer_norm", x=ln["x"][..., :-1])
+    assert "'weight'" in message("layer_norm", weight=ln["weight"][:-1])  # as before
+    lstm = good_args("lstm")
+    B, H = lstm["x"].shape[0], lstm["w_hh"].shape[1]
+    assert f"'w_hh' must be of shape (4*hidden, hidden) = {(4 * H, H)}, with hidden = {H}" in \
+        message("lstm", w_hh=torch.randn(4 * (H // 2), H // 2))
+    assert f"'x' must be of shape (B, T, input_size) with B = {B} as h0 and c0 have it" in \
+        message("lstm", x=lstm["x"][:1])
+    assert "'c0'" in message("lstm", c0=lstm["c0"][:, :1])  # as before
+    cb = good_args("conv_bn")
+    Cout = cb["conv_weight"].shape[0]
+    assert f"'conv_weight' must be of shape (C_out, C_in, kH, kW) = ({Cout}," in \
+        message("conv_bn", conv_weight=cb["conv_weight"][:-1])
+    assert "'running_var'" in message("conv_bn", running_var=cb["running_var"][:-1])  # as before
+
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_every_component_rejects_integer_input(component):
     first = next(k for k, v in good_args(component).items() if isinstance(v, torch.Tensor))

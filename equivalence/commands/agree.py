@@ -16,13 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from rich.markup import escape
 
 import levels
 
 from .. import cards
 from ..check import (AGREEMENT_REFERENCE, _open, fresh_seed, own_targets, poisoned_allocations,
                      reference_case, resolve_dtype, run_case)
-from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, fmt_err, resolve_device
+from .console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, Column, Sheet, fmt_err,
+                      resolve_device)
 
 REFERENCE = AGREEMENT_REFERENCE
 
@@ -101,21 +103,21 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, console) -> int:
-    from rich.table import Table
-
-    a = agreement(args.component, args.dtype, resolve_device(args.device), args.size, args.variant,
-                  seed=args.seed)
-    table = Table(title=f"{a.component} [{a.variant}] {a.dtype}: max relative difference "
-                        f"(row vs column), seed {a.seed}")
-    table.add_column("")
-    for n in a.names:
-        table.add_column(n, justify="right")
+def print_table(a: Agreement, console) -> None:
+    table = Sheet(f"{a.component} [{a.variant}] {a.dtype}: max relative difference "
+                  f"(row vs column), seed {a.seed}",
+                  [Column("")] + [Column(n.replace(" ", "\n"), "right") for n in a.names])
     for n, row in zip(a.names, a.matrix):
         table.add_row(n, *[fmt_err(x) if x else "0" for x in row])
-    console.print(table)
+    table.print(console)
     for name, reason in a.skipped.items():
-        console.print(f"[yellow]skipped {name}[/]: {reason}")
+        console.print(f"[yellow]skipped {name}[/]: {escape(reason)}")
+
+
+def run(args, console) -> int:
+    a = agreement(args.component, args.dtype, resolve_device(args.device), args.size, args.variant,
+                  seed=args.seed)
+    print_table(a, console)
     bad = any(x != x for row in a.matrix for x in row)
     if bad:
         return EXIT_FAILED

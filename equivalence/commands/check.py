@@ -7,13 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from rich.markup import escape
+
 import levels
 from levels.contract import COMPONENTS
 
 from .. import environment
 from ..check import check
-from .console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, add_filters, fmt_err,
-                      library_output_to, log_note, resolve_device, split_list)
+from .console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, HELP_FORMAT, Column, Sheet, add_filters,
+                      fmt_err, library_output_to, log_note, resolve_device, split_list)
 
 
 def add_parser(sub) -> None:
@@ -36,25 +38,22 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def results_table(results, title):
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=title, show_lines=False)
-    for col in ("component", "variant", "layout", "level", "dtype", "status", "worst rel err",
-                "bound", "max abs err", "worst of", "note"):
-        table.add_column(col, no_wrap=col not in ("note",))
+def results_table(results, title) -> Sheet:
+    """The results as a `Sheet` (it fits the console it is printed on)."""
+    table = Sheet(title, [Column("component"), Column("variant", under="component"), "layout",
+                          "level", Column("dtype", under="level"), "status",
+                          Column("worst\nrel err", "right"), Column("bound", "right", under="worst\nrel err"),
+                          Column("max\nabs err", "right"), Column("worst of", under="max\nabs err")])
     style = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow"}
     for r in results:
         w = r.worst
         note = r.reason or ("; ".join(f"{c.name}: {c.problem}" for c in r.comparisons if c.problem))
         if r.tf32:
             note = ("TF32 " + note).strip()
-        note = escape(note)
         table.add_row(r.component, r.variant, r.layout, r.level, r.dtype,
                       f"[{style[r.status]}]{r.status}[/]",
                       fmt_err(w.rel_err if w else None), fmt_err(r.tolerance),
-                      fmt_err(w.max_abs_err if w else None), w.name if w else "", note)
+                      fmt_err(w.max_abs_err if w else None), escape(w.name) if w else "", note=note)
     return table
 
 
@@ -74,7 +73,7 @@ def run(args, console) -> int:
                     status.update(f"checking {comp} · {level} · {dtype} on {device}")
                     results += check(comp, level, dtype, device, args.size, args.seed, args.variant,
                                      args.repeat, args.layout)
-    console.print(results_table(results, f"levels check — size '{args.size}', device {device}"))
+    results_table(results, f"levels check — size '{args.size}', device {device}").print(console)
     console.print(log_note(log_path))
     if args.json:
         with open(args.json, "w") as f:

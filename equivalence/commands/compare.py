@@ -47,11 +47,11 @@ from levels.contract import COMPONENTS
 from .. import cards, environment
 from ..check import (CheckResult, check_case, dtype_name, fresh_seed, own_targets,
                      poisoned_allocations, resolve_dtype)
-from ..profile import Profile, break_even_calls, profile
+from ..profile import Profile, break_even_calls, profile, speedup_spread
 from ..settings import CompileMode, compile_mode as resolve_compile_mode, default_dtype, default_size
-from .console import (COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, add_filters, fmt_break_even,
-                      fmt_first_call, fmt_ms, library_output_to, log_note, progress,
-                      resolve_device, split_list)
+from .console import (BREAK_EVEN_SAME, COMPILE_MODE_HELP, EXIT_FAILED, EXIT_OK, HELP_FORMAT, Column,
+                      Sheet, add_filters, fmt_break_even, fmt_first_call, fmt_ms, library_output_to,
+                      log_note, progress, resolve_device, split_list)
 
 # Seconds of timed calls per median (at least 10 calls whatever it takes): compare is the
 # overview of 25 rows, `levels profile` (0.3 s) the closer look at one component. Measured
@@ -64,6 +64,7 @@ class Row:
     profile: Profile
     checks: list[CheckResult] = field(default_factory=list)
     break_even_calls: int | str | None = None
+    speedup: tuple | None = None  # (p20-end, median, p80-end) of fwd+bwd against native
     # where this row's wall time went: the profile (first call and timing) and the checks
     seconds: dict = field(default_factory=dict)
 
@@ -78,6 +79,7 @@ class Row:
         return {**self.profile.to_dict(), "check": self.checked,
                 "checks": [c.to_dict() for c in self.checks],
                 "break_even_calls_vs_native": self.break_even_calls,
+                "speedup_vs_native": self.speedup,
                 "wall_s": {**{k: round(v, 2) for k, v in self.seconds.items()},
                            "profile_phases": self.profile.wall_s}}
 
@@ -186,6 +188,7 @@ def _rows(components, targets, dtype, device, size, check_size, seed, on_step,
                 native = row.profile
             elif native is not None:
                 row.break_even_calls = break_even_calls(row.profile, native)
+                row.speedup = speedup_spread(row.profile, native)
             rows.append((row, comp, target))
     _check_rows(rows, dtype, device, check_size, seed, on_step)
     return [row for row, _, _ in rows]
@@ -265,6 +268,40 @@ def plot(report: dict, path) -> Path:
 # The command line
 # ---------------------------------------------------------------------------------------
 
+def print_report(report: dict, console) -> bool:
+    """The table of a compare report (and what its columns mean); True if a row failed."""
+    s = report["settings"]
+    on_gpu = s["device"].startswith("cuda")
+    # a CPU's achieved TFLOP/s and TB/s are in the JSON; `levels profile` puts them against
+    # this CPU's own roofs, where they mean something
+    rates = [Column("fwd\nTFLOP/s", "right"), Column("fwd\nTB/s", "right", under="fwd\nTFLOP/s")] \
+        if on_gpu else []
+    table = Sheet(f"levels compare — {s['dtype']}, time at '{s['size']}', check at "
+                  f"'{s['check_size']}', {report['environment'].get('gpu') or 'CPU'}, "
+                  f"torch.compile mode '{s['compile_mode']}'",
+                  [Column("component"), Column("level"), Column("check", under="level"),
+                   Column("first call"), Column("fwd ms", "right"),
+                   Column("fwd+bwd ms", "right", under="fwd ms"), *rates,
+                   Column("break-even\ncalls", "right")])
+    failed = False
+    for r in report["rows"]:
+        check_style = {"pass": "green", "FAIL": "bold red", "skip": "yellow"}[r["check"]]
+        failed |= r["check"] == "FAIL" or r["status"] == "error"
+        tp = r["throughput"]["fwd"]
+        cells = [r["component"], r["level"], f"[{check_style}]{r['check']}[/]",
+                 fmt_first_call(r), fmt_ms(r["fwd"]), fmt_ms(r["fwd_bwd"])]
+        if on_gpu:
+            cells += [f"{tp['tflops']:.3g}" if tp else "—", f"{tp['tbps']:.3g}" if tp else "—"]
+        table.add_row(*cells, fmt_break_even(r), note=r["reason"] or r["notes"])
+    table.print(console)
+    console.print("first call: cold = it compiled (its cache gained files), warm = it found its "
+                  "work in the on-disk cache. break-even: calls until a level's first call is paid "
+                  f"back by its faster steady state against native; never = slower; {BREAK_EVEN_SAME}")
+    return failed
+
+
+# ---------------------------------------------------------------------------------------
+
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", formatter_class=HELP_FORMAT,
                        help="check and time every component x level; writes compare.json/png/log",
@@ -286,9 +323,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, console) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     comps = split_list(args.component, COMPONENTS, "component") or list(COMPONENTS)
     names = [levels.resolve(n).name for n in split_list(args.level) or levels.LEVEL_NAMES]
     device = resolve_device(args.device)
@@ -312,26 +346,6 @@ def run(args, console) -> int:
             bar.advance(task)
         json_path, png_path = save(report, out)
 
-    s = report["settings"]
-    table = Table(title=f"levels compare — {s['dtype']}, time at '{s['size']}', check at "
-                        f"'{s['check_size']}', {report['environment'].get('gpu') or 'CPU'}, "
-                        f"torch.compile mode '{s['compile_mode']}'")
-    for col in ("component", "level", "check", "first call", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s",
-                "fwd TB/s", "break-even calls", "note"):
-        table.add_column(col, no_wrap=col != "note", ratio=1 if col == "note" else None,
-                         min_width=24 if col == "note" else None)
-    failed = False
-    for r in report["rows"]:
-        check_style = {"pass": "green", "FAIL": "bold red", "skip": "yellow"}[r["check"]]
-        failed |= r["check"] == "FAIL" or r["status"] == "error"
-        tp = r["throughput"]["fwd"]
-        table.add_row(r["component"], r["level"], f"[{check_style}]{r['check']}[/]",
-                      fmt_first_call(r), fmt_ms(r["fwd"]), fmt_ms(r["fwd_bwd"]),
-                      f"{tp['tflops']:.3g}" if tp else "—", f"{tp['tbps']:.3g}" if tp else "—",
-                      fmt_break_even(r), escape(r["reason"] or r["notes"]))
-    console.print(table)
-    console.print("first call: cold = it compiled (its cache gained files), warm = it found its "
-                  "work in the on-disk cache. break-even: calls until a level's first call is paid "
-                  "back by its faster steady state against native; never = not faster.")
+    failed = print_report(report, console)
     console.print(f"wrote {json_path} and {png_path}; {log_note(log_path)}")
     return EXIT_FAILED if failed else EXIT_OK

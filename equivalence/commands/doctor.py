@@ -41,7 +41,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .console import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT
+from .console import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, HELP_FORMAT, Sheet, terminal_console
 
 
 # The oldest versions the project is tested with (pyproject.toml, README).
@@ -465,26 +465,21 @@ _MARK = {True: "[green]ok[/]", False: "[red]✗[/]", None: "[dim]–[/]"}
 
 def render(report: Report, console) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
-    facts = Table(title="levels doctor: this machine", title_justify="left")
-    facts.add_column("", no_wrap=True)
-    facts.add_column("what", no_wrap=True)
-    facts.add_column("here", overflow="fold")
-    facts.add_column("fix", overflow="fold")
+    # the fixes are notes: beside the row when they fit, else whole under the table, so a
+    # command is never broken across lines of a cell
+    facts = Sheet("levels doctor: this machine", ["", "what", "here"], note="fix",
+                  title_justify="left")
     for f in report.facts:
-        facts.add_row(_MARK[f.ok], f.name, escape(f.value), escape(f.fix))
-    console.print(facts)
+        facts.add_row(_MARK[f.ok], escape(f.name), escape(f.value), note=f.fix)
+    facts.print(console)
 
-    rows = Table(title=f"the levels on {report.device}", title_justify="left")
-    rows.add_column("level", no_wrap=True)
-    rows.add_column("status", no_wrap=True)
-    rows.add_column("why not", overflow="fold")
-    rows.add_column("fix (run this)", overflow="fold")
+    rows = Sheet(f"the levels on {report.device}", ["level", "status", "why not"],
+                 note="fix (run this)", title_justify="left")
     for r in report.levels:
         status = "[green]available[/]" if r.available else "[red]unavailable[/]"
-        rows.add_row(f"{r.number} {r.level}", status, escape(r.reason), escape(r.fix))
-    console.print(rows)
+        rows.add_row(f"{r.number} {r.level}", status, escape(r.reason), note=r.fix)
+    rows.print(console)
 
     blocked = [r.level for r in report.levels if not r.available]
     if blocked:
@@ -512,13 +507,10 @@ def run(args, console) -> int:
 
 def main(argv=None) -> int:
     """`python -m equivalence.doctor`: the same command, outside `levels`."""
-    from rich.console import Console
-
     parser = argparse.ArgumentParser(prog="levels")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)])
-    # as `levels` does: a pipe or a file gets the full table, not 80 folded columns
-    return run(args, Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None))
+    return run(args, terminal_console())  # as `levels` does
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from levels.contract import COMPONENTS
 
 from .. import cards
 from ..check import fresh_seed, resolve_dtype
-from ..select import TIE, decide
+from ..select import TIE, as_fast, decide
 from ..settings import current, default_dtype, default_size
-from .console import EXIT_OK, HELP_FORMAT, library_output_to, progress, resolve_device, split_list
+from .console import (EXIT_OK, HELP_FORMAT, Column, Sheet, library_output_to, progress, resolve_device,
+                      split_list)
 
 
 def add_parser(sub) -> None:
@@ -30,10 +33,50 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, console) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+def print_table(decisions, device, size, passes, console) -> None:
+    which = "forward+backward" if passes == "fwd_bwd" else "forward"
+    table = Sheet(f'level="auto" — {decisions[0].dtype}, {device}, size \'{size}\', decided by '
+                  f"{which} time",
+                  [Column("component"), Column("variant", under="component"), "shape class", "level",
+                   Column("verdict", under="level"), Column("fwd ms", "right"),
+                   Column("fwd+bwd ms", "right", under="fwd ms"), Column("vs\nfastest", "right")],
+                  note="why")
+    verdicts = {"unavailable": "[yellow]unavailable[/]", "interpreted": "[yellow]not a candidate[/]",
+                "failed": "[red]failed check[/]", "error": "[red]error[/]"}
+    for d in decisions:
+        best = d.fastest()
+        fastest = getattr(best, f"{passes}_ms")
+        for m in d.measurements:
+            t = getattr(m, f"{passes}_ms")
+            if m.status == "ok":
+                lo, hi = m.spread(passes)
+                spread = f"p20–p80 {lo:.3g}–{hi:.3g} ms"
+            if m.level == d.level:
+                verdict = "[bold green]chosen[/]"
+                if m is best:
+                    why = "fastest"
+                elif t <= fastest * (1 + TIE):
+                    why = f"within {TIE:.0%} of the fastest, and a lower rung"
+                else:
+                    why = (f"as fast as the fastest ({best.level}) as far as the timing can tell "
+                           f"({spread} overlaps its {best.spread(passes)[0]:.3g}–"
+                           f"{best.spread(passes)[1]:.3g} ms), and a lower rung")
+            elif m.status == "ok" and as_fast(m, best, passes):
+                # no verdict the next run could reverse: the intervals overlap
+                verdict, why = "≈ as fast", f"{spread}: as fast as the timing can tell; a higher rung"
+            elif m.status == "ok":
+                verdict, why = "slower", f"{spread}, above the fastest's"
+            else:
+                verdict, why = verdicts.get(m.status, "slower"), m.reason
+            table.add_row(d.component, d.variant, escape(d.shape_class), m.level, verdict,
+                          f"{m.fwd_ms:.3g}" if m.fwd_ms else "—",
+                          f"{m.fwd_bwd_ms:.3g}" if m.fwd_bwd_ms else "—",
+                          f"{t / fastest:.2f}×" if t else "—", note=why)
+        table.add_section()
+    table.print(console)
 
+
+def run(args, console) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype or default_dtype(device))
     size = args.size or default_size(device)
@@ -52,30 +95,7 @@ def run(args, console) -> int:
                 decisions.append(decide(comp, case.args, passes, remeasure=args.remeasure,
                                         settings=settings))
                 bar.advance(task)
-    which = "forward+backward" if passes == "fwd_bwd" else "forward"
-    table = Table(title=f'level="auto" — {decisions[0].dtype}, {device}, size \'{size}\', decided by '
-                        f"{which} time")
-    for col in ("component", "variant", "shape class", "level", "verdict", "fwd ms", "fwd+bwd ms",
-                "vs fastest", "why"):
-        table.add_column(col, no_wrap=col != "why", min_width=24 if col == "why" else None)
-    verdicts = {"unavailable": "[yellow]unavailable[/]", "interpreted": "[yellow]not a candidate[/]",
-                "failed": "[red]failed check[/]", "error": "[red]error[/]"}
-    for d in decisions:
-        fastest = d.fastest_ms()
-        for m in d.measurements:
-            t = getattr(m, f"{passes}_ms")
-            if m.level == d.level:
-                verdict, why = "[bold green]chosen[/]", ("fastest" if t == fastest else
-                                                         f"within {TIE:.0%} of the fastest, and a "
-                                                         "lower rung")
-            else:
-                verdict, why = verdicts.get(m.status, "slower"), escape(m.reason)
-            table.add_row(d.component, d.variant, d.shape_class, m.level, verdict,
-                          f"{m.fwd_ms:.3g}" if m.fwd_ms else "—",
-                          f"{m.fwd_bwd_ms:.3g}" if m.fwd_bwd_ms else "—",
-                          f"{t / fastest:.2f}×" if t else "—", why)
-        table.add_section()
-    console.print(table)
+    print_table(decisions, device, size, passes, console)
     sources = sorted({d.source for d in decisions})
     console.print(f"measurements: {', '.join(sources)} (--remeasure to measure again)")
     return EXIT_OK

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 
 import levels
 
 from ..tolerances import tolerance
-from .console import EXIT_NOTHING_RAN, EXIT_USAGE, NothingToRun, library_output_to, resolve_device
+from .console import (EXIT_NOTHING_RAN, EXIT_USAGE, Column, NothingToRun, Sheet, library_output_to,
+                      resolve_device, terminal_console)
 from .training import (AMP_DTYPES, MODELS, PRESET_NAMES, REFERENCE, exit_code, mode_of,
                        resolve_baselines, resolve_levels, train, world)
 
@@ -241,10 +243,56 @@ def run_train(args, console) -> int:
         _leave_process_group()  # under torchrun: every process leaves the group it joined
 
 
-def _run(args, console, names, baselines, device) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+def print_table(report: dict, console) -> None:
+    """The table of runs: loss, speed, agreement with the reference, and a note per run."""
+    s, agree = report["settings"], report["agreement"]
+    base = next((r for r in report["runs"] if r["name"] == REFERENCE and r["status"] == "ok"), None)
+    how = "" if s.get("mode", "eager") == "eager" else f", {s['mode']}"
+    precision = f"float32 + autocast {s['amp']}" if s.get("amp") else s["dtype"]
+    table = Sheet(f"levels train — {s['model']}, preset '{s['preset']}'{how}, {precision}, {s['device']}, "
+                  f"{s['steps']} steps × {s['items_per_step']} {s['unit'].split('/')[0]}"
+                  + (f", {s['world_size']} processes" if s["world_size"] > 1 else ""),
+                  [Column("run"), Column("status", under="run"), "loss first → last",
+                   Column("val loss", "right", under="loss first → last"),
+                   Column(s["unit"], "right"), Column("vs native", "right", under=s["unit"]),
+                   Column("1st step", "right"),
+                   f"vs native: first {agree['early_steps']} / later"])
+    for r in report["runs"]:
+        a = agree["runs"].get(r["name"])
+        if r["status"] != "ok":
+            style = "yellow" if r["status"] == "skip" else "bold red"
+            reason = r["reason"]  # a skip's reason whole; an error's traceback cut short
+            if r["status"] != "skip" and len(reason) > 400:
+                reason = reason[:400] + "… (the JSON has it all)"
+            table.add_row(escape(_label(r)), f"[{style}]{r['status']}[/]", "", "", "", "", "", "",
+                          note=reason)
+            continue
+        t = r["timing"]
+        # the interpreter emulates the GPU on the CPU: its tokens/s are no speed figure
+        rate = "—" if r["interpreted"] else _rate(t["items_per_s"])
+        vs = "" if (base is None or r is base or r["interpreted"]) else \
+            f"{t['items_per_s'] / base['timing']['items_per_s']:.2f}×"
+        if a is None:
+            agreed = "reference" if r["name"] == agree["reference"] else "—"
+        else:
+            later = "—" if a["worst_later"] is None else f"{a['worst_later']:.1e}"
+            mark = "[green]ok[/]" if a["passed"] else "[bold red]FAIL[/]"
+            agreed = f"{mark} {a['worst_early']:.1e} / {later}"
+        notes = []
+        if r["interpreted"]:
+            notes.append("emulated: no speed")
+        if r["graph_breaks"] is not None:
+            notes.append(f"{r['graph_breaks']} graph break(s)")
+        if r["aliased_gradients"]:
+            notes.append("parameters share one gradient tensor, so clipping scales it twice: "
+                         + ", ".join(f"{x} = {y}" for x, y in r["aliased_gradients"]))
+        first = "—" if r["interpreted"] else f"{t['first_step_s']:.2f} s"
+        table.add_row(escape(_label(r)), "[green]ok[/]", f"{r['losses'][0]:.4f} → {r['losses'][-1]:.4f}",
+                      f"{r['val_loss']:.4f}", rate, vs, first, agreed, note=", ".join(notes))
+    table.print(console)
 
+
+def _run(args, console, names, baselines, device) -> int:
     _, rank, _ = world()
     out = Path(args.out)
     name = stem(args.model, args.preset, mode_of(args.compile, getattr(args, "cuda_graph", False)),
@@ -265,14 +313,15 @@ def _run(args, console, names, baselines, device) -> int:
                     quiet.print(f"{run.name:<16} [bold red]error[/]: {escape(run.reason[:300])}")
                 else:  # one line that stays when the bar moves on to the next run
                     t = run.timing(items)
+                    speed = ("emulated on the CPU: no speed figure" if run.interpreted else
+                             f"{_rate(t['items_per_s'])} {unit}  first step {t['first_step_s']:.2f} s")
                     quiet.print(f"{run.name:<16} {len(run.losses)} steps  loss {run.losses[0]:.4f} → "
-                                f"{run.losses[-1]:.4f}  val {run.val_loss:.4f}  "
-                                f"{_rate(t['items_per_s'])} {unit}  first step {t['first_step_s']:.2f} s",
+                                f"{run.losses[-1]:.4f}  val {run.val_loss:.4f}  {speed}",
                                 highlight=False, markup=False)
 
             def on_step(run, step, loss, seconds, items):
-                progress.update(task, completed=step + 1,
-                                status=f"loss {loss:.4f}  {_rate(items / seconds)} {unit}")
+                speed = "" if run.interpreted else f"  {_rate(items / seconds)} {unit}"
+                progress.update(task, completed=step + 1, status=f"loss {loss:.4f}{speed}")
 
             unit = "images/s" if args.model == "cnn" else "tokens/s"
             report = train(args.model, names, baselines, args.preset, args.steps, device, args.dtype,
@@ -283,50 +332,8 @@ def _run(args, console, names, baselines, device) -> int:
             return exit_code(report)
         json_path, png_path = save(report, out)
 
+    print_table(report, console)
     s, agree = report["settings"], report["agreement"]
-    base = next((r for r in report["runs"] if r["name"] == REFERENCE and r["status"] == "ok"), None)
-    how = "" if s.get("mode", "eager") == "eager" else f", {s['mode']}"
-    precision = f"float32 + autocast {s['amp']}" if s.get("amp") else s["dtype"]
-    table = Table(title=f"levels train — {s['model']}, preset '{s['preset']}'{how}, {precision}, {s['device']}, "
-                        f"{s['steps']} steps × {s['items_per_step']} {s['unit'].split('/')[0]}"
-                        + (f", {s['world_size']} processes" if s["world_size"] > 1 else ""))
-    for col in ("run", "status", "loss first → last", "val loss", s["unit"], "vs native", "1st step",
-                f"vs native: first {agree['early_steps']} / later", "note"):
-        table.add_column(col, no_wrap=col != "note", overflow="fold")
-    below = []
-    for r in report["runs"]:
-        a = agree["runs"].get(r["name"])
-        if r["status"] != "ok":
-            style = "yellow" if r["status"] == "skip" else "bold red"
-            table.add_row(_label(r), f"[{style}]{r['status']}[/]", "", "", "", "", "", "", "see below")
-            reason = r["reason"] if len(r["reason"]) < 400 else r["reason"][:400] + "… (the JSON has it all)"
-            below.append(f"[{style}]{r['name']}[/] ({r['status']}): {escape(reason)}")
-            continue
-        t = r["timing"]
-        vs = "" if (base is None or r is base or r["interpreted"]) else \
-            f"{t['items_per_s'] / base['timing']['items_per_s']:.2f}×"
-        if a is None:
-            agreed = "reference" if r["name"] == agree["reference"] else "—"
-        else:
-            later = "—" if a["worst_later"] is None else f"{a['worst_later']:.1e}"
-            mark = "[green]ok[/]" if a["passed"] else "[bold red]FAIL[/]"
-            agreed = f"{mark} {a['worst_early']:.1e} / {later}"
-        notes = []
-        if r["interpreted"]:
-            notes.append("emulated: no speed")
-        if r["graph_breaks"] is not None:
-            notes.append(f"{r['graph_breaks']} graph break(s)")
-        if r["aliased_gradients"]:
-            notes.append("shared gradients (below)")
-            below.append(f"[bold red]{r['name']}[/]: parameters share one gradient tensor, so "
-                           f"clipping scales it twice: " + ", ".join(
-                               f"{a} = {b}" for a, b in r["aliased_gradients"]))
-        table.add_row(_label(r), "[green]ok[/]", f"{r['losses'][0]:.4f} → {r['losses'][-1]:.4f}",
-                      f"{r['val_loss']:.4f}", _rate(t["items_per_s"]), vs, f"{t['first_step_s']:.2f} s",
-                      agreed, escape(", ".join(notes)))
-    console.print(table)
-    for line in below:
-        console.print(line, highlight=False)
     if "note" in agree:
         console.print(agree["note"], style="yellow", markup=False)
     tf32 = sorted(n for n, a in agree["runs"].items() if a["early_bound"] != agree["early_bound"])
@@ -344,8 +351,6 @@ def _run(args, console, names, baselines, device) -> int:
 
 
 def _print_breakdown(report: dict, console) -> None:
-    from rich.table import Table
-
     runs = [r for r in report["runs"] if r["status"] == "ok" and r.get("breakdown")]
     done = [r for r in runs if "ms_per_step" in r["breakdown"]]
     for r in runs:
@@ -354,11 +359,9 @@ def _print_breakdown(report: dict, console) -> None:
     if not done:
         return
     clock = done[0]["breakdown"]["clock"]
-    table = Table(title=f"where a training step's time goes ({clock}, ms per step and share; "
-                        f"torch.profiler over {done[0]['breakdown']['steps']} steps)")
-    table.add_column("layer type")
-    for r in done:
-        table.add_column(_label(r), justify="right")
+    table = Sheet(f"where a training step's time goes ({clock}, ms per step and share; "
+                  f"torch.profiler over {done[0]['breakdown']['steps']} steps)",
+                  ["layer type"] + [Column(escape(_label(r)), "right") for r in done])
     kinds = list(dict.fromkeys(k for r in done for k in r["breakdown"]["ms_per_step"]))
     for kind in kinds:
         cells = []
@@ -368,17 +371,15 @@ def _print_breakdown(report: dict, console) -> None:
             cells.append("" if ms is None else f"{ms:.2f} ({b['fraction'][kind]:.0%})")
         table.add_row(kind, *cells)
     table.add_row("step", *(f"{r['breakdown']['step_ms']:.2f}" for r in done), style="bold")
-    console.print(table)
+    table.print(console)
 
 
 def main(argv=None) -> int:
     """`python -m equivalence.commands.train` (what torchrun starts): `levels train`."""
-    from rich.console import Console
-
     parser = argparse.ArgumentParser(prog="levels")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    console = Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+    console = terminal_console()
     try:
         return run_train(args, console)
     except NothingToRun as exc:

@@ -49,8 +49,8 @@ from ... import cards
 from ...calls import level_impl, own_args, upstream
 from ...check import flatten
 from ...timing import time_fn, time_host
-from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, library_output_to, log_note,
-                       progress, resolve_device, split_list)
+from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, Column, Sheet, library_output_to,
+                       log_note, progress, resolve_device, split_list)
 from .reports import output_path, report_environment, write_report
 from .suite import compile_mode
 
@@ -362,18 +362,17 @@ def _fmt_us(value) -> str:
 
 def print_report(report: dict, console) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     env, s = report["environment"], report["settings"]
     on_gpu = s["device"].startswith("cuda")
-    table = Table(title=f"levels bench --overhead — {env.get('gpu') or 'CPU'}, {s['dtype']}, size "
-                        f"'{s['size']}', microseconds per call (median, calls back to back)")
-    cols = ["component", "level", "host fwd µs", "host fwd+bwd µs", "vs eager fwd µs",
-            "validation µs"]
+    cols = [Column("component"), Column("level"), Column("host fwd\nµs", "right"),
+            Column("host\nfwd+bwd µs", "right", under="host fwd\nµs"),
+            Column("vs eager\nfwd µs", "right"),
+            Column("validation\nµs", "right", under="vs eager\nfwd µs")]
     if on_gpu:
-        cols[4:4] = ["GPU fwd µs", "GPU ops/call"]
-    for col in cols + ["note"]:
-        table.add_column(col, no_wrap=col != "note", min_width=24 if col == "note" else None)
+        cols[4:4] = [Column("GPU fwd\nµs", "right"), Column("GPU\nops/call", "right", under="GPU fwd\nµs")]
+    table = Sheet(f"levels bench --overhead — {env.get('gpu') or 'CPU'}, {s['dtype']}, size "
+                  f"'{s['size']}', microseconds per call (median, calls back to back)", cols)
     last = None
     for r in _display_order(report):
         if last is not None and r["component"] != last:
@@ -382,8 +381,8 @@ def print_report(report: dict, console) -> None:
         name = f"{r['level']} ({r['library']})" if r["level"] == EAGER else r["level"]
         if r["status"] != "ok":
             table.add_row(r["component"], escape(name), *["—"] * (len(cols) - 2),
-                          f"[{'yellow' if r['status'] == 'skip' else 'red'}]{r['status']}[/]: "
-                          f"{escape(r['reason'])}")
+                          note=f"{r['status']}: {r['reason']}",
+                          style="yellow" if r["status"] == "skip" else "red")
             continue
         cells = [_fmt_us(_us(r["host_fwd"])), _fmt_us(_us(r["host_fwd_bwd"]))]
         if on_gpu:
@@ -393,23 +392,23 @@ def print_report(report: dict, console) -> None:
         cells += ["" if r["level"] == EAGER else
                   ("—" if vs is None else f"{'+' if vs >= 0 else ''}{vs:.3g}"),
                   _fmt_us(_us(r["validate"]))]
-        note = escape(r.get("gpu_ops_note", ""))
+        note = r.get("gpu_ops_note", "")
         if r.get("gpu_idle_us") is not None and r["gpu_idle_us"] > 0:
             note = (f"GPU idle {r['gpu_idle_us']:.3g} µs per call, waiting for the CPU " + note).strip()
         if "graphed_level" in r:
             note = (_graph_note(r) + " " + note).strip()
-        table.add_row(r["component"], escape(name), *cells, note)
-    console.print(table)
+        table.add_row(r["component"], escape(name), *cells, note=note)
+    table.print(console)
     if report["goals"]:
-        g = Table(title=f"goal: a Level 4 or 5 call costs the host at most eager's + "
-                        f"{GOAL_EXTRA_US:g} µs forward, + {GOAL_EXTRA_FWD_BWD_US:g} µs forward+backward")
-        for col in ("component", "level", "pass", "level - eager µs", "goal µs", "status"):
-            g.add_column(col)
+        g = Sheet(f"goal: a Level 4 or 5 call costs the host at most eager's + "
+                  f"{GOAL_EXTRA_US:g} µs forward, + {GOAL_EXTRA_FWD_BWD_US:g} µs forward+backward",
+                  ["component", "level", "pass", Column("level -\neager µs", "right"),
+                   Column("goal µs", "right"), "status"])
         style = {"met": "green", "missed": "bold red", "not evaluated": "yellow"}
         for r in report["goals"]:
             g.add_row(r["component"], r.get("level", "triton"), r["pass"], _fmt_us(r["extra_us"]),
                       f"{r['goal_us']:g}", f"[{style[r['status']]}]{r['status']}[/]")
-        console.print(g)
+        g.print(console)
     else:
         console.print("On a CPU the call is the host's work: these are the levels' whole costs at "
                       "the tiny size. The goals (Levels 4 and 5 <= eager + 10 µs forward, + 40 µs "
