@@ -226,7 +226,7 @@ def test_the_gradescope_package_grades_a_submission_end_to_end(assignment_build,
 
 LN = "triton_kernels/layer_norm.py"
 LN_CALL = ("    if needs_grad(x, weight, bias):\n"
-           "        return apply_ahead(_LayerNorm, x, weight, bias, eps)\n")
+           "        return apply_ahead(_LayerNorm, x, weight, bias, eps, tiling, backward_tiling)\n")
 NO_OP_KERNEL = '''
 
 @triton.jit
@@ -300,13 +300,15 @@ def cheats_graded(assignment_build, tmp_path_factory):
         subs[name] = submission(copy, tmp / name.replace(" ", "-"), texts={LN: text})
     # attention: torch's fused attention for the value, the real kernels as a decoy
     att = (ROOT / "triton_kernels/attention.py").read_text()
-    old = "def attention(q, k, v, causal: bool, scale: float):\n"
+    old = "def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None):\n"
+    assert att.count(old) == 1, f"triton_kernels/attention.py: the line to plant into is gone: {old!r}"
     subs["attention: torch's fused op"] = submission(
         copy, tmp / "attention", texts={"triton_kernels/attention.py": att.replace(old, old + (
             "    y = _attention(q, k, v, causal, scale)\n"
             "    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,\n"
             "                                                           scale=scale)\n"
-            "    return y + (ref - y).detach()\n\n\ndef _attention(q, k, v, causal, scale):\n"))})
+            "    return y + (ref - y).detach()\n\n\n"
+            "def _attention(q, k, v, causal, scale, config=None, backward_config=None):\n"))})
     parts = {name: [("attention" if name.startswith("attention") else "layer_norm", "triton")]
              for name in subs}
     with ThreadPoolExecutor(2) as pool:

@@ -117,6 +117,8 @@ def documented_commands() -> list[tuple[str, str, bool]]:
     for path in DOCS:
         text = path.read_text()
         blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+        # a line continued with a backslash is one command
+        blocks = [re.sub(r"\\\n\s*", " ", block) for block in blocks]
         lines = [ln.strip() for block in blocks for ln in block.splitlines()]
         spans = [" ".join(s.split()) for s in re.findall(r"`(levels [^`]+)`", text)]
         # a block's line with a description after the command lists the command by name
