@@ -4,7 +4,8 @@
 # of where a call's host time goes (scripts/probe_host_path.py). Each step has its own time
 # limit and its log under $OUT, so a step that runs out of time loses only itself.
 #
-#   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe] [overhead] [train]
+#   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe] [backward] [suite]
+#                                            [overhead] [train]
 #
 #   TESTS="files..."      the GPU tests to run (default: Level 5's and the launch path's)
 #   TRAIN="gpt:eager ..." the training tables (model:mode[:amp]), each its own `levels train`
@@ -27,6 +28,10 @@ for step in ${*:-build check tests probe}; do
              tests/test_compile_ahead.py} > "$OUT/tests.txt" 2>&1; tail -n 12 "$OUT/tests.txt" ;;
     probe) timeout 200 python3 scripts/probe_host_path.py > "$OUT/probe.txt" 2>&1; echo "probe exit $?"
            grep -B2 -A40 "== components" "$OUT/probe.txt" | head -n 60 ;;
+    backward) timeout 150 python3 scripts/probe_backward_host.py > "$OUT/probe_backward.txt" 2>&1
+              echo "backward probe exit $?"; tail -n 60 "$OUT/probe_backward.txt" ;;
+    suite) timeout "${SUITE_LIMIT:-300}" python3 -m equivalence bench --suite models --device cuda \
+             --out "$OUT/h100-suite-models.json" > "$OUT/suite.txt" 2>&1; echo "suite exit $?"; tail -n 40 "$OUT/suite.txt" ;;
     overhead) timeout 200 python3 -m equivalence bench --overhead --device cuda \
                 --out "$OUT/h100-overhead.json" 2>&1 | tail -n 45 ;;
     train)  # one `levels train` per table, every level and the plain-torch model
