@@ -5,10 +5,11 @@
 # limit and its log under $OUT, so a step that runs out of time loses only itself.
 #
 #   OUT=dir bash scripts/device_host_path.sh [build] [check] [tests] [probe] [backward] [suite]
-#                                            [overhead] [train]
+#                                            [bench] [badinputs] [overhead] [train]
 #
 #   TESTS="files..."      the GPU tests to run (default: Level 5's and the launch path's)
 #   TRAIN="gpt:eager ..." the training tables (model:mode[:amp]), each its own `levels train`
+#   BENCH="rms_norm ..."  the components whose `levels bench` to run
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to the output directory}"
@@ -32,6 +33,13 @@ for step in ${*:-build check tests probe}; do
               echo "backward probe exit $?"; tail -n 60 "$OUT/probe_backward.txt" ;;
     suite) timeout "${SUITE_LIMIT:-300}" python3 -m equivalence bench --suite models --device cuda \
              --out "$OUT/h100-suite-models.json" > "$OUT/suite.txt" 2>&1; echo "suite exit $?"; tail -n 40 "$OUT/suite.txt" ;;
+    bench)  # BENCH="component ...": each one's `levels bench` (its goals), JSON per component
+      for c in ${BENCH:-layer_norm}; do
+        timeout "${BENCH_LIMIT:-150}" python3 -m equivalence bench --component "$c" --device cuda \
+          --out "$OUT/bench-$c" > "$OUT/bench-$c.txt" 2>&1; echo "bench $c: exit $?"; tail -n 30 "$OUT/bench-$c.txt"
+      done ;;
+    badinputs) timeout "${BAD_LIMIT:-240}" python3 -m tests.test_bad_inputs --gpu-report "$OUT/bad-inputs-gpu.json" \
+                 > "$OUT/bad-inputs.txt" 2>&1; echo "bad inputs exit $?"; tail -n 15 "$OUT/bad-inputs.txt" ;;
     overhead) timeout 200 python3 -m equivalence bench --overhead --device cuda \
                 --out "$OUT/h100-overhead.json" 2>&1 | tail -n 45 ;;
     train)  # one `levels train` per table, every level and the plain-torch model
