@@ -1,4 +1,4 @@
-"""levels.models (a GPT, an LSTM language model, a ResNet-style CNN), their data, and
+"""levels.models (a GPT, a Llama-style decoder, an LSTM language model, a ResNet-style CNN), their data, and
 `levels train` (equivalence/commands/train.py, training.py): same function as the plain-torch twin, same loss
 curve at every level, deterministic data, the files the command writes, DDP with gloo.
 
@@ -49,6 +49,11 @@ def _case(model: str):
     torch.manual_seed(0)
     if model == "gpt":
         twin = models.TorchGPT(models.GPTConfig(vocab=VOCAB, seq_len=12, d_model=32, n_heads=2, n_layers=2))
+        x = torch.randint(0, VOCAB, (3, 12))
+        y = torch.randint(0, VOCAB, (3, 12))
+    elif model == "llama":
+        twin = models.TorchLlama(models.LlamaConfig(vocab=VOCAB, seq_len=12, d_model=32, n_heads=4,
+                                                    n_kv_heads=2, n_layers=2))
         x = torch.randint(0, VOCAB, (3, 12))
         y = torch.randint(0, VOCAB, (3, 12))
     elif model == "lstm":
@@ -115,6 +120,18 @@ def test_set_level_switches_every_layer_together():
     assert ours.level == "mixed: native, torchscript"
     with pytest.raises(ValueError, match="argument 'level' must be one of"):
         ours.set_level("fastest")
+
+
+def test_llama_config_refuses_what_attention_and_rope_cannot_take():
+    with pytest.raises(ValueError, match="argument 'n_kv_heads' must divide n_heads=4"):
+        models.LlamaConfig(vocab=VOCAB, n_heads=4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="head size\\) must be even"):
+        models.LlamaConfig(vocab=VOCAB, d_model=12, n_heads=4, n_kv_heads=2)
+    assert models.LlamaConfig(vocab=VOCAB, d_model=64).mlp_hidden == 176  # 8*64/3 = 170.7, to 8s
+    leveled = [m for m in _case("llama")[1].modules() if isinstance(m, lnn._Leveled)]
+    # per block: two RMSNorms, the attention and its rotary layer, the SwiGLU MLP; and norm_f
+    assert sorted({m.component for m in leveled}) == sorted(models.COMPONENTS["llama"])
+    assert len(leveled) == 2 * 5 + 1
 
 
 def test_from_torch_refuses_what_it_cannot_convert():

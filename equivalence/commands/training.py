@@ -68,7 +68,7 @@ from ..tolerances import tolerance
 from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
 from .steps import aliased_gradients, loss_of, train_run  # noqa: F401 - loss_of, aliased: re-exported
 
-MODELS = ("gpt", "lstm", "cnn")
+MODELS = ("gpt", "llama", "lstm", "cnn")
 PRESET_NAMES = ("tiny", "small", "gpu")
 BASELINES = ("torch", "native-compiled")
 REFERENCE = "native"
@@ -86,19 +86,21 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 #          (measured there: ~0.1-0.7 s per component call, ~1.5 s per ConvBN call)
 #   small  a real CPU run (Levels 1-3; the interpreter is refused)
 #   gpu    realistic sizes, bf16: GPT-2 small (768 wide, 12 heads, 12 layers, 1024 tokens),
-#          an LSTM LM of hidden 1024 at batch 64, a ResNet-ish CNN on 64x64 images. The LSTM's
+#          a Llama-style model as wide and deep (12 query heads sharing 4 K/V heads, SwiGLU
+#          2048 wide: about GPT-2 small's parameters), an LSTM LM of hidden 1024 at batch 64, a ResNet-ish CNN on 64x64 images. The LSTM's
 #          windows are 64 tokens: Level 3 compiles the time loop in graphs of a few steps
 #          (levels/compiled.py LSTM_CHUNK; the whole loop took 47 s at T=64 on the H100); its
 #          embedding is as wide as its hidden state so that both layers have one shape (one
 #          compile, not two)
 # A 16-bit dtype means the parameters themselves are 16-bit (Adam's state too), with no fp32
-# master copy: the contract takes one dtype for all arguments of a component, so autocast
-# (fp32 weights, bf16 activations) would be refused by every level alike. For the tens of
-# steps of a benchmark that trains well enough; the loss itself is always computed in fp32.
+# master copy; for the tens of steps of a benchmark that trains well enough, and the loss
+# itself is always computed in fp32. `--amp` trains float32 parameters under autocast instead.
 PRESETS = {
     "tiny": {
         "gpt": dict(config=dict(d_model=32, n_heads=2, n_layers=1, seq_len=16), batch=2, seq_len=16,
                     steps=10, lr=3e-3, dtype="float32", eval_batches=1),
+        "llama": dict(config=dict(d_model=32, n_heads=2, n_kv_heads=1, n_layers=1, seq_len=16), batch=2,
+                      seq_len=16, steps=10, lr=3e-3, dtype="float32", eval_batches=1),
         "lstm": dict(config=dict(embed=16, hidden=16, n_layers=2), batch=2, seq_len=12,
                      steps=10, lr=1e-2, dtype="float32", eval_batches=1),
         "cnn": dict(config=dict(widths=(8,), strides=(2,)), batch=2, image=8,
@@ -107,6 +109,8 @@ PRESETS = {
     "small": {
         "gpt": dict(config=dict(d_model=128, n_heads=4, n_layers=4, seq_len=128), batch=8,
                     seq_len=128, steps=100, lr=1e-3, dtype="float32", eval_batches=8),
+        "llama": dict(config=dict(d_model=128, n_heads=4, n_kv_heads=2, n_layers=4, seq_len=128),
+                      batch=8, seq_len=128, steps=100, lr=1e-3, dtype="float32", eval_batches=8),
         "lstm": dict(config=dict(embed=64, hidden=256, n_layers=2), batch=16, seq_len=64,
                      steps=100, lr=3e-3, dtype="float32", eval_batches=8),
         "cnn": dict(config=dict(widths=(16, 32, 64), strides=(1, 2, 2)), batch=32, image=32,
@@ -115,6 +119,8 @@ PRESETS = {
     "gpu": {
         "gpt": dict(config=dict(d_model=768, n_heads=12, n_layers=12, seq_len=1024), batch=8,
                     seq_len=1024, steps=50, lr=3e-4, dtype="bfloat16", eval_batches=4),
+        "llama": dict(config=dict(d_model=768, n_heads=12, n_kv_heads=4, n_layers=12, seq_len=1024),
+                      batch=8, seq_len=1024, steps=50, lr=3e-4, dtype="bfloat16", eval_batches=4),
         "lstm": dict(config=dict(embed=1024, hidden=1024, n_layers=2), batch=64, seq_len=64,
                      steps=50, lr=1e-3, dtype="bfloat16", eval_batches=4),
         "cnn": dict(config=dict(widths=(64, 128, 256), strides=(1, 2, 2)), batch=128, image=64,
@@ -174,12 +180,14 @@ def build_twin(model: str, config: dict, vocab: int | None):
     """The plain-torch model, its weights drawn on the CPU (the same on every device)."""
     if model == "gpt":
         return models.TorchGPT(models.GPTConfig(vocab=vocab, **config))
+    if model == "llama":
+        return models.TorchLlama(models.LlamaConfig(vocab=vocab, **config))
     if model == "lstm":
         return models.TorchLSTMLM(models.LSTMConfig(vocab=vocab, **config))
     return models.TorchResNet(models.CNNConfig(classes=data.CLASSES, **config))
 
 
-LEVELED = {"gpt": models.GPT, "lstm": models.LSTMLM, "cnn": models.ResNet}
+LEVELED = {"gpt": models.GPT, "llama": models.Llama, "lstm": models.LSTMLM, "cnn": models.ResNet}
 
 
 def make_data(model: str, p: dict, seed: int, rank: int = 0, world: int = 1):

@@ -1,4 +1,4 @@
-"""Three small models built from `levels.nn` layers, so a whole model runs at any level.
+"""Four small models built from `levels.nn` layers, so a whole model runs at any level.
 
     from levels import models
     plain = models.TorchGPT(models.GPTConfig(vocab=96))   # nn.LayerNorm, nn.MultiheadAttention...
@@ -11,12 +11,16 @@
             attention, mlp.
   LSTMLM    character language model: embedding, a stack of one-layer LSTMs, LayerNorm,
             linear head. Components: lstm, layer_norm.
+  Llama     decoder-only transformer as Llama/Mistral/Qwen2 build it: token embedding,
+            pre-norm blocks (RMSNorm -> grouped-query causal attention with rotary
+            embeddings -> residual, RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm and a
+            tied head. Components: rms_norm, rope, attention, swiglu_mlp.
   ResNet    small CNN: a ConvBN stem, residual blocks of two ConvBNs (a 1x1 ConvBN on the
             shortcut where the shape changes), global average pooling, linear head.
             Component: conv_bn.
 
-Each leveled model has a twin written with torch's own modules (`TorchGPT`, `TorchLSTMLM`,
-`TorchResNet`): the model a user would write without this repository. `Model.from_torch(twin)`
+Each leveled model has a twin written with torch's own modules (`TorchGPT`, `TorchLlama`,
+`TorchLSTMLM`, `TorchResNet`): the model a user would write without this repository. `Model.from_torch(twin)`
 copies its weights, so a test can require both to compute the same function, and a training
 run can start every level from the very same initial weights. `COMPONENTS[model]` names the
 ladder's components a model runs, which is what decides whether a level can run it here.
@@ -32,12 +36,14 @@ source code for the character models, generated images for the CNN).
 
 from .cnn import CNNConfig, ResNet, TorchResNet
 from .gpt import GPT, GPTConfig, TorchGPT
+from .llama import Llama, LlamaConfig, TorchLlama
 from .lstm_lm import LSTMLM, LSTMConfig, TorchLSTMLM
 
 # The ladder's components each model runs: a level can train a model only if it has all.
 COMPONENTS = {"gpt": ("layer_norm", "attention", "mlp"),
+              "llama": ("rms_norm", "rope", "attention", "swiglu_mlp"),
               "lstm": ("lstm", "layer_norm"),
               "cnn": ("conv_bn",)}
 
-__all__ = ["CNNConfig", "COMPONENTS", "GPT", "GPTConfig", "LSTMConfig", "LSTMLM", "ResNet",
-           "TorchGPT", "TorchLSTMLM", "TorchResNet"]
+__all__ = ["CNNConfig", "COMPONENTS", "GPT", "GPTConfig", "LSTMConfig", "LSTMLM", "Llama",
+           "LlamaConfig", "ResNet", "TorchGPT", "TorchLSTMLM", "TorchLlama", "TorchResNet"]
