@@ -473,7 +473,9 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     # nn.BatchNorm2d's do under autocast: the contract takes them in float32 beside a
     # 16-bit x, and every level computes the normalization in float32
     "conv_bn": (LOW_PRECISION, ("x", "conv_weight", "conv_bias")),
-    "rms_norm": (FLOAT32, ("x", "weight")),  # as F.rms_norm (CUDA autocast, torch >= 2.12)
+    # as F.rms_norm under CUDA autocast from torch 2.12 (its fp32 list; CPU autocast leaves
+    # rms_norm alone): one rule on every device, the one of the GPUs models train on
+    "rms_norm": (FLOAT32, ("x", "weight")),
 }
 
 
