@@ -31,6 +31,7 @@ VERSIONS = {
     3: "16-byte vector loads, the row in registers, a block per wide row; fused backward",
 }
 DEFAULT_VERSION = 3
+ENV_VERSION = "LEVELS_CUDA_VERSION_RMS_NORM"
 
 _REGISTERED = False
 
