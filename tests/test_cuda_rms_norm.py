@@ -8,9 +8,9 @@ land on every path (the model widths 896, 3584 and 4096 among them), widths that
 multiple of anything (1, 7, 1023, 4097), rows the persistent backward splits raggedly, and
 views that defeat 16-byte loads.
 
-On a CPU (the version plumbing is tests/test_cuda_versions.py's): with nvcc, that the kernels holding a row in registers
-do not spill on sm_90a. The C++ autograd around the kernel ops runs on the CPU in
-tests/test_cuda_autograd_cpu.py."""
+On a CPU (the version plumbing is tests/test_cuda_versions.py's): with nvcc, that the
+kernels holding a row in registers do not spill on sm_90a. The C++ autograd around the
+kernel ops runs on the CPU in tests/test_cuda_autograd_cpu.py."""
 
 from __future__ import annotations
 
