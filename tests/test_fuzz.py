@@ -292,28 +292,27 @@ def attention_params(draw, small=False, dtypes=("float32", "bfloat16"), head_dim
                 seed=draw(SEEDS))
 
 
-@st.composite
-def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+def _norm_params(draw, component, small, dtypes, eps, magnitudes):
+    """A normalization over the last dimension: x (*rows, N), its eps and magnitudes."""
     rows = draw(st.lists(st.integers(1, 4 if small else 9), min_size=1, max_size=2))
     return dict(shape=dict(rows=tuple(rows),
                            N=draw(st.sampled_from([1, 2, 17, 64, 129, 1023]) if small else
                                   st.integers(1, 1100))),
-                dtype=draw(st.sampled_from(dtypes)), layout=_layout("layer_norm", draw),
-                options=dict(eps=draw(st.sampled_from([1e-5, 1e-3, 0.1]))),
-                magnitude=draw(st.sampled_from(["normal", "large", "constant_rows"])),
-                seed=draw(SEEDS))
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout(component, draw),
+                options=dict(eps=draw(st.sampled_from(eps))),
+                magnitude=draw(st.sampled_from(magnitudes)), seed=draw(SEEDS))
+
+
+@st.composite
+def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    return _norm_params(draw, "layer_norm", small, dtypes, [1e-5, 1e-3, 0.1],
+                        ["normal", "large", "constant_rows"])
 
 
 @st.composite
 def rms_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
-    rows = draw(st.lists(st.integers(1, 4 if small else 9), min_size=1, max_size=2))
-    return dict(shape=dict(rows=tuple(rows),
-                           N=draw(st.sampled_from([1, 2, 17, 64, 129, 1023]) if small else
-                                  st.integers(1, 1100))),
-                dtype=draw(st.sampled_from(dtypes)), layout=_layout("rms_norm", draw),
-                options=dict(eps=draw(st.sampled_from([1e-6, 1e-5, 0.1]))),
-                magnitude=draw(st.sampled_from(["normal", "large", "zero_rows"])),
-                seed=draw(SEEDS))
+    return _norm_params(draw, "rms_norm", small, dtypes, [1e-6, 1e-5, 0.1],
+                        ["normal", "large", "zero_rows"])
 
 
 @st.composite

@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import layer_norm
 from .launch import apply_ahead, cdiv, fast_launch, needs_grad
-from .layer_norm import (INTERPRETED, MAX_WIDTH, _backward_tiling, _n_programs, _rows, _tiling,
+from .layer_norm import (INTERPRETED, _backward_tiling, _n_programs, _rows, _tiling,
                          sum_partials_kernel)
 
 
@@ -159,14 +160,8 @@ class _RMSNorm(torch.autograd.Function):
 
 def check(x) -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): rows too wide for registers, float64."""
-    N = x.shape[-1]
-    if N > MAX_WIDTH:
-        raise ValueError(f"rms_norm: argument 'x' must have a last dimension <= {MAX_WIDTH} for "
-                         f"the Triton kernel (one row lives in registers); got {N}")
-    if x.dtype == torch.float64:
-        raise TypeError("rms_norm: argument 'x' must be float16, bfloat16 or float32 for the "
-                        "Triton kernels; got torch.float64")
+    after the contract): layer_norm's limits, rows too wide for registers and float64."""
+    layer_norm.check(x, "rms_norm")
 
 
 def rms_norm(x, weight, eps=1e-6, tiling=None, backward_tiling=None):
