@@ -28,7 +28,7 @@ from cuda_kernels import build
 from cuda_kernels import rms_norm as rn
 from equivalence import cards
 from equivalence.check import check, check_args
-from tests.test_cuda_layer_norm import _ptxas
+from tests.test_cuda_layer_norm import VIEWS, _ptxas, viewed
 
 ENV = rn.ENV_VERSION
 CU = Path(rn.__file__).with_suffix(".cu")
@@ -96,29 +96,10 @@ def test_odd_and_wide_rows(version, dtype, rows, N, monkeypatch):
 @needs_gpu
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["offset_by_one", "transposed", "sliced_3d", "one_row",
-                                    "strided_weight"])
+@pytest.mark.parametrize("layout", VIEWS)
 def test_views(version, dtype, layout, monkeypatch):
-    N = 1024  # wide enough for v3's vector path when aligned
-    args = _args((96,), N, dtype, seed=7)
-    x = args["x"]
-    if layout == "offset_by_one":  # rows 2 or 4 bytes off 16: no vector loads
-        buf = torch.full((96, N + 8), float("nan"), dtype=dtype, device="cuda")
-        buf[:, 1:N + 1] = x
-        args["x"] = buf[:, 1:N + 1]
-    elif layout == "transposed":  # the last dimension strided: copied into rows
-        args["x"] = x.t().contiguous().t()
-    elif layout == "sliced_3d":  # (4, 24, N) out of a (4, 30, N + 16) buffer: aligned rows
-        buf = torch.full((4, 30, N + 16), float("nan"), dtype=dtype, device="cuda")
-        buf[:, 2:26, 8:N + 8] = x.view(4, 24, N)
-        args["x"] = buf[:, 2:26, 8:N + 8]
-    elif layout == "one_row":  # M == 1: its row stride means nothing
-        args["x"] = x[:1]
-    elif layout == "strided_weight":
-        buf = torch.full((2 * N,), float("nan"), dtype=dtype, device="cuda")
-        buf[::2] = args["weight"]
-        args["weight"] = buf[::2]
-    _passes(args, version, monkeypatch)
+    args = _args((96,), 1024, dtype, seed=7)  # 1024: wide enough for v3's vector path
+    _passes(viewed(args, layout, ("weight",)), version, monkeypatch)
 
 
 @pytest.mark.gpu
