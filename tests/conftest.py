@@ -22,7 +22,7 @@ SLOW = {
     "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s)",
     "tests/test_compiled.py::test_harness_passes_all_components_forward_and_backward":
         "Level 3 compiles every case (111 s)",
-    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (52 s)",
+    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (57 s)",
     "tests/test_models.py::test_every_level_trains_the_same_curve": "three models, five levels (41 s)",
     "tests/test_models.py::test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains":
         "two processes training (8 s)",
