@@ -15,6 +15,9 @@ STRIDED = {"x": "row_padded", "weight": "every_other"}
 SCALING_DIM = "rows"  # the batch
 GRAPH_INPUTS = ("x",)
 RATE = "TB/s"  # it moves bytes rather than computing
+# F.rms_norm's fused kernels (CUDA, torch >= 2.8). On a CPU with autograd on, torch 2.13
+# decomposes F.rms_norm into pointwise ops before the grader's dispatch mode sees it: there
+# the grader's first rule (no kernel of yours ran) is what catches a call of it.
 FUSED_ATEN = ("rms_norm", "_fused_rms_norm", "_fused_rms_norm_backward")
 NN_MODULES = ("RMSNorm",)
 SUITE_GOAL = 1.0
