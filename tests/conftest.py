@@ -17,7 +17,7 @@ GPU_REASON = "needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"
 # or a test of a file (all its parameters). Seconds: the whole run on the 2-core CPU, loaded.
 SLOW = {
     "notebooks/": "the eight notebooks, executed (221 s)",
-    "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (194 s)",
+    "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (215 s)",
     "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (128 s)",
     "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s)",
     "tests/test_compiled.py::test_harness_passes_all_components_forward_and_backward":

@@ -21,10 +21,10 @@ RATE = "TB/s"  # it moves bytes rather than computing
 FUSED_ATEN = ("rms_norm", "_fused_rms_norm", "_fused_rms_norm_backward")
 NN_MODULES = ("RMSNorm",)
 SUITE_GOAL = 1.0
-# Level 4's kernels are layer_norm's without the mean: an assignment that blanks them must
-# blank layer_norm's too, or the student copy shows the answer there (`levels assignment
-# build` refuses it otherwise, naming the lines).
-SOLUTION_FILES = {"triton": ("triton_kernels/rms_norm.py", "triton_kernels/layer_norm.py")}
+# Its kernels (Level 4, the numba twin) are layer_norm's without the mean: an assignment of
+# either hides the other's solution too, or the student copy shows the answer there
+# (`levels assignment build` refuses it otherwise, naming the lines).
+SAME_ALGORITHM_AS = ("layer_norm",)
 
 
 def make_args(shape, dtype, device, generator):
