@@ -1,6 +1,6 @@
 """The contract every level implements, and the validators every level calls first.
 
-Five components, one signature each, identical at all five levels:
+One signature per component, identical at all five levels:
 
     attention(q, k, v, causal=False, scale=None)
     layer_norm(x, weight, bias, eps=1e-5)
