@@ -62,13 +62,7 @@
 
 namespace levels_layer_norm {
 
-// ---- candidates for common.cuh ----
-
-// VEC elements that travel as one 16-byte load/store (ld.global.v4 / st.global.v4).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Vec {
-  T v[VEC];
-};
+// ---- a candidate for common.cuh (Vec, vec_width and the launch helpers moved there) ----
 
 // Two block-wide sums for the price of one set of barriers. `scratch` holds >= 32 float2;
 // call from all threads of the block; every thread gets both totals.
@@ -100,8 +94,6 @@ constexpr int SUM_COLS = 32;          // stage 2: columns per block ...
 constexpr int SUM_LANES = 16;         // ... and partial rows summed in parallel per column
 constexpr int64_t V3_FWD_MAX_N = 32 * 512;  // widest row v3's forward keeps in registers
 constexpr int64_t V3_BWD_MAX_N = 16 * 512;  // ... and v3's backward
-
-template <typename T> __host__ __device__ constexpr int vec_width() { return 16 / (int)sizeof(T); }
 
 // =====================================================================================
 // Forward
@@ -534,21 +526,6 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
 // Launchers
 // =====================================================================================
 
-static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// Threads for n work items, in whole warps, at most `cap`.
-static inline int threads_for(int64_t n, int cap) {
-  const int64_t t = levels_cdiv(n, 32) * 32;
-  return (int)(t < cap ? t : cap);
-}
-
-static int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
-  return sms > 0 ? sms : 1;
-}
-
 template <typename T>
 static int fwd_v1_launch(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,
                          int64_t M, int64_t N, int64_t stride_x, float eps, cudaStream_t stream) {
@@ -571,8 +548,8 @@ static int fwd_v3_launch(const T* x, const T* w, const T* b, T* y, float* mean, 
   constexpr int VEC = vec_width<T>();
   // 16-byte loads need every row to start on a 16-byte boundary: the base pointers
   // aligned, and the row stride and the width whole vectors (no stride when M == 1).
-  const bool vec_ok = aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y) &&
-                      N % VEC == 0 && (M == 1 || stride_x % VEC == 0);
+  const bool vec_ok = levels_aligned16(x) && levels_aligned16(w) && levels_aligned16(b) &&
+                      levels_aligned16(y) && N % VEC == 0 && (M == 1 || stride_x % VEC == 0);
   const unsigned rows = (unsigned)M;  // one block per row below
   // Elements per thread of the block-per-row path: two 16-byte vectors a thread in both
   // fp32 and 16-bit types (4096 wide: 512 threads fp32, 256 threads bf16). One vector a
@@ -584,17 +561,18 @@ static int fwd_v3_launch(const T* x, const T* w, const T* b, T* y, float* mean, 
                                                                         M, N, stride_x, eps);
   } else if (vec_ok && N <= BLOCK_E * 512) {  // a block of N/BLOCK_E threads per row
     fwd_v3_registers<T, BLOCK_E, false, 512>
-        <<<rows, threads_for(levels_cdiv(N, BLOCK_E), 512), 0, stream>>>(x, w, b, y, mean, rstd,
-                                                                        M, N, stride_x, eps);
+        <<<rows, levels_threads_for(levels_cdiv(N, BLOCK_E), 512), 0, stream>>>(
+            x, w, b, y, mean, rstd, M, N, stride_x, eps);
   } else if (vec_ok && N <= V3_FWD_MAX_N) {  // 32 per thread: at most 512 threads
-    fwd_v3_registers<T, 32, false, 512><<<rows, threads_for(levels_cdiv(N, 32), 512), 0, stream>>>(
-        x, w, b, y, mean, rstd, M, N, stride_x, eps);
+    fwd_v3_registers<T, 32, false, 512>
+        <<<rows, levels_threads_for(levels_cdiv(N, 32), 512), 0, stream>>>(
+            x, w, b, y, mean, rstd, M, N, stride_x, eps);
   } else if (vec_ok) {  // too wide for registers: loop over the row, still by vectors
-    fwd_v3_loop<T, VEC><<<rows, threads_for(N / VEC, 1024), 0, stream>>>(x, w, b, y, mean, rstd,
-                                                                       M, N, stride_x, eps);
+    fwd_v3_loop<T, VEC><<<rows, levels_threads_for(N / VEC, 1024), 0, stream>>>(
+        x, w, b, y, mean, rstd, M, N, stride_x, eps);
   } else {  // misaligned, or a width that is no whole number of vectors: one element per load
-    fwd_v3_loop<T, 1><<<rows, threads_for(N, 512), 0, stream>>>(x, w, b, y, mean, rstd, M, N,
-                                                              stride_x, eps);
+    fwd_v3_loop<T, 1><<<rows, levels_threads_for(N, 512), 0, stream>>>(x, w, b, y, mean, rstd,
+                                                                      M, N, stride_x, eps);
   }
   return levels_launch_status();
 }
@@ -606,7 +584,7 @@ static int fwd_v3_launch(const T* x, const T* w, const T* b, T* y, float* mean, 
 // that chunks x column blocks make about 8 blocks of 256 threads per SM.
 static int64_t v2_partials(int64_t M, int64_t N) {
   const int64_t col_blocks = levels_cdiv(N, PARTIAL_THREADS);
-  const int64_t want = levels_cdiv(8 * (int64_t)sm_count(), col_blocks);
+  const int64_t want = levels_cdiv(8 * (int64_t)levels_sm_count(), col_blocks);
   return want < M ? want : M;
 }
 
@@ -626,7 +604,7 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   }
   plan.fused = true;
   plan.E = N <= 8 * 512 ? 8 : 16;
-  plan.threads = threads_for(levels_cdiv(N, plan.E), 512);
+  plan.threads = levels_threads_for(levels_cdiv(N, plan.E), 512);
   int per_sm = 1;
   const cudaError_t err =
       plan.E == 8
@@ -638,7 +616,7 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
     (void)cudaGetLastError();  // not a launch error: do not let it surface as one
     per_sm = 1;
   }
-  const int64_t resident = (int64_t)sm_count() * per_sm;
+  const int64_t resident = (int64_t)levels_sm_count() * per_sm;
   plan.P = resident < M ? resident : M;
   return plan;
 }
@@ -660,8 +638,8 @@ static int bwd_launch(int version, const T* dy, const T* x, const T* w, const fl
   BwdV3Plan plan{false, 0, 0, 0};
   if (version == 3) plan = bwd_v3_plan<T>(M, N);
   // The same alignment rule as the forward's; where it fails, v3's backward is v2's.
-  const bool fused = plan.fused && aligned16(dy) && aligned16(x) && aligned16(w) &&
-                     aligned16(dx) && N % VEC == 0 &&
+  const bool fused = plan.fused && levels_aligned16(dy) && levels_aligned16(x) &&
+                     levels_aligned16(w) && levels_aligned16(dx) && N % VEC == 0 &&
                      (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0));
   float* part_dw = partials;
   float* part_db = partials + P * N;

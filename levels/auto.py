@@ -81,6 +81,11 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _call("layer_norm", x, weight, bias, eps=eps)
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    return _call("rms_norm", x, weight, eps=eps)
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     return _call("mlp", x, w1, b1, w2, b2)

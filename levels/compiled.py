@@ -50,7 +50,7 @@ import torch
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -145,6 +145,7 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #   attention   unmasked: rewritten into one fused SDPA call; causal: two GEMMs around
 #               one fused scale-mask-softmax kernel
 #   layer_norm  one "persistent reduction" kernel per row block: statistics and output
+#   rms_norm    the same, with one statistic (the mean square) instead of two
 #   mlp         the bias and the GELU in one pass over the first GEMM's output
 #   lstm        the time loop in graphs of LSTM_CHUNK steps: Dynamo unrolls a loop, so
 #               each graph holds that many copies of the cell (a GEMM plus one fused
@@ -162,7 +163,8 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 # ---------------------------------------------------------------------------------------
 
 # What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
-MATH = {c: getattr(native, f"{c}_math") for c in ("attention", "layer_norm", "mlp", "conv_bn")}
+MATH = {c: getattr(native, f"{c}_math")
+        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm")}
 MATH["lstm"] = native.lstm_steps
 LSTM_CHUNK = 8  # time steps per compiled graph
 
@@ -305,6 +307,11 @@ def _prepare_layer_norm(x, weight, bias, eps=1e-5):
     return (x, weight, bias, float(eps))
 
 
+def _prepare_rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return (x, weight, float(eps))
+
+
 def _prepare_mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return (x, w1, b1, w2, b2)
@@ -324,7 +331,8 @@ def _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
 
 
 _PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
-            "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn}
+            "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn,
+            "rms_norm": _prepare_rms_norm}
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:
@@ -345,6 +353,12 @@ def attention(q, k, v, causal=False, scale=None):
 def layer_norm(x, weight, bias, eps=1e-5):
     args = _prepare_layer_norm(x, weight, bias, eps)
     return compiled("layer_norm", x.device)(*args)
+
+
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    args = _prepare_rms_norm(x, weight, eps)
+    return compiled("rms_norm", x.device)(*args)
 
 
 @autocasts("mlp")

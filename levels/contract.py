@@ -1,9 +1,10 @@
 """The contract every level implements, and the validators every level calls first.
 
-Five components, one signature each, identical at all five levels:
+One signature per component, identical at all five levels:
 
     attention(q, k, v, causal=False, scale=None)
     layer_norm(x, weight, bias, eps=1e-5)
+    rms_norm(x, weight, eps=1e-6)
     mlp(x, w1, b1, w2, b2)
     lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)            -> (output, (h_T, c_T))
     conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
@@ -24,7 +25,7 @@ import numbers
 
 import torch
 
-COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn")
+COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -189,6 +190,19 @@ def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
               _describe(x))
     _shape(c, "weight", weight, (N,), "(N,) with N = x.shape[-1]")
     _shape(c, "bias", bias, (N,), "(N,) with N = x.shape[-1]")
+    _number(c, "eps", eps, low=0, low_open=True)
+    return dict(M=x.numel() // N, N=N)
+
+
+def validate_rms_norm(x, weight, eps=1e-6) -> dict:
+    c = "rms_norm"
+    _tensors(c, {"x": x, "weight": weight})
+    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
+        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    N = x.shape[-1]
+    if weight.dim() == 1 and weight.shape[0] != N:  # one length each: x's defines N
+        _fail(c, "weight", f"of shape (N,) with N = x.shape[-1] = {N}", _describe(weight))
+    _shape(c, "weight", weight, (N,), "(N,) with N = x.shape[-1]")
     _number(c, "eps", eps, low=0, low_open=True)
     return dict(M=x.numel() // N, N=N)
 
@@ -459,6 +473,9 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     # nn.BatchNorm2d's do under autocast: the contract takes them in float32 beside a
     # 16-bit x, and every level computes the normalization in float32
     "conv_bn": (LOW_PRECISION, ("x", "conv_weight", "conv_bias")),
+    # as F.rms_norm under CUDA autocast from torch 2.12 (its fp32 list; CPU autocast leaves
+    # rms_norm alone): one rule on every device, the one of the GPUs models train on
+    "rms_norm": (FLOAT32, ("x", "weight")),
 }
 
 
@@ -523,4 +540,5 @@ VALIDATORS = {
     "mlp": validate_mlp,
     "lstm": validate_lstm,
     "conv_bn": validate_conv_bn,
+    "rms_norm": validate_rms_norm,
 }

@@ -38,7 +38,8 @@ import torch
 from cuda_kernels import build
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
-                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp)
+                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
+                       validate_rms_norm)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -177,6 +178,11 @@ def _layer_norm_plan(x, weight, bias, eps):
     return _ready("layer_norm", "x", x), float(eps)
 
 
+def _rms_norm_plan(x, weight, eps):
+    validate_rms_norm(x, weight, eps)
+    return _ready("rms_norm", "x", x), float(eps)
+
+
 def _mlp_plan(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return _ready("mlp", "x", x)
@@ -199,6 +205,7 @@ _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+_RMS_NORM = Plans(_rms_norm_plan)
 
 
 @autocasts("attention")
@@ -211,6 +218,12 @@ def attention(q, k, v, causal=False, scale=None):
 def layer_norm(x, weight, bias, eps=1e-5):
     module, eps = _LAYER_NORM(x, weight, bias, eps)
     return module.layer_norm(x, weight, bias, eps)
+
+
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    module, eps = _RMS_NORM(x, weight, eps)
+    return module.rms_norm(x, weight, eps)
 
 
 @autocasts("mlp")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -36,7 +36,7 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
     if component in ("attention", "mlp", "lstm"):
         return torch.backends.cuda.matmul.allow_tf32
-    return False  # layer_norm: pointwise and reductions only
+    return False  # layer_norm, rms_norm: pointwise and reductions only
 
 
 # Each component is its contract function (validate, then compute) over a plain math
@@ -95,6 +95,23 @@ def layer_norm_math(x, weight, bias, eps: float):
     var = (centered * centered).mean(dim=-1, keepdim=True)
     y = centered * torch.rsqrt(var + eps)
     return (y * weight.float() + bias.float()).to(x.dtype)
+    ### END SOLUTION
+
+
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return rms_norm_math(x, weight, float(eps))
+
+
+def rms_norm_math(x, weight, eps: float):
+    # LayerNorm without the mean: no centring, no bias (Zhang & Sennrich 2019, the norm of
+    # Llama, Mistral, Qwen). One reduction a row instead of two; still four passes here.
+    ### BEGIN SOLUTION
+    x32 = x.float()
+    ms = (x32 * x32).mean(dim=-1, keepdim=True)
+    y = x32 * torch.rsqrt(ms + eps)
+    return (y * weight.float()).to(x.dtype)
     ### END SOLUTION
 
 

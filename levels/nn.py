@@ -9,7 +9,7 @@
 
 Parameters are named and shaped like torch's own modules, so weights load from them:
 `from_torch(...)` copies a torch module, and `load_state_dict` accepts its state_dict
-(MultiheadAttention, LayerNorm, LSTM directly; MLP and ConvBN as `fc1.*`/`fc2.*` and
+(MultiheadAttention, LayerNorm, RMSNorm, LSTM directly; MLP and ConvBN as `fc1.*`/`fc2.*` and
 `conv.*`/`bn.*`). The forward pass is one call to the component of the chosen level.
 
 `cuda_graph(module, *example_args)` (levels/cuda_graph.py, re-exported here) captures a
@@ -94,6 +94,30 @@ class LayerNorm(_Leveled):
     def from_torch(cls, m: nn.LayerNorm, level="native") -> "LayerNorm":
         _require(len(m.normalized_shape) == 1 and m.elementwise_affine and m.bias is not None,
                  "nn.LayerNorm over one dimension with weight and bias", m)
+        new = cls(m.normalized_shape[0], m.eps, level, m.weight.device, m.weight.dtype)
+        new.load_state_dict(m.state_dict())
+        return new
+
+
+class RMSNorm(_Leveled):
+    """RMSNorm over the last dimension, as torch.nn.RMSNorm (a `weight`, no bias)."""
+
+    component = "rms_norm"
+
+    def __init__(self, normalized_shape: int, eps: float | None = None, level="native",
+                 device=None, dtype=None):
+        super().__init__(level)
+        self.eps = eps  # None: torch.finfo(x.dtype).eps at each call, as nn.RMSNorm
+        self.weight = nn.Parameter(torch.ones(normalized_shape, device=device, dtype=dtype))
+
+    def forward(self, x):
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return self._fn()(x, self.weight, eps)
+
+    @classmethod
+    def from_torch(cls, m: nn.RMSNorm, level="native") -> "RMSNorm":
+        _require(len(m.normalized_shape) == 1 and m.elementwise_affine,
+                 "nn.RMSNorm over one dimension with a weight", m)
         new = cls(m.normalized_shape[0], m.eps, level, m.weight.device, m.weight.dtype)
         new.load_state_dict(m.state_dict())
         return new
@@ -244,5 +268,5 @@ class ConvBN(_Leveled):
 
 from .cuda_graph import GraphedModule, cuda_graph  # noqa: E402 - levels.nn.cuda_graph, after _Leveled
 
-__all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "cuda_graph",
-           "set_level"]
+__all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "RMSNorm",
+           "cuda_graph", "set_level"]

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -95,6 +95,15 @@ def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     var = (centered * centered).mean(-1, keepdim=True)
     # sub, mul, add-eps, rsqrt, mul, mul, add, cast: one fused kernel between the two means.
     y = centered * torch.rsqrt(var + eps) * weight.float() + bias.float()
+    return y.to(x.dtype)
+    ### END SOLUTION
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    ### BEGIN SOLUTION
+    x32 = x.float()
+    # mul, mean, add-eps, rsqrt, mul, mul, cast: the fuser joins all but the mean.
+    y = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(x.dtype)
     ### END SOLUTION
 
@@ -174,7 +183,8 @@ def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], 
 
 
 _SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train}
+            "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train,
+            "rms_norm": _rms_norm}
 
 # ---------------------------------------------------------------------------------------
 # Scripting, once per process, with the deprecation warning shown once.
@@ -286,6 +296,12 @@ def attention(q, k, v, causal=False, scale=None):
 def layer_norm(x, weight, bias, eps=1e-5):
     validate_layer_norm(x, weight, bias, eps)
     return _scripted()["layer_norm"](x, weight, bias, float(eps))
+
+
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return _scripted()["rms_norm"](x, weight, float(eps))
 
 
 @autocasts("mlp")

@@ -28,7 +28,7 @@ import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
                        require_device, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -153,6 +153,13 @@ def _layer_norm_plan(x, weight, bias, eps):
     return float(eps)
 
 
+def _rms_norm_plan(x, weight, eps):
+    validate_rms_norm(x, weight, eps)
+    _on_kernel_device("rms_norm", "x", x)
+    _kernels("rms_norm").check(x)
+    return float(eps)
+
+
 def _mlp_plan(x, w1, b1, w2, b2):
     s = validate_mlp(x, w1, b1, w2, b2)
     _on_kernel_device("mlp", "x", x)
@@ -189,6 +196,7 @@ _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+_RMS_NORM = Plans(_rms_norm_plan)
 
 
 @autocasts("attention")
@@ -201,6 +209,12 @@ def attention(q, k, v, causal=False, scale=None):
 def layer_norm(x, weight, bias, eps=1e-5):
     eps = _LAYER_NORM(x, weight, bias, eps)
     return _MODULES["layer_norm"].layer_norm(x, weight, bias, eps)
+
+
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    eps = _RMS_NORM(x, weight, eps)
+    return _MODULES["rms_norm"].rms_norm(x, weight, eps)
 
 
 @autocasts("mlp")

@@ -12,6 +12,7 @@ barriers, the same epilogues. Two ways to run them:
   * on an NVIDIA GPU (no simulator): numba compiles the same source to PTX.
 
     layer_norm.py   layer_norm.cu: block-per-row forward, dx, two-stage dweight/dbias
+    rms_norm.py     rms_norm.cu, built as layer_norm.py: one row reduction, dweight only
     gemm.py         gemm.cu version 2 (32x32 shared-memory tiles, fused epilogue) and
                     column_sum; the MLP composed from them as cuda_kernels/mlp.py does
     attention.py    flash attention (the algorithm of triton_kernels/attention.py) as a

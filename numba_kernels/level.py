@@ -5,8 +5,8 @@
     check("layer_norm", "numba")                            # ... checked like any level
     check("layer_norm", fn=numba_kernels.level.layer_norm)  # or one function
 
-Three of the five components have twins: layer_norm, mlp and attention (the harness reports
-the other two as "'numba' has no lstm function"). Each function validates its arguments
+Four components have twins: layer_norm, mlp, attention and rms_norm (the harness reports the
+others as "'numba' has no lstm function"). Each function validates its arguments
 with levels.contract first, as every level does, then:
 
   * dtypes: float32 runs as it is; float16 and bfloat16 are upcast to float32 (one copy per
@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import torch
 
-from levels.contract import validate_attention, validate_layer_norm, validate_mlp
+from levels.contract import validate_attention, validate_layer_norm, validate_mlp, validate_rms_norm
 
 from . import attention as attention_twin
 from . import gemm as gemm_twin
 from . import layer_norm as layer_norm_twin
+from . import rms_norm as rms_norm_twin
 from . import unavailable_reason as _device_reason
 from .binding import float32_inputs
 
-COMPONENTS = ("attention", "layer_norm", "mlp")
+COMPONENTS = ("attention", "layer_norm", "mlp", "rms_norm")
 uses_tf32 = False  # every product is an fp32 multiply-add; no TF32 anywhere
 
 
@@ -59,6 +60,13 @@ def layer_norm(x, weight, bias, eps=1e-5, *, kernels=None):
     y = layer_norm_twin.layer_norm(t["x"], t["weight"], t["bias"], eps,
                                    kernels=kernels or layer_norm_twin.ROW_KERNELS)
     return y.to(x.dtype)
+
+
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    _runnable("rms_norm", x)
+    t = float32_inputs("rms_norm", {"x": x, "weight": weight})
+    return rms_norm_twin.rms_norm(t["x"], t["weight"], eps).to(x.dtype)
 
 
 def mlp(x, w1, b1, w2, b2, *, tile=None):

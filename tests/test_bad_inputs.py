@@ -177,7 +177,8 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
     return view.copy_(t)
 
 
-MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x"}
+MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x",
+        "rms_norm": "x"}
 # The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
@@ -229,6 +230,23 @@ REFUSED = [
     ("layer_norm", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:0]}, "x with no rows"),
     ("layer_norm", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
     ("layer_norm", "eps-inf", "eps", VALUE_ERROR, lambda a, d: {"eps": math.inf}, "eps = inf"),
+    # ---- rms_norm: x (2, 5, 129), weight (129,)
+    ("rms_norm", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
+    ("rms_norm", "weight-length", "weight", VALUE_ERROR, lambda a, d: {"weight": a["weight"][:-1]},
+     "weight one element short"),
+    ("rms_norm", "weight-rank", "weight", VALUE_ERROR, lambda a, d: {"weight": a["weight"][None]},
+     "weight is 2-D"),
+    ("rms_norm", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].long()}, "x is int64"),
+    ("rms_norm", "weight-float16", "weight", TYPE_ERROR, lambda a, d: {"weight": a["weight"].half()},
+     "weight is float16, x float32"),
+    ("rms_norm", "weight-device", "weight", VALUE_ERROR,
+     lambda a, d: {"weight": a["weight"].to(other_device(d))}, "weight on another device"),
+    ("rms_norm", "weight-list", "weight", TYPE_ERROR, lambda a, d: {"weight": a["weight"].tolist()},
+     "weight is a Python list"),
+    ("rms_norm", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:0]}, "x with no rows"),
+    ("rms_norm", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
+    ("rms_norm", "eps-none", "eps", TYPE_ERROR, lambda a, d: {"eps": None},
+     "eps = None (nn.RMSNorm's default; the function takes a number)"),
     # ---- mlp: x (2, 9, 24), w1 (72, 24), b1 (72,), w2 (20, 72), b2 (20,)
     ("mlp", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
     ("mlp", "w1-transposed", "w1", VALUE_ERROR, lambda a, d: {"w1": a["w1"].t()},
@@ -335,6 +353,9 @@ PER_LEVEL = [
         lambda a, d: {"x": randn(2, 65537, device=d), "weight": torch.ones(65537, device=d),
                       "bias": torch.zeros(65537, device=d)},
         arg="x", expect=COMPUTE, levels=(("triton", VALUE_ERROR),), backward=False),
+    Bad("rms_norm", "wide", "a row of 65537 elements",
+        lambda a, d: {"x": randn(2, 65537, device=d), "weight": torch.ones(65537, device=d)},
+        arg="x", expect=COMPUTE, levels=(("triton", VALUE_ERROR),), backward=False),
 ]
 for _c, _main in MAIN.items():
     _float64_triton = {"attention": f"{TYPE_ERROR}|{COMPUTE}", "lstm": f"{TYPE_ERROR}|{COMPUTE}"}
@@ -356,6 +377,7 @@ for _c, _main in MAIN.items():
 FAR_APART = {  # component: (argument, dim, shape parameters, Level 4)
     "attention": ("q", 2, dict(B=1, H=1, N=2, D=16), VALUE_ERROR),
     "layer_norm": ("x", 0, dict(rows=(2,), N=16), COMPUTE),
+    "rms_norm": ("x", 0, dict(rows=(2,), N=16), COMPUTE),
     "mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
     "lstm": ("x", 0, dict(B=2, T=1, I=8, H=16), VALUE_ERROR),
     "conv_bn": ("x", 0, dict(N=2, C_in=3, H=5, W=5, C_out=4, k=3, stride=1, padding=1), VALUE_ERROR),
@@ -385,6 +407,12 @@ COMPUTED = [
      "+Inf in x", "Inf and NaN as torch (forward)"),
     ("layer_norm", "some-grad", None, ("x",), lambda a, d: {},
      "only x requires grad (weight, bias frozen)", "gradients as torch"),
+    ("rms_norm", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 7), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("rms_norm", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 2, 0), math.inf)},
+     "+Inf in x", "Inf and NaN as torch (forward)"),
+    ("rms_norm", "some-grad", None, ("x",), lambda a, d: {},
+     "only x requires grad (weight frozen)", "gradients as torch"),
     ("mlp", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 3, 5), math.nan)},
      "a NaN in x", "NaN as torch, in the gradients too"),
     ("mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
@@ -459,8 +487,11 @@ def _own_functions() -> dict:
         return native.conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                    running_var, stride, padding, eps, momentum, training)
 
+    def rms_norm(x, weight, eps=1e-6):
+        return native.rms_norm_math(x, weight, eps)
+
     return {"attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
-            "lstm": native.lstm_math, "conv_bn": conv_bn}
+            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm}
 
 
 @contextlib.contextmanager
@@ -557,6 +588,10 @@ def _torch_layer_norm(x, weight, bias, eps=1e-5):
     return (F.layer_norm(x, (x.shape[-1],), weight, bias, eps),)
 
 
+def _torch_rms_norm(x, weight, eps=1e-6):
+    return (F.rms_norm(x, (x.shape[-1],), weight, eps),)
+
+
 def _torch_mlp(x, w1, b1, w2, b2):
     return (F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2),)
 
@@ -577,7 +612,7 @@ def _torch_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, 
 
 
 TORCH_OPS = {"attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
-             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn}
+             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm}
 
 
 def _upstream(outs, dtype) -> list:

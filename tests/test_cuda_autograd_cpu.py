@@ -29,6 +29,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
 from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
+from cuda_kernels import rms_norm as k_rms_norm
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
@@ -105,6 +106,29 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, version):
     dx = rstd[:, None] * (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True))
     dt = weight.dtype
     return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(dt), dy.float().sum(0).to(dt)
+
+
+# rms_norm.cu: x (M, N) with adjacent columns (any row stride); rstd fp32 per row.
+def rms_norm_fwd(x, weight, eps, version):
+    _version("rms_norm_fwd", version, k_rms_norm.VERSIONS)
+    _refuse(x.size(1) == 1 or x.stride(1) == 1, "rms_norm_fwd", "'x': adjacent columns")
+    _expect("rms_norm_fwd", "weight", weight, (x.size(1),), x.dtype, dense=True)
+    x32 = x.float()
+    rstd = torch.rsqrt((x32 * x32).mean(1) + eps)
+    return (x32 * rstd[:, None] * weight.float()).to(x.dtype), rstd
+
+
+def rms_norm_bwd(dy, x, weight, rstd, version):
+    op, (M, N) = "rms_norm_bwd", x.shape
+    _version(op, version, k_rms_norm.VERSIONS)
+    _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,
+            "'dy' and 'x' must be (M, N) with adjacent columns")
+    _expect(op, "weight", weight, (N,), x.dtype, dense=True)
+    _expect(op, "rstd", rstd, (M,), F32, dense=True)
+    xhat = x.float() * rstd[:, None]  # from the forward's statistic
+    g = dy.float() * weight.float()
+    dx = rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdim=True))
+    return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(weight.dtype)
 
 
 # attention.cu: stride 1 along D, and 16-byte chunks at versions 3-5 in 16 bits; lse fp32 in
@@ -341,7 +365,7 @@ TWINS = {f.__name__: f for f in (
     layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
     gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
     mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
-    conv_bn_train_bwd)}
+    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd)}
 
 
 def kernel_op_schemas() -> dict[str, str]:
@@ -409,8 +433,12 @@ def conv_bn_op(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, runn
         pair(padding), float(eps), float(momentum), bool(training), k_conv_bn.resolve_version())
 
 
+def rms_norm_op(x, weight, eps=1e-6):
+    return OPS.rms_norm(x, weight, float(eps), k_rms_norm.resolve_version())
+
+
 CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
-         "lstm": lstm_op, "conv_bn": conv_bn_op}
+         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op}
 
 
 # ---------------------------------------------------------------------------------------

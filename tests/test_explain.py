@@ -21,6 +21,7 @@ EXPECTED = {
         "mlp": ["aten.addmm", "aten.gelu", "aten.gelu_backward"],
         "lstm": ["aten.sigmoid", "aten.tanh", "aten.stack", "aten.sigmoid_backward"],
         "conv_bn": ["aten.convolution", "aten.var", "aten.add_", "aten.convolution_backward"],
+        "rms_norm": ["aten.mean", "aten.rsqrt"],
     },
     "torchscript": {
         "attention": ["aten::softmax", "aten::masked_fill", "aten::matmul"],
@@ -28,6 +29,7 @@ EXPECTED = {
         "mlp": ["aten::erf", "aten::matmul"],
         "lstm": ["prim::Loop", "aten::sigmoid", "aten::tanh"],
         "conv_bn": ["aten::conv2d", "aten::rsqrt", "aten::add_", "torch.jit.freeze"],
+        "rms_norm": ["aten::rsqrt", "aten::mean"],
     },
     "compile": {
         "attention": ["scaled_dot_product", "cpp_fused__softmax"],
@@ -35,6 +37,7 @@ EXPECTED = {
         "mlp": ["extern_kernels.addmm", "erf"],
         "lstm": ["sigmoid", "tanh", "extern_kernels.mm"],
         "conv_bn": ["convolution", "rsqrt"],
+        "rms_norm": ["cpp_fused", "rsqrt"],
     },
 }
 
@@ -52,6 +55,11 @@ def test_explain_shows_the_components_own_ops(component, level):
         assert "sigmoid" not in text
     if component not in ("mlp",):
         assert "erf(" not in text and "aten::erf" not in text and "aten.gelu" not in text
+
+
+def test_rms_norm_native_has_one_reduction_and_no_centring():
+    body = explain("rms_norm", "native").section("forward")
+    assert "1  aten.mean" in body and "aten.sub" not in body  # LayerNorm's second one is gone
 
 
 def test_native_counts_ops_and_marks_views():

@@ -9,7 +9,7 @@ torch.Generator seeded from it, the way the cards' make_args do. The named hard 
 
   widths and lengths that are no multiple of any block (1, 17, 1023), batch 1, causal with
   N = 1 and D = 16, rows of ~1e4 (softmax and LayerNorm stability), float16 near overflow,
-  constant LayerNorm rows, stride-2 convolutions padded by more than the kernel's half-width.
+  constant LayerNorm rows, all-zero RMSNorm rows, stride-2 convolutions padded by more than the kernel's half-width.
 
 Runs. CI (the default): a few examples per component and level, `derandomize=True` so
 every run draws the same cases, Triton in its CPU interpreter at tiny sizes, and
@@ -113,6 +113,19 @@ def _layer_norm(p, g):
                 eps=p["options"]["eps"])
 
 
+def _rms_norm(p, g):
+    s = p["shape"]
+    N = s["N"]
+    x = _randn((*s["rows"], N), g, scale=2.0, shift=0.5)
+    if p["magnitude"] == "large":  # ~1e4: no cancellation in RMSNorm, any offset is fine
+        x = _randn((*s["rows"], N), g, scale=1e4, shift=1e4)
+    elif p["magnitude"] == "near_overflow":  # fp16 max is 65504: x * x overflows in fp16
+        x = (torch.rand((*s["rows"], N), generator=g) * 2 - 1) * 65000
+    elif p["magnitude"] == "zero_rows":  # every other row 0: y = 0, rstd = 1/sqrt(eps)
+        x.view(-1, N)[::2] = 0.0
+    return dict(x=x, weight=_randn((N,), g, 0.5, 1.0), eps=p["options"]["eps"])
+
+
 def _mlp(p, g):
     s = p["shape"]
     K, Hd, N = s["K"], s["hidden"], s["N"]
@@ -144,7 +157,7 @@ def _conv_bn(p, g):
 
 
 BUILDERS = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn": _conv_bn}
+            "conv_bn": _conv_bn, "rms_norm": _rms_norm}
 
 # Layouts beyond `contiguous` and the spec's own `strided` (STRIDED / attention's packed
 # qkv): argument -> cards.LAYOUT_KINDS kind.
@@ -158,6 +171,8 @@ LAYOUTS = {
     "mlp": {"sliced": dict(x="row_padded", b1="every_other"),
             "transposed": dict(w1="transposed", w2="transposed")},
     "lstm": {"sliced": dict(x="row_padded", h0="last_every_other")},
+    "rms_norm": {"sliced": dict(x="row_padded"),
+                 "every_other": dict(x="last_every_other", weight="every_other")},
     "conv_bn": {"channels_last": dict(x="channels_last", conv_weight="channels_last"),
                 "sliced": dict(x="last_every_other", bn_bias="every_other")},
 }
@@ -277,16 +292,27 @@ def attention_params(draw, small=False, dtypes=("float32", "bfloat16"), head_dim
                 seed=draw(SEEDS))
 
 
-@st.composite
-def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+def _norm_params(draw, component, small, dtypes, eps, magnitudes):
+    """A normalization over the last dimension: x (*rows, N), its eps and magnitudes."""
     rows = draw(st.lists(st.integers(1, 4 if small else 9), min_size=1, max_size=2))
     return dict(shape=dict(rows=tuple(rows),
                            N=draw(st.sampled_from([1, 2, 17, 64, 129, 1023]) if small else
                                   st.integers(1, 1100))),
-                dtype=draw(st.sampled_from(dtypes)), layout=_layout("layer_norm", draw),
-                options=dict(eps=draw(st.sampled_from([1e-5, 1e-3, 0.1]))),
-                magnitude=draw(st.sampled_from(["normal", "large", "constant_rows"])),
-                seed=draw(SEEDS))
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout(component, draw),
+                options=dict(eps=draw(st.sampled_from(eps))),
+                magnitude=draw(st.sampled_from(magnitudes)), seed=draw(SEEDS))
+
+
+@st.composite
+def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    return _norm_params(draw, "layer_norm", small, dtypes, [1e-5, 1e-3, 0.1],
+                        ["normal", "large", "constant_rows"])
+
+
+@st.composite
+def rms_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    return _norm_params(draw, "rms_norm", small, dtypes, [1e-6, 1e-5, 0.1],
+                        ["normal", "large", "zero_rows"])
 
 
 @st.composite
@@ -335,7 +361,7 @@ def conv_bn_params(draw, small=False, dtypes=("float32", "bfloat16")):
 
 
 STRATEGIES = {"attention": attention_params, "layer_norm": layer_norm_params, "mlp": mlp_params,
-              "lstm": lstm_params, "conv_bn": conv_bn_params}
+              "lstm": lstm_params, "conv_bn": conv_bn_params, "rms_norm": rms_norm_params}
 
 
 def _p(shape, dtype="float32", layout="contiguous", options=None, magnitude="normal", seed=15):
@@ -365,6 +391,16 @@ HARD_CASES = {
                                   magnitude="near_overflow"), True),
         ("fp16 near overflow, strided", _p(dict(rows=(2,), N=17), "float16", layout="strided",
                                            options=dict(eps=1e-5), magnitude="near_overflow"), True),
+    ],
+    "rms_norm": [
+        ("width 1", _p(dict(rows=(3,), N=1), options=dict(eps=1e-6)), True),
+        ("width 17, batch 1", _p(dict(rows=(1,), N=17), layout="strided", options=dict(eps=1e-6)), True),
+        ("width 1023", _p(dict(rows=(2,), N=1023), options=dict(eps=1e-6)), True),
+        ("rows ~1e4, bf16", _p(dict(rows=(4,), N=17), "bfloat16", options=dict(eps=1e-6),
+                               magnitude="large"), True),
+        ("zero rows", _p(dict(rows=(4,), N=33), options=dict(eps=1e-6), magnitude="zero_rows"), True),
+        ("fp16 near overflow", _p(dict(rows=(3,), N=129), "float16", options=dict(eps=1e-6),
+                                  magnitude="near_overflow"), True),
     ],
     "mlp": [
         ("all widths 1, 8 rows", _p(dict(rows=(8,), K=1, hidden=1, N=1)), True),

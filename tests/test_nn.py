@@ -17,6 +17,23 @@ def test_layer_norm_from_torch():
     torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("eps", [None, 1e-5])
+@pytest.mark.parametrize("level", ["native", "triton"])
+def test_rms_norm_from_torch(eps, level):
+    # eps=None: nn.RMSNorm takes torch.finfo(x.dtype).eps at each call, and so does ours
+    ref = nn.RMSNorm(33, eps=eps)
+    nn.init.normal_(ref.weight)
+    m = lnn.RMSNorm.from_torch(ref, level=level)
+    x = torch.randn(4, 7, 33, requires_grad=True)
+    y = m(x)
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    y.sum().backward()
+    assert m.weight.grad is not None and m.weight.grad.shape == (33,)
+    with pytest.raises(ValueError, match="weight"):
+        lnn.RMSNorm.from_torch(nn.RMSNorm(33, elementwise_affine=False))
+    assert set(m.state_dict()) == set(ref.state_dict())
+
+
 def test_mlp_from_torch():
     fc1, fc2 = nn.Linear(16, 48), nn.Linear(48, 10)
     m = lnn.MLP.from_torch(fc1, fc2)

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import levels.native as native
 from equivalence.check import check
 
-ORIGINAL = {name: getattr(native, name) for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn")}
+ORIGINAL = {name: getattr(native, name)
+            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm")}
 
 
 def plant(monkeypatch, component, fn):
@@ -49,6 +50,46 @@ def test_off_by_one_causal_mask_is_caught(monkeypatch, dtype):
     plant(monkeypatch, "attention", leaky)
     bad = failed("attention", dtype, "causal")
     assert bad and bad[0].variant == "causal"
+
+
+def test_rms_norm_with_layer_norms_variance_is_caught(monkeypatch):
+    # The centred variance instead of the mean square: LayerNorm's statistic in RMSNorm.
+    # Rows of mean 0.5 and spread 2 make them differ by 3%: far outside float32's bound.
+    def centred(x, weight, eps=1e-6):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.var(-1, unbiased=False, keepdim=True) + eps)
+                * weight.float()).to(x.dtype)
+    plant(monkeypatch, "rms_norm", centred)
+    assert failed("rms_norm", "float32")
+
+
+class _FirstBatchDweight(torch.autograd.Function):
+    """RMSNorm whose backward sums dweight over the rows of the first batch element only:
+    the reduction over every leading dimension, half done."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return ORIGINAL["rms_norm"](x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            xd, wd = x.detach().requires_grad_(), weight.detach().requires_grad_()
+            dx, _ = torch.autograd.grad(ORIGINAL["rms_norm"](xd, wd, ctx.eps), (xd, wd), dy)
+        xhat = x.float() * torch.rsqrt((x.float() ** 2).mean(-1, keepdim=True) + ctx.eps)
+        dweight = (dy.float() * xhat)[0].reshape(-1, x.shape[-1]).sum(0)
+        return dx, dweight.to(weight.dtype), None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_dweight_over_one_batch_element_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "rms_norm", lambda x, weight, eps=1e-6: _FirstBatchDweight.apply(x, weight, eps))
+    bad = failed("rms_norm", dtype)
+    assert bad and all(any(c.name == "grad weight" and not c.ok for c in r.comparisons) for r in bad)
+    assert all(c.ok for r in bad for c in r.comparisons if c.name in ("out", "grad x"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -38,6 +38,19 @@ def test_layer_norm_reference_matches_nn(shape):
     close(ref, m(x))
 
 
+@pytest.mark.parametrize("shape", [(7,), (3, 1), (3, 1023), (2, 5, 129), (4, 4096)])
+@pytest.mark.parametrize("eps", [1e-6, 0.1])
+def test_rms_norm_reference_matches_torch(shape, eps):
+    # torch's own op, F.rms_norm, through the layer a user builds (nn.RMSNorm)
+    m = nn.RMSNorm(shape[-1], eps=eps, **f64)
+    with torch.no_grad():
+        m.weight.normal_()
+    x = torch.randn(shape, **f64) * 3 + 1
+    ref, = cards.get("rms_norm").reference(dict(x=x, weight=m.weight, eps=eps))
+    close(ref, m(x))
+    close(ref, F.rms_norm(x, (shape[-1],), m.weight, eps))
+
+
 @pytest.mark.parametrize("rows,K,Hd,N", [((5,), 3, 7, 2), ((2, 9), 24, 72, 20), ((64,), 256, 1024, 128)])
 def test_mlp_reference_matches_linear_gelu_linear(rows, K, Hd, N):
     fc1, fc2 = nn.Linear(K, Hd, **f64), nn.Linear(Hd, N, **f64)

@@ -247,15 +247,16 @@ class _LayerNorm(torch.autograd.Function):
         return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None, None, None
 
 
-def check(x) -> None:
+def check(x, component: str = "layer_norm") -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): rows too wide for registers, float64."""
+    after the contract): rows too wide for registers, float64. (rms_norm's kernels, built
+    the same way, refuse the same: `component` names the one whose call it is.)"""
     N = x.shape[-1]
     if N > MAX_WIDTH:
-        raise ValueError(f"layer_norm: argument 'x' must have a last dimension <= {MAX_WIDTH} for "
-                         f"the Triton kernel (one row lives in registers); got {N}")
+        raise ValueError(f"{component}: argument 'x' must have a last dimension <= {MAX_WIDTH} "
+                         f"for the Triton kernel (one row lives in registers); got {N}")
     if x.dtype == torch.float64:
-        raise TypeError("layer_norm: argument 'x' must be float16, bfloat16 or float32 for the "
+        raise TypeError(f"{component}: argument 'x' must be float16, bfloat16 or float32 for the "
                         "Triton kernels; got torch.float64")
 
 

@@ -50,6 +50,10 @@ What the harness may use (defaults in brackets):
                    --breakdown` charges their time to the component [()]
     SOLUTION_FILES level -> the file (or files) that hold its solution regions at that level,
                    where it is not the level's usual one (`levels assignment build`) [{}]
+    SAME_ALGORITHM_AS  components whose solutions are this one's nearly line for line
+                   (rms_norm's kernels are layer_norm's without the mean): an assignment of
+                   either hides the other's solution regions too (`levels assignment build`;
+                   one card names it, the relation goes both ways) [()]
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
@@ -146,6 +150,7 @@ class Card:
         self.fused_aten: tuple[str, ...] = tuple(getattr(module, "FUSED_ATEN", ()))
         self.nn_modules: tuple[str, ...] = tuple(getattr(module, "NN_MODULES", ()))
         self.solution_files: dict = dict(getattr(module, "SOLUTION_FILES", {}))
+        self.same_algorithm_as: tuple[str, ...] = tuple(getattr(module, "SAME_ALGORITHM_AS", ()))
         self.host_probe: dict = dict(getattr(module, "HOST_PROBE", {}))
 
     def __repr__(self) -> str:
