@@ -96,8 +96,15 @@ def test_the_reference_scores_full_at_levels_1_to_4_within_a_minute():
     """One component graded at Levels 1-4 from the reference, as an autograder would: every
     part full marks, in a minute on a 2-core CPU (the goal; Level 3's compiles are most of it)."""
     parts = [("layer_norm", level) for level in ("native", "torchscript", "compile", "triton")]
-    result = grading.grade(ROOT, parts=parts)
+    # a performance share cannot be scored on a CPU: the other checks count for all 10 points
+    timed = [{"component": c, "level": lev, "credit": {
+        "performance": 0.2, "performance_reference": "compile" if lev != "compile" else "native"}}
+        for c, lev in parts]
+    result = grading.grade(ROOT, parts=timed, device="cpu")
     assert scores(result) == dict.fromkeys(parts, 10), reasons(result)
+    for test in result["tests"]:
+        assert ("performance (20% of the part) not scored: needs a CUDA GPU (this grader runs "
+                "on cpu)") in test["output"]
     print(f"layer_norm at Levels 1-4: {result['execution_time']} s")
     assert result["execution_time"] < 90  # the goal is 60 s; CI machines vary
 
@@ -194,6 +201,72 @@ def test_partial_credit_splits_a_part_into_passes_dtypes_and_layouts():
     assert score == 0 and reason.startswith("no credit for this part: PyTorch computed inside")
     with pytest.raises(ValueError, match="credit: 'strided' must be a number from 0 to 1"):
         grade_credit.credit_shares({"strided": 2})
+
+
+def test_performance_points_follow_the_speedup_and_only_for_a_correct_part():
+    shares = grade_credit.credit_shares({"performance": 0.2, "performance_target": 1.25})
+    timed = {"level_ms": 2.0, "reference_ms": 2.0, "speedup": 1.0, "reference": "compile",
+             "size": "bench", "dtype": "float32"}
+    points, line = grade_credit.performance_points(timed, True, shares, 10, "cuda")
+    assert points == 1.6 and line.startswith("performance 1.6/2: 2 ms against compile's 2 ms")
+    assert "1.00x, full marks at 1.25x" in line
+    fast = dict(timed, level_ms=1.0, speedup=2.0)
+    assert grade_credit.performance_points(fast, True, shares, 10, "cuda")[0] == 2  # capped
+    points, line = grade_credit.performance_points(fast, False, shares, 10, "cuda")
+    assert points == 0 and "not scored until every check passes" in line
+    points, line = grade_credit.performance_points({"error": "compile was not timed"}, True,
+                                                   shares, 10, "cuda")
+    assert points == 0 and "could not be timed: compile was not timed" in line
+    points, line = grade_credit.performance_points(None, True, shares, 10, "cpu")
+    assert points is None and "not scored: needs a CUDA GPU (this grader runs on cpu)" in line
+    for speedup in (float("nan"), 0.0, -1.0, None):
+        assert grade_credit.performance_fraction(speedup, 1.0) == 0.0
+    for bad, message in (({"performance": 0.95}, "must leave the correctness checks a share"),
+                         ({"performance_target": 0}, "must be a speed-up above 0"),
+                         ({"performance_reference": ""}, "must name a level")):
+        with pytest.raises(ValueError, match=message):
+            grade_credit.credit_shares(bad)
+
+
+def test_the_performance_timing_compares_one_draw_with_the_reference():
+    """The part's process times its level and the reference on the same inputs (a fake
+    profiler here: the real one needs a GPU to mean anything)."""
+    from equivalence.commands import grade_process
+
+    calls = []
+
+    def fake_profile(component, level, dtype, device, size, case_cache):
+        calls.append((level, id(case_cache)))
+        ms = {"triton": 0.5, "compile": 1.0}[level]
+        return argparse.Namespace(status="ok", reason="", fwd_bwd={"median_ms": ms})
+
+    got = grade_process._timed("layer_norm", "triton", "cuda", "float32", "compile", "bench",
+                               profile=fake_profile)
+    assert got == {"level_ms": 0.5, "reference_ms": 1.0, "speedup": 2.0, "reference": "compile",
+                   "size": "bench", "dtype": "float32"}
+    assert [c[0] for c in calls] == ["triton", "compile"] and calls[0][1] == calls[1][1]
+
+    def failing(component, level, **kw):
+        return argparse.Namespace(status="skip", reason="no GPU", fwd_bwd=None)
+
+    got = grade_process._timed("layer_norm", "triton", "cuda", "float32", "compile", "bench",
+                               profile=failing)
+    assert got == {"error": "level triton was not timed (skip: no GPU)"}
+
+
+@pytest.mark.gpu
+def test_performance_points_on_a_gpu():
+    """The real path (the lead's H100): the reference's Triton part timed against
+    torch.compile earns a share in proportion to its speed-up, said in the output."""
+    part = {"component": "layer_norm", "level": "triton", "points": 10,
+            "credit": {"performance": 0.2, "performance_target": 0.5}}
+    (test,) = grading.grade(ROOT, parts=[part], timeout_s=600)["tests"]
+    match = re.search(r"performance ([\d.]+)/2: .* against compile's .* ms .*: ([\d.]+)x",
+                      test["output"])
+    assert match, test["output"]
+    earned, speedup = float(match[1]), float(match[2])
+    assert earned == pytest.approx(min(2.0, 2.0 * speedup / 0.5), abs=0.03)
+    assert test["score"] == pytest.approx(8 + earned, abs=0.01), test["output"]
 
 
 # ---------------------------------------------------------------------------------------

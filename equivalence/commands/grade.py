@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .grade_credit import cells, credit_shares, verdict
+from .grade_credit import cells, credit_shares, performance_points, verdict
 from .grade_notebooks import _cells_to_grade, _grade_notebook, notebooks_with_grade_cells
 from .grade_process import _RESULT, ROOT, PartResult, _bootstrap, _device_type, _run_child
 
@@ -58,6 +58,7 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600.0
 DTYPES = ("float32", "bfloat16")
 TWIN_LEVELS = ("numba",)  # gradable levels that are no rung of the ladder
+PERFORMANCE_SIZE = "bench"  # the cards' GPU size: where a level's speed means something
 NEEDS_GPU = ("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, and this grader runs on "
              "{device}; grade this part on a machine with one (what could be done here: "
              "{done})")
@@ -196,7 +197,12 @@ def grade(repo_dir, parts=None, timeout_s: float = DEFAULT_TIMEOUT_S, device: st
     for p in parts:
         if p.component not in COMPONENTS:
             raise ValueError(f"part {p.name}: component must be one of {', '.join(COMPONENTS)}")
-        credit_shares({**(shares or {}), **(p.credit or {})})  # refused before anything runs
+        mine = credit_shares({**(shares or {}), **(p.credit or {})})  # refused before anything runs
+        if mine["performance"] and _named(Part(p.component, mine["performance_reference"])
+                                          ).level == p.level:
+            raise ValueError(f"part {p.name}: its performance is timed against "
+                             f"{mine['performance_reference']}, its own level: name another "
+                             f"(credit 'performance_reference')")
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -257,6 +263,8 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
                 shares: dict) -> PartResult:
     shares = credit_shares(shares)
     compiles_share = shares["compiles"] if part.level == "cuda" else 0.0
+    on_gpu = _device_type(device) == "cuda"
+    timed_share = shares["performance"] if on_gpu else 0.0  # without a GPU: not scored
     if part.level == "cuda" and _device_type(device) != "cuda":
         # No process: nothing of Level 5 can run here. The compile is the grader's own.
         start = time.perf_counter()
@@ -266,7 +274,9 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
         return PartResult(part.name, part.component, part.level, score, part.max_score, "failed",
                           reason, reason, round(time.perf_counter() - start, 1))
     spec = {"repo": str(repo), "grader": str(ROOT), "component": part.component,
-            "level": part.level, "device": device, "dtypes": dtypes, "size": size}
+            "level": part.level, "device": device, "dtypes": dtypes, "size": size,
+            "performance": ({"reference": shares["performance_reference"],
+                             "size": PERFORMANCE_SIZE} if timed_share else None)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="levels-grade-") as tmp:
         spec["result"] = str(Path(tmp) / _RESULT)
@@ -292,10 +302,20 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
     from equivalence.cards import LAYOUTS
 
     part_cells = cells(child["checks"], child["problems"], dtypes, list(LAYOUTS), shares)
-    points = part.max_score * (1 - compiles_share)
+    points = part.max_score * (1 - compiles_share - timed_share)
     score, reason, lines = verdict(part_cells, points, part.name)
     if compiles_share:
         score = round(score + part.max_score * compiles_share, 2)  # it ran: it compiled
+    if shares["performance"]:
+        measured = child.get("performance") or {"error": "the part's process timed nothing"}
+        earned, line = performance_points(measured if on_gpu else None,
+                                          all(c.ok for c in part_cells), shares,
+                                          part.max_score, device)
+        lines.insert(0, line)
+        if earned is not None:
+            score = round(score + earned, 2)
+            if earned < part.max_score * timed_share:
+                reason = "; ".join(x for x in (reason, line) if x)
     lines += [c["summary"] for c in child["checks"]] + child["notes"]
     lines += [f"{p}: {problem}" for p in ("forward", "backward") for problem in child["problems"][p]]
     lines += [c["text"] for c in child["problems"]["cheats"]]
