@@ -198,6 +198,7 @@ fwd_v3_registers(const T* __restrict__ x, const T* __restrict__ weight,
     else return block_sum(v, scratch);
   };
 
+  // ### BEGIN SOLUTION
   const int64_t n_vec = N / VEC;
   const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
   float v[E];
@@ -253,6 +254,7 @@ fwd_v3_registers(const T* __restrict__ x, const T* __restrict__ weight,
     mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
+  // ### END SOLUTION
 }
 
 // v3's fallback for rows it cannot hold or cannot load by vectors: one block per row, the
@@ -266,6 +268,7 @@ __global__ void fwd_v3_loop(const T* __restrict__ x, const T* __restrict__ weigh
   using V = Vec<T, VEC>;
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
+  // ### BEGIN SOLUTION
   const int64_t n_vec = N / VEC;  // launcher: N % VEC == 0
   const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
   float sum = 0.0f;
@@ -300,6 +303,7 @@ __global__ void fwd_v3_loop(const T* __restrict__ x, const T* __restrict__ weigh
     mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
+  // ### END SOLUTION
 }
 
 // =====================================================================================
@@ -458,6 +462,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   const int t = threadIdx.x, G = blockDim.x;
   const int64_t n_vec = N / VEC;
 
+  // ### BEGIN SOLUTION
   // Padding lanes (k >= n_vec) hold w = 0 and dy = 0: they add nothing to any sum, and
   // their dx is never stored.
   V zero;
@@ -528,6 +533,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       }
     }
   }
+  // ### END SOLUTION
 }
 
 // =====================================================================================

@@ -70,8 +70,7 @@ def test_cuda_regions_become_a_comment():
               "  y[i] = 1.0f;\n  // ### END SOLUTION\n}\n")
     out = assignment.blank(source, "k.cu", assignment.find_regions(source, "k.cu"), "k")
     assert out == ("__global__ void k(float* y) {\n  int i = threadIdx.x;\n  // TODO: k: write this "
-                   "part (the kernel writes nothing until you do, so the check fails on NaN "
-                   "outputs).\n}\n")
+                   "part (until you do, the outputs stay NaN and the check fails).\n}\n")
 
 
 def test_hang_and_segfault_cost_their_part_only(tmp_path):
@@ -353,11 +352,17 @@ def test_a_kernel_that_stores_nothing_does_not_pass_the_compile_check(tmp_path):
         pytest.skip(f"needs nvcc: {build.nvcc_available()}")
     sub = tmp_path / "sub"
     (sub / "cuda_kernels").mkdir(parents=True)
-    (sub / "cuda_kernels/layer_norm.cu").write_text(
-        '__global__ void blank_fwd(const float* x, float* y, int n) {\n'
-        '  // TODO: layer_norm, Level 5 (cuda): write this part.\n}\n')
+    cu = sub / "cuda_kernels/layer_norm.cu"
+    cu.write_text('namespace ln {\n__global__ void blank_fwd(const float* x, float* y, int n) {\n'
+                  '  // TODO: layer_norm, Level 5 (cuda): write this part.\n}\n}\n')
     ok, why = grading._compiles(sub, grading.Part("layer_norm", "cuda"))
-    assert not ok and "store nothing" in why and "blank_fwd" in why
+    assert not ok and why == ("layer_norm @ cuda is not implemented yet (the TODO at "
+                              "cuda_kernels/layer_norm.cu:3 is still there)")
+    cu.write_text(cu.read_text().replace("  // TODO: layer_norm, Level 5 (cuda): write this part.\n",
+                                         ""))  # the TODO deleted, the kernel still empty
+    ok, why = grading._compiles(sub, grading.Part("layer_norm", "cuda"))
+    assert not ok and why.endswith("store nothing (a kernel whose body is still a TODO): "
+                                   "ln::blank_fwd"), why
 
 
 def test_level5_op_counter_counts_the_extension_ops_per_pass():
