@@ -121,3 +121,21 @@ def test_masked_softmax_needs_only_the_valid_elements():
     arrays, sizes = p.make(np.random.default_rng(0))
     needed = p.reads(arrays, sizes)["x"]
     assert needed.sum() == arrays["lengths"].sum() and needed[:, 0].all()
+
+
+@triton.jit
+def _stub(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+@cuda.jit
+def _numba_stub(x, y, n):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("engine, kernel", [("triton", _stub), ("numba", _numba_stub)])
+def test_a_blank_exercise_is_said_to_be_not_written(engine, kernel):
+    assert ("the kernel is not written yet (its body still raises NotImplementedError)"
+            in str(_failure(engine, "map", kernel)))
