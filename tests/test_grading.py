@@ -333,7 +333,7 @@ def test_a_cuda_part_without_a_gpu_is_compiled_and_the_rest_needs_a_gpu():
         "layer_norm @ cuda", "cuda", 0.3, 3, "failed")  # the "compiles" share: 0.1
     assert test["reason"].startswith("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, "
                                      "and this grader runs on cpu")
-    assert ("cuda_kernels/layer_norm.cu compiles (nvcc, sm_80 PTX) and each of its kernels "
+    assert ("cuda_kernels/layer_norm.cu compiles (nvcc, sm_90a PTX) and each of its kernels "
             "stores its result") in test["reason"]
     assert (result["score"], result["max_score"]) == (0.3, 3)  # the points stay in the maximum
     report = grading.gradescope(result)
