@@ -58,6 +58,12 @@
 //   (x = of a device copy's bandwidth, 2.96 TB/s fp32, 2.87 bf16; torch.compile in the same
 //   run: forward 2.96 / 2.52 TB/s, backward 2.51 / 2.02 TB/s, so v3 is 0.99x / 1.12x of it
 //   forward and 1.05x / 1.05x backward.)
+//
+// As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
+// solution regions marked below are the kernels version 3 runs (its register-row and loop
+// forwards, its fused backward, and v2's backward kernels, which v3 falls back to for rows
+// that are no whole number of 16-byte vectors). v1 and v2's forwards stay: the steps below
+// the one to write.
 #include "common.cuh"
 
 namespace levels_layer_norm {
@@ -366,6 +372,7 @@ __global__ void bwd_dx_v2(const T* __restrict__ dy, const T* __restrict__ x,
   const int lane = threadIdx.x & 31;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= M) return;  // per warp
+  // ### BEGIN SOLUTION
   const T* xr = x + row * stride_x;
   const T* dyr = dy + row * stride_dy;
   const float mu = mean[row], rs = rstd[row];
@@ -382,6 +389,7 @@ __global__ void bwd_dx_v2(const T* __restrict__ dy, const T* __restrict__ x,
     const float xhat = (to_f32(xr[i]) - mu) * rs, wdy = to_f32(weight[i]) * to_f32(dyr[i]);
     dxr[i] = from_f32<T>((wdy - xhat * c1 - c2) * rs);
   }
+  // ### END SOLUTION
 }
 
 // v2 dw/db, stage 1: block (blockIdx.x, p) sums columns [256 blockIdx.x, +256) over rows
@@ -399,6 +407,7 @@ __global__ void bwd_dwdb_partial_v2(const T* __restrict__ dy, const T* __restric
   const int64_t p = blockIdx.y;
   const int64_t first = p * rows_per_chunk;
   const int64_t last = first + rows_per_chunk < M ? first + rows_per_chunk : M;
+  // ### BEGIN SOLUTION
   float dw = 0.0f, db = 0.0f;
   for (int64_t m = first; m < last; ++m) {
     const float g = to_f32(dy[m * stride_dy + col]);
@@ -407,6 +416,7 @@ __global__ void bwd_dwdb_partial_v2(const T* __restrict__ dy, const T* __restric
   }
   part_dw[p * N + col] = dw;
   part_db[p * N + col] = db;
+  // ### END SOLUTION
 }
 
 // Stage 2 (v2 and v3): dweight[n] = sum_p part_dw[p, n] (and dbias). A block owns 32
