@@ -50,6 +50,8 @@ def test_every_component_is_marked_at_levels_1_to_4_and_the_twins():
             assert (component, level) in marked, (component, level)
     for component in ("attention", "layer_norm", "mlp"):  # the components with a numba twin
         assert (component, "numba") in marked
+    for component in ("layer_norm", "mlp", "lstm", "conv_bn"):  # Level 5: attention not yet
+        assert (component, "cuda") in marked
     with pytest.raises(ValueError, match="never closed"):
         assignment.find_regions("x = 1\n    ### BEGIN SOLUTION\ny = 2\n", "f.py")
     with pytest.raises(ValueError, match="without a"):
