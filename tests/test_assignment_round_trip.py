@@ -347,6 +347,7 @@ def test_level5_round_trip_compiles_on_a_cpu(tmp_path):
         assert "// ### BEGIN SOLUTION" not in (copy.out / rel).read_text()
     for twin in ("numba_kernels/layer_norm.py", "numba_kernels/gemm.py"):
         assert "hidden while" in (copy.out / twin).read_text(), twin
+    assert "the grader compiles your `.cu` file with nvcc" in (copy.out / "ASSIGNMENT.md").read_text()
     config = copy.instructor / "grading.json"
     with ThreadPoolExecutor(2) as pool:
         blank, done = pool.map(lambda repo: grading.grade(repo, config=config, device="cpu"),
