@@ -110,7 +110,7 @@ TRITON = [
         lambda a, s: a["a"].astype(np.float64) @ a["b"].astype(np.float64),
         lambda k, a, s: k[_triton_grid(cdiv(s["M"], 16), cdiv(s["N"], 16))](
             a["a"], a["b"], a["c"], s["M"], s["N"], s["K"], BLOCK_M=16, BLOCK_N=16, BLOCK_K=16),
-        out="c", rtol=2e-3),  # on a GPU tl.dot may use TF32
+        out="c", rtol=5e-3),  # on a GPU tl.dot may use TF32 (10-bit mantissas)
     Puzzle(
         "masked_softmax", "triton",
         "y[i, j] = softmax of x[i, :L[i]] at j for j < L[i], and 0 for L[i] <= j < C: x, y "

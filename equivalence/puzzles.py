@@ -195,6 +195,10 @@ def _run_triton(puzzle, kernel, arrays, sizes, out_shape):
     import torch
 
     device = "cpu" if interpreter.active() else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the Triton puzzles need a GPU or Triton's CPU interpreter: import "
+                           "levels before triton (without a GPU it sets TRITON_INTERPRET=1), or "
+                           "start Python with TRITON_INTERPRET=1")
     tensors = {k: _padded(v, device) for k, v in arrays.items()}
     tensors[puzzle.out] = _padded(np.full(out_shape, np.nan, dtype=np.float32), device)
     watched = interpreter.active()
@@ -222,8 +226,25 @@ def _run_triton(puzzle, kernel, arrays, sizes, out_shape):
             error = _raised(e)
     if device == "cuda":
         torch.cuda.synchronize()
-    got = tensors[puzzle.out].detach().cpu().double().numpy()
+    out = tensors[puzzle.out]
+    if not watched and error is None:
+        # Compiled, the accesses are not seen; stores into the output's margins still leave
+        # a trace (they held NaN).
+        hit = _margin_writes(out)
+        if hit:
+            error = (f"{hit} write(s) outside {puzzle.out} (seen in the margins around it after "
+                     f"the run). {_EDGE[puzzle.engine]}")
+    got = out.detach().cpu().double().numpy()
     return got, accesses, error, None
+
+
+def _margin_writes(out) -> int:
+    """How many elements of the NaN margins around `out` (a _padded tensor) hold a number."""
+    import torch
+
+    m, n = _margin(out.shape), out.numel()
+    store = torch.empty(0, dtype=out.dtype, device=out.device).set_(out.untyped_storage())
+    return int((~torch.isnan(store[:m])).sum() + (~torch.isnan(store[m + n:])).sum())
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,6 +319,12 @@ def _traced_class():
 def _run_numba(puzzle, kernel, arrays, sizes, out_shape):
     import numba_kernels
 
+    import torch
+
+    why = numba_kernels.unavailable_reason("cpu" if numba_kernels.SIMULATED
+                                           or not torch.cuda.is_available() else "cuda")
+    if why:
+        raise RuntimeError(f"the numba puzzles cannot run here: {why}")
     host = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     host[puzzle.out] = np.full(out_shape, np.nan, dtype=np.float32)
     accesses, error = {}, None

@@ -139,3 +139,16 @@ def _numba_stub(x, y, n):
 def test_a_blank_exercise_is_said_to_be_not_written(engine, kernel):
     assert ("the kernel is not written yet (its body still raises NotImplementedError)"
             in str(_failure(engine, "map", kernel)))
+
+
+def test_compiled_stores_past_the_edge_leave_a_trace_in_the_margins():
+    """On a GPU the accesses are not seen; a store past the output's end still lands in its
+    NaN margin, which is read back after the run."""
+    import torch
+
+    out = puzzles._padded(np.full((5, 4), np.nan, dtype=np.float32), "cpu")
+    assert puzzles._margin_writes(out) == 0
+    store = torch.empty(0, dtype=out.dtype).set_(out.untyped_storage())
+    store[4 + 20] = 1.0  # one past the last element (the margin is a row of 4)
+    store[0] = 2.0  # and one row before the first
+    assert puzzles._margin_writes(out) == 2
