@@ -11,10 +11,10 @@ How the accesses are seen. Triton runs in its interpreter (TRITON_INTERPRET=1, w
 levels` sets without a GPU), whose loads and stores equivalence/interpreter.py already
 watches for out-of-bounds checks: `interpreter.watching` hands every load's and store's byte
 addresses here, and they are turned into element offsets of the tensors the puzzle handed
-out. Each tensor sits in the middle of a NaN-filled allocation one row (a 1-D tensor: its own
-length) larger on each side, so an access just past an edge (`offs <= N`) lands in that
-margin, is drawn there, and fails the check instead of corrupting the heap; anything farther
-is the interpreter's OutOfBounds, with its message. The numba puzzles run in numba's CUDA
+out. Each tensor sits in the middle of an allocation one row (a 1-D tensor: its own length)
+larger on each side (an output's margins NaN, an input's a large number), so an access just
+past an edge (`offs <= N`) lands in that margin, is drawn there, and fails the check instead
+of corrupting the heap; anything farther is the interpreter's OutOfBounds, with its message. The numba puzzles run in numba's CUDA
 simulator (NUMBA_ENABLE_CUDASIM=1): the arrays handed to the kernel are simulator arrays
 whose indexing records the element (and the thread) of every read and write; an index
 outside the array is recorded and refused (a read gives NaN), where a GPU would silently
@@ -22,7 +22,8 @@ touch another allocation's memory. `cuda.syncthreads()` calls are counted: a mis
 barrier can give the right answer by luck in the simulator, never on purpose.
 
 Without the interpreter or the simulator (a GPU) the kernel runs compiled: the answer is
-still checked, the accesses are not seen, and a failure says so instead of drawing.
+still checked, and a Triton store into the output's margins is still found (they held NaN),
+but the accesses are not seen: a failure says so instead of drawing.
 
 The answer is compared with the puzzle's float64 answer by relative error (`rtol`); the
 failure message leads with the first problem: an access outside a tensor, an element never
@@ -177,14 +178,20 @@ def _margin(shape: tuple) -> int:
     return int(shape[-1]) if shape else 1  # a row (a 1-D tensor: its length)
 
 
-def _padded(array: np.ndarray, device):
+_INPUT_MARGIN = 1.0e6  # an input's margins: a read of them makes a number no answer has
+
+
+def _padded(array: np.ndarray, device, fill=float("nan")):
     """A torch tensor with `array`'s values in the middle of an allocation one margin larger
-    on each side (NaN, or 0 for integers)."""
+    on each side, filled with `fill` (0 for integers). An output's margins hold NaN, so a
+    store there is seen even where the accesses are not (compiled, on a GPU); an input's hold
+    a large number, so that what a read of them gives flows into a store there, or into a
+    wrong value."""
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(array))
     m = _margin(t.shape)
-    fill = float("nan") if t.dtype.is_floating_point else 0
+    fill = fill if t.dtype.is_floating_point else 0
     store = torch.full((t.numel() + 2 * m,), fill, dtype=t.dtype, device=device)
     view = store[m:m + t.numel()].view(t.shape)
     view.copy_(t)
@@ -199,7 +206,7 @@ def _run_triton(puzzle, kernel, arrays, sizes, out_shape):
         raise RuntimeError("the Triton puzzles need a GPU or Triton's CPU interpreter: import "
                            "levels before triton (without a GPU it sets TRITON_INTERPRET=1), or "
                            "start Python with TRITON_INTERPRET=1")
-    tensors = {k: _padded(v, device) for k, v in arrays.items()}
+    tensors = {k: _padded(v, device, _INPUT_MARGIN) for k, v in arrays.items()}
     tensors[puzzle.out] = _padded(np.full(out_shape, np.nan, dtype=np.float32), device)
     watched = interpreter.active()
     accesses = {k: Accesses(tuple(t.shape), _margin(t.shape)) for k, t in tensors.items()} \
