@@ -24,7 +24,10 @@ of grade_rules.py: the submission's own kernels must have computed it.
 
 Score: partial credit inside a part (grade_credit.py): forward and backward, each dtype, each
 layout, weighted by the config's "credit"; a kernel rule broken in a pass takes that pass's
-share. The reason leads with the first real cause of each pass that lost points.
+share. The reason leads with the first real cause of each pass that lost points. A
+"performance" share (default 0) is timed on a GPU only, in the part's process after its
+checks (grade_process._timed); without a GPU it is not scored, said so, and the other cells
+count for the part's points.
 
 Level 5 (cuda) without a GPU: the part's .cu file is compiled with nvcc to PTX (the grader's
 own compile, on the submission's source), and every kernel in it must store something (a
