@@ -79,15 +79,25 @@ struct EpiArgs {
   int accumulate;              // 1: add the old contents of c
 };
 
+// Exact GELU, x Phi(x), Phi from erf. (The result starts as NaN so that an exercise copy,
+// where the lines between the markers are cut, compiles and fails the check clearly.)
 __device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  float y = __int_as_float(0x7fc00000);
+  // ### BEGIN SOLUTION
+  y = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  // ### END SOLUTION
+  return y;
 }
 
 // d/dx [x Phi(x)] = Phi(x) + x phi(x)
 __device__ __forceinline__ float gelu_grad(float x) {
+  float d = __int_as_float(0x7fc00000);
+  // ### BEGIN SOLUTION
   const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
   const float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-  return cdf + x * pdf;
+  d = cdf + x * pdf;
+  // ### END SOLUTION
+  return d;
 }
 
 // The epilogue of one output element (m, n), both in range.
