@@ -1,4 +1,4 @@
-// autograd.cpp — the five ops Level 5 is called through, one per component, each
+// autograd.cpp — the ops Level 5 is called through, one per component, each
 // differentiable by a C++ autograd Function. A translation unit of its own, beside the binding
 // (binding.cpp and its fragments) and the kernels: it calls the kernels' ops through the
 // dispatcher only, never their C++ functions, so it needs torch's headers and nothing of
@@ -10,6 +10,7 @@
 //   levels_cuda::lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version, gemm_version) -> (out, h_n, c_n)
 //   levels_cuda::conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean!,
 //                        running_var!, stride, padding, eps, momentum, training, version) -> out
+//   levels_cuda::rope(x, cos, sin, interleaved, version) -> out
 //
 // What this buys (the host path, measured in reports/h100-overhead.json): a Level 5 call used
 // to be Python from end to end around its kernels: the layout copies, the version lookup,
@@ -465,6 +466,39 @@ Tensor conv_bn(const Tensor& x, const Tensor& conv_weight, const std::optional<T
   return out.permute({0, 3, 1, 2});
 }
 
+// ------------------------------------------------------------------------------ rope --
+
+// No layout work: the kernel reads x, dy and the tables through their strides. The backward
+// is the same op with inverse=true: a rotation's inverse is its transpose, so
+// dx = rotate(dy, cos, -sin). cos and sin are tables, never differentiated.
+using RopeRotate = Tensor(const Tensor&, const Tensor&, const Tensor&, bool, bool, int64_t);
+
+struct Rope : public torch::autograd::Function<Rope> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& cos,
+                        const Tensor& sin, bool interleaved, int64_t version) {
+    static auto rotate = op<RopeRotate>("levels_cuda::rope_rotate");
+    BelowAutograd guard;
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["version"] = version;
+    return rotate.call(x, cos, sin, interleaved, false, version);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto rotate = op<RopeRotate>("levels_cuda::rope_rotate");
+    BelowAutograd guard;
+    const auto saved = ctx->get_saved_variables();
+    Tensor dx = rotate.call(grads[0], saved[0], saved[1], ctx->saved_data["interleaved"].toBool(),
+                            true, ctx->saved_data["version"].toInt());
+    return {dx, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved,
+            int64_t version) {
+  return Rope::apply(x, cos, sin, interleaved, version);
+}
+
 }  // namespace levels_cuda_autograd
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
@@ -476,6 +510,7 @@ TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("conv_bn(Tensor x, Tensor conv_weight, Tensor? conv_bias, Tensor bn_weight, "
         "Tensor bn_bias, Tensor(a!) running_mean, Tensor(b!) running_var, int[2] stride, "
         "int[2] padding, float eps, float momentum, bool training, int version) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, bool interleaved, int version) -> Tensor");
 }
 
 // One kernel per op for every backend: the Functions record autograd when it is on and run
@@ -487,4 +522,5 @@ TORCH_LIBRARY_IMPL(levels_cuda, CompositeImplicitAutograd, m) {
   m.impl("mlp", &levels_cuda_autograd::mlp);
   m.impl("lstm", &levels_cuda_autograd::lstm);
   m.impl("conv_bn", &levels_cuda_autograd::conv_bn);
+  m.impl("rope", &levels_cuda_autograd::rope);
 }
