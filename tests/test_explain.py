@@ -21,6 +21,7 @@ EXPECTED = {
         "mlp": ["aten.addmm", "aten.gelu", "aten.gelu_backward"],
         "lstm": ["aten.sigmoid", "aten.tanh", "aten.stack", "aten.sigmoid_backward"],
         "conv_bn": ["aten.convolution", "aten.var", "aten.add_", "aten.convolution_backward"],
+        "rope": ["aten.cat", "aten.sub", "aten.slice_backward"],
     },
     "torchscript": {
         "attention": ["aten::softmax", "aten::masked_fill", "aten::matmul"],
@@ -28,6 +29,7 @@ EXPECTED = {
         "mlp": ["aten::erf", "aten::matmul"],
         "lstm": ["prim::Loop", "aten::sigmoid", "aten::tanh"],
         "conv_bn": ["aten::conv2d", "aten::rsqrt", "aten::add_", "torch.jit.freeze"],
+        "rope": ["aten::slice", "aten::cat", "aten::stack"],
     },
     "compile": {
         "attention": ["scaled_dot_product", "cpp_fused__softmax"],
@@ -35,6 +37,7 @@ EXPECTED = {
         "mlp": ["extern_kernels.addmm", "erf"],
         "lstm": ["sigmoid", "tanh", "extern_kernels.mm"],
         "conv_bn": ["convolution", "rsqrt"],
+        "rope": ["cpp_fused_add_mul_slice_sub"],
     },
 }
 
