@@ -30,7 +30,9 @@ THREAD_ROWS = 2  # threadIdx.y's extent (C++: 256 / the pair width)
 
 @cuda.jit(device=True)
 def rotate(x1, x2, c, s):
+    ### BEGIN SOLUTION
     return x1 * c - x2 * s, x2 * c + x1 * s
+    ### END SOLUTION
 
 
 @cuda.jit

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("triton_kernels", "cuda_kernels", "numba_kernels", "levels", "equivalence")
 LAYERS = ("kernels", "levels", "harness", "commands", "cli")
 MAX_LINES = 600
-COMPONENT_NAMES = ("attention", "layer_norm", "mlp", "lstm", "conv_bn")
+COMPONENT_NAMES = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rope")
 
 
 def layer_of(module: str) -> str:
