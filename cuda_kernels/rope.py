@@ -6,6 +6,9 @@ The math and the layouts are Level 4's (triton_kernels/rope.py). The ladder:
     v1  one thread per pair, a flat index divided into (b, h, n, i) for every pair
     v2  a block per (row block, head), the pair loop in registers, 4 rows a thread with
         their loads issued together (more bytes in flight per thread)
+    v3  16-byte vector loads and stores (4 fp32 or 8 bf16/fp16 a load); where the operands
+        do not allow vectors (a strided last dimension, misaligned views, D/2 no multiple
+        of the vector), v2 runs instead: the same result, slower
 
 A call is one op, `levels_cuda::rope` (autograd.cpp): it runs `levels_cuda::rope_rotate`
 and records one C++ autograd node whose backward is `rope_rotate` again with inverse=True:
@@ -13,8 +16,9 @@ the rotation by -theta (dx = rotate(dy, cos, -sin)), of the SAME version. No cop
 kernels read x (q sliced out of a fused qkv buffer, say), dy (an expanded gradient of
 stride 0) and the tables through their strides, and write a contiguous y.
 
-Not yet measured on a GPU: `levels bench --component rope` times both versions against a
-device copy and the eager formula.
+Not yet measured on a GPU: `levels bench --component rope` times every version against a
+device copy, the eager formula and torch.compile. v3, the default, is compiled (ptxas: no
+spills) but has not run: if the GPU tests fail at v3 and pass at v2, set DEFAULT_VERSION = 2.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_ROPE, else DEFAULT_VERSION.
 """
@@ -28,8 +32,9 @@ from . import versions
 VERSIONS = {
     1: "one thread per pair: a flat index divided into (b, h, n, i) for every pair",
     2: "a block per (row block, head), 4 rows a thread, their loads issued together",
+    3: "16-byte vector loads and stores (v2 where the operands do not allow vectors)",
 }
-DEFAULT_VERSION = 2
+DEFAULT_VERSION = 3
 ENV_VERSION = "LEVELS_CUDA_VERSION_ROPE"
 
 _REGISTERED = False

@@ -34,9 +34,9 @@ def test_versions_come_from_the_argument_then_the_environment(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert kr.resolve_version() == kr.DEFAULT_VERSION
     monkeypatch.setenv(ENV, "1")
-    assert kr.resolve_version() == 1 and kr.resolve_version(2) == 2
+    assert kr.resolve_version() == 1 and kr.resolve_version(3) == 3
     monkeypatch.setenv(ENV, "9")
-    with pytest.raises(ValueError, match=r"rope: \$LEVELS_CUDA_VERSION_ROPE must be one of \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"rope: \$LEVELS_CUDA_VERSION_ROPE must be one of \[1, 2, 3\]"):
         kr.resolve_version()
 
 
@@ -50,7 +50,8 @@ def test_kernels_compile_for_sm90a_without_spills():
          str(CU)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     kernels = out.stderr.count("Compiling entry function")
-    assert kernels == len(VERSIONS) * 3, out.stderr[-3000:]  # each version in 3 dtypes
+    # each version in 3 dtypes, v3 once per pair layout
+    assert kernels == 3 * (len(VERSIONS) + 1), out.stderr[-3000:]
     assert " 0 bytes spill stores, 0 bytes spill loads" in out.stderr
     assert "bytes spill stores" not in out.stderr.replace(" 0 bytes spill stores", "")
 
@@ -93,6 +94,28 @@ def test_sizes(version, dtype, interleaved, B, H, N, D, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     r = check_args("rope", "cuda", _args(dict(B=B, H=H, N=N, D=D), dtype, interleaved, seed=N))
     assert r.passed, f"v{version}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("view", ["one_element_off", "tables_every_other", "x_every_other"])
+def test_views_that_defeat_vectors_fall_back(view, interleaved, dtype, monkeypatch):
+    # v3 reads 16-byte vectors only where the operands allow them; these do not (a start one
+    # element past a 16-byte boundary, table columns 2 apart, x's last stride 2), and must
+    # give the same answer by v2's path
+    monkeypatch.setenv(ENV, "3")
+    args = _args(dict(B=2, H=3, N=40, D=64), dtype, interleaved, seed=4)
+    if view == "one_element_off":
+        buf = torch.full((args["x"].numel() + 1,), float("nan"), dtype=dtype, device="cuda")
+        args["x"] = buf[1:].view(args["x"].shape).copy_(args["x"])
+    else:
+        names = ("cos", "sin") if view == "tables_every_other" else ("x",)
+        for name in names:
+            args[name] = cards.as_view(args[name], "last_every_other")
+    r = check_args("rope", "cuda", args)
+    assert r.passed, r.summary()
 
 
 @pytest.mark.gpu
