@@ -1,4 +1,4 @@
-// autograd.cpp — the five ops Level 5 is called through, one per component, each
+// autograd.cpp — the ops Level 5 is called through, one per component, each
 // differentiable by a C++ autograd Function. A translation unit of its own, beside the binding
 // (binding.cpp and its fragments) and the kernels: it calls the kernels' ops through the
 // dispatcher only, never their C++ functions, so it needs torch's headers and nothing of

@@ -102,3 +102,8 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     return _call("conv_bn", x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                  running_var, stride=stride, padding=padding, eps=eps, momentum=momentum,
                  training=training)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    return _call("rope", x, cos, sin, interleaved=interleaved)

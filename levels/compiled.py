@@ -50,7 +50,7 @@ import torch
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -156,6 +156,8 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #               one step per graph compiles in ~3 s but pays Dynamo's guards and the
 #               autograd wrapper on the host at every step (~0.3 ms a step there: 4x the
 #               unrolled loop's steady time). A last, shorter chunk is one more graph.
+#   rope        one pointwise kernel: both halves read, rotated and written in one pass
+#               (the slices and the cat/stack become index arithmetic)
 #   conv_bn     the normalization fused into one pass after the convolution; BN is folded
 #               into the weights only when they are constants (freezing), which a
 #               training-capable call is not; in training mode AOTAutograd turns the
@@ -164,7 +166,7 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 
 # What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
 MATH = {c: getattr(native, f"{c}_math")
-        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm")}
+        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm", "rope")}
 MATH["lstm"] = native.lstm_steps
 LSTM_CHUNK = 8  # time steps per compiled graph
 
@@ -330,9 +332,14 @@ def _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
             s["stride"], s["padding"], float(eps), float(momentum), training)
 
 
+def _prepare_rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return (x, cos, sin, interleaved)
+
+
 _PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
             "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn,
-            "rms_norm": _prepare_rms_norm}
+            "rms_norm": _prepare_rms_norm, "rope": _prepare_rope}
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:
@@ -379,3 +386,9 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     args = _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                             running_var, stride, padding, eps, momentum, training)
     return compiled("conv_bn", x.device)(*args)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    args = _prepare_rope(x, cos, sin, interleaved)
+    return compiled("rope", x.device)(*args)

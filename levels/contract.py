@@ -9,6 +9,7 @@ One signature per component, identical at all five levels:
     lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)            -> (output, (h_T, c_T))
     conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False)
+    rope(x, cos, sin, interleaved=False)
 
 Validation lives here, once, so that a wrong input fails the same way at every level
 and *before* any kernel runs: a Triton or CUDA kernel that receives a bad shape does
@@ -25,7 +26,7 @@ import numbers
 
 import torch
 
-COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm")
+COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -324,6 +325,43 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
                 padding=(ph, pw), H_out=Ho, W_out=Wo)
 
 
+def validate_rope(x, cos, sin, interleaved=False) -> dict:
+    """x (B, H, N, D) as attention takes q and k; cos and sin (N, D/2): one angle per position
+    and pair, shared by every batch element and head. Pairs are (i, i + D/2) (half-split, as
+    GPT-NeoX and HF Llama) or (2i, 2i + 1) (interleaved=True, as the RoPE paper and Meta's
+    Llama). The tables are data, not parameters: rope differentiates x only."""
+    c = "rope"
+    _tensors(c, {"x": x, "cos": cos, "sin": sin})
+    _rank(c, "x", x, 4, "(B, H, N, D), as attention's q and k")
+    B, H, N, D = x.shape
+    if min(B, H, N, D) == 0:
+        _fail(c, "x", "non-empty in every dimension", _describe(x))
+    if D % 2:
+        _fail(c, "x", "of shape (B, H, N, D) with D even (rope rotates pairs of features)",
+              _describe(x))
+    _rank(c, "cos", cos, 2, "(N, D/2): one table for every batch element and head")
+    _rank(c, "sin", sin, 2, "(N, D/2): one table for every batch element and head")
+    lengths = [N] + [t.shape[0] for t in (cos, sin)]
+    if _agreed(lengths) != N:  # cos and sin agree, x does not: x is the odd one out
+        _fail(c, "x", f"of shape (B, H, N, D) with N = {_agreed(lengths)}, the length of cos and "
+              f"sin", _describe(x))
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) == (N, D):
+            _fail(c, name, f"of shape (N, D/2) = {(N, D // 2)}, one angle per pair (an HF-style "
+                  f"(N, D) table repeats its halves: pass {name}[:, :D // 2])", _describe(t))
+        if t.shape[0] == N and 0 < 2 * t.shape[1] < D:
+            _fail(c, name, f"of shape (N, D/2) = {(N, D // 2)}: partial rotary embeddings "
+                  f"(rotary_dim < D, GPT-NeoX's rotary_pct) are not supported; rotate "
+                  f"x[..., :rotary_dim] and concatenate the rest", _describe(t))
+        _shape(c, name, t, (N, D // 2), "(N, D/2) with N, D = x.shape[2], x.shape[3]")
+        if t.requires_grad:
+            _fail(c, name, "a table that does not require grad (rope differentiates x only; "
+                  "build the tables under torch.no_grad() or pass .detach())",
+                  f"{_describe(t)} with requires_grad=True")
+    _flag(c, "interleaved", interleaved)
+    return dict(B=B, H=H, N=N, D=D)
+
+
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b have an element in common. Exact for two 1-D views of one dtype (what
     running statistics are: two interleaved views of one buffer do not overlap); for any
@@ -476,6 +514,7 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     # as F.rms_norm under CUDA autocast from torch 2.12 (its fp32 list; CPU autocast leaves
     # rms_norm alone): one rule on every device, the one of the GPUs models train on
     "rms_norm": (FLOAT32, ("x", "weight")),
+    "rope": (LOW_PRECISION, ("x", "cos", "sin")),  # q, k come from F.linear in that dtype
 }
 
 
@@ -541,4 +580,5 @@ VALIDATORS = {
     "lstm": validate_lstm,
     "conv_bn": validate_conv_bn,
     "rms_norm": validate_rms_norm,
+    "rope": validate_rope,
 }

@@ -39,7 +39,7 @@ from cuda_kernels import build
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
                        validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
-                       validate_rms_norm)
+                       validate_rms_norm, validate_rope)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -200,12 +200,18 @@ def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, r
     return _ready("conv_bn", "x", x), s["stride"], s["padding"], float(eps), float(momentum)
 
 
+def _rope_plan(x, cos, sin, interleaved):
+    validate_rope(x, cos, sin, interleaved)
+    return _ready("rope", "x", x), bool(interleaved)
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
+_ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
@@ -244,6 +250,12 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
         eps, momentum, training)
     return module.conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                           stride, padding, eps, momentum, training)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    module, interleaved = _ROPE(x, cos, sin, interleaved)
+    return module.rope(x, cos, sin, interleaved)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -194,3 +194,33 @@ def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, ru
     shift = bn_bias.float() - mean * scale
     return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
     ### END SOLUTION
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return rope_math(x, cos, sin, interleaved)
+
+
+def rope_math(x, cos, sin, interleaved: bool):
+    # Each pair (x1, x2) of features is a point in the plane, turned by its position's angle:
+    # (x1 cos - x2 sin, x2 cos + x1 sin). Op by op this reads x twice (the two halves), writes
+    # four (B, H, N, D/2) temporaries and copies them back together: about 5x the bytes of the
+    # one read and one write a fused kernel needs. No backward to write: autograd derives
+    # it, and it is the rotation by -angle (Levels 4 and 5 write that themselves).
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    if interleaved:  # pairs (2i, 2i + 1), the RoPE paper's and Meta's Llama
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+    else:  # pairs (i, i + D/2), GPT-NeoX's and HF Llama's "rotate_half"
+        x1, x2 = x32[..., :half], x32[..., half:]
+    ### BEGIN SOLUTION
+    c, s = cos.float(), sin.float()  # (N, D/2): broadcast over batch and heads
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    ### END SOLUTION
+    if interleaved:
+        y = torch.stack((y1, y2), dim=-1).flatten(-2)
+    else:
+        y = torch.cat((y1, y2), dim=-1)
+    return y.to(x.dtype)

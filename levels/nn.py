@@ -266,7 +266,54 @@ class ConvBN(_Leveled):
         return new
 
 
+class RotaryEmbedding(_Leveled):
+    """Rotary position embeddings for q and k of shape (B, H, N, D), D = `dim`: pair i of
+    position n turned by n * base**(-2i/dim). The tables are built from `inv_freq` (a
+    buffer, not saved in a state_dict, as in HF transformers) for the positions of each call,
+    `offset` onwards (decoding: the position of the first new token), and reused while
+    the positions, dtype and device stay the same. interleaved=False pairs features
+    (i, i + dim/2) as GPT-NeoX and HF Llama do; True pairs (2i, 2i + 1) as Meta's Llama.
+    q and k may have different head counts (grouped-query attention): one table serves both."""
+
+    component = "rope"
+
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False, level="native",
+                 device=None):
+        super().__init__(level)
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+            raise ValueError(f"argument 'dim' must be a positive even int (the head size); got {dim!r}")
+        if not base > 1:
+            raise ValueError(f"argument 'base' must be > 1; got {base!r}")
+        self.dim, self.base, self.interleaved = dim, float(base), bool(interleaved)
+        # in float64, then float32: base**(-2i/dim) itself is exact to float32's rounding
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+        self.register_buffer("inv_freq", (self.base ** -exponents).float().to(device),
+                             persistent=False)
+        self._tables_key, self._tables = None, None
+
+    def tables(self, n: int, offset: int, dtype: torch.dtype, device) -> tuple:
+        """(cos, sin), each (n, dim/2) in `dtype`, for positions offset .. offset + n - 1.
+        The angles are float32 products of the position and the frequency, as HF computes
+        them, then rounded to `dtype` (the contract takes tables in x's dtype)."""
+        key = (n, offset, dtype, torch.device(device), self.inv_freq.data_ptr())
+        if key != self._tables_key or torch.compiler.is_compiling():
+            positions = torch.arange(offset, offset + n, device=device, dtype=torch.float32)
+            angles = torch.outer(positions, self.inv_freq.to(device))
+            self._tables = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._tables_key = key
+        return self._tables
+
+    def forward(self, q, k, offset: int = 0):
+        cos, sin = self.tables(q.shape[-2], offset, q.dtype, q.device)
+        rope = self._fn()
+        return rope(q, cos, sin, self.interleaved), rope(k, cos, sin, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, base={self.base:g}, interleaved={self.interleaved}, "
+                f"{super().extra_repr()}")
+
+
 from .cuda_graph import GraphedModule, cuda_graph  # noqa: E402 - levels.nn.cuda_graph, after _Leveled
 
 __all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "RMSNorm",
-           "cuda_graph", "set_level"]
+           "RotaryEmbedding", "cuda_graph", "set_level"]

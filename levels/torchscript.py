@@ -53,7 +53,7 @@ from torch import Tensor
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -182,9 +182,28 @@ def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], 
     ### END SOLUTION
 
 
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    half = x.size(-1) // 2
+    x32 = x.float()
+    if interleaved:
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+    else:
+        x1, x2 = x32[..., :half], x32[..., half:]
+    ### BEGIN SOLUTION
+    # The four muls, two adds and the casts fuse into one pointwise group on a GPU; the
+    # strided slices before and the stack/cat after stay copies of their own.
+    c, s = cos.float(), sin.float()
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    ### END SOLUTION
+    if interleaved:
+        return torch.stack((y1, y2), -1).flatten(-2).to(x.dtype)
+    return torch.cat((y1, y2), -1).to(x.dtype)
+
+
 _SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
             "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train,
-            "rms_norm": _rms_norm}
+            "rms_norm": _rms_norm, "rope": _rope}
 
 # ---------------------------------------------------------------------------------------
 # Scripting, once per process, with the deprecation warning shown once.
@@ -372,3 +391,9 @@ def frozen_conv_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, run
     scripted_module = jit_call(torch.jit.script, module)
     frozen = jit_call(torch.jit.freeze, scripted_module)
     return (scripted_module, frozen) if return_unfrozen else frozen
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return _scripted()["rope"](x, cos, sin, interleaved)

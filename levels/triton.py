@@ -28,7 +28,7 @@ import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
                        require_device, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -191,12 +191,20 @@ def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, r
     return s["stride"], s["padding"], float(eps), float(momentum)
 
 
+def _rope_plan(x, cos, sin, interleaved):
+    validate_rope(x, cos, sin, interleaved)
+    _on_kernel_device("rope", "x", x)
+    _kernels("rope").check(x)
+    return bool(interleaved)
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
+_ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
@@ -238,6 +246,11 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     return _MODULES["conv_bn"].conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                        running_var, stride, padding, eps, momentum, training)
 
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    interleaved = _ROPE(x, cos, sin, interleaved)
+    return _MODULES["rope"].rope(x, cos, sin, interleaved)
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ barriers, the same epilogues. Two ways to run them:
                     column_sum; the MLP composed from them as cuda_kernels/mlp.py does
     attention.py    flash attention (the algorithm of triton_kernels/attention.py) as a
                     CUDA kernel: a thread per query row, K/V tiles in shared memory
+    rope.py         rope.cu version 2: a block per (row block, head), strided reads
     binding.py      the host side (binding.cpp's job): torch tensors -> kernel arguments
     level.py        the five-function face the harness checks: levels.register("numba",
                     numba_kernels.level), or check("layer_norm", fn=level.layer_norm)

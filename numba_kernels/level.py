@@ -5,7 +5,7 @@
     check("layer_norm", "numba")                            # ... checked like any level
     check("layer_norm", fn=numba_kernels.level.layer_norm)  # or one function
 
-Four components have twins: layer_norm, mlp, attention and rms_norm (the harness reports the
+Five components have twins: layer_norm, mlp, attention, rms_norm and rope (the harness reports the
 others as "'numba' has no lstm function"). Each function validates its arguments
 with levels.contract first, as every level does, then:
 
@@ -16,7 +16,8 @@ with levels.contract first, as every level does, then:
   * devices: CPU tensors under numba's CUDA simulator, CUDA tensors on a GPU without it
     (`unavailable_reason` says which this process can run);
   * layouts: what each twin copies, and what it takes with its strides, is said in its
-    entry point (numba_kernels.layer_norm.layer_norm, .gemm.mlp, .attention.attention).
+    entry point (numba_kernels.layer_norm.layer_norm, .gemm.mlp, .attention.attention,
+    .rope.rope).
 
 Keyword-only extras, for experiments and the notebook's exercises (the harness never passes
 them): layer_norm(..., kernels=numba_kernels.layer_norm.row_kernels(my_block_sum)) and
@@ -27,16 +28,18 @@ from __future__ import annotations
 
 import torch
 
-from levels.contract import validate_attention, validate_layer_norm, validate_mlp, validate_rms_norm
+from levels.contract import (validate_attention, validate_layer_norm, validate_mlp, validate_rms_norm,
+                             validate_rope)
 
 from . import attention as attention_twin
 from . import gemm as gemm_twin
 from . import layer_norm as layer_norm_twin
 from . import rms_norm as rms_norm_twin
+from . import rope as rope_twin
 from . import unavailable_reason as _device_reason
 from .binding import float32_inputs
 
-COMPONENTS = ("attention", "layer_norm", "mlp", "rms_norm")
+COMPONENTS = ("attention", "layer_norm", "mlp", "rms_norm", "rope")
 uses_tf32 = False  # every product is an fp32 multiply-add; no TF32 anywhere
 
 
@@ -84,3 +87,10 @@ def attention(q, k, v, causal=False, scale=None):
     t = float32_inputs("attention", {"q": q, "k": k, "v": v})
     out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"])
     return out.to(q.dtype)
+
+
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    _runnable("rope", x)
+    t = float32_inputs("rope", {"x": x, "cos": cos, "sin": sin})
+    return rope_twin.rope(t["x"], t["cos"], t["sin"], interleaved).to(x.dtype)

@@ -31,7 +31,7 @@ def _signatures():
     """(name, kernel, argument types) of every twin kernel, head dimension 16 for attention."""
     from numba import boolean, float32, float64, int64
 
-    from . import attention, gemm, layer_norm, rms_norm
+    from . import attention, gemm, layer_norm, rms_norm, rope
 
     # What the launchers pass: float32 spans (binding.operand), Python ints, floats (eps,
     # scale) and bools, which numba types as int64, float64 and boolean.
@@ -55,6 +55,7 @@ def _signatures():
         ("attention.attn_bwd_delta", att.bwd_delta, (a, a, i, i, i, i, a, i, i)),
         ("attention.attn_bwd_dkdv", att.bwd_dkdv, qkv + (a, i, i, i, i, a, a, a, a, i, i, i, f, b)),
         ("attention.attn_bwd_dq", att.bwd_dq, qkv + (a, i, i, i, i, a, a, a, i, i, i, f, b)),
+        ("rope.rope_v2", rope.rope_v2, (a, a, a, a) + (i,) * 12 + (f, b)),
     ]
 
 

@@ -18,11 +18,11 @@ GPU_REASON = "needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"
 SLOW = {
     "notebooks/": "the eight notebooks, executed (221 s)",
     "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (215 s)",
-    "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (128 s)",
-    "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s)",
+    "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (128 s; rope adds 35 s)",
+    "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s; rope adds 6 s)",
     "tests/test_compiled.py::test_harness_passes_all_components_forward_and_backward":
         "Level 3 compiles every case (111 s)",
-    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (57 s)",
+    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (57 s; rope adds 11 s)",
     "tests/test_models.py::test_every_level_trains_the_same_curve": "three models, five levels (41 s)",
     "tests/test_models.py::test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains":
         "two processes training (8 s)",

@@ -178,7 +178,7 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x",
-        "rms_norm": "x"}
+        "rms_norm": "x", "rope": "x"}
 # The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
@@ -325,6 +325,32 @@ REFUSED = [
     ("conv_bn", "stats-inference", "running_mean", VALUE_ERROR,
      lambda a, d: {"running_mean": _inference_copy(a["running_mean"]), "training": True},
      "running_mean made under torch.inference_mode (training)"),
+    # ---- rope: x (2, 3, 37, 20), cos and sin (37, 10)
+    ("rope", "x-rank", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0]}, "x is 3-D (no batch axis)"),
+    ("rope", "x-odd", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][..., :19]},
+     "x with an odd head dimension"),
+    ("rope", "x-length", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :, :5]},
+     "x with fewer positions than the tables"),
+    ("rope", "cos-hf-table", "cos", VALUE_ERROR,
+     lambda a, d: {n: torch.cat((a[n], a[n]), -1) for n in ("cos", "sin")},
+     "cos and sin (N, D), HF's repeated halves"),
+    ("rope", "cos-partial", "cos", VALUE_ERROR,
+     lambda a, d: {n: a[n][:, :4] for n in ("cos", "sin")},
+     "cos and sin for 8 of 20 features (partial rotary)"),
+    ("rope", "sin-batched", "sin", VALUE_ERROR, lambda a, d: {"sin": a["sin"].expand(2, 37, 10)},
+     "sin (B, N, D/2): a table per batch element"),
+    ("rope", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].to(torch.int32)}, "x is int32"),
+    ("rope", "sin-float16", "sin", TYPE_ERROR, lambda a, d: {"sin": a["sin"].half()},
+     "sin is float16, x float32"),
+    ("rope", "cos-device", "cos", VALUE_ERROR, lambda a, d: {"cos": a["cos"].to(other_device(d))},
+     "cos on another device"),
+    ("rope", "empty", "x", VALUE_ERROR,
+     lambda a, d: {"x": a["x"][:, :, :0], "cos": a["cos"][:0], "sin": a["sin"][:0]},
+     "x and the tables with no positions (N = 0)"),
+    ("rope", "cos-grad", "cos", VALUE_ERROR, lambda a, d: {"cos": a["cos"].requires_grad_()},
+     "cos requires grad (a table, not differentiated)"),
+    ("rope", "interleaved-int", "interleaved", TYPE_ERROR, lambda a, d: {"interleaved": 1},
+     "interleaved = 1 (an int)"),
 ]
 
 
@@ -381,6 +407,7 @@ FAR_APART = {  # component: (argument, dim, shape parameters, Level 4)
     "mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
     "lstm": ("x", 0, dict(B=2, T=1, I=8, H=16), VALUE_ERROR),
     "conv_bn": ("x", 0, dict(N=2, C_in=3, H=5, W=5, C_out=4, k=3, stride=1, padding=1), VALUE_ERROR),
+    "rope": ("x", 0, dict(B=2, H=1, N=2, D=16), COMPUTE),  # 64-bit offsets in the kernel
 }
 for _c, (_arg, _dim, _shape, _triton) in FAR_APART.items():
     PER_LEVEL.append(Bad(
@@ -431,6 +458,11 @@ COMPUTED = [
      "+Inf in x (training: the batch statistics)", "Inf and NaN as torch (forward)"),
     ("conv_bn", "some-grad", "train", ("conv_weight", "conv_bias", "bn_weight", "bn_bias"),
      lambda a, d: {}, "x does not require grad, the parameters do (training)", "gradients as torch"),
+    ("rope", "nan", "half", ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 4, 3), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("rope", "inf", "interleaved", ALL,
+     lambda a, d: {"x": with_value(a["x"], (1, 2, 0, 5), math.inf)},
+     "+Inf in x (interleaved)", "Inf and NaN as torch (forward)"),
 ]
 
 # Only on a GPU: the device mix-ups a CPU cannot make.
@@ -490,8 +522,11 @@ def _own_functions() -> dict:
     def rms_norm(x, weight, eps=1e-6):
         return native.rms_norm_math(x, weight, eps)
 
+    def rope(x, cos, sin, interleaved=False):
+        return native.rope_math(x, cos, sin, interleaved)
+
     return {"attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
-            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm}
+            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm, "rope": rope}
 
 
 @contextlib.contextmanager
@@ -611,8 +646,20 @@ def _torch_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, 
     return (out, mean, var) if training else (out,)
 
 
+def _torch_rope(x, cos, sin, interleaved=False):
+    # HF transformers' apply_rotary_pos_emb (torch has no RoPE operator), in Meta's pair
+    # order for interleaved=True
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return (torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2),)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return (x * torch.cat((cos, cos), -1) + rotated * torch.cat((sin, sin), -1),)
+
+
 TORCH_OPS = {"attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
-             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm}
+             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm,
+             "rope": _torch_rope}
 
 
 def _upstream(outs, dtype) -> list:

@@ -29,7 +29,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
 from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
-from cuda_kernels import rms_norm as k_rms_norm
+from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
@@ -361,11 +361,27 @@ def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, versi
             s_dyx.to(dt), s_dy.to(dt))
 
 
+# rope.cu: x and the tables read through any (non-negative) strides, y contiguous; inverse
+# rotates by -theta.
+def rope_rotate(x, cos, sin, interleaved, inverse, version):
+    _version("rope_rotate", version, k_rope.VERSIONS)
+    B, H, N, D = x.shape
+    for name, t in (("cos", cos), ("sin", sin)):
+        _expect("rope_rotate", name, t, (N, D // 2), x.dtype)
+    _refuse(all(s >= 0 for t in (x, cos, sin) for s in t.stride()), "rope_rotate",
+            "negative stride")
+    x32, c, s = x.float(), cos.float(), sin.float() * (-1 if inverse else 1)
+    x1, x2 = (x32[..., 0::2], x32[..., 1::2]) if interleaved else x32.split(D // 2, -1)
+    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+    y = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+    return y.to(x.dtype).contiguous()
+
+
 TWINS = {f.__name__: f for f in (
     layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
     gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
     mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
-    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd)}
+    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd, rope_rotate)}
 
 
 def kernel_op_schemas() -> dict[str, str]:
@@ -437,8 +453,12 @@ def rms_norm_op(x, weight, eps=1e-6):
     return OPS.rms_norm(x, weight, float(eps), k_rms_norm.resolve_version())
 
 
+def rope_op(x, cos, sin, interleaved=False):
+    return OPS.rope(x, cos, sin, bool(interleaved), k_rope.resolve_version())
+
+
 CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
-         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op}
+         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op, "rope": rope_op}
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ EXPECTED = {
         "lstm": ["aten.sigmoid", "aten.tanh", "aten.stack", "aten.sigmoid_backward"],
         "conv_bn": ["aten.convolution", "aten.var", "aten.add_", "aten.convolution_backward"],
         "rms_norm": ["aten.mean", "aten.rsqrt"],
+        "rope": ["aten.cat", "aten.sub", "aten.slice_backward"],
     },
     "torchscript": {
         "attention": ["aten::softmax", "aten::masked_fill", "aten::matmul"],
@@ -30,6 +31,7 @@ EXPECTED = {
         "lstm": ["prim::Loop", "aten::sigmoid", "aten::tanh"],
         "conv_bn": ["aten::conv2d", "aten::rsqrt", "aten::add_", "torch.jit.freeze"],
         "rms_norm": ["aten::rsqrt", "aten::mean"],
+        "rope": ["aten::slice", "aten::cat", "aten::stack"],
     },
     "compile": {
         "attention": ["scaled_dot_product", "cpp_fused__softmax"],
@@ -38,6 +40,7 @@ EXPECTED = {
         "lstm": ["sigmoid", "tanh", "extern_kernels.mm"],
         "conv_bn": ["convolution", "rsqrt"],
         "rms_norm": ["cpp_fused", "rsqrt"],
+        "rope": ["cpp_fused_add_mul_slice_sub"],
     },
 }
 

@@ -156,8 +156,16 @@ def _conv_bn(p, g):
                 training=p["options"]["training"])
 
 
+def _rope(p, g):
+    s = p["shape"]
+    B, H, N, D = s["B"], s["H"], s["N"], s["D"]
+    theta = (torch.rand((N, D // 2), generator=g) * 2 - 1) * math.pi
+    x = _randn((B, H, N, D), g, scale=1e4 if p["magnitude"] == "large" else 1.0)
+    return dict(x=x, cos=theta.cos(), sin=theta.sin(), interleaved=p["options"]["interleaved"])
+
+
 BUILDERS = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn": _conv_bn, "rms_norm": _rms_norm}
+            "conv_bn": _conv_bn, "rms_norm": _rms_norm, "rope": _rope}
 
 # Layouts beyond `contiguous` and the spec's own `strided` (STRIDED / attention's packed
 # qkv): argument -> cards.LAYOUT_KINDS kind.
@@ -175,6 +183,9 @@ LAYOUTS = {
                  "every_other": dict(x="last_every_other", weight="every_other")},
     "conv_bn": {"channels_last": dict(x="channels_last", conv_weight="channels_last"),
                 "sliced": dict(x="last_every_other", bn_bias="every_other")},
+    "rope": {"sliced": dict(x="row_padded", cos="row_padded"),
+             "every_other": dict(x="last_every_other", cos="last_every_other",
+                                 sin="last_every_other")},
 }
 
 
@@ -360,8 +371,19 @@ def conv_bn_params(draw, small=False, dtypes=("float32", "bfloat16")):
                 magnitude="normal", seed=draw(SEEDS))
 
 
+@st.composite
+def rope_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    D = draw(st.sampled_from([2, 6, 16, 34] if small else [2, 8, 34, 64, 96, 128]))
+    return dict(shape=dict(B=draw(st.integers(1, 2)), H=draw(st.integers(1, 3)),
+                           N=draw(ODD if small else st.integers(1, 80)), D=D),
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout("rope", draw),
+                options=dict(interleaved=draw(st.booleans())),
+                magnitude=draw(st.sampled_from(["normal", "large"])), seed=draw(SEEDS))
+
+
 STRATEGIES = {"attention": attention_params, "layer_norm": layer_norm_params, "mlp": mlp_params,
-              "lstm": lstm_params, "conv_bn": conv_bn_params, "rms_norm": rms_norm_params}
+              "lstm": lstm_params, "conv_bn": conv_bn_params, "rms_norm": rms_norm_params,
+              "rope": rope_params}
 
 
 def _p(shape, dtype="float32", layout="contiguous", options=None, magnitude="normal", seed=15):
@@ -419,6 +441,13 @@ HARD_CASES = {
             options=dict(training=False, momentum=0.1)), True),
         ("batch 1, 1x1, strided train", _p(dict(N=1, C_in=17, H=3, W=1, C_out=17, k=1, stride=1, padding=0),
                                            layout="strided", options=dict(training=True, momentum=0.1)), True),
+    ],
+    "rope": [
+        ("one pair, one position", _p(dict(B=1, H=1, N=1, D=2), options=dict(interleaved=False)), True),
+        ("17 pairs, interleaved, strided", _p(dict(B=2, H=3, N=17, D=34), layout="strided",
+                                              options=dict(interleaved=True)), True),
+        ("x ~1e4, bf16, every other", _p(dict(B=1, H=2, N=5, D=16), "bfloat16", layout="every_other",
+                                         options=dict(interleaved=False), magnitude="large"), True),
     ],
 }
 

@@ -45,10 +45,10 @@ def reasons(result):
 
 def test_every_component_is_marked_at_levels_1_to_4_and_the_twins():
     marked = set(assignment.marked_parts(ROOT))
-    for component in ("attention", "layer_norm", "mlp", "lstm", "conv_bn"):
+    for component in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rope"):
         for level in ("native", "torchscript", "compile", "triton"):
             assert (component, level) in marked, (component, level)
-    for component in ("attention", "layer_norm", "mlp"):  # the components with a numba twin
+    for component in ("attention", "layer_norm", "mlp", "rope"):  # those with a numba twin
         assert (component, "numba") in marked
     for component in ("layer_norm", "mlp", "lstm", "conv_bn"):  # Level 5: attention not yet
         assert (component, "cuda") in marked

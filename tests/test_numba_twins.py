@@ -31,6 +31,7 @@ from equivalence.check import check, check_case
 from numba_kernels import gemm as gemm_twin
 from numba_kernels import layer_norm as ln_twin
 from numba_kernels import level
+from numba_kernels import rope as rope_twin
 
 # The tests marked `simulated` run the twins on CPU tensors under the simulator.
 simulated = pytest.mark.skipif(
@@ -65,6 +66,14 @@ def test_layer_norm_twin_passes_the_harness_forward_and_backward():
 def test_rms_norm_twin_passes_the_harness_forward_and_backward():
     results = check("rms_norm", fn=level.rms_norm, size="tiny")
     assert {r.layout for r in results} == {"contiguous", "strided"}
+
+
+def test_rope_twin_passes_the_harness_forward_and_backward():
+    # rope.cu's indexing, run: the strided layout is q sliced from a fused qkv buffer, and
+    # the backward is the same kernel rotating by -theta
+    results = check("rope", fn=level.rope, size="tiny")
+    assert {(r.variant, r.layout) for r in results} == {
+        (v, lay) for v in ("half", "interleaved") for lay in ("contiguous", "strided")}
     _all_pass(results)
 
 
@@ -197,6 +206,9 @@ def test_the_twins_mirror_cpp_that_exists():
     assert f"constexpr int V2_TILE = {gemm_twin.TILE};" in gemm_cu
     for name in ("gemm_v2_kernel", "column_sum_kernel", "finish", "gelu_grad"):
         assert f" {name}(" in gemm_cu, f"gemm.cu has no {name}"
+    rope_cu = (kernels / "rope.cu").read_text()
+    assert f"constexpr int V2_ROWS = {rope_twin.ROWS};" in rope_cu and " rope_v2(" in rope_cu
+    assert "y1 = x1 * c - x2 * s;" in (kernels / "rope.cuh").read_text()
 
 
 # ------------------------------------------------------------------ on a GPU --

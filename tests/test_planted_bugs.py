@@ -11,7 +11,7 @@ import levels.native as native
 from equivalence.check import check
 
 ORIGINAL = {name: getattr(native, name)
-            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm")}
+            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope")}
 
 
 def plant(monkeypatch, component, fn):
@@ -173,6 +173,39 @@ def test_wrong_output_dtype_is_caught(monkeypatch):
           ORIGINAL["layer_norm"](x.float(), weight.float(), bias.float(), eps))
     bad = failed("layer_norm", "bfloat16")
     assert "dtype" in bad[0].comparisons[0].problem
+
+
+def test_rope_pairs_of_the_other_layout_are_caught(monkeypatch):
+    # interleaved=True computed with half-split pairs (i, i + D/2): Meta's checkpoints
+    # loaded into HF's layout without permuting the q/k projections, the classic port bug
+    plant(monkeypatch, "rope", lambda x, cos, sin, interleaved=False:
+          ORIGINAL["rope"](x, cos, sin, False))
+    bad = failed("rope", "bfloat16")
+    assert bad and all(r.variant == "interleaved" for r in bad)
+
+
+class _RopeRotatingBackTheWrongWay(torch.autograd.Function):
+    # a right forward, and a backward that rotates dy by +theta instead of -theta
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return native.rope_math(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return native.rope_math(dy, cos, sin, ctx.interleaved), None, None, None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_backward_with_the_wrong_sign_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "rope", lambda x, cos, sin, interleaved=False:
+          _RopeRotatingBackTheWrongWay.apply(x, cos, sin, interleaved))
+    bad = failed("rope", dtype)
+    assert len(bad) == 4  # both variants, both layouts
+    for r in bad:
+        assert [c.name for c in r.comparisons if not c.ok] == ["grad x"], r.summary()
 
 
 def test_missing_backward_is_caught(monkeypatch):

@@ -98,3 +98,34 @@ def test_conv_bn_reference_matches_conv2d_batchnorm2d(N, Ci, Hh, W, Co, k, strid
         close(got[2], bn.running_var)
     else:
         assert len(got) == 1
+
+
+def _hf_apply_rotary_pos_emb(x, cos, sin):
+    """HF transformers' apply_rotary_pos_emb (models/llama/modeling_llama.py), written out:
+    cos and sin are (N, D) there, the two halves repeated."""
+    def rotate_half(t):
+        t1, t2 = t[..., :t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
+        return torch.cat((-t2, t1), dim=-1)
+    return x * cos + rotate_half(x) * sin
+
+
+def _meta_apply_rotary_emb(x, freqs):
+    """Meta's llama/model.py apply_rotary_emb: pairs (2i, 2i+1) as complex numbers times
+    polar(1, freqs)."""
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * torch.polar(torch.ones_like(freqs), freqs)).flatten(-2)
+
+
+@pytest.mark.parametrize("B,H,N,D,base", [(1, 1, 1, 2, 10000.0), (2, 3, 37, 16, 10000.0),
+                                          (1, 2, 100, 128, 500000.0), (2, 1, 9, 96, 10000.0)])
+def test_rope_reference_matches_hf_and_meta(B, H, N, D, base):
+    # real tables: position n, frequency base**(-2i/D), as both models build them
+    inv_freq = base ** -(torch.arange(0, D, 2, **f64) / D)
+    freqs = torch.outer(torch.arange(N, **f64), inv_freq)  # (N, D/2)
+    x = torch.randn(B, H, N, D, **f64)
+    card = cards.get("rope")
+    half, = card.reference(dict(x=x, cos=freqs.cos(), sin=freqs.sin(), interleaved=False))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    close(half, _hf_apply_rotary_pos_emb(x, emb.cos(), emb.sin()))
+    inter, = card.reference(dict(x=x, cos=freqs.cos(), sin=freqs.sin(), interleaved=True))
+    close(inter, _meta_apply_rotary_emb(x, freqs))

@@ -66,6 +66,8 @@ def _expected_sizes(shape):
         return dict(M=math.prod(s["rows"]), K=s["K"], hidden=s["hidden"], N=s["N"])
     if shape.component == "lstm":
         return dict(B=s["B"], T=s["T"], I=s["I"], H=s["H"])
+    if shape.component == "rope":
+        return dict(B=s["B"], H=s["H"], N=s["N"], D=s["D"])
     out = (s["H"] + 2 * s["padding"] - s["k"]) // s["stride"] + 1
     return dict(N=s["N"], C_in=s["C_in"], C_out=s["C_out"], kH=s["k"], H_out=out)
 
@@ -106,7 +108,7 @@ def test_tiny_twins_build_and_keep_the_structure(component):
         for key in ("k", "stride", "padding", "channels_last"):
             assert tiny.get(key) == full.get(key), (shape.name, key)
         width = {"attention": "N", "layer_norm": "N", "mlp": "hidden", "lstm": "H",
-                 "conv_bn": "H", "rms_norm": "N"}[component]
+                 "conv_bn": "H", "rms_norm": "N", "rope": "N"}[component]
         pow2 = full[width] & (full[width] - 1) == 0
         assert (tiny[width] & (tiny[width] - 1) == 0) == pow2 or tiny[width] == 1, shape.name
 
