@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_swiglu_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -34,7 +34,7 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if component == "conv_bn":
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    if component in ("attention", "mlp", "lstm"):
+    if component in ("attention", "mlp", "lstm", "swiglu_mlp"):
         return torch.backends.cuda.matmul.allow_tf32
     return False  # layer_norm: pointwise and reductions only
 
@@ -109,6 +109,24 @@ def mlp_math(x, w1, b1, w2, b2):
     hidden = F.linear(gemm_operand(x), w1, b1)  # GEMM with the bias folded in (addmm)
     hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
     return F.linear(hidden, w2, b2)
+    ### END SOLUTION
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return swiglu_mlp_math(x, w_gate, w_up, w_down)
+
+
+def swiglu_mlp_math(x, w_gate, w_up, w_down):
+    # Llama's MLP as its reference code writes it: three cuBLAS GEMMs (no biases), then
+    # SiLU and the product as two more kernels, each a full pass over an (M, hidden)
+    # tensor: silu reads G and writes it back, the product reads both and writes A.
+    x = gemm_operand(x)
+    ### BEGIN SOLUTION
+    gate = F.linear(x, w_gate)
+    up = F.linear(x, w_up)
+    return F.linear(F.silu(gate) * up, w_down)
     ### END SOLUTION
 
 
