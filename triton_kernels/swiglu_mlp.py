@@ -188,10 +188,15 @@ def tile(M: int, N: int, K: int, dtype: torch.dtype, device, mode: int) -> dict:
         return _FIXED_INTERPRETED
     if dtype == torch.float32:  # "ieee" dots on CUDA cores: one small tile (gemm.py)
         return _FIXED_GPU_FP32
+    return size_rule(M, N, K, mode, sm_count(device))
+
+
+def size_rule(M: int, N: int, K: int, mode: int, sms: int) -> dict:
+    """The 16-bit tile on a GPU with `sms` SMs (tile's rule, testable without one)."""
     if M <= SMALL_M:  # decode: bound by reading the weights; 64 columns per accumulator
         return small_m_tile(M, K)
     width = 2 * N if mode == GATE_UP else N
-    cfg = _TILE_ARGS[id(tile_for(M, width, sm_count(device)))]
+    cfg = _TILE_ARGS[id(tile_for(M, width, sms))]
     return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2) if mode == GATE_UP else cfg
 
 
