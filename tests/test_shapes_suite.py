@@ -62,7 +62,7 @@ def _expected_sizes(shape):
         return dict(B=s["B"], H=s["H"], Nq=s["N"], Nk=s["N"], D=s["D"])
     if shape.component == "layer_norm":
         return dict(M=math.prod(s["rows"]), N=s["N"])
-    if shape.component == "mlp":
+    if shape.component in ("mlp", "swiglu_mlp"):
         return dict(M=math.prod(s["rows"]), K=s["K"], hidden=s["hidden"], N=s["N"])
     if shape.component == "lstm":
         return dict(B=s["B"], T=s["T"], I=s["I"], H=s["H"])
@@ -106,7 +106,7 @@ def test_tiny_twins_build_and_keep_the_structure(component):
         for key in ("k", "stride", "padding", "channels_last"):
             assert tiny.get(key) == full.get(key), (shape.name, key)
         width = {"attention": "N", "layer_norm": "N", "mlp": "hidden", "lstm": "H",
-                 "conv_bn": "H"}[component]
+                 "conv_bn": "H", "swiglu_mlp": "hidden"}[component]
         pow2 = full[width] & (full[width] - 1) == 0
         assert (tiny[width] & (tiny[width] - 1) == 0) == pow2 or tiny[width] == 1, shape.name
 
@@ -239,7 +239,8 @@ def test_cpu_run_writes_every_shape_and_a_plot(tmp_path, quick_timer, monkeypatc
             cudnn = e["libraries"]["SDPA CUDNN_ATTENTION"]
             assert cudnn["status"] == "skip" and cudnn["reason"]
     groups = {r["group"] for r in saved["summary"]}
-    assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train"}
+    assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train",
+                      "swiglu_mlp"}
     assert all(r["timed"] == r["entries"] for r in saved["summary"] if r["level"] == "native")
     assert {r["status"] for r in saved["summary"] if r["level"] == "cuda"} <= \
         {"not evaluated", "no goal"}

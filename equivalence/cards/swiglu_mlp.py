@@ -80,14 +80,19 @@ MODEL_SHAPES = (
           dict(rows=(1, 8192), K=4096, hidden=14336, N=4096), train()),
     Shape("mistral-7b-train", "Mistral 7B", MISTRAL + "; one 4096-token window",
           dict(rows=(1, 4096), K=4096, hidden=14336, N=4096), train()),
+    Shape("llama3-8b-decode", "Llama 3 8B", LLAMA3 + "; one decoding step for 16 sequences: "
+          "M = 16, reading 352 MB of weights per call", dict(rows=(16, 1), K=4096, hidden=14336,
+                                                              N=4096), infer()),
     Shape("qwen2-7b-train", "Qwen2 7B", QWEN2 + "; one 4096-token sequence (hidden 18944: no "
           "multiple of 256)", dict(rows=(1, 4096), K=3584, hidden=18944, N=3584), train()),
 )
 
 
 def tiny_twin(s):
-    return dict(rows=shrink_rows(s["rows"]), K=shrink(s["K"], 16, low=8),
-                hidden=shrink(s["hidden"], 16, low=8), N=shrink(s["N"], 16, low=8))
+    # widths / 32 (mlp's / 16): three weight matrices, and the suite's CPU run holds a twin
+    # under 500k elements
+    return dict(rows=shrink_rows(s["rows"]), K=shrink(s["K"], 32, low=8),
+                hidden=shrink(s["hidden"], 32, low=8), N=shrink(s["N"], 32, low=8))
 
 
 def describe(s, variants):
