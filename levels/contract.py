@@ -240,10 +240,10 @@ def validate_swiglu_mlp(x, w_gate, w_up, w_down) -> dict:
             _fail(c, name, f"of shape (hidden, in_features) = {(Hd, K)}, as nn.Linear.weight stores "
                   f"it (it looks transposed: pass {name}.t(), or the linear layer's .weight)",
                   _describe(t))
-        _shape(c, name, t, (Hd, K), f"(hidden, in_features) with hidden = {Hd}, in_features = "
-               f"x.shape[-1]")
-    _shape(c, "w_down", w_down, (O, Hd), f"(out_features, hidden) with hidden = {Hd} as w_gate "
-           f"and w_up have it")
+        _shape(c, name, t, (Hd, K), "(hidden, in_features) (hidden: as the other weights "
+               "have it; in_features: x.shape[-1])")
+    _shape(c, "w_down", w_down, (O, Hd), "(out_features, hidden) (hidden: as w_gate and w_up "
+           "have it)")
     if min(K, Hd, O) == 0:
         _fail(c, "w_gate" if min(K, Hd) == 0 else "w_down", "non-empty",
               _describe(w_gate if min(K, Hd) == 0 else w_down))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_swiglu_mlp)
+from .contract import (AUTOCAST, LOW_PRECISION, autocasts, validate_attention, validate_conv_bn,
+                       validate_layer_norm, validate_lstm, validate_mlp, validate_swiglu_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -34,9 +34,10 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if component == "conv_bn":
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    if component in ("attention", "mlp", "lstm", "swiglu_mlp"):
-        return torch.backends.cuda.matmul.allow_tf32
-    return False  # layer_norm: pointwise and reductions only
+    # The others: cuBLAS matmuls exactly where autocast runs the component in low precision
+    # (AUTOCAST: attention, the MLPs, the LSTM); those autocast keeps in float32 (layer_norm)
+    # are pointwise and reductions only.
+    return AUTOCAST[component][0] == LOW_PRECISION and torch.backends.cuda.matmul.allow_tf32
 
 
 # Each component is its contract function (validate, then compute) over a plain math

@@ -134,3 +134,21 @@ def test_swiglu_mlp_gpu_strided(dtype):
     args = _args(dict(rows=(3, 333), K=768, hidden=2048, N=768), dtype, seed=11)
     r = check_args(COMPONENT, "triton", cards.get(COMPONENT).strided(args))
     assert r.passed, r.summary()
+
+
+def test_nn_layer_from_torch_linears_at_level_4():
+    # levels.nn.SwiGLUMLP from three bias-free nn.Linear (LlamaMLP's), same weights, Level 4
+    from torch import nn
+    from levels.nn import SwiGLUMLP
+
+    torch.manual_seed(0)
+    gate, up = nn.Linear(24, 40, bias=False), nn.Linear(24, 40, bias=False)
+    down = nn.Linear(40, 12, bias=False)
+    layer = SwiGLUMLP.from_torch(gate, up, down, level="triton").to(DEVICE)
+    assert set(layer.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    x = torch.randn(3, 5, 24, device=DEVICE)
+    w = [m.weight.detach().to(DEVICE, torch.float64) for m in (gate, up, down)]
+    want, = cards.get(COMPONENT).reference(dict(x=x.double(), w_gate=w[0], w_up=w[1], w_down=w[2]))
+    assert compare("layer", layer(x), want, tolerance(torch.float32), torch.float32).ok
+    with pytest.raises(ValueError, match="without biases"):
+        SwiGLUMLP.from_torch(nn.Linear(4, 8), up, down)
