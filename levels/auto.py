@@ -91,6 +91,11 @@ def mlp(x, w1, b1, w2, b2):
     return _call("mlp", x, w1, b1, w2, b2)
 
 
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    return _call("swiglu_mlp", x, w_gate, w_up, w_down)
+
+
 @autocasts("lstm")
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return _call("lstm", x, h0, c0, w_ih, w_hh, b_ih, b_hh)

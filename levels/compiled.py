@@ -50,7 +50,8 @@ import torch
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -147,6 +148,8 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #   layer_norm  one "persistent reduction" kernel per row block: statistics and output
 #   rms_norm    the same, with one statistic (the mean square) instead of two
 #   mlp         the bias and the GELU in one pass over the first GEMM's output
+#   swiglu_mlp  SiLU and the product in one pass over the two GEMMs' outputs (Inductor
+#               may also fuse it into a GEMM's epilogue under max-autotune)
 #   lstm        the time loop in graphs of LSTM_CHUNK steps: Dynamo unrolls a loop, so
 #               each graph holds that many copies of the cell (a GEMM plus one fused
 #               kernel for all the gate math), and Level 1's loop calls it T / LSTM_CHUNK
@@ -166,7 +169,7 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 
 # What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
 MATH = {c: getattr(native, f"{c}_math")
-        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm", "rope")}
+        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm", "rope", "swiglu_mlp")}
 MATH["lstm"] = native.lstm_steps
 LSTM_CHUNK = 8  # time steps per compiled graph
 
@@ -319,6 +322,11 @@ def _prepare_mlp(x, w1, b1, w2, b2):
     return (x, w1, b1, w2, b2)
 
 
+def _prepare_swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return (x, w_gate, w_up, w_down)
+
+
 def _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
@@ -339,7 +347,8 @@ def _prepare_rope(x, cos, sin, interleaved=False):
 
 _PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
             "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn,
-            "rms_norm": _prepare_rms_norm, "rope": _prepare_rope}
+            "rms_norm": _prepare_rms_norm, "rope": _prepare_rope,
+            "swiglu_mlp": _prepare_swiglu_mlp}
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:
@@ -372,6 +381,12 @@ def rms_norm(x, weight, eps=1e-6):
 def mlp(x, w1, b1, w2, b2):
     args = _prepare_mlp(x, w1, b1, w2, b2)
     return compiled("mlp", x.device)(*args)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    args = _prepare_swiglu_mlp(x, w_gate, w_up, w_down)
+    return compiled("swiglu_mlp", x.device)(*args)
 
 
 @autocasts("lstm")

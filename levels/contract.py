@@ -6,6 +6,7 @@ One signature per component, identical at all five levels:
     layer_norm(x, weight, bias, eps=1e-5)
     rms_norm(x, weight, eps=1e-6)
     mlp(x, w1, b1, w2, b2)
+    swiglu_mlp(x, w_gate, w_up, w_down)                 Llama's MLP: down(silu(gate) * up)
     lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)            -> (output, (h_T, c_T))
     conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False)
@@ -26,7 +27,8 @@ import numbers
 
 import torch
 
-COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope")
+COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
+              "swiglu_mlp")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -229,6 +231,38 @@ def validate_mlp(x, w1, b1, w2, b2) -> dict:
     _shape(c, "b2", b2, (O,), "(out_features,) with out_features = w2.shape[0]")
     if min(K, Hd, O) == 0:
         _fail(c, "w1", "non-empty", _describe(w1))
+    return dict(M=x.numel() // K, K=K, hidden=Hd, N=O)
+
+
+def validate_swiglu_mlp(x, w_gate, w_up, w_down) -> dict:
+    c = "swiglu_mlp"
+    _tensors(c, {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down})
+    if x.dim() < 1 or x.numel() == 0:
+        _fail(c, "x", "a non-empty tensor of shape (..., in_features)", _describe(x))
+    for name, t, layout in (("w_gate", w_gate, "(hidden, in_features)"),
+                            ("w_up", w_up, "(hidden, in_features)"),
+                            ("w_down", w_down, "(out_features, hidden)")):
+        _rank(c, name, t, 2, layout + ", as nn.Linear.weight")
+    # in_features and hidden as most of the tensors that carry them have them: the one
+    # argument that disagrees is reported against the sizes the others imply.
+    K = _agreed([x.shape[-1], w_gate.shape[1], w_up.shape[1]])
+    if x.shape[-1] != K:
+        _fail(c, "x", f"of shape (..., in_features) with in_features = {K}, as w_gate and w_up "
+              f"have it", _describe(x))
+    Hd = _agreed([w_gate.shape[0], w_up.shape[0], w_down.shape[1]])
+    O = w_down.shape[0]
+    for name, t in (("w_gate", w_gate), ("w_up", w_up)):
+        if tuple(t.shape) == (K, Hd) and K != Hd:
+            _fail(c, name, f"of shape (hidden, in_features) = {(Hd, K)}, as nn.Linear.weight stores "
+                  f"it (it looks transposed: pass {name}.t(), or the linear layer's .weight)",
+                  _describe(t))
+        _shape(c, name, t, (Hd, K), "(hidden, in_features) (hidden: as the other weights "
+               "have it; in_features: x.shape[-1])")
+    _shape(c, "w_down", w_down, (O, Hd), "(out_features, hidden) (hidden: as w_gate and w_up "
+           "have it)")
+    if min(K, Hd, O) == 0:
+        _fail(c, "w_gate" if min(K, Hd) == 0 else "w_down", "non-empty",
+              _describe(w_gate if min(K, Hd) == 0 else w_down))
     return dict(M=x.numel() // K, K=K, hidden=Hd, N=O)
 
 
@@ -505,6 +539,7 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     "attention": (LOW_PRECISION, ("q", "k", "v")),  # as F.scaled_dot_product_attention
     "layer_norm": (FLOAT32, ("x", "weight", "bias")),  # as F.layer_norm
     "mlp": (LOW_PRECISION, ("x", "w1", "b1", "w2", "b2")),  # as F.linear
+    "swiglu_mlp": (LOW_PRECISION, ("x", "w_gate", "w_up", "w_down")),  # as F.linear
     # as nn.LSTM (cuDNN's RNN on a GPU, oneDNN's on a CPU)
     "lstm": (LOW_PRECISION, ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")),
     # as F.conv2d; BatchNorm's weights and running statistics keep their dtype (float32), as
@@ -581,4 +616,5 @@ VALIDATORS = {
     "conv_bn": validate_conv_bn,
     "rms_norm": validate_rms_norm,
     "rope": validate_rope,
+    "swiglu_mlp": validate_swiglu_mlp,
 }

@@ -39,7 +39,7 @@ from cuda_kernels import build
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
                        validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
-                       validate_rms_norm, validate_rope)
+                       validate_rms_norm, validate_rope, validate_swiglu_mlp)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -188,6 +188,11 @@ def _mlp_plan(x, w1, b1, w2, b2):
     return _ready("mlp", "x", x)
 
 
+def _swiglu_mlp_plan(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return _ready("swiglu_mlp", "x", x)
+
+
 def _lstm_plan(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return _ready("lstm", "x", x)
@@ -209,6 +214,7 @@ _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
+_SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
 _ROPE = Plans(_rope_plan)
@@ -235,6 +241,11 @@ def rms_norm(x, weight, eps=1e-6):
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     return _MLP(x, w1, b1, w2, b2).mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    return _SWIGLU_MLP(x, w_gate, w_up, w_down).swiglu_mlp(x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")

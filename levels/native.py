@@ -20,11 +20,17 @@ import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
     return None  # runs wherever torch runs
+
+
+# The components whose math is cuBLAS matmuls (TF32 in fp32 when torch allows it); the others
+# are pointwise work and reductions, and conv_bn follows cuDNN's switch.
+MATMULS = ("attention", "mlp", "lstm", "swiglu_mlp")
 
 
 def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -34,9 +40,9 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if component == "conv_bn":
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    if component in ("attention", "mlp", "lstm"):
+    if component in MATMULS:
         return torch.backends.cuda.matmul.allow_tf32
-    return False  # layer_norm, rms_norm: pointwise and reductions only
+    return False  # the others: pointwise and reductions only
 
 
 # Each component is its contract function (validate, then compute) over a plain math
@@ -126,6 +132,24 @@ def mlp_math(x, w1, b1, w2, b2):
     hidden = F.linear(gemm_operand(x), w1, b1)  # GEMM with the bias folded in (addmm)
     hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
     return F.linear(hidden, w2, b2)
+    ### END SOLUTION
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return swiglu_mlp_math(x, w_gate, w_up, w_down)
+
+
+def swiglu_mlp_math(x, w_gate, w_up, w_down):
+    # Llama's MLP as its reference code writes it: three cuBLAS GEMMs (no biases), then
+    # SiLU and the product as two more kernels, each a full pass over an (M, hidden)
+    # tensor: silu reads G and writes it back, the product reads both and writes A.
+    x = gemm_operand(x)
+    ### BEGIN SOLUTION
+    gate = F.linear(x, w_gate)
+    up = F.linear(x, w_up)
+    return F.linear(F.silu(gate) * up, w_down)
     ### END SOLUTION
 
 

@@ -1,4 +1,4 @@
-"""nn.Module wrappers: the same five components as layers, at any level.
+"""nn.Module wrappers: the components as layers, at any level.
 
     layer = levels.nn.LSTM.from_torch(torch_lstm, level="native")
     y = layer(x)
@@ -143,6 +143,36 @@ class MLP(_Leveled):
                   fc1.weight.dtype)
         new.fc1.load_state_dict(fc1.state_dict())
         new.fc2.load_state_dict(fc2.state_dict())
+        return new
+
+
+class SwiGLUMLP(_Leveled):
+    """Llama's MLP: down(silu(gate(x)) * up(x)), three nn.Linear without biases, named as
+    Hugging Face's LlamaMLP names them (gate_proj, up_proj, down_proj), so its state_dict loads."""
+
+    component = "swiglu_mlp"
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 level="native", device=None, dtype=None):
+        super().__init__(level)
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.up_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.down_proj = nn.Linear(hidden_features, out_features or in_features, **kw)
+
+    def forward(self, x):
+        return self._fn()(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+
+    @classmethod
+    def from_torch(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear,
+                   level="native") -> "SwiGLUMLP":
+        """From the three bias-free linears of a SwiGLU block (LlamaMLP's)."""
+        linears = (gate_proj, up_proj, down_proj)
+        _require(all(m.bias is None for m in linears), "three nn.Linear without biases", linears)
+        new = cls(gate_proj.in_features, gate_proj.out_features, down_proj.out_features, level,
+                  gate_proj.weight.device, gate_proj.weight.dtype)
+        for mine, theirs in zip((new.gate_proj, new.up_proj, new.down_proj), linears):
+            mine.load_state_dict(theirs.state_dict())
         return new
 
 
@@ -316,4 +346,4 @@ class RotaryEmbedding(_Leveled):
 from .cuda_graph import GraphedModule, cuda_graph  # noqa: E402 - levels.nn.cuda_graph, after _Leveled
 
 __all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "RMSNorm",
-           "RotaryEmbedding", "cuda_graph", "set_level"]
+           "RotaryEmbedding", "SwiGLUMLP", "cuda_graph", "set_level"]

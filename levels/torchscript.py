@@ -53,7 +53,8 @@ from torch import Tensor
 
 from . import native
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -116,6 +117,18 @@ def _mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     h = torch.matmul(native.gemm_operand(x), w1.t()).float() + b1.float()
     h = (0.5 * h * (1.0 + torch.erf(h * 0.7071067811865476))).to(x.dtype)
     return torch.matmul(h, w2.t()) + b2
+    ### END SOLUTION
+
+
+def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    # SiLU spelled out (g * sigmoid(g)) so the graph shows the ops the fuser merges: the
+    # sigmoid, the two products and the casts become one kernel between the GEMMs.
+    x = native.gemm_operand(x)
+    ### BEGIN SOLUTION
+    g = torch.matmul(x, w_gate.t()).float()
+    u = torch.matmul(x, w_up.t()).float()
+    a = (g * torch.sigmoid(g) * u).to(x.dtype)
+    return torch.matmul(a, w_down.t())
     ### END SOLUTION
 
 
@@ -203,7 +216,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
 
 _SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
             "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train,
-            "rms_norm": _rms_norm, "rope": _rope}
+            "rms_norm": _rms_norm, "rope": _rope, "swiglu_mlp": _swiglu_mlp}
 
 # ---------------------------------------------------------------------------------------
 # Scripting, once per process, with the deprecation warning shown once.
@@ -327,6 +340,12 @@ def rms_norm(x, weight, eps=1e-6):
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return _scripted()["mlp"](x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return _scripted()["swiglu_mlp"](x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")

@@ -28,7 +28,8 @@ import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
                        require_device, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -171,6 +172,18 @@ def _mlp_plan(x, w1, b1, w2, b2):
     return True
 
 
+def _swiglu_mlp_plan(x, w_gate, w_up, w_down):
+    s = validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    _on_kernel_device("swiglu_mlp", "x", x)
+    widest = max(s["K"], s["hidden"], s["N"])
+    require_32bit_offsets("swiglu_mlp", "Level 4 (Triton)",
+                          {**_gemm_reads(x), "w_gate": w_gate, "w_up": w_up, "w_down": w_down},
+                          {("x", "(rows, features) activations and their gradients"):
+                           s["M"] * widest})
+    _kernels("swiglu_mlp").check(x)
+    return True
+
+
 def _lstm_plan(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     s = validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     _on_kernel_device("lstm", "x", x)
@@ -202,6 +215,7 @@ _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
+_SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
 _ROPE = Plans(_rope_plan)
@@ -229,6 +243,12 @@ def rms_norm(x, weight, eps=1e-6):
 def mlp(x, w1, b1, w2, b2):
     _MLP(x, w1, b1, w2, b2)
     return _MODULES["mlp"].mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    _SWIGLU_MLP(x, w_gate, w_up, w_down)
+    return _MODULES["swiglu_mlp"].swiglu_mlp(x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")

@@ -91,6 +91,7 @@ def test_the_output_dtype_is_torchs_own_operators(component):
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         torch_out = {"layer_norm": F.layer_norm(x, (8,), torch.ones(8, device=DEVICE)),
                      "mlp": F.linear(x, w),
+                     "swiglu_mlp": F.linear(x, w),
                      "attention": F.scaled_dot_product_attention(x[None, None], x[None, None],
                                                                  x[None, None]),
                      "conv_bn": F.conv2d(x[None, None], w[None, None, :3, :3]),

@@ -178,7 +178,7 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x",
-        "rms_norm": "x", "rope": "x"}
+        "rms_norm": "x", "rope": "x", "swiglu_mlp": "x"}
 # The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
@@ -262,6 +262,25 @@ REFUSED = [
     ("mlp", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :0]}, "x with no rows"),
     ("mlp", "no-hidden", "w1", VALUE_ERROR,
      lambda a, d: {"w1": a["w1"][:0], "b1": a["b1"][:0], "w2": a["w2"][:, :0]}, "hidden size 0"),
+    # ---- swiglu_mlp: x (2, 9, 24), w_gate and w_up (44, 24), w_down (20, 44)
+    ("swiglu_mlp", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
+    ("swiglu_mlp", "x-width", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][..., :-1]},
+     "x one feature short of w_gate's and w_up's in_features"),
+    ("swiglu_mlp", "w_up-transposed", "w_up", VALUE_ERROR, lambda a, d: {"w_up": a["w_up"].t()},
+     "w_up is (in_features, hidden): transposed"),
+    ("swiglu_mlp", "w_gate-hidden", "w_gate", VALUE_ERROR, lambda a, d: {"w_gate": a["w_gate"][:-1]},
+     "w_gate one hidden unit short of w_up's and w_down's"),
+    ("swiglu_mlp", "w_down-rank", "w_down", VALUE_ERROR, lambda a, d: {"w_down": a["w_down"][None]},
+     "w_down is 3-D"),
+    ("swiglu_mlp", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].to(torch.int32)}, "x is int32"),
+    ("swiglu_mlp", "w_up-float16", "w_up", TYPE_ERROR, lambda a, d: {"w_up": a["w_up"].half()},
+     "w_up is float16, x float32"),
+    ("swiglu_mlp", "w_down-device", "w_down", VALUE_ERROR,
+     lambda a, d: {"w_down": a["w_down"].to(other_device(d))}, "w_down on another device"),
+    ("swiglu_mlp", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :0]}, "x with no rows"),
+    ("swiglu_mlp", "no-hidden", "w_gate", VALUE_ERROR,
+     lambda a, d: {"w_gate": a["w_gate"][:0], "w_up": a["w_up"][:0], "w_down": a["w_down"][:, :0]},
+     "hidden size 0"),
     # ---- lstm: x (3, 2, 12), h0 and c0 (1, 3, 16), w_ih (64, 12), w_hh (64, 16), biases (64,)
     ("lstm", "x-rank", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0]}, "x is 2-D (no batch axis)"),
     ("lstm", "h0-rank", "h0", VALUE_ERROR, lambda a, d: {"h0": a["h0"][0]},
@@ -408,6 +427,7 @@ FAR_APART = {  # component: (argument, dim, shape parameters, Level 4)
     "lstm": ("x", 0, dict(B=2, T=1, I=8, H=16), VALUE_ERROR),
     "conv_bn": ("x", 0, dict(N=2, C_in=3, H=5, W=5, C_out=4, k=3, stride=1, padding=1), VALUE_ERROR),
     "rope": ("x", 0, dict(B=2, H=1, N=2, D=16), COMPUTE),  # 64-bit offsets in the kernel
+    "swiglu_mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
 }
 for _c, (_arg, _dim, _shape, _triton) in FAR_APART.items():
     PER_LEVEL.append(Bad(
@@ -445,6 +465,12 @@ COMPUTED = [
     ("mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
      "-Inf in x", "Inf and NaN as torch (forward)"),
     ("mlp", "some-grad", None, ("w1", "b1", "w2", "b2"), lambda a, d: {},
+     "x does not require grad, the weights do (a first layer)", "gradients as torch"),
+    ("swiglu_mlp", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 3, 5), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("swiglu_mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
+     "-Inf in x", "Inf and NaN as torch (forward)"),
+    ("swiglu_mlp", "some-grad", None, ("w_gate", "w_up", "w_down"), lambda a, d: {},
      "x does not require grad, the weights do (a first layer)", "gradients as torch"),
     ("lstm", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 3), math.nan)},
      "a NaN in x (one sequence, its first step)", "NaN as torch, in the gradients too"),
@@ -526,7 +552,8 @@ def _own_functions() -> dict:
         return native.rope_math(x, cos, sin, interleaved)
 
     return {"attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
-            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm, "rope": rope}
+            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm, "rope": rope,
+            "swiglu_mlp": native.swiglu_mlp_math}
 
 
 @contextlib.contextmanager
@@ -631,6 +658,10 @@ def _torch_mlp(x, w1, b1, w2, b2):
     return (F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2),)
 
 
+def _torch_swiglu_mlp(x, w_gate, w_up, w_down):
+    return (F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down),)
+
+
 def _torch_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     module = torch.nn.LSTM(x.shape[-1], w_hh.shape[1], batch_first=True, device="meta")
     weights = {"weight_ih_l0": w_ih, "weight_hh_l0": w_hh, "bias_ih_l0": b_ih, "bias_hh_l0": b_hh}
@@ -659,7 +690,7 @@ def _torch_rope(x, cos, sin, interleaved=False):
 
 TORCH_OPS = {"attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
              "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm,
-             "rope": _torch_rope}
+             "rope": _torch_rope, "swiglu_mlp": _torch_swiglu_mlp}
 
 
 def _upstream(outs, dtype) -> list:

@@ -25,6 +25,10 @@ def restore_settings():
                        sdpa_rewrite=saved["sdpa_rewrite"])
 
 
+# every variant of every component, in both layouts
+CASES = sum(len(cards.get(c).variants) for c in cards.names()) * len(cards.LAYOUTS)
+
+
 def _failures(results):
     return [f"{r.component}/{r.variant} {r.dtype}: {r.status} {r.reason} worst={r.worst}"
             for r in results if not r.passed]
@@ -33,8 +37,7 @@ def _failures(results):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_harness_passes_all_components_forward_and_backward(dtype):
     results = check(level="compile", dtype=dtype, size="tiny")
-    variants = sum(len(cards.get(c).variants) for c in cards.names())
-    assert len(results) == variants * len(cards.LAYOUTS)  # every variant of every component
+    assert len(results) == CASES  # every variant of every component x 2 layouts
     assert not _failures(results), _failures(results)
     # A second round with fresh inputs runs the cached graphs (no recompilation).
     results = check(level="compile", dtype=dtype, size="tiny")

@@ -29,7 +29,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
 from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
-from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope
+from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope, swiglu_mlp as k_swiglu_mlp
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
@@ -224,6 +224,35 @@ def mlp_fwd(x, w1, b1, w2, b2, version):
     return _acc("mlp_fwd", act, w2.t(), b2, version).to(x.dtype), pre, act
 
 
+# gemm.cu's SwiGLU epilogues (swiglu_mlp_binding.cpp): act = silu(G) * U of the fp32 sums
+# G = x W_gate^T, U = x W_up^T; with save, G and U in x's dtype, else two empty tensors; all
+# (M, hidden) outputs rows padded to 8 elements. The derivative reads G, U in their dtype.
+def _padded(like, rows, cols):
+    return like.new_empty((rows, -(-cols // 8) * 8))[:, :cols]
+
+
+def swiglu_mlp_gate_up(x, w_gate, w_up, save, version):
+    op = "swiglu_mlp_gate_up"
+    _refuse(w_gate.shape == w_up.shape, op, "'w_gate' and 'w_up' must be (hidden, K) alike")
+    g, u = _acc(op, x, w_gate.t(), None, version), _acc(op, x, w_up.t(), None, version)
+    act, gs, us = (_padded(x, *g.shape) for _ in range(3))
+    act.copy_(g * torch.sigmoid(g) * u)
+    if not save:
+        return act, x.new_empty((0,)), x.new_empty((0,))
+    return act, gs.copy_(g), us.copy_(u)
+
+
+def swiglu_mlp_grad(dy, w_down, g, u, version):
+    op = "swiglu_mlp_grad"
+    d = _acc(op, dy, w_down, None, version)
+    for name, t in (("g", g), ("u", u)):
+        _expect(op, name, t, d.shape, dy.dtype)
+    gf, uf = g.float(), u.float()
+    s = torch.sigmoid(gf)
+    dg, du = _padded(dy, *d.shape), _padded(dy, *d.shape)
+    return dg.copy_(d * uf * s * (1 + gf * (1 - s))), du.copy_(d * gf * s)
+
+
 # lstm.cu: of x, only xp (fp32 x W_ih^T + b_ih, made before) is read; the rows of xp, gates
 # (activated i, f, g, o), cs (c_t) and dz are b*T + t, or t*B + b when time_major. c stays
 # fp32, but each step reads h_{t-1} back from out and dz_{t+1} from dz, in the input dtype.
@@ -381,7 +410,8 @@ TWINS = {f.__name__: f for f in (
     layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
     gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
     mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
-    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd, rope_rotate)}
+    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd, rope_rotate, swiglu_mlp_gate_up,
+    swiglu_mlp_grad)}
 
 
 def kernel_op_schemas() -> dict[str, str]:
@@ -411,7 +441,14 @@ def cpp_ops(pytestconfig, tmp_path_factory):
         lib.impl(name, TWINS[name], "CPU")
     cpp_extension.load(name="levels_cuda_autograd_cpu", sources=[str(copy)], extra_cflags=["-O1"],
                        build_directory=str(directory), with_cuda=False, is_python_module=False)
+    # A component whose autograd is Python (cuda_kernels/swiglu_mlp.py) reaches the ops through
+    # its module's _ops(), which builds the real library unless told the ops are registered.
+    python_sides = {module: module._registered for module in (k_mlp, k_swiglu_mlp)}
+    for module in python_sides:
+        module._registered = True
     yield getattr(torch.ops, build.OP_NAMESPACE)
+    for module, was in python_sides.items():
+        module._registered = was
     lib._destroy()
 
 
@@ -457,8 +494,13 @@ def rope_op(x, cos, sin, interleaved=False):
     return OPS.rope(x, cos, sin, bool(interleaved), k_rope.resolve_version())
 
 
+def swiglu_mlp_op(x, w_gate, w_up, w_down):
+    return k_swiglu_mlp.swiglu_mlp(x, w_gate, w_up, w_down)  # its autograd is Python
+
+
 CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
-         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op, "rope": rope_op}
+         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op, "rope": rope_op,
+         "swiglu_mlp": swiglu_mlp_op}
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import levels.native as native
 from equivalence.check import check
 
 ORIGINAL = {name: getattr(native, name)
-            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope")}
+            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
+                         "swiglu_mlp")}
 
 
 def plant(monkeypatch, component, fn):
@@ -97,6 +98,22 @@ def test_dropped_mlp_bias_is_caught(monkeypatch, dtype):
     plant(monkeypatch, "mlp", lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1)), w2) + 0 * b2)
     bad = failed("mlp", dtype)
     assert any(c.name == "out" and not c.ok for c in bad[0].comparisons)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_gate_and_up_is_caught(monkeypatch, dtype):
+    # silu(up) * gate instead of silu(gate) * up: the same ops, the weights' roles swapped
+    plant(monkeypatch, "swiglu_mlp", lambda x, w_gate, w_up, w_down:
+          ORIGINAL["swiglu_mlp"](x, w_up, w_gate, w_down))
+    bad = failed("swiglu_mlp", dtype)
+    assert any(c.name == "out" and not c.ok for c in bad[0].comparisons)
+
+
+def test_sigmoid_gate_instead_of_silu_is_caught(monkeypatch):
+    # GLU's sigmoid(gate) * up, SwiGLU's missing factor of gate: caught in every output
+    plant(monkeypatch, "swiglu_mlp", lambda x, w_gate, w_up, w_down:
+          F.linear(torch.sigmoid(F.linear(x, w_gate)) * F.linear(x, w_up), w_down))
+    assert failed("swiglu_mlp", "bfloat16")
 
 
 def test_tanh_gelu_is_caught_in_fp32_and_below_bf16s_resolution(monkeypatch):

@@ -59,6 +59,16 @@ def test_mlp_reference_matches_linear_gelu_linear(rows, K, Hd, N):
     close(ref, fc2(F.gelu(fc1(x))))
 
 
+@pytest.mark.parametrize("rows,K,Hd,N", [((5,), 3, 7, 2), ((2, 9), 24, 44, 20), ((64,), 256, 688, 128)])
+def test_swiglu_mlp_reference_matches_llamas_mlp(rows, K, Hd, N):
+    gate, up = nn.Linear(K, Hd, bias=False, **f64), nn.Linear(K, Hd, bias=False, **f64)
+    down = nn.Linear(Hd, N, bias=False, **f64)
+    x = torch.randn(*rows, K, **f64) * 2  # the gate's pre-activations well into SiLU's curve
+    ref, = cards.get("swiglu_mlp").reference(dict(x=x, w_gate=gate.weight, w_up=up.weight,
+                                                  w_down=down.weight))
+    close(ref, down(F.silu(gate(x)) * up(x)))  # HF LlamaMLP's forward
+
+
 @pytest.mark.parametrize("B,T,I,H", [(1, 1, 1, 1), (3, 5, 12, 16), (2, 17, 33, 65)])
 def test_lstm_reference_matches_nn_lstm(B, T, I, H):
     m = nn.LSTM(I, H, batch_first=True, **f64)

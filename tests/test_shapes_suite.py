@@ -62,7 +62,7 @@ def _expected_sizes(shape):
         return dict(B=s["B"], H=s["H"], Nq=s["N"], Nk=s["N"], D=s["D"])
     if shape.component in ("layer_norm", "rms_norm"):
         return dict(M=math.prod(s["rows"]), N=s["N"])
-    if shape.component == "mlp":
+    if shape.component in ("mlp", "swiglu_mlp"):
         return dict(M=math.prod(s["rows"]), K=s["K"], hidden=s["hidden"], N=s["N"])
     if shape.component == "lstm":
         return dict(B=s["B"], T=s["T"], I=s["I"], H=s["H"])
@@ -108,7 +108,7 @@ def test_tiny_twins_build_and_keep_the_structure(component):
         for key in ("k", "stride", "padding", "channels_last"):
             assert tiny.get(key) == full.get(key), (shape.name, key)
         width = {"attention": "N", "layer_norm": "N", "mlp": "hidden", "lstm": "H",
-                 "conv_bn": "H", "rms_norm": "N", "rope": "N"}[component]
+                 "conv_bn": "H", "rms_norm": "N", "rope": "N", "swiglu_mlp": "hidden"}[component]
         pow2 = full[width] & (full[width] - 1) == 0
         assert (tiny[width] & (tiny[width] - 1) == 0) == pow2 or tiny[width] == 1, shape.name
 
@@ -242,7 +242,7 @@ def test_cpu_run_writes_every_shape_and_a_plot(tmp_path, quick_timer, monkeypatc
             assert cudnn["status"] == "skip" and cudnn["reason"]
     groups = {r["group"] for r in saved["summary"]}
     assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train",
-                      "rms_norm"}
+                      "rms_norm", "rope", "swiglu_mlp"}
     assert all(r["timed"] == r["entries"] for r in saved["summary"] if r["level"] == "native")
     assert {r["status"] for r in saved["summary"] if r["level"] == "cuda"} <= \
         {"not evaluated", "no goal"}

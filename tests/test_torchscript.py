@@ -13,6 +13,10 @@ from equivalence.check import check
 from levels import torchscript as ts
 
 
+# every variant of every component, in both layouts
+CASES = sum(len(cards.get(c).variants) for c in cards.names()) * len(cards.LAYOUTS)
+
+
 def _failures(results):
     return [f"{r.component}/{r.variant} {r.dtype}: {r.status} {r.reason} worst={r.worst}"
             for r in results if not r.passed]
@@ -24,8 +28,7 @@ def test_harness_passes_all_components_forward_and_backward(dtype):
     # first call of each specialization and the optimized graph afterwards; both are checked.
     for _ in range(3):
         results = check(level="torchscript", dtype=dtype, size="tiny")
-        variants = sum(len(cards.get(c).variants) for c in cards.names())
-        assert len(results) == variants * len(cards.LAYOUTS)  # every variant, both layouts
+        assert len(results) == CASES  # every variant of every component, both layouts
         assert not _failures(results), _failures(results)
 
 
