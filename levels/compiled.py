@@ -49,7 +49,7 @@ import threading
 import torch
 
 from . import native
-from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
                        validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
                        validate_swiglu_mlp)
 
@@ -168,8 +168,9 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 # ---------------------------------------------------------------------------------------
 
 # What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
-MATH = {c: getattr(native, f"{c}_math")
-        for c in ("attention", "layer_norm", "mlp", "conv_bn", "rms_norm", "rope", "swiglu_mlp")}
+# Found by name, as every component's Level 1 math is `native.<component>_math`: a component
+# added later needs no line here.
+MATH = {c: getattr(native, f"{c}_math") for c in COMPONENTS}
 MATH["lstm"] = native.lstm_steps
 LSTM_CHUNK = 8  # time steps per compiled graph
 
@@ -345,10 +346,8 @@ def _prepare_rope(x, cos, sin, interleaved=False):
     return (x, cos, sin, interleaved)
 
 
-_PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
-            "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn,
-            "rms_norm": _prepare_rms_norm, "rope": _prepare_rope,
-            "swiglu_mlp": _prepare_swiglu_mlp}
+# Found by name (`_prepare_<component>` above), as MATH is.
+_PREPARE = {c: globals()[f"_prepare_{c}"] for c in COMPONENTS}
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from . import native
-from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
                        validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
                        validate_swiglu_mlp)
 
@@ -214,9 +214,11 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     return torch.cat((y1, y2), -1).to(x.dtype)
 
 
-_SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train,
-            "rms_norm": _rms_norm, "rope": _rope, "swiglu_mlp": _swiglu_mlp}
+# Found by name: `_<component>` above, or `_<component>_eval` and `_<component>_train` where a
+# component scripts one function per mode (conv_bn): a component added later needs no line.
+_SOURCES = {name[1:]: globals()[name] for name in
+            [f"_{c}{mode}" for c in COMPONENTS for mode in ("", "_eval", "_train")]
+            if name in globals()}
 
 # ---------------------------------------------------------------------------------------
 # Scripting, once per process, with the deprecation warning shown once.
