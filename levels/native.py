@@ -90,27 +90,33 @@ def attention_math(q, k, v, causal: bool, scale: float, bottom_right: bool = Fal
                    kv_lens: Optional[torch.Tensor] = None):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
-    # that Level 4 builds by hand.) Grouped-query attention without copying K and V: the
-    # H query heads are viewed as (H_kv, group), and each group's matmul broadcasts its
-    # one K/V head.
+    # that Level 4 builds by hand.)
     q, k, v = gemm_operand(q), gemm_operand(k), gemm_operand(v)
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    qg = q.reshape(B, Hkv, H // Hkv, Nq, D)
-    kg, vg = k.unsqueeze(2), v.unsqueeze(2)
     visible = attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:
+        # Grouped-query attention without copying K and V: the H query heads viewed as
+        # (H_kv, group), each group's matmul broadcasting its one K/V head.
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)  # (B or 1, 1, Nq, Nk): the 4-D scores' mask
+    # Only lengths or a bottom-right diagonal above some queries leave a query no key at all.
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
-    scores = torch.matmul(qg, kg.transpose(-2, -1)) * scale
-    if visible is not None:
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if visible is not None and may_be_empty:
         # A query that sees no key gets an output of 0 (as SDPA). Its row keeps every score
         # unmasked, so its softmax stays finite (no 0/0) and its zeroed probabilities send
         # back zero gradients.
         seen = visible.any(-1, keepdim=True)
         scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
         probs = torch.softmax(scores, dim=-1).masked_fill(~seen, 0.0)
+    elif visible is not None:
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     else:
         probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, vg).reshape(B, H, Nq, D)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 

@@ -80,20 +80,26 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bott
     q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
     B, H, Nq, D = q.size(0), q.size(1), q.size(2), q.size(3)
     Hkv, Nk = k.size(1), k.size(2)
-    # Grouped-query attention as Level 1: q viewed as (B, H_kv, group, Nq, D), K/V broadcast.
-    qg = q.reshape(B, Hkv, H // Hkv, Nq, D)
     visible = native.attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:  # grouped-query attention as Level 1: q viewed as (B, H_kv, group, Nq, D)
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
-    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-2, -1)) * scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if visible is not None:
         # scale and mask are one fused pointwise group; softmax and both matmuls stay library
         # calls. A query that sees no key keeps its scores (a finite softmax), then gets 0.
-        seen = visible.any(-1, keepdim=True)
-        scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
-        probs = torch.softmax(scores, -1).masked_fill(~seen, 0.0)
+        if may_be_empty:
+            seen = visible.any(-1, keepdim=True)
+            scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
+            probs = torch.softmax(scores, -1).masked_fill(~seen, 0.0)
+        else:
+            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1)
     else:
         probs = torch.softmax(scores, -1)
-    return torch.matmul(probs, v.unsqueeze(2)).reshape(B, H, Nq, D)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 

@@ -29,6 +29,24 @@ cuDNN backend; backward 374 / 354 TFLOP/s, 1.28x / 1.41x SDPA FLASH backward.
 
 What it costs: a kernel per pass, a backward that recomputes the scores (2.5x the forward
 FLOPs instead of 2x), and block sizes that must be tuned per GPU and per head dimension.
+
+Grown to what SDPA takes, each a constexpr switch (off in the common case, whose kernels are
+unchanged) or a value read once per program, never a test in the inner loop it does not need:
+  * grouped-query / multi-query attention: query head h reads K/V head h // GROUP through
+    the pointer arithmetic (no repeat_interleave copy of K and V). dK/dV: one program per key
+    block of a K/V head loops over the GROUP query heads that read it, in order, into the same
+    accumulators: no atomics, the same bits every run. Its cost: the dK/dV grid has GROUP
+    times fewer programs, each GROUP times longer (a small grid for MQA at small B).
+  * head sizes up to 256 (PAD_D): the tile spans HEAD_DIM, the next power of two; loads of
+    the padded columns are masked to 0 (they add nothing to q.k) and stores skip them. Its
+    cost: the padded lanes' arithmetic (D = 80 computes 128 wide) and a column mask on every
+    load. D = 256 takes smaller blocks (TUNED's d256 entries) so that the tiles fit.
+  * causal with Nq != Nk (BOTTOM_RIGHT) and per-batch key lengths (HAS_LENS): a program reads
+    its element's key count n_end and the diagonal's shift once (`_keys`); the loops' bounds
+    come from them, so key blocks past n_end or above the diagonal are never loaded. A query
+    that sees no key outputs 0 with lse = +inf, which makes every P the backward recomputes
+    for it exactly 0, masked or not.
+  * empty inputs: the launchers return before any launch (a grid of 0 programs is an error).
 """
 
 from __future__ import annotations
@@ -88,12 +106,12 @@ def _store(ptrs, x, rows_ok, cols_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
-def _keys(KV_LENS, b, N_Q, N_K, HAS_LENS: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+def _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
     """(n_end, shift) of batch element b: its keys are [0, n_end) (kv_lens[b] clipped to
     [0, N_K], else N_K), and query i sees key j <= i + shift when causal: shift = 0 for the
     top-left diagonal, n_end - N_Q for the bottom-right one."""
     if HAS_LENS:
-        n_end = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), N_K)
+        n_end = tl.minimum(tl.maximum(tl.load(KV_LENS + b * stride_lens).to(tl.int32), 0), N_K)
     else:
         n_end = N_K
     if BOTTOM_RIGHT:
@@ -171,7 +189,7 @@ def _visible_keys(start_m, n_end, shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-              H, GROUP, N_Q, N_K, D, qk_scale,
+              H, GROUP, N_Q, N_K, D, stride_lens, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               SAVE_LSE: tl.constexpr,  # False under no_grad: no backward will read it
@@ -188,7 +206,7 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
     # Grouped-query attention: query head h reads K/V head h // GROUP (no copy of K, V).
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     hk = h // GROUP
-    n_end, shift = _keys(KV_LENS, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
     # Some rows may see no key at all (a length of 0, or a bottom-right diagonal below them)
     MAY_BE_EMPTY: tl.constexpr = HAS_LENS or BOTTOM_RIGHT
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -318,7 +336,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                   H_KV, GROUP, N_Q, N_K, D, qk_scale, sm_scale,
+                   H_KV, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                    PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
@@ -329,7 +347,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
     b, hk = (bhk // H_KV).to(tl.int64), (bhk % H_KV).to(tl.int64)
-    n_end, shift = _keys(KV_LENS, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = (offs_n < N_K)[:, None]
@@ -425,7 +443,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dqb, stride_dqh, stride_dqm,
-                 H, GROUP, N_Q, N_K, D, qk_scale, sm_scale,
+                 H, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                  PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
@@ -437,7 +455,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     hk = h // GROUP
-    n_end, shift = _keys(KV_LENS, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
@@ -562,6 +580,10 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _lens_stride(kv_lens) -> int:
+    return 0 if kv_lens is None else kv_lens.stride(0)  # kv_lens may be a view too
+
+
 def _features(q, k, bottom_right: bool, kv_lens) -> tuple[tuple, dict]:
     """The runtime sizes and the constexpr switches of the features a call uses: (D, group)
     and PAD_D / HAS_LENS / BOTTOM_RIGHT (all False in the common case: its kernels are the
@@ -589,7 +611,7 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
     _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
         q, k, v, o, lse, kv_lens if kv_lens is not None else lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-        H, group, Nq, Nk, D, scale * LOG2E,
+        H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
         UPCAST=INTERPRETED and q.dtype != torch.float32, PRECISION=_precision(q.dtype, q.device),
         SAVE_LSE=save, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **switches)
@@ -623,12 +645,13 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
     # program per key block of each K/V head, looping over that head's group of query heads.
     _attn_bwd_dkdv[(cdiv(Nk, large), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, lens, *_strides(q), *_strides(k), *_strides(v),
-        *_strides(do), *_strides(dk), *_strides(dv), Hkv, group, Nq, Nk, D, scale * LOG2E, scale,
+        *_strides(do), *_strides(dk), *_strides(dv), Hkv, group, Nq, Nk, D, _lens_stride(kv_lens),
+        scale * LOG2E, scale,
         BLOCK_M=small, BLOCK_N=large, **common)
     # dQ: the mirror image, a large query block and small key blocks.
     _attn_bwd_dq[(cdiv(Nq, large), B * H)](
         q, k, v, do, lse, delta, dq, lens, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dq), H, group, Nq, Nk, D, scale * LOG2E, scale,
+        *_strides(dq), H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, scale,
         BLOCK_M=large, BLOCK_N=small, **common)
     return dq, dk, dv
 

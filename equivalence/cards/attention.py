@@ -22,7 +22,8 @@ VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True),
             "decode": dict(causal=True, causal_alignment="bottom_right")}
 # What each variant changes in a preset's shape (make_args reads these keys).
 VARIANT_SHAPES = {"gqa": dict(kv_group=2, nk_extra=True, odd_head=True),
-                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True)}
+                  # two sequences at least: the second's length leaves queries with no key
+                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2)}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
@@ -69,11 +70,17 @@ def strided(args):
     if Nq != Nk:
         own = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
         args["q"] = own.transpose(1, 2).copy_(q)
+    if args.get("kv_lens") is not None:
+        # every other element of a buffer whose gaps hold -7 (a length that would mask every
+        # key: a kernel reading between the elements computes something else)
+        lens = args["kv_lens"]
+        args["kv_lens"] = torch.full((2 * lens.numel(),), -7, dtype=lens.dtype,
+                                     device=lens.device)[::2].copy_(lens)
     return args
 
 
 def make_args(shape, dtype, device, generator):
-    B, H, N, D = shape["B"], shape["H"], shape["N"], shape["D"]
+    B, H, N, D = max(shape["B"], shape.get("min_batch", 1)), shape["H"], shape["N"], shape["D"]
     group = H if shape.get("kv_group") == "all" else shape.get("kv_group", 1)
     Nq = max(1, N // 8) + 1 if shape.get("nq_short") else N
     Nk = N + N // 3 if shape.get("nk_extra") else N
