@@ -86,8 +86,9 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
     def keys_of(LENS, b, Nq, Nk, bottom_right):
         """(end, shift) of batch element b: its keys [0, end), query i sees key n <= i + shift."""
         end = Nk
-        if LENS.shape[0] > 0:
-            end = min(max(LENS[b], 0), Nk)
+        if LENS.shape[0] > 0:  # clipped to [0, Nk] (conditionals: numba's CUDA target has
+            end = LENS[b]      # no builtin min/max for these mixed integer types)
+            end = 0 if end < 0 else (Nk if end > Nk else end)
         return end, (end - Nq if bottom_right else 0)
 
     @cuda.jit
@@ -120,7 +121,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
         l_i = float32(0.0)
         hi = end  # causal: key tiles past the block's last query are never loaded
         if causal and start_m + BLOCK_M + shift < end:
-            hi = max(start_m + BLOCK_M + shift, 0)
+            hi = start_m + BLOCK_M + shift if start_m + BLOCK_M + shift > 0 else 0
         for start_n in range(0, hi, BLOCK_N):
             # The block loads the tile together: BLOCK_M threads, BLOCK_N * D elements.
             for e in range(t, KV_TILE, BLOCK_M):
@@ -215,7 +216,8 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
             dk[d] = 0.0
             dv[d] = 0.0
         # Causal: queries before start_n - shift never see these keys; start at their tile.
-        lo = (max(start_n - shift, 0) // BLOCK_M) * BLOCK_M if causal else 0
+        first = start_n - shift if start_n - shift > 0 else 0  # the first query that sees a key here
+        lo = (first // BLOCK_M) * BLOCK_M if causal else 0
         # Grouped-query attention: every query head of the group adds to this dk, dv, one
         # head after the other (no atomics).
         for g in range(group):
@@ -288,7 +290,7 @@ def attention_kernels(head_dim: int) -> AttentionKernels:
         delta = DELTA[bh * Nq + i] if row_ok else 0.0
         hi = end  # causal: key tiles past the block's last query are never loaded
         if causal and start_m + BLOCK_M + shift < end:
-            hi = max(start_m + BLOCK_M + shift, 0)
+            hi = start_m + BLOCK_M + shift if start_m + BLOCK_M + shift > 0 else 0
         for start_n in range(0, hi, BLOCK_N):
             for e in range(t, KV_TILE, BLOCK_M):
                 j = e // D
