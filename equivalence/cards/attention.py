@@ -47,8 +47,13 @@ def zero_gradient_scales(args, upstream, grads):
     if k.shape[2] != 1:
         return {}
     scale = args.get("scale") or q.shape[-1] ** -0.5
-    dp = (upstream[0] * v).sum(-1, keepdim=True)  # (B, H, Nq, 1)
-    return {"q": scale * dp * k, "k": scale * (dp * q).sum(2, keepdim=True)}
+    B, H, Nq, D = q.shape
+    group = H // k.shape[1]  # grouped-query attention: K/V head h // group serves query head h
+    kh, vh = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    dp = (upstream[0] * vh).sum(-1, keepdim=True)  # (B, H, Nq, 1)
+    per_query_head = scale * (dp * q).sum(2, keepdim=True)  # (B, H, 1, D)
+    return {"q": scale * dp * kh,
+            "k": per_query_head.reshape(B, k.shape[1], group, 1, D).sum(2)}
 
 
 def strided(args):
