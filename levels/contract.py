@@ -215,8 +215,10 @@ def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_
 def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
     c = "layer_norm"
     _tensors(c, {"x": x, "weight": weight, "bias": bias})
-    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    # No rows at all (a batch of 0) is fine, as for F.layer_norm: an empty y, zero gradients
+    # of weight and bias. Rows of no element are not: there is nothing to normalize.
+    if x.dim() < 1 or x.shape[-1] == 0:
+        _fail(c, "x", "a tensor of shape (..., N) with N >= 1", _describe(x))
     N = x.shape[-1]
     lengths = [N] + [t.shape[0] for t in (weight, bias) if t.dim() == 1]
     if _agreed(lengths) != N:  # weight and bias agree, x does not: x is the odd one out

@@ -240,7 +240,6 @@ REFUSED = [
     ("layer_norm", "bias-device", "bias", VALUE_ERROR,
      lambda a, d: {"bias": a["bias"].to(other_device(d))},
      "bias on another device"),
-    ("layer_norm", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:0]}, "x with no rows"),
     ("layer_norm", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
     ("layer_norm", "eps-inf", "eps", VALUE_ERROR, lambda a, d: {"eps": math.inf}, "eps = inf"),
     # ---- mlp: x (2, 9, 24), w1 (72, 24), b1 (72,), w2 (20, 72), b2 (20,)
@@ -408,6 +407,8 @@ COMPUTED = [
      "+Inf in x", "Inf and NaN as torch (forward)"),
     ("layer_norm", "some-grad", None, ("x",), lambda a, d: {},
      "only x requires grad (weight, bias frozen)", "gradients as torch"),
+    ("layer_norm", "empty", None, ALL, lambda a, d: {"x": a["x"][:0]},
+     "x with no rows (a batch of 0)", "empty, zero weight and bias gradients, as torch"),
     ("mlp", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 3, 5), math.nan)},
      "a NaN in x", "NaN as torch, in the gradients too"),
     ("mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
