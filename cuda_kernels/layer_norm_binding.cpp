@@ -62,7 +62,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const a
   at::Tensor dx = at::empty({M, N}, x.options());
   at::Tensor dweight = at::empty({N}, weight.options());
   at::Tensor dbias = at::empty({N}, weight.options());
-  if (M == 0 || N == 0) return {dx, dweight, dbias};
+  if (M == 0 || N == 0) {  // no rows: dweight and dbias are sums of nothing; no launch
+    dweight.zero_();
+    dbias.zero_();
+    return {dx, dweight, dbias};
+  }
   const int dtype = levels_cuda::dtype_code(x);
   const int64_t P = levels_layer_norm_bwd_partials(dtype, static_cast<int>(version), M, N);
   if (P < 0) levels_cuda::check(static_cast<int>(P), "layer_norm_bwd", version);

@@ -72,8 +72,9 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    return _call("attention", q, k, v, causal=causal, scale=scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    return _call("attention", q, k, v, causal=causal, scale=scale,
+                 causal_alignment=causal_alignment, kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")

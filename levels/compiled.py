@@ -303,9 +303,10 @@ uses_tf32 = native.uses_tf32  # the same library GEMMs/convolutions as Level 1
 # `equivalence.explain` can compile the same math on the same arguments.
 # ---------------------------------------------------------------------------------------
 
-def _prepare_attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return (q, k, v, causal, s["scale"])
+def _prepare_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
+                       kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return (q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
 def _prepare_layer_norm(x, weight, bias, eps=1e-5):
@@ -359,8 +360,8 @@ def prepare(component: str, *args, **kwargs) -> tuple:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    args = _prepare_attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    args = _prepare_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     return compiled("attention", q.device)(*args)
 
 

@@ -2,7 +2,7 @@
 
 One signature per component, identical at all five levels:
 
-    attention(q, k, v, causal=False, scale=None)
+    attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None)
     layer_norm(x, weight, bias, eps=1e-5)
     rms_norm(x, weight, eps=1e-6)
     mlp(x, w1, b1, w2, b2)
@@ -162,30 +162,67 @@ def _int_pair(component: str, name: str, value, low: int) -> tuple[int, int]:
 # level never re-derives them (and never disagrees with the check about what they are).
 # ---------------------------------------------------------------------------------------
 
-def validate_attention(q, k, v, causal=False, scale=None) -> dict:
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+MAX_HEAD_DIM = 256  # the largest head size Levels 4 and 5 take (padded inside to a power of two)
+
+
+def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
+                       kv_lens=None) -> dict:
+    """q (B, H, Nq, D); k, v (B, H_kv, Nk, D) with H_kv dividing H (grouped-query attention:
+    query head h reads key/value head h // (H // H_kv); H_kv = 1 is multi-query attention).
+
+    causal_alignment says where the causal diagonal sits when Nq != Nk: "top_left" (query i
+    sees keys j <= i, as PyTorch's is_causal) or "bottom_right" (j <= i + L - Nq with L the
+    number of keys: the last query sees every key, as decoding with a KV cache needs). The
+    two agree when Nq == Nk. kv_lens: None, or a (B,) int32/int64 tensor on q's device:
+    batch element b has kv_lens[b] valid keys (key j is seen only if j < kv_lens[b]; a value
+    outside [0, Nk] counts as the nearest end of that range: a validator reads no values).
+    With kv_lens, bottom_right aligns to each element's own length. A query that sees no key
+    at all (a length of 0, or bottom_right with more queries than keys) outputs 0 and gets
+    zero gradients, as PyTorch's SDPA does for a fully masked row. Empty tensors (B, Nq or
+    Nk of 0) are accepted, as PyTorch accepts them."""
     c = "attention"
     _tensors(c, {"q": q, "k": k, "v": v})
     _rank(c, "q", q, 4, "(B, H, Nq, D)")
-    _rank(c, "k", k, 4, "(B, H, Nk, D)")
+    _rank(c, "k", k, 4, "(B, H_kv, Nk, D)")
     B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    _shape(c, "k", k, (B, H, Nk, D), "(B, H, Nk, D) matching q's B, H, D")
-    _shape(c, "v", v, (B, H, Nk, D), "(B, H, Nk, D) matching k")
-    if min(B, H, Nq, Nk, D) == 0:
-        _fail(c, "q", "non-empty in every dimension", _describe(q))
+    Hkv, Nk = k.shape[1], k.shape[2]
+    _shape(c, "k", k, (B, Hkv, Nk, D), "(B, H_kv, Nk, D) matching q's B and D")
+    _shape(c, "v", v, (B, Hkv, Nk, D), "(B, H_kv, Nk, D) matching k")
+    if H == 0 or D == 0:
+        _fail(c, "q", "of at least one head (H >= 1) and a head dimension D >= 1", _describe(q))
+    if Hkv == 0 or H % Hkv:
+        _fail(c, "k", f"of H_kv heads with H_kv dividing q's H = {H} (grouped-query attention: "
+              f"H_kv = H for multi-head, 1 for multi-query)", _describe(k))
     _flag(c, "causal", causal)
-    if causal and Nq != Nk:
-        _fail(c, "k", f"of the same length as q when causal=True (Nk == Nq == {Nq})", _describe(k))
+    if not isinstance(causal_alignment, str) or causal_alignment not in CAUSAL_ALIGNMENTS:
+        _fail(c, "causal_alignment", f"one of {', '.join(map(repr, CAUSAL_ALIGNMENTS))}",
+              repr(causal_alignment), TypeError if not isinstance(causal_alignment, str) else ValueError)
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor):
+            _fail(c, "kv_lens", "None or a torch.Tensor of shape (B,)", type(kv_lens).__name__,
+                  TypeError)
+        if kv_lens.dtype not in (torch.int32, torch.int64):
+            _fail(c, "kv_lens", "an int32 or int64 tensor (the number of valid keys per batch "
+                  "element)", _describe(kv_lens), TypeError)
+        _shape(c, "kv_lens", kv_lens, (B,), "(B,) with B = q.shape[0]")
+        if kv_lens.device != q.device:
+            _fail(c, "kv_lens", f"on device {q.device} like 'q'", _describe(kv_lens))
+        if kv_lens.requires_grad:
+            _fail(c, "kv_lens", "a tensor that does not require grad", _describe(kv_lens))
     _number(c, "scale", scale, low=0, low_open=True, allow_none=True)
-    return dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D,
+    return dict(B=B, H=H, H_kv=Hkv, group=H // Hkv, Nq=Nq, Nk=Nk, D=D,
+                bottom_right=bool(causal) and causal_alignment == "bottom_right",
                 scale=float(scale) if scale is not None else D ** -0.5)
 
 
 def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
     c = "layer_norm"
     _tensors(c, {"x": x, "weight": weight, "bias": bias})
-    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    # No rows at all (a batch of 0) is fine, as for F.layer_norm: an empty y, zero gradients
+    # of weight and bias. Rows of no element are not: there is nothing to normalize.
+    if x.dim() < 1 or x.shape[-1] == 0:
+        _fail(c, "x", "a tensor of shape (..., N) with N >= 1", _describe(x))
     N = x.shape[-1]
     lengths = [N] + [t.shape[0] for t in (weight, bias) if t.dim() == 1]
     if _agreed(lengths) != N:  # weight and bias agree, x does not: x is the odd one out

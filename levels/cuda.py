@@ -168,9 +168,9 @@ def _ready(component: str, name: str, t: torch.Tensor):
 # later calls with the same shapes, strides, dtypes and devices make one call into C++: the
 # component's op (cuda_kernels/autograd_binding.cpp), its autograd included.
 
-def _attention_plan(q, k, v, causal, scale):
-    s = validate_attention(q, k, v, causal, scale)
-    return _ready("attention", "q", q), s["scale"]
+def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _ready("attention", "q", q), s["scale"], s["bottom_right"]
 
 
 def _layer_norm_plan(x, weight, bias, eps):
@@ -221,9 +221,9 @@ _ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    module, scale = _ATTENTION(q, k, v, causal, scale)
-    return module.attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    module, scale, bottom_right = _ATTENTION(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return module.attention(q, k, v, causal, scale, bottom_right=bottom_right, kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")

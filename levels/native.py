@@ -16,6 +16,8 @@ models do: a bfloat16 sum over 4096 elements would lose ~3 significant digits.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -65,23 +67,62 @@ def gemm_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return attention_math(q, k, v, causal, s["scale"])
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return attention_math(q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
-def attention_math(q, k, v, causal: bool, scale: float):
+def attention_visible(Nq: int, Nk: int, causal: bool, bottom_right: bool,
+                      kv_lens: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """Which keys each query sees: a bool (B or 1, 1, 1, Nq, Nk) mask (None: every key).
+    Query i sees key j if j < L (L = kv_lens[b] clipped to [0, Nk], else Nk) and, when
+    causal, j <= i (top-left) or j <= i + L - Nq (bottom-right). Scriptable (Level 2)."""
+    if not causal and kv_lens is None:
+        return None
+    j = torch.arange(Nk, device=device).view(1, 1, 1, 1, Nk)
+    i = torch.arange(Nq, device=device).view(1, 1, 1, Nq, 1)
+    if kv_lens is None:
+        lens = torch.full((1, 1, 1, 1, 1), Nk, dtype=torch.long, device=device)
+    else:
+        lens = kv_lens.to(torch.long).clamp(0, Nk).view(-1, 1, 1, 1, 1)
+    visible = j < lens
+    if causal:
+        shift = lens - Nq if bottom_right else torch.zeros_like(lens)
+        visible = visible & (j <= i + shift)
+    return visible
+
+
+def attention_math(q, k, v, causal: bool, scale: float, bottom_right: bool = False,
+                   kv_lens: Optional[torch.Tensor] = None):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
     # that Level 4 builds by hand.)
     q, k, v = gemm_operand(q), gemm_operand(k), gemm_operand(v)
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    visible = attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:
+        # Grouped-query attention without copying K and V: the H query heads viewed as
+        # (H_kv, group), each group's matmul broadcasting its one K/V head.
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)  # (B or 1, 1, Nq, Nk): the 4-D scores' mask
+    # Only lengths or a bottom-right diagonal above some queries leave a query no key at all.
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v)
+    if visible is not None and may_be_empty:
+        # A query that sees no key gets an output of 0 (as SDPA). Its row keeps every score
+        # unmasked, so its softmax stays finite (no 0/0) and its zeroed probabilities send
+        # back zero gradients.
+        seen = visible.any(-1, keepdim=True)
+        scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).masked_fill(~seen, 0.0)
+    elif visible is not None:
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 

@@ -233,7 +233,11 @@ class MultiheadAttention(_Leveled):
         B, N, _ = t.shape
         return t.view(B, N, self.n_heads, self.model_dim // self.n_heads).transpose(1, 2)
 
-    def forward(self, query, key=None, value=None, causal: bool = False):
+    def forward(self, query, key=None, value=None, causal: bool = False,
+                causal_alignment: str = "top_left", kv_lens=None):
+        """causal_alignment and kv_lens as the contract's attention takes them (levels.contract):
+        where the causal diagonal sits when query and key lengths differ, and how many keys
+        of each batch element are valid."""
         key = query if key is None else key
         value = key if value is None else value
         w_q, w_k, w_v = self.in_proj_weight.chunk(3)
@@ -241,7 +245,11 @@ class MultiheadAttention(_Leveled):
         q = self._heads(nn.functional.linear(query, w_q, b_q))
         k = self._heads(nn.functional.linear(key, w_k, b_k))
         v = self._heads(nn.functional.linear(value, w_v, b_v))
-        out = self._fn()(q, k, v, causal=causal)
+        # the new arguments only where used: a level of yours written for (q, k, v, causal)
+        # keeps working in the common case
+        extra = {} if causal_alignment == "top_left" and kv_lens is None else dict(
+            causal_alignment=causal_alignment, kv_lens=kv_lens)
+        out = self._fn()(q, k, v, causal=causal, **extra)
         B, H, N, D = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))
 

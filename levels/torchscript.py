@@ -76,15 +76,31 @@ WHY_STILL_USED = ("Level 2 keeps using it on purpose: it is the simplest place t
 # Level 1; once the chain is fused on a GPU, those casts happen in registers and are free.
 # ---------------------------------------------------------------------------------------
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bottom_right: bool,
+               kv_lens: Optional[Tensor]) -> Tensor:
     q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
+    B, H, Nq, D = q.size(0), q.size(1), q.size(2), q.size(3)
+    Hkv, Nk = k.size(1), k.size(2)
+    visible = native.attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:  # grouped-query attention as Level 1: q viewed as (B, H_kv, group, Nq, D)
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
-        # scale and mask are one fused pointwise group; softmax and both matmuls stay library calls.
-        scores = scores.masked_fill(future, float("-inf"))
-    return torch.matmul(torch.softmax(scores, -1), v)
+    if visible is not None:
+        # scale and mask are one fused pointwise group; softmax and both matmuls stay library
+        # calls. A query that sees no key keeps its scores (a finite softmax), then gets 0.
+        if may_be_empty:
+            seen = visible.any(-1, keepdim=True)
+            scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
+            probs = torch.softmax(scores, -1).masked_fill(~seen, 0.0)
+        else:
+            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1)
+    else:
+        probs = torch.softmax(scores, -1)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 
@@ -321,9 +337,9 @@ uses_tf32 = native.uses_tf32  # the same cuBLAS/cuDNN calls as Level 1
 # ---------------------------------------------------------------------------------------
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return _scripted()["attention"](q, k, v, causal, s["scale"])
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _scripted()["attention"](q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
 @autocasts("layer_norm")

@@ -135,8 +135,8 @@ def _no_float64_on_gpu(component: str, name: str, t: torch.Tensor):
 # checks above) and keeps the verdict (levels.contract.Plans): later calls with the same
 # shapes, strides, dtypes and devices go straight to the launcher.
 
-def _attention_plan(q, k, v, causal, scale):
-    s = validate_attention(q, k, v, causal, scale)
+def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     _on_kernel_device("attention", "q", q)
     _no_float64_on_gpu("attention", "q", q)
     if s["B"] * s["H"] > GRID_AXIS_LIMIT:
@@ -144,7 +144,7 @@ def _attention_plan(q, k, v, causal, scale):
               f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
               f"limits to {GRID_AXIS_LIMIT}", f"{_describe(q)} ({s['B'] * s['H']} slices)")
     _kernels("attention").check(q, k, v)
-    return s["scale"]
+    return s["scale"], s["bottom_right"]
 
 
 def _layer_norm_plan(x, weight, bias, eps):
@@ -222,9 +222,10 @@ _ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    scale = _ATTENTION(q, k, v, causal, scale)
-    return _MODULES["attention"].attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    scale, bottom_right = _ATTENTION(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _MODULES["attention"].attention(q, k, v, causal, scale, bottom_right=bottom_right,
+                                           kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")

@@ -81,11 +81,12 @@ def mlp(x, w1, b1, w2, b2, *, tile=None):
     return out.to(x.dtype)
 
 
-def attention(q, k, v, causal=False, scale=None):
-    sizes = validate_attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    sizes = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     _runnable("attention", q)
     t = float32_inputs("attention", {"q": q, "k": k, "v": v})
-    out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"])
+    out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"],
+                                   sizes["bottom_right"], kv_lens)
     return out.to(q.dtype)
 
 

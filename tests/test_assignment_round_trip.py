@@ -300,7 +300,8 @@ def cheats_graded(assignment_build, tmp_path_factory):
         subs[name] = submission(copy, tmp / name.replace(" ", "-"), texts={LN: text})
     # attention: torch's fused attention for the value, the real kernels as a decoy
     att = (ROOT / "triton_kernels/attention.py").read_text()
-    old = "def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None):\n"
+    old = ("def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,\n"
+           "              bottom_right: bool = False, kv_lens=None):\n")
     assert att.count(old) == 1, f"triton_kernels/attention.py: the line to plant into is gone: {old!r}"
     subs["attention: torch's fused op"] = submission(
         copy, tmp / "attention", texts={"triton_kernels/attention.py": att.replace(old, old + (
@@ -308,7 +309,8 @@ def cheats_graded(assignment_build, tmp_path_factory):
             "    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,\n"
             "                                                           scale=scale)\n"
             "    return y + (ref - y).detach()\n\n\n"
-            "def _attention(q, k, v, causal, scale, config=None, backward_config=None):\n"))})
+            "def _attention(q, k, v, causal, scale, config=None, backward_config=None,\n"
+            "               bottom_right=False, kv_lens=None):\n"))})
     parts = {name: [("attention" if name.startswith("attention") else "layer_norm", "triton")]
              for name in subs}
     with ThreadPoolExecutor(2) as pool:

@@ -33,6 +33,7 @@ from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope, swiglu_mlp as k
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
+from levels import native
 from levels.contract import COMPONENTS
 from tests.test_bad_inputs import BY_KEY, judge
 
@@ -144,33 +145,57 @@ def _operands(op, version, like, **named) -> None:
             f"'{name}' (tensor cores) must be 16-byte aligned with strides multiples of 8")
 
 
-def _scores_log2(q, k, causal, scale):
-    s = q.float() @ k.float().transpose(-2, -1) * (scale * math.log2(math.e))
-    if causal:  # query i sees keys j <= i
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return s
+def _grouped(q, t):
+    """K or V as each query head reads it: head h // group (the kernels index, no copy)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], 1)
 
 
-def attention_fwd(q, k, v, causal, scale, version):
-    _version("attention_fwd", version, k_attention.VERSIONS)
-    _operands("attention_fwd", version, q, q=q, k=k, v=v)
-    s = _scores_log2(q, k, causal, scale)
-    m = s.amax(-1, keepdim=True)
-    lse = m + torch.log2(torch.exp2(s - m).sum(-1, keepdim=True))
-    return (torch.exp2(s - lse) @ v.float()).to(q.dtype), lse.squeeze(-1)
+def _scores_log2(q, k, causal, scale, bottom_right, kv_lens):
+    # the kernels' mask: keys [0, kv_lens[b]), causal j <= i + shift; an unseen key is -inf
+    s = q.float() @ _grouped(q, k).float().transpose(-2, -1) * (scale * math.log2(math.e))
+    seen = native.attention_visible(q.shape[2], k.shape[2], causal, bottom_right, kv_lens, q.device)
+    return s if seen is None else s.masked_fill(~seen.squeeze(2), float("-inf"))
 
 
-def attention_bwd(dout, q, k, v, out, lse, causal, scale, version):
-    op = "attention_bwd"
+def _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens):
     _version(op, version, k_attention.VERSIONS)
+    _refuse(kv_lens is None or (kv_lens.dtype == torch.int32 and kv_lens.is_contiguous()
+                                and tuple(kv_lens.shape) == (q.shape[0],)), op,
+            "'kv_lens' a contiguous int32 (B,) tensor")
+    # versions 3-5 in 16 bits: the common case only (attention.cu's `grown`)
+    _refuse(not k_attention.supported(version, q, k, causal, kv_lens), op,
+            "this version does not support these sizes or layouts")
+
+
+def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
+    _kernel_rules("attention_fwd", version, q, k, causal, bottom_right, kv_lens)
+    _operands("attention_fwd", version, q, q=q, k=k, v=v)
+    s = _scores_log2(q, k, causal, scale, bottom_right, kv_lens)
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    total = torch.exp2(s - m).sum(-1, keepdim=True)
+    # a query that sees no key: out 0, lse +inf
+    lse = torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
+    return (torch.exp2(s - lse) @ _grouped(q, v).float()).to(q.dtype), lse.squeeze(-1)
+
+
+def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False,
+                  kv_lens=None):
+    op = "attention_bwd"
+    _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens)
     _operands(op, version, q, q=q, k=k, v=v, dout=dout)
     _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
     _expect(op, "lse", lse, q.shape[:3], F32, dense=True)
-    p = torch.exp2(_scores_log2(q, k, causal, scale) - lse[..., None])
+    p = torch.exp2(_scores_log2(q, k, causal, scale, bottom_right, kv_lens) - lse[..., None])
     do = dout.float()
-    ds = p * (do @ v.float().transpose(-2, -1) - (do * out.float()).sum(-1, keepdim=True))
-    dq, dk = scale * ds @ k.float(), scale * ds.transpose(-2, -1) @ q.float()
-    return dq.to(q.dtype), dk.to(q.dtype), (p.transpose(-2, -1) @ do).to(q.dtype)
+    ds = p * (do @ _grouped(q, v).float().transpose(-2, -1) - (do * out.float()).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ _grouped(q, k).float(), scale * ds.transpose(-2, -1) @ q.float()
+    dv = p.transpose(-2, -1) @ do
+
+    def per_kv_head(t):  # the group's query heads summed into their K/V head
+        B, H, N, D = t.shape
+        return t.reshape(B, k.shape[1], H // k.shape[1], N, D).sum(2)
+    return dq.to(q.dtype), per_kv_head(dk).to(q.dtype), per_kv_head(dv).to(q.dtype)
 
 
 # gemm.cu: epilogue(a @ b + bias) of an fp32 accumulator, b the (K, N) matrix, any strides;
@@ -463,9 +488,11 @@ def layer_norm_op(x, weight, bias, eps=1e-5):
     return OPS.layer_norm(x, weight, bias, float(eps), k_layer_norm.resolve_version())
 
 
-def attention_op(q, k, v, causal=False, scale=None):
+def attention_op(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return OPS.attention(q, k, v, bool(causal), scale, k_attention.resolve_version())
+    version = k_attention.pick_version(None, q, k, causal, kv_lens)
+    return OPS.attention(q, k, v, bool(causal), scale, version,
+                         bool(causal) and causal_alignment == "bottom_right", kv_lens)
 
 
 def mlp_op(x, w1, b1, w2, b2):

@@ -236,3 +236,16 @@ def test_inside_torch_compile(version, monkeypatch):
         results.append((out, *torch.autograd.grad(out.float().square().sum(), (x, w, b))))
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_no_rows_give_torchs_result():
+    # a batch of 0: an empty y and dx, zero weight and bias gradients, no launch
+    x = torch.randn(0, 3, 40, device="cuda", requires_grad=True)
+    w = torch.randn(40, device="cuda", requires_grad=True)
+    b = torch.randn(40, device="cuda", requires_grad=True)
+    y = levels.get("cuda").layer_norm(x, w, b)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()

@@ -68,7 +68,7 @@ COMPILE_EXAMPLES = int(os.environ.get("LEVELS_FUZZ_COMPILE_EXAMPLES",
                                       min(24, max(2, EXAMPLES // 8))))
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TRITON_HEAD_DIMS = (16, 32)  # triton_kernels.attention.HEAD_DIMS, the interpreter-sized ones
+TRITON_HEAD_DIMS = (16, 32)  # head sizes small enough for the interpreter
 CPU_LEVELS = ("native", "torchscript", "compile", "triton")
 GPU_LEVELS = ("triton", "cuda")
 

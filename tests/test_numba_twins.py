@@ -82,8 +82,10 @@ def test_attention_twin_passes_the_harness_as_a_registered_level():
     # registered like a student's module: `levels.register` is the route the notebook shows
     levels.register("numba", level)
     results = check("attention", "numba", size="tiny")
+    # gqa and decode: the Level 5 algorithm grown (grouped K/V heads, a head size of 24,
+    # causal diagonals for Nq != Nk, kv_lens), as cuda_kernels/attention.cu's v2 and backward
     assert {(r.variant, r.layout) for r in results} == {
-        ("full", "contiguous"), ("full", "strided"), ("causal", "contiguous"), ("causal", "strided")}
+        (v, layout) for v in ("full", "causal", "gqa", "decode") for layout in ("contiguous", "strided")}
     _all_pass(results)
     assert levels.status("numba", "cpu", "lstm") == "'numba' has no lstm function"
 
