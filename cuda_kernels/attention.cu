@@ -40,6 +40,22 @@
 //   lse_i = log2 sum_j 2^(scale·log2(e)·q_i·k_j)   (= natural lse · log2(e))
 // so that the backward's P = 2^(scale·log2(e)·q·k − lse) is one FMA and one exp2.
 //
+// Grown (v1, v2 and the CUDA-core backward only; the tensor-core versions keep the common
+// case, H_kv == H, D in {16, 32, 64, 128}, no kv_lens, causal on the main diagonal, and the
+// Python side runs v2 for anything else when no version was asked for):
+//   grouped-query attention: k, v have H_kv heads, H_kv dividing H; query head h reads K/V
+//       head h / group (group = H / H_kv), by index: no copy of K or V. dK/dV: the block that
+//       owns a key block loops over the group's query heads itself, in a fixed order (no
+//       atomics: deterministic).
+//   any head size up to 256: the CUDA-core kernels are templated on a tile width DT (a
+//       power of two, 8..256) and read the D real columns of it (zeros beyond, never
+//       stored); D > 128 uses 8 threads a row and 16-row tiles, so that k, v, dk and dv
+//       (4 x D/8 floats a thread) stay in registers and the tiles fit static shared memory.
+//   causal with Nq != Nk: query i sees key j <= i + shift, shift = 0 (top-left) or L - Nq
+//       (bottom-right, L the element's key count); kv_lens: key j is seen only if j < L,
+//       L = kv_lens[b] clipped to [0, Nk]. A query that sees no key outputs 0 and its lse is
+//       +inf (so every recomputed P of it is 0).
+//
 // Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
 // dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
 // whose last dimension is strided). v3-v5 read 16-byte chunks, so for them every stride
@@ -51,6 +67,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 
+#include <limits.h>
 #include <math.h>
 #include <type_traits>
 
@@ -81,8 +98,11 @@ struct Params {
   void* dk;               // (B, H, Nk, D) contiguous
   void* dv;               // (B, H, Nk, D) contiguous
   int64_t H, BH, Nq, Nk;
+  int64_t Hkv, group;     // K/V heads, and H / Hkv query heads reading each (1: multi-head)
+  const int* kv_lens;     // (B,) int32 valid keys per batch element, or null (all Nk)
   int D;
-  int causal;             // query i sees keys j <= i (Nq == Nk, checked by the binding)
+  int causal;             // query i sees keys j <= i + shift
+  int bottom_right;       // shift = L - Nq (bottom-right diagonal), else 0 (top-left)
   float scale;            // softmax scale
   float scale_log2;       // scale · log2(e): scores go straight to exp2
 };
@@ -91,6 +111,35 @@ struct Params {
 template <typename T>
 __device__ __forceinline__ const T* head_of(const Operand& t, int64_t bh, int64_t H) {
   return static_cast<const T*>(t.ptr) + (bh / H) * t.sb + (bh % H) * t.sh;
+}
+
+// The K/V slice that query slice bh reads: batch bh / H, K/V head (bh % H) / group.
+template <typename T>
+__device__ __forceinline__ const T* kv_head_of(const Operand& t, int64_t bh, int64_t H, int64_t group) {
+  return static_cast<const T*>(t.ptr) + (bh / H) * t.sb + ((bh % H) / group) * t.sh;
+}
+
+// The keys batch element b has: [0, end), and the causal shift (query i sees key j <= i + shift).
+struct Keys {
+  int64_t end, shift;
+  __device__ __forceinline__ bool visible(int64_t i, int64_t j, int causal) const {
+    return j < end && !(causal && j > i + shift);
+  }
+  // The keys query i sees are [0, limit(i)); the queries key j is seen by are those >= first(j).
+  // 32-bit (positions are below 2**30, the launchers' rule): a pair of 64-bit bounds live
+  // across the inner loops is what made the CUDA-core backward spill.
+  __device__ __forceinline__ int limit(int64_t i, int causal) const {
+    return (int)(causal ? min(end, max(i + shift + 1, (int64_t)0)) : end);
+  }
+  __device__ __forceinline__ int first(int64_t j, int causal) const {
+    return j >= end ? INT_MAX : (causal ? (int)max(j - shift, (int64_t)0) : 0);
+  }
+};
+
+__device__ __forceinline__ Keys keys_of(const Params& p, int64_t b) {
+  int64_t end = p.Nk;
+  if (p.kv_lens != nullptr) end = min(max((int64_t)p.kv_lens[b], (int64_t)0), p.Nk);
+  return Keys{end, p.bottom_right ? end - p.Nq : 0};
 }
 
 // Block -> (bh, block index along the sequence). Blocks of one head are consecutive (they
@@ -116,21 +165,24 @@ __global__ void attn_fwd_v1_kernel(Params p) {
   if (idx >= p.BH * p.Nq) return;
   const int64_t bh = idx / p.Nq, i = idx % p.Nq;
   const T* q = head_of<T>(p.q, bh, p.H) + i * p.q.sn;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);
   float* s = p.scratch + idx * p.Nk;
   const int D = p.D;
   float mx = -INFINITY;
   for (int64_t j = 0; j < p.Nk; ++j) {
     float dot = 0.0f;
     for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
-    const float t = (p.causal && j > i) ? -INFINITY : dot * p.scale_log2;
+    const float t = keys.visible(i, j, p.causal) ? dot * p.scale_log2 : -INFINITY;
     s[j] = t;
     mx = fmaxf(mx, t);
   }
+  // A query that sees no key (mx = -inf): out = 0, lse = +inf (its P is 0 in the backward).
+  const bool seen = mx > -INFINITY;
   float l = 0.0f;
   for (int64_t j = 0; j < p.Nk; ++j) {
-    const float e = exp2f(s[j] - mx);  // key 0 is always visible: mx is finite
+    const float e = seen ? exp2f(s[j] - mx) : 0.0f;
     s[j] = e;
     l += e;
   }
@@ -138,9 +190,9 @@ __global__ void attn_fwd_v1_kernel(Params p) {
   for (int d = 0; d < D; ++d) {
     float acc = 0.0f;
     for (int64_t j = 0; j < p.Nk; ++j) acc += s[j] * to_f32(v[j * p.v.sn + d]);
-    out[d] = from_f32<T>(acc / l);
+    out[d] = from_f32<T>(seen ? acc / l : 0.0f);
   }
-  p.lse[idx] = mx + log2f(l);
+  p.lse[idx] = seen ? mx + log2f(l) : INFINITY;
 }
 
 // =====================================================================================
@@ -152,63 +204,98 @@ __global__ void attn_fwd_v1_kernel(Params p) {
 // conflict). Per key: 4 partial dot products, 2 xor-shuffles within the row's 4 lanes.
 // Per tile of 32 keys: the scores in registers, one rescale of the accumulator by
 // 2^(m_old - m_new) (the online softmax), then acc += p_j v_j.
-constexpr int CC_TPR = 4;      // threads per row (CUDA-core kernels)
-constexpr int CC_ROWS = 32;    // rows per block: 128 threads
-constexpr int CC_TILE = 32;    // streamed tile (keys in the forward and dQ, queries in dK/dV)
-constexpr int CC_THREADS = CC_ROWS * CC_TPR;
+// The template's D is the register tile's width (a power of two, 8..256); the real head
+// size p.D <= D: columns past it are loaded as 0 and never stored. D > 128 takes 8 threads
+// a row (16 rows a block) and 16-row shared tiles: registers (k, v, dk, dv of the dK/dV
+// kernel are 4 x D / TPR floats a thread) and 48 KB of static shared memory are what bound
+// a wide head (CcShape).
+constexpr int CC_THREADS = 128;
 
-// The sum of a row's 4 partial sums (lanes 4r..4r+3): every lane of the row gets it.
-__device__ __forceinline__ float row_sum4(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
+template <int D>
+struct CcShape {
+  static constexpr int TPR = D > 128 ? 8 : 4;       // threads per row
+  static constexpr int ROWS = CC_THREADS / TPR;      // rows a block owns
+  static constexpr int TILE = D > 128 ? 16 : 32;     // streamed rows per shared tile
+  static constexpr int PER = D / TPR;                // elements of a row a thread holds
+  static_assert(D % TPR == 0, "a tile width the threads of a row share evenly");
+};
+
+// The sum of a row's TPR partial sums (lanes TPR·r .. TPR·r + TPR - 1): every lane of the row gets it.
+template <int TPR>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int o = 1; o < TPR; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
-// rows [row0, row0 + CC_TILE) of a (N, D) operand as fp32 into shared memory, zeros past n.
+// rows [row0, row0 + TILE) of a (N, D) operand as fp32 into shared memory: zeros past the
+// n rows and past the `width` real columns.
 template <typename T, int D>
-__device__ __forceinline__ void cc_load_tile(float (*dst)[D], const T* src, int64_t ld, int64_t row0, int64_t n) {
-  for (int e = threadIdx.x; e < CC_TILE * D; e += CC_THREADS) {
+__device__ __forceinline__ void cc_load_tile(float (*dst)[D], const T* src, int64_t ld, int64_t row0, int64_t n,
+                                             int width) {
+  for (int e = threadIdx.x; e < CcShape<D>::TILE * D; e += CC_THREADS) {
     const int r = e / D, d = e % D;
     const int64_t row = row0 + r;
-    dst[r][d] = row < n ? to_f32(src[row * ld + d]) : 0.0f;
+    dst[r][d] = row < n && d < width ? to_f32(src[row * ld + d]) : 0.0f;
+  }
+}
+
+// The elements of a row thread c holds, d = c + TPR·e: zero past the real width (or for a
+// row that does not exist).
+template <typename T, int D>
+__device__ __forceinline__ void cc_load_row(float (&r)[CcShape<D>::PER], const T* src, bool ok, int c, int width) {
+#pragma unroll
+  for (int e = 0; e < CcShape<D>::PER; ++e) {
+    const int d = c + CcShape<D>::TPR * e;
+    r[e] = ok && d < width ? to_f32(src[d]) : 0.0f;
+  }
+}
+
+// mul · r into a contiguous row of `width` elements (the padded columns are not stored).
+template <typename T, int D>
+__device__ __forceinline__ void cc_store_row(T* dst, const float (&r)[CcShape<D>::PER], float mul, int c, int width) {
+#pragma unroll
+  for (int e = 0; e < CcShape<D>::PER; ++e) {
+    const int d = c + CcShape<D>::TPR * e;
+    if (d < width) dst[d] = from_f32<T>(r[e] * mul);
   }
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
-  constexpr int PER = D / CC_TPR;
-  __shared__ float ks[CC_TILE][D], vs[CC_TILE][D];
+  using S = CcShape<D>;
+  constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
+  __shared__ float ks[TILE][D], vs[TILE][D];
   int64_t bh, mb;
-  block_coords(cdiv(p.Nq, CC_ROWS), p.causal, bh, mb);
-  const int c = threadIdx.x % CC_TPR;
-  const int64_t row = mb * CC_ROWS + threadIdx.x / CC_TPR;
+  block_coords(cdiv(p.Nq, S::ROWS), p.causal, bh, mb);
+  const int c = threadIdx.x % TPR;
+  const int64_t row = mb * S::ROWS + threadIdx.x / TPR;
   const bool row_ok = row < p.Nq;
   const T* q = head_of<T>(p.q, bh, p.H) + (row_ok ? row : 0) * p.q.sn;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);
+  const int limit = keys.limit(row, p.causal);  // this row sees keys [0, limit)
   float qr[PER], acc[PER];
+  cc_load_row<T, D>(qr, q, row_ok, c, p.D);
 #pragma unroll
-  for (int e = 0; e < PER; ++e) {
-    qr[e] = row_ok ? to_f32(q[c + CC_TPR * e]) : 0.0f;
-    acc[e] = 0.0f;
-  }
+  for (int e = 0; e < PER; ++e) acc[e] = 0.0f;
   const float sl = p.scale_log2;
   float m = -INFINITY, l = 0.0f;  // running max (raw score units) and sum of 2^(s·sl - m·sl)
-  for (int64_t n0 = 0; n0 < p.Nk; n0 += CC_TILE) {
+  for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();  // every thread is done with the previous tile
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, p.Nk);
-    cc_load_tile<T, D>(vs, v, p.v.sn, n0, p.Nk);
+    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
-    float s[CC_TILE];
+    float s[TILE];
     float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < CC_TILE; ++j) {
+    for (int j = 0; j < TILE; ++j) {
       float part = 0.0f;
 #pragma unroll
-      for (int e = 0; e < PER; ++e) part = fmaf(qr[e], ks[j][c + CC_TPR * e], part);
-      const float dot = row_sum4(part);
-      const int64_t key = n0 + j;
-      s[j] = (key >= p.Nk || (p.causal && key > row)) ? -INFINITY : dot;
+      for (int e = 0; e < PER; ++e) part = fmaf(qr[e], ks[j][c + TPR * e], part);
+      const float dot = row_sum<TPR>(part);
+      s[j] = (int)n0 + j < limit ? dot : -INFINITY;
       mx = fmaxf(mx, s[j]);
     }
     const float m_new = fmaxf(m, mx);
@@ -220,21 +307,20 @@ __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
 #pragma unroll
     for (int e = 0; e < PER; ++e) acc[e] *= alpha;
 #pragma unroll
-    for (int j = 0; j < CC_TILE; ++j) {
+    for (int j = 0; j < TILE; ++j) {
       const float pj = exp2f(fmaf(s[j], sl, neg));
       l += pj;
 #pragma unroll
-      for (int e = 0; e < PER; ++e) acc[e] = fmaf(pj, vs[j][c + CC_TPR * e], acc[e]);
+      for (int e = 0; e < PER; ++e) acc[e] = fmaf(pj, vs[j][c + TPR * e], acc[e]);
     }
     m = m_new;
   }
   if (!row_ok) return;
   const int64_t orow = bh * p.Nq + row;
-  T* out = static_cast<T*>(p.out) + orow * D;
-  const float inv = 1.0f / l;  // l >= 1: the max element contributes 2^0
-#pragma unroll
-  for (int e = 0; e < PER; ++e) out[c + CC_TPR * e] = from_f32<T>(acc[e] * inv);
-  if (c == 0) p.lse[orow] = m * sl + log2f(l);
+  // l >= 1 for a row that saw a key (its max contributes 2^0). One that saw none: out = 0,
+  // lse = +inf (every P of it the backward recomputes is then 0).
+  cc_store_row<T, D>(static_cast<T*>(p.out) + orow * p.D, acc, l > 0.0f ? 1.0f / l : 0.0f, c, p.D);
+  if (c == 0) p.lse[orow] = l > 0.0f ? m * sl + log2f(l) : INFINITY;
 }
 
 // =====================================================================================
@@ -792,118 +878,119 @@ __global__ void attn_bwd_preprocess_kernel(Params p) {
 // With s = q·k (raw), P = 2^(s·scale·log2e - lse), dP = dO·v, dS = P (dP - delta):
 //   dV_j = sum_i P_ij dO_i      dK_j = scale sum_i dS_ij q_i      dQ_i = scale sum_j dS_ij k_j
 
-// dK/dV: a block owns 32 keys (4 threads a key, as v2's rows) with k, v, dk, dv in
-// registers, and streams 32-query tiles of Q and dO (fp32 in shared memory) past them.
+// dK/dV: a block owns ROWS keys of one (batch, K/V head) (TPR threads a key, as v2's rows)
+// with k, v, dk, dv in registers, and streams TILE-query tiles of Q and dO (fp32 in shared
+// memory) past them. Grouped-query attention: the block walks the query tiles of each of
+// the group's query heads in turn, one after the other, into the same dk and dv.
 template <typename T, int D>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) {
-  constexpr int PER = D / CC_TPR;
-  __shared__ float qs[CC_TILE][D], dos[CC_TILE][D];
-  __shared__ float lse_s[CC_TILE], delta_s[CC_TILE];
-  int64_t bh, nb;
-  block_coords(cdiv(p.Nk, CC_ROWS), false, bh, nb);
-  const int c = threadIdx.x % CC_TPR;
-  const int64_t key = nb * CC_ROWS + threadIdx.x / CC_TPR;
+  using S = CcShape<D>;
+  constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
+  __shared__ float qs[TILE][D], dos[TILE][D];
+  __shared__ float lse_s[TILE], delta_s[TILE];
+  int64_t bhk, nb;  // bhk: batch x K/V head
+  block_coords(cdiv(p.Nk, S::ROWS), false, bhk, nb);
+  const int c = threadIdx.x % TPR;
+  const int64_t key = nb * S::ROWS + threadIdx.x / TPR;
   const bool key_ok = key < p.Nk;
-  const T* kp = head_of<T>(p.k, bh, p.H) + (key_ok ? key : 0) * p.k.sn;
-  const T* vp = head_of<T>(p.v, bh, p.H) + (key_ok ? key : 0) * p.v.sn;
-  const T* q = head_of<T>(p.q, bh, p.H);
-  const T* dout = head_of<T>(p.dout, bh, p.H);
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const Keys keys = keys_of(p, b);
+  const T* kp = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh + (key_ok ? key : 0) * p.k.sn;
+  const T* vp = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + (key_ok ? key : 0) * p.v.sn;
+  const int first = keys.first(key, p.causal);  // queries >= first see this key
   float kr[PER], vr[PER], dk[PER], dv[PER];
+  cc_load_row<T, D>(kr, kp, key_ok, c, p.D);
+  cc_load_row<T, D>(vr, vp, key_ok, c, p.D);
 #pragma unroll
-  for (int e = 0; e < PER; ++e) {
-    kr[e] = key_ok ? to_f32(kp[c + CC_TPR * e]) : 0.0f;
-    vr[e] = key_ok ? to_f32(vp[c + CC_TPR * e]) : 0.0f;
-    dk[e] = dv[e] = 0.0f;
-  }
+  for (int e = 0; e < PER; ++e) dk[e] = dv[e] = 0.0f;
   const float sl = p.scale_log2;
-  for (int64_t m0 = 0; m0 < p.Nq; m0 += CC_TILE) {
-    __syncthreads();
-    cc_load_tile<T, D>(qs, q, p.q.sn, m0, p.Nq);
-    cc_load_tile<T, D>(dos, dout, p.dout.sn, m0, p.Nq);
-    if (threadIdx.x < CC_TILE) {
-      const int64_t i = m0 + threadIdx.x;
-      lse_s[threadIdx.x] = i < p.Nq ? p.lse[bh * p.Nq + i] : 0.0f;
-      delta_s[threadIdx.x] = i < p.Nq ? p.delta[bh * p.Nq + i] : 0.0f;
-    }
-    __syncthreads();
-    for (int i = 0; i < CC_TILE; ++i) {
-      float part = 0.0f;
-#pragma unroll
-      for (int e = 0; e < PER; ++e) part = fmaf(kr[e], qs[i][c + CC_TPR * e], part);
-      const float s = row_sum4(part);
-      const int64_t qi = m0 + i;
-      const bool visible = qi < p.Nq && !(p.causal && qi < key);
-      const float pr = visible ? exp2f(fmaf(s, sl, -lse_s[i])) : 0.0f;
-      part = 0.0f;
-#pragma unroll
-      for (int e = 0; e < PER; ++e) {
-        dv[e] = fmaf(pr, dos[i][c + CC_TPR * e], dv[e]);
-        part = fmaf(vr[e], dos[i][c + CC_TPR * e], part);
+  for (int64_t g = 0; g < p.group; ++g) {
+    const int64_t bh = b * p.H + hk * p.group + g;  // a query head that reads this K/V head
+    const T* q = head_of<T>(p.q, bh, p.H);
+    const T* dout = head_of<T>(p.dout, bh, p.H);
+    for (int64_t m0 = 0; m0 < p.Nq; m0 += TILE) {
+      __syncthreads();
+      cc_load_tile<T, D>(qs, q, p.q.sn, m0, p.Nq, p.D);
+      cc_load_tile<T, D>(dos, dout, p.dout.sn, m0, p.Nq, p.D);
+      if (threadIdx.x < TILE) {
+        const int64_t i = m0 + threadIdx.x;
+        lse_s[threadIdx.x] = i < p.Nq ? p.lse[bh * p.Nq + i] : 0.0f;
+        delta_s[threadIdx.x] = i < p.Nq ? p.delta[bh * p.Nq + i] : 0.0f;
       }
-      const float ds = pr * (row_sum4(part) - delta_s[i]);
+      __syncthreads();
+      for (int i = 0; i < TILE; ++i) {
+        float part = 0.0f;
 #pragma unroll
-      for (int e = 0; e < PER; ++e) dk[e] = fmaf(ds, qs[i][c + CC_TPR * e], dk[e]);
+        for (int e = 0; e < PER; ++e) part = fmaf(kr[e], qs[i][c + TPR * e], part);
+        const float s = row_sum<TPR>(part);
+        const int64_t qi = m0 + i;
+        const bool visible = qi < p.Nq && (int)qi >= first;
+        const float pr = visible ? exp2f(fmaf(s, sl, -lse_s[i])) : 0.0f;
+        part = 0.0f;
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+          dv[e] = fmaf(pr, dos[i][c + TPR * e], dv[e]);
+          part = fmaf(vr[e], dos[i][c + TPR * e], part);
+        }
+        const float ds = pr * (row_sum<TPR>(part) - delta_s[i]);
+#pragma unroll
+        for (int e = 0; e < PER; ++e) dk[e] = fmaf(ds, qs[i][c + TPR * e], dk[e]);
+      }
     }
   }
   if (!key_ok) return;
-  const int64_t orow = (bh * p.Nk + key) * D;
-  T* dkp = static_cast<T*>(p.dk) + orow;
-  T* dvp = static_cast<T*>(p.dv) + orow;
-#pragma unroll
-  for (int e = 0; e < PER; ++e) {
-    dkp[c + CC_TPR * e] = from_f32<T>(dk[e] * p.scale);
-    dvp[c + CC_TPR * e] = from_f32<T>(dv[e]);
-  }
+  const int64_t orow = (bhk * p.Nk + key) * p.D;  // dk, dv: contiguous (B, H_kv, Nk, D)
+  cc_store_row<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D);
+  cc_store_row<T, D>(static_cast<T*>(p.dv) + orow, dv, 1.0f, c, p.D);
 }
 
-// dQ: a block owns 32 queries (q, dO, dq in registers) and streams 32-key tiles of K, V.
+// dQ: a block owns ROWS queries (q, dO, dq in registers) and streams TILE-key tiles of K, V.
 template <typename T, int D>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
-  constexpr int PER = D / CC_TPR;
-  __shared__ float ks[CC_TILE][D], vs[CC_TILE][D];
+  using S = CcShape<D>;
+  constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
+  __shared__ float ks[TILE][D], vs[TILE][D];
   int64_t bh, mb;
-  block_coords(cdiv(p.Nq, CC_ROWS), p.causal, bh, mb);
-  const int c = threadIdx.x % CC_TPR;
-  const int64_t row = mb * CC_ROWS + threadIdx.x / CC_TPR;
+  block_coords(cdiv(p.Nq, S::ROWS), p.causal, bh, mb);
+  const int c = threadIdx.x % TPR;
+  const int64_t row = mb * S::ROWS + threadIdx.x / TPR;
   const bool row_ok = row < p.Nq;
   const T* qp = head_of<T>(p.q, bh, p.H) + (row_ok ? row : 0) * p.q.sn;
   const T* dop = head_of<T>(p.dout, bh, p.H) + (row_ok ? row : 0) * p.dout.sn;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);
+  const int limit = row_ok ? keys.limit(row, p.causal) : 0;  // this row sees keys [0, limit)
   float qr[PER], dor[PER], dq[PER];
+  cc_load_row<T, D>(qr, qp, row_ok, c, p.D);
+  cc_load_row<T, D>(dor, dop, row_ok, c, p.D);
 #pragma unroll
-  for (int e = 0; e < PER; ++e) {
-    qr[e] = row_ok ? to_f32(qp[c + CC_TPR * e]) : 0.0f;
-    dor[e] = row_ok ? to_f32(dop[c + CC_TPR * e]) : 0.0f;
-    dq[e] = 0.0f;
-  }
+  for (int e = 0; e < PER; ++e) dq[e] = 0.0f;
   const float lse = row_ok ? p.lse[bh * p.Nq + row] : 0.0f;
   const float delta = row_ok ? p.delta[bh * p.Nq + row] : 0.0f;
   const float sl = p.scale_log2;
-  for (int64_t n0 = 0; n0 < p.Nk; n0 += CC_TILE) {
+  for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, p.Nk);
-    cc_load_tile<T, D>(vs, v, p.v.sn, n0, p.Nk);
+    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
-    for (int j = 0; j < CC_TILE; ++j) {
+    const int visible_here = limit - (int)n0;  // keys j < this of the tile are seen
+    for (int j = 0; j < TILE; ++j) {
       float ps = 0.0f, pd = 0.0f;
 #pragma unroll
       for (int e = 0; e < PER; ++e) {
-        ps = fmaf(qr[e], ks[j][c + CC_TPR * e], ps);
-        pd = fmaf(dor[e], vs[j][c + CC_TPR * e], pd);
+        ps = fmaf(qr[e], ks[j][c + TPR * e], ps);
+        pd = fmaf(dor[e], vs[j][c + TPR * e], pd);
       }
-      const float s = row_sum4(ps), dp = row_sum4(pd);
-      const int64_t key = n0 + j;
-      const bool visible = key < p.Nk && !(p.causal && key > row);
+      const float s = row_sum<TPR>(ps), dp = row_sum<TPR>(pd);
+      const bool visible = j < visible_here;
       const float ds = visible ? exp2f(fmaf(s, sl, -lse)) * (dp - delta) : 0.0f;
 #pragma unroll
-      for (int e = 0; e < PER; ++e) dq[e] = fmaf(ds, ks[j][c + CC_TPR * e], dq[e]);
+      for (int e = 0; e < PER; ++e) dq[e] = fmaf(ds, ks[j][c + TPR * e], dq[e]);
     }
   }
   if (!row_ok) return;
-  T* dqp = static_cast<T*>(p.dq) + (bh * p.Nq + row) * D;
-#pragma unroll
-  for (int e = 0; e < PER; ++e) dqp[c + CC_TPR * e] = from_f32<T>(dq[e] * p.scale);
+  cc_store_row<T, D>(static_cast<T*>(p.dq) + (bh * p.Nq + row) * p.D, dq, p.scale, c, p.D);
 }
 
 // =====================================================================================
@@ -1200,7 +1287,7 @@ inline bool grid_ok(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff;
 
 template <typename T, int D>
 int launch_fwd_v2(const Params& p, cudaStream_t stream) {
-  const int64_t blocks = p.BH * cdiv(p.Nq, CC_ROWS);
+  const int64_t blocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
   attn_fwd_v2_kernel<T, D><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
   return levels_launch_status();
@@ -1238,7 +1325,8 @@ int launch_fwd_v5(const Params& p, cudaStream_t stream) {
 
 template <typename T, int D>
 int launch_bwd_cc(const Params& p, cudaStream_t stream) {
-  const int64_t kblocks = p.BH * cdiv(p.Nk, CC_ROWS), qblocks = p.BH * cdiv(p.Nq, CC_ROWS);
+  const int64_t kblocks = p.BH / p.group * cdiv(p.Nk, CcShape<D>::ROWS);  // per K/V head
+  const int64_t qblocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
   attn_bwd_dkdv_cc_kernel<T, D><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
   attn_bwd_dq_cc_kernel<T, D><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
@@ -1282,6 +1370,24 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
     default: return LEVELS_UNSUPPORTED;           \
   }
 
+// The CUDA-core kernels' tile width: the head size rounded up to a power of two (8..256).
+#define LEVELS_ATTN_CC_TILE(D_RUNTIME, D, ...)          \
+  if (D_RUNTIME <= 8) { constexpr int D = 8; __VA_ARGS__; }     \
+  if (D_RUNTIME <= 16) { constexpr int D = 16; __VA_ARGS__; }   \
+  if (D_RUNTIME <= 32) { constexpr int D = 32; __VA_ARGS__; }   \
+  if (D_RUNTIME <= 64) { constexpr int D = 64; __VA_ARGS__; }   \
+  if (D_RUNTIME <= 128) { constexpr int D = 128; __VA_ARGS__; } \
+  if (D_RUNTIME <= 256) { constexpr int D = 256; __VA_ARGS__; } \
+  return LEVELS_UNSUPPORTED;
+
+// What only v1, v2 and the CUDA-core backward run (the top of the file): grouped K/V heads,
+// per-batch key lengths, a causal diagonal with Nq != Nk (the tensor-core kernels' causal
+// block skipping is written for the main diagonal), a head size they are not instantiated for.
+inline bool grown(const Params& p) {
+  return p.group != 1 || p.kv_lens != nullptr || (p.causal && p.Nq != p.Nk) ||
+         !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128);
+}
+
 template <typename T>
 int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
   if (version == 1) {
@@ -1292,8 +1398,9 @@ int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
   }
   // fp32 at v3-v5 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
   if (version == 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v2<T, D>(p, stream));
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_fwd_v2<T, D>(p, stream));
   }
+  if (grown(p)) return LEVELS_UNSUPPORTED;  // cuda_kernels/attention.py says why, and runs v2
   if constexpr (!std::is_same<T, float>::value) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk))
       return LEVELS_UNSUPPORTED;
@@ -1311,8 +1418,9 @@ int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
   attn_bwd_preprocess_kernel<T><<<(unsigned)pre_blocks, 256, 0, stream>>>(p);
   if (int err = levels_launch_status()) return err;
   if (version <= 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_cc<T, D>(p, stream));
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_bwd_cc<T, D>(p, stream));
   }
+  if (grown(p)) return LEVELS_UNSUPPORTED;
   if constexpr (!std::is_same<T, float>::value) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk) ||
         !chunks_ok(p.dout, B, p.H, p.Nq))
@@ -1330,20 +1438,23 @@ inline Operand operand(const void* ptr, int64_t sb, int64_t sh, int64_t sn) { re
 
 // Forward: out (B, H, Nq, D) contiguous and lse (B, H, Nq) fp32 (base 2, see the top).
 // q (B, H, Nq, D), k and v (B, H, Nk, D) with element strides (batch, head, row) and
-// stride 1 along D. scratch: v1 only, B*H*Nq*Nk fp32 (may be null for other versions).
-// causal requires Nq == Nk. Returns a LevelsStatus.
+// stride 1 along D (k, v: Hkv heads, Hkv dividing H). scratch: v1 only, B*H*Nq*Nk fp32 (may
+// be null for other versions). kv_lens: (B,) int32 or null; bottom_right: the causal diagonal's
+// alignment. Returns a LevelsStatus (LEVELS_UNSUPPORTED: a grown case at v3-v5).
 extern "C" int levels_attention_fwd(int dtype, int version,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
                                     const void* k, int64_t skb, int64_t skh, int64_t skn,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     void* out, float* lse, float* scratch,
-                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                                    int causal, float scale, cudaStream_t stream) {
+                                    int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, int bottom_right, const int* kv_lens, float scale,
+                                    cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
-  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // nothing to write
+  // Nothing to compute (the binding fills an output with no key to see): no empty grid.
+  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
   // Positions inside a head are int in the tensor-core kernels: sequences below 2**30.
-  if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30) ||
+  if (Hkv <= 0 || H % Hkv != 0 || D <= 0 || D > 256 || Nq >= (1 << 30) || Nk >= (1 << 30) ||
       (version == 1 && scratch == nullptr))
     return LEVELS_UNSUPPORTED;
   Params p{};
@@ -1355,6 +1466,10 @@ extern "C" int levels_attention_fwd(int dtype, int version,
   p.scratch = scratch;
   p.H = H;
   p.BH = B * H;
+  p.Hkv = Hkv;
+  p.group = H / Hkv;
+  p.kv_lens = kv_lens;
+  p.bottom_right = bottom_right ? 1 : 0;
   p.Nq = Nq;
   p.Nk = Nk;
   p.D = (int)D;
@@ -1376,12 +1491,14 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     const void* out, int64_t sob, int64_t soh, int64_t son,
                                     const float* lse, float* delta, void* dq, void* dk, void* dv,
-                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                                    int causal, float scale, cudaStream_t stream) {
+                                    int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, int bottom_right, const int* kv_lens, float scale,
+                                    cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
-  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
-  if ((causal && Nq != Nk) || D <= 0 || Nq >= (1 << 30) || Nk >= (1 << 30)) return LEVELS_UNSUPPORTED;
+  if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // the binding zeroes the gradients
+  if (Hkv <= 0 || H % Hkv != 0 || D <= 0 || D > 256 || Nq >= (1 << 30) || Nk >= (1 << 30))
+    return LEVELS_UNSUPPORTED;
   Params p{};
   p.q = operand(q, sqb, sqh, sqn);
   p.k = operand(k, skb, skh, skn);
@@ -1395,6 +1512,10 @@ extern "C" int levels_attention_bwd(int dtype, int version,
   p.dv = dv;
   p.H = H;
   p.BH = B * H;
+  p.Hkv = Hkv;
+  p.group = H / Hkv;
+  p.kv_lens = kv_lens;
+  p.bottom_right = bottom_right ? 1 : 0;
   p.Nq = Nq;
   p.Nk = Nk;
   p.D = (int)D;

@@ -30,8 +30,21 @@ backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
 The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
 (natural lse times log2(e)), so the backward's P is one FMA and one exp2 per element.
 
-Head dims D in HEAD_DIMS (one register tile spans D, templated per D); any Nq, Nk (masked
-edges); causal needs Nq == Nk (the contract's rule). Layouts: see the note on operands below.
+Head dims D in HEAD_DIMS at the tensor-core versions (one register tile spans D, templated
+per D); any Nq, Nk (masked edges). Layouts: see the note on operands below.
+
+Grown (v1, v2 and the CUDA-core backward; attention.cu's opening comment says how): grouped-
+query attention (K/V head h // group, read in place; dK/dV sum the group's query heads in a
+loop inside the block that owns the key block: no atomics), any head size up to 256 (the
+CUDA-core kernels' tile is the next power of two, the padded columns read as 0 and never
+written), causal with Nq != Nk in both alignments, per-batch kv_lens, and empty inputs
+(no launch). The tensor-core versions 3-5 keep to the common case (H_kv == H, D in
+HEAD_DIMS, no kv_lens, Nq == Nk when causal): their kernels and speed are what they were.
+For any other call, version=None (or $LEVELS_CUDA_VERSION_ATTENTION naming 3-5, a default
+for the process) runs version 2, which can, and `version=3..5` passed as an argument
+raises a ValueError that says what that version cannot do (`supported` below). What it
+costs: v2 runs on the CUDA cores (12 TFLOP/s at the bench shape, against 253 for v5):
+grouped-query, odd head sizes and decoding are correct at Level 5 but not yet fast there.
 
 Measured on the H100 (bf16, B=4 H=16 N=4096 D=128, forward, against SDPA's FLASH backend in
 the same run; reports/h100-level5-attention-lstm.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
@@ -63,7 +76,9 @@ VERSIONS = {
 }
 DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-attention-lstm.json)
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
-HEAD_DIMS = (16, 32, 64, 128)  # Level 4's (triton_kernels/attention.py)
+HEAD_DIMS = (16, 32, 64, 128)  # the tensor-core versions' templates
+MAX_HEAD_DIM = 256  # the CUDA-core kernels' widest tile (any D up to it)
+GROWN_VERSION = 2  # the version a call the tensor-core versions cannot do runs
 TENSOR_CORE_VERSIONS = (3, 4, 5)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_FILES = ("attention.cu",)
@@ -81,12 +96,46 @@ def resolve_version(version=None) -> int:
 
 
 def check_head_dim(q: torch.Tensor) -> None:
-    """The kernels are templated on D: any other head dim is refused before any kernel runs."""
+    """A head size past the widest tile is refused before any kernel runs."""
     D = q.shape[-1]
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"attention: argument 'q' must have a head dimension D <= {MAX_HEAD_DIM} "
+                         f"for the Level 5 kernels (one register tile spans D, padded to a power "
+                         f"of two); got D={D} in shape {tuple(q.shape)}")
+
+
+def beyond_tensor_cores(q, k, causal, kv_lens) -> str:
+    """What of this call versions 3-5 (the tensor cores) do not do, or "" if they do it."""
+    (B, H, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
     if D not in HEAD_DIMS:
-        raise ValueError(f"attention: argument 'q' must have a head dimension D in "
-                         f"{', '.join(map(str, HEAD_DIMS))} for the Level 5 kernels (one register "
-                         f"tile spans D); got D={D} in shape {tuple(q.shape)}")
+        return f"head dimension D={D} (they take D in {', '.join(map(str, HEAD_DIMS))})"
+    if Hkv != H:
+        return f"grouped-query attention (k and v with {Hkv} heads for q's {H})"
+    if kv_lens is not None:
+        return "per-batch key lengths (kv_lens)"
+    if causal and Nq != Nk:
+        return f"causal attention with Nq != Nk ({Nq} queries, {Nk} keys)"
+    return ""
+
+
+def supported(version: int, q, k, causal, kv_lens) -> str:
+    """Why `version` cannot run this call ("" if it can): fp32 and versions 1-2 run the
+    CUDA-core kernels, which do everything; 16-bit inputs at 3-5 run the tensor cores."""
+    if version <= GROWN_VERSION or q.dtype == torch.float32:
+        return ""
+    why = beyond_tensor_cores(q, k, causal, kv_lens)
+    return f"version {version} (tensor cores) cannot run {why}; versions 1 and 2 can" if why else ""
+
+
+def pick_version(version, q, k, causal, kv_lens) -> int:
+    """The version this call runs: `version` if given (a ValueError if it cannot run the
+    call), else the process's ($LEVELS_CUDA_VERSION_ATTENTION or DEFAULT_VERSION), or
+    GROWN_VERSION where that one cannot."""
+    chosen = resolve_version(version)
+    why = supported(chosen, q, k, causal, kv_lens)
+    if why and version is not None:
+        raise ValueError(f"attention: argument 'version': {why} (version=None picks one that can)")
+    return GROWN_VERSION if why else chosen
 
 
 # ---------------------------------------------------------------------------- layouts --
@@ -102,12 +151,12 @@ def check_head_dim(q: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------ registration --
 
-def _fwd_fake(q, k, v, causal, scale, version):
+def _fwd_fake(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
     B, H, Nq, D = q.shape
     return q.new_empty((B, H, Nq, D)), q.new_empty((B, H, Nq), dtype=torch.float32)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version):
+def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False, kv_lens=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -134,11 +183,14 @@ def _ops():
 
 # ----------------------------------------------------------------------- entry point --
 
-def attention(q, k, v, causal=False, scale=None, version=None):
+def attention(q, k, v, causal=False, scale=None, version=None, bottom_right=False, kv_lens=None):
     """Called by levels.cuda.attention after the contract's validation
-    (CUDA tensors of one float dtype, q (B, H, Nq, D), k and v (B, H, Nk, D), Nk == Nq when
-    causal, scale a positive float). Returns out with q's shape and dtype, contiguous. See
-    above for which inputs are copied (none in the usual layouts)."""
+    (CUDA tensors of one float dtype, q (B, H, Nq, D), k and v (B, H_kv, Nk, D), scale a
+    positive float, kv_lens None or (B,) int). Returns out with q's shape and dtype,
+    contiguous. See above for which inputs are copied (none in the usual layouts) and which
+    version runs (`pick_version`)."""
     check_head_dim(q)  # before anything is built or launched (a CPU tensor is refused too)
+    version = pick_version(version, q, k, causal, kv_lens)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return _ops().attention.default(q, k, v, bool(causal), scale, resolve_version(version))
+    return _ops().attention.default(q, k, v, bool(causal), scale, version, bool(bottom_right),
+                                    kv_lens)

@@ -5,19 +5,27 @@
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
 // hands over q, k, v with stride 1 along D and, for versions 3-5 in 16 bits, 16-byte
 // aligned rows):
-//   attention_fwd(q, k, v, causal, scale, version) -> (out, lse)
+//   attention_fwd(q, k, v, causal, scale, version, bottom_right, kv_lens) -> (out, lse)
 //       out (B, H, Nq, D) contiguous; lse (B, H, Nq) fp32, base 2: log2 sum_j 2^(scale log2(e) q.k_j)
-//   attention_bwd(dout, q, k, v, out, lse, causal, scale, version) -> (dq, dk, dv), contiguous
+//       (+inf for a query that sees no key: its out is 0)
+//   attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right, kv_lens)
+//       -> (dq, dk, dv), contiguous
+// k and v may have H_kv heads, H_kv dividing H (grouped-query attention); kv_lens is None or
+// a contiguous (B,) int32 tensor (cuda_kernels/autograd.cpp converts it).
 // The checks below refuse what the kernels cannot read (they never read outside a view):
 // a strided last dimension, or (versions 3-5, 16-bit) rows that are not 16-byte chunks.
+
+#include <limits>
+#include <optional>
 
 extern "C" int levels_attention_fwd(int dtype, int version,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
                                     const void* k, int64_t skb, int64_t skh, int64_t skn,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     void* out, float* lse, float* scratch,
-                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                                    int causal, float scale, cudaStream_t stream);
+                                    int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, int bottom_right, const int* kv_lens, float scale,
+                                    cudaStream_t stream);
 extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
@@ -25,8 +33,9 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     const void* out, int64_t sob, int64_t soh, int64_t son,
                                     const float* lse, float* delta, void* dq, void* dk, void* dv,
-                                    int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                                    int causal, float scale, cudaStream_t stream);
+                                    int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
+                                    int causal, int bottom_right, const int* kv_lens, float scale,
+                                    cudaStream_t stream);
 
 namespace levels_cuda_attention {
 
@@ -34,10 +43,11 @@ inline std::string what(const char* op, const char* name) {
   return std::string("levels_cuda::") + op + ": '" + name + "'";
 }
 
-// t must be (B, H, N, D) of q's dtype and device, with stride 1 along D.
+// t must be (B, H, N, D) of q's dtype and device, with stride 1 along D (H: q's heads, or
+// k's for k and v).
 inline void check_operand(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name,
-                          int64_t N) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+                          int64_t N, int64_t H) {
+  const int64_t B = q.size(0), D = q.size(3);
   LEVELS_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == H && t.size(2) == N && t.size(3) == D,
                what(op, name) + " must be (" + std::to_string(B) + ", " + std::to_string(H) + ", " +
                    std::to_string(N) + ", " + std::to_string(D) + "); got " + levels_cuda::shape(t));
@@ -66,17 +76,37 @@ inline void check_chunks(const at::Tensor& t, const char* op, const char* name, 
                        "such a tensor); got strides of " + levels_cuda::shape(t));
 }
 
+// k's heads divide q's (grouped-query attention).
+inline int64_t kv_heads(const at::Tensor& q, const at::Tensor& k, const char* op) {
+  const int64_t H = q.size(1), Hkv = k.size(1);
+  LEVELS_CHECK(Hkv > 0 && H % Hkv == 0, what(op, "k") + " must have a number of heads dividing q's " +
+                                            std::to_string(H) + "; got " + levels_cuda::shape(k));
+  return Hkv;
+}
+
+// kv_lens: None, or (B,) int32, contiguous, on q's device. Its pointer, or null.
+inline const int* lengths(const std::optional<at::Tensor>& kv_lens, const at::Tensor& q, const char* op) {
+  if (!kv_lens.has_value() || !kv_lens->defined()) return nullptr;
+  const at::Tensor& t = *kv_lens;
+  LEVELS_CHECK(t.dim() == 1 && t.size(0) == q.size(0) && t.scalar_type() == at::kInt &&
+                   t.is_contiguous() && t.device() == q.device(),
+               what(op, "kv_lens") + " must be a contiguous int32 (B,) tensor on q's device; got " +
+                   c10::toString(t.scalar_type()) + " " + levels_cuda::shape(t));
+  return static_cast<const int*>(levels_cuda::in(t));
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       bool causal, double scale, int64_t version) {
+                                       bool causal, double scale, int64_t version, bool bottom_right,
+                                       const std::optional<at::Tensor>& kv_lens) {
   const char* op = "attention_fwd";
   LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
-  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H, Nk, D); got " + levels_cuda::shape(k));
+  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H_kv, Nk, D); got " + levels_cuda::shape(k));
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
-  check_operand(q, q, op, "q", Nq);
-  check_operand(k, q, op, "k", Nk);
-  check_operand(v, q, op, "v", Nk);
-  LEVELS_CHECK(!causal || Nq == Nk, what(op, "k") + " must have Nk == Nq when causal (Nq = " +
-                                        std::to_string(Nq) + ", Nk = " + std::to_string(Nk) + ")");
+  const int64_t Hkv = kv_heads(q, k, op);
+  check_operand(q, q, op, "q", Nq, H);
+  check_operand(k, q, op, "k", Nk, Hkv);
+  check_operand(v, q, op, "v", Nk, Hkv);
+  const int* lens = lengths(kv_lens, q, op);
   if (tensor_cores(q, version)) {
     check_chunks(q, op, "q", version);
     check_chunks(k, op, "k", version);
@@ -85,7 +115,12 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   const c10::DeviceGuard guard(q.device());
   at::Tensor out = at::empty({B, H, Nq, D}, q.options());
   at::Tensor lse = at::empty({B, H, Nq}, q.options().dtype(at::kFloat));
-  if (out.numel() == 0 || Nk == 0) return {out, lse};
+  if (out.numel() == 0) return {out, lse};  // no launch with an empty grid
+  if (Nk == 0) {  // no key to see: out = 0 (as SDPA), lse = +inf (the kernels' convention)
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
   // Version 1 writes every score to global memory: B*H*Nq*Nk fp32 (4.3 GB at B4 H16
   // N4096), from torch's caching allocator, freed on return (ordered with the stream).
   at::Tensor scratch;
@@ -97,7 +132,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
       levels_cuda::in(v), v.stride(0), v.stride(1), v.stride(2),
       levels_cuda::out(out), static_cast<float*>(levels_cuda::out(lse)),
       version == 1 ? static_cast<float*>(levels_cuda::out(scratch)) : nullptr,
-      B, H, Nq, Nk, D, causal ? 1 : 0, static_cast<float>(scale), levels_cuda::stream());
+      B, H, Hkv, Nq, Nk, D, causal ? 1 : 0, bottom_right ? 1 : 0, lens, static_cast<float>(scale),
+      levels_cuda::stream());
   levels_cuda::check(status, op, version);
   return {out, lse};
 }
@@ -105,21 +141,24 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q,
                                                    const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& out, const at::Tensor& lse,
-                                                   bool causal, double scale, int64_t version) {
+                                                   bool causal, double scale, int64_t version,
+                                                   bool bottom_right,
+                                                   const std::optional<at::Tensor>& kv_lens) {
   const char* op = "attention_bwd";
   LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
-  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H, Nk, D); got " + levels_cuda::shape(k));
+  LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H_kv, Nk, D); got " + levels_cuda::shape(k));
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
-  check_operand(q, q, op, "q", Nq);
-  check_operand(k, q, op, "k", Nk);
-  check_operand(v, q, op, "v", Nk);
-  check_operand(out, q, op, "out", Nq);
-  check_operand(dout, q, op, "dout", Nq);
+  const int64_t Hkv = kv_heads(q, k, op);
+  check_operand(q, q, op, "q", Nq, H);
+  check_operand(k, q, op, "k", Nk, Hkv);
+  check_operand(v, q, op, "v", Nk, Hkv);
+  check_operand(out, q, op, "out", Nq, H);
+  check_operand(dout, q, op, "dout", Nq, H);
+  const int* lens = lengths(kv_lens, q, op);
   LEVELS_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Nq &&
                    lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                what(op, "lse") + " must be a contiguous float32 (B, H, Nq) tensor (the forward's); got " +
                    c10::toString(lse.scalar_type()) + " " + levels_cuda::shape(lse));
-  LEVELS_CHECK(!causal || Nq == Nk, what(op, "k") + " must have Nk == Nq when causal");
   if (tensor_cores(q, version)) {
     check_chunks(q, op, "q", version);
     check_chunks(k, op, "k", version);
@@ -128,9 +167,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   }
   const c10::DeviceGuard guard(q.device());
   at::Tensor dq = at::empty({B, H, Nq, D}, q.options());
-  at::Tensor dk = at::empty({B, H, Nk, D}, q.options());
-  at::Tensor dv = at::empty({B, H, Nk, D}, q.options());
-  if (dq.numel() == 0 || dk.numel() == 0) return {dq, dk, dv};
+  at::Tensor dk = at::empty({B, Hkv, Nk, D}, q.options());
+  at::Tensor dv = at::empty({B, Hkv, Nk, D}, q.options());
+  if (dq.numel() == 0 || dk.numel() == 0) {  // no query or no key: zero gradients, no launch
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
   at::Tensor delta = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));  // rowsum(dO * O)
   const int status = levels_attention_bwd(
       levels_cuda::dtype_code(q), static_cast<int>(version),
@@ -141,7 +185,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       levels_cuda::in(out), out.stride(0), out.stride(1), out.stride(2),
       static_cast<const float*>(levels_cuda::in(lse)), static_cast<float*>(levels_cuda::out(delta)),
       levels_cuda::out(dq), levels_cuda::out(dk), levels_cuda::out(dv),
-      B, H, Nq, Nk, D, causal ? 1 : 0, static_cast<float>(scale), levels_cuda::stream());
+      B, H, Hkv, Nq, Nk, D, causal ? 1 : 0, bottom_right ? 1 : 0, lens, static_cast<float>(scale),
+      levels_cuda::stream());
   levels_cuda::check(status, op, version);
   return {dq, dk, dv};
 }
@@ -149,10 +194,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 }  // namespace levels_cuda_attention
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
-  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version) "
-        "-> (Tensor, Tensor)");
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version, "
+        "bool bottom_right=False, Tensor? kv_lens=None) -> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "bool causal, float scale, int version) -> (Tensor, Tensor, Tensor)");
+        "bool causal, float scale, int version, bool bottom_right=False, Tensor? kv_lens=None) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {

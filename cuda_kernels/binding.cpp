@@ -72,6 +72,30 @@ inline void check(int status, const char* op, int64_t version) {
   fail(std::string("levels_cuda::") + op + " (version " + std::to_string(version) + "): " + why);
 }
 
+// For kernels that index an (M, N) operand by a row stride and its columns by +1 (layer_norm,
+// rms_norm): anything else is refused rather than read outside the view (the Python side never
+// sends it; opcheck or a direct call might).
+inline void check_rows(const at::TensorBase& t, const char* component, const char* name,
+                       int64_t M, int64_t N) {
+  const std::string what = std::string("levels_cuda::") + component + ": '" + name + "'";
+  LEVELS_CHECK(t.dim() == 2 && t.size(0) == M && t.size(1) == N,
+               what + " must be (" + std::to_string(M) + ", " + std::to_string(N) + "); got " +
+                   shape(t));
+  LEVELS_CHECK(N == 1 || t.stride(1) == 1,
+               what + " must have adjacent columns (stride 1 in its last dimension)");
+  LEVELS_CHECK(M == 1 || t.stride(0) >= 0, what + " has a negative row stride");
+}
+
+// A contiguous (n,) vector of `dtype` (a weight, a per-row statistic).
+inline void check_vector(const at::TensorBase& t, const char* component, const char* name,
+                         int64_t n, at::ScalarType dtype) {
+  LEVELS_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.scalar_type() == dtype,
+               std::string("levels_cuda::") + component + ": '" + name +
+                   "' must be a contiguous (" + std::to_string(n) + ",) " +
+                   c10::toString(dtype) + " tensor; got " +
+                   c10::toString(t.scalar_type()) + " " + shape(t));
+}
+
 // Raw pointers for the launchers. const_data_ptr/mutable_data_ptr exist from torch 2.1 on.
 inline const void* in(const at::TensorBase& t) { return t.const_data_ptr(); }
 inline void* out(const at::TensorBase& t) { return t.mutable_data_ptr(); }

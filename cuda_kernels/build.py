@@ -12,9 +12,10 @@ Why it is shaped like this (for one small kernel, cold-build time is almost all 
 headers, measured on the H100: 59 s with torch/extension.h in a .cu, 32 s with pure .cu
 files and one binding; for the real kernel files it is nvcc's optimizer):
   * two translation units see torch's headers: `binding_all.cpp` (binding.cpp's prelude
-    followed by every `*_binding.cpp` fragment: the kernels' ops) and `autograd.cpp` (the
-    ops a call is, with their C++ autograd: its autograd header alone costs g++ as much as
-    the whole binding, so it is a unit of its own, compiled beside it); every .cu file is
+    followed by every `*_binding.cpp` fragment: the kernels' ops) and `autograd_all.cpp`
+    (autograd.cpp followed by every `*_autograd.cpp` fragment: the ops a call is, with their
+    C++ autograd: its autograd header alone costs g++ as much as the whole binding, so it is
+    a unit of its own, compiled beside it); every .cu file is
     pure CUDA and is its own nvcc process, all of them run in parallel by ninja. That is
     cpp_extension.load on the files themselves, the default ("files"): load_inline (same
     machinery: it writes its strings to files and calls the same builder) concatenates all
@@ -97,6 +98,7 @@ OP_NAMESPACE = "levels_cuda"
 PRELUDE = "binding.cpp"
 FRAGMENT_SUFFIX = "_binding.cpp"
 AUTOGRAD = "autograd.cpp"  # the ops users call, autograd in C++: its own unit, torch only
+AUTOGRAD_FRAGMENT_SUFFIX = "_autograd.cpp"  # a component's part of that unit (appended to it)
 
 CUDA_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "--split-compile=0"]  # + one -gencode for the GPU
 HOST_FLAGS = ["-O1"]
@@ -146,6 +148,10 @@ def binding_fragments(kernels_dir: Path = KERNELS_DIR) -> list[Path]:
     return sorted(Path(kernels_dir).glob("*" + FRAGMENT_SUFFIX))
 
 
+def autograd_fragments(kernels_dir: Path = KERNELS_DIR) -> list[Path]:
+    return sorted(Path(kernels_dir).glob("*" + AUTOGRAD_FRAGMENT_SUFFIX))
+
+
 def component_modules(kernels_dir: Path = KERNELS_DIR) -> list[str]:
     """The Python sides of the components present (`cuda_kernels/<component>.py`)."""
     skip = {"__init__", "build", "versions"}
@@ -168,8 +174,13 @@ def cpp_source(kernels_dir: Path = KERNELS_DIR) -> str:
 
 
 def autograd_source(kernels_dir: Path = KERNELS_DIR) -> str:
-    """autograd.cpp: the five ops a Level 5 call is, with their autograd (no CUDA in it)."""
-    return _with_line(Path(kernels_dir) / AUTOGRAD)
+    """autograd_all.cpp: autograd.cpp (the ops a Level 5 call is, with their autograd; no
+    CUDA in it), then every component's `<component>_autograd.cpp` fragment: a component
+    added later brings its op in a file of its own, using autograd.cpp's helpers."""
+    kernels_dir = Path(kernels_dir)
+    parts = [_with_line(kernels_dir / AUTOGRAD)]
+    parts += [_with_line(f) for f in autograd_fragments(kernels_dir)]
+    return "".join(parts)
 
 
 def cuda_source(kernels_dir: Path = KERNELS_DIR) -> str:
@@ -516,10 +527,12 @@ def _load_inline_builder(arch: str, kernels_dir: Path = KERNELS_DIR, mode: str =
             # digest rides along as a define, so editing common.cuh still rebuilds.
             common["extra_cuda_cflags"].append(f"-DLEVELS_HEADERS={_headers_digest(kernels_dir)}")
             main = Path(directory) / "binding_all.cpp"
-            if not main.exists() or main.read_text() != cpp:
-                main.write_text(cpp)
+            autograd_all = Path(directory) / "autograd_all.cpp"
+            for path, text in ((main, cpp), (autograd_all, autograd)):
+                if not path.exists() or path.read_text() != text:
+                    path.write_text(text)
             build_fn = cpp_extension.load
-            kwargs = dict(common, sources=[str(main), str(Path(kernels_dir) / AUTOGRAD)]
+            kwargs = dict(common, sources=[str(main), str(autograd_all)]
                           + [str(f) for f in kernel_files(kernels_dir)])
         else:
             build_fn = cpp_extension.load_inline

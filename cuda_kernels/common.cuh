@@ -30,6 +30,30 @@ static inline int levels_launch_status() { return (int)cudaGetLastError(); }
 
 static inline int64_t levels_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// ---- host helpers of the launchers ----
+static inline bool levels_aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// Threads for n work items, in whole warps, at most `cap`.
+static inline int levels_threads_for(int64_t n, int cap) {
+  const int64_t t = levels_cdiv(n, 32) * 32;
+  return (int)(t < cap ? t : cap);
+}
+
+static inline int levels_sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return sms > 0 ? sms : 1;
+}
+
+// ---- 16-byte vectors: VEC elements that travel as one ld.global.v4 / st.global.v4 ----
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <typename T> __host__ __device__ constexpr int vec_width() { return 16 / (int)sizeof(T); }
+
 // ---- element conversions: every kernel computes in fp32 and stores in the input dtype ----
 template <typename T> __device__ __forceinline__ float to_f32(T v);
 template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }

@@ -43,6 +43,16 @@
 //   EPI_GELU       c = GELU(acc + bias[n])               exact GELU (erf), not the tanh one
 //   EPI_GELU_SAVE  aux = acc + bias[n]; c = GELU(aux)    the pre-activation that backward needs
 //   EPI_GELU_GRAD  c = acc * GELU'(aux[m, n])            dH = (dY · W2) ⊙ GELU'(H)
+//   EPI_SWIGLU     c = silu(g) * u, with g, u the gate and up accumulators of one element
+//                  (aux = g, aux2 = u when given: what backward needs)
+//   EPI_SWIGLU_GRAD c = acc * u * silu'(g), c2 = acc * silu(g), g = aux, u = aux2:
+//                  dG and dU from dA = dY · W_down in one pass
+// The SwiGLU MLP's gate and up projections are ONE GEMM (levels_gemm_swiglu below): with a
+// second B operand b2, a block's B tile is [BN/2 columns of B | the same BN/2 columns of b2]
+// loaded side by side into shared memory, i.e. x · [W_gate; W_up]^T computed tile by tile
+// without concatenating the weights in memory; the MMAs do not know (one BM x BN product),
+// and the staged epilogue pairs column j with column j + BN/2 (store_swiglu). Versions 1
+// and 2, which finish from registers, keep two accumulators per thread instead.
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
@@ -65,7 +75,8 @@ using namespace levels_mma;
 __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // ---- end of candidates ----
 
-enum Epilogue { EPI_NONE = 0, EPI_GELU = 1, EPI_GELU_SAVE = 2, EPI_GELU_GRAD = 3 };
+enum Epilogue { EPI_NONE = 0, EPI_GELU = 1, EPI_GELU_SAVE = 2, EPI_GELU_GRAD = 3, EPI_SWIGLU = 4,
+                EPI_SWIGLU_GRAD = 5 };
 
 // Where and how the finished tile goes (shared by every version).
 struct EpiArgs {
@@ -77,23 +88,62 @@ struct EpiArgs {
   int64_t stride_xm, stride_xn;
   int kind;                    // Epilogue
   int accumulate;              // 1: add the old contents of c
+  void* c2;                    // SWIGLU_GRAD: the second output (dU), c's strides; else nullptr
+  void* aux2;                  // SWIGLU(_GRAD): u, aux's strides; else nullptr
 };
 
+// Exact GELU, x Phi(x), Phi from erf. (The result starts as NaN so that an exercise copy,
+// where the lines between the markers are cut, compiles and fails the check clearly.)
 __device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  float y = __int_as_float(0x7fc00000);
+  // ### BEGIN SOLUTION
+  y = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  // ### END SOLUTION
+  return y;
 }
 
 // d/dx [x Phi(x)] = Phi(x) + x phi(x)
 __device__ __forceinline__ float gelu_grad(float x) {
+  float d = __int_as_float(0x7fc00000);
+  // ### BEGIN SOLUTION
   const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
   const float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-  return cdf + x * pdf;
+  d = cdf + x * pdf;
+  // ### END SOLUTION
+  return d;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// dA -> (dG, dU) of one element: dG = dA u silu'(g), silu'(g) = s (1 + g (1 - s)); dU = dA g s.
+__device__ __forceinline__ void swiglu_grad(float da, float g, float u, float& dg, float& du) {
+  const float s = sigmoid(g);
+  dg = da * u * s * (1.0f + g * (1.0f - s));
+  du = da * g * s;
+}
+
+// The SwiGLU forward of one element (m, n), both in range: gate g, up u (fp32 sums).
+template <typename T>
+__device__ __forceinline__ void finish_swiglu(float g, float u, int64_t m, int64_t n, const EpiArgs& ep) {
+  if (ep.aux) {
+    static_cast<T*>(ep.aux)[m * ep.stride_xm + n * ep.stride_xn] = from_f32<T>(g);
+    static_cast<T*>(ep.aux2)[m * ep.stride_xm + n * ep.stride_xn] = from_f32<T>(u);
+  }
+  static_cast<T*>(ep.c)[m * ep.stride_cm + n * ep.stride_cn] = from_f32<T>(g * sigmoid(g) * u);
 }
 
 // The epilogue of one output element (m, n), both in range.
 template <typename T, typename TC>
 __device__ __forceinline__ void finish(float v, int64_t m, int64_t n, const EpiArgs& ep) {
   TC* c = static_cast<TC*>(ep.c) + m * ep.stride_cm + n * ep.stride_cn;
+  if (ep.kind == EPI_SWIGLU_GRAD) {
+    const int64_t x = m * ep.stride_xm + n * ep.stride_xn;
+    float dg, du;
+    swiglu_grad(v, to_f32<T>(static_cast<const T*>(ep.aux)[x]), to_f32<T>(static_cast<const T*>(ep.aux2)[x]), dg, du);
+    static_cast<TC*>(ep.c2)[m * ep.stride_cm + n * ep.stride_cn] = from_f32<TC>(du);
+    *c = from_f32<TC>(dg);
+    return;
+  }
   if (ep.accumulate) v += to_f32<TC>(*c);
   if (ep.bias) v += to_f32<T>(static_cast<const T*>(ep.bias)[n * ep.stride_bias]);
   if (ep.kind == EPI_GELU_SAVE) static_cast<T*>(ep.aux)[m * ep.stride_xm + n * ep.stride_xn] = from_f32<T>(v);
@@ -162,12 +212,57 @@ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_ca
 // ~100 s to compile; this way a kernel holds one copy.
 // Where C or aux is not contiguous along N, or unaligned, or the tile's right edge cuts
 // the chunk, the chunk goes element by element through finish(): any strides work.
+// The SwiGLU forward's staged epilogue: columns [0, COLS/2) of the tile hold the gate sums
+// of hidden units n0/2.., columns [COLS/2, COLS) the up sums of the same units (N is the
+// virtual width 2 * hidden). Chunks of 8 units, each read from both halves.
+template <typename T, int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void store_swiglu(const float* tile, int ld, int64_t m0, int64_t n0, int64_t M,
+                                             int64_t N, const EpiArgs& ep) {
+  constexpr int HALF = COLS / 2, CHUNKS = HALF / 8;
+  static_assert(HALF % 8 == 0, "whole chunks of 8 columns in each half");
+  const int64_t h0 = n0 / 2, hidden = N / 2;
+#pragma unroll 1
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+    const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
+    const int64_t m = m0 + r, n = h0 + c8;
+    if (m >= M || n >= hidden) continue;
+    float g[8], u[8];
+    load8<float>(tile + r * ld + c8, g);
+    load8<float>(tile + r * ld + HALF + c8, u);
+    T* c = static_cast<T*>(ep.c) + m * ep.stride_cm + n * ep.stride_cn;
+    const int64_t x = m * ep.stride_xm + n * ep.stride_xn;
+    const bool vec = n + 8 <= hidden && ep.stride_cn == 1 && aligned16(c) &&
+                     (!ep.aux || (ep.stride_xn == 1 && aligned16(static_cast<T*>(ep.aux) + x) &&
+                                  aligned16(static_cast<T*>(ep.aux2) + x)));
+    if (!vec) {
+#pragma unroll 1
+      for (int j = 0; j < 8 && n + j < hidden; ++j) {
+        float gj = g[0], uj = u[0];  // by selects, as store_tile (no local memory)
+#pragma unroll
+        for (int q = 1; q < 8; ++q) {
+          gj = q == j ? g[q] : gj;
+          uj = q == j ? u[q] : uj;
+        }
+        finish_swiglu<T>(gj, uj, m, n + j, ep);
+      }
+      continue;
+    }
+    if (ep.aux) {
+      store8<T>(static_cast<T*>(ep.aux) + x, g);
+      store8<T>(static_cast<T*>(ep.aux2) + x, u);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+    store8<T>(c, g);
+  }
+}
+
 template <typename T, typename TC, int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0, int64_t n0, int64_t M,
                                            int64_t N, const EpiArgs& ep) {
   static_assert(COLS % 8 == 0, "whole chunks of 8 columns");
   constexpr int CHUNKS = COLS / 8;
-  const bool has_aux = ep.kind == EPI_GELU_SAVE || ep.kind == EPI_GELU_GRAD;
+  const bool has_aux = ep.kind == EPI_GELU_SAVE || ep.kind == EPI_GELU_GRAD || ep.kind == EPI_SWIGLU_GRAD;
 #pragma unroll 1
   for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
     const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
@@ -178,7 +273,9 @@ __device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0
     TC* c = static_cast<TC*>(ep.c) + m * ep.stride_cm + n * ep.stride_cn;
     T* x = has_aux ? static_cast<T*>(ep.aux) + m * ep.stride_xm + n * ep.stride_xn : nullptr;
     const bool vec = n + 8 <= N && ep.stride_cn == 1 && aligned16(c) &&
-                     (!has_aux || (ep.stride_xn == 1 && aligned16(x)));
+                     (!has_aux || (ep.stride_xn == 1 && aligned16(x))) &&
+                     (!ep.c2 || (aligned16(static_cast<TC*>(ep.c2) + (c - static_cast<TC*>(ep.c))) &&
+                                 aligned16(static_cast<T*>(ep.aux2) + (x - static_cast<T*>(ep.aux)))));
     if (!vec) {
 #pragma unroll 1
       for (int j = 0; j < 8 && n + j < N; ++j) {
@@ -211,6 +308,14 @@ __device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] *= gelu_grad(h[j]);
     }
+    if (ep.kind == EPI_SWIGLU_GRAD) {
+      float g[8], u[8], du[8];
+      load8<T>(x, g);
+      load8<T>(static_cast<T*>(ep.aux2) + (x - static_cast<T*>(ep.aux)), u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) swiglu_grad(v[j], g[j], u[j], v[j], du[j]);
+      store8<TC>(static_cast<TC*>(ep.c2) + (c - static_cast<TC*>(ep.c)), du);
+    }
     store8<TC>(c, v);
   }
 }
@@ -218,16 +323,26 @@ __device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0
 // =====================================================================================
 // version 1: naive, one thread per output
 // =====================================================================================
-template <typename T, typename TC>
+template <typename T, typename TC, bool DUAL = false>
 __global__ void gemm_v1_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
                                const T* __restrict__ B, int64_t stride_bk, int64_t stride_bn,
-                               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+                               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
   // 1-D grid of 32x8 tiles (a 2-D grid would cap M at 65535 * 8 rows).
   const int64_t tiles_n = cdiv(N, 32);
   const int64_t m = (int64_t)(blockIdx.x / tiles_n) * 8 + threadIdx.y;
   const int64_t n = (int64_t)(blockIdx.x % tiles_n) * 32 + threadIdx.x;
   if (m >= M || n >= N) return;
   float acc = 0.0f;
+  if constexpr (DUAL) {  // SwiGLU: gate and up sums of the same element, one read of A for both
+    float acc2 = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = to_f32<T>(A[m * stride_am + k * stride_ak]);
+      acc = fmaf(a, to_f32<T>(B[k * stride_bk + n * stride_bn]), acc);
+      acc2 = fmaf(a, to_f32<T>(B2[k * stride_bk + n * stride_bn]), acc2);
+    }
+    finish_swiglu<T>(acc, acc2, m, n, ep);
+    return;
+  }
   for (int64_t k = 0; k < K; ++k)
     acc = fmaf(to_f32<T>(A[m * stride_am + k * stride_ak]), to_f32<T>(B[k * stride_bk + n * stride_bn]), acc);
   finish<T, TC>(acc, m, n, ep);
@@ -238,13 +353,14 @@ __global__ void gemm_v1_kernel(const T* __restrict__ A, int64_t stride_am, int64
 // =====================================================================================
 constexpr int V2_TILE = 32;
 
-template <typename T, typename TC>
+template <typename T, typename TC, bool DUAL = false>
 __global__ void gemm_v2_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
                                const T* __restrict__ B, int64_t stride_bk, int64_t stride_bn,
-                               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+                               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
   // +1 column of padding: the transposed stores below (a column per warp) hit 32 banks.
   __shared__ float As[V2_TILE][V2_TILE + 1];  // [m][k]
   __shared__ float Bs[V2_TILE][V2_TILE + 1];  // [k][n]
+  __shared__ float B2s[DUAL ? V2_TILE : 1][V2_TILE + 1];  // [k][n] of B2 (SwiGLU's up weight)
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t tiles_n = cdiv(N, V2_TILE);
   const int64_t m0 = (int64_t)(blockIdx.x / tiles_n) * V2_TILE;
@@ -254,7 +370,7 @@ __global__ void gemm_v2_kernel(const T* __restrict__ A, int64_t stride_am, int64
   // along n if stride_bn == 1 (B row-major), else along k (the nn.Linear weight, W^T view).
   const bool a_k_fast = stride_ak == 1;
   const bool b_n_fast = stride_bn == 1 || stride_bk != 1;
-  float acc = 0.0f;
+  float acc = 0.0f, acc2 = 0.0f;  // acc2: SwiGLU's up sum (B2 given)
   for (int64_t k0 = 0; k0 < K; k0 += V2_TILE) {
     {
       const int r = a_k_fast ? ty : tx, kk = a_k_fast ? tx : ty;
@@ -265,14 +381,28 @@ __global__ void gemm_v2_kernel(const T* __restrict__ A, int64_t stride_am, int64
       const int kk = b_n_fast ? ty : tx, cn = b_n_fast ? tx : ty;
       const int64_t k = k0 + kk, n = n0 + cn;
       Bs[kk][cn] = (k < K && n < N) ? to_f32<T>(B[k * stride_bk + n * stride_bn]) : 0.0f;
+      if constexpr (DUAL) B2s[kk][cn] = (k < K && n < N) ? to_f32<T>(B2[k * stride_bk + n * stride_bn]) : 0.0f;
     }
     __syncthreads();
+    if constexpr (DUAL) {
 #pragma unroll
-    for (int kk = 0; kk < V2_TILE; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+      for (int kk = 0; kk < V2_TILE; ++kk) {
+        acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+        acc2 = fmaf(As[ty][kk], B2s[kk][tx], acc2);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < V2_TILE; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+    }
     __syncthreads();  // the next iteration overwrites the tiles
   }
   const int64_t m = m0 + ty, n = n0 + tx;
-  if (m < M && n < N) finish<T, TC>(acc, m, n, ep);
+  if (m < M && n < N) {
+    if constexpr (DUAL)
+      finish_swiglu<T>(acc, acc2, m, n, ep);
+    else
+      finish<T, TC>(acc, m, n, ep);
+  }
 }
 
 // =====================================================================================
@@ -283,11 +413,11 @@ constexpr int V3_THREADS = (V3_BM / V3_TM) * (V3_BN / V3_TN);  // 256
 constexpr int V3_LD = V3_BN + 4;  // staged rows padded: a thread's float4 stores hit distinct banks
 constexpr int V3_SMEM = (V3_BM / 2) * V3_LD > V3_BK * (V3_BM + V3_BN) ? (V3_BM / 2) * V3_LD : V3_BK * (V3_BM + V3_BN);
 
-template <typename T, typename TC>
+template <typename T, typename TC, bool DUAL = false>
 __global__ void __launch_bounds__(V3_THREADS)
 gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
                const T* __restrict__ B, int64_t stride_bk, int64_t stride_bn,
-               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
   // Both tiles k-major in shared memory, so that for one k a thread reads its 8 rows of A
   // and its 8 columns of B as contiguous float4s.
   // One buffer, two uses: the A and B tiles during the K loop, then half of the output
@@ -320,8 +450,12 @@ gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
     for (int i = 0; i < (V3_BN * V3_BK) / V3_THREADS; ++i) {
       const int e = tid + i * V3_THREADS;
       const int cn = b_n_fast ? e % V3_BN : e / V3_BK, kk = b_n_fast ? e / V3_BN : e % V3_BK;
-      const int64_t k = k0 + kk, n = n0 + cn;
-      Bs[kk][cn] = (k < K && n < N) ? to_f32<T>(B[k * stride_bk + n * stride_bn]) : 0.0f;
+      const int64_t k = k0 + kk;
+      // SwiGLU (B2 given, N = 2 * hidden): columns [0, 64) of the tile are B's units
+      // n0/2.., columns [64, 128) B2's same units (see the top of the file).
+      const T* src = DUAL && cn >= V3_BN / 2 ? B2 : B;
+      const int64_t n = DUAL ? n0 / 2 + cn % (V3_BN / 2) : n0 + cn, width = DUAL ? N / 2 : N;
+      Bs[kk][cn] = (k < K && n < width) ? to_f32<T>(src[k * stride_bk + n * stride_bn]) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
@@ -350,7 +484,10 @@ gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
       *reinterpret_cast<float4*>(row + 64 + tx * 4) = make_float4(a[4], a[5], a[6], a[7]);
     }
     __syncthreads();
-    store_tile<T, TC, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
+    if constexpr (DUAL)
+      store_swiglu<T, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
+    else
+      store_tile<T, TC, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
     __syncthreads();  // the second half overwrites the buffer
   }
 }
@@ -395,12 +532,21 @@ __device__ __forceinline__ void v4_load_tile(T* s, const T* __restrict__ g, int6
 }
 
 // Stage `stage` of the pipeline gets k-tile `kt` of both operands (versions 4 and 5).
-template <typename T, int BM, int BN, int THREADS>
+// With B2 (SwiGLU, N = 2 * hidden), the B tile's rows [0, BN/2) are B's units n0/2.. and
+// rows [BN/2, BN) B2's same units: one (BM x BN) product computes both projections.
+template <typename T, int BM, int BN, int THREADS, bool DUAL = false>
 __device__ __forceinline__ void v4_load_stage(T* sA, T* sB, int stage, const T* __restrict__ A, int64_t lda,
                                               const T* __restrict__ B, int64_t ldb, int64_t m0, int64_t n0,
-                                              int64_t M, int64_t N, int kt, int64_t K) {
+                                              int64_t M, int64_t N, int kt, int64_t K,
+                                              const T* __restrict__ B2 = nullptr) {
   v4_load_tile<T, BM, THREADS>(sA + stage * BM * V4_BK, A, lda, m0, M, (int64_t)kt * V4_BK, K);
-  v4_load_tile<T, BN, THREADS>(sB + stage * BN * V4_BK, B, ldb, n0, N, (int64_t)kt * V4_BK, K);
+  if constexpr (!DUAL) {
+    v4_load_tile<T, BN, THREADS>(sB + stage * BN * V4_BK, B, ldb, n0, N, (int64_t)kt * V4_BK, K);
+  } else {
+    v4_load_tile<T, BN / 2, THREADS>(sB + stage * BN * V4_BK, B, ldb, n0 / 2, N / 2, (int64_t)kt * V4_BK, K);
+    v4_load_tile<T, BN / 2, THREADS>(sB + stage * BN * V4_BK + (BN / 2) * V4_BK, B2, ldb, n0 / 2, N / 2,
+                                     (int64_t)kt * V4_BK, K);
+  }
 }
 
 // Grouped tile order (as Level 4's grouped_tile): V4_GROUP_M tile-rows share the B columns
@@ -418,10 +564,10 @@ __device__ __forceinline__ void grouped_tile(int64_t M, int64_t N, int64_t& m0, 
 // Block tile BM x BN, WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) warp tile
 // of m16n8 accumulators. A: (M, K) rows contiguous (row stride lda); B: (N, K) K-major
 // (row stride ldb), i.e. B[k][n] of the contract at B + n*ldb + k.
-template <typename T, typename TC, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <typename T, typename TC, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, bool DUAL = false>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
-               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
   constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
   constexpr int MT = WTM / 16, NT = WTN / 8;
@@ -444,7 +590,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) {
-      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K);
+      v4_load_stage<T, BM, BN, THREADS, DUAL>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K, B2);
     }
     cp_async_commit();
   }
@@ -457,7 +603,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     const int next = kt + STAGES - 1;
     if (next < KT) {
       const int s = next % STAGES;
-      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K);
+      v4_load_stage<T, BM, BN, THREADS, DUAL>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K, B2);
     }
     cp_async_commit();
 
@@ -511,7 +657,10 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
         *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
   __syncthreads();
-  store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+  if constexpr (DUAL)
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+  else
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
 }
 
 // =====================================================================================
@@ -608,10 +757,10 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
-template <typename T, typename TC, int BN>
+template <typename T, typename TC, int BN, bool DUAL = false>
 __global__ void __launch_bounds__(256, 1)
 gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
-               int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
 #ifdef LEVELS_HAS_WGMMA
   constexpr int BM = 128, THREADS = 256, NB = BN / 128;  // NB: m64n128 instructions per k16 step
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -639,7 +788,7 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 #pragma unroll
   for (int s = 0; s < V5_STAGES - 2; ++s) {
     if (s < KT) {
-      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K);
+      v4_load_stage<T, BM, BN, THREADS, DUAL>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, s, K, B2);
     }
     cp_async_commit();
   }
@@ -654,7 +803,7 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     const int next = kt + V5_STAGES - 2;
     if (next < KT) {
       const int s = next % V5_STAGES;
-      v4_load_stage<T, BM, BN, THREADS>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K);
+      v4_load_stage<T, BM, BN, THREADS, DUAL>(sA, sB, s, A, lda, B, ldb, m0, n0, M, N, next, K, B2);
     }
     cp_async_commit();
 
@@ -692,7 +841,10 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
       *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[j][i], acc[j][i + 1]);
     }
   __syncthreads();
-  store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+  if constexpr (DUAL)
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+  else
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
 #endif
 }
 
@@ -737,36 +889,59 @@ inline int num_sms() {
 
 template <typename T, typename TC>
 int launch_v1(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
   const int64_t blocks = cdiv(M, 8) * cdiv(N, 32);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  gemm_v1_kernel<T, TC><<<(unsigned)blocks, dim3(32, 8), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep);
+  // B2: SwiGLU's second weight (the DUAL kernels exist for an output of the input dtype only)
+  if constexpr (std::is_same<T, TC>::value) {
+    if (B2) {
+      gemm_v1_kernel<T, TC, true><<<(unsigned)blocks, dim3(32, 8), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
+      return levels_launch_status();
+    }
+  }
+  if (B2) return LEVELS_UNSUPPORTED;
+  gemm_v1_kernel<T, TC><<<(unsigned)blocks, dim3(32, 8), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
   return levels_launch_status();
 }
 
 template <typename T, typename TC>
 int launch_v2(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
   const int64_t blocks = cdiv(M, V2_TILE) * cdiv(N, V2_TILE);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  gemm_v2_kernel<T, TC><<<(unsigned)blocks, dim3(V2_TILE, V2_TILE), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep);
+  if constexpr (std::is_same<T, TC>::value) {
+    if (B2) {
+      gemm_v2_kernel<T, TC, true><<<(unsigned)blocks, dim3(V2_TILE, V2_TILE), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
+      return levels_launch_status();
+    }
+  }
+  if (B2) return LEVELS_UNSUPPORTED;
+  gemm_v2_kernel<T, TC><<<(unsigned)blocks, dim3(V2_TILE, V2_TILE), 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
   return levels_launch_status();
 }
 
 template <typename T, typename TC>
 int launch_v3(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
+  if (B2) N *= 2;  // SwiGLU: the virtual width of x [B; B2]^T, B2's half in each tile
   const int64_t blocks = cdiv(M, V3_BM) * cdiv(N, V3_BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  gemm_v3_kernel<T, TC><<<(unsigned)blocks, V3_THREADS, 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep);
+  if constexpr (std::is_same<T, TC>::value) {
+    if (B2) {
+      gemm_v3_kernel<T, TC, true><<<(unsigned)blocks, V3_THREADS, 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
+      return levels_launch_status();
+    }
+  }
+  if (B2) return LEVELS_UNSUPPORTED;
+  gemm_v3_kernel<T, TC><<<(unsigned)blocks, V3_THREADS, 0, stream>>>(A, sam, sak, B, sbk, sbn, M, N, K, ep, B2);
   return levels_launch_status();
 }
 
-template <typename T, typename TC, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <typename T, typename TC, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, bool DUAL = false>
 int launch_v4_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                     const EpiArgs& ep, cudaStream_t stream) {
+                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
   constexpr int smem = STAGES * (BM + BN) * V4_BK * (int)sizeof(T);
-  auto kernel = gemm_v4_kernel<T, TC, BM, BN, WARPS_M, WARPS_N, STAGES>;
+  auto kernel = gemm_v4_kernel<T, TC, BM, BN, WARPS_M, WARPS_N, STAGES, DUAL>;
   // Above 48 KB of dynamic shared memory a kernel must opt in (once per kernel).
   static bool opted_in = false;
   if (!opted_in) {
@@ -776,21 +951,24 @@ int launch_v4_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   }
   const int64_t blocks = cdiv(M, BM) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  kernel<<<(unsigned)blocks, WARPS_M * WARPS_N * 32, smem, stream>>>(A, lda, B, ldb, M, N, K, ep);
+  kernel<<<(unsigned)blocks, WARPS_M * WARPS_N * 32, smem, stream>>>(A, lda, B, ldb, M, N, K, ep, B2);
   return levels_launch_status();
 }
 
 template <typename T, typename TC>
 int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, int tile, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, int tile, cudaStream_t stream,
+              const T* B2 = nullptr) {
   if constexpr (std::is_same<T, float>::value) {
-    return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);  // exact fp32
+    return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);  // exact fp32
   } else {
     // cp.async moves 16-byte chunks along K: rows must be contiguous along K (for B: the
     // (N,K) K-major matrix, stride_bk == 1) and start on 16-byte boundaries.
     const bool rows_ok = sak == 1 && sbk == 1 && sam % 8 == 0 && sbn % 8 == 0;
-    const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0;
+    const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(B2) % 16 == 0;
     if (!rows_ok || !base_ok) return LEVELS_UNSUPPORTED;
+    if (B2) N *= 2;  // SwiGLU: x [B; B2]^T, each tile half B's columns, half B2's
     // Tile shape (the `tile` argument pins one, for the bench's sweep; 0: auto):
     //   1: 128x256, 8 warps of 64x64, 3 stages (144 KB, one block per SM)  [measured]
     //   2: the same with 4 stages (192 KB): more loads in flight per SM   [not measured yet]
@@ -800,21 +978,28 @@ int launch_v4(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
     // Every shape here is 4 more kernels to compile (2 dtypes x 2 output dtypes): the sweep
     // stays short on purpose (build time).
     if (tile == 0) tile = cdiv(M, 128) * cdiv(N, 256) >= num_sms() ? 1 : 3;
+    if constexpr (std::is_same<T, TC>::value) {  // SwiGLU: the two tiles tile 0 picks, no sweep
+      if (B2) {
+        if (tile == 1) return launch_v4_config<T, TC, 128, 256, 2, 4, 3, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+        if (tile == 3) return launch_v4_config<T, TC, 128, 128, 2, 4, 3, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+      }
+    }
+    if (B2) return LEVELS_UNSUPPORTED;
     switch (tile) {
-      case 1: return launch_v4_config<T, TC, 128, 256, 2, 4, 3>(A, sam, B, sbn, M, N, K, ep, stream);
-      case 2: return launch_v4_config<T, TC, 128, 256, 2, 4, 4>(A, sam, B, sbn, M, N, K, ep, stream);
-      case 3: return launch_v4_config<T, TC, 128, 128, 2, 4, 3>(A, sam, B, sbn, M, N, K, ep, stream);
+      case 1: return launch_v4_config<T, TC, 128, 256, 2, 4, 3>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+      case 2: return launch_v4_config<T, TC, 128, 256, 2, 4, 4>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+      case 3: return launch_v4_config<T, TC, 128, 128, 2, 4, 3>(A, sam, B, sbn, M, N, K, ep, stream, B2);
       default: return LEVELS_UNSUPPORTED;
     }
   }
 }
 
-template <typename T, typename TC, int BN>
+template <typename T, typename TC, int BN, bool DUAL = false>
 int launch_v5_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                     const EpiArgs& ep, cudaStream_t stream) {
+                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
   constexpr int smem = V5_STAGES * (128 + BN) * V4_BK * (int)sizeof(T) + 1024;  // + alignment slack
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits");
-  auto kernel = gemm_v5_kernel<T, TC, BN>;
+  auto kernel = gemm_v5_kernel<T, TC, BN, DUAL>;
   static bool opted_in = false;
   if (!opted_in) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -823,41 +1008,51 @@ int launch_v5_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   }
   const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  kernel<<<(unsigned)blocks, 256, smem, stream>>>(A, lda, B, ldb, M, N, K, ep);
+  kernel<<<(unsigned)blocks, 256, smem, stream>>>(A, lda, B, ldb, M, N, K, ep, B2);
   return levels_launch_status();
 }
 
 template <typename T, typename TC>
 int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
   if constexpr (std::is_same<T, float>::value) {
-    return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);  // exact fp32
+    return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);  // exact fp32
   } else {
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
     const bool rows_ok = sak == 1 && sbk == 1 && sam % 8 == 0 && sbn % 8 == 0;
-    const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0;
+    const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(B2) % 16 == 0;
     if (!rows_ok || !base_ok) return LEVELS_UNSUPPORTED;
+    if (B2) N *= 2;  // SwiGLU, as version 4
     // 128x256 tiles when there are enough of them to give every SM one, else 128x128.
-    if (cdiv(M, 128) * cdiv(N, 256) >= num_sms())
-      return launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream);
-    return launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream);
+    const bool big = cdiv(M, 128) * cdiv(N, 256) >= num_sms();
+    if constexpr (std::is_same<T, TC>::value) {
+      if (B2) return big ? launch_v5_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+                         : launch_v5_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+    }
+    if (B2) return LEVELS_UNSUPPORTED;
+    if (big)
+      return launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+    return launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
   }
 }
 
 template <typename T, typename TC>
 int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbk,
-           int64_t sbn, int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream) {
+           int64_t sbn, int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream,
+           const void* b2 = nullptr) {
   const T* A = static_cast<const T*>(a);
   const T* B = static_cast<const T*>(b);
+  const T* B2 = static_cast<const T*>(b2);  // SwiGLU's up weight (N: hidden), else nullptr
   switch (version) {
-    case 1: return launch_v1<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
-    case 2: return launch_v2<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
-    case 3: return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
-    case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, v4_tile, stream);
-    case 5: return launch_v5<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream);
+    case 1: return launch_v1<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 2: return launch_v2<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 3: return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, v4_tile, stream, B2);
+    case 5: return launch_v5<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -884,11 +1079,38 @@ extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
   if (epilogue < EPI_NONE || epilogue > EPI_GELU_GRAD) return LEVELS_UNSUPPORTED;
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
-  const EpiArgs ep{c, stride_cm, stride_cn, bias, stride_bias, aux, stride_xm, stride_xn, epilogue, accumulate};
+  const EpiArgs ep{c, stride_cm, stride_cn, bias, stride_bias, aux, stride_xm, stride_xn, epilogue, accumulate,
+                   nullptr, nullptr};
   if (v4_tile < 0 || v4_tile > 3) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T,
                   return c_fp32 ? launch<T, float>(version, v4_tile, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream)
                                 : launch<T, T>(version, v4_tile, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep, stream));
+  return LEVELS_OK;  // not reached
+}
+
+// The SwiGLU MLP's two fused GEMMs (M, N, K as the product's: N = hidden), output dtype =
+// input dtype, the same stride rules as levels_gemm_matmul (b2 has b's strides; c2 c's; aux2
+// aux's):
+//   grad = 0: c = silu(a · b) * (a · b2), one GEMM of a with [b | b2]; aux, aux2 (both or
+//             neither) receive a · b and a · b2 (G and U, for backward)
+//   grad = 1: with d = a · b (dA = dY · W_down): c = d * aux2 * silu'(aux), c2 = d * silu(aux)
+extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
+                                  const void* a, int64_t stride_am, int64_t stride_ak,
+                                  const void* b, const void* b2, int64_t stride_bk, int64_t stride_bn,
+                                  void* c, void* c2, int64_t stride_cm, int64_t stride_cn,
+                                  void* aux, void* aux2, int64_t stride_xm, int64_t stride_xn,
+                                  int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+  using namespace levels_gemm;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if ((aux == nullptr) != (aux2 == nullptr) || (grad && (aux == nullptr || c2 == nullptr)) ||
+      (!grad && b2 == nullptr))
+    return LEVELS_UNSUPPORTED;
+  if (M <= 0 || N <= 0) return LEVELS_OK;
+  const EpiArgs ep{c, stride_cm, stride_cn, nullptr, 0, aux, stride_xm, stride_xn,
+                   grad ? EPI_SWIGLU_GRAD : EPI_SWIGLU, 0, grad ? c2 : nullptr, aux2};
+  LEVELS_DISPATCH(dtype, T,
+                  return launch<T, T>(version, 0, a, stride_am, stride_ak, b, stride_bk, stride_bn, M, N, K, ep,
+                                      stream, grad ? nullptr : b2));
   return LEVELS_OK;  // not reached
 }
 

@@ -20,34 +20,15 @@ extern "C" int levels_layer_norm_bwd(int dtype, int version, const void* dy, con
 
 namespace levels_cuda_layer_norm {
 
-// The kernels index rows by a row stride and columns by +1: refuse anything else rather
-// than read outside the view (the Python side never sends it; opcheck or a direct call might).
-inline void check_rows(const at::Tensor& t, const char* name, int64_t M, int64_t N) {
-  const std::string what = std::string("levels_cuda::layer_norm: '") + name + "'";
-  LEVELS_CHECK(t.dim() == 2 && t.size(0) == M && t.size(1) == N,
-               what + " must be (" + std::to_string(M) + ", " + std::to_string(N) + "); got " +
-                   levels_cuda::shape(t));
-  LEVELS_CHECK(N == 1 || t.stride(1) == 1,
-               what + " must have adjacent columns (stride 1 in its last dimension)");
-  LEVELS_CHECK(M == 1 || t.stride(0) >= 0, what + " has a negative row stride");
-}
-
-inline void check_vector(const at::Tensor& t, const char* name, int64_t n, at::ScalarType dtype) {
-  LEVELS_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.scalar_type() == dtype,
-               std::string("levels_cuda::layer_norm: '") + name + "' must be a contiguous (" +
-                   std::to_string(n) + ",) " + c10::toString(dtype) + " tensor; got " +
-                   c10::toString(t.scalar_type()) + " " + levels_cuda::shape(t));
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& bias, double eps,
                                                    int64_t version) {
   LEVELS_CHECK(x.dim() == 2, "levels_cuda::layer_norm_fwd: 'x' must be 2-D (M, N); got " +
                                  levels_cuda::shape(x));
   const int64_t M = x.size(0), N = x.size(1);
-  check_rows(x, "x", M, N);
-  check_vector(weight, "weight", N, x.scalar_type());
-  check_vector(bias, "bias", N, x.scalar_type());
+  levels_cuda::check_rows(x, "layer_norm", "x", M, N);
+  levels_cuda::check_vector(weight, "layer_norm", "weight", N, x.scalar_type());
+  levels_cuda::check_vector(bias, "layer_norm", "bias", N, x.scalar_type());
   const c10::DeviceGuard guard(x.device());  // launch on x's GPU, with that GPU's stream
   at::Tensor y = at::empty({M, N}, x.options());
   at::Tensor mean = at::empty({M}, x.options().dtype(at::kFloat));
@@ -69,19 +50,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const a
   LEVELS_CHECK(x.dim() == 2, "levels_cuda::layer_norm_bwd: 'x' must be 2-D (M, N); got " +
                                  levels_cuda::shape(x));
   const int64_t M = x.size(0), N = x.size(1);
-  check_rows(x, "x", M, N);
-  check_rows(dy, "dy", M, N);
+  levels_cuda::check_rows(x, "layer_norm", "x", M, N);
+  levels_cuda::check_rows(dy, "layer_norm", "dy", M, N);
   LEVELS_CHECK(dy.scalar_type() == x.scalar_type(),
                std::string("levels_cuda::layer_norm_bwd: 'dy' must be ") +
                    c10::toString(x.scalar_type()) + "; got " + c10::toString(dy.scalar_type()));
-  check_vector(weight, "weight", N, x.scalar_type());
-  check_vector(mean, "mean", M, at::kFloat);
-  check_vector(rstd, "rstd", M, at::kFloat);
+  levels_cuda::check_vector(weight, "layer_norm", "weight", N, x.scalar_type());
+  levels_cuda::check_vector(mean, "layer_norm", "mean", M, at::kFloat);
+  levels_cuda::check_vector(rstd, "layer_norm", "rstd", M, at::kFloat);
   const c10::DeviceGuard guard(x.device());
   at::Tensor dx = at::empty({M, N}, x.options());
   at::Tensor dweight = at::empty({N}, weight.options());
   at::Tensor dbias = at::empty({N}, weight.options());
-  if (M == 0 || N == 0) return {dx, dweight, dbias};
+  if (M == 0 || N == 0) {  // no rows: dweight and dbias are sums of nothing; no launch
+    dweight.zero_();
+    dbias.zero_();
+    return {dx, dweight, dbias};
+  }
   const int dtype = levels_cuda::dtype_code(x);
   const int64_t P = levels_layer_norm_bwd_partials(dtype, static_cast<int>(version), M, N);
   if (P < 0) levels_cuda::check(static_cast<int>(P), "layer_norm_bwd", version);

@@ -85,6 +85,10 @@
 // was a time-major view (its GEMM operand is then a view, no copy). out (B, T, H), h0, c0,
 // h_n, c_n, dh_n, dc_n, dh0, dc0 (B, H), dout (B, T, H), w_hh (4H, H), W_hh^T (H, 4H) and
 // b_hh (4H,) contiguous. Offsets into per-step tensors are int64.
+//
+// As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
+// solution regions marked below are the cell's math, forward and backward (cell_forward,
+// cell_backward), which every version calls, as at Level 4. The recurrence's ladder stays.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -196,9 +200,15 @@ template <typename T>
 __device__ __forceinline__ float cell_forward(const FwdArgs<T>& a, float zi, float zf, float zg,
                                               float zo, float c_prev, int64_t b, int64_t t,
                                               int64_t j) {
-  const Gates s = activate(zi, zf, zg, zo);
-  const float c = s.f * c_prev + s.i * s.g;
-  const float h = s.o * tanhf(c);
+  // NaN until computed: an exercise copy (the region cut) compiles, and fails the check.
+  const float unset = __int_as_float(0x7fc00000);
+  Gates s = {unset, unset, unset, unset};
+  float c = unset, h = unset;
+  // ### BEGIN SOLUTION
+  s = activate(zi, zf, zg, zo);
+  c = s.f * c_prev + s.i * s.g;
+  h = s.o * tanhf(c);
+  // ### END SOLUTION
   const int64_t H = a.H;
   a.out[(b * a.steps + t) * H + j] = from_f32<T>(h);
   if (a.gates != nullptr) {
@@ -229,13 +239,22 @@ __device__ __forceinline__ float cell_backward(const BwdArgs<T>& a, float dh, fl
   const float gi = gr[0], gf = gr[H], gg = gr[2 * H], go = gr[3 * H];
   const float tc = tanhf(a.cs[row * H + j]);
   const float c_prev = t > 0 ? a.cs[(row - a.rs_t) * H + j] : to_f32<T>(a.c0[b * H + j]);
+  const float unset = __int_as_float(0x7fc00000);  // as in cell_forward
+  float dz_i = unset, dz_f = unset, dz_g = unset, dz_o = unset, dc_prev = unset;
+  // ### BEGIN SOLUTION
   dc += dh * go * (1.0f - tc * tc);
+  dz_i = dc * gg * gi * (1.0f - gi);
+  dz_f = dc * c_prev * gf * (1.0f - gf);
+  dz_g = dc * gi * (1.0f - gg * gg);
+  dz_o = dh * tc * go * (1.0f - go);
+  dc_prev = dc * gf;
+  // ### END SOLUTION
   T* dzr = a.dz + row * 4 * H + j;
-  dzr[0] = from_f32<T>(dc * gg * gi * (1.0f - gi));
-  dzr[H] = from_f32<T>(dc * c_prev * gf * (1.0f - gf));
-  dzr[2 * H] = from_f32<T>(dc * gi * (1.0f - gg * gg));
-  dzr[3 * H] = from_f32<T>(dh * tc * go * (1.0f - go));
-  return dc * gf;
+  dzr[0] = from_f32<T>(dz_i);
+  dzr[H] = from_f32<T>(dz_f);
+  dzr[2 * H] = from_f32<T>(dz_g);
+  dzr[3 * H] = from_f32<T>(dz_o);
+  return dc_prev;
 }
 
 // =========================================================================================

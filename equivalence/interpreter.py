@@ -26,6 +26,10 @@ itemsize), the byte address of every element a kernel wrote (the lanes its mask 
 through). The grader uses it to verify that a kernel level's outputs were written by its
 kernels (equivalence/commands/grade_rules.py).
 
+Loads and stores both go to the watchers of `watching(callback)`: callback(kind, addresses,
+itemsize), kind "load" or "store" (the puzzles of notebook 04a draw from it which elements
+a kernel read and wrote: equivalence/puzzles.py).
+
 Nothing changes when the interpreter is off (a GPU): `install()` then does nothing, and
 compiled kernels are not watched.
 """
@@ -43,6 +47,7 @@ from pathlib import Path
 _LOCK = threading.Lock()
 _INSTALLED = False
 _LISTENERS: list = []
+_WATCHERS: list = []  # callback(kind, addresses, itemsize) for loads and stores
 _LAUNCHES = threading.local()  # .stack: the launches running on this thread, innermost last
 
 
@@ -104,6 +109,19 @@ def listening(callback):
         _LISTENERS.remove(callback)
 
 
+@contextlib.contextmanager
+def watching(callback):
+    """Call `callback(kind, addresses, itemsize)` ("load" or "store", a numpy uint64 array of
+    the byte addresses the mask let through) for every load and store of an interpreted
+    kernel while the block runs."""
+    install()
+    _WATCHERS.append(callback)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(callback)
+
+
 def _wrap_launch(cls) -> None:
     original = cls.__call__
 
@@ -146,7 +164,10 @@ def _wrap_memory(cls) -> None:
     rmw, cas = cls.create_atomic_rmw, cls.create_atomic_cas
 
     def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        _check(ptrs, mask.data, "tl.load")
+        read = _check(ptrs, mask.data, "tl.load")
+        if _WATCHERS and read.size:
+            for watcher in list(_WATCHERS):
+                watcher("load", read, _itemsize(ptrs))
         return load(self, ptrs, mask, other, cache_policy, is_volatile)
 
     def masked_store(self, ptrs, value, mask, cache_policy):
@@ -178,10 +199,13 @@ def _itemsize(ptrs) -> int:
 
 
 def _tell(addresses, ptrs) -> None:
-    if _LISTENERS and addresses is not None and addresses.size:
-        size = _itemsize(ptrs)
-        for listener in list(_LISTENERS):
-            listener(addresses, size)
+    if addresses is None or not addresses.size:
+        return
+    size = _itemsize(ptrs)
+    for listener in list(_LISTENERS):
+        listener(addresses, size)
+    for watcher in list(_WATCHERS):
+        watcher("store", addresses, size)
 
 
 def _check(ptrs, mask, what: str):

@@ -72,8 +72,9 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    return _call("attention", q, k, v, causal=causal, scale=scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    return _call("attention", q, k, v, causal=causal, scale=scale,
+                 causal_alignment=causal_alignment, kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")
@@ -81,9 +82,19 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _call("layer_norm", x, weight, bias, eps=eps)
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    return _call("rms_norm", x, weight, eps=eps)
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     return _call("mlp", x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    return _call("swiglu_mlp", x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")
@@ -97,3 +108,8 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     return _call("conv_bn", x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                  running_var, stride=stride, padding=padding, eps=eps, momentum=momentum,
                  training=training)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    return _call("rope", x, cos, sin, interleaved=interleaved)

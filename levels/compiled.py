@@ -49,8 +49,9 @@ import threading
 import torch
 
 from . import native
-from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -145,7 +146,10 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #   attention   unmasked: rewritten into one fused SDPA call; causal: two GEMMs around
 #               one fused scale-mask-softmax kernel
 #   layer_norm  one "persistent reduction" kernel per row block: statistics and output
+#   rms_norm    the same, with one statistic (the mean square) instead of two
 #   mlp         the bias and the GELU in one pass over the first GEMM's output
+#   swiglu_mlp  SiLU and the product in one pass over the two GEMMs' outputs (Inductor
+#               may also fuse it into a GEMM's epilogue under max-autotune)
 #   lstm        the time loop in graphs of LSTM_CHUNK steps: Dynamo unrolls a loop, so
 #               each graph holds that many copies of the cell (a GEMM plus one fused
 #               kernel for all the gate math), and Level 1's loop calls it T / LSTM_CHUNK
@@ -155,6 +159,8 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 #               one step per graph compiles in ~3 s but pays Dynamo's guards and the
 #               autograd wrapper on the host at every step (~0.3 ms a step there: 4x the
 #               unrolled loop's steady time). A last, shorter chunk is one more graph.
+#   rope        one pointwise kernel: both halves read, rotated and written in one pass
+#               (the slices and the cat/stack become index arithmetic)
 #   conv_bn     the normalization fused into one pass after the convolution; BN is folded
 #               into the weights only when they are constants (freezing), which a
 #               training-capable call is not; in training mode AOTAutograd turns the
@@ -162,7 +168,9 @@ def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
 # ---------------------------------------------------------------------------------------
 
 # What torch.compile sees, per component (lstm: a chunk of the time loop; see above).
-MATH = {c: getattr(native, f"{c}_math") for c in ("attention", "layer_norm", "mlp", "conv_bn")}
+# Found by name, as every component's Level 1 math is `native.<component>_math`: a component
+# added later needs no line here.
+MATH = {c: getattr(native, f"{c}_math") for c in COMPONENTS}
 MATH["lstm"] = native.lstm_steps
 LSTM_CHUNK = 8  # time steps per compiled graph
 
@@ -295,9 +303,10 @@ uses_tf32 = native.uses_tf32  # the same library GEMMs/convolutions as Level 1
 # `equivalence.explain` can compile the same math on the same arguments.
 # ---------------------------------------------------------------------------------------
 
-def _prepare_attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return (q, k, v, causal, s["scale"])
+def _prepare_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
+                       kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return (q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
 def _prepare_layer_norm(x, weight, bias, eps=1e-5):
@@ -305,9 +314,19 @@ def _prepare_layer_norm(x, weight, bias, eps=1e-5):
     return (x, weight, bias, float(eps))
 
 
+def _prepare_rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return (x, weight, float(eps))
+
+
 def _prepare_mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return (x, w1, b1, w2, b2)
+
+
+def _prepare_swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return (x, w_gate, w_up, w_down)
 
 
 def _prepare_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
@@ -323,8 +342,13 @@ def _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
             s["stride"], s["padding"], float(eps), float(momentum), training)
 
 
-_PREPARE = {"attention": _prepare_attention, "layer_norm": _prepare_layer_norm,
-            "mlp": _prepare_mlp, "lstm": _prepare_lstm, "conv_bn": _prepare_conv_bn}
+def _prepare_rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return (x, cos, sin, interleaved)
+
+
+# Found by name (`_prepare_<component>` above), as MATH is.
+_PREPARE = {c: globals()[f"_prepare_{c}"] for c in COMPONENTS}
 
 
 def prepare(component: str, *args, **kwargs) -> tuple:
@@ -336,8 +360,8 @@ def prepare(component: str, *args, **kwargs) -> tuple:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    args = _prepare_attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    args = _prepare_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     return compiled("attention", q.device)(*args)
 
 
@@ -347,10 +371,22 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return compiled("layer_norm", x.device)(*args)
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    args = _prepare_rms_norm(x, weight, eps)
+    return compiled("rms_norm", x.device)(*args)
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     args = _prepare_mlp(x, w1, b1, w2, b2)
     return compiled("mlp", x.device)(*args)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    args = _prepare_swiglu_mlp(x, w_gate, w_up, w_down)
+    return compiled("swiglu_mlp", x.device)(*args)
 
 
 @autocasts("lstm")
@@ -365,3 +401,9 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     args = _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                             running_var, stride, padding, eps, momentum, training)
     return compiled("conv_bn", x.device)(*args)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    args = _prepare_rope(x, cos, sin, interleaved)
+    return compiled("rope", x.device)(*args)

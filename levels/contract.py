@@ -1,13 +1,16 @@
 """The contract every level implements, and the validators every level calls first.
 
-Five components, one signature each, identical at all five levels:
+One signature per component, identical at all five levels:
 
-    attention(q, k, v, causal=False, scale=None)
+    attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None)
     layer_norm(x, weight, bias, eps=1e-5)
+    rms_norm(x, weight, eps=1e-6)
     mlp(x, w1, b1, w2, b2)
+    swiglu_mlp(x, w_gate, w_up, w_down)                 Llama's MLP: down(silu(gate) * up)
     lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)            -> (output, (h_T, c_T))
     conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False)
+    rope(x, cos, sin, interleaved=False)
 
 Validation lives here, once, so that a wrong input fails the same way at every level
 and *before* any kernel runs: a Triton or CUDA kernel that receives a bad shape does
@@ -24,7 +27,8 @@ import numbers
 
 import torch
 
-COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn")
+COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
+              "swiglu_mlp")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -158,30 +162,67 @@ def _int_pair(component: str, name: str, value, low: int) -> tuple[int, int]:
 # level never re-derives them (and never disagrees with the check about what they are).
 # ---------------------------------------------------------------------------------------
 
-def validate_attention(q, k, v, causal=False, scale=None) -> dict:
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+MAX_HEAD_DIM = 256  # the largest head size Levels 4 and 5 take (padded inside to a power of two)
+
+
+def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
+                       kv_lens=None) -> dict:
+    """q (B, H, Nq, D); k, v (B, H_kv, Nk, D) with H_kv dividing H (grouped-query attention:
+    query head h reads key/value head h // (H // H_kv); H_kv = 1 is multi-query attention).
+
+    causal_alignment says where the causal diagonal sits when Nq != Nk: "top_left" (query i
+    sees keys j <= i, as PyTorch's is_causal) or "bottom_right" (j <= i + L - Nq with L the
+    number of keys: the last query sees every key, as decoding with a KV cache needs). The
+    two agree when Nq == Nk. kv_lens: None, or a (B,) int32/int64 tensor on q's device:
+    batch element b has kv_lens[b] valid keys (key j is seen only if j < kv_lens[b]; a value
+    outside [0, Nk] counts as the nearest end of that range: a validator reads no values).
+    With kv_lens, bottom_right aligns to each element's own length. A query that sees no key
+    at all (a length of 0, or bottom_right with more queries than keys) outputs 0 and gets
+    zero gradients, as PyTorch's SDPA does for a fully masked row. Empty tensors (B, Nq or
+    Nk of 0) are accepted, as PyTorch accepts them."""
     c = "attention"
     _tensors(c, {"q": q, "k": k, "v": v})
     _rank(c, "q", q, 4, "(B, H, Nq, D)")
-    _rank(c, "k", k, 4, "(B, H, Nk, D)")
+    _rank(c, "k", k, 4, "(B, H_kv, Nk, D)")
     B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    _shape(c, "k", k, (B, H, Nk, D), "(B, H, Nk, D) matching q's B, H, D")
-    _shape(c, "v", v, (B, H, Nk, D), "(B, H, Nk, D) matching k")
-    if min(B, H, Nq, Nk, D) == 0:
-        _fail(c, "q", "non-empty in every dimension", _describe(q))
+    Hkv, Nk = k.shape[1], k.shape[2]
+    _shape(c, "k", k, (B, Hkv, Nk, D), "(B, H_kv, Nk, D) matching q's B and D")
+    _shape(c, "v", v, (B, Hkv, Nk, D), "(B, H_kv, Nk, D) matching k")
+    if H == 0 or D == 0:
+        _fail(c, "q", "of at least one head (H >= 1) and a head dimension D >= 1", _describe(q))
+    if Hkv == 0 or H % Hkv:
+        _fail(c, "k", f"of H_kv heads with H_kv dividing q's H = {H} (grouped-query attention: "
+              f"H_kv = H for multi-head, 1 for multi-query)", _describe(k))
     _flag(c, "causal", causal)
-    if causal and Nq != Nk:
-        _fail(c, "k", f"of the same length as q when causal=True (Nk == Nq == {Nq})", _describe(k))
+    if not isinstance(causal_alignment, str) or causal_alignment not in CAUSAL_ALIGNMENTS:
+        _fail(c, "causal_alignment", f"one of {', '.join(map(repr, CAUSAL_ALIGNMENTS))}",
+              repr(causal_alignment), TypeError if not isinstance(causal_alignment, str) else ValueError)
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor):
+            _fail(c, "kv_lens", "None or a torch.Tensor of shape (B,)", type(kv_lens).__name__,
+                  TypeError)
+        if kv_lens.dtype not in (torch.int32, torch.int64):
+            _fail(c, "kv_lens", "an int32 or int64 tensor (the number of valid keys per batch "
+                  "element)", _describe(kv_lens), TypeError)
+        _shape(c, "kv_lens", kv_lens, (B,), "(B,) with B = q.shape[0]")
+        if kv_lens.device != q.device:
+            _fail(c, "kv_lens", f"on device {q.device} like 'q'", _describe(kv_lens))
+        if kv_lens.requires_grad:
+            _fail(c, "kv_lens", "a tensor that does not require grad", _describe(kv_lens))
     _number(c, "scale", scale, low=0, low_open=True, allow_none=True)
-    return dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D,
+    return dict(B=B, H=H, H_kv=Hkv, group=H // Hkv, Nq=Nq, Nk=Nk, D=D,
+                bottom_right=bool(causal) and causal_alignment == "bottom_right",
                 scale=float(scale) if scale is not None else D ** -0.5)
 
 
 def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
     c = "layer_norm"
     _tensors(c, {"x": x, "weight": weight, "bias": bias})
-    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    # No rows at all (a batch of 0) is fine, as for F.layer_norm: an empty y, zero gradients
+    # of weight and bias. Rows of no element are not: there is nothing to normalize.
+    if x.dim() < 1 or x.shape[-1] == 0:
+        _fail(c, "x", "a tensor of shape (..., N) with N >= 1", _describe(x))
     N = x.shape[-1]
     lengths = [N] + [t.shape[0] for t in (weight, bias) if t.dim() == 1]
     if _agreed(lengths) != N:  # weight and bias agree, x does not: x is the odd one out
@@ -189,6 +230,19 @@ def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
               _describe(x))
     _shape(c, "weight", weight, (N,), "(N,) with N = x.shape[-1]")
     _shape(c, "bias", bias, (N,), "(N,) with N = x.shape[-1]")
+    _number(c, "eps", eps, low=0, low_open=True)
+    return dict(M=x.numel() // N, N=N)
+
+
+def validate_rms_norm(x, weight, eps=1e-6) -> dict:
+    c = "rms_norm"
+    _tensors(c, {"x": x, "weight": weight})
+    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
+        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    N = x.shape[-1]
+    if weight.dim() == 1 and weight.shape[0] != N:  # one length each: x's defines N
+        _fail(c, "weight", f"of shape (N,) with N = x.shape[-1] = {N}", _describe(weight))
+    _shape(c, "weight", weight, (N,), "(N,) with N = x.shape[-1]")
     _number(c, "eps", eps, low=0, low_open=True)
     return dict(M=x.numel() // N, N=N)
 
@@ -214,6 +268,38 @@ def validate_mlp(x, w1, b1, w2, b2) -> dict:
     _shape(c, "b2", b2, (O,), "(out_features,) with out_features = w2.shape[0]")
     if min(K, Hd, O) == 0:
         _fail(c, "w1", "non-empty", _describe(w1))
+    return dict(M=x.numel() // K, K=K, hidden=Hd, N=O)
+
+
+def validate_swiglu_mlp(x, w_gate, w_up, w_down) -> dict:
+    c = "swiglu_mlp"
+    _tensors(c, {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down})
+    if x.dim() < 1 or x.numel() == 0:
+        _fail(c, "x", "a non-empty tensor of shape (..., in_features)", _describe(x))
+    for name, t, layout in (("w_gate", w_gate, "(hidden, in_features)"),
+                            ("w_up", w_up, "(hidden, in_features)"),
+                            ("w_down", w_down, "(out_features, hidden)")):
+        _rank(c, name, t, 2, layout + ", as nn.Linear.weight")
+    # in_features and hidden as most of the tensors that carry them have them: the one
+    # argument that disagrees is reported against the sizes the others imply.
+    K = _agreed([x.shape[-1], w_gate.shape[1], w_up.shape[1]])
+    if x.shape[-1] != K:
+        _fail(c, "x", f"of shape (..., in_features) with in_features = {K}, as w_gate and w_up "
+              f"have it", _describe(x))
+    Hd = _agreed([w_gate.shape[0], w_up.shape[0], w_down.shape[1]])
+    O = w_down.shape[0]
+    for name, t in (("w_gate", w_gate), ("w_up", w_up)):
+        if tuple(t.shape) == (K, Hd) and K != Hd:
+            _fail(c, name, f"of shape (hidden, in_features) = {(Hd, K)}, as nn.Linear.weight stores "
+                  f"it (it looks transposed: pass {name}.t(), or the linear layer's .weight)",
+                  _describe(t))
+        _shape(c, name, t, (Hd, K), "(hidden, in_features) (hidden: as the other weights "
+               "have it; in_features: x.shape[-1])")
+    _shape(c, "w_down", w_down, (O, Hd), "(out_features, hidden) (hidden: as w_gate and w_up "
+           "have it)")
+    if min(K, Hd, O) == 0:
+        _fail(c, "w_gate" if min(K, Hd) == 0 else "w_down", "non-empty",
+              _describe(w_gate if min(K, Hd) == 0 else w_down))
     return dict(M=x.numel() // K, K=K, hidden=Hd, N=O)
 
 
@@ -308,6 +394,43 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
         _writable_buffers(c, stats, named)
     return dict(N=Nb, C_in=Cin, H=Hh, W=Ww, C_out=Cout, kH=kH, kW=kW, stride=(sh, sw),
                 padding=(ph, pw), H_out=Ho, W_out=Wo)
+
+
+def validate_rope(x, cos, sin, interleaved=False) -> dict:
+    """x (B, H, N, D) as attention takes q and k; cos and sin (N, D/2): one angle per position
+    and pair, shared by every batch element and head. Pairs are (i, i + D/2) (half-split, as
+    GPT-NeoX and HF Llama) or (2i, 2i + 1) (interleaved=True, as the RoPE paper and Meta's
+    Llama). The tables are data, not parameters: rope differentiates x only."""
+    c = "rope"
+    _tensors(c, {"x": x, "cos": cos, "sin": sin})
+    _rank(c, "x", x, 4, "(B, H, N, D), as attention's q and k")
+    B, H, N, D = x.shape
+    if min(B, H, N, D) == 0:
+        _fail(c, "x", "non-empty in every dimension", _describe(x))
+    if D % 2:
+        _fail(c, "x", "of shape (B, H, N, D) with D even (rope rotates pairs of features)",
+              _describe(x))
+    _rank(c, "cos", cos, 2, "(N, D/2): one table for every batch element and head")
+    _rank(c, "sin", sin, 2, "(N, D/2): one table for every batch element and head")
+    lengths = [N] + [t.shape[0] for t in (cos, sin)]
+    if _agreed(lengths) != N:  # cos and sin agree, x does not: x is the odd one out
+        _fail(c, "x", f"of shape (B, H, N, D) with N = {_agreed(lengths)}, the length of cos and "
+              f"sin", _describe(x))
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) == (N, D):
+            _fail(c, name, f"of shape (N, D/2) = {(N, D // 2)}, one angle per pair (an HF-style "
+                  f"(N, D) table repeats its halves: pass {name}[:, :D // 2])", _describe(t))
+        if t.shape[0] == N and 0 < 2 * t.shape[1] < D:
+            _fail(c, name, f"of shape (N, D/2) = {(N, D // 2)}: partial rotary embeddings "
+                  f"(rotary_dim < D, GPT-NeoX's rotary_pct) are not supported; rotate "
+                  f"x[..., :rotary_dim] and concatenate the rest", _describe(t))
+        _shape(c, name, t, (N, D // 2), "(N, D/2) with N, D = x.shape[2], x.shape[3]")
+        if t.requires_grad:
+            _fail(c, name, "a table that does not require grad (rope differentiates x only; "
+                  "build the tables under torch.no_grad() or pass .detach())",
+                  f"{_describe(t)} with requires_grad=True")
+    _flag(c, "interleaved", interleaved)
+    return dict(B=B, H=H, N=N, D=D)
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -453,12 +576,17 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     "attention": (LOW_PRECISION, ("q", "k", "v")),  # as F.scaled_dot_product_attention
     "layer_norm": (FLOAT32, ("x", "weight", "bias")),  # as F.layer_norm
     "mlp": (LOW_PRECISION, ("x", "w1", "b1", "w2", "b2")),  # as F.linear
+    "swiglu_mlp": (LOW_PRECISION, ("x", "w_gate", "w_up", "w_down")),  # as F.linear
     # as nn.LSTM (cuDNN's RNN on a GPU, oneDNN's on a CPU)
     "lstm": (LOW_PRECISION, ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")),
     # as F.conv2d; BatchNorm's weights and running statistics keep their dtype (float32), as
     # nn.BatchNorm2d's do under autocast: the contract takes them in float32 beside a
     # 16-bit x, and every level computes the normalization in float32
     "conv_bn": (LOW_PRECISION, ("x", "conv_weight", "conv_bias")),
+    # as F.rms_norm under CUDA autocast from torch 2.12 (its fp32 list; CPU autocast leaves
+    # rms_norm alone): one rule on every device, the one of the GPUs models train on
+    "rms_norm": (FLOAT32, ("x", "weight")),
+    "rope": (LOW_PRECISION, ("x", "cos", "sin")),  # q, k come from F.linear in that dtype
 }
 
 
@@ -523,4 +651,7 @@ VALIDATORS = {
     "mlp": validate_mlp,
     "lstm": validate_lstm,
     "conv_bn": validate_conv_bn,
+    "rms_norm": validate_rms_norm,
+    "rope": validate_rope,
+    "swiglu_mlp": validate_swiglu_mlp,
 }

@@ -38,7 +38,8 @@ import torch
 from cuda_kernels import build
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
-                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp)
+                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
+                       validate_rms_norm, validate_rope, validate_swiglu_mlp)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -167,9 +168,9 @@ def _ready(component: str, name: str, t: torch.Tensor):
 # later calls with the same shapes, strides, dtypes and devices make one call into C++: the
 # component's op (cuda_kernels/autograd_binding.cpp), its autograd included.
 
-def _attention_plan(q, k, v, causal, scale):
-    s = validate_attention(q, k, v, causal, scale)
-    return _ready("attention", "q", q), s["scale"]
+def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _ready("attention", "q", q), s["scale"], s["bottom_right"]
 
 
 def _layer_norm_plan(x, weight, bias, eps):
@@ -177,9 +178,19 @@ def _layer_norm_plan(x, weight, bias, eps):
     return _ready("layer_norm", "x", x), float(eps)
 
 
+def _rms_norm_plan(x, weight, eps):
+    validate_rms_norm(x, weight, eps)
+    return _ready("rms_norm", "x", x), float(eps)
+
+
 def _mlp_plan(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return _ready("mlp", "x", x)
+
+
+def _swiglu_mlp_plan(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return _ready("swiglu_mlp", "x", x)
 
 
 def _lstm_plan(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
@@ -194,17 +205,25 @@ def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, r
     return _ready("conv_bn", "x", x), s["stride"], s["padding"], float(eps), float(momentum)
 
 
+def _rope_plan(x, cos, sin, interleaved):
+    validate_rope(x, cos, sin, interleaved)
+    return _ready("rope", "x", x), bool(interleaved)
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
+_SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+_RMS_NORM = Plans(_rms_norm_plan)
+_ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    module, scale = _ATTENTION(q, k, v, causal, scale)
-    return module.attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    module, scale, bottom_right = _ATTENTION(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return module.attention(q, k, v, causal, scale, bottom_right=bottom_right, kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")
@@ -213,9 +232,20 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return module.layer_norm(x, weight, bias, eps)
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    module, eps = _RMS_NORM(x, weight, eps)
+    return module.rms_norm(x, weight, eps)
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     return _MLP(x, w1, b1, w2, b2).mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    return _SWIGLU_MLP(x, w_gate, w_up, w_down).swiglu_mlp(x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")
@@ -231,6 +261,12 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
         eps, momentum, training)
     return module.conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                           stride, padding, eps, momentum, training)
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    module, interleaved = _ROPE(x, cos, sin, interleaved)
+    return module.rope(x, cos, sin, interleaved)
 
 
 # ---------------------------------------------------------------------------------------

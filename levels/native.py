@@ -16,15 +16,23 @@ models do: a bfloat16 sum over 4096 elements would lose ~3 significant digits.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
     return None  # runs wherever torch runs
+
+
+# The components whose math is cuBLAS matmuls (TF32 in fp32 when torch allows it); the others
+# are pointwise work and reductions, and conv_bn follows cuDNN's switch.
+MATMULS = ("attention", "mlp", "lstm", "swiglu_mlp")
 
 
 def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -34,9 +42,9 @@ def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if component == "conv_bn":
         return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    if component in ("attention", "mlp", "lstm"):
+    if component in MATMULS:
         return torch.backends.cuda.matmul.allow_tf32
-    return False  # layer_norm: pointwise and reductions only
+    return False  # the others: pointwise and reductions only
 
 
 # Each component is its contract function (validate, then compute) over a plain math
@@ -59,23 +67,62 @@ def gemm_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return attention_math(q, k, v, causal, s["scale"])
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return attention_math(q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
-def attention_math(q, k, v, causal: bool, scale: float):
+def attention_visible(Nq: int, Nk: int, causal: bool, bottom_right: bool,
+                      kv_lens: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """Which keys each query sees: a bool (B or 1, 1, 1, Nq, Nk) mask (None: every key).
+    Query i sees key j if j < L (L = kv_lens[b] clipped to [0, Nk], else Nk) and, when
+    causal, j <= i (top-left) or j <= i + L - Nq (bottom-right). Scriptable (Level 2)."""
+    if not causal and kv_lens is None:
+        return None
+    j = torch.arange(Nk, device=device).view(1, 1, 1, 1, Nk)
+    i = torch.arange(Nq, device=device).view(1, 1, 1, Nq, 1)
+    if kv_lens is None:
+        lens = torch.full((1, 1, 1, 1, 1), Nk, dtype=torch.long, device=device)
+    else:
+        lens = kv_lens.to(torch.long).clamp(0, Nk).view(-1, 1, 1, 1, 1)
+    visible = j < lens
+    if causal:
+        shift = lens - Nq if bottom_right else torch.zeros_like(lens)
+        visible = visible & (j <= i + shift)
+    return visible
+
+
+def attention_math(q, k, v, causal: bool, scale: float, bottom_right: bool = False,
+                   kv_lens: Optional[torch.Tensor] = None):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
     # that Level 4 builds by hand.)
     q, k, v = gemm_operand(q), gemm_operand(k), gemm_operand(v)
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    visible = attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:
+        # Grouped-query attention without copying K and V: the H query heads viewed as
+        # (H_kv, group), each group's matmul broadcasting its one K/V head.
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)  # (B or 1, 1, Nq, Nk): the 4-D scores' mask
+    # Only lengths or a bottom-right diagonal above some queries leave a query no key at all.
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v)
+    if visible is not None and may_be_empty:
+        # A query that sees no key gets an output of 0 (as SDPA). Its row keeps every score
+        # unmasked, so its softmax stays finite (no 0/0) and its zeroed probabilities send
+        # back zero gradients.
+        seen = visible.any(-1, keepdim=True)
+        scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).masked_fill(~seen, 0.0)
+    elif visible is not None:
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 
@@ -98,6 +145,23 @@ def layer_norm_math(x, weight, bias, eps: float):
     ### END SOLUTION
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return rms_norm_math(x, weight, float(eps))
+
+
+def rms_norm_math(x, weight, eps: float):
+    # LayerNorm without the mean: no centring, no bias (Zhang & Sennrich 2019, the norm of
+    # Llama, Mistral, Qwen). One reduction a row instead of two; still four passes here.
+    ### BEGIN SOLUTION
+    x32 = x.float()
+    ms = (x32 * x32).mean(dim=-1, keepdim=True)
+    y = x32 * torch.rsqrt(ms + eps)
+    return (y * weight.float()).to(x.dtype)
+    ### END SOLUTION
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
@@ -109,6 +173,24 @@ def mlp_math(x, w1, b1, w2, b2):
     hidden = F.linear(gemm_operand(x), w1, b1)  # GEMM with the bias folded in (addmm)
     hidden = F.gelu(hidden)  # exact erf GELU: one more read+write of the widest tensor
     return F.linear(hidden, w2, b2)
+    ### END SOLUTION
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return swiglu_mlp_math(x, w_gate, w_up, w_down)
+
+
+def swiglu_mlp_math(x, w_gate, w_up, w_down):
+    # Llama's MLP as its reference code writes it: three cuBLAS GEMMs (no biases), then
+    # SiLU and the product as two more kernels, each a full pass over an (M, hidden)
+    # tensor: silu reads G and writes it back, the product reads both and writes A.
+    x = gemm_operand(x)
+    ### BEGIN SOLUTION
+    gate = F.linear(x, w_gate)
+    up = F.linear(x, w_up)
+    return F.linear(F.silu(gate) * up, w_down)
     ### END SOLUTION
 
 
@@ -177,3 +259,33 @@ def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, ru
     shift = bn_bias.float() - mean * scale
     return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
     ### END SOLUTION
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return rope_math(x, cos, sin, interleaved)
+
+
+def rope_math(x, cos, sin, interleaved: bool):
+    # Each pair (x1, x2) of features is a point in the plane, turned by its position's angle:
+    # (x1 cos - x2 sin, x2 cos + x1 sin). Op by op this reads x twice (the two halves), writes
+    # four (B, H, N, D/2) temporaries and copies them back together: about 5x the bytes of the
+    # one read and one write a fused kernel needs. No backward to write: autograd derives
+    # it, and it is the rotation by -angle (Levels 4 and 5 write that themselves).
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    if interleaved:  # pairs (2i, 2i + 1), the RoPE paper's and Meta's Llama
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+    else:  # pairs (i, i + D/2), GPT-NeoX's and HF Llama's "rotate_half"
+        x1, x2 = x32[..., :half], x32[..., half:]
+    ### BEGIN SOLUTION
+    c, s = cos.float(), sin.float()  # (N, D/2): broadcast over batch and heads
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    ### END SOLUTION
+    if interleaved:
+        y = torch.stack((y1, y2), dim=-1).flatten(-2)
+    else:
+        y = torch.cat((y1, y2), dim=-1)
+    return y.to(x.dtype)

@@ -1,4 +1,4 @@
-"""nn.Module wrappers: the same five components as layers, at any level.
+"""nn.Module wrappers: the components as layers, at any level.
 
     layer = levels.nn.LSTM.from_torch(torch_lstm, level="native")
     y = layer(x)
@@ -9,7 +9,7 @@
 
 Parameters are named and shaped like torch's own modules, so weights load from them:
 `from_torch(...)` copies a torch module, and `load_state_dict` accepts its state_dict
-(MultiheadAttention, LayerNorm, LSTM directly; MLP and ConvBN as `fc1.*`/`fc2.*` and
+(MultiheadAttention, LayerNorm, RMSNorm, LSTM directly; MLP and ConvBN as `fc1.*`/`fc2.*` and
 `conv.*`/`bn.*`). The forward pass is one call to the component of the chosen level.
 
 `cuda_graph(module, *example_args)` (levels/cuda_graph.py, re-exported here) captures a
@@ -99,6 +99,30 @@ class LayerNorm(_Leveled):
         return new
 
 
+class RMSNorm(_Leveled):
+    """RMSNorm over the last dimension, as torch.nn.RMSNorm (a `weight`, no bias)."""
+
+    component = "rms_norm"
+
+    def __init__(self, normalized_shape: int, eps: float | None = None, level="native",
+                 device=None, dtype=None):
+        super().__init__(level)
+        self.eps = eps  # None: torch.finfo(x.dtype).eps at each call, as nn.RMSNorm
+        self.weight = nn.Parameter(torch.ones(normalized_shape, device=device, dtype=dtype))
+
+    def forward(self, x):
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return self._fn()(x, self.weight, eps)
+
+    @classmethod
+    def from_torch(cls, m: nn.RMSNorm, level="native") -> "RMSNorm":
+        _require(len(m.normalized_shape) == 1 and m.elementwise_affine,
+                 "nn.RMSNorm over one dimension with a weight", m)
+        new = cls(m.normalized_shape[0], m.eps, level, m.weight.device, m.weight.dtype)
+        new.load_state_dict(m.state_dict())
+        return new
+
+
 class MLP(_Leveled):
     component = "mlp"
 
@@ -119,6 +143,36 @@ class MLP(_Leveled):
                   fc1.weight.dtype)
         new.fc1.load_state_dict(fc1.state_dict())
         new.fc2.load_state_dict(fc2.state_dict())
+        return new
+
+
+class SwiGLUMLP(_Leveled):
+    """Llama's MLP: down(silu(gate(x)) * up(x)), three nn.Linear without biases, named as
+    Hugging Face's LlamaMLP names them (gate_proj, up_proj, down_proj), so its state_dict loads."""
+
+    component = "swiglu_mlp"
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 level="native", device=None, dtype=None):
+        super().__init__(level)
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.up_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.down_proj = nn.Linear(hidden_features, out_features or in_features, **kw)
+
+    def forward(self, x):
+        return self._fn()(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+
+    @classmethod
+    def from_torch(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear,
+                   level="native") -> "SwiGLUMLP":
+        """From the three bias-free linears of a SwiGLU block (LlamaMLP's)."""
+        linears = (gate_proj, up_proj, down_proj)
+        _require(all(m.bias is None for m in linears), "three nn.Linear without biases", linears)
+        new = cls(gate_proj.in_features, gate_proj.out_features, down_proj.out_features, level,
+                  gate_proj.weight.device, gate_proj.weight.dtype)
+        for mine, theirs in zip((new.gate_proj, new.up_proj, new.down_proj), linears):
+            mine.load_state_dict(theirs.state_dict())
         return new
 
 
@@ -179,7 +233,11 @@ class MultiheadAttention(_Leveled):
         B, N, _ = t.shape
         return t.view(B, N, self.n_heads, self.model_dim // self.n_heads).transpose(1, 2)
 
-    def forward(self, query, key=None, value=None, causal: bool = False):
+    def forward(self, query, key=None, value=None, causal: bool = False,
+                causal_alignment: str = "top_left", kv_lens=None):
+        """causal_alignment and kv_lens as the contract's attention takes them (levels.contract):
+        where the causal diagonal sits when query and key lengths differ, and how many keys
+        of each batch element are valid."""
         key = query if key is None else key
         value = key if value is None else value
         w_q, w_k, w_v = self.in_proj_weight.chunk(3)
@@ -187,7 +245,11 @@ class MultiheadAttention(_Leveled):
         q = self._heads(nn.functional.linear(query, w_q, b_q))
         k = self._heads(nn.functional.linear(key, w_k, b_k))
         v = self._heads(nn.functional.linear(value, w_v, b_v))
-        out = self._fn()(q, k, v, causal=causal)
+        # the new arguments only where used: a level of yours written for (q, k, v, causal)
+        # keeps working in the common case
+        extra = {} if causal_alignment == "top_left" and kv_lens is None else dict(
+            causal_alignment=causal_alignment, kv_lens=kv_lens)
+        out = self._fn()(q, k, v, causal=causal, **extra)
         B, H, N, D = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))
 
@@ -242,7 +304,54 @@ class ConvBN(_Leveled):
         return new
 
 
+class RotaryEmbedding(_Leveled):
+    """Rotary position embeddings for q and k of shape (B, H, N, D), D = `dim`: pair i of
+    position n turned by n * base**(-2i/dim). The tables are built from `inv_freq` (a
+    buffer, not saved in a state_dict, as in HF transformers) for the positions of each call,
+    `offset` onwards (decoding: the position of the first new token), and reused while
+    the positions, dtype and device stay the same. interleaved=False pairs features
+    (i, i + dim/2) as GPT-NeoX and HF Llama do; True pairs (2i, 2i + 1) as Meta's Llama.
+    q and k may have different head counts (grouped-query attention): one table serves both."""
+
+    component = "rope"
+
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False, level="native",
+                 device=None):
+        super().__init__(level)
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+            raise ValueError(f"argument 'dim' must be a positive even int (the head size); got {dim!r}")
+        if not base > 1:
+            raise ValueError(f"argument 'base' must be > 1; got {base!r}")
+        self.dim, self.base, self.interleaved = dim, float(base), bool(interleaved)
+        # in float64, then float32: base**(-2i/dim) itself is exact to float32's rounding
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+        self.register_buffer("inv_freq", (self.base ** -exponents).float().to(device),
+                             persistent=False)
+        self._tables_key, self._tables = None, None
+
+    def tables(self, n: int, offset: int, dtype: torch.dtype, device) -> tuple:
+        """(cos, sin), each (n, dim/2) in `dtype`, for positions offset .. offset + n - 1.
+        The angles are float32 products of the position and the frequency, as HF computes
+        them, then rounded to `dtype` (the contract takes tables in x's dtype)."""
+        key = (n, offset, dtype, torch.device(device), self.inv_freq.data_ptr())
+        if key != self._tables_key or torch.compiler.is_compiling():
+            positions = torch.arange(offset, offset + n, device=device, dtype=torch.float32)
+            angles = torch.outer(positions, self.inv_freq.to(device))
+            self._tables = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._tables_key = key
+        return self._tables
+
+    def forward(self, q, k, offset: int = 0):
+        cos, sin = self.tables(q.shape[-2], offset, q.dtype, q.device)
+        rope = self._fn()
+        return rope(q, cos, sin, self.interleaved), rope(k, cos, sin, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, base={self.base:g}, interleaved={self.interleaved}, "
+                f"{super().extra_repr()}")
+
+
 from .cuda_graph import GraphedModule, cuda_graph  # noqa: E402 - levels.nn.cuda_graph, after _Leveled
 
-__all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "cuda_graph",
-           "set_level"]
+__all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "RMSNorm",
+           "RotaryEmbedding", "SwiGLUMLP", "cuda_graph", "set_level"]

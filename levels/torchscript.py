@@ -52,8 +52,9 @@ import torch
 from torch import Tensor
 
 from . import native
-from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -75,15 +76,31 @@ WHY_STILL_USED = ("Level 2 keeps using it on purpose: it is the simplest place t
 # Level 1; once the chain is fused on a GPU, those casts happen in registers and are free.
 # ---------------------------------------------------------------------------------------
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bottom_right: bool,
+               kv_lens: Optional[Tensor]) -> Tensor:
     q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
+    B, H, Nq, D = q.size(0), q.size(1), q.size(2), q.size(3)
+    Hkv, Nk = k.size(1), k.size(2)
+    visible = native.attention_visible(Nq, Nk, causal, bottom_right, kv_lens, q.device)
+    if Hkv != H:  # grouped-query attention as Level 1: q viewed as (B, H_kv, group, Nq, D)
+        q, k, v = q.reshape(B, Hkv, H // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
+    elif visible is not None:
+        visible = visible.squeeze(2)
+    may_be_empty = kv_lens is not None or (causal and bottom_right and Nq > Nk)
     ### BEGIN SOLUTION
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
-        # scale and mask are one fused pointwise group; softmax and both matmuls stay library calls.
-        scores = scores.masked_fill(future, float("-inf"))
-    return torch.matmul(torch.softmax(scores, -1), v)
+    if visible is not None:
+        # scale and mask are one fused pointwise group; softmax and both matmuls stay library
+        # calls. A query that sees no key keeps its scores (a finite softmax), then gets 0.
+        if may_be_empty:
+            seen = visible.any(-1, keepdim=True)
+            scores = scores.masked_fill(~(visible | ~seen), float("-inf"))
+            probs = torch.softmax(scores, -1).masked_fill(~seen, 0.0)
+        else:
+            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1)
+    else:
+        probs = torch.softmax(scores, -1)
+    return torch.matmul(probs, v).reshape(B, H, Nq, D)
     ### END SOLUTION
 
 
@@ -99,6 +116,15 @@ def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     ### END SOLUTION
 
 
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    ### BEGIN SOLUTION
+    x32 = x.float()
+    # mul, mean, add-eps, rsqrt, mul, mul, cast: the fuser joins all but the mean.
+    y = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype)
+    ### END SOLUTION
+
+
 def _mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     # The bias is left out of the first GEMM on purpose, so that bias + GELU form one
     # pointwise chain the fuser can turn into a single kernel. GELU is spelled out
@@ -107,6 +133,18 @@ def _mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     h = torch.matmul(native.gemm_operand(x), w1.t()).float() + b1.float()
     h = (0.5 * h * (1.0 + torch.erf(h * 0.7071067811865476))).to(x.dtype)
     return torch.matmul(h, w2.t()) + b2
+    ### END SOLUTION
+
+
+def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    # SiLU spelled out (g * sigmoid(g)) so the graph shows the ops the fuser merges: the
+    # sigmoid, the two products and the casts become one kernel between the GEMMs.
+    x = native.gemm_operand(x)
+    ### BEGIN SOLUTION
+    g = torch.matmul(x, w_gate.t()).float()
+    u = torch.matmul(x, w_up.t()).float()
+    a = (g * torch.sigmoid(g) * u).to(x.dtype)
+    return torch.matmul(a, w_down.t())
     ### END SOLUTION
 
 
@@ -173,8 +211,30 @@ def _conv_bn_train(x: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor], 
     ### END SOLUTION
 
 
-_SOURCES = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn_eval": _conv_bn_eval, "conv_bn_train": _conv_bn_train}
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    half = x.size(-1) // 2
+    x32 = x.float()
+    if interleaved:
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+    else:
+        x1, x2 = x32[..., :half], x32[..., half:]
+    ### BEGIN SOLUTION
+    # The four muls, two adds and the casts fuse into one pointwise group on a GPU; the
+    # strided slices before and the stack/cat after stay copies of their own.
+    c, s = cos.float(), sin.float()
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    ### END SOLUTION
+    if interleaved:
+        return torch.stack((y1, y2), -1).flatten(-2).to(x.dtype)
+    return torch.cat((y1, y2), -1).to(x.dtype)
+
+
+# Found by name: `_<component>` above, or `_<component>_eval` and `_<component>_train` where a
+# component scripts one function per mode (conv_bn): a component added later needs no line.
+_SOURCES = {name[1:]: globals()[name] for name in
+            [f"_{c}{mode}" for c in COMPONENTS for mode in ("", "_eval", "_train")]
+            if name in globals()}
 
 # ---------------------------------------------------------------------------------------
 # Scripting, once per process, with the deprecation warning shown once.
@@ -277,9 +337,9 @@ uses_tf32 = native.uses_tf32  # the same cuBLAS/cuDNN calls as Level 1
 # ---------------------------------------------------------------------------------------
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    s = validate_attention(q, k, v, causal, scale)
-    return _scripted()["attention"](q, k, v, causal, s["scale"])
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _scripted()["attention"](q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
 
 
 @autocasts("layer_norm")
@@ -288,10 +348,22 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _scripted()["layer_norm"](x, weight, bias, float(eps))
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    return _scripted()["rms_norm"](x, weight, float(eps))
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     validate_mlp(x, w1, b1, w2, b2)
     return _scripted()["mlp"](x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    return _scripted()["swiglu_mlp"](x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")
@@ -356,3 +428,9 @@ def frozen_conv_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, run
     scripted_module = jit_call(torch.jit.script, module)
     frozen = jit_call(torch.jit.freeze, scripted_module)
     return (scripted_module, frozen) if return_unfrozen else frozen
+
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    return _scripted()["rope"](x, cos, sin, interleaved)

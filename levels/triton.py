@@ -28,7 +28,8 @@ import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
                        require_device, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp)
+                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -134,8 +135,8 @@ def _no_float64_on_gpu(component: str, name: str, t: torch.Tensor):
 # checks above) and keeps the verdict (levels.contract.Plans): later calls with the same
 # shapes, strides, dtypes and devices go straight to the launcher.
 
-def _attention_plan(q, k, v, causal, scale):
-    s = validate_attention(q, k, v, causal, scale)
+def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     _on_kernel_device("attention", "q", q)
     _no_float64_on_gpu("attention", "q", q)
     if s["B"] * s["H"] > GRID_AXIS_LIMIT:
@@ -143,13 +144,20 @@ def _attention_plan(q, k, v, causal, scale):
               f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
               f"limits to {GRID_AXIS_LIMIT}", f"{_describe(q)} ({s['B'] * s['H']} slices)")
     _kernels("attention").check(q, k, v)
-    return s["scale"]
+    return s["scale"], s["bottom_right"]
 
 
 def _layer_norm_plan(x, weight, bias, eps):
     validate_layer_norm(x, weight, bias, eps)
     _on_kernel_device("layer_norm", "x", x)
     _kernels("layer_norm").check(x)
+    return float(eps)
+
+
+def _rms_norm_plan(x, weight, eps):
+    validate_rms_norm(x, weight, eps)
+    _on_kernel_device("rms_norm", "x", x)
+    _kernels("rms_norm").check(x)
     return float(eps)
 
 
@@ -161,6 +169,18 @@ def _mlp_plan(x, w1, b1, w2, b2):
                           {("x", "(rows, features) activations and their gradients"):
                            s["M"] * widest})
     _kernels("mlp").check(x)
+    return True
+
+
+def _swiglu_mlp_plan(x, w_gate, w_up, w_down):
+    s = validate_swiglu_mlp(x, w_gate, w_up, w_down)
+    _on_kernel_device("swiglu_mlp", "x", x)
+    widest = max(s["K"], s["hidden"], s["N"])
+    require_32bit_offsets("swiglu_mlp", "Level 4 (Triton)",
+                          {**_gemm_reads(x), "w_gate": w_gate, "w_up": w_up, "w_down": w_down},
+                          {("x", "(rows, features) activations and their gradients"):
+                           s["M"] * widest})
+    _kernels("swiglu_mlp").check(x)
     return True
 
 
@@ -184,17 +204,28 @@ def _conv_bn_plan(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, r
     return s["stride"], s["padding"], float(eps), float(momentum)
 
 
+def _rope_plan(x, cos, sin, interleaved):
+    validate_rope(x, cos, sin, interleaved)
+    _on_kernel_device("rope", "x", x)
+    _kernels("rope").check(x)
+    return bool(interleaved)
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
 _LSTM = Plans(_lstm_plan)
+_SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
+_RMS_NORM = Plans(_rms_norm_plan)
+_ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None):
-    scale = _ATTENTION(q, k, v, causal, scale)
-    return _MODULES["attention"].attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    scale, bottom_right = _ATTENTION(q, k, v, causal, scale, causal_alignment, kv_lens)
+    return _MODULES["attention"].attention(q, k, v, causal, scale, bottom_right=bottom_right,
+                                           kv_lens=kv_lens)
 
 
 @autocasts("layer_norm")
@@ -203,10 +234,22 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _MODULES["layer_norm"].layer_norm(x, weight, bias, eps)
 
 
+@autocasts("rms_norm")
+def rms_norm(x, weight, eps=1e-6):
+    eps = _RMS_NORM(x, weight, eps)
+    return _MODULES["rms_norm"].rms_norm(x, weight, eps)
+
+
 @autocasts("mlp")
 def mlp(x, w1, b1, w2, b2):
     _MLP(x, w1, b1, w2, b2)
     return _MODULES["mlp"].mlp(x, w1, b1, w2, b2)
+
+
+@autocasts("swiglu_mlp")
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    _SWIGLU_MLP(x, w_gate, w_up, w_down)
+    return _MODULES["swiglu_mlp"].swiglu_mlp(x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")
@@ -224,6 +267,11 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     return _MODULES["conv_bn"].conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                        running_var, stride, padding, eps, momentum, training)
 
+
+@autocasts("rope")
+def rope(x, cos, sin, interleaved=False):
+    interleaved = _ROPE(x, cos, sin, interleaved)
+    return _MODULES["rope"].rope(x, cos, sin, interleaved)
 
 
 # ---------------------------------------------------------------------------------------

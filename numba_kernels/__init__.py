@@ -12,10 +12,12 @@ barriers, the same epilogues. Two ways to run them:
   * on an NVIDIA GPU (no simulator): numba compiles the same source to PTX.
 
     layer_norm.py   layer_norm.cu: block-per-row forward, dx, two-stage dweight/dbias
+    rms_norm.py     rms_norm.cu, built as layer_norm.py: one row reduction, dweight only
     gemm.py         gemm.cu version 2 (32x32 shared-memory tiles, fused epilogue) and
                     column_sum; the MLP composed from them as cuda_kernels/mlp.py does
     attention.py    flash attention (the algorithm of triton_kernels/attention.py) as a
                     CUDA kernel: a thread per query row, K/V tiles in shared memory
+    rope.py         rope.cu version 2: a block per (row block, head), strided reads
     binding.py      the host side (binding.cpp's job): torch tensors -> kernel arguments
     level.py        the five-function face the harness checks: levels.register("numba",
                     numba_kernels.level), or check("layer_norm", fn=level.layer_norm)

@@ -5,8 +5,8 @@
     check("layer_norm", "numba")                            # ... checked like any level
     check("layer_norm", fn=numba_kernels.level.layer_norm)  # or one function
 
-Three of the five components have twins: layer_norm, mlp and attention (the harness reports
-the other two as "'numba' has no lstm function"). Each function validates its arguments
+Five components have twins: layer_norm, mlp, attention, rms_norm and rope (the harness reports the
+others as "'numba' has no lstm function"). Each function validates its arguments
 with levels.contract first, as every level does, then:
 
   * dtypes: float32 runs as it is; float16 and bfloat16 are upcast to float32 (one copy per
@@ -16,7 +16,8 @@ with levels.contract first, as every level does, then:
   * devices: CPU tensors under numba's CUDA simulator, CUDA tensors on a GPU without it
     (`unavailable_reason` says which this process can run);
   * layouts: what each twin copies, and what it takes with its strides, is said in its
-    entry point (numba_kernels.layer_norm.layer_norm, .gemm.mlp, .attention.attention).
+    entry point (numba_kernels.layer_norm.layer_norm, .gemm.mlp, .attention.attention,
+    .rope.rope).
 
 Keyword-only extras, for experiments and the notebook's exercises (the harness never passes
 them): layer_norm(..., kernels=numba_kernels.layer_norm.row_kernels(my_block_sum)) and
@@ -27,15 +28,18 @@ from __future__ import annotations
 
 import torch
 
-from levels.contract import validate_attention, validate_layer_norm, validate_mlp
+from levels.contract import (validate_attention, validate_layer_norm, validate_mlp, validate_rms_norm,
+                             validate_rope)
 
 from . import attention as attention_twin
 from . import gemm as gemm_twin
 from . import layer_norm as layer_norm_twin
+from . import rms_norm as rms_norm_twin
+from . import rope as rope_twin
 from . import unavailable_reason as _device_reason
 from .binding import float32_inputs
 
-COMPONENTS = ("attention", "layer_norm", "mlp")
+COMPONENTS = ("attention", "layer_norm", "mlp", "rms_norm", "rope")
 uses_tf32 = False  # every product is an fp32 multiply-add; no TF32 anywhere
 
 
@@ -61,6 +65,13 @@ def layer_norm(x, weight, bias, eps=1e-5, *, kernels=None):
     return y.to(x.dtype)
 
 
+def rms_norm(x, weight, eps=1e-6):
+    validate_rms_norm(x, weight, eps)
+    _runnable("rms_norm", x)
+    t = float32_inputs("rms_norm", {"x": x, "weight": weight})
+    return rms_norm_twin.rms_norm(t["x"], t["weight"], eps).to(x.dtype)
+
+
 def mlp(x, w1, b1, w2, b2, *, tile=None):
     validate_mlp(x, w1, b1, w2, b2)
     _runnable("mlp", x)
@@ -70,9 +81,17 @@ def mlp(x, w1, b1, w2, b2, *, tile=None):
     return out.to(x.dtype)
 
 
-def attention(q, k, v, causal=False, scale=None):
-    sizes = validate_attention(q, k, v, causal, scale)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    sizes = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
     _runnable("attention", q)
     t = float32_inputs("attention", {"q": q, "k": k, "v": v})
-    out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"])
+    out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"],
+                                   sizes["bottom_right"], kv_lens)
     return out.to(q.dtype)
+
+
+def rope(x, cos, sin, interleaved=False):
+    validate_rope(x, cos, sin, interleaved)
+    _runnable("rope", x)
+    t = float32_inputs("rope", {"x": x, "cos": cos, "sin": sin})
+    return rope_twin.rope(t["x"], t["cos"], t["sin"], interleaved).to(x.dtype)

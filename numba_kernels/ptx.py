@@ -29,13 +29,14 @@ from pathlib import Path
 
 def _signatures():
     """(name, kernel, argument types) of every twin kernel, head dimension 16 for attention."""
-    from numba import boolean, float32, float64, int64
+    from numba import boolean, float32, float64, int32, int64
 
-    from . import attention, gemm, layer_norm
+    from . import attention, gemm, layer_norm, rms_norm, rope
 
     # What the launchers pass: float32 spans (binding.operand), Python ints, floats (eps,
     # scale) and bools, which numba types as int64, float64 and boolean.
     a, i, f, b = float32[::1], int64, float64, boolean
+    lens = int32[::1]  # attention's kv_lens (an empty array: every key)
     rows = layer_norm.ROW_KERNELS
     g = gemm.gemm_kernels()
     att = attention.attention_kernels(16)
@@ -45,12 +46,18 @@ def _signatures():
         ("layer_norm.bwd_dx_block_row", rows.bwd_dx, (a, i, i, a, i, i, a, i, a, a, a, i, i)),
         ("layer_norm.bwd_dwdb_partial", layer_norm.bwd_dwdb_partial, (a, i, i, a, i, i, a, a, a, a, i, i, i)),
         ("layer_norm.sum_partials", layer_norm.sum_partials, (a, a, a, a, i, i)),
+        ("rms_norm.fwd_block_row", rms_norm.fwd_block_row, (a, i, i, a, i, a, a, i, i, f)),
+        ("rms_norm.bwd_dx_block_row", rms_norm.bwd_dx_block_row, (a, i, i, a, i, i, a, i, a, a, i, i)),
+        ("rms_norm.bwd_dw_partial", rms_norm.bwd_dw_partial, (a, i, i, a, i, i, a, a, i, i, i)),
+        ("rms_norm.sum_partials", rms_norm.sum_partials, (a, a, i, i)),
         ("gemm.gemm_tiled (32x32)", g.gemm, (a, i, i, a, i, i, i, i, i, a, i, i, a, i, b, a, i, i, i)),
         ("gemm.column_sum_kernel", gemm.column_sum_kernel, (a, i, i, a, i, i)),
-        ("attention.attn_fwd (D=16)", att.fwd, qkv + (a, a, i, i, i, f, b)),
+        ("attention.attn_fwd (D=16)", att.fwd, qkv + (a, a, lens, i, i, i, i, f, b, b)),
         ("attention.attn_bwd_delta", att.bwd_delta, (a, a, i, i, i, i, a, i, i)),
-        ("attention.attn_bwd_dkdv", att.bwd_dkdv, qkv + (a, i, i, i, i, a, a, a, a, i, i, i, f, b)),
-        ("attention.attn_bwd_dq", att.bwd_dq, qkv + (a, i, i, i, i, a, a, a, i, i, i, f, b)),
+        ("attention.attn_bwd_dkdv", att.bwd_dkdv,
+         qkv + (a, i, i, i, i, a, a, a, a, lens, i, i, i, i, f, b, b)),
+        ("attention.attn_bwd_dq", att.bwd_dq, qkv + (a, i, i, i, i, a, a, a, lens, i, i, i, i, f, b, b)),
+        ("rope.rope_v2", rope.rope_v2, (a, a, a, a) + (i,) * 12 + (f, b)),
     ]
 
 

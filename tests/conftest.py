@@ -17,12 +17,12 @@ GPU_REASON = "needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"
 # or a test of a file (all its parameters). Seconds: the whole run on the 2-core CPU, loaded.
 SLOW = {
     "notebooks/": "the eight notebooks, executed (221 s)",
-    "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (194 s)",
-    "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (113 s)",
-    "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s)",
+    "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (215 s)",
+    "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (128 s; rope adds 35 s)",
+    "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s; rope adds 6 s)",
     "tests/test_compiled.py::test_harness_passes_all_components_forward_and_backward":
         "Level 3 compiles every case (111 s)",
-    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (52 s)",
+    "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (57 s; rope adds 11 s)",
     "tests/test_models.py::test_every_level_trains_the_same_curve": "four models, five levels (41 s without the Llama)",
     "tests/test_models.py::test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains":
         "two processes training (8 s)",
@@ -37,6 +37,8 @@ SLOW = {
     "tests/test_cuda_conv_bn.py::test_v3_compiles_to_tensor_core_and_cp_async_code": "nvcc (12 s)",
     "tests/test_triton_conv_bn.py::test_harness_tiny": "the interpreter (11 s)",
     "tests/test_grading.py::test_hang_and_segfault_cost_their_part_only": "a hang's timeout (21 s)",
+    "tests/test_assignment_round_trip.py::test_level5_round_trip_compiles_on_a_cpu":
+        "a build, and nvcc on two .cu files (10 s warm, about 20 s cold)",
     "tests/test_assignment_notebooks.py::test_a_real_notebook_scores_zero_blanked_and_full_as_the_reference":
         "a notebook run twice (20 s)",
     "tests/test_assignment_notebooks.py::test_a_blanked_exercise_fails_its_grade_cell_and_the_reference_passes":

@@ -24,7 +24,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("triton_kernels", "cuda_kernels", "numba_kernels", "levels", "equivalence")
 LAYERS = ("kernels", "levels", "harness", "commands", "cli")
 MAX_LINES = 600
-COMPONENT_NAMES = ("attention", "layer_norm", "mlp", "lstm", "conv_bn")
+
+
+def _component_names() -> tuple[str, ...]:
+    """levels.contract.COMPONENTS, read from its source (no import: this file also runs as a
+    script), so that a component added later is watched for too."""
+    tree = ast.parse((ROOT / "levels" / "contract.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPONENTS"
+                                                for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError("levels/contract.py has no COMPONENTS")
+
+
+COMPONENT_NAMES = _component_names()
 
 
 def layer_of(module: str) -> str:

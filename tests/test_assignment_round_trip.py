@@ -300,7 +300,8 @@ def cheats_graded(assignment_build, tmp_path_factory):
         subs[name] = submission(copy, tmp / name.replace(" ", "-"), texts={LN: text})
     # attention: torch's fused attention for the value, the real kernels as a decoy
     att = (ROOT / "triton_kernels/attention.py").read_text()
-    old = "def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None):\n"
+    old = ("def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,\n"
+           "              bottom_right: bool = False, kv_lens=None):\n")
     assert att.count(old) == 1, f"triton_kernels/attention.py: the line to plant into is gone: {old!r}"
     subs["attention: torch's fused op"] = submission(
         copy, tmp / "attention", texts={"triton_kernels/attention.py": att.replace(old, old + (
@@ -308,7 +309,8 @@ def cheats_graded(assignment_build, tmp_path_factory):
             "    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,\n"
             "                                                           scale=scale)\n"
             "    return y + (ref - y).detach()\n\n\n"
-            "def _attention(q, k, v, causal, scale, config=None, backward_config=None):\n"))})
+            "def _attention(q, k, v, causal, scale, config=None, backward_config=None,\n"
+            "               bottom_right=False, kv_lens=None):\n"))})
     parts = {name: [("attention" if name.startswith("attention") else "layer_norm", "triton")]
              for name in subs}
     with ThreadPoolExecutor(2) as pool:
@@ -324,3 +326,39 @@ def test_a_planted_cheat_scores_zero_and_says_why(cheats_graded, cheat):
     expected = CHEATS[cheat][3] if cheat in CHEATS else "PyTorch computed the component for you"
     assert expected in test["reason"], test["reason"]
     assert test["reason"].startswith("no credit for this part: "), test["reason"]
+
+
+def test_level5_round_trip_compiles_on_a_cpu(tmp_path):
+    """Level 5 without a GPU: the build blanks the marked regions of the .cu files (and the
+    numba and Triton twins that would give them away); the blank copy is "not implemented
+    yet", naming the TODO; the reference's .cu files handed in compile and earn the compile
+    share, and the rest is said to need a GPU."""
+    from cuda_kernels import build
+
+    if build.nvcc_available() is not None:
+        pytest.skip(f"needs nvcc: {build.nvcc_available()}")
+    copy = assignment.build(["layer_norm", "mlp"], ["cuda"], tmp_path / "student",
+                            instructor_dir=tmp_path / "instructor")
+    files = {"layer_norm": "cuda_kernels/layer_norm.cu", "mlp": "cuda_kernels/gemm.cu"}
+    for component, rel in files.items():
+        regions = assignment.regions_of((ROOT / rel).read_text(), rel, component)
+        assert regions, f"{rel} has no solution region"
+        inside, outside = _lines(ROOT / rel, regions)
+        answers = {line for line in inside - outside if len(line) >= 20}
+        assert answers and not answers & _lines(copy.out / rel)[1], rel
+        assert "// ### BEGIN SOLUTION" not in (copy.out / rel).read_text()
+    for twin in ("numba_kernels/layer_norm.py", "numba_kernels/gemm.py"):
+        assert "hidden while" in (copy.out / twin).read_text(), twin
+    assert "the grader compiles your `.cu` file with nvcc" in (copy.out / "ASSIGNMENT.md").read_text()
+    config = copy.instructor / "grading.json"
+    with ThreadPoolExecutor(2) as pool:
+        blank, done = pool.map(lambda repo: grading.grade(repo, config=config, device="cpu"),
+                               [copy.out, submission(copy, tmp_path / "done", files.values())])
+    for component, rel in files.items():
+        why = reasons(blank)[(component, "cuda")]
+        assert scores(blank)[(component, "cuda")] == 0, why
+        assert re.search(rf"{component} @ cuda is not implemented yet \(the TODO at {rel}:\d+ "
+                         r"is still there\)", why), why
+        why = reasons(done)[(component, "cuda")]
+        assert scores(done)[(component, "cuda")] == 1, why  # the compile share: 0.1 of 10
+        assert why.startswith("needs a CUDA GPU") and f"{rel} compiles" in why, why

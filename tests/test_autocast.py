@@ -91,10 +91,14 @@ def test_the_output_dtype_is_torchs_own_operators(component):
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         torch_out = {"layer_norm": F.layer_norm(x, (8,), torch.ones(8, device=DEVICE)),
                      "mlp": F.linear(x, w),
+                     "swiglu_mlp": F.linear(x, w),
                      "attention": F.scaled_dot_product_attention(x[None, None], x[None, None],
                                                                  x[None, None]),
                      "conv_bn": F.conv2d(x[None, None], w[None, None, :3, :3]),
-                     "lstm": torch.nn.LSTM(8, 8, batch_first=True, device=DEVICE)(x[None])[0]
+                     "lstm": torch.nn.LSTM(8, 8, batch_first=True, device=DEVICE)(x[None])[0],
+                     "rms_norm": F.rms_norm(x, (8,), torch.ones(8, device=DEVICE)),
+                     # no torch operator: the dtype of the q and k it rotates, F.linear's
+                     "rope": F.linear(x, w),
                      }[component]
     target = AUTOCAST[component][0]
     assert torch_out.dtype == (torch.float32 if target == FLOAT32 else torch.bfloat16)

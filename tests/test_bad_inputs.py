@@ -177,7 +177,8 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
     return view.copy_(t)
 
 
-MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x"}
+MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x",
+        "rms_norm": "x", "rope": "x", "swiglu_mlp": "x"}
 # The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
@@ -193,17 +194,31 @@ REFUSED = [
      "k and v have another head dimension than q"),
     ("attention", "v-length", "v", VALUE_ERROR, lambda a, d: {"v": a["v"][:, :, :5]},
      "v has fewer keys than k"),
-    ("attention", "causal-lengths", "k", VALUE_ERROR,
-     lambda a, d: {"k": a["k"][:, :, :5], "v": a["v"][:, :, :5], "causal": True},
-     "causal=True with fewer keys than queries"),
+    ("attention", "k-heads", "k", VALUE_ERROR,
+     lambda a, d: {n: torch.cat([a[n], a[n][:, :1]], 1) for n in "kv"},
+     "k and v with 3 heads for q's 2 (H_kv must divide H)"),
+    ("attention", "head-dim-zero", "q", VALUE_ERROR, lambda a, d: {n: a[n][..., :0] for n in "qkv"},
+     "q, k, v with a head dimension of 0"),
+    ("attention", "alignment-value", "causal_alignment", VALUE_ERROR,
+     lambda a, d: {"causal": True, "causal_alignment": "bottom-left"},
+     "causal_alignment = 'bottom-left'"),
+    ("attention", "alignment-bool", "causal_alignment", TYPE_ERROR,
+     lambda a, d: {"causal": True, "causal_alignment": True}, "causal_alignment = True"),
+    ("attention", "kv-lens-list", "kv_lens", TYPE_ERROR, lambda a, d: {"kv_lens": [37]},
+     "kv_lens a list, not a tensor"),
+    ("attention", "kv-lens-float", "kv_lens", TYPE_ERROR,
+     lambda a, d: {"kv_lens": torch.tensor([37.0], device=d)}, "kv_lens is float32"),
+    ("attention", "kv-lens-shape", "kv_lens", VALUE_ERROR,
+     lambda a, d: {"kv_lens": torch.tensor([37, 37], device=d)}, "kv_lens with 2 lengths for B = 1"),
+    ("attention", "kv-lens-device", "kv_lens", VALUE_ERROR,
+     lambda a, d: {"kv_lens": torch.tensor([37]).to(other_device(d))},
+     "kv_lens on another device"),
     ("attention", "q-int", "q", TYPE_ERROR, lambda a, d: {"q": a["q"].to(torch.int32)}, "q is int32"),
     ("attention", "k-bool", "k", TYPE_ERROR, lambda a, d: {"k": a["k"] > 0}, "k is bool"),
     ("attention", "v-float64", "v", TYPE_ERROR, lambda a, d: {"v": a["v"].double()},
      "v is float64, q and k float32"),
     ("attention", "k-device", "k", VALUE_ERROR, lambda a, d: {"k": a["k"].to(other_device(d))},
      "k on another device (meta on a CPU, the CPU on a GPU)"),
-    ("attention", "empty", "q", VALUE_ERROR,
-     lambda a, d: {n: a[n][:, :, :0] for n in "qkv"}, "q, k, v with no positions (N = 0)"),
     ("attention", "q-numpy", "q", TYPE_ERROR, lambda a, d: {"q": a["q"].cpu().numpy()},
      "q is a NumPy array"),
     ("attention", "scale-inf", "scale", VALUE_ERROR, lambda a, d: {"scale": math.inf}, "scale = inf"),
@@ -226,9 +241,25 @@ REFUSED = [
     ("layer_norm", "bias-device", "bias", VALUE_ERROR,
      lambda a, d: {"bias": a["bias"].to(other_device(d))},
      "bias on another device"),
-    ("layer_norm", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:0]}, "x with no rows"),
     ("layer_norm", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
     ("layer_norm", "eps-inf", "eps", VALUE_ERROR, lambda a, d: {"eps": math.inf}, "eps = inf"),
+    # ---- rms_norm: x (2, 5, 129), weight (129,)
+    ("rms_norm", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
+    ("rms_norm", "weight-length", "weight", VALUE_ERROR, lambda a, d: {"weight": a["weight"][:-1]},
+     "weight one element short"),
+    ("rms_norm", "weight-rank", "weight", VALUE_ERROR, lambda a, d: {"weight": a["weight"][None]},
+     "weight is 2-D"),
+    ("rms_norm", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].long()}, "x is int64"),
+    ("rms_norm", "weight-float16", "weight", TYPE_ERROR, lambda a, d: {"weight": a["weight"].half()},
+     "weight is float16, x float32"),
+    ("rms_norm", "weight-device", "weight", VALUE_ERROR,
+     lambda a, d: {"weight": a["weight"].to(other_device(d))}, "weight on another device"),
+    ("rms_norm", "weight-list", "weight", TYPE_ERROR, lambda a, d: {"weight": a["weight"].tolist()},
+     "weight is a Python list"),
+    ("rms_norm", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:0]}, "x with no rows"),
+    ("rms_norm", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
+    ("rms_norm", "eps-none", "eps", TYPE_ERROR, lambda a, d: {"eps": None},
+     "eps = None (nn.RMSNorm's default; the function takes a number)"),
     # ---- mlp: x (2, 9, 24), w1 (72, 24), b1 (72,), w2 (20, 72), b2 (20,)
     ("mlp", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
     ("mlp", "w1-transposed", "w1", VALUE_ERROR, lambda a, d: {"w1": a["w1"].t()},
@@ -244,6 +275,25 @@ REFUSED = [
     ("mlp", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :0]}, "x with no rows"),
     ("mlp", "no-hidden", "w1", VALUE_ERROR,
      lambda a, d: {"w1": a["w1"][:0], "b1": a["b1"][:0], "w2": a["w2"][:, :0]}, "hidden size 0"),
+    # ---- swiglu_mlp: x (2, 9, 24), w_gate and w_up (44, 24), w_down (20, 44)
+    ("swiglu_mlp", "x-scalar", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0, 0, 0]}, "x is 0-D"),
+    ("swiglu_mlp", "x-width", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][..., :-1]},
+     "x one feature short of w_gate's and w_up's in_features"),
+    ("swiglu_mlp", "w_up-transposed", "w_up", VALUE_ERROR, lambda a, d: {"w_up": a["w_up"].t()},
+     "w_up is (in_features, hidden): transposed"),
+    ("swiglu_mlp", "w_gate-hidden", "w_gate", VALUE_ERROR, lambda a, d: {"w_gate": a["w_gate"][:-1]},
+     "w_gate one hidden unit short of w_up's and w_down's"),
+    ("swiglu_mlp", "w_down-rank", "w_down", VALUE_ERROR, lambda a, d: {"w_down": a["w_down"][None]},
+     "w_down is 3-D"),
+    ("swiglu_mlp", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].to(torch.int32)}, "x is int32"),
+    ("swiglu_mlp", "w_up-float16", "w_up", TYPE_ERROR, lambda a, d: {"w_up": a["w_up"].half()},
+     "w_up is float16, x float32"),
+    ("swiglu_mlp", "w_down-device", "w_down", VALUE_ERROR,
+     lambda a, d: {"w_down": a["w_down"].to(other_device(d))}, "w_down on another device"),
+    ("swiglu_mlp", "empty", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :0]}, "x with no rows"),
+    ("swiglu_mlp", "no-hidden", "w_gate", VALUE_ERROR,
+     lambda a, d: {"w_gate": a["w_gate"][:0], "w_up": a["w_up"][:0], "w_down": a["w_down"][:, :0]},
+     "hidden size 0"),
     # ---- lstm: x (3, 2, 12), h0 and c0 (1, 3, 16), w_ih (64, 12), w_hh (64, 16), biases (64,)
     ("lstm", "x-rank", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0]}, "x is 2-D (no batch axis)"),
     ("lstm", "h0-rank", "h0", VALUE_ERROR, lambda a, d: {"h0": a["h0"][0]},
@@ -307,6 +357,32 @@ REFUSED = [
     ("conv_bn", "stats-inference", "running_mean", VALUE_ERROR,
      lambda a, d: {"running_mean": _inference_copy(a["running_mean"]), "training": True},
      "running_mean made under torch.inference_mode (training)"),
+    # ---- rope: x (2, 3, 37, 20), cos and sin (37, 10)
+    ("rope", "x-rank", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0]}, "x is 3-D (no batch axis)"),
+    ("rope", "x-odd", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][..., :19]},
+     "x with an odd head dimension"),
+    ("rope", "x-length", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][:, :, :5]},
+     "x with fewer positions than the tables"),
+    ("rope", "cos-hf-table", "cos", VALUE_ERROR,
+     lambda a, d: {n: torch.cat((a[n], a[n]), -1) for n in ("cos", "sin")},
+     "cos and sin (N, D), HF's repeated halves"),
+    ("rope", "cos-partial", "cos", VALUE_ERROR,
+     lambda a, d: {n: a[n][:, :4] for n in ("cos", "sin")},
+     "cos and sin for 8 of 20 features (partial rotary)"),
+    ("rope", "sin-batched", "sin", VALUE_ERROR, lambda a, d: {"sin": a["sin"].expand(2, 37, 10)},
+     "sin (B, N, D/2): a table per batch element"),
+    ("rope", "x-int", "x", TYPE_ERROR, lambda a, d: {"x": a["x"].to(torch.int32)}, "x is int32"),
+    ("rope", "sin-float16", "sin", TYPE_ERROR, lambda a, d: {"sin": a["sin"].half()},
+     "sin is float16, x float32"),
+    ("rope", "cos-device", "cos", VALUE_ERROR, lambda a, d: {"cos": a["cos"].to(other_device(d))},
+     "cos on another device"),
+    ("rope", "empty", "x", VALUE_ERROR,
+     lambda a, d: {"x": a["x"][:, :, :0], "cos": a["cos"][:0], "sin": a["sin"][:0]},
+     "x and the tables with no positions (N = 0)"),
+    ("rope", "cos-grad", "cos", VALUE_ERROR, lambda a, d: {"cos": a["cos"].requires_grad_()},
+     "cos requires grad (a table, not differentiated)"),
+    ("rope", "interleaved-int", "interleaved", TYPE_ERROR, lambda a, d: {"interleaved": 1},
+     "interleaved = 1 (an int)"),
 ]
 
 
@@ -324,8 +400,8 @@ PER_LEVEL = [
         lambda a, d: cast(a, torch.float32, ("bn_weight", "bn_bias", "running_mean", "running_var")),
         arg="x", expect=COMPUTE, variant="train", dtype=torch.bfloat16, grads=ALL,
         note="float32 statistics"),
-    Bad("attention", "head-dim-24", "head dimension 24 (no power of two)",
-        lambda a, d: {n: randn(1, 2, 37, 24, device=d) for n in "qkv"}, arg="q",
+    Bad("attention", "head-dim-264", "head dimension 264 (past the kernels' widest tile, 256)",
+        lambda a, d: {n: randn(1, 2, 37, 264, device=d) for n in "qkv"}, arg="q",
         expect=COMPUTE, levels=(("triton", VALUE_ERROR), ("cuda", VALUE_ERROR)), backward=False,
         note="any head dimension"),
     Bad("attention", "many-slices", "batch x heads = 65536 (q, k, v expanded along the batch)",
@@ -334,6 +410,9 @@ PER_LEVEL = [
     Bad("layer_norm", "wide", "a row of 65537 elements",
         lambda a, d: {"x": randn(2, 65537, device=d), "weight": torch.ones(65537, device=d),
                       "bias": torch.zeros(65537, device=d)},
+        arg="x", expect=COMPUTE, levels=(("triton", VALUE_ERROR),), backward=False),
+    Bad("rms_norm", "wide", "a row of 65537 elements",
+        lambda a, d: {"x": randn(2, 65537, device=d), "weight": torch.ones(65537, device=d)},
         arg="x", expect=COMPUTE, levels=(("triton", VALUE_ERROR),), backward=False),
 ]
 for _c, _main in MAIN.items():
@@ -356,9 +435,12 @@ for _c, _main in MAIN.items():
 FAR_APART = {  # component: (argument, dim, shape parameters, Level 4)
     "attention": ("q", 2, dict(B=1, H=1, N=2, D=16), VALUE_ERROR),
     "layer_norm": ("x", 0, dict(rows=(2,), N=16), COMPUTE),
+    "rms_norm": ("x", 0, dict(rows=(2,), N=16), COMPUTE),
     "mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
     "lstm": ("x", 0, dict(B=2, T=1, I=8, H=16), VALUE_ERROR),
     "conv_bn": ("x", 0, dict(N=2, C_in=3, H=5, W=5, C_out=4, k=3, stride=1, padding=1), VALUE_ERROR),
+    "rope": ("x", 0, dict(B=2, H=1, N=2, D=16), COMPUTE),  # 64-bit offsets in the kernel
+    "swiglu_mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
 }
 for _c, (_arg, _dim, _shape, _triton) in FAR_APART.items():
     PER_LEVEL.append(Bad(
@@ -379,17 +461,40 @@ COMPUTED = [
      "only q requires grad (k, v frozen)", "gradients as torch"),
     ("attention", "q-is-k-is-v", "full", ("q",), lambda a, d: {"k": a["q"], "v": a["q"]},
      "q is k is v (one tensor, three roles)", "gradients summed"),
+    ("attention", "empty", "full", ALL, lambda a, d: {n: a[n][:0] for n in "qkv"},
+     "a batch of 0 (B = 0)", "empty, as torch"),
+    ("attention", "no-queries", "causal", ALL, lambda a, d: {"q": a["q"][:, :, :0]},
+     "no queries (Nq = 0, causal)", "empty, as torch"),
+    ("attention", "no-keys", "full", ALL, lambda a, d: {n: a[n][:, :, :0] for n in "kv"},
+     "no keys (Nk = 0)", "zeros, as torch"),
+    ("attention", "head-dim-24", "causal", ALL,
+     lambda a, d: {n: randn(1, 2, 37, 24, device=d) for n in "qkv"},
+     "head dimension 24 (no power of two)", "any head dimension up to 256"),
     ("layer_norm", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 7), math.nan)},
      "a NaN in x", "NaN as torch, in the gradients too"),
     ("layer_norm", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 2, 0), math.inf)},
      "+Inf in x", "Inf and NaN as torch (forward)"),
     ("layer_norm", "some-grad", None, ("x",), lambda a, d: {},
      "only x requires grad (weight, bias frozen)", "gradients as torch"),
+    ("rms_norm", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 7), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("rms_norm", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 2, 0), math.inf)},
+     "+Inf in x", "Inf and NaN as torch (forward)"),
+    ("rms_norm", "some-grad", None, ("x",), lambda a, d: {},
+     "only x requires grad (weight frozen)", "gradients as torch"),
+    ("layer_norm", "empty", None, ALL, lambda a, d: {"x": a["x"][:0]},
+     "x with no rows (a batch of 0)", "empty, zero weight and bias gradients, as torch"),
     ("mlp", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 3, 5), math.nan)},
      "a NaN in x", "NaN as torch, in the gradients too"),
     ("mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
      "-Inf in x", "Inf and NaN as torch (forward)"),
     ("mlp", "some-grad", None, ("w1", "b1", "w2", "b2"), lambda a, d: {},
+     "x does not require grad, the weights do (a first layer)", "gradients as torch"),
+    ("swiglu_mlp", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (0, 3, 5), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("swiglu_mlp", "inf", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 0), -math.inf)},
+     "-Inf in x", "Inf and NaN as torch (forward)"),
+    ("swiglu_mlp", "some-grad", None, ("w_gate", "w_up", "w_down"), lambda a, d: {},
      "x does not require grad, the weights do (a first layer)", "gradients as torch"),
     ("lstm", "nan", None, ALL, lambda a, d: {"x": with_value(a["x"], (1, 0, 3), math.nan)},
      "a NaN in x (one sequence, its first step)", "NaN as torch, in the gradients too"),
@@ -403,6 +508,11 @@ COMPUTED = [
      "+Inf in x (training: the batch statistics)", "Inf and NaN as torch (forward)"),
     ("conv_bn", "some-grad", "train", ("conv_weight", "conv_bias", "bn_weight", "bn_bias"),
      lambda a, d: {}, "x does not require grad, the parameters do (training)", "gradients as torch"),
+    ("rope", "nan", "half", ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 4, 3), math.nan)},
+     "a NaN in x", "NaN as torch, in the gradients too"),
+    ("rope", "inf", "interleaved", ALL,
+     lambda a, d: {"x": with_value(a["x"], (1, 2, 0, 5), math.inf)},
+     "+Inf in x (interleaved)", "Inf and NaN as torch (forward)"),
 ]
 
 # Only on a GPU: the device mix-ups a CPU cannot make.
@@ -459,8 +569,15 @@ def _own_functions() -> dict:
         return native.conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                    running_var, stride, padding, eps, momentum, training)
 
+    def rms_norm(x, weight, eps=1e-6):
+        return native.rms_norm_math(x, weight, eps)
+
+    def rope(x, cos, sin, interleaved=False):
+        return native.rope_math(x, cos, sin, interleaved)
+
     return {"attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
-            "lstm": native.lstm_math, "conv_bn": conv_bn}
+            "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm, "rope": rope,
+            "swiglu_mlp": native.swiglu_mlp_math}
 
 
 @contextlib.contextmanager
@@ -557,8 +674,16 @@ def _torch_layer_norm(x, weight, bias, eps=1e-5):
     return (F.layer_norm(x, (x.shape[-1],), weight, bias, eps),)
 
 
+def _torch_rms_norm(x, weight, eps=1e-6):
+    return (F.rms_norm(x, (x.shape[-1],), weight, eps),)
+
+
 def _torch_mlp(x, w1, b1, w2, b2):
     return (F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2),)
+
+
+def _torch_swiglu_mlp(x, w_gate, w_up, w_down):
+    return (F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down),)
 
 
 def _torch_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
@@ -576,8 +701,20 @@ def _torch_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, 
     return (out, mean, var) if training else (out,)
 
 
+def _torch_rope(x, cos, sin, interleaved=False):
+    # HF transformers' apply_rotary_pos_emb (torch has no RoPE operator), in Meta's pair
+    # order for interleaved=True
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return (torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2),)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return (x * torch.cat((cos, cos), -1) + rotated * torch.cat((sin, sin), -1),)
+
+
 TORCH_OPS = {"attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
-             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn}
+             "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm,
+             "rope": _torch_rope, "swiglu_mlp": _torch_swiglu_mlp}
 
 
 def _upstream(outs, dtype) -> list:

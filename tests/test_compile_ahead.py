@@ -240,7 +240,8 @@ def _compiled_counts(kernels, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("component", ["layer_norm", "mlp", "attention", "lstm", "conv_bn"])
+@pytest.mark.parametrize("component", ["layer_norm", "mlp", "attention", "lstm", "conv_bn",
+                                       "rms_norm"])
 def test_gpu_after_compiling_ahead_the_call_compiles_nothing(component):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -263,6 +264,7 @@ def test_gpu_after_compiling_ahead_the_call_compiles_nothing(component):
                                           True),
         "lstm": lambda: L4.lstm(r(3, 7, 40), r(1, 3, 56), r(1, 3, 56), r(224, 40), r(224, 56),
                                 r(224), r(224))[0],
+        "rms_norm": lambda: L4.rms_norm(r(37, 1000 + 7), r(1007), 1e-6),
         "conv_bn": lambda: L4.conv_bn(r(2, 5, 11, 11), r(24, 5, 3, 3), r(24), r(24), r(24),
                                       torch.zeros(24, device="cuda", dtype=torch.bfloat16),
                                       torch.ones(24, device="cuda", dtype=torch.bfloat16),

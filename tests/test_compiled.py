@@ -25,6 +25,10 @@ def restore_settings():
                        sdpa_rewrite=saved["sdpa_rewrite"])
 
 
+# every variant of every component, in both layouts
+CASES = sum(len(cards.get(c).variants) for c in cards.names()) * len(cards.LAYOUTS)
+
+
 def _failures(results):
     return [f"{r.component}/{r.variant} {r.dtype}: {r.status} {r.reason} worst={r.worst}"
             for r in results if not r.passed]
@@ -33,7 +37,7 @@ def _failures(results):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_harness_passes_all_components_forward_and_backward(dtype):
     results = check(level="compile", dtype=dtype, size="tiny")
-    assert len(results) == 14  # 7 variants of the five components x 2 layouts
+    assert len(results) == CASES  # every variant of every component x 2 layouts
     assert not _failures(results), _failures(results)
     # A second round with fresh inputs runs the cached graphs (no recompilation).
     results = check(level="compile", dtype=dtype, size="tiny")
@@ -110,8 +114,8 @@ def test_recompile_limit_leaves_room_for_every_specialization():
 
 def test_bad_input_fails_with_the_contract_error_before_compiling():
     q = torch.randn(1, 2, 5, 8)
-    with pytest.raises(ValueError, match="attention: argument 'k'"):
-        compiled.attention(q, torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), causal=True)
+    with pytest.raises(ValueError, match="attention: argument 'k'"):  # 3 K/V heads for 2
+        compiled.attention(q, torch.randn(1, 3, 6, 8), torch.randn(1, 3, 6, 8), causal=True)
 
 
 def test_uses_tf32_is_honest():

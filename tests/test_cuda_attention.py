@@ -9,6 +9,10 @@ backward), head dims 16-128. So the GPU tests take sequence lengths that are mul
 nothing (1, 17, 100, 1023), Nq != Nk, every head dim, the packed qkv layout (read in place),
 a transposed last dimension and an odd offset (copied), and B*H beyond 65535 blocks.
 
+Grown (v1, v2 and the CUDA-core backward; the tensor-core versions keep the common case and
+hand anything else to v2 unless asked for by argument): grouped-query heads, head sizes 1-256
+(the tiles of 8..256), causal with Nq != Nk in both alignments, kv_lens, empty inputs.
+
 On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
 tensors), and (with nvcc) that no kernel spills on sm_90a."""
 
@@ -52,10 +56,39 @@ def test_version_from_argument_then_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("D", [8, 48, 96, 256])
-def test_other_head_dims_are_refused_before_any_kernel(D):
-    q = torch.zeros(1, 2, 5, D)  # a CPU tensor: the refusal comes before anything touches a GPU
-    with pytest.raises(ValueError, match=rf"argument 'q' must have a head dimension D in 16, 32, 64, 128.*D={D}"):
+def test_a_tensor_core_version_asked_for_refuses_other_head_dims_before_any_kernel(D):
+    q = torch.zeros(1, 2, 5, D, dtype=torch.bfloat16)  # a CPU tensor: refused before any GPU work
+    with pytest.raises(ValueError, match=rf"argument 'version': version 4 \(tensor cores\) cannot run "
+                                         rf"head dimension D={D} \(they take D in 16, 32, 64, 128\)"):
         K5.attention(q, q, q, False, 0.5, version=4)
+
+
+def test_a_head_dim_past_256_is_refused_at_every_version():
+    q = torch.zeros(1, 2, 5, 264)
+    with pytest.raises(ValueError, match=r"argument 'q' must have a head dimension D <= 256.*D=264"):
+        K5.attention(q, q, q, False, 0.5)
+
+
+@pytest.mark.parametrize("what,shapes,causal,lens", [
+    ("head", ((1, 2, 5, 80), (1, 2, 5, 80)), False, None),
+    ("grouped", ((1, 4, 5, 64), (1, 2, 5, 64)), False, None),
+    ("lengths", ((2, 2, 5, 64), (2, 2, 5, 64)), False, [5, 3]),
+    ("causal", ((1, 2, 3, 64), (1, 2, 9, 64)), True, None)])
+def test_the_default_version_hands_grown_calls_to_version_2(what, shapes, causal, lens, monkeypatch):
+    # version=None (and $LEVELS_CUDA_VERSION_ATTENTION, a default for the process) picks a
+    # version that can; the common case keeps the tensor cores; fp32 is v2's anyway
+    q, k = torch.zeros(shapes[0], dtype=torch.bfloat16), torch.zeros(shapes[1], dtype=torch.bfloat16)
+    kv_lens = None if lens is None else torch.tensor(lens)
+    monkeypatch.delenv(ENV, raising=False)
+    assert K5.pick_version(None, q, k, causal, kv_lens) == 2
+    monkeypatch.setenv(ENV, "4")
+    assert K5.pick_version(None, q, k, causal, kv_lens) == 2
+    assert K5.pick_version(1, q, k, causal, kv_lens) == 1
+    with pytest.raises(ValueError, match=r"argument 'version': version 5 \(tensor cores\) cannot run"):
+        K5.pick_version(5, q, k, causal, kv_lens)
+    common = torch.zeros(1, 2, 5, 64, dtype=torch.bfloat16)
+    assert K5.pick_version(None, common, common, True, None) == 4
+    assert K5.pick_version(5, q.float(), k.float(), causal, kv_lens) == 5
 
 
 # ------------------------------------------------------------------------ CPU: nvcc ---
@@ -86,7 +119,7 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
     assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * 4, names  # fp16/bf16 x D 16..128
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
-        assert sum(kernel in n for n in names) == 3 * 4, kernel  # 3 dtypes x 4 head dims
+        assert sum(kernel in n for n in names) == 3 * 6, kernel  # 3 dtypes x tiles 8..256
     for k in ptxas:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k["stack_bytes"] == 0, k  # a register array indexed at run time lives in local memory
@@ -94,11 +127,18 @@ def test_no_kernel_spills_on_sm90a(ptxas):
 
 # ------------------------------------------------------------------------------ GPU ---
 
-def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0):
+def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0, H_kv=None, alignment=None,
+          kv_lens=None):
     g = torch.Generator(device="cpu").manual_seed(seed)
     dev = torch.device("cuda")
-    return dict(q=cards.randn((B, H, Nq, D), g, dtype, dev), k=cards.randn((B, H, Nk, D), g, dtype, dev),
-                v=cards.randn((B, H, Nk, D), g, dtype, dev), causal=causal, scale=scale)
+    H_kv = H if H_kv is None else H_kv
+    args = dict(q=cards.randn((B, H, Nq, D), g, dtype, dev), k=cards.randn((B, H_kv, Nk, D), g, dtype, dev),
+                v=cards.randn((B, H_kv, Nk, D), g, dtype, dev), causal=causal, scale=scale)
+    if alignment is not None:
+        args["causal_alignment"] = alignment
+    if kv_lens is not None:
+        args["kv_lens"] = torch.tensor(kv_lens, device=dev)
+    return args
 
 
 def _passes(args, version, monkeypatch):
@@ -113,7 +153,8 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts_and_variants(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("attention", "cuda", dtype=dtype, device="cuda", size="tiny")
-    assert {r.layout for r in results} == set(cards.LAYOUTS) and len(results) == 4
+    variants = cards.get("attention").variants  # gqa, decode: v2 where v3-v5 cannot
+    assert {r.layout for r in results} == set(cards.LAYOUTS) and len(results) == 2 * len(variants)
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
 
@@ -130,9 +171,66 @@ SHAPES = [(1, 2, 1, 1, 16), (2, 3, 17, 17, 32), (1, 2, 100, 100, 64), (1, 1, 102
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_odd_lengths_head_dims_and_unequal_lengths(version, dtype, shape, causal, monkeypatch):
     B, H, Nq, Nk, D = shape
-    if causal and Nq != Nk:
-        pytest.skip("causal attention needs Nq == Nk (the contract)")
     _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + 7 * Nk + D), version, monkeypatch)
+
+
+# The grown cases at the versions that run them (1, 2; and the default, which picks 2):
+# (B, H, H_kv, Nq, Nk, D, causal, alignment, kv_lens)
+GROWN = [(2, 4, 1, 33, 33, 64, True, None, None),            # multi-query
+         (2, 6, 2, 100, 100, 128, False, None, None),        # grouped, 3 heads a group
+         (1, 2, 2, 40, 40, 8, True, None, None),             # the smallest tile
+         (2, 2, 1, 70, 70, 80, True, None, None),            # padded to 128
+         (1, 2, 1, 50, 50, 96, False, None, None),
+         (2, 2, 2, 37, 37, 200, True, None, None),           # the 256 tile, 8 threads a row
+         (1, 4, 4, 33, 33, 256, False, None, None),
+         (2, 4, 2, 1, 300, 64, True, "bottom_right", [300, 17]),    # decoding one token
+         (2, 4, 4, 130, 90, 64, True, "bottom_right", None),        # queries with no key
+         (2, 2, 2, 90, 130, 32, True, "top_left", None),
+         (3, 4, 1, 20, 77, 128, False, None, [0, 77, 40])]          # a length of 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [1, 2, None])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", GROWN, ids=lambda c: "-".join(map(str, c[:7])) + f"-{c[7]}-{c[8]}")
+def test_grown_cases(version, dtype, case, monkeypatch):
+    B, H, H_kv, Nq, Nk, D, causal, alignment, lens = case
+    args = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + D, H_kv=H_kv, alignment=alignment,
+                 kv_lens=lens)
+    if version is None:
+        monkeypatch.delenv(ENV, raising=False)
+        r = check_args("attention", "cuda", args)
+        assert r.passed, r.summary()
+    else:
+        _passes(args, version, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape_q,shape_k", [((0, 2, 5, 64), (0, 1, 7, 64)), ((2, 2, 0, 64), (2, 2, 7, 64)),
+                                             ((2, 2, 5, 64), (2, 2, 0, 64))])
+def test_empty_inputs_as_pytorch(shape_q, shape_k):
+    q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = K5.attention(q, k, v, False, None)
+    assert out.shape == q.shape and not out.any()
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and not t.grad.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [1, 2])
+def test_grouped_backward_is_deterministic(version):
+    # dK/dV of a K/V head sum its group's query heads in a loop inside one block: no atomics
+    a = _args(2, 8, 200, 200, 64, torch.bfloat16, True, seed=4, H_kv=2)
+    runs = []
+    for _ in range(2):
+        q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
+        K5.attention(q, k, v, True, None, version=version).float().sum().backward()
+        runs.append((q.grad, k.grad, v.grad))
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.gpu

@@ -29,9 +29,11 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
 from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
+from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope, swiglu_mlp as k_swiglu_mlp
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
+from levels import native
 from levels.contract import COMPONENTS
 from tests.test_bad_inputs import BY_KEY, judge
 
@@ -107,6 +109,29 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, version):
     return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(dt), dy.float().sum(0).to(dt)
 
 
+# rms_norm.cu: x (M, N) with adjacent columns (any row stride); rstd fp32 per row.
+def rms_norm_fwd(x, weight, eps, version):
+    _version("rms_norm_fwd", version, k_rms_norm.VERSIONS)
+    _refuse(x.size(1) == 1 or x.stride(1) == 1, "rms_norm_fwd", "'x': adjacent columns")
+    _expect("rms_norm_fwd", "weight", weight, (x.size(1),), x.dtype, dense=True)
+    x32 = x.float()
+    rstd = torch.rsqrt((x32 * x32).mean(1) + eps)
+    return (x32 * rstd[:, None] * weight.float()).to(x.dtype), rstd
+
+
+def rms_norm_bwd(dy, x, weight, rstd, version):
+    op, (M, N) = "rms_norm_bwd", x.shape
+    _version(op, version, k_rms_norm.VERSIONS)
+    _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,
+            "'dy' and 'x' must be (M, N) with adjacent columns")
+    _expect(op, "weight", weight, (N,), x.dtype, dense=True)
+    _expect(op, "rstd", rstd, (M,), F32, dense=True)
+    xhat = x.float() * rstd[:, None]  # from the forward's statistic
+    g = dy.float() * weight.float()
+    dx = rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdim=True))
+    return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(weight.dtype)
+
+
 # attention.cu: stride 1 along D, and 16-byte chunks at versions 3-5 in 16 bits; lse fp32 in
 # base 2, log2 sum_j 2^(scale log2(e) q.k_j); the backward recomputes P from lse and takes
 # delta = rowsum(dO * O) from the forward's out.
@@ -120,33 +145,57 @@ def _operands(op, version, like, **named) -> None:
             f"'{name}' (tensor cores) must be 16-byte aligned with strides multiples of 8")
 
 
-def _scores_log2(q, k, causal, scale):
-    s = q.float() @ k.float().transpose(-2, -1) * (scale * math.log2(math.e))
-    if causal:  # query i sees keys j <= i
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return s
+def _grouped(q, t):
+    """K or V as each query head reads it: head h // group (the kernels index, no copy)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], 1)
 
 
-def attention_fwd(q, k, v, causal, scale, version):
-    _version("attention_fwd", version, k_attention.VERSIONS)
-    _operands("attention_fwd", version, q, q=q, k=k, v=v)
-    s = _scores_log2(q, k, causal, scale)
-    m = s.amax(-1, keepdim=True)
-    lse = m + torch.log2(torch.exp2(s - m).sum(-1, keepdim=True))
-    return (torch.exp2(s - lse) @ v.float()).to(q.dtype), lse.squeeze(-1)
+def _scores_log2(q, k, causal, scale, bottom_right, kv_lens):
+    # the kernels' mask: keys [0, kv_lens[b]), causal j <= i + shift; an unseen key is -inf
+    s = q.float() @ _grouped(q, k).float().transpose(-2, -1) * (scale * math.log2(math.e))
+    seen = native.attention_visible(q.shape[2], k.shape[2], causal, bottom_right, kv_lens, q.device)
+    return s if seen is None else s.masked_fill(~seen.squeeze(2), float("-inf"))
 
 
-def attention_bwd(dout, q, k, v, out, lse, causal, scale, version):
-    op = "attention_bwd"
+def _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens):
     _version(op, version, k_attention.VERSIONS)
+    _refuse(kv_lens is None or (kv_lens.dtype == torch.int32 and kv_lens.is_contiguous()
+                                and tuple(kv_lens.shape) == (q.shape[0],)), op,
+            "'kv_lens' a contiguous int32 (B,) tensor")
+    # versions 3-5 in 16 bits: the common case only (attention.cu's `grown`)
+    _refuse(not k_attention.supported(version, q, k, causal, kv_lens), op,
+            "this version does not support these sizes or layouts")
+
+
+def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
+    _kernel_rules("attention_fwd", version, q, k, causal, bottom_right, kv_lens)
+    _operands("attention_fwd", version, q, q=q, k=k, v=v)
+    s = _scores_log2(q, k, causal, scale, bottom_right, kv_lens)
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    total = torch.exp2(s - m).sum(-1, keepdim=True)
+    # a query that sees no key: out 0, lse +inf
+    lse = torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
+    return (torch.exp2(s - lse) @ _grouped(q, v).float()).to(q.dtype), lse.squeeze(-1)
+
+
+def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False,
+                  kv_lens=None):
+    op = "attention_bwd"
+    _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens)
     _operands(op, version, q, q=q, k=k, v=v, dout=dout)
     _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
     _expect(op, "lse", lse, q.shape[:3], F32, dense=True)
-    p = torch.exp2(_scores_log2(q, k, causal, scale) - lse[..., None])
+    p = torch.exp2(_scores_log2(q, k, causal, scale, bottom_right, kv_lens) - lse[..., None])
     do = dout.float()
-    ds = p * (do @ v.float().transpose(-2, -1) - (do * out.float()).sum(-1, keepdim=True))
-    dq, dk = scale * ds @ k.float(), scale * ds.transpose(-2, -1) @ q.float()
-    return dq.to(q.dtype), dk.to(q.dtype), (p.transpose(-2, -1) @ do).to(q.dtype)
+    ds = p * (do @ _grouped(q, v).float().transpose(-2, -1) - (do * out.float()).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ _grouped(q, k).float(), scale * ds.transpose(-2, -1) @ q.float()
+    dv = p.transpose(-2, -1) @ do
+
+    def per_kv_head(t):  # the group's query heads summed into their K/V head
+        B, H, N, D = t.shape
+        return t.reshape(B, k.shape[1], H // k.shape[1], N, D).sum(2)
+    return dq.to(q.dtype), per_kv_head(dk).to(q.dtype), per_kv_head(dv).to(q.dtype)
 
 
 # gemm.cu: epilogue(a @ b + bias) of an fp32 accumulator, b the (K, N) matrix, any strides;
@@ -198,6 +247,35 @@ def mlp_fwd(x, w1, b1, w2, b2, version):
     pre.copy_(v)
     act.copy_(_gelu(v))
     return _acc("mlp_fwd", act, w2.t(), b2, version).to(x.dtype), pre, act
+
+
+# gemm.cu's SwiGLU epilogues (swiglu_mlp_binding.cpp): act = silu(G) * U of the fp32 sums
+# G = x W_gate^T, U = x W_up^T; with save, G and U in x's dtype, else two empty tensors; all
+# (M, hidden) outputs rows padded to 8 elements. The derivative reads G, U in their dtype.
+def _padded(like, rows, cols):
+    return like.new_empty((rows, -(-cols // 8) * 8))[:, :cols]
+
+
+def swiglu_mlp_gate_up(x, w_gate, w_up, save, version):
+    op = "swiglu_mlp_gate_up"
+    _refuse(w_gate.shape == w_up.shape, op, "'w_gate' and 'w_up' must be (hidden, K) alike")
+    g, u = _acc(op, x, w_gate.t(), None, version), _acc(op, x, w_up.t(), None, version)
+    act, gs, us = (_padded(x, *g.shape) for _ in range(3))
+    act.copy_(g * torch.sigmoid(g) * u)
+    if not save:
+        return act, x.new_empty((0,)), x.new_empty((0,))
+    return act, gs.copy_(g), us.copy_(u)
+
+
+def swiglu_mlp_grad(dy, w_down, g, u, version):
+    op = "swiglu_mlp_grad"
+    d = _acc(op, dy, w_down, None, version)
+    for name, t in (("g", g), ("u", u)):
+        _expect(op, name, t, d.shape, dy.dtype)
+    gf, uf = g.float(), u.float()
+    s = torch.sigmoid(gf)
+    dg, du = _padded(dy, *d.shape), _padded(dy, *d.shape)
+    return dg.copy_(d * uf * s * (1 + gf * (1 - s))), du.copy_(d * gf * s)
 
 
 # lstm.cu: of x, only xp (fp32 x W_ih^T + b_ih, made before) is read; the rows of xp, gates
@@ -337,11 +415,28 @@ def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, versi
             s_dyx.to(dt), s_dy.to(dt))
 
 
+# rope.cu: x and the tables read through any (non-negative) strides, y contiguous; inverse
+# rotates by -theta.
+def rope_rotate(x, cos, sin, interleaved, inverse, version):
+    _version("rope_rotate", version, k_rope.VERSIONS)
+    B, H, N, D = x.shape
+    for name, t in (("cos", cos), ("sin", sin)):
+        _expect("rope_rotate", name, t, (N, D // 2), x.dtype)
+    _refuse(all(s >= 0 for t in (x, cos, sin) for s in t.stride()), "rope_rotate",
+            "negative stride")
+    x32, c, s = x.float(), cos.float(), sin.float() * (-1 if inverse else 1)
+    x1, x2 = (x32[..., 0::2], x32[..., 1::2]) if interleaved else x32.split(D // 2, -1)
+    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+    y = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+    return y.to(x.dtype).contiguous()
+
+
 TWINS = {f.__name__: f for f in (
     layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
     gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
     mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
-    conv_bn_train_bwd)}
+    conv_bn_train_bwd, rms_norm_fwd, rms_norm_bwd, rope_rotate, swiglu_mlp_gate_up,
+    swiglu_mlp_grad)}
 
 
 def kernel_op_schemas() -> dict[str, str]:
@@ -371,7 +466,14 @@ def cpp_ops(pytestconfig, tmp_path_factory):
         lib.impl(name, TWINS[name], "CPU")
     cpp_extension.load(name="levels_cuda_autograd_cpu", sources=[str(copy)], extra_cflags=["-O1"],
                        build_directory=str(directory), with_cuda=False, is_python_module=False)
+    # A component whose autograd is Python (cuda_kernels/swiglu_mlp.py) reaches the ops through
+    # its module's _ops(), which builds the real library unless told the ops are registered.
+    python_sides = {module: module._registered for module in (k_mlp, k_swiglu_mlp)}
+    for module in python_sides:
+        module._registered = True
     yield getattr(torch.ops, build.OP_NAMESPACE)
+    for module, was in python_sides.items():
+        module._registered = was
     lib._destroy()
 
 
@@ -386,9 +488,11 @@ def layer_norm_op(x, weight, bias, eps=1e-5):
     return OPS.layer_norm(x, weight, bias, float(eps), k_layer_norm.resolve_version())
 
 
-def attention_op(q, k, v, causal=False, scale=None):
+def attention_op(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return OPS.attention(q, k, v, bool(causal), scale, k_attention.resolve_version())
+    version = k_attention.pick_version(None, q, k, causal, kv_lens)
+    return OPS.attention(q, k, v, bool(causal), scale, version,
+                         bool(causal) and causal_alignment == "bottom_right", kv_lens)
 
 
 def mlp_op(x, w1, b1, w2, b2):
@@ -409,8 +513,21 @@ def conv_bn_op(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, runn
         pair(padding), float(eps), float(momentum), bool(training), k_conv_bn.resolve_version())
 
 
+def rms_norm_op(x, weight, eps=1e-6):
+    return OPS.rms_norm(x, weight, float(eps), k_rms_norm.resolve_version())
+
+
+def rope_op(x, cos, sin, interleaved=False):
+    return OPS.rope(x, cos, sin, bool(interleaved), k_rope.resolve_version())
+
+
+def swiglu_mlp_op(x, w_gate, w_up, w_down):
+    return k_swiglu_mlp.swiglu_mlp(x, w_gate, w_up, w_down)  # its autograd is Python
+
+
 CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
-         "lstm": lstm_op, "conv_bn": conv_bn_op}
+         "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op, "rope": rope_op,
+         "swiglu_mlp": swiglu_mlp_op}
 
 
 # ---------------------------------------------------------------------------------------

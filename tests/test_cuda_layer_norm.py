@@ -108,34 +108,45 @@ def test_odd_and_wide_rows(version, dtype, rows, N, monkeypatch):
     _passes(_args(rows, N, dtype, seed=N), version, monkeypatch)
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["offset_by_one", "transposed", "sliced_3d", "one_row",
-                                    "strided_params"])
-def test_views(version, dtype, layout, monkeypatch):
-    N = 1024  # wide enough for v3's vector path when aligned
-    args = _args((96,), N, dtype, seed=7)
+VIEWS = ["offset_by_one", "transposed", "sliced_3d", "one_row", "strided_params"]
+
+
+def viewed(args: dict, layout: str, params: tuple) -> dict:
+    """args with x (96, N) (or, for "strided_params", the 1-D `params`) laid out as `layout`,
+    NaN around the views (rms_norm's tests use it too)."""
     x = args["x"]
+    M, N = x.shape
+
+    def gapped(*shape):
+        return torch.full(shape, float("nan"), dtype=x.dtype, device=x.device)
     if layout == "offset_by_one":  # rows 2 bytes/4 bytes off 16: no vector loads
-        buf = torch.full((96, N + 8), float("nan"), dtype=dtype, device="cuda")
+        buf = gapped(M, N + 8)
         buf[:, 1:N + 1] = x
         args["x"] = buf[:, 1:N + 1]
     elif layout == "transposed":  # the last dimension strided: copied by the Python side
         args["x"] = x.t().contiguous().t()
-    elif layout == "sliced_3d":  # (4, 24, N) out of a (4, 30, N + 16) buffer: aligned rows
-        buf = torch.full((4, 30, N + 16), float("nan"), dtype=dtype, device="cuda")
-        buf[:, 2:26, 8:N + 8] = x.view(4, 24, N)
-        args["x"] = buf[:, 2:26, 8:N + 8]
+    elif layout == "sliced_3d":  # (4, M/4, N) out of a (4, M/4 + 6, N + 16) buffer: aligned rows
+        buf = gapped(4, M // 4 + 6, N + 16)
+        buf[:, 2:M // 4 + 2, 8:N + 8] = x.view(4, M // 4, N)
+        args["x"] = buf[:, 2:M // 4 + 2, 8:N + 8]
     elif layout == "one_row":  # M == 1: its row stride means nothing
         args["x"] = x[:1]
     elif layout == "strided_params":
-        for name in ("weight", "bias"):
-            buf = torch.full((2 * N,), float("nan"), dtype=dtype, device="cuda")
+        for name in params:
+            buf = gapped(2 * N)
             buf[::2] = args[name]
             args[name] = buf[::2]
-    _passes(args, version, monkeypatch)
+    return args
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", VIEWS)
+def test_views(version, dtype, layout, monkeypatch):
+    args = _args((96,), 1024, dtype, seed=7)  # 1024: wide enough for v3's vector path
+    _passes(viewed(args, layout, ("weight", "bias")), version, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -225,3 +236,16 @@ def test_inside_torch_compile(version, monkeypatch):
         results.append((out, *torch.autograd.grad(out.float().square().sum(), (x, w, b))))
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_no_rows_give_torchs_result():
+    # a batch of 0: an empty y and dx, zero weight and bias gradients, no launch
+    x = torch.randn(0, 3, 40, device="cuda", requires_grad=True)
+    w = torch.randn(40, device="cuda", requires_grad=True)
+    b = torch.randn(40, device="cuda", requires_grad=True)
+    y = levels.get("cuda").layer_norm(x, w, b)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()

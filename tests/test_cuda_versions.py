@@ -17,7 +17,8 @@ KERNEL_FILES = {"attention": ("attention.cu", r"^//\s+v{v}\s"),
                 "layer_norm": ("layer_norm.cu", r"^//\s+v{v}\s"),
                 "conv_bn": ("conv_bn.cu", r"^//\s+v{v}\s"),
                 "mlp": ("gemm.cu", r"^//\s+version {v}\s"),
-                "lstm": ("lstm.cu", r"^//\s+v{v}\s")}
+                "lstm": ("lstm.cu", r"^//\s+v{v}\s"),
+                "rms_norm": ("rms_norm.cu", r"^//\s+v{v}\s")}
 
 
 @pytest.mark.parametrize("component", sorted(KERNEL_FILES))

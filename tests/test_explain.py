@@ -21,6 +21,9 @@ EXPECTED = {
         "mlp": ["aten.addmm", "aten.gelu", "aten.gelu_backward"],
         "lstm": ["aten.sigmoid", "aten.tanh", "aten.stack", "aten.sigmoid_backward"],
         "conv_bn": ["aten.convolution", "aten.var", "aten.add_", "aten.convolution_backward"],
+        "rms_norm": ["aten.mean", "aten.rsqrt"],
+        "rope": ["aten.cat", "aten.sub", "aten.slice_backward"],
+        "swiglu_mlp": ["aten.mm", "aten.silu", "aten.silu_backward"],
     },
     "torchscript": {
         "attention": ["aten::softmax", "aten::masked_fill", "aten::matmul"],
@@ -28,6 +31,9 @@ EXPECTED = {
         "mlp": ["aten::erf", "aten::matmul"],
         "lstm": ["prim::Loop", "aten::sigmoid", "aten::tanh"],
         "conv_bn": ["aten::conv2d", "aten::rsqrt", "aten::add_", "torch.jit.freeze"],
+        "rms_norm": ["aten::rsqrt", "aten::mean"],
+        "rope": ["aten::slice", "aten::cat", "aten::stack"],
+        "swiglu_mlp": ["aten::sigmoid", "aten::matmul"],  # SiLU spelled out: the fuser's view
     },
     "compile": {
         "attention": ["scaled_dot_product", "cpp_fused__softmax"],
@@ -35,6 +41,9 @@ EXPECTED = {
         "mlp": ["extern_kernels.addmm", "erf"],
         "lstm": ["sigmoid", "tanh", "extern_kernels.mm"],
         "conv_bn": ["convolution", "rsqrt"],
+        "rms_norm": ["cpp_fused", "rsqrt"],
+        "rope": ["cpp_fused_add_mul_slice_sub"],
+        "swiglu_mlp": ["extern_kernels.mm", "silu"],
     },
 }
 
@@ -48,10 +57,15 @@ def test_explain_shows_the_components_own_ops(component, level):
     missing = [op for op in EXPECTED[level][component] if op not in text]
     assert not missing, f"{component}/{level}: {missing} not in:\n{text[:3000]}"
     # Nothing of another component's signature ops leaks in (e.g. a wrong function run).
-    if component != "lstm":
+    if component not in ("lstm", "swiglu_mlp"):
         assert "sigmoid" not in text
     if component not in ("mlp",):
         assert "erf(" not in text and "aten::erf" not in text and "aten.gelu" not in text
+
+
+def test_rms_norm_native_has_one_reduction_and_no_centring():
+    body = explain("rms_norm", "native").section("forward")
+    assert "1  aten.mean" in body and "aten.sub" not in body  # LayerNorm's second one is gone
 
 
 def test_native_counts_ops_and_marks_views():

@@ -9,7 +9,7 @@ torch.Generator seeded from it, the way the cards' make_args do. The named hard 
 
   widths and lengths that are no multiple of any block (1, 17, 1023), batch 1, causal with
   N = 1 and D = 16, rows of ~1e4 (softmax and LayerNorm stability), float16 near overflow,
-  constant LayerNorm rows, stride-2 convolutions padded by more than the kernel's half-width.
+  constant LayerNorm rows, all-zero RMSNorm rows, stride-2 convolutions padded by more than the kernel's half-width.
 
 Runs. CI (the default): a few examples per component and level, `derandomize=True` so
 every run draws the same cases, Triton in its CPU interpreter at tiny sizes, and
@@ -68,7 +68,7 @@ COMPILE_EXAMPLES = int(os.environ.get("LEVELS_FUZZ_COMPILE_EXAMPLES",
                                       min(24, max(2, EXAMPLES // 8))))
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TRITON_HEAD_DIMS = (16, 32)  # triton_kernels.attention.HEAD_DIMS, the interpreter-sized ones
+TRITON_HEAD_DIMS = (16, 32)  # head sizes small enough for the interpreter
 CPU_LEVELS = ("native", "torchscript", "compile", "triton")
 GPU_LEVELS = ("triton", "cuda")
 
@@ -113,11 +113,31 @@ def _layer_norm(p, g):
                 eps=p["options"]["eps"])
 
 
+def _rms_norm(p, g):
+    s = p["shape"]
+    N = s["N"]
+    x = _randn((*s["rows"], N), g, scale=2.0, shift=0.5)
+    if p["magnitude"] == "large":  # ~1e4: no cancellation in RMSNorm, any offset is fine
+        x = _randn((*s["rows"], N), g, scale=1e4, shift=1e4)
+    elif p["magnitude"] == "near_overflow":  # fp16 max is 65504: x * x overflows in fp16
+        x = (torch.rand((*s["rows"], N), generator=g) * 2 - 1) * 65000
+    elif p["magnitude"] == "zero_rows":  # every other row 0: y = 0, rstd = 1/sqrt(eps)
+        x.view(-1, N)[::2] = 0.0
+    return dict(x=x, weight=_randn((N,), g, 0.5, 1.0), eps=p["options"]["eps"])
+
+
 def _mlp(p, g):
     s = p["shape"]
     K, Hd, N = s["K"], s["hidden"], s["N"]
     return dict(x=_randn((*s["rows"], K), g), w1=_randn((Hd, K), g, K ** -0.5),
                 b1=_randn((Hd,), g, 0.5), w2=_randn((N, Hd), g, Hd ** -0.5), b2=_randn((N,), g, 0.5))
+
+
+def _swiglu_mlp(p, g):
+    s = p["shape"]
+    K, Hd, N = s["K"], s["hidden"], s["N"]
+    return dict(x=_randn((*s["rows"], K), g), w_gate=_randn((Hd, K), g, K ** -0.5),
+                w_up=_randn((Hd, K), g, K ** -0.5), w_down=_randn((N, Hd), g, Hd ** -0.5))
 
 
 def _lstm(p, g):
@@ -143,8 +163,16 @@ def _conv_bn(p, g):
                 training=p["options"]["training"])
 
 
+def _rope(p, g):
+    s = p["shape"]
+    B, H, N, D = s["B"], s["H"], s["N"], s["D"]
+    theta = (torch.rand((N, D // 2), generator=g) * 2 - 1) * math.pi
+    x = _randn((B, H, N, D), g, scale=1e4 if p["magnitude"] == "large" else 1.0)
+    return dict(x=x, cos=theta.cos(), sin=theta.sin(), interleaved=p["options"]["interleaved"])
+
+
 BUILDERS = {"attention": _attention, "layer_norm": _layer_norm, "mlp": _mlp, "lstm": _lstm,
-            "conv_bn": _conv_bn}
+            "conv_bn": _conv_bn, "rms_norm": _rms_norm, "rope": _rope, "swiglu_mlp": _swiglu_mlp}
 
 # Layouts beyond `contiguous` and the spec's own `strided` (STRIDED / attention's packed
 # qkv): argument -> cards.LAYOUT_KINDS kind.
@@ -158,8 +186,15 @@ LAYOUTS = {
     "mlp": {"sliced": dict(x="row_padded", b1="every_other"),
             "transposed": dict(w1="transposed", w2="transposed")},
     "lstm": {"sliced": dict(x="row_padded", h0="last_every_other")},
+    "rms_norm": {"sliced": dict(x="row_padded"),
+                 "every_other": dict(x="last_every_other", weight="every_other")},
+    "swiglu_mlp": {"sliced": dict(x="row_padded", w_down="row_padded"),
+                   "mixed": dict(w_gate="transposed")},  # gate and up weights laid out apart
     "conv_bn": {"channels_last": dict(x="channels_last", conv_weight="channels_last"),
                 "sliced": dict(x="last_every_other", bn_bias="every_other")},
+    "rope": {"sliced": dict(x="row_padded", cos="row_padded"),
+             "every_other": dict(x="last_every_other", cos="last_every_other",
+                                 sin="last_every_other")},
 }
 
 
@@ -277,16 +312,27 @@ def attention_params(draw, small=False, dtypes=("float32", "bfloat16"), head_dim
                 seed=draw(SEEDS))
 
 
-@st.composite
-def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+def _norm_params(draw, component, small, dtypes, eps, magnitudes):
+    """A normalization over the last dimension: x (*rows, N), its eps and magnitudes."""
     rows = draw(st.lists(st.integers(1, 4 if small else 9), min_size=1, max_size=2))
     return dict(shape=dict(rows=tuple(rows),
                            N=draw(st.sampled_from([1, 2, 17, 64, 129, 1023]) if small else
                                   st.integers(1, 1100))),
-                dtype=draw(st.sampled_from(dtypes)), layout=_layout("layer_norm", draw),
-                options=dict(eps=draw(st.sampled_from([1e-5, 1e-3, 0.1]))),
-                magnitude=draw(st.sampled_from(["normal", "large", "constant_rows"])),
-                seed=draw(SEEDS))
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout(component, draw),
+                options=dict(eps=draw(st.sampled_from(eps))),
+                magnitude=draw(st.sampled_from(magnitudes)), seed=draw(SEEDS))
+
+
+@st.composite
+def layer_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    return _norm_params(draw, "layer_norm", small, dtypes, [1e-5, 1e-3, 0.1],
+                        ["normal", "large", "constant_rows"])
+
+
+@st.composite
+def rms_norm_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    return _norm_params(draw, "rms_norm", small, dtypes, [1e-6, 1e-5, 0.1],
+                        ["normal", "large", "zero_rows"])
 
 
 @st.composite
@@ -302,6 +348,19 @@ def mlp_params(draw, small=False, dtypes=("float32", "bfloat16")):
     return dict(shape=dict(rows=tuple(rows), K=draw(dim), hidden=hidden, N=draw(dim)),
                 dtype=draw(st.sampled_from(dtypes)), layout=_layout("mlp", draw), options={},
                 magnitude="normal", seed=draw(SEEDS))
+
+
+@st.composite
+def swiglu_mlp_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    dim = ODD if small else st.integers(1, 130)
+    rows = draw(st.lists(st.integers(1, 5 if small else 40), min_size=1, max_size=2))
+    hidden = draw(dim)
+    # As the MLP's: SiLU' has a root (g = -1.28) where one row through one hidden unit makes
+    # grad x a single ill-conditioned product; with more the norm is carried by the others.
+    assume(math.prod(rows) * hidden >= 2)
+    return dict(shape=dict(rows=tuple(rows), K=draw(dim), hidden=hidden, N=draw(dim)),
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout("swiglu_mlp", draw),
+                options={}, magnitude="normal", seed=draw(SEEDS))
 
 
 @st.composite
@@ -334,8 +393,19 @@ def conv_bn_params(draw, small=False, dtypes=("float32", "bfloat16")):
                 magnitude="normal", seed=draw(SEEDS))
 
 
+@st.composite
+def rope_params(draw, small=False, dtypes=("float32", "bfloat16")):
+    D = draw(st.sampled_from([2, 6, 16, 34] if small else [2, 8, 34, 64, 96, 128]))
+    return dict(shape=dict(B=draw(st.integers(1, 2)), H=draw(st.integers(1, 3)),
+                           N=draw(ODD if small else st.integers(1, 80)), D=D),
+                dtype=draw(st.sampled_from(dtypes)), layout=_layout("rope", draw),
+                options=dict(interleaved=draw(st.booleans())),
+                magnitude=draw(st.sampled_from(["normal", "large"])), seed=draw(SEEDS))
+
+
 STRATEGIES = {"attention": attention_params, "layer_norm": layer_norm_params, "mlp": mlp_params,
-              "lstm": lstm_params, "conv_bn": conv_bn_params}
+              "lstm": lstm_params, "conv_bn": conv_bn_params, "rms_norm": rms_norm_params,
+              "rope": rope_params, "swiglu_mlp": swiglu_mlp_params}
 
 
 def _p(shape, dtype="float32", layout="contiguous", options=None, magnitude="normal", seed=15):
@@ -366,7 +436,22 @@ HARD_CASES = {
         ("fp16 near overflow, strided", _p(dict(rows=(2,), N=17), "float16", layout="strided",
                                            options=dict(eps=1e-5), magnitude="near_overflow"), True),
     ],
+    "rms_norm": [
+        ("width 1", _p(dict(rows=(3,), N=1), options=dict(eps=1e-6)), True),
+        ("width 17, batch 1", _p(dict(rows=(1,), N=17), layout="strided", options=dict(eps=1e-6)), True),
+        ("width 1023", _p(dict(rows=(2,), N=1023), options=dict(eps=1e-6)), True),
+        ("rows ~1e4, bf16", _p(dict(rows=(4,), N=17), "bfloat16", options=dict(eps=1e-6),
+                               magnitude="large"), True),
+        ("zero rows", _p(dict(rows=(4,), N=33), options=dict(eps=1e-6), magnitude="zero_rows"), True),
+        ("fp16 near overflow", _p(dict(rows=(3,), N=129), "float16", options=dict(eps=1e-6),
+                                  magnitude="near_overflow"), True),
+    ],
     "mlp": [
+        ("all widths 1, 8 rows", _p(dict(rows=(8,), K=1, hidden=1, N=1)), True),
+        ("widths 17, batch 1", _p(dict(rows=(1,), K=17, hidden=17, N=17), layout="strided"), True),
+        ("hidden 1023", _p(dict(rows=(3,), K=17, hidden=1023, N=5)), True),
+    ],
+    "swiglu_mlp": [
         ("all widths 1, 8 rows", _p(dict(rows=(8,), K=1, hidden=1, N=1)), True),
         ("widths 17, batch 1", _p(dict(rows=(1,), K=17, hidden=17, N=17), layout="strided"), True),
         ("hidden 1023", _p(dict(rows=(3,), K=17, hidden=1023, N=5)), True),
@@ -383,6 +468,13 @@ HARD_CASES = {
             options=dict(training=False, momentum=0.1)), True),
         ("batch 1, 1x1, strided train", _p(dict(N=1, C_in=17, H=3, W=1, C_out=17, k=1, stride=1, padding=0),
                                            layout="strided", options=dict(training=True, momentum=0.1)), True),
+    ],
+    "rope": [
+        ("one pair, one position", _p(dict(B=1, H=1, N=1, D=2), options=dict(interleaved=False)), True),
+        ("17 pairs, interleaved, strided", _p(dict(B=2, H=3, N=17, D=34), layout="strided",
+                                              options=dict(interleaved=True)), True),
+        ("x ~1e4, bf16, every other", _p(dict(B=1, H=2, N=5, D=16), "bfloat16", layout="every_other",
+                                         options=dict(interleaved=False), magnitude="large"), True),
     ],
 }
 

@@ -45,11 +45,13 @@ def reasons(result):
 
 def test_every_component_is_marked_at_levels_1_to_4_and_the_twins():
     marked = set(assignment.marked_parts(ROOT))
-    for component in ("attention", "layer_norm", "mlp", "lstm", "conv_bn"):
+    for component in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rope"):
         for level in ("native", "torchscript", "compile", "triton"):
             assert (component, level) in marked, (component, level)
-    for component in ("attention", "layer_norm", "mlp"):  # the components with a numba twin
+    for component in ("attention", "layer_norm", "mlp", "rope"):  # those with a numba twin
         assert (component, "numba") in marked
+    for component in ("layer_norm", "mlp", "lstm", "conv_bn"):  # Level 5: attention not yet
+        assert (component, "cuda") in marked
     with pytest.raises(ValueError, match="never closed"):
         assignment.find_regions("x = 1\n    ### BEGIN SOLUTION\ny = 2\n", "f.py")
     with pytest.raises(ValueError, match="without a"):
@@ -70,8 +72,7 @@ def test_cuda_regions_become_a_comment():
               "  y[i] = 1.0f;\n  // ### END SOLUTION\n}\n")
     out = assignment.blank(source, "k.cu", assignment.find_regions(source, "k.cu"), "k")
     assert out == ("__global__ void k(float* y) {\n  int i = threadIdx.x;\n  // TODO: k: write this "
-                   "part (the kernel writes nothing until you do, so the check fails on NaN "
-                   "outputs).\n}\n")
+                   "part (until you do, the outputs stay NaN and the check fails).\n}\n")
 
 
 def test_hang_and_segfault_cost_their_part_only(tmp_path):
@@ -96,8 +97,15 @@ def test_the_reference_scores_full_at_levels_1_to_4_within_a_minute():
     """One component graded at Levels 1-4 from the reference, as an autograder would: every
     part full marks, in a minute on a 2-core CPU (the goal; Level 3's compiles are most of it)."""
     parts = [("layer_norm", level) for level in ("native", "torchscript", "compile", "triton")]
-    result = grading.grade(ROOT, parts=parts)
+    # a performance share cannot be scored on a CPU: the other checks count for all 10 points
+    timed = [{"component": c, "level": lev, "credit": {
+        "performance": 0.2, "performance_reference": "compile" if lev != "compile" else "native"}}
+        for c, lev in parts]
+    result = grading.grade(ROOT, parts=timed, device="cpu")
     assert scores(result) == dict.fromkeys(parts, 10), reasons(result)
+    for test in result["tests"]:
+        assert ("performance (20% of the part) not scored: needs a CUDA GPU (this grader runs "
+                "on cpu)") in test["output"]
     print(f"layer_norm at Levels 1-4: {result['execution_time']} s")
     assert result["execution_time"] < 90  # the goal is 60 s; CI machines vary
 
@@ -196,6 +204,72 @@ def test_partial_credit_splits_a_part_into_passes_dtypes_and_layouts():
         grade_credit.credit_shares({"strided": 2})
 
 
+def test_performance_points_follow_the_speedup_and_only_for_a_correct_part():
+    shares = grade_credit.credit_shares({"performance": 0.2, "performance_target": 1.25})
+    timed = {"level_ms": 2.0, "reference_ms": 2.0, "speedup": 1.0, "reference": "compile",
+             "size": "bench", "dtype": "float32"}
+    points, line = grade_credit.performance_points(timed, True, shares, 10, "cuda")
+    assert points == 1.6 and line.startswith("performance 1.6/2: 2 ms against compile's 2 ms")
+    assert "1.00x, full marks at 1.25x" in line
+    fast = dict(timed, level_ms=1.0, speedup=2.0)
+    assert grade_credit.performance_points(fast, True, shares, 10, "cuda")[0] == 2  # capped
+    points, line = grade_credit.performance_points(fast, False, shares, 10, "cuda")
+    assert points == 0 and "not scored until every check passes" in line
+    points, line = grade_credit.performance_points({"error": "compile was not timed"}, True,
+                                                   shares, 10, "cuda")
+    assert points == 0 and "could not be timed: compile was not timed" in line
+    points, line = grade_credit.performance_points(None, True, shares, 10, "cpu")
+    assert points is None and "not scored: needs a CUDA GPU (this grader runs on cpu)" in line
+    for speedup in (float("nan"), 0.0, -1.0, None):
+        assert grade_credit.performance_fraction(speedup, 1.0) == 0.0
+    for bad, message in (({"performance": 0.95}, "must leave the correctness checks a share"),
+                         ({"performance_target": 0}, "must be a speed-up above 0"),
+                         ({"performance_reference": ""}, "must name a level")):
+        with pytest.raises(ValueError, match=message):
+            grade_credit.credit_shares(bad)
+
+
+def test_the_performance_timing_compares_one_draw_with_the_reference():
+    """The part's process times its level and the reference on the same inputs (a fake
+    profiler here: the real one needs a GPU to mean anything)."""
+    from equivalence.commands import grade_process
+
+    calls = []
+
+    def fake_profile(component, level, dtype, device, size, case_cache):
+        calls.append((level, id(case_cache)))
+        ms = {"triton": 0.5, "compile": 1.0}[level]
+        return argparse.Namespace(status="ok", reason="", fwd_bwd={"median_ms": ms})
+
+    got = grade_process._timed("layer_norm", "triton", "cuda", "float32", "compile", "bench",
+                               profile=fake_profile)
+    assert got == {"level_ms": 0.5, "reference_ms": 1.0, "speedup": 2.0, "reference": "compile",
+                   "size": "bench", "dtype": "float32"}
+    assert [c[0] for c in calls] == ["triton", "compile"] and calls[0][1] == calls[1][1]
+
+    def failing(component, level, **kw):
+        return argparse.Namespace(status="skip", reason="no GPU", fwd_bwd=None)
+
+    got = grade_process._timed("layer_norm", "triton", "cuda", "float32", "compile", "bench",
+                               profile=failing)
+    assert got == {"error": "level triton was not timed (skip: no GPU)"}
+
+
+@pytest.mark.gpu
+def test_performance_points_on_a_gpu():
+    """The real path (the lead's H100): the reference's Triton part timed against
+    torch.compile earns a share in proportion to its speed-up, said in the output."""
+    part = {"component": "layer_norm", "level": "triton", "points": 10,
+            "credit": {"performance": 0.2, "performance_target": 0.5}}
+    (test,) = grading.grade(ROOT, parts=[part], timeout_s=600)["tests"]
+    match = re.search(r"performance ([\d.]+)/2: .* against compile's .* ms .*: ([\d.]+)x",
+                      test["output"])
+    assert match, test["output"]
+    earned, speedup = float(match[1]), float(match[2])
+    assert earned == pytest.approx(min(2.0, 2.0 * speedup / 0.5), abs=0.03)
+    assert test["score"] == pytest.approx(8 + earned, abs=0.01), test["output"]
+
+
 # ---------------------------------------------------------------------------------------
 # Level 5 (cuda): the same three rules, wired for its compiled ops. The wiring is checked
 # here without a GPU; the rules themselves, on a GPU (`pytest -m gpu`).
@@ -261,7 +335,7 @@ def test_a_cuda_part_without_a_gpu_is_compiled_and_the_rest_needs_a_gpu():
         "layer_norm @ cuda", "cuda", 0.3, 3, "failed")  # the "compiles" share: 0.1
     assert test["reason"].startswith("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, "
                                      "and this grader runs on cpu")
-    assert ("cuda_kernels/layer_norm.cu compiles (nvcc, sm_80 PTX) and each of its kernels "
+    assert ("cuda_kernels/layer_norm.cu compiles (nvcc, sm_90a PTX) and each of its kernels "
             "stores its result") in test["reason"]
     assert (result["score"], result["max_score"]) == (0.3, 3)  # the points stay in the maximum
     report = grading.gradescope(result)
@@ -280,11 +354,17 @@ def test_a_kernel_that_stores_nothing_does_not_pass_the_compile_check(tmp_path):
         pytest.skip(f"needs nvcc: {build.nvcc_available()}")
     sub = tmp_path / "sub"
     (sub / "cuda_kernels").mkdir(parents=True)
-    (sub / "cuda_kernels/layer_norm.cu").write_text(
-        '__global__ void blank_fwd(const float* x, float* y, int n) {\n'
-        '  // TODO: layer_norm, Level 5 (cuda): write this part.\n}\n')
+    cu = sub / "cuda_kernels/layer_norm.cu"
+    cu.write_text('namespace ln {\n__global__ void blank_fwd(const float* x, float* y, int n) {\n'
+                  '  // TODO: layer_norm, Level 5 (cuda): write this part.\n}\n}\n')
     ok, why = grading._compiles(sub, grading.Part("layer_norm", "cuda"))
-    assert not ok and "store nothing" in why and "blank_fwd" in why
+    assert not ok and why == ("layer_norm @ cuda is not implemented yet (the TODO at "
+                              "cuda_kernels/layer_norm.cu:3 is still there)")
+    cu.write_text(cu.read_text().replace("  // TODO: layer_norm, Level 5 (cuda): write this part.\n",
+                                         ""))  # the TODO deleted, the kernel still empty
+    ok, why = grading._compiles(sub, grading.Part("layer_norm", "cuda"))
+    assert not ok and why.endswith("store nothing (a kernel whose body is still a TODO): "
+                                   "ln::blank_fwd"), why
 
 
 def test_level5_op_counter_counts_the_extension_ops_per_pass():

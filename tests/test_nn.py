@@ -17,6 +17,23 @@ def test_layer_norm_from_torch():
     torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("eps", [None, 1e-5])
+@pytest.mark.parametrize("level", ["native", "triton"])
+def test_rms_norm_from_torch(eps, level):
+    # eps=None: nn.RMSNorm takes torch.finfo(x.dtype).eps at each call, and so does ours
+    ref = nn.RMSNorm(33, eps=eps)
+    nn.init.normal_(ref.weight)
+    m = lnn.RMSNorm.from_torch(ref, level=level)
+    x = torch.randn(4, 7, 33, requires_grad=True)
+    y = m(x)
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    y.sum().backward()
+    assert m.weight.grad is not None and m.weight.grad.shape == (33,)
+    with pytest.raises(ValueError, match="weight"):
+        lnn.RMSNorm.from_torch(nn.RMSNorm(33, elementwise_affine=False))
+    assert set(m.state_dict()) == set(ref.state_dict())
+
+
 def test_mlp_from_torch():
     fc1, fc2 = nn.Linear(16, 48), nn.Linear(48, 10)
     m = lnn.MLP.from_torch(fc1, fc2)
@@ -77,3 +94,31 @@ def test_level_switching():
     if levels.status("cuda") is not None:
         with pytest.raises(NotImplementedError):
             model[0](torch.randn(2, 8))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("level", ["native", "triton"])
+def test_rotary_embedding_rotates_q_and_k_of_grouped_query_attention(level, interleaved):
+    # Llama 3's layout at a tiny size: 4 query heads, 2 key/value heads, base 500000; the
+    # decoding offset shifts every position. Against the formula written here from the
+    # model's definition (HF's rotate_half, Meta's pairs).
+    import levels.triton  # noqa: F401  (the interpreter on before triton loads)
+
+    m = lnn.RotaryEmbedding(16, base=500000.0, interleaved=interleaved, level=level)
+    q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16)
+    rq, rk = m(q, k, offset=3)
+    angles = torch.outer(torch.arange(3, 10, dtype=torch.float64),
+                         500000.0 ** -(torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    for x, got in ((q, rq), (k, rk)):
+        x = x.double()
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            want = torch.stack((x1 * angles.cos() - x2 * angles.sin(),
+                                x2 * angles.cos() + x1 * angles.sin()), -1).flatten(-2)
+        else:
+            cos, sin = torch.cat((angles.cos(),) * 2, -1), torch.cat((angles.sin(),) * 2, -1)
+            want = x * cos + torch.cat((-x[..., 8:], x[..., :8]), -1) * sin
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert m.state_dict() == {}  # the frequencies are rebuilt, never loaded (as in HF)
+    with pytest.raises(ValueError, match="argument 'dim' must be a positive even int"):
+        lnn.RotaryEmbedding(15)

@@ -31,6 +31,7 @@ from equivalence.check import check, check_case
 from numba_kernels import gemm as gemm_twin
 from numba_kernels import layer_norm as ln_twin
 from numba_kernels import level
+from numba_kernels import rope as rope_twin
 
 # The tests marked `simulated` run the twins on CPU tensors under the simulator.
 simulated = pytest.mark.skipif(
@@ -62,12 +63,29 @@ def test_layer_norm_twin_passes_the_harness_forward_and_backward():
 
 
 @simulated
+def test_rms_norm_twin_passes_the_harness_forward_and_backward():
+    results = check("rms_norm", fn=level.rms_norm, size="tiny")
+    assert {r.layout for r in results} == {"contiguous", "strided"}
+
+
+def test_rope_twin_passes_the_harness_forward_and_backward():
+    # rope.cu's indexing, run: the strided layout is q sliced from a fused qkv buffer, and
+    # the backward is the same kernel rotating by -theta
+    results = check("rope", fn=level.rope, size="tiny")
+    assert {(r.variant, r.layout) for r in results} == {
+        (v, lay) for v in ("half", "interleaved") for lay in ("contiguous", "strided")}
+    _all_pass(results)
+
+
+@simulated
 def test_attention_twin_passes_the_harness_as_a_registered_level():
     # registered like a student's module: `levels.register` is the route the notebook shows
     levels.register("numba", level)
     results = check("attention", "numba", size="tiny")
+    # gqa and decode: the Level 5 algorithm grown (grouped K/V heads, a head size of 24,
+    # causal diagonals for Nq != Nk, kv_lens), as cuda_kernels/attention.cu's v2 and backward
     assert {(r.variant, r.layout) for r in results} == {
-        ("full", "contiguous"), ("full", "strided"), ("causal", "contiguous"), ("causal", "strided")}
+        (v, layout) for v in ("full", "causal", "gqa", "decode") for layout in ("contiguous", "strided")}
     _all_pass(results)
     assert levels.status("numba", "cpu", "lstm") == "'numba' has no lstm function"
 
@@ -183,10 +201,16 @@ def test_the_twins_mirror_cpp_that_exists():
     layer_norm_cu = (kernels / "layer_norm.cu").read_text()
     for name in ("fwd_v3_loop", "bwd_dx_v2", "bwd_dwdb_partial_v2", "sum_partials", "block_sum2"):
         assert f" {name}(" in layer_norm_cu, f"layer_norm.cu has no {name}"
+    rms_norm_cu = (kernels / "rms_norm.cu").read_text()
+    for name in ("fwd_v2", "bwd_dx_v2", "bwd_dw_partial_v2", "sum_partials"):
+        assert f" {name}(" in rms_norm_cu, f"rms_norm.cu has no {name}"
     gemm_cu = (kernels / "gemm.cu").read_text()
     assert f"constexpr int V2_TILE = {gemm_twin.TILE};" in gemm_cu
     for name in ("gemm_v2_kernel", "column_sum_kernel", "finish", "gelu_grad"):
         assert f" {name}(" in gemm_cu, f"gemm.cu has no {name}"
+    rope_cu = (kernels / "rope.cu").read_text()
+    assert f"constexpr int V2_ROWS = {rope_twin.ROWS};" in rope_cu and " rope_v2(" in rope_cu
+    assert "y1 = x1 * c - x2 * s;" in (kernels / "rope.cuh").read_text()
 
 
 # ------------------------------------------------------------------ on a GPU --
@@ -201,7 +225,7 @@ def test_every_twin_compiles_for_a_gpu_without_one():
     if proc.returncode == 3:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") == 10, proc.stdout
+    assert proc.stdout.count("ok ") == 14, proc.stdout
 
 
 @pytest.mark.gpu
@@ -211,7 +235,8 @@ def test_twins_pass_the_harness_on_a_gpu():
         pytest.skip("numba's simulator is on in this process: the twins cannot reach the GPU")
     _all_pass(check("layer_norm", fn=level.layer_norm, device="cuda", size="tiny")
               + check("mlp", fn=level.mlp, device="cuda", size="tiny")
-              + check("attention", fn=level.attention, device="cuda", size="tiny"))
+              + check("attention", fn=level.attention, device="cuda", size="tiny")
+              + check("rms_norm", fn=level.rms_norm, device="cuda", size="tiny"))
 
 
 # ------------------------------------------------------- the simulator's shared memory --

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 import levels.native as native
 from equivalence.check import check
 
-ORIGINAL = {name: getattr(native, name) for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn")}
+ORIGINAL = {name: getattr(native, name)
+            for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
+                         "swiglu_mlp")}
 
 
 def plant(monkeypatch, component, fn):
@@ -51,11 +53,67 @@ def test_off_by_one_causal_mask_is_caught(monkeypatch, dtype):
     assert bad and bad[0].variant == "causal"
 
 
+def test_rms_norm_with_layer_norms_variance_is_caught(monkeypatch):
+    # The centred variance instead of the mean square: LayerNorm's statistic in RMSNorm.
+    # Rows of mean 0.5 and spread 2 make them differ by 3%: far outside float32's bound.
+    def centred(x, weight, eps=1e-6):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.var(-1, unbiased=False, keepdim=True) + eps)
+                * weight.float()).to(x.dtype)
+    plant(monkeypatch, "rms_norm", centred)
+    assert failed("rms_norm", "float32")
+
+
+class _FirstBatchDweight(torch.autograd.Function):
+    """RMSNorm whose backward sums dweight over the rows of the first batch element only:
+    the reduction over every leading dimension, half done."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return ORIGINAL["rms_norm"](x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            xd, wd = x.detach().requires_grad_(), weight.detach().requires_grad_()
+            dx, _ = torch.autograd.grad(ORIGINAL["rms_norm"](xd, wd, ctx.eps), (xd, wd), dy)
+        xhat = x.float() * torch.rsqrt((x.float() ** 2).mean(-1, keepdim=True) + ctx.eps)
+        dweight = (dy.float() * xhat)[0].reshape(-1, x.shape[-1]).sum(0)
+        return dx, dweight.to(weight.dtype), None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_dweight_over_one_batch_element_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "rms_norm", lambda x, weight, eps=1e-6: _FirstBatchDweight.apply(x, weight, eps))
+    bad = failed("rms_norm", dtype)
+    assert bad and all(any(c.name == "grad weight" and not c.ok for c in r.comparisons) for r in bad)
+    assert all(c.ok for r in bad for c in r.comparisons if c.name in ("out", "grad x"))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dropped_mlp_bias_is_caught(monkeypatch, dtype):
     plant(monkeypatch, "mlp", lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1)), w2) + 0 * b2)
     bad = failed("mlp", dtype)
     assert any(c.name == "out" and not c.ok for c in bad[0].comparisons)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_gate_and_up_is_caught(monkeypatch, dtype):
+    # silu(up) * gate instead of silu(gate) * up: the same ops, the weights' roles swapped
+    plant(monkeypatch, "swiglu_mlp", lambda x, w_gate, w_up, w_down:
+          ORIGINAL["swiglu_mlp"](x, w_up, w_gate, w_down))
+    bad = failed("swiglu_mlp", dtype)
+    assert any(c.name == "out" and not c.ok for c in bad[0].comparisons)
+
+
+def test_sigmoid_gate_instead_of_silu_is_caught(monkeypatch):
+    # GLU's sigmoid(gate) * up, SwiGLU's missing factor of gate: caught in every output
+    plant(monkeypatch, "swiglu_mlp", lambda x, w_gate, w_up, w_down:
+          F.linear(torch.sigmoid(F.linear(x, w_gate)) * F.linear(x, w_up), w_down))
+    assert failed("swiglu_mlp", "bfloat16")
 
 
 def test_tanh_gelu_is_caught_in_fp32_and_below_bf16s_resolution(monkeypatch):
@@ -132,6 +190,39 @@ def test_wrong_output_dtype_is_caught(monkeypatch):
           ORIGINAL["layer_norm"](x.float(), weight.float(), bias.float(), eps))
     bad = failed("layer_norm", "bfloat16")
     assert "dtype" in bad[0].comparisons[0].problem
+
+
+def test_rope_pairs_of_the_other_layout_are_caught(monkeypatch):
+    # interleaved=True computed with half-split pairs (i, i + D/2): Meta's checkpoints
+    # loaded into HF's layout without permuting the q/k projections, the classic port bug
+    plant(monkeypatch, "rope", lambda x, cos, sin, interleaved=False:
+          ORIGINAL["rope"](x, cos, sin, False))
+    bad = failed("rope", "bfloat16")
+    assert bad and all(r.variant == "interleaved" for r in bad)
+
+
+class _RopeRotatingBackTheWrongWay(torch.autograd.Function):
+    # a right forward, and a backward that rotates dy by +theta instead of -theta
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return native.rope_math(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return native.rope_math(dy, cos, sin, ctx.interleaved), None, None, None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_backward_with_the_wrong_sign_is_caught(monkeypatch, dtype):
+    plant(monkeypatch, "rope", lambda x, cos, sin, interleaved=False:
+          _RopeRotatingBackTheWrongWay.apply(x, cos, sin, interleaved))
+    bad = failed("rope", dtype)
+    assert len(bad) == 4  # both variants, both layouts
+    for r in bad:
+        assert [c.name for c in r.comparisons if not c.ok] == ["grad x"], r.summary()
 
 
 def test_missing_backward_is_caught(monkeypatch):

@@ -38,12 +38,35 @@ def test_layer_norm_reference_matches_nn(shape):
     close(ref, m(x))
 
 
+@pytest.mark.parametrize("shape", [(7,), (3, 1), (3, 1023), (2, 5, 129), (4, 4096)])
+@pytest.mark.parametrize("eps", [1e-6, 0.1])
+def test_rms_norm_reference_matches_torch(shape, eps):
+    # torch's own op, F.rms_norm, through the layer a user builds (nn.RMSNorm)
+    m = nn.RMSNorm(shape[-1], eps=eps, **f64)
+    with torch.no_grad():
+        m.weight.normal_()
+    x = torch.randn(shape, **f64) * 3 + 1
+    ref, = cards.get("rms_norm").reference(dict(x=x, weight=m.weight, eps=eps))
+    close(ref, m(x))
+    close(ref, F.rms_norm(x, (shape[-1],), m.weight, eps))
+
+
 @pytest.mark.parametrize("rows,K,Hd,N", [((5,), 3, 7, 2), ((2, 9), 24, 72, 20), ((64,), 256, 1024, 128)])
 def test_mlp_reference_matches_linear_gelu_linear(rows, K, Hd, N):
     fc1, fc2 = nn.Linear(K, Hd, **f64), nn.Linear(Hd, N, **f64)
     x = torch.randn(*rows, K, **f64)
     ref, = cards.get("mlp").reference(dict(x=x, w1=fc1.weight, b1=fc1.bias, w2=fc2.weight, b2=fc2.bias))
     close(ref, fc2(F.gelu(fc1(x))))
+
+
+@pytest.mark.parametrize("rows,K,Hd,N", [((5,), 3, 7, 2), ((2, 9), 24, 44, 20), ((64,), 256, 688, 128)])
+def test_swiglu_mlp_reference_matches_llamas_mlp(rows, K, Hd, N):
+    gate, up = nn.Linear(K, Hd, bias=False, **f64), nn.Linear(K, Hd, bias=False, **f64)
+    down = nn.Linear(Hd, N, bias=False, **f64)
+    x = torch.randn(*rows, K, **f64) * 2  # the gate's pre-activations well into SiLU's curve
+    ref, = cards.get("swiglu_mlp").reference(dict(x=x, w_gate=gate.weight, w_up=up.weight,
+                                                  w_down=down.weight))
+    close(ref, down(F.silu(gate(x)) * up(x)))  # HF LlamaMLP's forward
 
 
 @pytest.mark.parametrize("B,T,I,H", [(1, 1, 1, 1), (3, 5, 12, 16), (2, 17, 33, 65)])
@@ -85,3 +108,34 @@ def test_conv_bn_reference_matches_conv2d_batchnorm2d(N, Ci, Hh, W, Co, k, strid
         close(got[2], bn.running_var)
     else:
         assert len(got) == 1
+
+
+def _hf_apply_rotary_pos_emb(x, cos, sin):
+    """HF transformers' apply_rotary_pos_emb (models/llama/modeling_llama.py), written out:
+    cos and sin are (N, D) there, the two halves repeated."""
+    def rotate_half(t):
+        t1, t2 = t[..., :t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
+        return torch.cat((-t2, t1), dim=-1)
+    return x * cos + rotate_half(x) * sin
+
+
+def _meta_apply_rotary_emb(x, freqs):
+    """Meta's llama/model.py apply_rotary_emb: pairs (2i, 2i+1) as complex numbers times
+    polar(1, freqs)."""
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * torch.polar(torch.ones_like(freqs), freqs)).flatten(-2)
+
+
+@pytest.mark.parametrize("B,H,N,D,base", [(1, 1, 1, 2, 10000.0), (2, 3, 37, 16, 10000.0),
+                                          (1, 2, 100, 128, 500000.0), (2, 1, 9, 96, 10000.0)])
+def test_rope_reference_matches_hf_and_meta(B, H, N, D, base):
+    # real tables: position n, frequency base**(-2i/D), as both models build them
+    inv_freq = base ** -(torch.arange(0, D, 2, **f64) / D)
+    freqs = torch.outer(torch.arange(N, **f64), inv_freq)  # (N, D/2)
+    x = torch.randn(B, H, N, D, **f64)
+    card = cards.get("rope")
+    half, = card.reference(dict(x=x, cos=freqs.cos(), sin=freqs.sin(), interleaved=False))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    close(half, _hf_apply_rotary_pos_emb(x, emb.cos(), emb.sin()))
+    inter, = card.reference(dict(x=x, cos=freqs.cos(), sin=freqs.sin(), interleaved=True))
+    close(inter, _meta_apply_rotary_emb(x, freqs))

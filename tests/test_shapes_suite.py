@@ -60,12 +60,14 @@ def _expected_sizes(shape):
     s = shape.sizes
     if shape.component == "attention":
         return dict(B=s["B"], H=s["H"], Nq=s["N"], Nk=s["N"], D=s["D"])
-    if shape.component == "layer_norm":
+    if shape.component in ("layer_norm", "rms_norm"):
         return dict(M=math.prod(s["rows"]), N=s["N"])
-    if shape.component == "mlp":
+    if shape.component in ("mlp", "swiglu_mlp"):
         return dict(M=math.prod(s["rows"]), K=s["K"], hidden=s["hidden"], N=s["N"])
     if shape.component == "lstm":
         return dict(B=s["B"], T=s["T"], I=s["I"], H=s["H"])
+    if shape.component == "rope":
+        return dict(B=s["B"], H=s["H"], N=s["N"], D=s["D"])
     out = (s["H"] + 2 * s["padding"] - s["k"]) // s["stride"] + 1
     return dict(N=s["N"], C_in=s["C_in"], C_out=s["C_out"], kH=s["k"], H_out=out)
 
@@ -88,10 +90,10 @@ def test_full_shape_passes_the_contract_without_allocating(shape):
 
 
 def test_attention_head_dims_are_ones_level_4_has():
-    from triton_kernels.attention import HEAD_DIMS
+    from triton_kernels.attention import MAX_HEAD_DIM
 
     for s in shapes.SHAPES["attention"]:
-        assert s.sizes["D"] in HEAD_DIMS and s.tiny()["D"] in HEAD_DIMS, s.name
+        assert s.sizes["D"] <= MAX_HEAD_DIM and s.tiny()["D"] <= MAX_HEAD_DIM, s.name
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -106,7 +108,7 @@ def test_tiny_twins_build_and_keep_the_structure(component):
         for key in ("k", "stride", "padding", "channels_last"):
             assert tiny.get(key) == full.get(key), (shape.name, key)
         width = {"attention": "N", "layer_norm": "N", "mlp": "hidden", "lstm": "H",
-                 "conv_bn": "H"}[component]
+                 "conv_bn": "H", "rms_norm": "N", "rope": "N", "swiglu_mlp": "hidden"}[component]
         pow2 = full[width] & (full[width] - 1) == 0
         assert (tiny[width] & (tiny[width] - 1) == 0) == pow2 or tiny[width] == 1, shape.name
 
@@ -239,7 +241,8 @@ def test_cpu_run_writes_every_shape_and_a_plot(tmp_path, quick_timer, monkeypatc
             cudnn = e["libraries"]["SDPA CUDNN_ATTENTION"]
             assert cudnn["status"] == "skip" and cudnn["reason"]
     groups = {r["group"] for r in saved["summary"]}
-    assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train"}
+    assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train",
+                      "rms_norm", "rope", "swiglu_mlp"}
     assert all(r["timed"] == r["entries"] for r in saved["summary"] if r["level"] == "native")
     assert {r["status"] for r in saved["summary"] if r["level"] == "cuda"} <= \
         {"not evaluated", "no goal"}

@@ -8,8 +8,13 @@ import torch
 import torch.nn.functional as F
 
 import levels
+from equivalence import cards
 from equivalence.check import check
 from levels import torchscript as ts
+
+
+# every variant of every component, in both layouts
+CASES = sum(len(cards.get(c).variants) for c in cards.names()) * len(cards.LAYOUTS)
 
 
 def _failures(results):
@@ -23,7 +28,7 @@ def test_harness_passes_all_components_forward_and_backward(dtype):
     # first call of each specialization and the optimized graph afterwards; both are checked.
     for _ in range(3):
         results = check(level="torchscript", dtype=dtype, size="tiny")
-        assert len(results) == 14  # every variant of the five components, both layouts
+        assert len(results) == CASES  # every variant of every component, both layouts
         assert not _failures(results), _failures(results)
 
 

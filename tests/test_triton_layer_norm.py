@@ -137,3 +137,25 @@ def test_layer_norm_gpu_beyond_2_31_elements():
         ref = cards.get("layer_norm").module.reference(x[rows].double(), w.double(), b.double())[0]
         assert compare("rows", y[rows], ref, tolerance(torch.bfloat16), torch.bfloat16).ok, rows
     del x, y
+
+
+def test_layer_norm_of_no_rows_is_torchs_and_launches_nothing(monkeypatch):
+    # a batch of 0: an empty y, an empty dx and zero weight and bias gradients (F.layer_norm's)
+    import triton_kernels.layer_norm as kernels
+
+    def refuse(name):
+        class Refuse:
+            def __getitem__(self, grid):
+                raise AssertionError(f"{name} launched with grid {grid} on no rows")
+        return Refuse()
+    for name in ("layer_norm_fwd_kernel", "layer_norm_bwd_kernel", "sum_partials_kernel"):
+        monkeypatch.setattr(kernels, name, refuse(name))
+    x = torch.randn(0, 3, 40, device=DEVICE, requires_grad=True)
+    w = torch.randn(40, device=DEVICE, requires_grad=True)
+    b = torch.randn(40, device=DEVICE, requires_grad=True)
+    y = L4.layer_norm(x, w, b)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros(40, device=DEVICE))
+    assert torch.equal(b.grad, torch.zeros(40, device=DEVICE))

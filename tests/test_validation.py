@@ -43,7 +43,11 @@ def test_attention_bad_inputs():
     expect("attention", TypeError, "q", q=q.to(torch.int32))  # integer dtype
     expect("attention", TypeError, "v", v=a["v"].double())  # mixed dtypes
     expect("attention", ValueError, "k", k=a["k"].to("meta"))  # mixed devices
-    expect("attention", ValueError, "k", k=a["k"][:, :, :5], v=a["v"][:, :, :5], causal=True)
+    expect("attention", ValueError, "k", k=torch.cat([a["k"], a["k"][:, :1]], 1),
+           v=torch.cat([a["v"], a["v"][:, :1]], 1))  # 3 K/V heads do not divide 2
+    expect("attention", ValueError, "causal_alignment", causal=True, causal_alignment="bottom")
+    expect("attention", TypeError, "kv_lens", kv_lens=torch.tensor([3.0]))
+    expect("attention", ValueError, "kv_lens", kv_lens=torch.tensor([3, 4]))
     expect("attention", ValueError, "scale", scale=-1.0)
     expect("attention", TypeError, "causal", causal=1)
     expect("attention", TypeError, "q", q=q.numpy())

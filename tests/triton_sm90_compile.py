@@ -16,7 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int = 4) -> str:
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3):
     fn = getattr(fn, "jit", fn)  # a @fast_launch kernel: its JITFunction
     signature, constants = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -26,8 +26,12 @@ def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int = 4) -> 
         else:
             signature[name] = pointers.get(name, "i32")
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
-    return compiled.asm["ptx"]
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    return compiled.asm["ptx"], compiled.metadata.shared
+
+
+SM90_SHARED = 227 * 1024  # an H100 block's most shared memory (opted in)
 
 
 def main() -> int:
@@ -52,20 +56,40 @@ def main() -> int:
     jobs.append(("layer_norm_bwd bf16", layer_norm.layer_norm_bwd_kernel,
                  dict(x_ptr=bf16, w_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, stats_ptr=f32,
                       part_ptr=f32), dict(BLOCK_M=4, BLOCK_N=4096)))
+    off = dict(PAD_D=False, HAS_LENS=False, BOTTOM_RIGHT=False)
     jobs.append(("attention_fwd bf16", attention._attn_fwd,
-                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, qk_scale="fp32"),
+                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=f32, qk_scale="fp32"),
                  dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, UPCAST=False,
-                      PRECISION="tf32")))
+                      PRECISION="tf32", SAVE_LSE=True, **off)))
+    # The grown paths at the largest head (D = 192 padded to 256, grouped, per-batch
+    # lengths, bottom-right) with TUNED's d256 tiles: they must compile and fit sm_90.
+    grown = dict(PAD_D=True, HAS_LENS=True, BOTTOM_RIGHT=True)
+    fwd, bwd = attention.TUNED["fwd_d256"], attention.TUNED["bwd_d256"]
+    jobs.append(("attention_fwd bf16 D256 grown", attention._attn_fwd,
+                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=i32, qk_scale="fp32"),
+                 dict(HEAD_DIM=256, BLOCK_M=fwd["BLOCK_M"], BLOCK_N=fwd["BLOCK_N"], CAUSAL=True,
+                      UPCAST=False, PRECISION="tf32", SAVE_LSE=True, **grown), fwd))
+    grads = dict(Q=bf16, K=bf16, V=bf16, DO=bf16, LSE=f32, DELTA=f32, DK=bf16, DV=bf16, DQ=bf16,
+                 KV_LENS=i32, qk_scale="fp32", sm_scale="fp32")
+    jobs.append(("attention_bwd_dkdv bf16 D256 grown", attention._attn_bwd_dkdv, grads,
+                 dict(HEAD_DIM=256, BLOCK_M=bwd["BLOCK_M"], BLOCK_N=bwd["BLOCK_N"], CAUSAL=True,
+                      UPCAST=False, PRECISION="tf32", **grown), bwd))
+    jobs.append(("attention_bwd_dq bf16 D256 grown", attention._attn_bwd_dq, grads,
+                 dict(HEAD_DIM=256, BLOCK_M=bwd["BLOCK_N"], BLOCK_N=bwd["BLOCK_M"], CAUSAL=True,
+                      UPCAST=False, PRECISION="tf32", **grown), bwd))
     failed = 0
-    for name, fn, pointers, constexprs in jobs:
+    for name, fn, pointers, constexprs, *config in jobs:
+        options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}
         try:
-            ptx = compile_kernel(fn, pointers, constexprs)
+            ptx, shared = compile_kernel(fn, pointers, constexprs, **options)
+            if shared > SM90_SHARED:
+                raise ValueError(f"{shared} bytes of shared memory, more than sm_90's {SM90_SHARED}")
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
             continue
         counts = {ins: ptx.count(ins) for ins in ("atom.", "mul.wide", "mma.", "wgmma")}
-        print(f"ok   {name}: {len(ptx.splitlines())} PTX lines, {counts}")
+        print(f"ok   {name}: {len(ptx.splitlines())} PTX lines, {shared} B shared, {counts}")
     return 1 if failed else 0
 
 

@@ -29,6 +29,24 @@ cuDNN backend; backward 374 / 354 TFLOP/s, 1.28x / 1.41x SDPA FLASH backward.
 
 What it costs: a kernel per pass, a backward that recomputes the scores (2.5x the forward
 FLOPs instead of 2x), and block sizes that must be tuned per GPU and per head dimension.
+
+Grown to what SDPA takes, each a constexpr switch (off in the common case, whose kernels are
+unchanged) or a value read once per program, never a test in the inner loop it does not need:
+  * grouped-query / multi-query attention: query head h reads K/V head h // GROUP through
+    the pointer arithmetic (no repeat_interleave copy of K and V). dK/dV: one program per key
+    block of a K/V head loops over the GROUP query heads that read it, in order, into the same
+    accumulators: no atomics, the same bits every run. Its cost: the dK/dV grid has GROUP
+    times fewer programs, each GROUP times longer (a small grid for MQA at small B).
+  * head sizes up to 256 (PAD_D): the tile spans HEAD_DIM, the next power of two; loads of
+    the padded columns are masked to 0 (they add nothing to q.k) and stores skip them. Its
+    cost: the padded lanes' arithmetic (D = 80 computes 128 wide) and a column mask on every
+    load. D = 256 takes smaller blocks (TUNED's d256 entries) so that the tiles fit.
+  * causal with Nq != Nk (BOTTOM_RIGHT) and per-batch key lengths (HAS_LENS): a program reads
+    its element's key count n_end and the diagonal's shift once (`_keys`); the loops' bounds
+    come from them, so key blocks past n_end or above the diagonal are never loaded. A query
+    that sees no key outputs 0 with lse = +inf, which makes every P the backward recomputes
+    for it exactly 0, masked or not.
+  * empty inputs: the launchers return before any launch (a grid of 0 programs is an error).
 """
 
 from __future__ import annotations
@@ -39,10 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad
+from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
 
 
@@ -50,6 +67,58 @@ def uses_tf32(device: torch.device, dtype: torch.dtype) -> bool:
     """fp32 dots run in TF32 only where the user asked for it, the same switch as torch's."""
     return (device.type == "cuda" and dtype == torch.float32
             and bool(torch.backends.cuda.matmul.allow_tf32))
+
+
+# ---------------------------------------------------------------------------------------
+# Masks: what each load and score needs, decided at compile time
+# ---------------------------------------------------------------------------------------
+# The common case (every key valid, D a power of two, H_kv == H, causal on the main
+# diagonal) compiles with none of the masks below: each is a constexpr branch, so a kernel
+# pays only for the feature its call uses.
+#   ROWS      the ragged end of the sequence (or of a batch element's kv_lens)
+#   PAD_D     a head size that is no power of two: the register tile spans HEAD_DIM, the
+#             next power of two, and the columns D..HEAD_DIM are loaded as 0 and never
+#             stored (0 adds nothing to q.k, and the padded output columns are dropped)
+
+@triton.jit
+def _load(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, PAD_D: tl.constexpr):
+    """ptrs, zero where a masked row or a padded column is (never read there)."""
+    if ROWS:
+        if PAD_D:
+            x = tl.load(ptrs, mask=rows_ok & cols_ok, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows_ok, other=0.0)
+    else:
+        if PAD_D:
+            x = tl.load(ptrs, mask=cols_ok, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _store(ptrs, x, rows_ok, cols_ok, PAD_D: tl.constexpr):
+    """x at ptrs, only inside the view: valid rows, and the D real columns."""
+    if PAD_D:
+        tl.store(ptrs, x, mask=rows_ok & cols_ok)
+    else:
+        tl.store(ptrs, x, mask=rows_ok)
+
+
+@triton.jit
+def _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """(n_end, shift) of batch element b: its keys are [0, n_end) (kv_lens[b] clipped to
+    [0, N_K], else N_K), and query i sees key j <= i + shift when causal: shift = 0 for the
+    top-left diagonal, n_end - N_Q for the bottom-right one."""
+    if HAS_LENS:
+        n_end = tl.minimum(tl.maximum(tl.load(KV_LENS + b * stride_lens).to(tl.int32), 0), N_K)
+    else:
+        n_end = N_K
+    if BOTTOM_RIGHT:
+        shift = n_end - N_Q
+    else:
+        shift = 0
+    return n_end, shift
 
 
 # ---------------------------------------------------------------------------------------
@@ -67,32 +136,34 @@ def _query_block(CAUSAL: tl.constexpr):
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                    lo, hi, N_K, qk_scale,
+                    lo, hi, n_end, shift, D, qk_scale,
                     BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
+                    PAD_D: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
                     UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """Stream key blocks [lo, hi) through the running softmax of one query block."""
     offs_n0 = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         # K is loaded as (D, BLOCK_N) so that q @ kT needs no transpose in registers.
         kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if EDGE_MASK:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            v = tl.load(v_ptrs)
+        kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
+        v = _load(v_ptrs, offs_n[:, None] < n_end, d_ok[None, :], EDGE_MASK, PAD_D)
         if UPCAST:  # the interpreter's 16-bit arithmetic is wrong: compute in fp32 there
             kT = kT.to(tl.float32)
             v = v.to(tl.float32)
         ### BEGIN SOLUTION
         s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale  # log2 units
         if CAUSAL_MASK:
-            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+            s = tl.where(offs_m[:, None] + shift >= offs_n[None, :], s, float("-inf"))
         if EDGE_MASK:
-            s = tl.where(offs_n[None, :] < N_K, s, float("-inf"))
+            s = tl.where(offs_n[None, :] < n_end, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MAY_BE_EMPTY:
+            # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so that
+            # -inf - (-inf) makes no NaN (its p are 0 either way)
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -102,15 +173,28 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs
     return acc, l_i, m_i
 
 
+@triton.jit
+def _visible_keys(start_m, n_end, shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For a causal query block [start_m, start_m + BLOCK_M): the keys every row of it sees,
+    [0, full) with full a multiple of BLOCK_N (no mask needed there), and the end of the
+    keys its last row sees, hi (the blocks of [full, hi) straddle the diagonal)."""
+    full = tl.minimum(tl.maximum(start_m + shift + 1, 0), n_end)
+    full = (full // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + shift, n_end), full)
+    return full, hi
+
+
 @fast_launch
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE,
+def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-              H, N_Q, N_K, qk_scale,
+              H, GROUP, N_Q, N_K, D, stride_lens, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-              SAVE_LSE: tl.constexpr):  # False under no_grad: no backward will read it
+              SAVE_LSE: tl.constexpr,  # False under no_grad: no backward will read it
+              PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
+              BOTTOM_RIGHT: tl.constexpr = False):
     # Float arguments become fp32 here: a plain launch types a Python float as fp32, but
     # Inductor, compiling a model around this kernel, passes it as fp64, which would make
     # the running accumulator fp64 inside the loop (a compile error) and the math slow.
@@ -119,45 +203,62 @@ def _attn_fwd(Q, K, V, O, LSE,
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
+    # Grouped-query attention: query head h reads K/V head h // GROUP (no copy of K, V).
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    hk = h // GROUP
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
+    # Some rows may see no key at all (a length of 0, or a bottom-right diagonal below them)
+    MAY_BE_EMPTY: tl.constexpr = HAS_LENS or BOTTOM_RIGHT
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    d_ok = offs_d < D
+    q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+              row_ok[:, None], d_ok[None, :], True, PAD_D)
     if UPCAST:
         q = q.to(tl.float32)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:
-        # Stage 1: key blocks entirely at or below the diagonal, no mask at all
-        # (needs BLOCK_M % BLOCK_N == 0, which the launcher guarantees).
+        # Stage 1: key blocks every row of the block sees, no mask at all.
+        full, hi = _visible_keys(start_m, n_end, shift, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                        offs_m, offs_d, 0, start_m, N_K, qk_scale,
-                                        BLOCK_N, False, False, UPCAST, PRECISION)
+                                        offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                        BLOCK_N, False, False, PAD_D, MAY_BE_EMPTY, UPCAST,
+                                        PRECISION)
         # Stage 2: the blocks that straddle the diagonal; those above it are skipped.
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                        offs_m, offs_d, start_m, hi, N_K, qk_scale,
-                                        BLOCK_N, True, True, UPCAST, PRECISION)
+                                        offs_m, offs_d, full, hi, n_end, shift, D, qk_scale,
+                                        BLOCK_N, True, True, PAD_D, MAY_BE_EMPTY, UPCAST,
+                                        PRECISION)
     else:
-        full = (N_K // BLOCK_N) * BLOCK_N
+        full = (n_end // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                        offs_m, offs_d, 0, full, N_K, qk_scale,
-                                        BLOCK_N, False, False, UPCAST, PRECISION)
+                                        offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                        BLOCK_N, False, False, PAD_D, MAY_BE_EMPTY, UPCAST,
+                                        PRECISION)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                        offs_m, offs_d, full, N_K, N_K, qk_scale,
-                                        BLOCK_N, False, True, UPCAST, PRECISION)
-    # Every row saw at least one key (key 0 is visible to every query), so l_i > 0.
-    out = acc / l_i[:, None]
+                                        offs_m, offs_d, full, n_end, n_end, shift, D, qk_scale,
+                                        BLOCK_N, False, True, PAD_D, MAY_BE_EMPTY, UPCAST,
+                                        PRECISION)
+    if MAY_BE_EMPTY:
+        # A row that saw no key outputs 0 (as SDPA); its lse is +inf, so that the backward's
+        # P = 2^(s - lse) is 0 for it wherever it is recomputed, mask or not.
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
+    else:
+        # Every row saw at least one key (key 0 is visible to every query), so l_i > 0.
+        out = acc / l_i[:, None]
+        lse = m_i + tl.math.log2(l_i)
     if SAVE_LSE:
-        tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
-    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    _store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+           out.to(O.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,8 +268,8 @@ def _attn_fwd(Q, K, V, O, LSE,
 @fast_launch
 @triton.jit
 def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
-                         stride_db, stride_dh, stride_dm, H, N_Q,
-                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                         stride_db, stride_dh, stride_dm, H, N_Q, D,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr = False):
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
@@ -176,36 +277,37 @@ def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = (offs_m < N_Q)[:, None]
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :],
-                 mask=ok, other=0.0).to(tl.float32)
+    d_ok = (offs_d < D)[None, :]
+    o = _load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+              ok, d_ok, True, PAD_D).to(tl.float32)
+    do = _load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :],
+               ok, d_ok, True, PAD_D).to(tl.float32)
     tl.store(DELTA + bh.to(tl.int64) * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, lo, hi, N_Q, qk_scale,
+                         offs_n, offs_d, lo, hi, N_Q, n_end, shift, D, qk_scale,
                          BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
+                         PAD_D: tl.constexpr, HAS_LENS: tl.constexpr,
                          UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """Accumulate the contribution of query blocks [lo, hi) to one key block's dK, dV.
 
     Works in the transposed frame (keys along rows) so that p^T and dS^T come out of the
     dots directly and nothing is transposed in registers."""
     offs_m0 = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < D
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
         qT_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]
         do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
+        row_ok = offs_m < N_Q
+        qT = _load(qT_ptrs, row_ok[None, :], d_ok[:, None], EDGE_MASK, PAD_D)
+        do = _load(do_ptrs, row_ok[:, None], d_ok[None, :], EDGE_MASK, PAD_D)
         if EDGE_MASK:
-            row_ok = offs_m < N_Q
-            qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
             lse = tl.load(lse_base + offs_m, mask=row_ok, other=0.0)
             delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         else:
-            qT = tl.load(qT_ptrs)
-            do = tl.load(do_ptrs)
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         if UPCAST:
@@ -215,9 +317,11 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         sT = tl.dot(k, qT, input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse[None, :])
         if CAUSAL_MASK:
-            pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+            pT = tl.where(offs_m[None, :] + shift >= offs_n[:, None], pT, 0.0)
         if EDGE_MASK:
             pT = tl.where(offs_m[None, :] < N_Q, pT, 0.0)
+        if HAS_LENS:  # keys past this element's length: no gradient
+            pT = tl.where(offs_n[:, None] < n_end, pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
@@ -228,76 +332,94 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
 
 @fast_launch
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                   H, N_Q, N_K, qk_scale, sm_scale,
+                   H_KV, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                   CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                   PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
+                   BOTTOM_RIGHT: tl.constexpr = False):
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
+    bhk = tl.program_id(1)  # one program per key block of one (batch, K/V head)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
-    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    b, hk = (bhk // H_KV).to(tl.int64), (bhk % H_KV).to(tl.int64)
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = (offs_n < N_K)[:, None]
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=col_ok, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                mask=col_ok, other=0.0)
+    d_ok = (offs_d < D)[None, :]
+    k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+              col_ok, d_ok, True, PAD_D)
+    v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+              col_ok, d_ok, True, PAD_D)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    lse_base = LSE + bh.to(tl.int64) * N_Q
-    delta_base = DELTA + bh.to(tl.int64) * N_Q
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    # The queries this key block gets gradients from. Causal: queries before lo never see
+    # it; [lo, diag_end) straddle the diagonal (masked); the rest see all of it.
+    # Every bound is a multiple of BLOCK_M, so that the three loops below never visit a
+    # query twice.
     if CAUSAL:
-        # Queries before start_n never see this key block; the next BLOCK_N queries
-        # straddle the diagonal (masked); the rest see all of it.
-        diag_end = tl.minimum(start_n + BLOCK_N, N_Q)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_dom, offs_n, offs_d, start_n, diag_end,
-                                      N_Q, qk_scale, BLOCK_M, True, True, UPCAST, PRECISION)
-        lo = start_n + BLOCK_N
+        lo = (tl.minimum(tl.maximum(start_n - shift, 0), N_Q) // BLOCK_M) * BLOCK_M
+        diag_end = lo + tl.cdiv(tl.maximum(start_n + BLOCK_N - shift - lo, 0), BLOCK_M) * BLOCK_M
+        diag_end = tl.minimum(diag_end, tl.cdiv(N_Q, BLOCK_M) * BLOCK_M)
     else:
         lo = 0
-    full = tl.maximum((N_Q // BLOCK_M) * BLOCK_M, lo)
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                  stride_qm, stride_dom, offs_n, offs_d, lo, full,
-                                  N_Q, qk_scale, BLOCK_M, False, False, UPCAST, PRECISION)
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                  stride_qm, stride_dom, offs_n, offs_d, full, N_Q,
-                                  N_Q, qk_scale, BLOCK_M, False, True, UPCAST, PRECISION)
+        diag_end = 0
+    full = tl.maximum((N_Q // BLOCK_M) * BLOCK_M, diag_end)
+    groups = GROUP
+    if HAS_LENS:
+        groups = tl.where(start_n < n_end, GROUP, 0)  # keys past the length: dK = dV = 0
+    # Grouped-query attention: the GROUP query heads that read this K/V head all add to its
+    # dK and dV. The loop over them is inside this one program, in a fixed order: no
+    # atomics, the same bits on every run.
+    for g in range(0, groups):
+        h = hk * GROUP + g
+        bh = b * (H_KV * GROUP) + h
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        lse_base = LSE + bh * N_Q
+        delta_base = DELTA + bh * N_Q
+        if CAUSAL:
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                          stride_qm, stride_dom, offs_n, offs_d, lo, diag_end,
+                                          N_Q, n_end, shift, D, qk_scale, BLOCK_M, True, True,
+                                          PAD_D, HAS_LENS, UPCAST, PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                      stride_qm, stride_dom, offs_n, offs_d, diag_end, full,
+                                      N_Q, n_end, shift, D, qk_scale, BLOCK_M, False, False,
+                                      PAD_D, HAS_LENS, UPCAST, PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                      stride_qm, stride_dom, offs_n, offs_d, full, N_Q,
+                                      N_Q, n_end, shift, D, qk_scale, BLOCK_M, False, True,
+                                      PAD_D, HAS_LENS, UPCAST, PRECISION)
     # dS was taken with respect to the scaled scores; the chain rule brings back `scale`.
     dk = dk * sm_scale
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok)
+    _store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+           dk.to(DK.dtype.element_ty), col_ok, d_ok, PAD_D)
+    _store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), col_ok, d_ok, PAD_D)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                       lo, hi, N_K, qk_scale,
+                       lo, hi, n_end, shift, D, qk_scale,
                        BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
-                       UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                       PAD_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
         vT_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
-        if EDGE_MASK:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
+        kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
+        vT = _load(vT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
         if UPCAST:
             kT = kT.to(tl.float32)
             vT = vT.to(tl.float32)
@@ -305,9 +427,9 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_
         s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale
         p = tl.math.exp2(s - lse[:, None])
         if CAUSAL_MASK:
-            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+            p = tl.where(offs_m[:, None] + shift >= offs_n[None, :], p, 0.0)
         if EDGE_MASK:
-            p = tl.where(offs_n[None, :] < N_K, p, 0.0)
+            p = tl.where(offs_n[None, :] < n_end, p, 0.0)
         dp = tl.dot(do, vT, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=PRECISION)
@@ -317,67 +439,72 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_
 
 @fast_launch
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dqb, stride_dqh, stride_dqm,
-                 H, N_Q, N_K, qk_scale, sm_scale,
+                 H, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                 PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
+                 BOTTOM_RIGHT: tl.constexpr = False):
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
     # 64-bit batch/head offsets (b * stride_qb passes 2**31 for tensors of > 2**31
     # elements); offsets inside one (b, h) slice stay 32-bit, guarded by the launcher.
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    hk = h // GROUP
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+    d_ok = offs_d < D
+    q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+              row_ok[:, None], d_ok[None, :], True, PAD_D)
+    do = _load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+               row_ok[:, None], d_ok[None, :], True, PAD_D)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:
+        full, hi = _visible_keys(start_m, n_end, shift, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                                offs_m, offs_d, 0, start_m, N_K, qk_scale,
-                                BLOCK_N, False, False, UPCAST, PRECISION)
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
+                                offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                                offs_m, offs_d, start_m, hi, N_K, qk_scale,
-                                BLOCK_N, True, True, UPCAST, PRECISION)
+                                offs_m, offs_d, full, hi, n_end, shift, D, qk_scale,
+                                BLOCK_N, True, True, PAD_D, UPCAST, PRECISION)
     else:
-        full = (N_K // BLOCK_N) * BLOCK_N
+        full = (n_end // BLOCK_N) * BLOCK_N
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                                offs_m, offs_d, 0, full, N_K, qk_scale,
-                                BLOCK_N, False, False, UPCAST, PRECISION)
+                                offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                                offs_m, offs_d, full, N_K, N_K, qk_scale,
-                                BLOCK_N, False, True, UPCAST, PRECISION)
+                                offs_m, offs_d, full, n_end, n_end, shift, D, qk_scale,
+                                BLOCK_N, False, True, PAD_D, UPCAST, PRECISION)
     dq = dq * sm_scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    _store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+           dq.to(DQ.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
 
 
-KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dkdv_inner,
+KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dkdv_inner,
            _attn_bwd_dq, _attn_bwd_dq_inner]
 
 
 # ---------------------------------------------------------------------------------------
 # Launch configuration
 # ---------------------------------------------------------------------------------------
-# Block shapes. Causal masking needs BLOCK_M % BLOCK_N == 0 in the forward and dQ kernels
-# and BLOCK_N % BLOCK_M == 0 in the dK/dV kernel, so that the diagonal is covered by whole
-# inner blocks. The 16-bit entries were measured on an H100 (scripts/device_triton_attention_lstm.py
-# sweeps them); fp32 tiles are twice as large, so they get smaller blocks to fit shared
-# memory, and the interpreter gets small blocks because it is slow.
+# Block shapes. The causal loops take any BLOCK_M and BLOCK_N (their bounds are rounded to
+# whole blocks); the 16-bit entries were measured on an H100
+# (scripts/device_triton_attention_lstm.py sweeps them); fp32 tiles are twice as large, so
+# they get smaller blocks to fit shared memory, and the interpreter gets small blocks
+# because it is slow. Keys are the padded head size (a power of two, 16..256).
 TUNED = {
     # H100, bf16, B4 H16 N4096 D128 (scripts/device_triton_attention_lstm.py --sweep, 2026-11-21):
     # BLOCK_N=128 stages 3: 495/436 TFLOP/s full/causal; BLOCK_N=64: 486/427; 4 stages or
@@ -387,34 +514,53 @@ TUNED = {
     # 128 x 64: GPT-2 small (B8 H12 N1024 causal) 49 vs 61 us, ViT-B/16 (N197) 51 vs 59,
     # BERT-base (N512) 79 vs 87.
     "fwd_small_d": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    # D = 256 (Gemma's head; 192 pads to it): not measured yet. Sized so that the tiles fit:
+    # acc 64 x 256 fp32 is 64 registers a thread at 8 warps, q 32 more; two stages of a
+    # 32-key K and V tile are 64 KB of shared memory (of the H100's 227 KB).
+    "fwd_d256": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
     "fwd_fp32": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+    "fwd_fp32_d256": dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=1),
     # Backward: BLOCK_N = the key block of dK/dV (and query block of dQ), BLOCK_M the
     # streamed block (query block of dK/dV, key block of dQ).
     # 8 warps: dK and dV of a 128-key block are two 128 x D fp32 accumulators (4 warps
     # spill: 171 TFLOP/s). Streamed block 64: 372/354 TFLOP/s full/causal, 32: 304/301.
     "bwd": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+    # D = 256, not measured yet: dK, dV of a 64-key block are 2 x 64 KB fp32 (64 registers a
+    # thread each at 8 warps); the streamed q and dO tiles of 16 rows are 16 KB a stage.
+    "bwd_d256": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=2),
     # D = 64 was tried with 32 x 64 and 64 x 64 blocks, 4 warps: within 2% of this entry at
     # GPT-2 small, ViT-B/16 and BERT-base's shapes in one run, 9-17% faster in an earlier
     # run in which this entry itself took 9-17% longer than in the later one
     # (reports/h100-small-shapes*.json): within the spread between runs, so kept.
     "bwd_fp32": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2),
+    "bwd_fp32_d256": dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
     "interpreted_fwd": dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
     "interpreted_bwd": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
 }
 
 
+def head_tile(D: int) -> int:
+    """The register tile's width for head size D: the next power of two, at least 16 (the
+    smallest tl.dot operand). D = 8 computes on a 16-wide tile, 80 and 96 on 128."""
+    return max(16, next_power_of_2(D))
+
+
 def _fwd_config(D: int, dtype: torch.dtype) -> dict:
+    tile = head_tile(D)
     if INTERPRETED:
         return TUNED["interpreted_fwd"]
     if dtype == torch.float32:
-        return TUNED["fwd_fp32"]
-    return TUNED["fwd_d128"] if D == 128 else TUNED["fwd_small_d"]
+        return TUNED["fwd_fp32_d256"] if tile == 256 else TUNED["fwd_fp32"]
+    return {256: TUNED["fwd_d256"], 128: TUNED["fwd_d128"]}.get(tile, TUNED["fwd_small_d"])
 
 
 def _bwd_config(D: int, dtype: torch.dtype) -> dict:
+    tile = head_tile(D)
     if INTERPRETED:
         return TUNED["interpreted_bwd"]
-    return TUNED["bwd_fp32"] if dtype == torch.float32 else TUNED["bwd"]
+    if dtype == torch.float32:
+        return TUNED["bwd_fp32_d256"] if tile == 256 else TUNED["bwd_fp32"]
+    return TUNED["bwd_d256"] if tile == 256 else TUNED["bwd"]
 
 
 def _precision(dtype: torch.dtype, device: torch.device) -> str:
@@ -434,77 +580,114 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None):
+def _lens_stride(kv_lens) -> int:
+    return 0 if kv_lens is None else kv_lens.stride(0)  # kv_lens may be a view too
+
+
+def _features(q, k, bottom_right: bool, kv_lens) -> tuple[tuple, dict]:
+    """The runtime sizes and the constexpr switches of the features a call uses: (D, group)
+    and PAD_D / HAS_LENS / BOTTOM_RIGHT (all False in the common case: its kernels are the
+    ones they were before these features existed)."""
+    D = q.shape[-1]
+    switches = dict(HEAD_DIM=head_tile(D), PAD_D=head_tile(D) != D, HAS_LENS=kv_lens is not None,
+                    BOTTOM_RIGHT=bool(bottom_right))
+    return (D, q.shape[1] // k.shape[1]), switches
+
+
+def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, bottom_right=False,
+             kv_lens=None):
     """(o, lse) without autograd; the log-sum-exp only when a backward will read it.
     config: the caller's block shapes (a TUNED-style dict), else the table's."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
     lse = q.new_empty((B, H, Nq), dtype=torch.float32) if save else o
+    if o.numel() == 0:
+        return o, lse  # nothing to compute: no launch with an empty grid
+    if Nk == 0:  # no key at all: every query sees none, out = 0 (as SDPA); lse = +inf
+        return o.zero_(), lse.fill_(float("inf")) if save else lse
+    (D, group), switches = _features(q, k, bottom_right, kv_lens)
     cfg = _fwd_config(D, q.dtype) if config is None else config
     _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
-        q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-        H, Nq, Nk, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
+        q, k, v, o, lse, kv_lens if kv_lens is not None else lse,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
         UPCAST=INTERPRETED and q.dtype != torch.float32, PRECISION=_precision(q.dtype, q.device),
-        SAVE_LSE=save, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SAVE_LSE=save, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **switches)
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bottom_right=False,
+              kv_lens=None):
     B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    do = _unit_last(do)
-    delta = q.new_empty((B, H, Nq), dtype=torch.float32)
-    pre_block = 64
-    _attn_bwd_preprocess[(cdiv(Nq, pre_block), B * H)](
-        o, do, delta, *_strides(o), *_strides(do), H, Nq, HEAD_DIM=D, BLOCK_M=pre_block)
+    Hkv, Nk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if dq.numel() == 0 or dk.numel() == 0:
+        # no query or no key: every gradient is 0 (or empty); no launch with an empty grid
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    do = _unit_last(do)
+    (D, group), switches = _features(q, k, bottom_right, kv_lens)
+    delta = q.new_empty((B, H, Nq), dtype=torch.float32)
+    pre_block = 64
+    _attn_bwd_preprocess[(cdiv(Nq, pre_block), B * H)](
+        o, do, delta, *_strides(o), *_strides(do), H, Nq, D, HEAD_DIM=switches["HEAD_DIM"],
+        BLOCK_M=pre_block, PAD_D=switches["PAD_D"])
     cfg = _bwd_config(D, q.dtype) if config is None else config
-    common = dict(HEAD_DIM=D, CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
+    common = dict(CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
                   PRECISION=_precision(q.dtype, q.device), num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
+                  num_stages=cfg["num_stages"], **switches)
+    lens = kv_lens if kv_lens is not None else lse
     small, large = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    # dK/dV: a large key block stays on chip while small query blocks stream past.
-    _attn_bwd_dkdv[(cdiv(Nk, large), B * H)](
-        q, k, v, do, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dk), *_strides(dv), H, Nq, Nk, scale * LOG2E, scale,
+    # dK/dV: a large key block stays on chip while small query blocks stream past; one
+    # program per key block of each K/V head, looping over that head's group of query heads.
+    _attn_bwd_dkdv[(cdiv(Nk, large), B * Hkv)](
+        q, k, v, do, lse, delta, dk, dv, lens, *_strides(q), *_strides(k), *_strides(v),
+        *_strides(do), *_strides(dk), *_strides(dv), Hkv, group, Nq, Nk, D, _lens_stride(kv_lens),
+        scale * LOG2E, scale,
         BLOCK_M=small, BLOCK_N=large, **common)
     # dQ: the mirror image, a large query block and small key blocks.
     _attn_bwd_dq[(cdiv(Nq, large), B * H)](
-        q, k, v, do, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dq), H, Nq, Nk, scale * LOG2E, scale,
+        q, k, v, do, lse, delta, dq, lens, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
+        *_strides(dq), H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, scale,
         BLOCK_M=large, BLOCK_N=small, **common)
     return dq, dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, config=None, backward_config=None):
+    def forward(ctx, q, k, v, causal, scale, config=None, backward_config=None, bottom_right=False,
+                kv_lens=None):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        o, lse = _forward(q, k, v, causal, scale, save=True, config=config)
-        ctx.save_for_backward(q, k, v, o, lse)
+        o, lse = _forward(q, k, v, causal, scale, save=True, config=config,
+                          bottom_right=bottom_right, kv_lens=kv_lens)
+        ctx.save_for_backward(q, k, v, o, lse, kv_lens)
         ctx.causal, ctx.scale, ctx.backward_config = causal, scale, backward_config
+        ctx.bottom_right = bottom_right
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.backward_config)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, o, lse, kv_lens = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.backward_config,
+                               ctx.bottom_right, kv_lens)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+MAX_HEAD_DIM = 256
 
 
 def check(q, k, v) -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): a head size the kernels are not templated for, and a (batch, head)
-    slice too long for their 32-bit offsets."""
+    after the contract): a head size past the largest tile, and a (batch, head) slice too
+    long for their 32-bit offsets."""
     D = q.shape[-1]
-    if D not in HEAD_DIMS:
-        raise ValueError(f"attention: argument 'q' must have a head dimension D in "
-                         f"{', '.join(map(str, HEAD_DIMS))} for the Triton kernel "
-                         f"(one register tile spans D); got D={D} in shape {tuple(q.shape)}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"attention: argument 'q' must have a head dimension D <= {MAX_HEAD_DIM} "
+                         f"for the Triton kernel (one register tile spans D, padded to a power "
+                         f"of two); got D={D} in shape {tuple(q.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         # Inside one (b, h) slice the kernels index with 32-bit offsets (fast address math
         # in the inner loop); the batch and head offsets are 64-bit.
@@ -515,15 +698,19 @@ def check(q, k, v) -> None:
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
 
 
-def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None):
-    """softmax(q k^T * scale) v for (B, H, N, D) tensors; inputs already validated (the
-    contract, then `check`).
+def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,
+              bottom_right: bool = False, kv_lens=None):
+    """softmax(q k^T * scale) v for q (B, H, Nq, D) and k, v (B, H_kv, Nk, D); inputs already
+    validated (the contract, then `check`). bottom_right: the causal diagonal aligned to the
+    last key (the contract's causal_alignment="bottom_right"); kv_lens: (B,) valid keys per
+    batch element, or None.
 
     config=None, backward_config=None: the block shapes of TUNED for this head size and
-    dtype. A dict with TUNED's keys (BLOCK_M, BLOCK_N, num_warps, num_stages; causal calls
-    need the divisibility above) pins the forward's or the backward's for this call: what
-    scripts/device_triton_attention_lstm.py --sweep times, passing them as arguments."""
+    dtype. A dict with TUNED's keys (BLOCK_M, BLOCK_N, num_warps, num_stages) pins the
+    forward's or the backward's for this call: what scripts/device_triton_attention_lstm.py
+    --sweep times, passing them as arguments."""
     if needs_grad(q, k, v):
-        return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config)
+        return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config,
+                           bottom_right, kv_lens)
     return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False,
-                    config=config)[0]
+                    config=config, bottom_right=bottom_right, kv_lens=kv_lens)[0]

@@ -207,6 +207,8 @@ def _forward(x, weight, bias, eps, save: bool, tiling=None):
         stride_xm, M = x2.stride(0), x2.shape[0]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
+    if M == 0:
+        return y, x2, stats  # no rows: nothing to launch (a grid of 0 programs is an error)
     BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling)
     layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
@@ -231,6 +233,9 @@ class _LayerNorm(torch.autograd.Function):
         stride_xm = x2.stride(0) if x2.dim() == 2 and not x2.is_contiguous() else N
         dy2 = _rows(dy)
         dx = x2.new_empty((M, N))
+        if M == 0:  # no rows: dweight and dbias are sums of nothing
+            zeros = weight.new_zeros((2, N))
+            return dx.reshape(ctx.x_shape), zeros[0], zeros[1], None, None, None
         BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, ctx.backward_tiling)
         programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
         # Whole BLOCK_M groups per program, so programs never share a row.
@@ -247,15 +252,16 @@ class _LayerNorm(torch.autograd.Function):
         return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None, None, None
 
 
-def check(x) -> None:
+def check(x, component: str = "layer_norm") -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): rows too wide for registers, float64."""
+    after the contract): rows too wide for registers, float64. (rms_norm's kernels, built
+    the same way, refuse the same: `component` names the one whose call it is.)"""
     N = x.shape[-1]
     if N > MAX_WIDTH:
-        raise ValueError(f"layer_norm: argument 'x' must have a last dimension <= {MAX_WIDTH} for "
-                         f"the Triton kernel (one row lives in registers); got {N}")
+        raise ValueError(f"{component}: argument 'x' must have a last dimension <= {MAX_WIDTH} "
+                         f"for the Triton kernel (one row lives in registers); got {N}")
     if x.dtype == torch.float64:
-        raise TypeError("layer_norm: argument 'x' must be float16, bfloat16 or float32 for the "
+        raise TypeError(f"{component}: argument 'x' must be float16, bfloat16 or float32 for the "
                         "Triton kernels; got torch.float64")
 
 

@@ -31,6 +31,9 @@ What the harness needs (every card defines these):
 What the harness may use (defaults in brackets):
 
     MUTATED        variant -> buffers the call updates in place, checked like outputs [{}]
+    VARIANT_SHAPES variant -> shape parameters it adds to (or overrides in) every preset, for
+                   make_args: a variant that is also a shape (attention's grouped-query
+                   and decoding cases: fewer K/V heads, fewer queries than keys) [{}]
     zero_gradient_scales(args, upstream, grads) -> {input: tensor}: for inputs whose
                    gradient is exactly zero on these arguments, the tensor whose norm the
                    level's (rounding-sized) gradient is measured against instead [none]
@@ -50,6 +53,10 @@ What the harness may use (defaults in brackets):
                    --breakdown` charges their time to the component [()]
     SOLUTION_FILES level -> the file (or files) that hold its solution regions at that level,
                    where it is not the level's usual one (`levels assignment build`) [{}]
+    SAME_ALGORITHM_AS  components whose solutions are this one's nearly line for line
+                   (rms_norm's kernels are layer_norm's without the mean): an assignment of
+                   either hides the other's solution regions too (`levels assignment build`;
+                   one card names it, the relation goes both ways) [()]
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
@@ -146,6 +153,7 @@ class Card:
         self.fused_aten: tuple[str, ...] = tuple(getattr(module, "FUSED_ATEN", ()))
         self.nn_modules: tuple[str, ...] = tuple(getattr(module, "NN_MODULES", ()))
         self.solution_files: dict = dict(getattr(module, "SOLUTION_FILES", {}))
+        self.same_algorithm_as: tuple[str, ...] = tuple(getattr(module, "SAME_ALGORITHM_AS", ()))
         self.host_probe: dict = dict(getattr(module, "HOST_PROBE", {}))
 
     def __repr__(self) -> str:
@@ -176,11 +184,12 @@ class Card:
         if layout not in LAYOUTS:
             raise ValueError(f"argument 'layout' must be one of {', '.join(LAYOUTS)}; got {layout!r}")
         generator = torch.Generator(device="cpu").manual_seed(seed)
+        shape = {**shape, **getattr(self.module, "VARIANT_SHAPES", {}).get(variant, {})}
         args = self.module.make_args(shape, dtype, torch.device(device), generator)
         args.update(self.variants[variant])
         if layout == "strided":
             args = self.strided(args, self.mutated(variant))
-        return self.case_from_args(args, size, layout)
+        return self.case_from_args(args, size, layout, variant)
 
     def strided(self, args: dict, mutated=()) -> dict:
         """The same values with every tensor argument a view (the card's STRIDED kinds)."""
@@ -191,11 +200,18 @@ class Card:
         return {name: as_view(value, kinds[name], GAP_SENTINEL if name in mutated else float("nan"))
                 if isinstance(value, torch.Tensor) else value for name, value in args.items()}
 
-    def case_from_args(self, args: dict, size: str = "custom", layout: str | None = None) -> Case:
-        """A case made of arguments you choose (any shapes, strides or layouts). The variant
-        follows from the flags in `args` (a missing flag counts as False)."""
-        variant = next((name for name, flags in self.variants.items()
-                        if all(bool(args.get(k, False)) == v for k, v in flags.items())), None)
+    def case_from_args(self, args: dict, size: str = "custom", layout: str | None = None,
+                       variant: str | None = None) -> Case:
+        """A case made of arguments you choose (any shapes, strides or layouts). The variant,
+        unless given, follows from the flags in `args` (a missing bool flag counts as False):
+        of the variants whose flags all match, the one with the most flags."""
+        def matches(flags):
+            return all((bool(args.get(k, False)) if isinstance(v, bool) else args.get(k)) == v
+                       for k, v in flags.items())
+        if variant is None:
+            found = [(len(flags), -i, name) for i, (name, flags) in enumerate(self.variants.items())
+                     if matches(flags)]
+            variant = max(found)[2] if found else None
         if variant is None:
             raise ValueError(f"{self.name}: the arguments match no variant of {sorted(self.variants)}")
         mutated = self.mutated(variant)

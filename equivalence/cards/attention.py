@@ -1,4 +1,5 @@
-"""Attention: softmax(q k^T * scale) v, optionally causal."""
+"""Attention: softmax(q k^T * scale) v, optionally causal; grouped-query (k, v with H_kv heads
+dividing q's H), causal with Nq != Nk in either alignment, per-batch key lengths."""
 
 import contextlib
 import math
@@ -12,7 +13,17 @@ SIZES = {
     "small": dict(B=2, H=4, N=256, D=64),
     "bench": dict(B=4, H=16, N=4096, D=128),
 }
-VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True)}
+VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True),
+            # grouped-query attention, more keys than queries, a head size no power of two
+            # (16 -> 24, 64 -> 96, 128 -> 192: padded inside the kernels), causal top-left
+            "gqa": dict(causal=True, causal_alignment="top_left"),
+            # decoding/prefill against a KV cache: few queries, multi-query attention (one
+            # K/V head), per-batch key lengths, the causal diagonal at the bottom right
+            "decode": dict(causal=True, causal_alignment="bottom_right")}
+# What each variant changes in a preset's shape (make_args reads these keys).
+VARIANT_SHAPES = {"gqa": dict(kv_group=2, nk_extra=True, odd_head=True),
+                  # two sequences at least: the second's length leaves queries with no key
+                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2)}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
@@ -36,49 +47,102 @@ def zero_gradient_scales(args, upstream, grads):
     if k.shape[2] != 1:
         return {}
     scale = args.get("scale") or q.shape[-1] ** -0.5
-    dp = (upstream[0] * v).sum(-1, keepdim=True)  # (B, H, Nq, 1)
-    return {"q": scale * dp * k, "k": scale * (dp * q).sum(2, keepdim=True)}
+    B, H, Nq, D = q.shape
+    group = H // k.shape[1]  # grouped-query attention: K/V head h // group serves query head h
+    kh, vh = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    dp = (upstream[0] * vh).sum(-1, keepdim=True)  # (B, H, Nq, 1)
+    per_query_head = scale * (dp * q).sum(2, keepdim=True)  # (B, H, 1, D)
+    return {"q": scale * dp * kh,
+            "k": per_query_head.reshape(B, k.shape[1], group, 1, D).sum(2)}
 
 
 def strided(args):
     """q, k and v cut out of one packed projection, as a fused qkv Linear produces them:
-    a (B, N, 3, H, D) buffer viewed as three (B, H, N, D) tensors (no dimension has unit
-    stride but D, and q, k, v interleave in memory)."""
-    q = args["q"]
-    B, H, N, D = q.shape  # make_args draws k and v of the same shape
-    packed = torch.empty((B, N, 3, H, D), dtype=q.dtype, device=q.device)
-    for i, name in enumerate(("q", "k", "v")):
-        args[name] = packed[:, :, i].transpose(1, 2).copy_(args[name])
+    a (B, N, H + 2 H_kv, D) buffer viewed as three (B, heads, N, D) tensors (no dimension has
+    unit stride but D, and q, k, v interleave in memory). Where q has another length than
+    k and v (decoding), q comes from its own (B, Nq, H, D) projection, k and v from a packed
+    (B, Nk, 2 H_kv, D) one."""
+    q, k = args["q"], args["k"]
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    heads = {"q": H, "k": Hkv, "v": Hkv}
+    names = ("q", "k", "v") if Nq == Nk else ("k", "v")
+    packed = torch.empty((B, Nk, sum(heads[n] for n in names), D), dtype=q.dtype, device=q.device)
+    start = 0
+    for name in names:
+        args[name] = packed[:, :, start:start + heads[name]].transpose(1, 2).copy_(args[name])
+        start += heads[name]
+    if Nq != Nk:
+        own = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
+        args["q"] = own.transpose(1, 2).copy_(q)
+    if args.get("kv_lens") is not None:
+        # every other element of a buffer whose gaps hold -7 (a length that would mask every
+        # key: a kernel reading between the elements computes something else)
+        lens = args["kv_lens"]
+        args["kv_lens"] = torch.full((2 * lens.numel(),), -7, dtype=lens.dtype,
+                                     device=lens.device)[::2].copy_(lens)
     return args
 
 
 def make_args(shape, dtype, device, generator):
-    B, H, N, D = shape["B"], shape["H"], shape["N"], shape["D"]
-    return dict(q=randn((B, H, N, D), generator, dtype, device),
-                k=randn((B, H, N, D), generator, dtype, device),
-                v=randn((B, H, N, D), generator, dtype, device),
+    B, H, N, D = max(shape["B"], shape.get("min_batch", 1)), shape["H"], shape["N"], shape["D"]
+    group = H if shape.get("kv_group") == "all" else shape.get("kv_group", 1)
+    Nq = max(1, N // 8) + 1 if shape.get("nq_short") else N
+    Nk = N + N // 3 if shape.get("nk_extra") else N
+    D = D * 3 // 2 if shape.get("odd_head") else D
+    args = dict(q=randn((B, H, Nq, D), generator, dtype, device),
+                k=randn((B, H // group, Nk, D), generator, dtype, device),
+                v=randn((B, H // group, Nk, D), generator, dtype, device),
                 causal=False, scale=None)
+    # (causal_alignment comes with the variants that use it, and kv_lens with the shapes that
+    # ask for it: a function written for (q, k, v, causal, scale) still runs the others)
+    if shape.get("kv_lens"):
+        # lengths between a third of the keys and all of them; the last element of a batch
+        # of several gets the fewest, so that some of its queries see no key at all
+        lens = torch.randint(Nk // 3, Nk + 1, (B,), generator=generator)
+        if B > 1:
+            lens[-1] = max(0, Nq // 2 - 1)
+        args["kv_lens"] = lens.to(device)
+    return args
 
 
-def reference(q, k, v, causal=False, scale=None):
-    Nq, D = q.shape[-2:]
-    Nk = k.shape[-2]
+def visible(Nq, Nk, causal, causal_alignment, kv_lens, B):
+    """(B, Nq, Nk) bool: which key each query sees, from the definition, one element at a
+    time (independent of the levels' vectorized masks)."""
+    out = torch.zeros((B, Nq, Nk), dtype=torch.bool)
+    for b in range(B):
+        L = Nk if kv_lens is None else min(max(int(kv_lens[b]), 0), Nk)
+        shift = L - Nq if causal_alignment == "bottom_right" else 0
+        for i in range(Nq):
+            last = min(L, i + shift + 1) if causal else L
+            out[b, i, :max(last, 0)] = True
+    return out
+
+
+def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-    if causal:  # query i may look at keys j <= i
-        i = torch.arange(Nq, device=q.device)[:, None]
-        j = torch.arange(Nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
-    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    p = e / e.sum(dim=-1, keepdim=True)
-    return (torch.einsum("bhij,bhjd->bhid", p, v),)
+    # Query head h reads K/V head h // (H / H_kv): index K and V head by head.
+    kv = torch.tensor([h // (H // Hkv) for h in range(H)], dtype=torch.long)
+    kh, vh = k[:, kv.to(k.device)], v[:, kv.to(v.device)]
+    s = torch.einsum("bhid,bhjd->bhij", q, kh) * scale
+    seen = visible(Nq, Nk, causal, causal_alignment, kv_lens, B).to(q.device)[:, None]
+    s = s.masked_fill(~seen, float("-inf"))
+    # A query that sees no key outputs 0 (as SDPA): its row of weights is all zero.
+    row_max = s.amax(dim=-1, keepdim=True) if Nk else s.sum(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(s - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(total > 0, total, torch.ones_like(total))
+    return (torch.einsum("bhij,bhjd->bhid", p, vh),)
 
 
 def flops(args):
     q, k = args["q"], args["k"]
     B, H, Nq, D = q.shape
-    fwd = 4 * B * H * Nq * k.shape[2] * D  # two GEMMs: q k^T and p v
-    if args.get("causal"):
+    fwd = 4 * B * H * Nq * k.shape[2] * D  # two GEMMs: q k^T and p v (every key, as SDPA counts)
+    if args.get("causal") and Nq == k.shape[2]:
         fwd //= 2
     return {"fwd": fwd, "bwd": fwd * 5 // 2}  # five GEMMs in the backward (FlashAttention-2 count)
 

@@ -24,7 +24,9 @@ caches) and makes these cuts (assignment_regions.py says how a region is found a
    that write the same thing another way (Levels 1-3 are one math, written for TorchScript
    at Level 2; Level 4, Level 5 and the numba twins are one algorithm in three languages).
    Their regions are blanked too, with a TODO that says why; one without regions is named
-   in the build's report ("still shows ...: mark it to hide it").
+   in the build's report ("still shows ...: mark it to hide it"). So are the regions of the
+   components whose solutions are the same algorithm (a card's SAME_ALGORITHM_AS: rms_norm
+   and layer_norm), at the same levels.
 3. Every notebook's exercises (nbgrader's stub) and the outputs of their cells, whatever the
    parts: a notebook's exercises belong to its lesson, and a copy that kept any would hand
    out its answers. Every hidden-test region, from every .py file and notebook.
@@ -58,7 +60,7 @@ from .assignment_regions import (CU_BEGIN, CU_END, HIDDEN_BEGIN, HIDDEN_END, NOT
                                  PY_BEGIN, PY_END, BuiltNotebook, Region, blank, blank_notebook,
                                  find_regions, regions_of, remove_hidden_tests)
 from .parts import (ANSWER_MIN_CHARS, ASSIGNABLE_LEVELS, GIVES_AWAY, INSTRUCTOR_ONLY,
-                    LEVEL_TITLES, _NOT_RUN, part_files, repo_files)
+                    LEVEL_TITLES, _NOT_RUN, part_files, repo_files, same_algorithm)
 
 ROOT = REPOSITORY
 __all__ = ["CU_BEGIN", "CU_END", "HIDDEN_BEGIN", "HIDDEN_END", "NOTEBOOK_CODE_STUB", "PY_BEGIN",
@@ -281,6 +283,9 @@ def build(components, level_names, out_dir, repo=ROOT, instructor_dir=None, poin
         for c in components:
             for other in GIVES_AWAY[level]:
                 wanted.setdefault((c, other), True)
+    for c, level in list(wanted):
+        for kin in same_algorithm(c):
+            wanted.setdefault((kin, level), True)
     for (component, level), given_away in wanted.items():
         untracked = [f for f in part_files(component, level) if f not in files
                      and (repo / f).exists()]

@@ -79,6 +79,14 @@ def write_student_files(copy) -> None:
               "the harness with hidden tests besides, and gives partial credit: the forward and "
               "the backward, each dtype and each layout count separately. At a kernel level "
               "only what your own kernels compute counts.", ""]
+    if any(level == "cuda" for _, level in parts):
+        lines += ["Level 5 runs only on an NVIDIA GPU (`levels check` says so elsewhere). "
+                  "Without one, the grader compiles your `.cu` file with nvcc and checks that "
+                  "every kernel in it stores its result: that earns a share of the part; the "
+                  "rest is graded where there is a GPU. Compile it yourself with `python -c "
+                  "\"from cuda_kernels import build; build.compile_ptx('cuda_kernels/FILE.cu', "
+                  "'90a', include_dirs=['cuda_kernels'])\"` (nvcc's errors name the file and "
+                  "line).", ""]
     (copy.out / "ASSIGNMENT.md").write_text("\n".join(lines))
     if parts:
         target = copy.out / STUDENT_TESTS

@@ -167,8 +167,8 @@ def blank(text: str, path: str, regions: list[Region], what: str, hidden: str = 
         out += lines[done:r.start]
         line = len(out) + 2  # the student copy's line of the raise, named in its message
         if path.endswith(_CUDA_SUFFIXES):
-            todo = hidden or ("write this part (the kernel writes nothing until you do, so the "
-                              "check fails on NaN outputs)")
+            todo = hidden or ("write this part (until you do, the outputs stay NaN and the "
+                              "check fails)")
             out.append(f"{r.indent}// TODO: {what}: {todo}.\n")
         elif hidden:
             out.append(f"{r.indent}# {what}: {hidden}.\n")

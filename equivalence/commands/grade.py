@@ -24,7 +24,10 @@ of grade_rules.py: the submission's own kernels must have computed it.
 
 Score: partial credit inside a part (grade_credit.py): forward and backward, each dtype, each
 layout, weighted by the config's "credit"; a kernel rule broken in a pass takes that pass's
-share. The reason leads with the first real cause of each pass that lost points.
+share. The reason leads with the first real cause of each pass that lost points. A
+"performance" share (default 0) is timed on a GPU only, in the part's process after its
+checks (grade_process._timed); without a GPU it is not scored, said so, and the other cells
+count for the part's points.
 
 Level 5 (cuda) without a GPU: the part's .cu file is compiled with nvcc to PTX (the grader's
 own compile, on the submission's source), and every kernel in it must store something (a
@@ -42,6 +45,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -49,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .grade_credit import cells, credit_shares, verdict
+from .grade_credit import cells, credit_shares, performance_points, verdict
 from .grade_notebooks import _cells_to_grade, _grade_notebook, notebooks_with_grade_cells
 from .grade_process import _RESULT, ROOT, PartResult, _bootstrap, _device_type, _run_child
 
@@ -58,6 +62,7 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600.0
 DTYPES = ("float32", "bfloat16")
 TWIN_LEVELS = ("numba",)  # gradable levels that are no rung of the ladder
+PERFORMANCE_SIZE = "bench"  # the cards' GPU size: where a level's speed means something
 NEEDS_GPU = ("needs a CUDA GPU: Level 5 runs only on an NVIDIA GPU, and this grader runs on "
              "{device}; grade this part on a machine with one (what could be done here: "
              "{done})")
@@ -196,7 +201,12 @@ def grade(repo_dir, parts=None, timeout_s: float = DEFAULT_TIMEOUT_S, device: st
     for p in parts:
         if p.component not in COMPONENTS:
             raise ValueError(f"part {p.name}: component must be one of {', '.join(COMPONENTS)}")
-        credit_shares({**(shares or {}), **(p.credit or {})})  # refused before anything runs
+        mine = credit_shares({**(shares or {}), **(p.credit or {})})  # refused before anything runs
+        if mine["performance"] and _named(Part(p.component, mine["performance_reference"])
+                                          ).level == p.level:
+            raise ValueError(f"part {p.name}: its performance is timed against "
+                             f"{mine['performance_reference']}, its own level: name another "
+                             f"(credit 'performance_reference')")
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -226,24 +236,46 @@ def _compiles(repo: Path, part: Part) -> tuple[bool, str]:
     kernel in it store something? (ok, what was found)"""
     from cuda_kernels import build
 
-    from .parts import part_files
+    from .parts import LEVEL_TITLES, part_files
 
     found = []
+    todo = f"// TODO: {part.component}, {LEVEL_TITLES['cuda']}: write this part"
     for rel in part_files(part.component, "cuda"):
         path = repo / rel
         if not path.is_file():
             return False, f"your {rel} is missing"
+        left = [i for i, line in enumerate(path.read_text().splitlines(), 1) if todo in line]
+        if left:  # a blanked device function may compile and store, from a TODO
+            return False, (f"{part.name} is not implemented yet (the TODO at {rel}:{left[0]} is "
+                           f"still there)")
         try:
-            ptx = build.compile_ptx(path, "80", include_dirs=[path.parent])
+            ptx = build.compile_ptx(path, "90a", include_dirs=[path.parent])
         except build.BuildError as e:
             return False, f"{rel} does not compile: {str(e).strip()[:1500]}"
-        empty = [name for name, body in _entries(ptx) if not any(
-            op in body for op in ("st.global", "atom.", "red."))]
+        empty = list(dict.fromkeys(_demangled(name) for name, body in _entries(ptx) if not any(
+            op in body for op in ("st.global", "atom.", "red."))))
         if empty:
             return False, (f"{rel} compiles, but these kernels store nothing (a kernel whose "
                            f"body is still a TODO): {', '.join(empty[:5])}")
-        found.append(f"{rel} compiles (nvcc, sm_80 PTX) and each of its kernels stores its result")
+        found.append(f"{rel} compiles (nvcc, sm_90a PTX) and each of its kernels stores its result")
     return True, "; ".join(found)
+
+
+def _demangled(name: str) -> str:
+    """"levels_layer_norm::fwd_v3_loop" of an Itanium-mangled kernel name
+    (_ZN17levels_layer_norm11fwd_v3_loopIfLi4EEEv...), its template arguments dropped; the
+    name itself if it is no nested name."""
+    nested = name.startswith("_ZN")
+    if not name.startswith("_Z"):
+        return name
+    parts, rest = [], name[3 if nested else 2:]
+    while (m := re.match(r"(\d+)", rest)):
+        n = int(m[1])
+        parts.append(rest[len(m[1]):len(m[1]) + n])
+        rest = rest[len(m[1]) + n:]
+        if not nested:
+            break
+    return "::".join(parts) or name
 
 
 def _entries(ptx: str):
@@ -257,6 +289,8 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
                 shares: dict) -> PartResult:
     shares = credit_shares(shares)
     compiles_share = shares["compiles"] if part.level == "cuda" else 0.0
+    on_gpu = _device_type(device) == "cuda"
+    timed_share = shares["performance"] if on_gpu else 0.0  # without a GPU: not scored
     if part.level == "cuda" and _device_type(device) != "cuda":
         # No process: nothing of Level 5 can run here. The compile is the grader's own.
         start = time.perf_counter()
@@ -266,7 +300,9 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
         return PartResult(part.name, part.component, part.level, score, part.max_score, "failed",
                           reason, reason, round(time.perf_counter() - start, 1))
     spec = {"repo": str(repo), "grader": str(ROOT), "component": part.component,
-            "level": part.level, "device": device, "dtypes": dtypes, "size": size}
+            "level": part.level, "device": device, "dtypes": dtypes, "size": size,
+            "performance": ({"reference": shares["performance_reference"],
+                             "size": PERFORMANCE_SIZE} if timed_share else None)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="levels-grade-") as tmp:
         spec["result"] = str(Path(tmp) / _RESULT)
@@ -292,10 +328,20 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
     from equivalence.cards import LAYOUTS
 
     part_cells = cells(child["checks"], child["problems"], dtypes, list(LAYOUTS), shares)
-    points = part.max_score * (1 - compiles_share)
+    points = part.max_score * (1 - compiles_share - timed_share)
     score, reason, lines = verdict(part_cells, points, part.name)
     if compiles_share:
         score = round(score + part.max_score * compiles_share, 2)  # it ran: it compiled
+    if shares["performance"]:
+        measured = child.get("performance") or {"error": "the part's process timed nothing"}
+        earned, line = performance_points(measured if on_gpu else None,
+                                          all(c.ok for c in part_cells), shares,
+                                          part.max_score, device)
+        lines.insert(0, line)
+        if earned is not None:
+            score = round(score + earned, 2)
+            if earned < part.max_score * timed_share:
+                reason = "; ".join(x for x in (reason, line) if x)
     lines += [c["summary"] for c in child["checks"]] + child["notes"]
     lines += [f"{p}: {problem}" for p in ("forward", "backward") for problem in child["problems"][p]]
     lines += [c["text"] for c in child["problems"]["cheats"]]

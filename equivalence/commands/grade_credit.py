@@ -11,8 +11,21 @@ with the shares from the assignment's config ("credit", every key optional):
     {"forward": 0.5, "backward": 0.5,   # the passes (normalized to sum to 1)
      "bfloat16": 0.25,                  # of a pass, its bfloat16 checks (the rest: float32)
      "strided": 0.25,                   # of a pass, the strided layout (the rest: contiguous)
-     "compiles": 0.1}                   # Level 5 only: of the part, its .cu compiling (the rest
+     "compiles": 0.1,                   # Level 5 only: of the part, its .cu compiling (the rest
                                         # split as above, on a GPU)
+     "performance": 0.0,                # of the part, its speed on a GPU (0: not graded) ...
+     "performance_target": 1.0,         # ... in full at this speed-up over the reference ...
+     "performance_reference": "compile"}  # ... level, in proportion below it
+
+Performance (on a GPU only; `performance_points`): the part's forward+backward is timed
+against the reference level's with the project's timing (equivalence/profile.py: median of
+many calls, L2 flushed), same inputs. The share is earned in proportion to the speed-up, in
+full at `performance_target` (1.0: as fast as the reference), and only when every other cell
+passed: a fast wrong answer earns nothing for speed. Without a GPU nothing can be timed
+that means anything (the interpreter and the simulator are emulations): the share is "not
+scored: needs a CUDA GPU", and the part's other cells count for all its points, which the
+report says. (Level 5 without a GPU is the exception: nothing of it runs, and the share is
+part of the rest that needs a GPU.)
 
 A cell earns its weight when every check of that dtype and layout (every variant) passed
 that pass's comparisons (the forward: the outputs, with gradients and without; the backward:
@@ -33,24 +46,74 @@ from dataclasses import dataclass
 
 PASSES = ("forward", "backward")
 DEFAULT_CREDIT = {"forward": 0.5, "backward": 0.5, "bfloat16": 0.25, "strided": 0.25,
-                  "compiles": 0.1}
+                  "compiles": 0.1, "performance": 0.0, "performance_target": 1.0,
+                  "performance_reference": "compile"}
+_NOT_SHARES = ("performance_target", "performance_reference")
 # a blanked region's raise, as the harness reports it (TorchScript and torch.compile quote it)
 _TODO = re.compile(r"NotImplementedError(: |\(')TODO: (?P<what>.+?) \((?P<where>[^()]+:\d+)\)")
 
 
 def credit_shares(config: dict | None) -> dict:
     """The config's "credit" over the defaults, checked: every share in [0, 1], the passes
-    not both zero."""
+    not both zero, the shares of the part outside its passes below 1, a positive speed-up
+    target and a reference level's name."""
     shares = dict(DEFAULT_CREDIT)
     for key, value in (config or {}).items():
         if key not in DEFAULT_CREDIT:
             raise ValueError(f"credit: unknown key {key!r} (expected {', '.join(DEFAULT_CREDIT)})")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        if key == "performance_reference":
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"credit: 'performance_reference' must name a level (e.g. "
+                                 f"\"compile\"); got {value!r}")
+            shares[key] = value.strip()
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "performance_target":
+            if not number or not 0 < value < 1000:
+                raise ValueError(f"credit: 'performance_target' must be a speed-up above 0 "
+                                 f"(1.0: as fast as the reference); got {value!r}")
+            shares[key] = float(value)
+            continue
+        if not number or not 0 <= value <= 1:
             raise ValueError(f"credit: {key!r} must be a number from 0 to 1; got {value!r}")
         shares[key] = float(value)
     if shares["forward"] + shares["backward"] <= 0:
         raise ValueError("credit: 'forward' and 'backward' cannot both be 0")
+    if shares["compiles"] + shares["performance"] >= 1:
+        raise ValueError("credit: 'compiles' and 'performance' together must leave the "
+                         "correctness checks a share (their sum must be below 1)")
     return shares
+
+
+def performance_fraction(speedup, target: float) -> float:
+    """The fraction of the performance share a speed-up over the reference earns: in full at
+    `target`, in proportion below it, nothing for a speed-up that is no number."""
+    if not isinstance(speedup, (int, float)) or speedup != speedup or speedup <= 0:
+        return 0.0
+    return min(1.0, speedup / target)
+
+
+def performance_points(measured: dict | None, correct: bool, shares: dict, max_score: float,
+                       device: str) -> tuple[float | None, str]:
+    """(points, line) of the performance share. `measured`: the part's process's timing,
+    {"level_ms", "reference_ms", "speedup", "reference", "size", "dtype"} or {"error": ...};
+    None where nothing was timed (no GPU): points None, the share not scored."""
+    share = shares["performance"]
+    most = max_score * share
+    ref, target = shares["performance_reference"], shares["performance_target"]
+    if measured is None:
+        return None, (f"performance ({share:.0%} of the part) not scored: needs a CUDA GPU "
+                      f"(this grader runs on {device}); the part's other checks count for all "
+                      f"its points")
+    if "error" in measured:
+        return 0.0, f"performance 0/{most:.3g}: could not be timed: {measured['error']}"
+    what = (f"{measured['level_ms']:.3g} ms against {ref}'s {measured['reference_ms']:.3g} ms "
+            f"(forward+backward, {measured['dtype']}, size {measured['size']}): "
+            f"{measured['speedup']:.2f}x, full marks at {target:g}x")
+    if not correct:
+        return 0.0, f"performance 0/{most:.3g}: not scored until every check passes ({what})"
+    got = round(most * performance_fraction(measured["speedup"], target), 2)
+    return got, f"performance {got:.3g}/{most:.3g}: {what}"
 
 
 def pass_of(comparison: str) -> str:

@@ -181,5 +181,29 @@ def _child(spec_json: str) -> None:
                                            for c in r.comparisons]})
     problems = (ledger.verdicts(level, notes) if level in KERNEL_LEVELS
                 else {"forward": [], "backward": [], "cheats": []})
+    performance = None
+    if spec.get("performance"):  # after the verdicts: the timing is no graded call
+        performance = _timed(component, level, spec["device"], spec["dtypes"][0],
+                             **spec["performance"])
     Path(spec["result"]).write_text(json.dumps({"checks": checks, "problems": problems,
-                                                "notes": notes, "torch": torch.__version__}))
+                                                "notes": notes, "torch": torch.__version__,
+                                                "performance": performance}))
+
+
+def _timed(component: str, level: str, device: str, dtype: str, reference: str, size: str,
+           profile=None) -> dict:
+    """The part's forward+backward against the reference level's, timed the project's way
+    (equivalence/profile.py) on one draw of inputs: {"level_ms", "reference_ms", "speedup",
+    ...}, or {"error": why}. `profile`: the profiler (a test passes a fake one)."""
+    if profile is None:
+        from ..profile import profile
+    shared: dict = {}  # one draw of inputs for both
+    found = {}
+    for name, which in ((level, "level"), (reference, "reference")):
+        p = profile(component, name, dtype=dtype, device=device, size=size, case_cache=shared)
+        if p.status != "ok" or not p.fwd_bwd:
+            return {"error": f"{which} {name} was not timed ({p.status}: {p.reason})"}
+        found[which] = p.fwd_bwd["median_ms"]
+    return {"level_ms": found["level"], "reference_ms": found["reference"],
+            "speedup": found["reference"] / found["level"], "reference": reference,
+            "size": size, "dtype": dtype}

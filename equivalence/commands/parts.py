@@ -44,6 +44,16 @@ def part_files(component: str, level: str) -> list[str]:
     return [own] if isinstance(own, str) else list(own)
 
 
+def same_algorithm(component: str) -> tuple[str, ...]:
+    """The components whose solutions give `component`'s away and the other way round: those
+    its card names in SAME_ALGORITHM_AS and those whose cards name it."""
+    from .. import cards
+
+    named = set(cards.get(component).same_algorithm_as)
+    named |= {c for c in cards.names() if component in cards.get(c).same_algorithm_as}
+    return tuple(sorted(named - {component}))
+
+
 def repo_files(repo: Path) -> list[str]:
     """The repo's tracked files (git), or every file outside .git, venvs and caches."""
     repo = Path(repo)
