@@ -194,10 +194,30 @@ def tile(M: int, N: int, K: int, dtype: torch.dtype, device, mode: int) -> dict:
 def size_rule(M: int, N: int, K: int, mode: int, sms: int) -> dict:
     """The 16-bit tile on a GPU with `sms` SMs (tile's rule, testable without one)."""
     if M <= SMALL_M:  # decode: bound by reading the weights; 64 columns per accumulator
-        return small_m_tile(M, K)
+        return _two_pairs_fit(small_m_tile(M, K), mode)
     width = 2 * N if mode == GATE_UP else N
     cfg = _TILE_ARGS[id(tile_for(M, width, sms))]
-    return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2) if mode == GATE_UP else cfg
+    return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2) if mode == GATE_UP else _two_pairs_fit(cfg, mode)
+
+
+def _two_pairs_fit(cfg: dict, mode: int) -> dict:
+    """SUM_OF_TWO reads two operand pairs per K step (dG, W_gate and dU, W_up), so each
+    pipeline stage holds twice the shared memory gemm.py's tile does: at gemm's 128x256x64
+    tile with 4 stages that asked an H100 for 384 KB (it has 227 KB a block; Triton's
+    interpreter never checks). Its stages, then its K step, are cut until the kernel holds
+    no more than gemm.py's own tile, which fits."""
+    if mode != SUM_OF_TWO:
+        return cfg
+    bm, bn, bk, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"]
+    budget = stages * (bm * bk + bk * bn)
+    while 2 * stages * (bm * bk + bk * bn) > budget:
+        if stages > 2:
+            stages -= 1
+        elif bk > 16:
+            bk //= 2
+        else:
+            break
+    return dict(cfg, num_stages=stages, BLOCK_K=bk)
 
 
 def _launch(mode, a, b, c, a2=None, b2=None, c2=None, g=None, u=None, save=False, config=None):

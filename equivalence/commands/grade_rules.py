@@ -82,7 +82,7 @@ VIEW_OPS = frozenset("""view _unsafe_view reshape _reshape_alias as_strided t tr
 ALLOCATION_OPS = frozenset("""empty empty_like empty_strided new_empty new_empty_strided zeros
     zeros_like new_zeros ones ones_like new_ones full full_like new_full fill_ zero_
     scalar_tensor arange""".split())
-COPY_OPS = frozenset("copy_ _to_copy clone cat _copy_from _copy_from_and_resize".split())
+COPY_OPS = frozenset("copy_ _to_copy clone contiguous cat _copy_from _copy_from_and_resize".split())
 _ALLOWED = VIEW_OPS | ALLOCATION_OPS | COPY_OPS
 
 
