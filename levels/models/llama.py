@@ -109,23 +109,38 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _projections(module: nn.Module, cfg: LlamaConfig) -> None:
+    """q, k, v and o, without biases; k and v with n_kv_heads heads."""
+    d, hd = cfg.d_model, cfg.head_dim
+    module.cfg = cfg
+    module.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
+    module.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+    module.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+    module.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+
+
+def _qkv(module: nn.Module, x: torch.Tensor) -> tuple:
+    cfg = module.cfg
+    return (_split_heads(module.q_proj(x), cfg.n_heads), _split_heads(module.k_proj(x), cfg.n_kv_heads),
+            _split_heads(module.v_proj(x), cfg.n_kv_heads))
+
+
+def _merge_heads(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    B, H, N, D = out.shape
+    return module.o_proj(out.transpose(1, 2).reshape(B, N, H * D))
+
+
 class TorchAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        d, hd = cfg.d_model, cfg.head_dim
-        self.cfg = cfg
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        hd = cfg.head_dim
+        _projections(self, cfg)
         inv_freq = cfg.rope_base ** -(torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, x):
         cfg = self.cfg
-        q = _split_heads(self.q_proj(x), cfg.n_heads)
-        k = _split_heads(self.k_proj(x), cfg.n_kv_heads)
-        v = _split_heads(self.v_proj(x), cfg.n_kv_heads)
+        q, k, v = _qkv(self, x)
         positions = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
         angles = torch.outer(positions, self.inv_freq)
         angles = torch.cat((angles, angles), dim=-1)  # half-split: pair i with i + D/2
@@ -133,8 +148,7 @@ class TorchAttention(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                              enable_gqa=cfg.n_kv_heads != cfg.n_heads)
-        B, H, N, D = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(B, N, H * D))
+        return _merge_heads(self, out)
 
 
 class TorchBlock(nn.Module):
@@ -167,11 +181,16 @@ class TorchLlama(nn.Module):
             self.head.weight = self.tok.weight
 
     def forward(self, tokens):
-        _check_tokens(tokens, self.cfg)
-        x = self.tok(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm_f(x))
+        return _decode(self, tokens)
+
+
+def _decode(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Both models' forward: embed, the blocks, the final norm, the tied head."""
+    _check_tokens(tokens, model.cfg)
+    x = model.tok(tokens)
+    for block in model.blocks:
+        x = block(x)
+    return model.head(model.norm_f(x))
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,23 +207,13 @@ class Attention(lnn._Leveled):
 
     def __init__(self, cfg: LlamaConfig, level="native"):
         super().__init__(level)
-        d, hd = cfg.d_model, cfg.head_dim
-        self.cfg = cfg
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
-        self.rope = lnn.RotaryEmbedding(hd, cfg.rope_base, interleaved=False, level=level)
+        _projections(self, cfg)
+        self.rope = lnn.RotaryEmbedding(cfg.head_dim, cfg.rope_base, interleaved=False, level=level)
 
     def forward(self, x):
-        cfg = self.cfg
-        q = _split_heads(self.q_proj(x), cfg.n_heads)
-        k = _split_heads(self.k_proj(x), cfg.n_kv_heads)
-        v = _split_heads(self.v_proj(x), cfg.n_kv_heads)
+        q, k, v = _qkv(self, x)
         q, k = self.rope(q, k)
-        out = self._fn()(q, k, v, causal=True)
-        B, H, N, D = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(B, N, H * D))
+        return _merge_heads(self, self._fn()(q, k, v, causal=True))
 
 
 class Block(nn.Module):
@@ -237,11 +246,7 @@ class Llama(Leveled):
             self.head.weight = self.tok.weight
 
     def forward(self, tokens):
-        _check_tokens(tokens, self.cfg)
-        x = self.tok(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm_f(x))
+        return _decode(self, tokens)
 
     @classmethod
     def from_torch(cls, twin: TorchLlama, level="native") -> "Llama":
