@@ -1065,7 +1065,7 @@ def test_table_in_docs_is_what_the_code_does():
 
 
 def test_a_crash_in_a_subprocess_is_an_outcome_and_the_rest_still_runs():
-    first, second = ("layer_norm/x-scalar", "native"), ("layer_norm/empty", "native")
+    first, second = ("layer_norm/x-scalar", "native"), ("layer_norm/weight-length", "native")
     found = _isolated("cpu", ((ABORT_AT, "@".join(first)),), [first, second])
     assert found[first].kind == "crashed" and "exit code -6" in found[first].message, found
     assert found[second].kind == "raised" and found[second].error == VALUE_ERROR, found
@@ -1076,6 +1076,8 @@ def test_catalogue_covers_every_component_and_kind():
         slugs = {b.slug for b in CATALOGUE if b.component == component}
         for must in ("empty", "float64", "meta", "nan", "inf", "some-grad", "far-apart",
                      "cpu-tensors", "interpreter-cuda"):
+            if must == "some-grad" and len(cards.get(component).differentiable) < 2:
+                continue  # one differentiable input (rope's x): no subset to leave out
             assert must in slugs, (component, must)
     assert any(b.key == "attention/q-is-k-is-v" for b in CATALOGUE)
     assert any(b.key == "attention/head-dim-24" for b in CATALOGUE)
