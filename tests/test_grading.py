@@ -77,8 +77,9 @@ def test_cuda_regions_become_a_comment():
 
 def test_hang_and_segfault_cost_their_part_only(tmp_path):
     sub = copy_repo(tmp_path / "sub")
-    edit(sub / "levels/native.py", "    x32 = x.float()\n",
-         "    import time\n    while True:\n        time.sleep(1)\n")
+    edit(sub / "levels/native.py", "    ### BEGIN SOLUTION\n    x32 = x.float()\n    mean = x32.mean(",
+         "    ### BEGIN SOLUTION\n    import time\n    while True:\n        time.sleep(1)\n"
+         "    mean = x32.mean(")
     edit(sub / "triton_kernels/layer_norm.py", '    N = x.shape[-1]\n    if N > MAX_WIDTH:',
          '    import ctypes\n    ctypes.string_at(0)\n    N = x.shape[-1]\n    if N > MAX_WIDTH:')
     config = {"timeout_s": 15, "parts": [{"component": "layer_norm", "level": "native"},
