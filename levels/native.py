@@ -30,21 +30,36 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
     return None  # runs wherever torch runs
 
 
-# The components whose math is cuBLAS matmuls (TF32 in fp32 when torch allows it); the others
-# are pointwise work and reductions, and conv_bn follows cuDNN's switch.
-MATMULS = ("attention", "mlp", "lstm", "swiglu_mlp")
+def cublas_tf32() -> bool:
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def cudnn_tf32() -> bool:
+    return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
+
+
+_TF32_SWITCH: dict = {}  # component -> the torch switch its math's library calls obey
+
+
+def tf32_via(switch):
+    """Decorator of a component's `<component>_math`: the library calls it makes (cuBLAS
+    matmuls: `cublas_tf32`; cuDNN convolutions: `cudnn_tf32`) run float32 in TF32 where that
+    switch of torch's says so. What a component's math calls is said beside that math, so a
+    component added later marks its own function and edits nothing shared."""
+    def mark(fn):
+        _TF32_SWITCH[fn.__name__.removesuffix("_math")] = switch
+        return fn
+    return mark
 
 
 def uses_tf32(component: str, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether fp32 math runs in TF32: only the library GEMMs and convolutions can, and they
-    follow torch's switches (Levels 2 and 3 make the same library calls, and share this)."""
+    follow torch's switches (Levels 2 and 3 make the same library calls, and share this).
+    Math without a `tf32_via` mark is pointwise work and reductions only."""
     if torch.device(device).type != "cuda" or dtype != torch.float32:
         return False
-    if component == "conv_bn":
-        return torch.backends.cudnn.allow_tf32  # cuDNN convolutions default to TF32
-    if component in MATMULS:
-        return torch.backends.cuda.matmul.allow_tf32
-    return False  # the others: pointwise and reductions only
+    switch = _TF32_SWITCH.get(component)
+    return switch is not None and switch()
 
 
 # Each component is its contract function (validate, then compute) over a plain math
@@ -92,6 +107,7 @@ def attention_visible(Nq: int, Nk: int, causal: bool, bottom_right: bool,
     return visible
 
 
+@tf32_via(cublas_tf32)
 def attention_math(q, k, v, causal: bool, scale: float, bottom_right: bool = False,
                    kv_lens: Optional[torch.Tensor] = None):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
@@ -168,6 +184,7 @@ def mlp(x, w1, b1, w2, b2):
     return mlp_math(x, w1, b1, w2, b2)
 
 
+@tf32_via(cublas_tf32)
 def mlp_math(x, w1, b1, w2, b2):
     ### BEGIN SOLUTION
     hidden = F.linear(gemm_operand(x), w1, b1)  # GEMM with the bias folded in (addmm)
@@ -182,6 +199,7 @@ def swiglu_mlp(x, w_gate, w_up, w_down):
     return swiglu_mlp_math(x, w_gate, w_up, w_down)
 
 
+@tf32_via(cublas_tf32)
 def swiglu_mlp_math(x, w_gate, w_up, w_down):
     # Llama's MLP as its reference code writes it: three cuBLAS GEMMs (no biases), then
     # SiLU and the product as two more kernels, each a full pass over an (M, hidden)
@@ -200,6 +218,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
+@tf32_via(cublas_tf32)
 def lstm_math(x, h0, c0, w_ih, w_hh, b_ih, b_hh, steps=None):
     # The input projection does not depend on h, so all T steps share one big GEMM
     # (B*T rows) before the loop; only h @ W_hh^T must stay inside it.
@@ -241,6 +260,7 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
                         s["stride"], s["padding"], float(eps), float(momentum), training)
 
 
+@tf32_via(cudnn_tf32)
 def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                  stride, padding, eps: float, momentum: float, training: bool):
     y32 = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding).float()

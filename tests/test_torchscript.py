@@ -112,6 +112,10 @@ def test_uses_tf32_is_honest():
             torch.backends.cuda.matmul.allow_tf32 = flag
             assert ts.uses_tf32("mlp", cuda, torch.float32) is flag
             assert ts.uses_tf32("attention", cuda, torch.float32) is flag
+            assert ts.uses_tf32("swiglu_mlp", cuda, torch.float32) is flag
+            # autocast casts rope's x to low precision like a matmul's, yet it makes none
+            assert not ts.uses_tf32("rope", cuda, torch.float32)
+            assert not ts.uses_tf32("rms_norm", cuda, torch.float32)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
