@@ -9,8 +9,10 @@ machine, its rules by the `gpu`-marked tests (`pytest -m gpu`, skipped without o
 
 import argparse
 import io
+import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -488,3 +490,34 @@ def test_cuda_level_gives_no_credit_for_pytorch_answers(tmp_path, cheat):
     # the numbers were right: the rule, not the harness, took the points
     assert [c["status"] for c in test["checks"]] == ["pass"] * 4, test["output"]
     assert "checks did not pass" not in test["reason"]
+
+
+@pytest.mark.parametrize("cheated", [False, True])
+def test_a_cuda_part_that_cheats_earns_no_compile_share_either(monkeypatch, tmp_path, cheated):
+    # On a GPU a Level 5 part that ran is given the 'compiles' share besides its cells; a
+    # cheat must cost that share too (the H100 run of the cheats above scored 1/10 with it).
+    # The part's process is faked here: what it reports decides the score, not this machine.
+    from equivalence.commands import grade as grade_module
+    from equivalence.cards import LAYOUTS
+
+    checks = [{"dtype": "float32", "layout": layout, "status": "pass", "reason": "",
+               "summary": f"float32 {layout}: pass",
+               "comparisons": [{"name": n, "ok": True, "rel_err": 1e-7, "problem": "",
+                                "first_wrong": ""} for n in ("y", "dx")]}
+              for layout in LAYOUTS]
+    cheats = [{"rule": "torch-compute", "text": "PyTorch computed inside your forward: aten.mean"}]
+    child = {"checks": checks, "notes": [], "performance": None,
+             "problems": {"forward": [], "backward": [], "cheats": cheats if cheated else []}}
+
+    def fake_child(code, spec, repo, timeout_s, kernel_group=None):
+        Path(spec["result"]).write_text(json.dumps(child))
+        return "", 0, False
+
+    monkeypatch.setattr(grade_module, "_run_child", fake_child)
+    part = grade_module.Part("layer_norm", "cuda")
+    result = grade_module._grade_part(ROOT, part, 60, "cuda", ["float32"], "tiny", None)
+    if cheated:
+        assert (result.score, result.status) == (0.0, "failed")
+        assert "PyTorch computed inside your forward" in result.reason
+    else:
+        assert (result.score, result.status) == (part.max_score, "passed"), result.reason

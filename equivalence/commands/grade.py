@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .grade_credit import cells, credit_shares, performance_points, verdict
+from .grade_credit import cells, cheats_that_count, credit_shares, performance_points, verdict
 from .grade_notebooks import _cells_to_grade, _grade_notebook, notebooks_with_grade_cells
 from .grade_process import _RESULT, ROOT, PartResult, _bootstrap, _device_type, _run_child
 
@@ -330,8 +330,10 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
     part_cells = cells(child["checks"], child["problems"], dtypes, list(LAYOUTS), shares)
     points = part.max_score * (1 - compiles_share - timed_share)
     score, reason, lines = verdict(part_cells, points, part.name)
-    if compiles_share:
-        score = round(score + part.max_score * compiles_share, 2)  # it ran: it compiled
+    if compiles_share and not cheats_that_count(child["checks"], child["problems"]):
+        # It ran: it compiled. Not for a cheat: a part whose answer its kernels did not
+        # compute earns nothing, its compiling .cu included (every planted cheat scores 0).
+        score = round(score + part.max_score * compiles_share, 2)
     if shares["performance"]:
         measured = child.get("performance") or {"error": "the part's process timed nothing"}
         earned, line = performance_points(measured if on_gpu else None,
