@@ -348,7 +348,8 @@ struct Lstm : public torch::autograd::Function<Lstm> {
     const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();  // (0, T, I)
     const int64_t H = w_hh.size(1);
     auto wanted = [&](int i, Tensor t) { return ctx->needs_input_grad(i) ? t : Tensor(); };
-    return {wanted(0, at::zeros(shape, w_ih.options())), wanted(1, at::zeros({1, 0, H}, w_hh.options())),
+    return {wanted(0, at::zeros(shape, w_ih.options())),
+            wanted(1, at::zeros({1, 0, H}, w_hh.options())),
             wanted(2, at::zeros({1, 0, H}, w_hh.options())), wanted(3, at::zeros_like(w_ih)),
             wanted(4, at::zeros_like(w_hh)), wanted(5, at::zeros({4 * H}, w_ih.options())),
             wanted(6, at::zeros({4 * H}, w_ih.options())), Tensor(), Tensor(), Tensor()};
@@ -508,7 +509,8 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     const auto s = ctx->get_saved_variables();
     const Tensor &x = s[0], &w = s[1];
     const int64_t C_out = w.size(0);
-    const auto bn = x.options().dtype(static_cast<at::ScalarType>(ctx->saved_data["bn_dtype"].toInt()));
+    const auto bn_dtype = static_cast<at::ScalarType>(ctx->saved_data["bn_dtype"].toInt());
+    const auto bn = x.options().dtype(bn_dtype);
     return {at::zeros(x.sizes(), x.options()), at::zeros(w.sizes(), w.options()),
             ctx->saved_data["has_bias"].toBool() ? at::zeros({C_out}, x.options()) : Tensor(),
             at::zeros({C_out}, bn), at::zeros({C_out}, bn), Tensor(),

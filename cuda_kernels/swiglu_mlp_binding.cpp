@@ -40,11 +40,9 @@ inline bool uses_tensor_cores(int64_t version, const at::Tensor& x) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gate_up(const at::Tensor& x_in, const at::Tensor& w_gate,
                                                        const at::Tensor& w_up, bool save, int64_t version) {
   if (x_in.size(0) == 0) {  // no rows (a batch of 0): empty outputs, no copy, no launch
-    const int64_t hidden = w_gate.size(0);
-    at::Tensor act = levels_cuda_mlp::padded_rows(0, hidden, x_in.options());
-    at::Tensor g = save ? levels_cuda_mlp::padded_rows(0, hidden, x_in.options()) : at::empty({0}, x_in.options());
-    at::Tensor u = save ? levels_cuda_mlp::padded_rows(0, hidden, x_in.options()) : at::empty({0}, x_in.options());
-    return {act, g, u};
+    const auto rows = [&] { return levels_cuda_mlp::padded_rows(0, w_gate.size(0), x_in.options()); };
+    if (!save) return {rows(), at::empty({0}, x_in.options()), at::empty({0}, x_in.options())};
+    return {rows(), rows(), rows()};
   }
   const bool tc = uses_tensor_cores(version, x_in);
   const at::Tensor x = tc ? levels_cuda_mlp::k_major(x_in) : x_in;

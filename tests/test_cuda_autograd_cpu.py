@@ -612,7 +612,8 @@ def test_attention_copies_what_its_kernels_cannot_read(cpp_ops, operand):
     assert result.passed, result.summary()
 
 
-EMPTY_KEYS = sorted(k for k, b in BY_KEY.items() if b.slug in ("empty", "empty-train", "no-positions"))
+EMPTY_KEYS = sorted(k for k, b in BY_KEY.items()
+                    if b.slug in ("empty", "empty-train", "no-positions"))
 
 
 @pytest.mark.parametrize("key", EMPTY_KEYS)
