@@ -33,6 +33,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
@@ -269,6 +272,17 @@ struct Lstm : public torch::autograd::Function<Lstm> {
     static auto fwd = op<LstmFwd>("levels_cuda::lstm_fwd");
     static auto matmul = op<Matmul>("levels_cuda::gemm_matmul");
     BelowAutograd guard;
+    ctx->saved_data["shape"] = sizes_of(x);
+    if (x.size(0) == 0) {
+      // A batch of 0 sequences, as nn.LSTM: empty outputs and final states, no kernel (the
+      // ops take T from x2's B*T rows, which B = 0 cannot say). Backward: zero gradients.
+      ctx->save_for_backward({w_ih, w_hh});
+      ctx->saved_data["empty"] = true;
+      const int64_t H = w_hh.size(1);
+      return {at::empty({0, x.size(1), H}, h0.options()), at::empty({1, 0, H}, h0.options()),
+              at::empty({1, 0, H}, h0.options())};
+    }
+    ctx->saved_data["empty"] = false;
     auto [x2, time_major] = lstm_rows(x);
     const Tensor h0c = h0.select(0, 0).contiguous(), c0c = c0.select(0, 0).contiguous();
     const Tensor w_hh_c = w_hh.contiguous(), b_ih_c = b_ih.contiguous(), b_hh_c = b_hh.contiguous();
@@ -281,7 +295,6 @@ struct Lstm : public torch::autograd::Function<Lstm> {
     ctx->saved_data["version"] = version;
     ctx->saved_data["gemm_version"] = gemm_version;
     ctx->saved_data["save"] = save;
-    ctx->saved_data["shape"] = sizes_of(x);
     const int64_t B = h_n.size(0), H = h_n.size(1);
     return {out, at::_unsafe_view(h_n, {1, B, H}), at::_unsafe_view(c_n, {1, B, H})};
   }
@@ -291,6 +304,7 @@ struct Lstm : public torch::autograd::Function<Lstm> {
   // dx = dz W_ih, dW_ih = dzᵀ x, dW_hh = dzᵀ h_{t-1}, both biases' gradient Σ dz.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static auto bwd = op<LstmBwd>("levels_cuda::lstm_bwd");
+    if (ctx->saved_data["empty"].toBool()) return no_sequences(ctx);
     TORCH_CHECK(ctx->saved_data["save"].toBool(),
                 "levels_cuda::lstm ran without keeping its activations (nothing required grad "
                 "when it was called), so it has no backward");
@@ -324,6 +338,21 @@ struct Lstm : public torch::autograd::Function<Lstm> {
     return {dx, ctx->needs_input_grad(1) ? dh0.unsqueeze(0) : Tensor(),
             ctx->needs_input_grad(2) ? dc0.unsqueeze(0) : Tensor(), dw_ih, dw_hh, db_ih, db_hh,
             Tensor(), Tensor(), Tensor()};
+  }
+
+  // The gradients of a batch of 0 sequences: dx, dh0, dc0 empty; the weights' and biases',
+  // sums over no row, zeros (never at::empty's garbage).
+  static variable_list no_sequences(AutogradContext* ctx) {
+    const auto s = ctx->get_saved_variables();
+    const Tensor &w_ih = s[0], &w_hh = s[1];
+    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();  // (0, T, I)
+    const int64_t H = w_hh.size(1);
+    auto wanted = [&](int i, Tensor t) { return ctx->needs_input_grad(i) ? t : Tensor(); };
+    return {wanted(0, at::zeros(shape, w_ih.options())),
+            wanted(1, at::zeros({1, 0, H}, w_hh.options())),
+            wanted(2, at::zeros({1, 0, H}, w_hh.options())), wanted(3, at::zeros_like(w_ih)),
+            wanted(4, at::zeros_like(w_hh)), wanted(5, at::zeros({4 * H}, w_ih.options())),
+            wanted(6, at::zeros({4 * H}, w_ih.options())), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -380,6 +409,18 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
                         double momentum, bool training, int64_t version) {
     static auto eval_fwd = op<ConvBnEvalFwd>("levels_cuda::conv_bn_eval_fwd");
     static auto train_fwd = op<ConvBnTrainFwd>("levels_cuda::conv_bn_train_fwd");
+    ctx->saved_data["has_bias"] = b_defined(conv_bias);
+    ctx->saved_data["bn_dtype"] = static_cast<int64_t>(bn_weight.scalar_type());
+    ctx->saved_data["empty"] = x.size(0) == 0;
+    if (x.size(0) == 0) {
+      // A batch of 0 images, in either mode, as torch's batch_norm: nothing to convolve, no
+      // statistics to compute or track (running_mean and running_var are left as they are),
+      // no kernel. The NHWC output is empty; backward: zero gradients (no_images).
+      ctx->save_for_backward({x, conv_weight});
+      const int64_t H_out = (x.size(2) + 2 * padding[0] - conv_weight.size(2)) / stride[0] + 1;
+      const int64_t W_out = (x.size(3) + 2 * padding[1] - conv_weight.size(3)) / stride[1] + 1;
+      return at::empty({0, H_out, W_out, conv_weight.size(0)}, x.options());
+    }
     Tensor out, new_mean, new_var;
     {
       BelowAutograd guard;
@@ -429,8 +470,6 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["training"] = training;
-    ctx->saved_data["has_bias"] = b_defined(conv_bias);
-    ctx->saved_data["bn_dtype"] = static_cast<int64_t>(bn_weight.scalar_type());
     ctx->saved_data["version"] = version;
     return out;
   }
@@ -438,6 +477,7 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static auto eval_bwd = op<ConvBnEvalBwd>("levels_cuda::conv_bn_eval_bwd");
     static auto train_bwd = op<ConvBnTrainBwd>("levels_cuda::conv_bn_train_bwd");
+    if (ctx->saved_data["empty"].toBool()) return no_images(ctx);
     BelowAutograd guard;
     const auto s = ctx->get_saved_variables();
     const auto stride = ctx->saved_data["stride"].toIntVector();
@@ -460,6 +500,20 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     return {dx.permute({0, 3, 1, 2}), dw.permute({0, 3, 1, 2}),
             ctx->saved_data["has_bias"].toBool() ? db : Tensor(), as_dtype(dgamma, bn_dtype),
             as_dtype(dbeta, bn_dtype), Tensor(),
+            Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+
+  // The gradients of a batch of 0 images: dx empty, every parameter's a sum over no pixel:
+  // zeros (never at::empty's garbage), each in its parameter's dtype, in the caller's order.
+  static variable_list no_images(AutogradContext* ctx) {
+    const auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0], &w = s[1];
+    const int64_t C_out = w.size(0);
+    const auto bn_dtype = static_cast<at::ScalarType>(ctx->saved_data["bn_dtype"].toInt());
+    const auto bn = x.options().dtype(bn_dtype);
+    return {at::zeros(x.sizes(), x.options()), at::zeros(w.sizes(), w.options()),
+            ctx->saved_data["has_bias"].toBool() ? at::zeros({C_out}, x.options()) : Tensor(),
+            at::zeros({C_out}, bn), at::zeros({C_out}, bn), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };

@@ -47,10 +47,19 @@ inline at::Tensor k_major(const at::Tensor& t) {  // t (R, K)
 inline void matmul_into(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in,
                         const std::optional<at::Tensor>& bias, const at::Tensor* aux, int epilogue,
                         bool accumulate, int64_t version, const char* op, int64_t v4_tile = 0) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  // Empty problems launch nothing: no rows or columns (a batch of 0) leave nothing to write;
+  // a sum over K = 0 terms (a weight gradient over a batch of 0 rows) is 0, written here,
+  // where c would otherwise keep at::empty's garbage. Epilogues that make something of the 0
+  // (a bias, an activation) still run in the kernel.
+  if (c.size(0) == 0 || c.size(1) == 0) return;
+  if (a_in.size(1) == 0 && epilogue == EPI_NONE && !has_bias) {
+    if (!accumulate) c.zero_();
+    return;
+  }
   const bool tensor_cores = (version == 4 || version == 5) && a_in.scalar_type() != at::kFloat;
   const at::Tensor a = tensor_cores ? k_major(a_in) : a_in;
   const at::Tensor b = tensor_cores ? k_major(b_in.t()).t() : b_in;
-  const bool has_bias = bias.has_value() && bias->defined();
   const int status = levels_gemm_matmul(
       levels_cuda::dtype_code(a), static_cast<int>(version), static_cast<int>(v4_tile),
       levels_cuda::in(a), a.stride(0), a.stride(1),
@@ -100,6 +109,7 @@ void matmul_accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tenso
 
 at::Tensor column_sum(const at::Tensor& x, bool out_fp32, int64_t version) {
   at::Tensor out = at::empty({x.size(1)}, x.options().dtype(out_fp32 ? at::kFloat : x.scalar_type()));
+  if (x.size(0) == 0) return out.zero_();  // no rows (a batch of 0): a sum of nothing, no launch
   const int status = levels_gemm_column_sum(levels_cuda::dtype_code(x), static_cast<int>(version),
                                             levels_cuda::in(x), x.stride(0), x.stride(1), levels_cuda::out(out),
                                             out_fp32 ? 1 : 0, x.size(0), x.size(1), levels_cuda::stream());

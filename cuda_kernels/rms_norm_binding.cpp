@@ -53,7 +53,10 @@ std::tuple<at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const at::Tensor& x
   const c10::DeviceGuard guard(x.device());
   at::Tensor dx = at::empty({M, N}, x.options());
   at::Tensor dweight = at::empty({N}, weight.options());
-  if (M == 0 || N == 0) return {dx, dweight};
+  if (M == 0 || N == 0) {  // no rows: dweight is a sum of nothing; no launch
+    dweight.zero_();
+    return {dx, dweight};
+  }
   const int dtype = levels_cuda::dtype_code(x);
   const int64_t P = levels_rms_norm_bwd_partials(dtype, static_cast<int>(version), M, N);
   if (P < 0) levels_cuda::check(static_cast<int>(P), "rms_norm_bwd", version);

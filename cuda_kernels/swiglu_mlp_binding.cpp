@@ -39,6 +39,11 @@ inline bool uses_tensor_cores(int64_t version, const at::Tensor& x) {
 // back empty (0 elements): no (M, hidden) tensor is written that nobody reads.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gate_up(const at::Tensor& x_in, const at::Tensor& w_gate,
                                                        const at::Tensor& w_up, bool save, int64_t version) {
+  if (x_in.size(0) == 0) {  // no rows (a batch of 0): empty outputs, no copy, no launch
+    const auto rows = [&] { return levels_cuda_mlp::padded_rows(0, w_gate.size(0), x_in.options()); };
+    if (!save) return {rows(), at::empty({0}, x_in.options()), at::empty({0}, x_in.options())};
+    return {rows(), rows(), rows()};
+  }
   const bool tc = uses_tensor_cores(version, x_in);
   const at::Tensor x = tc ? levels_cuda_mlp::k_major(x_in) : x_in;
   auto [b, b2] = gate_up_operands(w_gate, w_up, tc);
@@ -61,6 +66,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gate_up(const at::Tensor& x_in, c
 // dy (M, N), w_down (N, hidden), g and u (M, hidden) from gate_up (any strides, one layout).
 std::tuple<at::Tensor, at::Tensor> grad(const at::Tensor& dy_in, const at::Tensor& w_down, const at::Tensor& g_in,
                                         const at::Tensor& u_in, int64_t version) {
+  if (dy_in.size(0) == 0) {  // no rows (a batch of 0): empty dG and dU, no copy, no launch
+    const int64_t hidden = w_down.size(1);
+    return {levels_cuda_mlp::padded_rows(0, hidden, dy_in.options()),
+            levels_cuda_mlp::padded_rows(0, hidden, dy_in.options())};
+  }
   const bool tc = uses_tensor_cores(version, dy_in);
   const at::Tensor dy = tc ? levels_cuda_mlp::k_major(dy_in) : dy_in;
   // B = W_down as the (N, hidden) matrix of dY · W_down; K-major for version 4 means

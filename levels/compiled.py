@@ -126,16 +126,21 @@ def settings(device: str | torch.device = "cpu") -> dict:
             "sdpa_rewrite": _settings["sdpa_rewrite"]}
 
 
-def compile_kwargs(device: str | torch.device = "cpu", **overrides) -> dict:
-    """The keyword arguments for torch.compile that this level uses on `device`."""
+def compile_kwargs(device: str | torch.device = "cpu", inductor: dict | None = None,
+                   **overrides) -> dict:
+    """The keyword arguments for torch.compile that this level uses on `device`; `inductor`:
+    Inductor options of one call's own (see EMPTY_BATCH), on top of the settings."""
     s = settings(device) | overrides
     kwargs = {"fullgraph": True, "dynamic": s["dynamic"]}
-    if s["sdpa_rewrite"]:
+    options = dict(inductor or {})
+    if not s["sdpa_rewrite"]:
+        options["pattern_matcher"] = False
+    if not options:
         kwargs["mode"] = s["mode"]
     else:
         # torch.compile takes a mode *or* options; a mode is just a set of options.
         from torch._inductor import list_mode_options
-        kwargs["options"] = {**list_mode_options(s["mode"], s["dynamic"]), "pattern_matcher": False}
+        kwargs["options"] = {**list_mode_options(s["mode"], s["dynamic"]), **options}
     return kwargs
 
 
@@ -191,12 +196,13 @@ def call(component: str, fn, args: tuple):
     return native.lstm_math(*args, steps=steps)
 
 
-def compiled(component: str, device: str | torch.device = "cpu"):
-    """The torch.compile'd math of `component` for `device` (built once per settings)."""
+def compiled(component: str, device: str | torch.device = "cpu", inductor: dict | None = None):
+    """The torch.compile'd math of `component` for `device` (built once per settings and
+    `inductor` options: see compile_kwargs)."""
     if component not in MATH:
         raise ValueError(f"argument 'component' must be one of {', '.join(MATH)}; "
                          f"got {component!r}")
-    kwargs = compile_kwargs(device)
+    kwargs = compile_kwargs(device, inductor)
     key = (component, repr(sorted(kwargs.items())))
     with _lock:
         if key not in _compiled:
@@ -395,12 +401,20 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return call("lstm", compiled("lstm", x.device), args)
 
 
+# A batch of 0 images is compiled without Inductor's layout optimization (which runs
+# convolutions channels_last): with it, torch 2.13 on a CPU fails in the backward, the real
+# convolution_backward of an empty batch returning conv_weight's gradient in another layout
+# than its fake kernel promised ("expected size 3==3, stride 1==9 ... Error in op:
+# torch.ops.aten.convolution_backward.default"). A graph of no image loses nothing by it.
+EMPTY_BATCH = {"layout_optimization": False}
+
+
 @autocasts("conv_bn")
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     args = _prepare_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                             running_var, stride, padding, eps, momentum, training)
-    return compiled("conv_bn", x.device)(*args)
+    return compiled("conv_bn", x.device, EMPTY_BATCH if x.shape[0] == 0 else None)(*args)
 
 
 @autocasts("rope")

@@ -237,8 +237,10 @@ def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
 def validate_rms_norm(x, weight, eps=1e-6) -> dict:
     c = "rms_norm"
     _tensors(c, {"x": x, "weight": weight})
-    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., N)", _describe(x))
+    # A batch of 0 rows is computed, as F.rms_norm does (an empty y, a zero weight gradient);
+    # rows of no element are not: there is nothing to normalize.
+    if x.dim() < 1 or x.shape[-1] == 0:
+        _fail(c, "x", "a tensor of shape (..., N) with N >= 1", _describe(x))
     N = x.shape[-1]
     if weight.dim() == 1 and weight.shape[0] != N:  # one length each: x's defines N
         _fail(c, "weight", f"of shape (N,) with N = x.shape[-1] = {N}", _describe(weight))
@@ -250,8 +252,10 @@ def validate_rms_norm(x, weight, eps=1e-6) -> dict:
 def validate_mlp(x, w1, b1, w2, b2) -> dict:
     c = "mlp"
     _tensors(c, {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2})
-    if x.dim() < 1 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., in_features)", _describe(x))
+    # A batch of 0 rows is computed, as F.linear does (an empty output, zero weight and bias
+    # gradients); layers of no width are not (in_features, hidden or out_features of 0).
+    if x.dim() < 1:
+        _fail(c, "x", "a tensor of shape (..., in_features)", _describe(x))
     _rank(c, "w1", w1, 2, "(hidden, in_features), as nn.Linear.weight")
     _rank(c, "w2", w2, 2, "(out_features, hidden), as nn.Linear.weight")
     # The hidden size as most of w1, b1 and w2 have it: a transposed w1 is then reported
@@ -274,8 +278,10 @@ def validate_mlp(x, w1, b1, w2, b2) -> dict:
 def validate_swiglu_mlp(x, w_gate, w_up, w_down) -> dict:
     c = "swiglu_mlp"
     _tensors(c, {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down})
-    if x.dim() < 1 or x.numel() == 0:
-        _fail(c, "x", "a non-empty tensor of shape (..., in_features)", _describe(x))
+    # A batch of 0 rows is computed, as F.linear does (an empty output, zero weight
+    # gradients); layers of no width are not.
+    if x.dim() < 1:
+        _fail(c, "x", "a tensor of shape (..., in_features)", _describe(x))
     for name, t, layout in (("w_gate", w_gate, "(hidden, in_features)"),
                             ("w_up", w_up, "(hidden, in_features)"),
                             ("w_down", w_down, "(out_features, hidden)")):
@@ -308,8 +314,12 @@ def validate_lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> dict:
     _tensors(c, {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh})
     _rank(c, "x", x, 3, "(B, T, input_size) (batch_first)")
     B, T, I = x.shape
-    if min(B, T, I) == 0:
-        _fail(c, "x", "non-empty in every dimension", _describe(x))
+    # A batch of 0 sequences is computed, as nn.LSTM does (empty outputs and final states,
+    # zero weight gradients); no time steps is refused, as nn.LSTM refuses it ("Expected
+    # sequence length to be larger than 0"), and so are inputs of no feature.
+    if T == 0 or I == 0:
+        _fail(c, "x", "of shape (B, T, input_size) with T >= 1 time steps (as nn.LSTM) and "
+              "input_size >= 1", _describe(x))
     _rank(c, "w_hh", w_hh, 2, "(4*hidden, hidden), as nn.LSTM.weight_hh_l0")
     if w_hh.shape[0] % 4 or w_hh.shape[0] // 4 != w_hh.shape[1] or w_hh.shape[1] == 0:
         _fail(c, "w_hh", "of shape (4*hidden, hidden), gates stacked i, f, g, o", _describe(w_hh))
@@ -354,8 +364,12 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
     Cout, _, kH, kW = conv_weight.shape
     _shape(c, "conv_weight", conv_weight, (Cout, Cin, kH, kW),
            "(C_out, C_in, kH, kW) with C_in = x.shape[1] (groups are not supported)")
-    if min(Nb, Cin, Hh, Ww, Cout, kH, kW) == 0:
-        _fail(c, "x", "non-empty, with a non-empty conv_weight", _describe(x))
+    # A batch of 0 images is computed, as F.conv2d and F.batch_norm do, in both modes: an
+    # empty output, zero parameter gradients, running statistics left as they are (torch's
+    # batch_norm returns before it updates them). Channels or images of no pixel are not.
+    if min(Cin, Hh, Ww, Cout, kH, kW) == 0:
+        _fail(c, "x", "of shape (N, C_in, H, W) with C_in, H, W >= 1, with a conv_weight of no "
+              "empty dimension", _describe(x))
     channels = [Cout] + [t.shape[0] for t in (conv_bias, bn_weight, bn_bias, running_mean, running_var)
                          if t is not None and t.dim() == 1]
     if _agreed(channels) != Cout:  # the per-channel vectors agree, conv_weight does not
@@ -375,10 +389,11 @@ def validate_conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
     _number(c, "eps", eps, low=0, low_open=True)
     _number(c, "momentum", momentum, low=0, high=1)
     _flag(c, "training", training)
-    if training and Nb * Ho * Wo < 2:
+    if training and Nb * Ho * Wo == 1:
         # BatchNorm2d refuses this too: the unbiased running variance divides by n - 1.
-        _fail(c, "x", "large enough for batch statistics in training mode (N*H_out*W_out >= 2)",
-              _describe(x))
+        # (No value at all, a batch of 0, torch computes: see above.)
+        _fail(c, "x", "large enough for batch statistics in training mode (N*H_out*W_out >= 2, "
+              "or N = 0)", _describe(x))
     stats = {"running_mean": running_mean, "running_var": running_var}
     for name, t in stats.items():
         if t.requires_grad:
@@ -405,10 +420,11 @@ def validate_rope(x, cos, sin, interleaved=False) -> dict:
     _tensors(c, {"x": x, "cos": cos, "sin": sin})
     _rank(c, "x", x, 4, "(B, H, N, D), as attention's q and k")
     B, H, N, D = x.shape
-    if min(B, H, N, D) == 0:
-        _fail(c, "x", "non-empty in every dimension", _describe(x))
-    if D % 2:
-        _fail(c, "x", "of shape (B, H, N, D) with D even (rope rotates pairs of features)",
+    # No batch element, head or position (B, H or N of 0) is computed, as torch's element-
+    # wise ops do: an empty result. A head dimension of 0 has no pair to rotate.
+    if D % 2 or D == 0:
+        _fail(c, "x", "of shape (B, H, N, D) with D even and >= 2 (rope rotates pairs of "
+              "features)",
               _describe(x))
     _rank(c, "cos", cos, 2, "(N, D/2): one table for every batch element and head")
     _rank(c, "sin", sin, 2, "(N, D/2): one table for every batch element and head")

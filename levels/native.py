@@ -263,7 +263,10 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
 @tf32_via(cudnn_tf32)
 def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
                  stride, padding, eps: float, momentum: float, training: bool):
-    y32 = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding).float()
+    y = F.conv2d(x, conv_weight, conv_bias, stride=stride, padding=padding)
+    if y.shape[0] == 0:
+        return conv_bn_no_images(y, bn_weight, bn_bias)
+    y32 = y.float()
     ### BEGIN SOLUTION
     if training:
         mean = y32.mean(dim=(0, 2, 3))
@@ -279,6 +282,16 @@ def conv_bn_math(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, ru
     shift = bn_bias.float() - mean * scale
     return (y32 * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
     ### END SOLUTION
+
+
+def conv_bn_no_images(y, bn_weight, bn_bias):
+    """conv_bn of a batch of 0 images, in either mode, from the convolution's (empty) output:
+    there are no statistics to normalize with or to track, and torch's batch_norm returns
+    before it computes or updates any (running_mean and running_var stay as they are). The
+    parameters still enter the graph, so their gradients are zeros, as torch's, not None."""
+    shape = [1, -1, 1, 1]
+    out = y.float() * bn_weight.float().reshape(shape) + bn_bias.float().reshape(shape)
+    return out.to(y.dtype)
 
 
 @autocasts("rope")

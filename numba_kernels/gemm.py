@@ -198,6 +198,11 @@ def gemm(a, b, bias=None, epilogue="none", aux=None, *, kernels: GemmKernels | N
                          "and only then")
     M, K = a.shape
     N = b.shape[1]
+    if M == 0 or N == 0 or (K == 0 and bias is None and epilogue == "none"):
+        # As mlp_binding.cpp's matmul_into: an empty output (a batch of 0 rows) has nothing to
+        # write, a plain sum over K = 0 terms (a weight gradient over no rows) is 0; no launch
+        c = torch.zeros((M, N), dtype=torch.float32, device=a.device)
+        return (c, c.clone()) if epilogue == "gelu_save" else c
     c = Output((M, N), a.device)
     if epilogue == "gelu_save":
         pre = Output((M, N), a.device)
@@ -222,6 +227,8 @@ def gemm(a, b, bias=None, epilogue="none", aux=None, *, kernels: GemmKernels | N
 def column_sum(x):
     """x.sum(0) of a float32 (M, N) x with any strides, accumulated in float32."""
     M, N = x.shape
+    if M == 0:  # no rows (a batch of 0): a sum of nothing, no launch (as mlp_binding.cpp)
+        return torch.zeros((N,), dtype=torch.float32, device=x.device)
     out = Output((N,), x.device)
     launch(column_sum_kernel, cdiv(N, COLSUM_COLS), (COLSUM_COLS, COLSUM_ROWS),
            operand(x), *x.stride(), out.array, M, N)

@@ -266,6 +266,8 @@ def partial_rows(M: int, N: int) -> int:
 def layer_norm_fwd(x2, weight, bias, eps, kernels: RowKernels = ROW_KERNELS):
     """y (M, N) contiguous, mean (M,), rstd (M,) of an (M, N) x2 with any strides."""
     M, N = x2.shape
+    if M == 0:  # no rows: nothing to launch (layer_norm_binding.cpp returns before it too)
+        return x2.new_empty((0, N)), x2.new_empty((0,)), x2.new_empty((0,))
     y = Output((M, N), x2.device)
     mean = Output((M,), x2.device)
     rstd = Output((M,), x2.device)
@@ -279,6 +281,9 @@ def layer_norm_bwd(dy2, x2, weight, mean, rstd, kernels: RowKernels = ROW_KERNEL
     """dx (M, N) contiguous, dweight (N,), dbias (N,)."""
     M, N = x2.shape
     device = x2.device
+    if M == 0:  # no rows: dweight and dbias are sums of nothing (zeros, as the binding's)
+        zeros = torch.zeros((2, N), dtype=torch.float32, device=device)
+        return x2.new_empty((0, N)), zeros[0], zeros[1]
     dy_a, x_a, mean_a, rstd_a = operand(dy2), operand(x2), operand(mean), operand(rstd)
     dx = Output((M, N), device)
     launch(kernels.bwd_dx, M, row_threads(N),

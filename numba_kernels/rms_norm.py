@@ -121,6 +121,8 @@ KERNELS = (fwd_block_row, bwd_dx_block_row, bwd_dw_partial, sum_partials)
 def rms_norm_fwd(x2, weight, eps):
     """y (M, N) contiguous and rstd (M,) of an (M, N) x2 with any strides."""
     M, N = x2.shape
+    if M == 0:  # no rows: nothing to launch (rms_norm_binding.cpp returns before it too)
+        return x2.new_empty((0, N)), x2.new_empty((0,))
     y, rstd = Output((M, N), x2.device), Output((M,), x2.device)
     launch(fwd_block_row, M, row_threads(N), operand(x2), *x2.stride(), operand(weight),
            weight.stride(0), y.array, rstd.array, M, N, float(eps))
@@ -131,6 +133,8 @@ def rms_norm_bwd(dy2, x2, weight, rstd):
     """dx (M, N) contiguous and dweight (N,)."""
     M, N = x2.shape
     device = x2.device
+    if M == 0:  # no rows: dweight is a sum of nothing (zeros, as the binding's), no launch
+        return x2.new_empty((0, N)), torch.zeros((N,), dtype=torch.float32, device=device)
     dy_a, x_a, rstd_a = operand(dy2), operand(x2), operand(rstd)
     dx = Output((M, N), device)
     launch(bwd_dx_block_row, M, row_threads(N), dy_a, *dy2.stride(), x_a, *x2.stride(),

@@ -74,6 +74,8 @@ def rotate_all(x, cos, sin, interleaved: bool, sign: float):
     """y = x rotated by sign * theta: float32 tensors with any strides in, a contiguous
     (B, H, N, D) float32 tensor out (rope.cu's launch, version 2)."""
     B, H, N, D = x.shape
+    if x.numel() == 0:  # no batch element, head or position: no launch (as rope_binding.cpp)
+        return torch.empty((B, H, N, D), dtype=torch.float32, device=x.device)
     half = D // 2
     tx = 128 if half >= 128 else (64 if half >= 64 else 32)
     row_blocks = cdiv(N, THREAD_ROWS * ROWS)

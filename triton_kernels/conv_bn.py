@@ -636,6 +636,11 @@ class _ConvBN(torch.autograd.Function):
                           memory_format=torch.channels_last)
         out2d = _as_rows(out)
         ctx.meta = (s, kH, kW, training, b is not None, P)
+        if P == 0:
+            # A batch of 0 images: nothing to convolve and no statistics to compute or track
+            # (torch's batch_norm returns before it touches running_mean and running_var).
+            ctx.save_for_backward(x, w)
+            return out
         if not training and isinstance(ctx, _NoBackward) and w.stride(1) == 1:
             # Inference with a weight whose channels are already contiguous (any 1x1 conv,
             # channels_last weights): the fold's re-layout buys nothing, so BatchNorm rides
@@ -678,6 +683,11 @@ class _ConvBN(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         s, kH, kW, training, has_bias, P = ctx.meta
+        if P == 0:  # a batch of 0 images: every parameter's gradient is a sum over no pixel
+            x, w = ctx.saved_tensors
+            zeros = torch.zeros((3, w.shape[0]), device=x.device, dtype=x.dtype)
+            return (torch.empty_like(x), torch.zeros_like(w), zeros[0] if has_bias else None,
+                    zeros[1], zeros[2], None, None, None, None, None, None, None)
         # An explicit copy only when the incoming gradient is not channels_last already.
         dy2d = _as_rows(dout.contiguous(memory_format=torch.channels_last))
         C_out = dy2d.shape[1]

@@ -358,6 +358,13 @@ def _launch(a, b, c, bias, aux, epilogue, accumulate, check=True, config=None):
         _check(a, b, c, bias, aux)
     M, K = a.shape
     N = b.shape[1]
+    if M == 0 or N == 0:
+        return c  # an empty output (a batch of 0 rows): nothing to compute, nothing launched
+    if K == 0 and bias is None and epilogue == EPI_NONE:
+        # A sum over no terms (a weight gradient dY^T X over a batch of 0 rows) is 0: filled
+        # here rather than by a kernel whose K loop would run no step. Epilogues that make
+        # something of the 0 (a bias, an activation) still run in the kernel.
+        return c if accumulate else c.zero_()
     if bias is not None:
         # The epilogue reads bias_ptr + offs_n (unit stride): a strided bias view is copied,
         # N elements, which costs nothing next to the GEMM.
@@ -504,6 +511,8 @@ def column_sum(x, out_dtype=None, out=None):
     batch's bias gradient) one program per column block sums them all and writes the result
     itself: one launch; beyond that, partial sums and a second pass over them."""
     M, N = x.shape
+    if M == 0 or N == 0:  # no rows (a batch of 0): a sum of nothing, no launch
+        return x.new_zeros((N,), dtype=out_dtype or x.dtype) if out is None else out.zero_()
     BLOCK_M, BLOCK_N = (16, 32) if INTERPRETED else (32, 128)
     # Enough row-chunks to fill the GPU, each a whole number of BLOCK_M rows.
     chunks = 1 if INTERPRETED else max(1, min(cdiv(M, 256), 64))

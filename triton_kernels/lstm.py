@@ -448,6 +448,8 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=
     else:
         gates, cs = xp, xp  # never touched (SAVE=False); any pointer will do
     h0_, c0_ = h0[0], c0[0]
+    if B == 0:
+        return out, c_t, gates, cs  # no sequences: the recurrence has no row to run
     p = _plan(B, H, x.device, mode, num_warps)
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
@@ -481,6 +483,10 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
     dz = torch.empty((B, T, 4 * H), device=x.device, dtype=x.dtype)
     dh0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
     dc0 = torch.empty((B, H), device=x.device, dtype=x.dtype)
+    if B == 0:
+        # No sequences: nothing recurs, dx, dh0 and dc0 are empty, and the weight and bias
+        # gradients, sums over no rows, are zeros (gemm and column_sum launch nothing)
+        return _gradient_gemms(x, h0, w_ih, out, dz, dh0, dc0)
     p = _plan(B, H, x.device, mode, num_warps)
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
@@ -507,7 +513,13 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
     else:  # single program per batch block: its own dZ_0 is complete, no barrier needed
         run(T, 0, d_cT, False, True)
 
-    # Everything that does not recur is a GEMM over all B*T rows at once.
+    return _gradient_gemms(x, h0, w_ih, out, dz, dh0, dc0)
+
+
+def _gradient_gemms(x, h0, w_ih, out, dz, dh0, dc0):
+    """Everything that does not recur is a GEMM over all B*T rows at once."""
+    B, T, I = x.shape
+    H = out.shape[-1]
     dz2 = dz.reshape(B * T, 4 * H)
     hprev = torch.empty((B, T, H), device=x.device, dtype=x.dtype)  # h_{t-1} for step t
     hprev[:, 0] = h0[0]

@@ -114,6 +114,8 @@ def _forward(x, weight, eps, save: bool, tiling=None):
     M = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = x.new_empty((M,), dtype=torch.float32) if save else y
+    if M == 0:
+        return y, x2, rstd  # no rows: nothing to launch (an empty y, as F.rms_norm's)
     BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling)
     rms_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, y, rstd, M, N, x2.stride(0), N, eps,
@@ -126,6 +128,8 @@ def _backward(dy, x2, weight, rstd, backward_tiling=None):
     M, N = x2.shape
     dy2 = _rows(dy)
     dx = x2.new_empty((M, N))
+    if M == 0:  # no rows: dweight is a sum of nothing, and nothing is launched
+        return dx, weight.new_zeros((N,))
     BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, backward_tiling)
     programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
     rows = cdiv(cdiv(M, programs), BLOCK_M) * BLOCK_M  # whole BLOCK_M groups: no shared row

@@ -130,6 +130,8 @@ def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0):
     tensor; x, cos and sin are read through their strides (no copy, whatever the view)."""
     B, H, N, D = x.shape
     y = torch.empty((B, H, N, D), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y  # no batch element, head or position: nothing to launch (an empty grid)
     BLOCK_N, BLOCK_HALF, num_warps = _tiling(N, D // 2)
     row_blocks = cdiv(N, BLOCK_N)
     rope_kernel[(B * H * row_blocks,)](

@@ -226,6 +226,8 @@ def _launch(mode, a, b, c, a2=None, b2=None, c2=None, g=None, u=None, save=False
     N = b.shape[1]
     for t in (c2, g, u):
         assert t is None or t.stride() == c.stride(), "c, c2, g, u share one layout"
+    if M == 0 or N == 0:
+        return c  # empty outputs (a batch of 0 rows): nothing to compute, nothing launched
     cfg = config or tile(M, N, K, a.dtype, a.device, mode)
     a2 = a if a2 is None else a2
     b2 = b if b2 is None else b2

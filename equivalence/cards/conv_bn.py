@@ -83,6 +83,12 @@ def _conv2d(x, w, b, stride, padding):
 def reference(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
               stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     y = _conv2d(x, conv_weight, conv_bias, stride, padding)
+    if x.shape[0] == 0:
+        # A batch of 0 images, as torch's batch_norm: no statistics to normalize with or to
+        # track (the running ones returned unchanged in training mode), zero gradients
+        shape = (1, -1, 1, 1)
+        extra = (running_mean, running_var) if training else ()
+        return (y * bn_weight.reshape(shape) + bn_bias.reshape(shape), *extra)
     if not training:
         mean, var = running_mean, running_var
         extra = ()
