@@ -168,6 +168,7 @@ __global__ void attn_fwd_v1_kernel(Params p) {
   const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
   const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
   const Keys keys = keys_of(p, bh / p.H);
+  // ### BEGIN SOLUTION
   float* s = p.scratch + idx * p.Nk;
   const int D = p.D;
   float mx = -INFINITY;
@@ -193,6 +194,7 @@ __global__ void attn_fwd_v1_kernel(Params p) {
     out[d] = from_f32<T>(seen ? acc / l : 0.0f);
   }
   p.lse[idx] = seen ? mx + log2f(l) : INFINITY;
+  // ### END SOLUTION
 }
 
 // =====================================================================================
@@ -287,6 +289,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
     cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
+    // ### BEGIN SOLUTION
     float s[TILE];
     float mx = -INFINITY;
 #pragma unroll
@@ -314,6 +317,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
       for (int e = 0; e < PER; ++e) acc[e] = fmaf(pj, vs[j][c + TPR * e], acc[e]);
     }
     m = m_new;
+    // ### END SOLUTION
   }
   if (!row_ok) return;
   const int64_t orow = bh * p.Nq + row;
@@ -478,6 +482,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
                                          float (&l)[2], const T* sk, const T* sv, int n0, int row_g,
                                          int Nk, int causal, float sl, int lane) {
   constexpr int NT = FWD_BN / 8;
+  // ### BEGIN SOLUTION
   float s[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -529,6 +534,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
     }
   }
   warp_acc_py<T, D, NT>(o, s, sv, lane);  // O += P V: P straight from the S registers
+  // ### END SOLUTION
 }
 
 // Block: W warps (4 or 8, blockDim.x = 32 W), BLOCK_M = 16 W query rows, 16 per warp.
@@ -686,6 +692,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
                                             float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int Nk,
                                             int causal, float sl, int lane) {
   constexpr int NT = v5_bn<D>() / 8, LD = ld_of<D>();
+  // ### BEGIN SOLUTION
   float s[2][NT][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -769,6 +776,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
       mma_16816<T>(o[1][dt + 1], pa[1], b[2], b[3]);
     }
   }
+  // ### END SOLUTION
 }
 
 // Block: W warps (2 or 4, blockDim.x = 32 W), BLOCK_M = 32 W query rows, 32 per warp.
@@ -918,6 +926,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
         delta_s[threadIdx.x] = i < p.Nq ? p.delta[bh * p.Nq + i] : 0.0f;
       }
       __syncthreads();
+      // ### BEGIN SOLUTION
       for (int i = 0; i < TILE; ++i) {
         float part = 0.0f;
 #pragma unroll
@@ -936,6 +945,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
 #pragma unroll
         for (int e = 0; e < PER; ++e) dk[e] = fmaf(ds, qs[i][c + TPR * e], dk[e]);
       }
+      // ### END SOLUTION
     }
   }
   if (!key_ok) return;
@@ -974,6 +984,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
     cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
+    // ### BEGIN SOLUTION
     const int visible_here = limit - (int)n0;  // keys j < this of the tile are seen
     for (int j = 0; j < TILE; ++j) {
       float ps = 0.0f, pd = 0.0f;
@@ -988,6 +999,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < PER; ++e) dq[e] = fmaf(ds, ks[j][c + TPR * e], dq[e]);
     }
+    // ### END SOLUTION
   }
   if (!row_ok) return;
   cc_store_row<T, D>(static_cast<T*>(p.dq) + (bh * p.Nq + row) * p.D, dq, p.scale, c, p.D);
@@ -1010,6 +1022,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D /
                                           const T* sq, const T* sdo, const float* slse, const float* sdelta,
                                           int warp, int m0, int key_g, int Nq, int causal, float sl, int lane) {
   constexpr int QN = bwd_tile<D>() / 8;
+  // ### BEGIN SOLUTION
   float st[QN][4];  // Sᵀ, then Pᵀ
   warp_xyt<T, D, QN>(st, sk, sq, warp, lane);
 #pragma unroll
@@ -1032,6 +1045,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D /
 #pragma unroll
     for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sdelta[j * 8 + 2 * (lane & 3) + (e & 1)]);
   warp_acc_py<T, D, QN>(dk, dpt, sq, lane);  // dK += dSᵀ Q (scale applied once, at the end)
+  // ### END SOLUTION
 }
 
 // Stage `stage` gets query tile m0: Q and dO rows (16-byte chunks) and the tile's lse and
@@ -1139,6 +1153,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
                                         const float (&lse)[2], const float (&delta)[2], int n0, int row_g,
                                         int Nk, int causal, float sl, int lane) {
   constexpr int KT = bwd_tile<D>(), KN = KT / 8;
+  // ### BEGIN SOLUTION
   float s[KN][4], dp[KN][4];
 #pragma unroll
   for (int j = 0; j < KN; ++j)
@@ -1169,6 +1184,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
       s[j][e] = pr * (dp[j][e] - delta[h]);  // dS
     }
   warp_acc_py<T, D, KN>(dq, s, sk, lane);  // dQ += dS K (scale applied once, at the end)
+  // ### END SOLUTION
 }
 
 // Block: W warps, 16 W queries. Shared: Q, dO [16 W][D+8]; then STAGES x (K, V [KT][D+8]).

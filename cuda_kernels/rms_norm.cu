@@ -71,6 +71,7 @@ __global__ void fwd_v2(const T* __restrict__ x, const T* __restrict__ weight, T*
   const int lane = threadIdx.x & 31;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= M) return;
+  // ### BEGIN SOLUTION
   const T* xr = x + row * stride_x;
   float sq = 0.0f;
   for (int64_t i = lane; i < N; i += 32) sq += to_f32(xr[i]) * to_f32(xr[i]);
@@ -79,6 +80,7 @@ __global__ void fwd_v2(const T* __restrict__ x, const T* __restrict__ weight, T*
   for (int64_t i = lane; i < N; i += 32)
     yr[i] = from_f32<T>(to_f32(xr[i]) * rstd * to_f32(weight[i]));
   if (lane == 0) rstd_out[row] = rstd;
+  // ### END SOLUTION
 }
 
 // v3: a group of G threads owns a row (a warp, or the whole block); thread t holds vectors
@@ -105,6 +107,7 @@ fwd_v3(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y,
     t = threadIdx.x;
     G = blockDim.x;
   }
+  // ### BEGIN SOLUTION
   const int64_t n_vec = N / VEC;
   const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
   V xk[CHUNKS];  // as loaded: 16-bit types stay packed two to a register
@@ -136,6 +139,7 @@ fwd_v3(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y,
     }
   }
   if (t == 0) rstd_out[row] = rstd;
+  // ### END SOLUTION
 }
 
 // =====================================================================================
@@ -184,6 +188,7 @@ __global__ void bwd_dx_v2(const T* __restrict__ dy, const T* __restrict__ x,
   const int lane = threadIdx.x & 31;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= M) return;  // per warp
+  // ### BEGIN SOLUTION
   const T *xr = x + row * stride_x, *dyr = dy + row * stride_dy;
   const float rs = rstd[row];
   float c1 = 0.0f;
@@ -195,6 +200,7 @@ __global__ void bwd_dx_v2(const T* __restrict__ dy, const T* __restrict__ x,
     const float xhat = to_f32(xr[i]) * rs;
     dxr[i] = from_f32<T>((to_f32(weight[i]) * to_f32(dyr[i]) - xhat * c1) * rs);
   }
+  // ### END SOLUTION
 }
 
 // v2 dw, stage 1: block (blockIdx.x, p) sums columns [256 blockIdx.x, +256) over rows
@@ -208,10 +214,12 @@ __global__ void bwd_dw_partial_v2(const T* __restrict__ dy, const T* __restrict_
   if (col >= N) return;
   const int64_t p = blockIdx.y, first = p * rows_per_chunk;
   const int64_t last = first + rows_per_chunk < M ? first + rows_per_chunk : M;
+  // ### BEGIN SOLUTION
   float dw = 0.0f;
   for (int64_t m = first; m < last; ++m)
     dw += to_f32(dy[m * stride_dy + col]) * to_f32(x[m * stride_x + col]) * rstd[m];
   part_dw[p * N + col] = dw;
+  // ### END SOLUTION
 }
 
 // Stage 2 (v2 and v3): dweight[n] = sum_p part_dw[p, n]. A block owns 32 columns; its 16
@@ -250,6 +258,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   __shared__ float scratch[32];
   const int t = threadIdx.x, G = blockDim.x;
   const int64_t n_vec = N / VEC;
+  // ### BEGIN SOLUTION
   // Padding lanes (k >= n_vec) hold w = 0 and dy = 0: they add nothing, store nothing.
   V zero;
 #pragma unroll
@@ -306,6 +315,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       for (int j = 0; j < VEC; ++j) pdw[k * VEC + j] = dw[c * VEC + j];
     }
   }
+  // ### END SOLUTION
 }
 
 // =====================================================================================

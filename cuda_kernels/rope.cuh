@@ -9,6 +9,9 @@
 
 __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float& y1,
                                             float& y2) {
+  y1 = y2 = __int_as_float(0x7fc00000);  // NaN until the lines between the markers are written
+  // ### BEGIN SOLUTION
   y1 = x1 * c - x2 * s;
   y2 = x2 * c + x1 * s;
+  // ### END SOLUTION
 }

@@ -101,18 +101,17 @@ def _lines(path, regions=()):
     return set(), shown
 
 
-def test_no_solution_text_anywhere_in_the_student_copy(assignment_build):
+def assert_no_solution_text(copy):
     """Each blanked region's distinctive lines (20 characters or more, shown nowhere in the
     reference's code outside a region), searched for in every file of the copy: sources,
     docs, tests, notebooks (sources and outputs). Written apart from the build's own scan,
-    so that the check does not trust what it checks."""
-    copy = assignment_build
+    so that the check does not trust what it checks. Returns {file: its distinctive lines}."""
     regions = {}
     for part in copy.parts:
         for rel in part.regions:
             regions.setdefault(rel, []).extend(
                 assignment.regions_of((ROOT / rel).read_text(), rel, part.component))
-    inside, outside = set(), set()
+    inside, outside, owner = set(), set(), {}
     for rel in assignment.repo_files(ROOT):
         if rel.endswith(".ipynb"):  # what a lesson's code gives is given, not an answer
             for cell in json.loads((ROOT / rel).read_text())["cells"]:
@@ -126,6 +125,7 @@ def test_no_solution_text_anywhere_in_the_student_copy(assignment_build):
             a, b = _lines(ROOT / rel, regions.get(rel, own))
             inside |= a if rel in regions else set()
             outside |= b
+            owner.update(dict.fromkeys(a, rel) if rel in regions else {})
     answers = {line for line in inside - outside if len(line) >= 20}
     assert len(answers) > 30, "too few distinctive lines: the regions were not found"
     found = []
@@ -134,6 +134,41 @@ def test_no_solution_text_anywhere_in_the_student_copy(assignment_build):
             shown = _lines(path)[1]
             found += [f"{path.relative_to(copy.out)}: {line}" for line in shown & answers]
     assert not found, "solution text in the student copy:\n" + "\n".join(sorted(found)[:20])
+    by_file = {}
+    for line in answers:
+        by_file.setdefault(owner[line], set()).add(line)
+    return by_file
+
+
+def test_no_solution_text_anywhere_in_the_student_copy(assignment_build):
+    assert_no_solution_text(assignment_build)
+
+
+def test_every_part_at_once_leaves_no_solution_text(tmp_path):
+    """Every component at Levels 1-5, blanked in one copy (the numba twins with them, hidden:
+    they would give Level 5 away): every marked part is cut, the grep finds no answer in the
+    copy, and each part's files held answers to look for (a region of comments alone would
+    hide nothing). Graded on a CPU, each Level 5 part is "not implemented yet", naming its
+    TODO (no nvcc run: the TODO is found first)."""
+    from levels.contract import COMPONENTS
+
+    copy = assignment.build(COMPONENTS, ("native", "torchscript", "compile", "triton", "cuda"),
+                            tmp_path / "student", instructor_dir=tmp_path / "instructor")
+    assert {(p.component, p.level) for p in copy.parts} == set(assignment.marked_parts(ROOT))
+    assert not copy.still_shows, copy.still_shows  # every given-away file is marked
+    answers = assert_no_solution_text(copy)
+    for part in copy.parts:
+        for rel in part.regions:
+            assert answers.get(rel), f"{part.component} @ {part.level}: no distinctive line in {rel}"
+    from cuda_kernels import build
+
+    if build.nvcc_available() is not None:
+        return  # the grader refuses Level 5 on a CPU without nvcc
+    result = grading.grade(copy.out, parts=[(c, "cuda") for c in COMPONENTS], device="cpu")
+    for (component, level), why in reasons(result).items():
+        assert scores(result)[(component, level)] == 0, why
+        assert re.search(rf"{component} @ cuda is not implemented yet \(the TODO at "
+                         r"cuda_kernels/\w+\.cuh?:\d+ is still there\)", why), why
 
 
 @pytest.fixture(scope="module")
@@ -328,37 +363,55 @@ def test_a_planted_cheat_scores_zero_and_says_why(cheats_graded, cheat):
     assert test["reason"].startswith("no credit for this part: "), test["reason"]
 
 
+# Level 5's parts on a CPU: the file the TODO is in, and the .cu file nvcc compiles (rope's
+# answer is rope.cuh's rotation, compiled where rope.cu includes it)
+LEVEL5 = {"layer_norm": ("cuda_kernels/layer_norm.cu",) * 2, "mlp": ("cuda_kernels/gemm.cu",) * 2,
+          "attention": ("cuda_kernels/attention.cu",) * 2, "rms_norm": ("cuda_kernels/rms_norm.cu",) * 2,
+          "rope": ("cuda_kernels/rope.cuh", "cuda_kernels/rope.cu")}
+
+
 def test_level5_round_trip_compiles_on_a_cpu(tmp_path):
     """Level 5 without a GPU: the build blanks the marked regions of the .cu files (and the
-    numba and Triton twins that would give them away); the blank copy is "not implemented
-    yet", naming the TODO; the reference's .cu files handed in compile and earn the compile
-    share, and the rest is said to need a GPU."""
+    numba and Triton twins that would give them away), and the blanked files still compile
+    (the student's starting point builds); the blank copy is "not implemented yet", naming
+    the TODO; the reference's files handed in compile and earn the compile share, and the
+    rest is said to need a GPU."""
     from cuda_kernels import build
 
     if build.nvcc_available() is not None:
         pytest.skip(f"needs nvcc: {build.nvcc_available()}")
-    copy = assignment.build(["layer_norm", "mlp"], ["cuda"], tmp_path / "student",
+    copy = assignment.build(list(LEVEL5), ["cuda"], tmp_path / "student",
                             instructor_dir=tmp_path / "instructor")
-    files = {"layer_norm": "cuda_kernels/layer_norm.cu", "mlp": "cuda_kernels/gemm.cu"}
-    for component, rel in files.items():
-        regions = assignment.regions_of((ROOT / rel).read_text(), rel, component)
-        assert regions, f"{rel} has no solution region"
-        inside, outside = _lines(ROOT / rel, regions)
-        answers = {line for line in inside - outside if len(line) >= 20}
-        assert answers and not answers & _lines(copy.out / rel)[1], rel
-        assert "// ### BEGIN SOLUTION" not in (copy.out / rel).read_text()
-    for twin in ("numba_kernels/layer_norm.py", "numba_kernels/gemm.py"):
-        assert "hidden while" in (copy.out / twin).read_text(), twin
+    for component, (rel, _) in LEVEL5.items():
+        assert assignment.regions_of((ROOT / rel).read_text(), rel, component), rel
+        # (gemm.cu keeps the SwiGLU MLP's regions: a part nobody chose)
+        assert not assignment.regions_of((copy.out / rel).read_text(), rel, component), rel
+    for twin in ("layer_norm", "gemm", "attention", "rms_norm", "rope"):
+        assert "hidden while" in (copy.out / f"numba_kernels/{twin}.py").read_text(), twin
+        assert "hidden while" in (copy.out / f"triton_kernels/{twin}.py").read_text(), twin
     assert "the grader compiles your `.cu` file with nvcc" in (copy.out / "ASSIGNMENT.md").read_text()
     config = copy.instructor / "grading.json"
+    # The reference's files handed in, but attention's (10 s of nvcc, 45 s on a loaded 2-core
+    # machine: its blanked copy is compiled below instead, and the reference by
+    # tests/test_cuda_build.py); and the new parts' blanked files compiled as the student gets
+    # them (layer_norm.cu's and gemm.cu's blanks were compiled when they were marked).
+    handed_in = {c: files for c, files in LEVEL5.items() if c != "attention"}
+    done = submission(copy, tmp_path / "done", [rel for rel, _ in handed_in.values()])
+    blanked = [compiled for c, (_, compiled) in LEVEL5.items() if c not in ("layer_norm", "mlp")]
     with ThreadPoolExecutor(2) as pool:
-        blank, done = pool.map(lambda repo: grading.grade(repo, config=config, device="cpu"),
-                               [copy.out, submission(copy, tmp_path / "done", files.values())])
-    for component, rel in files.items():
+        graded = [pool.submit(grading.grade, repo, config=config, device="cpu")
+                  for repo in (copy.out, done)]
+        compiled = [pool.submit(build.compile_ptx, copy.out / rel, "90a",
+                                include_dirs=[(copy.out / rel).parent]) for rel in blanked]
+        blank, done = (g.result() for g in graded)
+        for rel, ptx in zip(blanked, compiled):
+            assert ".entry" in ptx.result(), rel
+    for component, (rel, compiled) in LEVEL5.items():
         why = reasons(blank)[(component, "cuda")]
         assert scores(blank)[(component, "cuda")] == 0, why
         assert re.search(rf"{component} @ cuda is not implemented yet \(the TODO at {rel}:\d+ "
                          r"is still there\)", why), why
-        why = reasons(done)[(component, "cuda")]
-        assert scores(done)[(component, "cuda")] == 1, why  # the compile share: 0.1 of 10
-        assert why.startswith("needs a CUDA GPU") and f"{rel} compiles" in why, why
+        if component in handed_in:
+            why = reasons(done)[(component, "cuda")]
+            assert scores(done)[(component, "cuda")] == 1, why  # the compile share: 0.1 of 10
+            assert why.startswith("needs a CUDA GPU") and f"{compiled} compiles" in why, why

@@ -11,7 +11,10 @@ Solution regions are marked as nbgrader marks them, in the sources themselves:
     ...
     // ### END SOLUTION
 
-and in the notebooks' exercise cells (the same Python markers). The markers are comments:
+and in the notebooks' exercise cells (the same Python markers). A kernel file that holds two
+components' solutions (gemm.cu: the MLP's GELU and the SwiGLU MLP's SiLU-multiply) names
+each region's owner on its opening line, `// ### BEGIN SOLUTION (swiglu_mlp)`: a region that
+names one belongs to that component only. The markers are comments:
 the reference repo runs, and is tested, with them in place. In a .py file only a comment
 line is a marker (a docstring that shows them, like this one, is not); in a .cu file and a
 notebook cell, every line whose text starts with one is (nbgrader's rule). A marker typo, a
@@ -60,6 +63,7 @@ class Region:
     start: int  # 0-based line index of the BEGIN marker
     end: int  # 0-based line index of the END marker
     indent: str
+    owner: str | None = None  # the component its BEGIN line names, `(swiglu_mlp)`; None: any
 
 
 @dataclass
@@ -99,7 +103,7 @@ def find_regions(text: str, path: str = "<text>", markers: tuple[str, str] | Non
     begin, end = markers
     lines = text.splitlines()
     candidates = _comment_lines(text, path) if path.endswith(".py") else range(len(lines))
-    regions, open_at = [], None
+    regions, open_at, owner = [], None, None
     for i in sorted(candidates):
         stripped = lines[i].strip()
         if stripped.startswith(begin):
@@ -107,11 +111,13 @@ def find_regions(text: str, path: str = "<text>", markers: tuple[str, str] | Non
                 raise ValueError(f"{_at(path, i)}: '{begin}' inside the region opened at line "
                                  f"{open_at + 1}")
             open_at = i
+            owner = (_owner_named(stripped[len(begin):], path, i)
+                     if begin in (PY_BEGIN, CU_BEGIN) else None)
         elif stripped.startswith(end):
             if open_at is None:
                 raise ValueError(f"{_at(path, i)}: '{end}' without a '{begin}' before it")
             opener = lines[open_at]
-            regions.append(Region(open_at, i, opener[:len(opener) - len(opener.lstrip())]))
+            regions.append(Region(open_at, i, opener[:len(opener) - len(opener.lstrip())], owner))
             open_at = None
         elif _MARKER_LIKE.match(stripped) and not stripped.startswith(_MARKERS):
             raise ValueError(f"{_at(path, i)}: {stripped!r} looks like a marker but is none of "
@@ -120,6 +126,20 @@ def find_regions(text: str, path: str = "<text>", markers: tuple[str, str] | Non
     if open_at is not None:
         raise ValueError(f"{_at(path, open_at)}: '{begin}' is never closed by '{end}'")
     return regions
+
+
+def _owner_named(rest: str, path: str, i: int) -> str | None:
+    """The component a BEGIN line names after its marker (`(swiglu_mlp)`), None if it names
+    none; anything else there is a ValueError: a misspelt owner must not leave a region to
+    no one (or to every component of the file)."""
+    rest = rest.strip()
+    if not rest:
+        return None
+    named = re.fullmatch(r"\((\w+)\)", rest)
+    if not named or named[1] not in COMPONENTS:
+        raise ValueError(f"{_at(path, i)}: after the marker, expected nothing or a component in "
+                         f"parentheses (one of {', '.join(COMPONENTS)}); got {rest!r}")
+    return named[1]
 
 
 def _function_at(tree: ast.Module, line: int) -> str | None:
@@ -149,10 +169,11 @@ def shared(path: str) -> bool:
 
 
 def regions_of(text: str, path: str, component: str) -> list[Region]:
-    """The regions of `text` (the file `path`) that belong to `component`."""
+    """The regions of `text` (the file `path`) that belong to `component`: in a kernel file,
+    those that name it or no one; in levels/, those inside its functions."""
     regions = find_regions(text, path)
     if not shared(path):
-        return regions
+        return [r for r in regions if r.owner in (None, component)]
     tree = ast.parse(text, path)
     return [r for r in regions if _owner(_function_at(tree, r.start + 1)) == component]
 

@@ -50,7 +50,9 @@ DEFAULT_CREDIT = {"forward": 0.5, "backward": 0.5, "bfloat16": 0.25, "strided": 
                   "performance_reference": "compile"}
 _NOT_SHARES = ("performance_target", "performance_reference")
 # a blanked region's raise, as the harness reports it (TorchScript and torch.compile quote it)
-_TODO = re.compile(r"NotImplementedError(: |\(')TODO: (?P<what>.+?) \((?P<where>[^()]+:\d+)\)")
+# (numba's simulator puts the raising thread before the message: "tid=[1, 0, 0] ctaid=[0, 0, 0]: ")
+_TODO = re.compile(r"NotImplementedError(: |\(')(tid=\[[\d, ]*\] ctaid=\[[\d, ]*\]: )?TODO: "
+                   r"(?P<what>.+?) \((?P<where>[^()]+:\d+)\)")
 
 
 def credit_shares(config: dict | None) -> dict:
