@@ -550,8 +550,8 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
   const T* q = head_of<T>(p.q, bh, p.H);
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);  // grouped-query: read in place
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
 
   // v4 visits key tiles up to the block's last row only (causal); v3 visits all of them.
   const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
@@ -787,8 +787,8 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
   int64_t bh, mb;
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
   const int kv_end = causal ? min(Nk, m0 + block_m) : Nk;
   const int n_tiles = (kv_end + V5_BN - 1) / V5_BN;
 
@@ -1070,21 +1070,26 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
   const float sl = p.scale_log2;
-  int64_t bh, nb;
-  block_coords(cdiv(Nk, block_n), false, bh, nb);  // causal: low key blocks (the heaviest) first
+  int64_t bhk, nb;  // bhk: batch x K/V head
+  block_coords(cdiv(Nk, block_n), false, bhk, nb);  // causal: low key blocks (the heaviest) first
   const int n0 = (int)nb * block_n;
-  const T* q = head_of<T>(p.q, bh, p.H);
-  const T* dout = head_of<T>(p.dout, bh, p.H);
+  // Grouped-query attention: the query heads bh0 .. bh0 + group - 1 read this K/V head.
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, bh0 = b * p.H + hk * p.group;
 
   // Causal (v4): queries before n0 never see these keys; start at the tile holding n0.
   const int t_first = (ASYNC && causal) ? n0 / QT : 0;
   const int t_end = (Nq + QT - 1) / QT;
+  // One loop over (query head of the group, query tile): step s is head s / per_head,
+  // tile t_first + s % per_head. The prefetch of step s + 1 crosses heads like tiles.
+  const int per_head = t_end - t_first, steps = (int)p.group * per_head;
 
-  load_tile<T, D, 128, ASYNC>(sk, head_of<T>(p.k, bh, p.H), p.k.sn, n0, Nk, block_n);
-  load_tile<T, D, 128, ASYNC>(sv, head_of<T>(p.v, bh, p.H), p.v.sn, n0, Nk, block_n);
+  const int64_t k_off = b * p.k.sb + hk * p.k.sh, v_off = b * p.v.sb + hk * p.v.sh;
+  load_tile<T, D, 128, ASYNC>(sk, static_cast<const T*>(p.k.ptr) + k_off, p.k.sn, n0, Nk, block_n);
+  load_tile<T, D, 128, ASYNC>(sv, static_cast<const T*>(p.v.ptr) + v_off, p.v.sn, n0, Nk, block_n);
   if constexpr (ASYNC) {
-    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, q, dout, bh, t_first * QT, p);
-    cp_async_commit();  // group: K, V and query tile t_first
+    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, head_of<T>(p.q, bh0, p.H), head_of<T>(p.dout, bh0, p.H),
+                                  bh0, t_first * QT, p);
+    cp_async_commit();  // group: K, V and query tile t_first of the first head
   }
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -1093,19 +1098,23 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
   const int warp_key0 = n0 + warp * 16, key_g = warp_key0 + (lane >> 2);
 
-  for (int t = t_first; t < t_end; ++t) {
-    const int stage = ASYNC ? ((t - t_first) & 1) : 0;
-    const int m0 = t * QT;
+  for (int step = 0; step < steps; ++step) {
+    const int stage = ASYNC ? (step & 1) : 0;
+    const int m0 = (t_first + step % per_head) * QT;
     if constexpr (ASYNC) {
-      if (t + 1 < t_end) {
+      if (step + 1 < steps) {
         const int ns = stage ^ 1;
+        const int64_t nbh = bh0 + (step + 1) / per_head;
         dkdv_load_queries<T, D, true>(sq + ns * QT * LD, sdo + ns * QT * LD, slse + ns * QT, sdelta + ns * QT,
-                                      q, dout, bh, m0 + QT, p);
+                                      head_of<T>(p.q, nbh, p.H), head_of<T>(p.dout, nbh, p.H), nbh,
+                                      (t_first + (step + 1) % per_head) * QT, p);
       }
       cp_async_commit();
       cp_async_wait<1>();
     } else {
-      dkdv_load_queries<T, D, false>(sq, sdo, slse, sdelta, q, dout, bh, m0, p);
+      const int64_t bh = bh0 + step / per_head;
+      dkdv_load_queries<T, D, false>(sq, sdo, slse, sdelta, head_of<T>(p.q, bh, p.H), head_of<T>(p.dout, bh, p.H),
+                                     bh, m0, p);
     }
     __syncthreads();
     const T* sqt = sq + stage * QT * LD;
@@ -1125,7 +1134,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
     __syncthreads();
   }
   if constexpr (ASYNC) cp_async_wait<0>();
-  const int64_t out0 = bh * p.Nk * D;
+  const int64_t out0 = bhk * p.Nk * D;  // dk, dv: contiguous (B, H_kv, Nk, D)
   store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
   store_rows<T, D>(sv + warp * 16 * LD, dv, 1.0f, 1.0f, static_cast<T*>(p.dv) + out0, warp_key0, Nk, lane);
 }
@@ -1187,8 +1196,8 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
   int64_t bh, mb;
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
   const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
   const int n_tiles = (kv_end + KT - 1) / KT;
 
@@ -1337,7 +1346,8 @@ template <typename T, int D, bool ASYNC>
 int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), S = ASYNC ? 2 : 1;
   // dK/dV: K, V blocks + staged Q, dO tiles + staged lse, delta
-  const int wk = mma_warps(p.BH, p.Nk), wq = mma_warps(p.BH, p.Nq);
+  const int64_t BHkv = p.BH / p.group;  // the dK/dV grid: one block per key block of a K/V head
+  const int wk = mma_warps(BHkv, p.Nk), wq = mma_warps(p.BH, p.Nq);
   const int smem_kv = (2 * wk * 16 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
   const int smem_kv_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
   const int smem_q = (2 * wq * 16 + 2 * S * QT) * LD * (int)sizeof(T);
@@ -1345,7 +1355,7 @@ int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   static bool opted_kv = false, opted_q = false;
   if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC>, smem_kv_max, opted_kv)) return err;
   if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC>, smem_q_max, opted_q)) return err;
-  const int64_t kblocks = p.BH * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
+  const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
   attn_bwd_dkdv_mma_kernel<T, D, ASYNC><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
   attn_bwd_dq_mma_kernel<T, D, ASYNC><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
@@ -1384,7 +1394,7 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
 // per-batch key lengths, a causal diagonal with Nq != Nk (the tensor-core kernels' causal
 // block skipping is written for the main diagonal), a head size they are not instantiated for.
 inline bool grown(const Params& p) {
-  return p.group != 1 || p.kv_lens != nullptr || (p.causal && p.Nq != p.Nk) ||
+  return p.kv_lens != nullptr || (p.causal && p.Nq != p.Nk) ||
          !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128);
 }
 
@@ -1402,7 +1412,7 @@ int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
   }
   if (grown(p)) return LEVELS_UNSUPPORTED;  // cuda_kernels/attention.py says why, and runs v2
   if constexpr (!std::is_same<T, float>::value) {
-    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk))
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false>(p, stream)); }
     if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D>(p, stream)); }
@@ -1422,7 +1432,7 @@ int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
   }
   if (grown(p)) return LEVELS_UNSUPPORTED;
   if constexpr (!std::is_same<T, float>::value) {
-    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk) ||
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk) ||
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false>(p, stream)); }

@@ -106,11 +106,9 @@ def check_head_dim(q: torch.Tensor) -> None:
 
 def beyond_tensor_cores(q, k, causal, kv_lens) -> str:
     """What of this call versions 3-5 (the tensor cores) do not do, or "" if they do it."""
-    (B, H, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
+    (B, H, Nq, D), Nk = q.shape, k.shape[2]
     if D not in HEAD_DIMS:
         return f"head dimension D={D} (they take D in {', '.join(map(str, HEAD_DIMS))})"
-    if Hkv != H:
-        return f"grouped-query attention (k and v with {Hkv} heads for q's {H})"
     if kv_lens is not None:
         return "per-batch key lengths (kv_lens)"
     if causal and Nq != Nk:

@@ -71,7 +71,6 @@ def test_a_head_dim_past_256_is_refused_at_every_version():
 
 @pytest.mark.parametrize("what,shapes,causal,lens", [
     ("head", ((1, 2, 5, 80), (1, 2, 5, 80)), False, None),
-    ("grouped", ((1, 4, 5, 64), (1, 2, 5, 64)), False, None),
     ("lengths", ((2, 2, 5, 64), (2, 2, 5, 64)), False, [5, 3]),
     ("causal", ((1, 2, 3, 64), (1, 2, 9, 64)), True, None)])
 def test_the_default_version_hands_grown_calls_to_version_2(what, shapes, causal, lens, monkeypatch):
@@ -89,6 +88,21 @@ def test_the_default_version_hands_grown_calls_to_version_2(what, shapes, causal
     common = torch.zeros(1, 2, 5, 64, dtype=torch.bfloat16)
     assert K5.pick_version(None, common, common, True, None) == 4
     assert K5.pick_version(5, q.float(), k.float(), causal, kv_lens) == 5
+
+
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (12, 4), (6, 1)])
+def test_grouped_query_heads_keep_the_tensor_core_default(H, H_kv, monkeypatch):
+    # Llama's gpu preset (12 heads, 4 K/V heads, D = 64, causal): v3-v5 read K/V head
+    # h // group in place, so version=None keeps the default and every version takes it
+    q = torch.zeros(1, H, 5, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, H_kv, 5, 64, dtype=torch.bfloat16)
+    monkeypatch.delenv(ENV, raising=False)
+    for causal in (False, True):
+        assert K5.pick_version(None, q, k, causal, None) == K5.DEFAULT_VERSION == 5
+        for v in VERSIONS:
+            assert K5.pick_version(v, q, k, causal, None) == v
+    monkeypatch.setenv(ENV, "3")
+    assert K5.pick_version(None, q, k, True, None) == 3
 
 
 # ------------------------------------------------------------------------ CPU: nvcc ---
@@ -205,6 +219,23 @@ def test_grown_cases(version, dtype, case, monkeypatch):
         _passes(args, version, monkeypatch)
 
 
+# Grouped-query and multi-query heads at every version, the tensor cores' included (Llama's
+# gpu preset: 12 heads, 4 K/V heads, D 64, causal): (B, H, H_kv, Nq, Nk, D, causal)
+GQA = [(2, 12, 4, 100, 100, 64, True),    # Llama's preset, ragged length
+       (1, 4, 1, 77, 77, 128, True),      # multi-query, D 128 (v5's 32-key tiles)
+       (2, 6, 2, 33, 90, 32, False),      # Nq != Nk (not causal)
+       (1, 8, 2, 200, 200, 16, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", GQA, ids=lambda c: "x".join(map(str, c[:6])) + ("-causal" if c[6] else ""))
+def test_grouped_query_heads_at_every_version(version, dtype, case, monkeypatch):
+    B, H, H_kv, Nq, Nk, D, causal = case
+    _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=H + Nq, H_kv=H_kv), version, monkeypatch)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape_q,shape_k", [((0, 2, 5, 64), (0, 1, 7, 64)), ((2, 2, 0, 64), (2, 2, 7, 64)),
                                              ((2, 2, 5, 64), (2, 2, 0, 64))])
@@ -220,7 +251,7 @@ def test_empty_inputs_as_pytorch(shape_q, shape_k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_grouped_backward_is_deterministic(version):
     # dK/dV of a K/V head sum its group's query heads in a loop inside one block: no atomics
     a = _args(2, 8, 200, 200, 64, torch.bfloat16, True, seed=4, H_kv=2)
