@@ -40,13 +40,23 @@
 //   lse_i = log2 sum_j 2^(scale·log2(e)·q_i·k_j)   (= natural lse · log2(e))
 // so that the backward's P = 2^(scale·log2(e)·q·k − lse) is one FMA and one exp2.
 //
-// Grown (v1, v2 and the CUDA-core backward only; the tensor-core versions keep the common
-// case, H_kv == H, D in {16, 32, 64, 128}, no kv_lens, causal on the main diagonal, and the
-// Python side runs v2 for anything else when no version was asked for):
+// Grown at every version:
 //   grouped-query attention: k, v have H_kv heads, H_kv dividing H; query head h reads K/V
 //       head h / group (group = H / H_kv), by index: no copy of K or V. dK/dV: the block that
 //       owns a key block loops over the group's query heads itself, in a fixed order (no
-//       atomics: deterministic).
+//       atomics: deterministic); at v3/v4 one loop over (head, query tile) steps, so the
+//       cp.async prefetch runs across heads as across tiles.
+//   RoPE fused (ROPE flag of every kernel template; without it the kernels are what they
+//       were): q and k rotated by their positions' angles as they are read (query i at table
+//       row i + rope_qoff, key j at row j), dq and dk turned back by minus the angle before
+//       the store; rotated q or k never reach global memory. The CUDA-core kernels turn
+//       their fp32 shared tiles (rows they keep in registers go through a tile first); the
+//       tensor-core kernels turn a 16-bit tile in shared memory after it has landed
+//       (rope_tile: cp.async cannot rotate in flight) and the dq/dk accumulators in
+//       registers (rope_unrotate_acc: a lane holds both features of each of its pairs).
+// Grown at v1, v2 and the CUDA-core backward only (the tensor-core versions take D in
+// {16, 32, 64, 128}, no kv_lens, causal on the main diagonal, and the Python side runs v2
+// for anything else when no version was asked for):
 //   any head size up to 256: the CUDA-core kernels are templated on a tile width DT (a
 //       power of two, 8..256) and read the D real columns of it (zeros beyond, never
 //       stored); D > 128 uses 8 threads a row and 16-row tiles, so that k, v, dk and dv
@@ -105,6 +115,14 @@ struct Params {
   int bottom_right;       // shift = L - Nq (bottom-right diagonal), else 0 (top-left)
   float scale;            // softmax scale
   float scale_log2;       // scale · log2(e): scores go straight to exp2
+  // RoPE fused (the kernels instantiated with ROPE read these; rope_cos null: no rope):
+  // tables (P, D/2) of the inputs' dtype with element strides (row, column); key j sits at
+  // table row j, query i at row i + rope_qoff; pairs (2i, 2i+1) if rope_interleaved, else
+  // (i, i + D/2).
+  const void* rope_cos;
+  const void* rope_sin;
+  int64_t rope_cos_sr, rope_cos_sc, rope_sin_sr, rope_sin_sc, rope_qoff;
+  int rope_interleaved;
 };
 
 // The (b, h) slice of an operand: b * stride_b + h * stride_h in int64.
@@ -142,6 +160,33 @@ __device__ __forceinline__ Keys keys_of(const Params& p, int64_t b) {
   return Keys{end, p.bottom_right ? end - p.Nq : 0};
 }
 
+// ---- RoPE fused into the loads (docs: ROPE_API.md; levels.native.rope_math's math) ----
+// A pair of features (x1, x2) turns by its position's angle: (x1 c - x2 s, x2 c + x1 s);
+// the backward turns the gradient by minus the angle (sign -1). The kernels rotate q and k
+// as they read them and never write a rotated tensor to memory.
+
+// cos and sin of pair i at table row pos, in fp32.
+template <typename T>
+__device__ __forceinline__ float2 rope_cs(const Params& p, int64_t pos, int i) {
+  return make_float2(to_f32(static_cast<const T*>(p.rope_cos)[pos * p.rope_cos_sr + i * p.rope_cos_sc]),
+                     to_f32(static_cast<const T*>(p.rope_sin)[pos * p.rope_sin_sr + i * p.rope_sin_sc]));
+}
+
+// Feature d (of `width`) of the row at x, turned by `sign` times its position's angle, in
+// fp32 (T: the tables' type; X: the row's, the input's or an fp32 staging row). What the
+// CUDA-core kernels read instead of x[d]: each feature reads its partner as well.
+template <typename T, typename X>
+__device__ __forceinline__ float rope_feature(const Params& p, const X* x, int d, int width, int64_t pos,
+                                              float sign) {
+  const int half = width >> 1;
+  const bool first = p.rope_interleaved ? (d & 1) == 0 : d < half;
+  const int i = p.rope_interleaved ? d >> 1 : (first ? d : d - half);
+  const int other = p.rope_interleaved ? d ^ 1 : (first ? d + half : d - half);
+  const float2 cs = rope_cs<T>(p, pos, i);
+  const float a = to_f32(x[d]), b = to_f32(x[other]), sn = sign * cs.y;
+  return first ? a * cs.x - b * sn : a * cs.x + b * sn;
+}
+
 // Block -> (bh, block index along the sequence). Blocks of one head are consecutive (they
 // share K/V in L2); `reverse` starts each head with its last block: the causal forward's
 // heaviest query blocks go first and the cheap ones fill the tail of the grid.
@@ -159,7 +204,7 @@ __device__ __forceinline__ void block_coords(int64_t n_blocks, bool reverse, int
 // 2^(s - max) (and sum it), then out = sum_j p_j v_j / sum. Threads of a warp are
 // consecutive rows of one head, so each k_j / v_j read is a broadcast; the score rows are
 // Nk apart, so those accesses do not coalesce at all (the cost the tiled versions remove).
-template <typename T>
+template <typename T, bool ROPE>
 __global__ void attn_fwd_v1_kernel(Params p) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (idx >= p.BH * p.Nq) return;
@@ -173,7 +218,12 @@ __global__ void attn_fwd_v1_kernel(Params p) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < p.Nk; ++j) {
     float dot = 0.0f;
-    for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
+    if constexpr (ROPE) {  // both rotated as read (v1 re-reads q for every key: no reuse, as the rest)
+      for (int d = 0; d < D; ++d)
+        dot += rope_feature<T>(p, q, d, D, i + p.rope_qoff, 1.0f) * rope_feature<T>(p, k + j * p.k.sn, d, D, j, 1.0f);
+    } else {
+      for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
+    }
     const float t = keys.visible(i, j, p.causal) ? dot * p.scale_log2 : -INFINITY;
     s[j] = t;
     mx = fmaxf(mx, t);
@@ -261,7 +311,79 @@ __device__ __forceinline__ void cc_store_row(T* dst, const float (&r)[CcShape<D>
   }
 }
 
+// RoPE on the CUDA cores goes through the fp32 shared tiles: a feature's partner lives in
+// another thread (or another register of a fully unrolled row), so the block turns whole
+// tiles in a run-time loop over pairs instead (the unrolled alternative spilled).
+// Rows [0, TILE) of `buf` in place, row r at table row row0 + r + pos_off, by sign x the
+// angle; rows at or past n are left alone (zeros, maybe past the tables).
 template <typename T, int D>
+__device__ __forceinline__ void cc_turn_tile(float (*buf)[D], int64_t row0, int64_t n, int width, const Params& p,
+                                             int64_t pos_off, float sign) {
+  const int half = width >> 1;
+#pragma unroll 1  // rare work beside the live row registers: kept small
+  for (int e = threadIdx.x; e < CcShape<D>::TILE * half; e += CC_THREADS) {
+    const int r = e / half, i = e % half;
+    if (row0 + r >= n) continue;
+    const float2 cs = rope_cs<T>(p, row0 + r + pos_off, i);
+    float* x1 = &buf[r][p.rope_interleaved ? 2 * i : i];
+    float* x2 = x1 + (p.rope_interleaved ? 1 : half);
+    const float a = *x1, b = *x2, sn = sign * cs.y;
+    *x1 = a * cs.x - b * sn;
+    *x2 = b * cs.x + a * sn;
+  }
+}
+
+// cc_load_tile, then (ROPE) the tile turned: the caller's barrier after it covers both.
+template <typename T, int D, bool ROPE>
+__device__ __forceinline__ void cc_load_tile_at(float (*dst)[D], const T* src, int64_t ld, int64_t row0, int64_t n,
+                                                int width, const Params& p, int64_t pos_off) {
+  cc_load_tile<T, D>(dst, src, ld, row0, n, width);
+  if constexpr (ROPE) {
+    __syncthreads();
+    cc_turn_tile<T, D>(dst, row0, n, width, p, pos_off, 1.0f);
+  }
+}
+
+// The block's own rows (row0 .. row0 + ROWS, one per TPR threads) rotated, into this
+// thread's registers (cc_load_row's elements): through `buf` (a streamed tile: ROWS rows),
+// which the caller must not touch again before a barrier.
+template <typename T, int D>
+__device__ __forceinline__ void cc_load_rows_turned(float (&r)[CcShape<D>::PER], float (*buf)[D], const T* src,
+                                                    int64_t ld, int64_t row0, int64_t n, int c, int width,
+                                                    const Params& p, int64_t pos_off) {
+  using S = CcShape<D>;
+  static_assert(S::TILE == S::ROWS, "buf is a streamed tile: one row of it per row of the block");
+  cc_load_tile_at<T, D, true>(buf, src, ld, row0, n, width, p, pos_off);
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) r[e] = buf[threadIdx.x / S::TPR][c + S::TPR * e];
+}
+
+// cc_store_row of a gradient with respect to rotated rows, turned back by minus the angle
+// first (rope's backward), through `buf` as above. Every thread of the block calls it
+// (barriers); those with ok false store nothing.
+template <typename T, int D>
+__device__ __forceinline__ void cc_store_rows_unturned(T* dst, const float (&r)[CcShape<D>::PER], float mul, int c,
+                                                       int width, bool ok, float (*buf)[D], int64_t row0,
+                                                       int64_t n, const Params& p, int64_t pos_off) {
+  using S = CcShape<D>;
+  static_assert(S::TILE == S::ROWS, "buf is a streamed tile: one row of it per row of the block");
+  float* row = buf[threadIdx.x / S::TPR];
+  __syncthreads();  // every thread is done reading buf as a tile
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) row[c + S::TPR * e] = r[e];
+  __syncthreads();
+  cc_turn_tile<T, D>(buf, row0, n, width, p, pos_off, -1.0f);
+  __syncthreads();
+  if (!ok) return;
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) {
+    const int d = c + S::TPR * e;
+    if (d < width) dst[d] = from_f32<T>(row[d] * mul);
+  }
+}
+
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -277,14 +399,15 @@ __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
   const Keys keys = keys_of(p, bh / p.H);
   const int limit = keys.limit(row, p.causal);  // this row sees keys [0, limit)
   float qr[PER], acc[PER];
-  cc_load_row<T, D>(qr, q, row_ok, c, p.D);
+  if constexpr (ROPE) cc_load_rows_turned<T, D>(qr, ks, head_of<T>(p.q, bh, p.H), p.q.sn, mb * S::ROWS, p.Nq, c, p.D, p, p.rope_qoff);
+  else cc_load_row<T, D>(qr, q, row_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.0f;
   const float sl = p.scale_log2;
   float m = -INFINITY, l = 0.0f;  // running max (raw score units) and sum of 2^(s·sl - m·sl)
   for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();  // every thread is done with the previous tile
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile_at<T, D, ROPE>(ks, k, p.k.sn, n0, keys.end, p.D, p, 0);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
     float s[TILE];
@@ -396,6 +519,66 @@ template <int D>
 __device__ __forceinline__ uint32_t b_addr(const void* tile_base, int n0, int k0, int lane) {
   const char* base = static_cast<const char*>(tile_base);
   return smem_addr(base + ((n0 + (lane & 7) + ((lane >> 4) << 3)) * ld_of<D>() + k0 + ((lane >> 3) & 1) * 8) * 2);
+}
+
+// RoPE at the tensor cores, on a tile that has landed in shared memory: rows [0, rows) of a
+// padded tile, row r at table row row0 + r + pos_off, turned in place (fp32 math, rounded
+// back to T: the MMA operands are 16-bit anyway). cp.async writes shared memory without
+// passing through registers, so a K tile cannot be turned on its way in: the block turns it
+// here, between the barrier that says it landed and a barrier before anyone reads it.
+// Rows at or past n (zeros, maybe past the tables) are left alone. What it costs: one more
+// pass over the tile and one more barrier a tile, a table read per pair.
+template <typename T, int D>
+__device__ __forceinline__ void rope_tile(T* s, int row0, int n, int rows, int64_t pos_off, const Params& p) {
+  constexpr int LD = ld_of<D>(), HALF = D / 2;
+  for (int e = threadIdx.x; e < rows * HALF; e += blockDim.x) {
+    const int r = e / HALF, i = e % HALF;
+    if (row0 + r >= n) continue;
+    const float2 cs = rope_cs<T>(p, row0 + r + pos_off, i);
+    T* x1 = s + r * LD + (p.rope_interleaved ? 2 * i : i);
+    T* x2 = x1 + (p.rope_interleaved ? 1 : HALF);
+    const float a = to_f32(*x1), b = to_f32(*x2);
+    *x1 = from_f32<T>(a * cs.x - b * cs.y);
+    *x2 = from_f32<T>(b * cs.x + a * cs.y);
+  }
+}
+
+// A warp's 16-row gradient accumulator (C fragments, D/8 n8 tiles: lane holds rows g, g + 8,
+// columns 2t, 2t + 1 of each tile) with respect to rotated rows, turned back by minus the
+// angle of table row (row + pos_off), in registers, before store_rows rounds it. The lane
+// that holds a feature holds its partner too: interleaved, (2i, 2i + 1) are c0, c1 of one
+// tile; half-split, column c of tile dt pairs with column c of tile dt + D/16. Rows >= n
+// (never stored) are left alone.
+template <typename T, int D>
+__device__ __forceinline__ void rope_unrotate_acc(float (&acc)[D / 8][4], int row_g, int n, int64_t pos_off,
+                                                  const Params& p, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_g + 8 * h;
+    if (row < n) {
+      const int64_t pos = row + pos_off;
+      if (p.rope_interleaved) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const float2 cs = rope_cs<T>(p, pos, dt * 4 + t);
+          const float a = acc[dt][2 * h], b = acc[dt][2 * h + 1];
+          acc[dt][2 * h] = a * cs.x + b * cs.y;
+          acc[dt][2 * h + 1] = b * cs.x - a * cs.y;
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float2 cs = rope_cs<T>(p, pos, dt * 8 + 2 * t + e);
+            const float a = acc[dt][2 * h + e], b = acc[dt + D / 16][2 * h + e];
+            acc[dt][2 * h + e] = a * cs.x + b * cs.y;
+            acc[dt + D / 16][2 * h + e] = b * cs.x - a * cs.y;
+          }
+      }
+    }
+  }
 }
 
 // A warp's 16 rows x D of a padded tile, converted from fp32 fragments (C layout, DT n8
@@ -535,7 +718,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
 // Shared: Q [BLOCK_M][D+8], then STAGES x K [64][D+8], STAGES x V [64][D+8].
 // Positions inside a head (rows, keys) are int (the launcher checks N < 2**30); offsets
 // are int64 (b, h and row times their strides).
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -566,6 +749,10 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
     cp_async_wait<1>();
   }
   __syncthreads();
+  if constexpr (ROPE) {  // Q turned once, in shared memory, before it goes to registers
+    rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+    __syncthreads();
+  }
   uint32_t qf[D / 16][4];  // this warp's 16 rows of Q, in registers for the whole loop
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(qf[kc], a_addr<D>(sq, warp * 16, kc * 16, lane));
@@ -594,6 +781,10 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
       load_tile<T, D, FWD_BN, false>(sv, v, p.v.sn, n0, Nk, FWD_BN);
     }
     __syncthreads();
+    if constexpr (ROPE) {  // this K tile, turned where it landed (rope_tile says why)
+      rope_tile<T, D>(sk + stage * FWD_BN * LD, n0, Nk, FWD_BN, 0, p);
+      __syncthreads();
+    }
     const T* skt = sk + stage * FWD_BN * LD;
     const T* svt = sv + stage * FWD_BN * LD;
     if constexpr (ASYNC) {
@@ -773,7 +964,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
 
 // Block: W warps (2 or 4, blockDim.x = 32 W), BLOCK_M = 32 W query rows, 32 per warp.
 // Shared: Q [BLOCK_M][D+8] (read by its own warp only), then 2 x K [64][D+8], 2 x V [64][D+8].
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
   constexpr int LD = ld_of<D>(), V5_BN = v5_bn<D>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -821,6 +1012,11 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
     cp_async_commit();  // possibly empty: "at most 1 group pending" = tile t has landed
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (ROPE) {  // Q (with tile 0: one group) and this K tile, turned where they landed
+      if (t == 0) rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+      rope_tile<T, D>(sk + stage * V5_BN * LD, n0, Nk, V5_BN, 0, p);
+      __syncthreads();
+    }
     const uint32_t ka = ka0 + stage * STAGE_BYTES, va = va0 + stage * STAGE_BYTES;
     const bool above = causal && n0 > warp_row0 + 31;  // warp-uniform, as v4's
     const bool needs_mask = n0 + V5_BN > Nk || (causal && n0 + V5_BN - 1 > warp_row0);
@@ -882,7 +1078,7 @@ __global__ void attn_bwd_preprocess_kernel(Params p) {
 // with k, v, dk, dv in registers, and streams TILE-query tiles of Q and dO (fp32 in shared
 // memory) past them. Grouped-query attention: the block walks the query tiles of each of
 // the group's query heads in turn, one after the other, into the same dk and dv.
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -899,7 +1095,12 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
   const T* vp = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + (key_ok ? key : 0) * p.v.sn;
   const int first = keys.first(key, p.causal);  // queries >= first see this key
   float kr[PER], vr[PER], dk[PER], dv[PER];
-  cc_load_row<T, D>(kr, kp, key_ok, c, p.D);
+  if constexpr (ROPE) {
+    cc_load_rows_turned<T, D>(kr, qs, static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh, p.k.sn,
+                              nb * S::ROWS, p.Nk, c, p.D, p, 0);
+  } else {
+    cc_load_row<T, D>(kr, kp, key_ok, c, p.D);
+  }
   cc_load_row<T, D>(vr, vp, key_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) dk[e] = dv[e] = 0.0f;
@@ -910,7 +1111,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
     const T* dout = head_of<T>(p.dout, bh, p.H);
     for (int64_t m0 = 0; m0 < p.Nq; m0 += TILE) {
       __syncthreads();
-      cc_load_tile<T, D>(qs, q, p.q.sn, m0, p.Nq, p.D);
+      cc_load_tile_at<T, D, ROPE>(qs, q, p.q.sn, m0, p.Nq, p.D, p, p.rope_qoff);
       cc_load_tile<T, D>(dos, dout, p.dout.sn, m0, p.Nq, p.D);
       if (threadIdx.x < TILE) {
         const int64_t i = m0 + threadIdx.x;
@@ -938,14 +1139,17 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
       }
     }
   }
+  const int64_t orow = (bhk * p.Nk + (key_ok ? key : 0)) * p.D;  // dk, dv: contiguous (B, H_kv, Nk, D)
+  // dk is the gradient of the rotated k: turned back before the store
+  if constexpr (ROPE)
+    cc_store_rows_unturned<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D, key_ok, qs, nb * S::ROWS, p.Nk, p, 0);
   if (!key_ok) return;
-  const int64_t orow = (bhk * p.Nk + key) * p.D;  // dk, dv: contiguous (B, H_kv, Nk, D)
-  cc_store_row<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D);
+  if constexpr (!ROPE) cc_store_row<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D);
   cc_store_row<T, D>(static_cast<T*>(p.dv) + orow, dv, 1.0f, c, p.D);
 }
 
 // dQ: a block owns ROWS queries (q, dO, dq in registers) and streams TILE-key tiles of K, V.
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -962,7 +1166,8 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   const Keys keys = keys_of(p, bh / p.H);
   const int limit = row_ok ? keys.limit(row, p.causal) : 0;  // this row sees keys [0, limit)
   float qr[PER], dor[PER], dq[PER];
-  cc_load_row<T, D>(qr, qp, row_ok, c, p.D);
+  if constexpr (ROPE) cc_load_rows_turned<T, D>(qr, ks, head_of<T>(p.q, bh, p.H), p.q.sn, mb * S::ROWS, p.Nq, c, p.D, p, p.rope_qoff);
+  else cc_load_row<T, D>(qr, qp, row_ok, c, p.D);
   cc_load_row<T, D>(dor, dop, row_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) dq[e] = 0.0f;
@@ -971,7 +1176,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   const float sl = p.scale_log2;
   for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile_at<T, D, ROPE>(ks, k, p.k.sn, n0, keys.end, p.D, p, 0);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
     const int visible_here = limit - (int)n0;  // keys j < this of the tile are seen
@@ -989,8 +1194,13 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
       for (int e = 0; e < PER; ++e) dq[e] = fmaf(ds, ks[j][c + TPR * e], dq[e]);
     }
   }
-  if (!row_ok) return;
-  cc_store_row<T, D>(static_cast<T*>(p.dq) + (bh * p.Nq + row) * p.D, dq, p.scale, c, p.D);
+  T* dqp = static_cast<T*>(p.dq) + (bh * p.Nq + (row_ok ? row : 0)) * p.D;
+  if constexpr (ROPE) {  // the gradient of the rotated q: turned back before the store
+    cc_store_rows_unturned<T, D>(dqp, dq, p.scale, c, p.D, row_ok, ks, mb * S::ROWS, p.Nq, p, p.rope_qoff);
+  } else {
+    if (!row_ok) return;
+    cc_store_row<T, D>(dqp, dq, p.scale, c, p.D);
+  }
 }
 
 // =====================================================================================
@@ -1056,7 +1266,7 @@ __device__ __forceinline__ void dkdv_load_queries(T* sq, T* sdo, float* slse, fl
 
 // Block: W warps (4 or 8), 16 W keys. Shared: K, V [16 W][D+8] (loaded once); then
 // STAGES x (Q [QT][D+8], dO [QT][D+8]); then STAGES x (lse [QT], delta [QT]) fp32.
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1117,6 +1327,11 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
                                      bh, m0, p);
     }
     __syncthreads();
+    if constexpr (ROPE) {  // K once (it landed with the first step), and each Q tile
+      if (step == 0) rope_tile<T, D>(sk, n0, Nk, block_n, 0, p);
+      rope_tile<T, D>(sq + stage * QT * LD, m0, Nq, QT, p.rope_qoff, p);
+      __syncthreads();
+    }
     const T* sqt = sq + stage * QT * LD;
     const T* sdot = sdo + stage * QT * LD;
     const float* slt = slse + stage * QT;
@@ -1135,6 +1350,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   }
   if constexpr (ASYNC) cp_async_wait<0>();
   const int64_t out0 = bhk * p.Nk * D;  // dk, dv: contiguous (B, H_kv, Nk, D)
+  if constexpr (ROPE) rope_unrotate_acc<T, D>(dk, key_g, Nk, 0, p, lane);  // dk of the rotated k
   store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
   store_rows<T, D>(sv + warp * 16 * LD, dv, 1.0f, 1.0f, static_cast<T*>(p.dv) + out0, warp_key0, Nk, lane);
 }
@@ -1181,7 +1397,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
 }
 
 // Block: W warps, 16 W queries. Shared: Q, dO [16 W][D+8]; then STAGES x (K, V [KT][D+8]).
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), KT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1211,6 +1427,10 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
     cp_async_wait<1>();
   }
   __syncthreads();
+  if constexpr (ROPE) {
+    rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+    __syncthreads();
+  }
   uint32_t qf[D / 16][4], df[D / 16][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
@@ -1245,6 +1465,10 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
       load_tile<T, D, KT, false>(sv, v, p.v.sn, n0, Nk, KT);
     }
     __syncthreads();
+    if constexpr (ROPE) {
+      rope_tile<T, D>(sk + stage * KT * LD, n0, Nk, KT, 0, p);
+      __syncthreads();
+    }
     const T* skt = sk + stage * KT * LD;
     const T* svt = sv + stage * KT * LD;
     if constexpr (ASYNC) {
@@ -1260,6 +1484,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
     __syncthreads();
   }
   if constexpr (ASYNC) cp_async_wait<0>();
+  if constexpr (ROPE) rope_unrotate_acc<T, D>(dq, row_g, Nq, p.rope_qoff, p, lane);  // dq of the rotated q
   store_rows<T, D>(sq + warp * 16 * LD, dq, p.scale, p.scale, static_cast<T*>(p.dq) + bh * p.Nq * D, warp_row0,
                    Nq, lane);
 }
@@ -1294,55 +1519,55 @@ int opt_in(K kernel, int bytes, bool& done) {
 
 inline bool grid_ok(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff; }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_fwd_v2(const Params& p, cudaStream_t stream) {
   const int64_t blocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_v2_kernel<T, D><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
+  attn_fwd_v2_kernel<T, D, ROPE><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 int launch_fwd_mma(const Params& p, cudaStream_t stream) {
   const int warps = mma_warps(p.BH, p.Nq), block_m = warps * 16, stages = ASYNC ? 2 : 1;
   const int smem = (block_m + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
   static bool opted = false;
-  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC, ROPE>, smem_max, opted)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_mma_kernel<T, D, ASYNC><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  attn_fwd_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
   return levels_launch_status();
 }
 
 // v5: 4 warps (128 rows) when the 128-row blocks give every SM at least one, else 2 (64).
 inline int v5_warps(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 4 : 2; }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_fwd_v5(const Params& p, cudaStream_t stream) {
   constexpr int V5_BN = v5_bn<D>();
   const int warps = v5_warps(p.BH, p.Nq), block_m = warps * 32;
   const int smem = (block_m + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
   static bool opted = false;
-  if (int err = opt_in(attn_fwd_v5_kernel<T, D>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_v5_kernel<T, D, ROPE>, smem_max, opted)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_v5_kernel<T, D><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  attn_fwd_v5_kernel<T, D, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_bwd_cc(const Params& p, cudaStream_t stream) {
   const int64_t kblocks = p.BH / p.group * cdiv(p.Nk, CcShape<D>::ROWS);  // per K/V head
   const int64_t qblocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
-  attn_bwd_dkdv_cc_kernel<T, D><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
-  attn_bwd_dq_cc_kernel<T, D><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
+  attn_bwd_dkdv_cc_kernel<T, D, ROPE><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
+  attn_bwd_dq_cc_kernel<T, D, ROPE><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), S = ASYNC ? 2 : 1;
   // dK/dV: K, V blocks + staged Q, dO tiles + staged lse, delta
@@ -1353,12 +1578,12 @@ int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   const int smem_q = (2 * wq * 16 + 2 * S * QT) * LD * (int)sizeof(T);
   const int smem_q_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T);
   static bool opted_kv = false, opted_q = false;
-  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC>, smem_kv_max, opted_kv)) return err;
-  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC>, smem_q_max, opted_q)) return err;
+  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE>, smem_kv_max, opted_kv)) return err;
+  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE>, smem_q_max, opted_q)) return err;
   const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
-  attn_bwd_dkdv_mma_kernel<T, D, ASYNC><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
-  attn_bwd_dq_mma_kernel<T, D, ASYNC><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
+  attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
+  attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
   return levels_launch_status();
 }
 
@@ -1398,51 +1623,79 @@ inline bool grown(const Params& p) {
          !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128);
 }
 
-template <typename T>
-int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+template <typename T, bool ROPE>
+int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
   if (version == 1) {
     const int64_t blocks = cdiv(p.BH * p.Nq, 128);
     if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-    attn_fwd_v1_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(p);
+    attn_fwd_v1_kernel<T, ROPE><<<(unsigned)blocks, 128, 0, stream>>>(p);
     return levels_launch_status();
   }
   // fp32 at v3-v5 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
   if (version == 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_CC_TILE(p.D, D, return launch_fwd_v2<T, D>(p, stream));
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_fwd_v2<T, D, ROPE>(p, stream));
   }
   if (grown(p)) return LEVELS_UNSUPPORTED;  // cuda_kernels/attention.py says why, and runs v2
   if constexpr (!std::is_same<T, float>::value) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk))
       return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false>(p, stream)); }
-    if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D>(p, stream)); }
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true>(p, stream));
+    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
+    if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
 }
 
+// Every kernel exists twice: without RoPE (the code it was before RoPE came) and with it.
 template <typename T>
-int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  return p.rope_cos != nullptr ? forward_with<T, true>(version, p, B, stream)
+                               : forward_with<T, false>(version, p, B, stream);
+}
+
+template <typename T, bool ROPE>
+int backward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
   const int64_t pre_blocks = cdiv(p.BH * p.Nq, 8);
   if (!grid_ok(pre_blocks)) return LEVELS_UNSUPPORTED;
   attn_bwd_preprocess_kernel<T><<<(unsigned)pre_blocks, 256, 0, stream>>>(p);
   if (int err = levels_launch_status()) return err;
   if (version <= 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_CC_TILE(p.D, D, return launch_bwd_cc<T, D>(p, stream));
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_bwd_cc<T, D, ROPE>(p, stream));
   }
   if (grown(p)) return LEVELS_UNSUPPORTED;
   if constexpr (!std::is_same<T, float>::value) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk) ||
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false>(p, stream)); }
+    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
     // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true>(p, stream));
+    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
 }
 
+template <typename T>
+int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  return p.rope_cos != nullptr ? backward_with<T, true>(version, p, B, stream)
+                               : backward_with<T, false>(version, p, B, stream);
+}
+
 inline Operand operand(const void* ptr, int64_t sb, int64_t sh, int64_t sn) { return Operand{ptr, sb, sh, sn}; }
+
+// The RoPE tables into p (cos null: no rope). False if the kernels cannot take them: an odd
+// head size or a negative query offset (the binding refuses both with a message first).
+inline bool set_rope(Params& p, const void* cos, int64_t csr, int64_t csc, const void* sin, int64_t ssr,
+                     int64_t ssc, int64_t qoff, int interleaved) {
+  p.rope_cos = cos;
+  p.rope_sin = sin;
+  p.rope_cos_sr = csr;
+  p.rope_cos_sc = csc;
+  p.rope_sin_sr = ssr;
+  p.rope_sin_sc = ssc;
+  p.rope_qoff = qoff;
+  p.rope_interleaved = interleaved ? 1 : 0;
+  return cos == nullptr || (sin != nullptr && p.D % 2 == 0 && qoff >= 0);
+}
 
 }  // namespace levels_attention
 
@@ -1458,6 +1711,9 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     void* out, float* lse, float* scratch,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
@@ -1486,6 +1742,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
   p.causal = causal ? 1 : 0;
   p.scale = scale;
   p.scale_log2 = scale * LOG2E;
+  if (!set_rope(p, rope_cos, scr, scc, rope_sin, ssr, ssc, rope_qoff, rope_interleaved)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T, return forward<T>(version, p, B, stream));
   return LEVELS_OK;  // not reached
 }
@@ -1503,6 +1760,9 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const float* lse, float* delta, void* dq, void* dk, void* dv,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
@@ -1532,6 +1792,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
   p.causal = causal ? 1 : 0;
   p.scale = scale;
   p.scale_log2 = scale * LOG2E;
+  if (!set_rope(p, rope_cos, scr, scc, rope_sin, ssr, ssc, rope_qoff, rope_interleaved)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T, return backward<T>(version, p, B, stream));
   return LEVELS_OK;  // not reached
 }

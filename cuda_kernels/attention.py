@@ -33,18 +33,26 @@ The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2
 Head dims D in HEAD_DIMS at the tensor-core versions (one register tile spans D, templated
 per D); any Nq, Nk (masked edges). Layouts: see the note on operands below.
 
-Grown (v1, v2 and the CUDA-core backward; attention.cu's opening comment says how): grouped-
-query attention (K/V head h // group, read in place; dK/dV sum the group's query heads in a
-loop inside the block that owns the key block: no atomics), any head size up to 256 (the
-CUDA-core kernels' tile is the next power of two, the padded columns read as 0 and never
-written), causal with Nq != Nk in both alignments, per-batch kv_lens, and empty inputs
-(no launch). The tensor-core versions 3-5 keep to the common case (H_kv == H, D in
-HEAD_DIMS, no kv_lens, Nq == Nk when causal): their kernels and speed are what they were.
-For any other call, version=None (or $LEVELS_CUDA_VERSION_ATTENTION naming 3-5, a default
-for the process) runs version 2, which can, and `version=3..5` passed as an argument
-raises a ValueError that says what that version cannot do (`supported` below). What it
-costs: v2 runs on the CUDA cores (12 TFLOP/s at the bench shape, against 253 for v5):
-grouped-query, odd head sizes and decoding are correct at Level 5 but not yet fast there.
+Grown (attention.cu's opening comment says how):
+  every version: grouped-query / multi-query attention (K/V head h // group, read in place;
+      the dK/dV block of a key block loops over the group's query heads itself, at v3-v5
+      through one cp.async pipeline across heads: no atomics, deterministic), and RoPE fused
+      (ROPE_API.md: `rope_cos`, `rope_sin` (P, D/2) tables of q's dtype with any strides,
+      pairs half-split or interleaved; q and k are rotated as the kernels load them, at
+      v3-v5 in shared memory right after a tile lands (cp.async cannot rotate in flight),
+      and dq, dk are turned back by minus the angle before the store; never written rotated).
+  v1, v2 and the CUDA-core backward only: any head size up to 256 (the CUDA-core kernels'
+      tile is the next power of two, the padded columns read as 0 and never written),
+      causal with Nq != Nk in both alignments, per-batch kv_lens, and empty inputs (no launch).
+The tensor-core versions 3-5 take D in HEAD_DIMS, no kv_lens, Nq == Nk when causal; without
+rope and with H_kv == H their kernels are what they were (RoPE is a template flag). For any
+other call, version=None (or $LEVELS_CUDA_VERSION_ATTENTION naming 3-5, a default for the
+process) runs version 2, which can, and `version=3..5` passed as an argument raises a
+ValueError that says what that version cannot do (`supported` below). What it costs: v2
+runs on the CUDA cores (12 TFLOP/s at the bench shape, against 253 for v5): odd head sizes
+and decoding are correct at Level 5 but not yet fast there. RoPE costs the tensor-core
+kernels one pass over each Q/K tile in shared memory and a barrier per tile, and the build
+twice the kernels (with and without the flag).
 
 Measured on the H100 (bf16, B=4 H=16 N=4096 D=128, forward, against SDPA's FLASH backend in
 the same run; reports/h100-level5-attention-lstm.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
@@ -149,12 +157,14 @@ def pick_version(version, q, k, causal, kv_lens) -> int:
 
 # ------------------------------------------------------------------------ registration --
 
-def _fwd_fake(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
+def _fwd_fake(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None, rope_cos=None,
+              rope_sin=None, rope_interleaved=False, rope_offset=0):
     B, H, Nq, D = q.shape
     return q.new_empty((B, H, Nq, D)), q.new_empty((B, H, Nq), dtype=torch.float32)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False, kv_lens=None):
+def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False, kv_lens=None,
+              rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -181,14 +191,17 @@ def _ops():
 
 # ----------------------------------------------------------------------- entry point --
 
-def attention(q, k, v, causal=False, scale=None, version=None, bottom_right=False, kv_lens=None):
+def attention(q, k, v, causal=False, scale=None, version=None, bottom_right=False, kv_lens=None,
+              rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     """Called by levels.cuda.attention after the contract's validation
     (CUDA tensors of one float dtype, q (B, H, Nq, D), k and v (B, H_kv, Nk, D), scale a
-    positive float, kv_lens None or (B,) int). Returns out with q's shape and dtype,
-    contiguous. See above for which inputs are copied (none in the usual layouts) and which
-    version runs (`pick_version`)."""
+    positive float, kv_lens None or (B,) int; rope_cos, rope_sin None or (P, D/2) tables of
+    q's dtype: q and k rotated in the kernels, query i at table row i + rope_offset).
+    Returns out with q's shape and dtype, contiguous. See above for which inputs are copied
+    (none in the usual layouts) and which version runs (`pick_version`)."""
     check_head_dim(q)  # before anything is built or launched (a CPU tensor is refused too)
     version = pick_version(version, q, k, causal, kv_lens)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ops().attention.default(q, k, v, bool(causal), scale, version, bool(bottom_right),
-                                    kv_lens)
+                                    kv_lens, rope_cos, rope_sin, bool(rope_interleaved),
+                                    int(rope_offset))

@@ -129,11 +129,11 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     names = [k.get("kernel", k["mangled"]) for k in ptxas]
     for kernel in ("attn_fwd_mma_kernel", "attn_bwd_dkdv_mma_kernel", "attn_bwd_dq_mma_kernel"):
         found = [n for n in names if kernel in n]
-        assert len(found) == 2 * 4 * 2, (kernel, found)  # fp16/bf16 x D 16..128 x v3/v4
+        assert len(found) == 2 * 4 * 2 * 2, (kernel, found)  # fp16/bf16 x D 16..128 x v3/v4 x rope
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
-    assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * 4, names  # fp16/bf16 x D 16..128
+    assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * 4 * 2, names  # fp16/bf16 x D x rope
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
-        assert sum(kernel in n for n in names) == 3 * 6, kernel  # 3 dtypes x tiles 8..256
+        assert sum(kernel in n for n in names) == 3 * 6 * 2, kernel  # 3 dtypes x tiles 8..256 x rope
     for k in ptxas:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k["stack_bytes"] == 0, k  # a register array indexed at run time lives in local memory
@@ -234,6 +234,93 @@ GQA = [(2, 12, 4, 100, 100, 64, True),    # Llama's preset, ragged length
 def test_grouped_query_heads_at_every_version(version, dtype, case, monkeypatch):
     B, H, H_kv, Nq, Nk, D, causal = case
     _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=H + Nq, H_kv=H_kv), version, monkeypatch)
+
+
+# RoPE fused (ROPE_API.md) at every version: q and k rotated as the kernels read them, dq
+# and dk turned back before the store. (B, H, H_kv, Nq, Nk, D, causal, alignment)
+ROPE = [(2, 12, 4, 100, 100, 64, True, "top_left"),     # Llama's preset, ragged length
+        (1, 2, 2, 33, 33, 128, True, "top_left"),
+        (2, 4, 2, 20, 57, 32, False, "bottom_right"),   # queries at table rows 37..56
+        (1, 2, 1, 70, 70, 16, False, "top_left")]
+
+
+def _rope_tables(P, D, dtype, seed):
+    """cos, sin (P, D/2) of Llama's angles (position x 10000^(-2i/D)), as row slices of a
+    wider table (row stride D, starting at row 3): the layout a precomputed table gives."""
+    pos = torch.arange(P + 3, dtype=torch.float64)[:, None]
+    theta = pos * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    theta = theta + torch.rand(theta.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    wide = torch.cat((theta.cos(), theta.sin()), -1).to(device="cuda", dtype=dtype)  # (P + 3, D)
+    return wide[3:, :D // 2], wide[3:, D // 2:]
+
+
+def _rope_reference(q, k, v, cos, sin, interleaved, causal, off):
+    """float64: attention(rope(q), rope(k), v) with the queries at table rows off.., and its
+    gradients with respect to q, k, v (levels.native's math)."""
+    from levels import native
+
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    c, s = cos.double(), sin.double()
+    Nq, Nk = q.shape[2], k.shape[2]
+    rq = native.rope_math(leaves[0], c[off:off + Nq], s[off:off + Nq], interleaved)
+    rk = native.rope_math(leaves[1], c[:Nk], s[:Nk], interleaved)
+    return leaves, native.attention_math(rq, rk, leaves[2], causal, q.shape[-1] ** -0.5, off > 0 and causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("case", ROPE, ids=lambda c: "x".join(map(str, c[:6])) + f"-{c[6]}-{c[7]}")
+def test_rope_fused_at_every_version(version, dtype, interleaved, case, monkeypatch):
+    import levels
+    from equivalence.check import compare, poisoned_allocations
+    from equivalence.tolerances import tolerance
+
+    B, H, H_kv, Nq, Nk, D, causal, alignment = case
+    a = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + D + interleaved, H_kv=H_kv)
+    off = Nk - Nq if alignment == "bottom_right" else 0
+    cos, sin = _rope_tables(max(Nk, Nq + off) + 4, D, dtype, seed=D)
+    leaves = [a[n].detach().clone().requires_grad_(True) for n in "qkv"]
+    dout = torch.randn(B, H, Nq, D, device="cuda", dtype=dtype)
+    monkeypatch.setenv(ENV, str(version))
+    with poisoned_allocations():
+        out = levels.get("cuda").attention(*leaves, causal, None, alignment, None, rope=(cos, sin, interleaved))
+        out.backward(dout)
+    ref_leaves, want = _rope_reference(*leaves, cos, sin, interleaved, causal, off)
+    want.backward(dout.double())
+    for name, got, exp in [("out", out, want)] + [
+            (f"grad_{n}", x.grad, y.grad) for n, x, y in zip("qkv", leaves, ref_leaves)]:
+        c = compare(name, got, exp.detach(), tolerance(dtype), dtype)
+        assert c.ok, f"v{version}: {c}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rope_backward_is_deterministic_and_tables_get_no_gradient(version):
+    a = _args(2, 8, 150, 150, 64, torch.bfloat16, True, seed=6, H_kv=2)
+    cos, sin = _rope_tables(160, 64, torch.bfloat16, seed=1)
+    runs = []
+    for _ in range(2):
+        q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
+        K5.attention(q, k, v, True, None, version=version, rope_cos=cos, rope_sin=sin).float().sum().backward()
+        runs.append((q.grad, k.grad, v.grad))
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+    assert cos.grad is None and sin.grad is None
+
+
+@pytest.mark.gpu
+def test_rope_changes_the_result():
+    # the tables reach the kernels (an identity rotation would pass the tests above only if
+    # the reference ignored them too): cos 1, sin 0 is no rope; real angles are not
+    a = _args(1, 2, 40, 40, 64, torch.bfloat16, True, seed=8)
+    cos, sin = _rope_tables(40, 64, torch.bfloat16, seed=2)
+    plain = K5.attention(a["q"], a["k"], a["v"], True)
+    same = K5.attention(a["q"], a["k"], a["v"], True, rope_cos=torch.ones_like(cos), rope_sin=torch.zeros_like(sin))
+    turned = K5.attention(a["q"], a["k"], a["v"], True, rope_cos=cos, rope_sin=sin)
+    assert torch.allclose(plain, same, rtol=1e-2, atol=1e-2)
+    assert not torch.allclose(plain, turned, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
