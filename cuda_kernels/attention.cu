@@ -54,9 +54,13 @@
 //       tensor-core kernels turn a 16-bit tile in shared memory after it has landed
 //       (rope_tile: cp.async cannot rotate in flight) and the dq/dk accumulators in
 //       registers (rope_unrotate_acc: a lane holds both features of each of its pairs).
+//   causal with Nq != Nk and kv_lens (below) at v3-v5 too: each kernel takes its batch
+//       element's [0, end) and diagonal shift (Keys), masks with them on the tiles that
+//       straddle them and skips the tiles past them as it skips those above the diagonal; a
+//       row that saw no key stores out 0 and lse +inf (the CUDA-core kernels' convention).
 // Grown at v1, v2 and the CUDA-core backward only (the tensor-core versions take D in
-// {16, 32, 64, 128}, no kv_lens, causal on the main diagonal, and the Python side runs v2
-// for anything else when no version was asked for):
+// {16, 32, 64, 128}, and RoPE with D in {64, 128}; the Python side runs v2 for anything
+// else when no version was asked for):
 //   any head size up to 256: the CUDA-core kernels are templated on a tile width DT (a
 //       power of two, 8..256) and read the D real columns of it (zeros beyond, never
 //       stored); D > 128 uses 8 threads a row and 16-row tiles, so that k, v, dk and dv
@@ -659,7 +663,7 @@ constexpr int FWD_BN = 64;  // keys per tile
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
                                          float (&l)[2], const T* sk, const T* sv, int n0, int row_g,
-                                         int Nk, int causal, float sl, int lane) {
+                                         int end, int shift, int causal, float sl, int lane) {
   constexpr int NT = FWD_BN / 8;
   float s[NT][4];
 #pragma unroll
@@ -681,7 +685,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
       for (int e = 0; e < 4; ++e) {
         const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
         const int row = row_g + (e >> 1) * 8;
-        if (key >= Nk || (causal && key > row)) s[nt][e] = -INFINITY;
+        if (key >= end || (causal && key > row + shift)) s[nt][e] = -INFINITY;
       }
   }
 #pragma unroll
@@ -736,8 +740,11 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
   const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);  // grouped-query: read in place
   const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
 
-  // v4 visits key tiles up to the block's last row only (causal); v3 visits all of them.
-  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  // The keys this batch element has, [0, end), and the causal diagonal's shift (Keys).
+  const Keys keys = keys_of(p, bh / p.H);
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  // v4 visits key tiles up to the block's last row's diagonal only (causal); v3 all up to end.
+  const int kv_end = (ASYNC && causal) ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + FWD_BN - 1) / FWD_BN;
 
   load_tile<T, D, 128, ASYNC>(sq, q, p.q.sn, m0, Nq, block_m);
@@ -790,26 +797,27 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
     if constexpr (ASYNC) {
       // Warp-uniform decisions: no work above this warp's diagonal, no mask code where
       // every (row, key) of the tile is visible and inside Nk.
-      const bool above = causal && n0 > warp_row0 + 15;
-      const bool needs_mask = n0 + FWD_BN > Nk || (causal && n0 + FWD_BN - 1 > warp_row0);
+      const bool above = causal && n0 > warp_row0 + 15 + shift;
+      const bool needs_mask = n0 + FWD_BN > end || (causal && n0 + FWD_BN - 1 > warp_row0 + shift);
       if (!above) {
-        if (needs_mask) fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
-        else fwd_tile<T, D, false>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+        if (needs_mask) fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
+        else fwd_tile<T, D, false>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
       }
     } else {
-      fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+      fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   if constexpr (ASYNC) cp_async_wait<0>();
 
-  // The 4 lanes of a row hold partial sums; every real row saw key 0, so l > 0.
+  // The 4 lanes of a row hold partial sums; l > 0 for a row that saw a key. One that saw
+  // none (kv_lens, a bottom-right diagonal): out 0, lse +inf (its backward P is then 0).
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    inv[h] = 1.0f / l[h];
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
   }
   T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
   store_rows<T, D>(sq + warp * 16 * LD, o, inv[0], inv[1], out, warp_row0, Nq, lane);
@@ -817,7 +825,7 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_g + 8 * h;
-      if (row < Nq) p.lse[bh * p.Nq + row] = m[h] * sl + log2f(l[h]);
+      if (row < Nq) p.lse[bh * p.Nq + row] = l[h] > 0.0f ? m[h] * sl + log2f(l[h]) : INFINITY;
     }
   }
 }
@@ -874,8 +882,8 @@ __device__ __forceinline__ void v5_load(T* s, const T* __restrict__ g, int64_t l
 // no address is kept per fragment (at D = 128, O and S alone are 192 of the 255 registers).
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t va, float (&o)[2][D / 8][4],
-                                            float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int Nk,
-                                            int causal, float sl, int lane) {
+                                            float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int end,
+                                            int shift, int causal, float sl, int lane) {
   constexpr int NT = v5_bn<D>() / 8, LD = ld_of<D>();
   float s[2][NT][4];
 #pragma unroll
@@ -908,7 +916,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
           const int row = row_g + 16 * i + (e >> 1) * 8;
-          if (key >= Nk || (causal && key > row)) s[i][nt][e] = -INFINITY;
+          if (key >= end || (causal && key > row + shift)) s[i][nt][e] = -INFINITY;
         }
   }
 #pragma unroll
@@ -980,7 +988,9 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
   const int m0 = (int)mb * block_m;
   const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
   const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
-  const int kv_end = causal ? min(Nk, m0 + block_m) : Nk;
+  const Keys keys = keys_of(p, bh / p.H);  // [0, end) and the diagonal's shift, as v4
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int kv_end = causal ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + V5_BN - 1) / V5_BN;
 
   // One group: Q and K/V tile 0 (the first iteration's wait<1> lands both).
@@ -1018,15 +1028,18 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
       __syncthreads();
     }
     const uint32_t ka = ka0 + stage * STAGE_BYTES, va = va0 + stage * STAGE_BYTES;
-    const bool above = causal && n0 > warp_row0 + 31;  // warp-uniform, as v4's
-    const bool needs_mask = n0 + V5_BN > Nk || (causal && n0 + V5_BN - 1 > warp_row0);
+    const bool above = causal && n0 > warp_row0 + 31 + shift;  // warp-uniform, as v4's
+    const bool needs_mask = n0 + V5_BN > end || (causal && n0 + V5_BN - 1 > warp_row0 + shift);
     if (!above) {
-      if (needs_mask) fwd_tile_v5<T, D, true>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
-      else fwd_tile_v5<T, D, false>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
+      if (needs_mask) fwd_tile_v5<T, D, true>(qa, ka, va, o, m, l, n0, row_g, end, shift, causal, sl, lane);
+      else fwd_tile_v5<T, D, false>(qa, ka, va, o, m, l, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
+  // No tile at all (a block whose rows see no key): other threads' copies into this warp's
+  // Q rows, where the output is staged, are only known to have landed after a barrier.
+  if (n_tiles == 0) __syncthreads();
 
   T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
 #pragma unroll
@@ -1036,7 +1049,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
     for (int h = 0; h < 2; ++h) {
       l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 1);
       l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 2);
-      inv[h] = 1.0f / l[i][h];  // every real row saw key 0: l > 0
+      inv[h] = l[i][h] > 0.0f ? 1.0f / l[i][h] : 0.0f;  // a row that saw no key: 0 (and lse +inf)
     }
     // Staged through this warp's own Q rows (no other warp reads them).
     store_rows<T, D>(sq + (warp * 32 + 16 * i) * LD, o[i], inv[0], inv[1], out, warp_row0 + 16 * i, Nq, lane);
@@ -1044,7 +1057,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row_g + 16 * i + 8 * h;
-        if (row < Nq) p.lse[bh * p.Nq + row] = m[i][h] * sl + log2f(l[i][h]);
+        if (row < Nq) p.lse[bh * p.Nq + row] = l[i][h] > 0.0f ? m[i][h] * sl + log2f(l[i][h]) : INFINITY;
       }
     }
   }
@@ -1218,7 +1231,8 @@ template <int D> constexpr int bwd_tile() { return D == 128 ? 32 : 64; }
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], const T* sk, const T* sv,
                                           const T* sq, const T* sdo, const float* slse, const float* sdelta,
-                                          int warp, int m0, int key_g, int Nq, int causal, float sl, int lane) {
+                                          int warp, int m0, int key_g, int Nq, int end, int shift, int causal,
+                                          float sl, int lane) {
   constexpr int QN = bwd_tile<D>() / 8;
   float st[QN][4];  // Sᵀ, then Pᵀ
   warp_xyt<T, D, QN>(st, sk, sq, warp, lane);
@@ -1230,7 +1244,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D /
       float pr = exp2_approx(fmaf(st[j][e], sl, -slse[col]));
       if constexpr (MASK) {
         const int qi = m0 + col, key = key_g + (e >> 1) * 8;
-        if (qi >= Nq || (causal && qi < key)) pr = 0.0f;
+        if (qi >= Nq || key >= end || (causal && qi + shift < key)) pr = 0.0f;
       }
       st[j][e] = pr;
     }
@@ -1286,12 +1300,15 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   // Grouped-query attention: the query heads bh0 .. bh0 + group - 1 read this K/V head.
   const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, bh0 = b * p.H + hk * p.group;
 
-  // Causal (v4): queries before n0 never see these keys; start at the tile holding n0.
-  const int t_first = (ASYNC && causal) ? n0 / QT : 0;
+  const Keys keys = keys_of(p, b);  // [0, end) and the diagonal's shift (query i sees j <= i + shift)
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  // Causal (v4): queries before n0 - shift never see these keys; start at the tile holding it.
+  const int t_first = (ASYNC && causal) ? max(0, n0 - shift) / QT : 0;
   const int t_end = (Nq + QT - 1) / QT;
   // One loop over (query head of the group, query tile): step s is head s / per_head,
   // tile t_first + s % per_head. The prefetch of step s + 1 crosses heads like tiles.
-  const int per_head = t_end - t_first, steps = (int)p.group * per_head;
+  // Keys past the batch element's length: no step, dK = dV = 0.
+  const int per_head = n0 < end ? max(0, t_end - t_first) : 0, steps = (int)p.group * per_head;
 
   const int64_t k_off = b * p.k.sb + hk * p.k.sh, v_off = b * p.v.sb + hk * p.v.sh;
   load_tile<T, D, 128, ASYNC>(sk, static_cast<const T*>(p.k.ptr) + k_off, p.k.sn, n0, Nk, block_n);
@@ -1337,18 +1354,24 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
     const float* slt = slse + stage * QT;
     const float* sdt = sdelta + stage * QT;
     if constexpr (ASYNC) {
-      const bool above = causal && m0 + QT - 1 < warp_key0;  // no query of the tile sees these keys
-      const bool needs_mask = m0 + QT > Nq || (causal && m0 < warp_key0 + 15);
+      // no query of the tile sees these keys (or they are past the length)
+      const bool above = warp_key0 >= end || (causal && m0 + QT - 1 + shift < warp_key0);
+      const bool needs_mask = m0 + QT > Nq || warp_key0 + 15 >= end || (causal && m0 + shift < warp_key0 + 15);
       if (!above) {
-        if (needs_mask) dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
-        else dkdv_tile<T, D, false>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+        if (needs_mask)
+          dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
+        else
+          dkdv_tile<T, D, false>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
       }
     } else {
-      dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+      dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
     }
     __syncthreads();
   }
   if constexpr (ASYNC) cp_async_wait<0>();
+  // No step (keys no query sees): K is staged over below, where other threads' loads of it
+  // are only known to have landed after a barrier.
+  if (steps == 0) __syncthreads();
   const int64_t out0 = bhk * p.Nk * D;  // dk, dv: contiguous (B, H_kv, Nk, D)
   if constexpr (ROPE) rope_unrotate_acc<T, D>(dk, key_g, Nk, 0, p, lane);  // dk of the rotated k
   store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
@@ -1362,7 +1385,7 @@ template <typename T, int D, bool MASK>
 __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&qf)[D / 16][4],
                                         const uint32_t (&df)[D / 16][4], const T* sk, const T* sv,
                                         const float (&lse)[2], const float (&delta)[2], int n0, int row_g,
-                                        int Nk, int causal, float sl, int lane) {
+                                        int end, int shift, int causal, float sl, int lane) {
   constexpr int KT = bwd_tile<D>(), KN = KT / 8;
   float s[KN][4], dp[KN][4];
 #pragma unroll
@@ -1389,7 +1412,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
       float pr = exp2_approx(fmaf(s[j][e], sl, -lse[h]));
       if constexpr (MASK) {
         const int key = n0 + j * 8 + 2 * (lane & 3) + (e & 1), row = row_g + 8 * h;
-        if (key >= Nk || (causal && key > row)) pr = 0.0f;
+        if (key >= end || (causal && key > row + shift)) pr = 0.0f;
       }
       s[j][e] = pr * (dp[j][e] - delta[h]);  // dS
     }
@@ -1414,7 +1437,9 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
   const int m0 = (int)mb * block_m;
   const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
   const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
-  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  const Keys keys = keys_of(p, bh / p.H);  // [0, end) and the diagonal's shift, as the forward
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int kv_end = (ASYNC && causal) ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + KT - 1) / KT;
 
   load_tile<T, D, 128, ASYNC>(sq, head_of<T>(p.q, bh, p.H), p.q.sn, m0, Nq, block_m);
@@ -1472,14 +1497,14 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
     const T* skt = sk + stage * KT * LD;
     const T* svt = sv + stage * KT * LD;
     if constexpr (ASYNC) {
-      const bool above = causal && n0 > warp_row0 + 15;
-      const bool needs_mask = n0 + KT > Nk || (causal && n0 + KT - 1 > warp_row0);
+      const bool above = causal && n0 > warp_row0 + 15 + shift;
+      const bool needs_mask = n0 + KT > end || (causal && n0 + KT - 1 > warp_row0 + shift);
       if (!above) {
-        if (needs_mask) dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
-        else dq_tile<T, D, false>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+        if (needs_mask) dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
+        else dq_tile<T, D, false>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
       }
     } else {
-      dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+      dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();
   }
@@ -1605,6 +1630,18 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
     default: return LEVELS_UNSUPPORTED;           \
   }
 
+// The same with RoPE: the head sizes models rotate (Llama's 64 and 128) only, so that the
+// flag doubles a quarter of the tensor-core kernels and not all of them (build time).
+#define LEVELS_ATTN_ROPE_HEAD_DIM(D_RUNTIME, D, ...)  \
+  switch (D_RUNTIME) {                                \
+    case 64: { constexpr int D = 64; __VA_ARGS__; }   \
+    case 128: { constexpr int D = 128; __VA_ARGS__; } \
+    default: return LEVELS_UNSUPPORTED;               \
+  }
+#define LEVELS_ATTN_TC_HEAD_DIM(ROPE, D_RUNTIME, D, ...)                          \
+  if constexpr (ROPE) { LEVELS_ATTN_ROPE_HEAD_DIM(D_RUNTIME, D, __VA_ARGS__) } \
+  else { LEVELS_ATTN_HEAD_DIM(D_RUNTIME, D, __VA_ARGS__) }
+
 // The CUDA-core kernels' tile width: the head size rounded up to a power of two (8..256).
 #define LEVELS_ATTN_CC_TILE(D_RUNTIME, D, ...)          \
   if (D_RUNTIME <= 8) { constexpr int D = 8; __VA_ARGS__; }     \
@@ -1615,13 +1652,9 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
   if (D_RUNTIME <= 256) { constexpr int D = 256; __VA_ARGS__; } \
   return LEVELS_UNSUPPORTED;
 
-// What only v1, v2 and the CUDA-core backward run (the top of the file): grouped K/V heads,
-// per-batch key lengths, a causal diagonal with Nq != Nk (the tensor-core kernels' causal
-// block skipping is written for the main diagonal), a head size they are not instantiated for.
-inline bool grown(const Params& p) {
-  return p.kv_lens != nullptr || (p.causal && p.Nq != p.Nk) ||
-         !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128);
-}
+// What only v1, v2 and the CUDA-core backward run (the top of the file): a head size the
+// tensor-core kernels are not instantiated for.
+inline bool grown(const Params& p) { return !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128); }
 
 template <typename T, bool ROPE>
 int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
@@ -1639,9 +1672,9 @@ int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
   if constexpr (!std::is_same<T, float>::value) {
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk))
       return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
-    if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true, ROPE>(p, stream));
+    if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
+    if (version == 5) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
+    LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
 }
@@ -1667,9 +1700,9 @@ int backward_with(int version, const Params& p, int64_t B, cudaStream_t stream) 
     if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk) ||
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
+    if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
     // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
+    LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
 }
