@@ -9,12 +9,14 @@ backward), head dims 16-128. So the GPU tests take sequence lengths that are mul
 nothing (1, 17, 100, 1023), Nq != Nk, every head dim, the packed qkv layout (read in place),
 a transposed last dimension and an odd offset (copied), and B*H beyond 65535 blocks.
 
-Grown (v1, v2 and the CUDA-core backward; the tensor-core versions keep the common case and
-hand anything else to v2 unless asked for by argument): grouped-query heads, head sizes 1-256
-(the tiles of 8..256), causal with Nq != Nk in both alignments, kv_lens, empty inputs.
+Grown: grouped-query heads, causal with Nq != Nk in both alignments, kv_lens and RoPE fused
+(ROPE_API.md) at every version; head sizes 1-256 (the tiles of 8..256) at v1, v2 and the
+CUDA-core backward (v3-v5 hand other sizes to v2 unless asked for by argument); empty inputs.
 
 On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
-tensors), and (with nvcc) that no kernel spills on sm_90a."""
+tensors), mirrors of the kernels' index math (tile skipping around a shifted diagonal, the
+un-rotation of mma fragments, the grouped dK/dV steps), and (with nvcc) that no kernel
+spills on sm_90a."""
 
 from __future__ import annotations
 
