@@ -294,7 +294,7 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts_and_variants(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("attention", "cuda", dtype=dtype, device="cuda", size="tiny")
-    variants = cards.get("attention").variants  # gqa, decode: v2 where v3-v5 cannot
+    variants = cards.get("attention").variants  # gqa (odd head sizes: v2 there), decode (v3-v5 too)
     assert {r.layout for r in results} == set(cards.LAYOUTS) and len(results) == 2 * len(variants)
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
@@ -574,6 +574,22 @@ def test_opcheck(version, dtype):
     out, lse = ops.attention_fwd(q, k, v, True, 0.2, version)
     dout = torch.randn_like(out)
     torch.library.opcheck(ops.attention_bwd, (dout, q, k, v, out, lse, True, 0.2, version))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_opcheck_with_grouped_heads_and_rope(version):
+    ops = K5._ops()
+    a = _args(2, 4, 40, 40, 64, torch.bfloat16, seed=version, H_kv=2)
+    q, k, v = a["q"], a["k"], a["v"]
+    cos, sin = _rope_tables(48, 64, torch.bfloat16, seed=3)
+    rope = (cos, sin, True, 0)
+    torch.library.opcheck(ops.attention_fwd, (q, k, v, True, 0.2, version, False, None, *rope))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    torch.library.opcheck(ops.attention, (*leaves, True, 0.2, version, False, None, *rope))
+    out, lse = ops.attention_fwd(q, k, v, True, 0.2, version, False, None, *rope)
+    torch.library.opcheck(ops.attention_bwd, (torch.randn_like(out), q, k, v, out, lse, True, 0.2, version,
+                                              False, None, *rope))
 
 
 @pytest.mark.gpu
