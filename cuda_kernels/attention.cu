@@ -40,13 +40,27 @@
 //   lse_i = log2 sum_j 2^(scale·log2(e)·q_i·k_j)   (= natural lse · log2(e))
 // so that the backward's P = 2^(scale·log2(e)·q·k − lse) is one FMA and one exp2.
 //
-// Grown (v1, v2 and the CUDA-core backward only; the tensor-core versions keep the common
-// case, H_kv == H, D in {16, 32, 64, 128}, no kv_lens, causal on the main diagonal, and the
-// Python side runs v2 for anything else when no version was asked for):
+// Grown at every version:
 //   grouped-query attention: k, v have H_kv heads, H_kv dividing H; query head h reads K/V
 //       head h / group (group = H / H_kv), by index: no copy of K or V. dK/dV: the block that
 //       owns a key block loops over the group's query heads itself, in a fixed order (no
-//       atomics: deterministic).
+//       atomics: deterministic); at v3/v4 one loop over (head, query tile) steps, so the
+//       cp.async prefetch runs across heads as across tiles.
+//   RoPE fused (ROPE flag of every kernel template; without it the kernels are what they
+//       were): q and k rotated by their positions' angles as they are read (query i at table
+//       row i + rope_qoff, key j at row j), dq and dk turned back by minus the angle before
+//       the store; rotated q or k never reach global memory. The CUDA-core kernels turn
+//       their fp32 shared tiles (rows they keep in registers go through a tile first); the
+//       tensor-core kernels turn a 16-bit tile in shared memory after it has landed
+//       (rope_tile: cp.async cannot rotate in flight) and the dq/dk accumulators in
+//       registers (rope_unrotate_acc: a lane holds both features of each of its pairs).
+//   causal with Nq != Nk and kv_lens (below) at v3-v5 too: each kernel takes its batch
+//       element's [0, end) and diagonal shift (Keys), masks with them on the tiles that
+//       straddle them and skips the tiles past them as it skips those above the diagonal; a
+//       row that saw no key stores out 0 and lse +inf (the CUDA-core kernels' convention).
+// Grown at v1, v2 and the CUDA-core backward only (the tensor-core versions take D in
+// {16, 32, 64, 128}, and RoPE with D in {64, 128}; the Python side runs v2 for anything
+// else when no version was asked for):
 //   any head size up to 256: the CUDA-core kernels are templated on a tile width DT (a
 //       power of two, 8..256) and read the D real columns of it (zeros beyond, never
 //       stored); D > 128 uses 8 threads a row and 16-row tiles, so that k, v, dk and dv
@@ -105,6 +119,14 @@ struct Params {
   int bottom_right;       // shift = L - Nq (bottom-right diagonal), else 0 (top-left)
   float scale;            // softmax scale
   float scale_log2;       // scale · log2(e): scores go straight to exp2
+  // RoPE fused (the kernels instantiated with ROPE read these; rope_cos null: no rope):
+  // tables (P, D/2) of the inputs' dtype with element strides (row, column); key j sits at
+  // table row j, query i at row i + rope_qoff; pairs (2i, 2i+1) if rope_interleaved, else
+  // (i, i + D/2).
+  const void* rope_cos;
+  const void* rope_sin;
+  int64_t rope_cos_sr, rope_cos_sc, rope_sin_sr, rope_sin_sc, rope_qoff;
+  int rope_interleaved;
 };
 
 // The (b, h) slice of an operand: b * stride_b + h * stride_h in int64.
@@ -142,6 +164,33 @@ __device__ __forceinline__ Keys keys_of(const Params& p, int64_t b) {
   return Keys{end, p.bottom_right ? end - p.Nq : 0};
 }
 
+// ---- RoPE fused into the loads (docs: ROPE_API.md; levels.native.rope_math's math) ----
+// A pair of features (x1, x2) turns by its position's angle: (x1 c - x2 s, x2 c + x1 s);
+// the backward turns the gradient by minus the angle (sign -1). The kernels rotate q and k
+// as they read them and never write a rotated tensor to memory.
+
+// cos and sin of pair i at table row pos, in fp32.
+template <typename T>
+__device__ __forceinline__ float2 rope_cs(const Params& p, int64_t pos, int i) {
+  return make_float2(to_f32(static_cast<const T*>(p.rope_cos)[pos * p.rope_cos_sr + i * p.rope_cos_sc]),
+                     to_f32(static_cast<const T*>(p.rope_sin)[pos * p.rope_sin_sr + i * p.rope_sin_sc]));
+}
+
+// Feature d (of `width`) of the row at x, turned by `sign` times its position's angle, in
+// fp32 (T: the tables' type; X: the row's, the input's or an fp32 staging row). What the
+// CUDA-core kernels read instead of x[d]: each feature reads its partner as well.
+template <typename T, typename X>
+__device__ __forceinline__ float rope_feature(const Params& p, const X* x, int d, int width, int64_t pos,
+                                              float sign) {
+  const int half = width >> 1;
+  const bool first = p.rope_interleaved ? (d & 1) == 0 : d < half;
+  const int i = p.rope_interleaved ? d >> 1 : (first ? d : d - half);
+  const int other = p.rope_interleaved ? d ^ 1 : (first ? d + half : d - half);
+  const float2 cs = rope_cs<T>(p, pos, i);
+  const float a = to_f32(x[d]), b = to_f32(x[other]), sn = sign * cs.y;
+  return first ? a * cs.x - b * sn : a * cs.x + b * sn;
+}
+
 // Block -> (bh, block index along the sequence). Blocks of one head are consecutive (they
 // share K/V in L2); `reverse` starts each head with its last block: the causal forward's
 // heaviest query blocks go first and the cheap ones fill the tail of the grid.
@@ -159,7 +208,7 @@ __device__ __forceinline__ void block_coords(int64_t n_blocks, bool reverse, int
 // 2^(s - max) (and sum it), then out = sum_j p_j v_j / sum. Threads of a warp are
 // consecutive rows of one head, so each k_j / v_j read is a broadcast; the score rows are
 // Nk apart, so those accesses do not coalesce at all (the cost the tiled versions remove).
-template <typename T>
+template <typename T, bool ROPE>
 __global__ void attn_fwd_v1_kernel(Params p) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (idx >= p.BH * p.Nq) return;
@@ -174,7 +223,12 @@ __global__ void attn_fwd_v1_kernel(Params p) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < p.Nk; ++j) {
     float dot = 0.0f;
-    for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
+    if constexpr (ROPE) {  // both rotated as read (v1 re-reads q for every key: no reuse, as the rest)
+      for (int d = 0; d < D; ++d)
+        dot += rope_feature<T>(p, q, d, D, i + p.rope_qoff, 1.0f) * rope_feature<T>(p, k + j * p.k.sn, d, D, j, 1.0f);
+    } else {
+      for (int d = 0; d < D; ++d) dot += to_f32(q[d]) * to_f32(k[j * p.k.sn + d]);
+    }
     const float t = keys.visible(i, j, p.causal) ? dot * p.scale_log2 : -INFINITY;
     s[j] = t;
     mx = fmaxf(mx, t);
@@ -263,7 +317,79 @@ __device__ __forceinline__ void cc_store_row(T* dst, const float (&r)[CcShape<D>
   }
 }
 
+// RoPE on the CUDA cores goes through the fp32 shared tiles: a feature's partner lives in
+// another thread (or another register of a fully unrolled row), so the block turns whole
+// tiles in a run-time loop over pairs instead (the unrolled alternative spilled).
+// Rows [0, TILE) of `buf` in place, row r at table row row0 + r + pos_off, by sign x the
+// angle; rows at or past n are left alone (zeros, maybe past the tables).
 template <typename T, int D>
+__device__ __forceinline__ void cc_turn_tile(float (*buf)[D], int64_t row0, int64_t n, int width, const Params& p,
+                                             int64_t pos_off, float sign) {
+  const int half = width >> 1;
+#pragma unroll 1  // rare work beside the live row registers: kept small
+  for (int e = threadIdx.x; e < CcShape<D>::TILE * half; e += CC_THREADS) {
+    const int r = e / half, i = e % half;
+    if (row0 + r >= n) continue;
+    const float2 cs = rope_cs<T>(p, row0 + r + pos_off, i);
+    float* x1 = &buf[r][p.rope_interleaved ? 2 * i : i];
+    float* x2 = x1 + (p.rope_interleaved ? 1 : half);
+    const float a = *x1, b = *x2, sn = sign * cs.y;
+    *x1 = a * cs.x - b * sn;
+    *x2 = b * cs.x + a * sn;
+  }
+}
+
+// cc_load_tile, then (ROPE) the tile turned: the caller's barrier after it covers both.
+template <typename T, int D, bool ROPE>
+__device__ __forceinline__ void cc_load_tile_at(float (*dst)[D], const T* src, int64_t ld, int64_t row0, int64_t n,
+                                                int width, const Params& p, int64_t pos_off) {
+  cc_load_tile<T, D>(dst, src, ld, row0, n, width);
+  if constexpr (ROPE) {
+    __syncthreads();
+    cc_turn_tile<T, D>(dst, row0, n, width, p, pos_off, 1.0f);
+  }
+}
+
+// The block's own rows (row0 .. row0 + ROWS, one per TPR threads) rotated, into this
+// thread's registers (cc_load_row's elements): through `buf` (a streamed tile: ROWS rows),
+// which the caller must not touch again before a barrier.
+template <typename T, int D>
+__device__ __forceinline__ void cc_load_rows_turned(float (&r)[CcShape<D>::PER], float (*buf)[D], const T* src,
+                                                    int64_t ld, int64_t row0, int64_t n, int c, int width,
+                                                    const Params& p, int64_t pos_off) {
+  using S = CcShape<D>;
+  static_assert(S::TILE == S::ROWS, "buf is a streamed tile: one row of it per row of the block");
+  cc_load_tile_at<T, D, true>(buf, src, ld, row0, n, width, p, pos_off);
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) r[e] = buf[threadIdx.x / S::TPR][c + S::TPR * e];
+}
+
+// cc_store_row of a gradient with respect to rotated rows, turned back by minus the angle
+// first (rope's backward), through `buf` as above. Every thread of the block calls it
+// (barriers); those with ok false store nothing.
+template <typename T, int D>
+__device__ __forceinline__ void cc_store_rows_unturned(T* dst, const float (&r)[CcShape<D>::PER], float mul, int c,
+                                                       int width, bool ok, float (*buf)[D], int64_t row0,
+                                                       int64_t n, const Params& p, int64_t pos_off) {
+  using S = CcShape<D>;
+  static_assert(S::TILE == S::ROWS, "buf is a streamed tile: one row of it per row of the block");
+  float* row = buf[threadIdx.x / S::TPR];
+  __syncthreads();  // every thread is done reading buf as a tile
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) row[c + S::TPR * e] = r[e];
+  __syncthreads();
+  cc_turn_tile<T, D>(buf, row0, n, width, p, pos_off, -1.0f);
+  __syncthreads();
+  if (!ok) return;
+#pragma unroll
+  for (int e = 0; e < S::PER; ++e) {
+    const int d = c + S::TPR * e;
+    if (d < width) dst[d] = from_f32<T>(row[d] * mul);
+  }
+}
+
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -279,14 +405,15 @@ __global__ void __launch_bounds__(CC_THREADS) attn_fwd_v2_kernel(Params p) {
   const Keys keys = keys_of(p, bh / p.H);
   const int limit = keys.limit(row, p.causal);  // this row sees keys [0, limit)
   float qr[PER], acc[PER];
-  cc_load_row<T, D>(qr, q, row_ok, c, p.D);
+  if constexpr (ROPE) cc_load_rows_turned<T, D>(qr, ks, head_of<T>(p.q, bh, p.H), p.q.sn, mb * S::ROWS, p.Nq, c, p.D, p, p.rope_qoff);
+  else cc_load_row<T, D>(qr, q, row_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.0f;
   const float sl = p.scale_log2;
   float m = -INFINITY, l = 0.0f;  // running max (raw score units) and sum of 2^(s·sl - m·sl)
   for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();  // every thread is done with the previous tile
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile_at<T, D, ROPE>(ks, k, p.k.sn, n0, keys.end, p.D, p, 0);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
     // ### BEGIN SOLUTION
@@ -402,6 +529,66 @@ __device__ __forceinline__ uint32_t b_addr(const void* tile_base, int n0, int k0
   return smem_addr(base + ((n0 + (lane & 7) + ((lane >> 4) << 3)) * ld_of<D>() + k0 + ((lane >> 3) & 1) * 8) * 2);
 }
 
+// RoPE at the tensor cores, on a tile that has landed in shared memory: rows [0, rows) of a
+// padded tile, row r at table row row0 + r + pos_off, turned in place (fp32 math, rounded
+// back to T: the MMA operands are 16-bit anyway). cp.async writes shared memory without
+// passing through registers, so a K tile cannot be turned on its way in: the block turns it
+// here, between the barrier that says it landed and a barrier before anyone reads it.
+// Rows at or past n (zeros, maybe past the tables) are left alone. What it costs: one more
+// pass over the tile and one more barrier a tile, a table read per pair.
+template <typename T, int D>
+__device__ __forceinline__ void rope_tile(T* s, int row0, int n, int rows, int64_t pos_off, const Params& p) {
+  constexpr int LD = ld_of<D>(), HALF = D / 2;
+  for (int e = threadIdx.x; e < rows * HALF; e += blockDim.x) {
+    const int r = e / HALF, i = e % HALF;
+    if (row0 + r >= n) continue;
+    const float2 cs = rope_cs<T>(p, row0 + r + pos_off, i);
+    T* x1 = s + r * LD + (p.rope_interleaved ? 2 * i : i);
+    T* x2 = x1 + (p.rope_interleaved ? 1 : HALF);
+    const float a = to_f32(*x1), b = to_f32(*x2);
+    *x1 = from_f32<T>(a * cs.x - b * cs.y);
+    *x2 = from_f32<T>(b * cs.x + a * cs.y);
+  }
+}
+
+// A warp's 16-row gradient accumulator (C fragments, D/8 n8 tiles: lane holds rows g, g + 8,
+// columns 2t, 2t + 1 of each tile) with respect to rotated rows, turned back by minus the
+// angle of table row (row + pos_off), in registers, before store_rows rounds it. The lane
+// that holds a feature holds its partner too: interleaved, (2i, 2i + 1) are c0, c1 of one
+// tile; half-split, column c of tile dt pairs with column c of tile dt + D/16. Rows >= n
+// (never stored) are left alone.
+template <typename T, int D>
+__device__ __forceinline__ void rope_unrotate_acc(float (&acc)[D / 8][4], int row_g, int n, int64_t pos_off,
+                                                  const Params& p, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_g + 8 * h;
+    if (row < n) {
+      const int64_t pos = row + pos_off;
+      if (p.rope_interleaved) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const float2 cs = rope_cs<T>(p, pos, dt * 4 + t);
+          const float a = acc[dt][2 * h], b = acc[dt][2 * h + 1];
+          acc[dt][2 * h] = a * cs.x + b * cs.y;
+          acc[dt][2 * h + 1] = b * cs.x - a * cs.y;
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float2 cs = rope_cs<T>(p, pos, dt * 8 + 2 * t + e);
+            const float a = acc[dt][2 * h + e], b = acc[dt + D / 16][2 * h + e];
+            acc[dt][2 * h + e] = a * cs.x + b * cs.y;
+            acc[dt + D / 16][2 * h + e] = b * cs.x - a * cs.y;
+          }
+      }
+    }
+  }
+}
+
 // A warp's 16 rows x D of a padded tile, converted from fp32 fragments (C layout, DT n8
 // tiles across D, times `mul`), written to global memory (contiguous rows of D) through
 // the same 16 rows of shared memory that only this warp uses: 16-byte coalesced stores
@@ -480,7 +667,7 @@ constexpr int FWD_BN = 64;  // keys per tile
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
                                          float (&l)[2], const T* sk, const T* sv, int n0, int row_g,
-                                         int Nk, int causal, float sl, int lane) {
+                                         int end, int shift, int causal, float sl, int lane) {
   constexpr int NT = FWD_BN / 8;
   // ### BEGIN SOLUTION
   float s[NT][4];
@@ -503,7 +690,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
       for (int e = 0; e < 4; ++e) {
         const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
         const int row = row_g + (e >> 1) * 8;
-        if (key >= Nk || (causal && key > row)) s[nt][e] = -INFINITY;
+        if (key >= end || (causal && key > row + shift)) s[nt][e] = -INFINITY;
       }
   }
 #pragma unroll
@@ -541,7 +728,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], float 
 // Shared: Q [BLOCK_M][D+8], then STAGES x K [64][D+8], STAGES x V [64][D+8].
 // Positions inside a head (rows, keys) are int (the launcher checks N < 2**30); offsets
 // are int64 (b, h and row times their strides).
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -556,11 +743,14 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
   const T* q = head_of<T>(p.q, bh, p.H);
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);  // grouped-query: read in place
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
 
-  // v4 visits key tiles up to the block's last row only (causal); v3 visits all of them.
-  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  // The keys this batch element has, [0, end), and the causal diagonal's shift (Keys).
+  const Keys keys = keys_of(p, bh / p.H);
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  // v4 visits key tiles up to the block's last row's diagonal only (causal); v3 all up to end.
+  const int kv_end = (ASYNC && causal) ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + FWD_BN - 1) / FWD_BN;
 
   load_tile<T, D, 128, ASYNC>(sq, q, p.q.sn, m0, Nq, block_m);
@@ -572,6 +762,10 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
     cp_async_wait<1>();
   }
   __syncthreads();
+  if constexpr (ROPE) {  // Q turned once, in shared memory, before it goes to registers
+    rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+    __syncthreads();
+  }
   uint32_t qf[D / 16][4];  // this warp's 16 rows of Q, in registers for the whole loop
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(qf[kc], a_addr<D>(sq, warp * 16, kc * 16, lane));
@@ -600,31 +794,36 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
       load_tile<T, D, FWD_BN, false>(sv, v, p.v.sn, n0, Nk, FWD_BN);
     }
     __syncthreads();
+    if constexpr (ROPE) {  // this K tile, turned where it landed (rope_tile says why)
+      rope_tile<T, D>(sk + stage * FWD_BN * LD, n0, Nk, FWD_BN, 0, p);
+      __syncthreads();
+    }
     const T* skt = sk + stage * FWD_BN * LD;
     const T* svt = sv + stage * FWD_BN * LD;
     if constexpr (ASYNC) {
       // Warp-uniform decisions: no work above this warp's diagonal, no mask code where
       // every (row, key) of the tile is visible and inside Nk.
-      const bool above = causal && n0 > warp_row0 + 15;
-      const bool needs_mask = n0 + FWD_BN > Nk || (causal && n0 + FWD_BN - 1 > warp_row0);
+      const bool above = causal && n0 > warp_row0 + 15 + shift;
+      const bool needs_mask = n0 + FWD_BN > end || (causal && n0 + FWD_BN - 1 > warp_row0 + shift);
       if (!above) {
-        if (needs_mask) fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
-        else fwd_tile<T, D, false>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+        if (needs_mask) fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
+        else fwd_tile<T, D, false>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
       }
     } else {
-      fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, Nk, causal, sl, lane);
+      fwd_tile<T, D, true>(qf, o, m, l, skt, svt, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   if constexpr (ASYNC) cp_async_wait<0>();
 
-  // The 4 lanes of a row hold partial sums; every real row saw key 0, so l > 0.
+  // The 4 lanes of a row hold partial sums; l > 0 for a row that saw a key. One that saw
+  // none (kv_lens, a bottom-right diagonal): out 0, lse +inf (its backward P is then 0).
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    inv[h] = 1.0f / l[h];
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
   }
   T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
   store_rows<T, D>(sq + warp * 16 * LD, o, inv[0], inv[1], out, warp_row0, Nq, lane);
@@ -632,7 +831,7 @@ __global__ void __launch_bounds__(256) attn_fwd_mma_kernel(Params p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_g + 8 * h;
-      if (row < Nq) p.lse[bh * p.Nq + row] = m[h] * sl + log2f(l[h]);
+      if (row < Nq) p.lse[bh * p.Nq + row] = l[h] > 0.0f ? m[h] * sl + log2f(l[h]) : INFINITY;
     }
   }
 }
@@ -689,8 +888,8 @@ __device__ __forceinline__ void v5_load(T* s, const T* __restrict__ g, int64_t l
 // no address is kept per fragment (at D = 128, O and S alone are 192 of the 255 registers).
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t va, float (&o)[2][D / 8][4],
-                                            float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int Nk,
-                                            int causal, float sl, int lane) {
+                                            float (&m)[2][2], float (&l)[2][2], int n0, int row_g, int end,
+                                            int shift, int causal, float sl, int lane) {
   constexpr int NT = v5_bn<D>() / 8, LD = ld_of<D>();
   // ### BEGIN SOLUTION
   float s[2][NT][4];
@@ -724,7 +923,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
           const int row = row_g + 16 * i + (e >> 1) * 8;
-          if (key >= Nk || (causal && key > row)) s[i][nt][e] = -INFINITY;
+          if (key >= end || (causal && key > row + shift)) s[i][nt][e] = -INFINITY;
         }
   }
 #pragma unroll
@@ -781,7 +980,7 @@ __device__ __forceinline__ void fwd_tile_v5(uint32_t qa, uint32_t ka, uint32_t v
 
 // Block: W warps (2 or 4, blockDim.x = 32 W), BLOCK_M = 32 W query rows, 32 per warp.
 // Shared: Q [BLOCK_M][D+8] (read by its own warp only), then 2 x K [64][D+8], 2 x V [64][D+8].
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
   constexpr int LD = ld_of<D>(), V5_BN = v5_bn<D>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -795,9 +994,11 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
   int64_t bh, mb;
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
-  const int kv_end = causal ? min(Nk, m0 + block_m) : Nk;
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);  // [0, end) and the diagonal's shift, as v4
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int kv_end = causal ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + V5_BN - 1) / V5_BN;
 
   // One group: Q and K/V tile 0 (the first iteration's wait<1> lands both).
@@ -829,16 +1030,24 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
     cp_async_commit();  // possibly empty: "at most 1 group pending" = tile t has landed
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (ROPE) {  // Q (with tile 0: one group) and this K tile, turned where they landed
+      if (t == 0) rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+      rope_tile<T, D>(sk + stage * V5_BN * LD, n0, Nk, V5_BN, 0, p);
+      __syncthreads();
+    }
     const uint32_t ka = ka0 + stage * STAGE_BYTES, va = va0 + stage * STAGE_BYTES;
-    const bool above = causal && n0 > warp_row0 + 31;  // warp-uniform, as v4's
-    const bool needs_mask = n0 + V5_BN > Nk || (causal && n0 + V5_BN - 1 > warp_row0);
+    const bool above = causal && n0 > warp_row0 + 31 + shift;  // warp-uniform, as v4's
+    const bool needs_mask = n0 + V5_BN > end || (causal && n0 + V5_BN - 1 > warp_row0 + shift);
     if (!above) {
-      if (needs_mask) fwd_tile_v5<T, D, true>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
-      else fwd_tile_v5<T, D, false>(qa, ka, va, o, m, l, n0, row_g, Nk, causal, sl, lane);
+      if (needs_mask) fwd_tile_v5<T, D, true>(qa, ka, va, o, m, l, n0, row_g, end, shift, causal, sl, lane);
+      else fwd_tile_v5<T, D, false>(qa, ka, va, o, m, l, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
+  // No tile at all (a block whose rows see no key): other threads' copies into this warp's
+  // Q rows, where the output is staged, are only known to have landed after a barrier.
+  if (n_tiles == 0) __syncthreads();
 
   T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
 #pragma unroll
@@ -848,7 +1057,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
     for (int h = 0; h < 2; ++h) {
       l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 1);
       l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 2);
-      inv[h] = 1.0f / l[i][h];  // every real row saw key 0: l > 0
+      inv[h] = l[i][h] > 0.0f ? 1.0f / l[i][h] : 0.0f;  // a row that saw no key: 0 (and lse +inf)
     }
     // Staged through this warp's own Q rows (no other warp reads them).
     store_rows<T, D>(sq + (warp * 32 + 16 * i) * LD, o[i], inv[0], inv[1], out, warp_row0 + 16 * i, Nq, lane);
@@ -856,7 +1065,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row_g + 16 * i + 8 * h;
-        if (row < Nq) p.lse[bh * p.Nq + row] = m[i][h] * sl + log2f(l[i][h]);
+        if (row < Nq) p.lse[bh * p.Nq + row] = l[i][h] > 0.0f ? m[i][h] * sl + log2f(l[i][h]) : INFINITY;
       }
     }
   }
@@ -890,7 +1099,7 @@ __global__ void attn_bwd_preprocess_kernel(Params p) {
 // with k, v, dk, dv in registers, and streams TILE-query tiles of Q and dO (fp32 in shared
 // memory) past them. Grouped-query attention: the block walks the query tiles of each of
 // the group's query heads in turn, one after the other, into the same dk and dv.
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -907,7 +1116,12 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
   const T* vp = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + (key_ok ? key : 0) * p.v.sn;
   const int first = keys.first(key, p.causal);  // queries >= first see this key
   float kr[PER], vr[PER], dk[PER], dv[PER];
-  cc_load_row<T, D>(kr, kp, key_ok, c, p.D);
+  if constexpr (ROPE) {
+    cc_load_rows_turned<T, D>(kr, qs, static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh, p.k.sn,
+                              nb * S::ROWS, p.Nk, c, p.D, p, 0);
+  } else {
+    cc_load_row<T, D>(kr, kp, key_ok, c, p.D);
+  }
   cc_load_row<T, D>(vr, vp, key_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) dk[e] = dv[e] = 0.0f;
@@ -918,7 +1132,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
     const T* dout = head_of<T>(p.dout, bh, p.H);
     for (int64_t m0 = 0; m0 < p.Nq; m0 += TILE) {
       __syncthreads();
-      cc_load_tile<T, D>(qs, q, p.q.sn, m0, p.Nq, p.D);
+      cc_load_tile_at<T, D, ROPE>(qs, q, p.q.sn, m0, p.Nq, p.D, p, p.rope_qoff);
       cc_load_tile<T, D>(dos, dout, p.dout.sn, m0, p.Nq, p.D);
       if (threadIdx.x < TILE) {
         const int64_t i = m0 + threadIdx.x;
@@ -948,14 +1162,17 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dkdv_cc_kernel(Params p) 
       // ### END SOLUTION
     }
   }
+  const int64_t orow = (bhk * p.Nk + (key_ok ? key : 0)) * p.D;  // dk, dv: contiguous (B, H_kv, Nk, D)
+  // dk is the gradient of the rotated k: turned back before the store
+  if constexpr (ROPE)
+    cc_store_rows_unturned<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D, key_ok, qs, nb * S::ROWS, p.Nk, p, 0);
   if (!key_ok) return;
-  const int64_t orow = (bhk * p.Nk + key) * p.D;  // dk, dv: contiguous (B, H_kv, Nk, D)
-  cc_store_row<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D);
+  if constexpr (!ROPE) cc_store_row<T, D>(static_cast<T*>(p.dk) + orow, dk, p.scale, c, p.D);
   cc_store_row<T, D>(static_cast<T*>(p.dv) + orow, dv, 1.0f, c, p.D);
 }
 
 // dQ: a block owns ROWS queries (q, dO, dq in registers) and streams TILE-key tiles of K, V.
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   using S = CcShape<D>;
   constexpr int PER = S::PER, TPR = S::TPR, TILE = S::TILE;
@@ -972,7 +1189,8 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   const Keys keys = keys_of(p, bh / p.H);
   const int limit = row_ok ? keys.limit(row, p.causal) : 0;  // this row sees keys [0, limit)
   float qr[PER], dor[PER], dq[PER];
-  cc_load_row<T, D>(qr, qp, row_ok, c, p.D);
+  if constexpr (ROPE) cc_load_rows_turned<T, D>(qr, ks, head_of<T>(p.q, bh, p.H), p.q.sn, mb * S::ROWS, p.Nq, c, p.D, p, p.rope_qoff);
+  else cc_load_row<T, D>(qr, qp, row_ok, c, p.D);
   cc_load_row<T, D>(dor, dop, row_ok, c, p.D);
 #pragma unroll
   for (int e = 0; e < PER; ++e) dq[e] = 0.0f;
@@ -981,7 +1199,7 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
   const float sl = p.scale_log2;
   for (int64_t n0 = 0; n0 < keys.end; n0 += TILE) {
     __syncthreads();
-    cc_load_tile<T, D>(ks, k, p.k.sn, n0, keys.end, p.D);
+    cc_load_tile_at<T, D, ROPE>(ks, k, p.k.sn, n0, keys.end, p.D, p, 0);
     cc_load_tile<T, D>(vs, v, p.v.sn, n0, keys.end, p.D);
     __syncthreads();
     // ### BEGIN SOLUTION
@@ -1001,8 +1219,13 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
     }
     // ### END SOLUTION
   }
-  if (!row_ok) return;
-  cc_store_row<T, D>(static_cast<T*>(p.dq) + (bh * p.Nq + row) * p.D, dq, p.scale, c, p.D);
+  T* dqp = static_cast<T*>(p.dq) + (bh * p.Nq + (row_ok ? row : 0)) * p.D;
+  if constexpr (ROPE) {  // the gradient of the rotated q: turned back before the store
+    cc_store_rows_unturned<T, D>(dqp, dq, p.scale, c, p.D, row_ok, ks, mb * S::ROWS, p.Nq, p, p.rope_qoff);
+  } else {
+    if (!row_ok) return;
+    cc_store_row<T, D>(dqp, dq, p.scale, c, p.D);
+  }
 }
 
 // =====================================================================================
@@ -1020,7 +1243,8 @@ template <int D> constexpr int bwd_tile() { return D == 128 ? 32 : 64; }
 template <typename T, int D, bool MASK>
 __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], const T* sk, const T* sv,
                                           const T* sq, const T* sdo, const float* slse, const float* sdelta,
-                                          int warp, int m0, int key_g, int Nq, int causal, float sl, int lane) {
+                                          int warp, int m0, int key_g, int Nq, int end, int shift, int causal,
+                                          float sl, int lane) {
   constexpr int QN = bwd_tile<D>() / 8;
   // ### BEGIN SOLUTION
   float st[QN][4];  // Sᵀ, then Pᵀ
@@ -1033,7 +1257,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D /
       float pr = exp2_approx(fmaf(st[j][e], sl, -slse[col]));
       if constexpr (MASK) {
         const int qi = m0 + col, key = key_g + (e >> 1) * 8;
-        if (qi >= Nq || (causal && qi < key)) pr = 0.0f;
+        if (qi >= Nq || key >= end || (causal && qi + shift < key)) pr = 0.0f;
       }
       st[j][e] = pr;
     }
@@ -1070,7 +1294,7 @@ __device__ __forceinline__ void dkdv_load_queries(T* sq, T* sdo, float* slse, fl
 
 // Block: W warps (4 or 8), 16 W keys. Shared: K, V [16 W][D+8] (loaded once); then
 // STAGES x (Q [QT][D+8], dO [QT][D+8]); then STAGES x (lse [QT], delta [QT]) fp32.
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1084,21 +1308,29 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
   const float sl = p.scale_log2;
-  int64_t bh, nb;
-  block_coords(cdiv(Nk, block_n), false, bh, nb);  // causal: low key blocks (the heaviest) first
+  int64_t bhk, nb;  // bhk: batch x K/V head
+  block_coords(cdiv(Nk, block_n), false, bhk, nb);  // causal: low key blocks (the heaviest) first
   const int n0 = (int)nb * block_n;
-  const T* q = head_of<T>(p.q, bh, p.H);
-  const T* dout = head_of<T>(p.dout, bh, p.H);
+  // Grouped-query attention: the query heads bh0 .. bh0 + group - 1 read this K/V head.
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, bh0 = b * p.H + hk * p.group;
 
-  // Causal (v4): queries before n0 never see these keys; start at the tile holding n0.
-  const int t_first = (ASYNC && causal) ? n0 / QT : 0;
+  const Keys keys = keys_of(p, b);  // [0, end) and the diagonal's shift (query i sees j <= i + shift)
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  // Causal (v4): queries before n0 - shift never see these keys; start at the tile holding it.
+  const int t_first = (ASYNC && causal) ? max(0, n0 - shift) / QT : 0;
   const int t_end = (Nq + QT - 1) / QT;
+  // One loop over (query head of the group, query tile): step s is head s / per_head,
+  // tile t_first + s % per_head. The prefetch of step s + 1 crosses heads like tiles.
+  // Keys past the batch element's length: no step, dK = dV = 0.
+  const int per_head = n0 < end ? max(0, t_end - t_first) : 0, steps = (int)p.group * per_head;
 
-  load_tile<T, D, 128, ASYNC>(sk, head_of<T>(p.k, bh, p.H), p.k.sn, n0, Nk, block_n);
-  load_tile<T, D, 128, ASYNC>(sv, head_of<T>(p.v, bh, p.H), p.v.sn, n0, Nk, block_n);
+  const int64_t k_off = b * p.k.sb + hk * p.k.sh, v_off = b * p.v.sb + hk * p.v.sh;
+  load_tile<T, D, 128, ASYNC>(sk, static_cast<const T*>(p.k.ptr) + k_off, p.k.sn, n0, Nk, block_n);
+  load_tile<T, D, 128, ASYNC>(sv, static_cast<const T*>(p.v.ptr) + v_off, p.v.sn, n0, Nk, block_n);
   if constexpr (ASYNC) {
-    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, q, dout, bh, t_first * QT, p);
-    cp_async_commit();  // group: K, V and query tile t_first
+    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, head_of<T>(p.q, bh0, p.H), head_of<T>(p.dout, bh0, p.H),
+                                  bh0, t_first * QT, p);
+    cp_async_commit();  // group: K, V and query tile t_first of the first head
   }
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -1107,39 +1339,55 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_mma_kernel(Params p) {
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
   const int warp_key0 = n0 + warp * 16, key_g = warp_key0 + (lane >> 2);
 
-  for (int t = t_first; t < t_end; ++t) {
-    const int stage = ASYNC ? ((t - t_first) & 1) : 0;
-    const int m0 = t * QT;
+  for (int step = 0; step < steps; ++step) {
+    const int stage = ASYNC ? (step & 1) : 0;
+    const int m0 = (t_first + step % per_head) * QT;
     if constexpr (ASYNC) {
-      if (t + 1 < t_end) {
+      if (step + 1 < steps) {
         const int ns = stage ^ 1;
+        const int64_t nbh = bh0 + (step + 1) / per_head;
         dkdv_load_queries<T, D, true>(sq + ns * QT * LD, sdo + ns * QT * LD, slse + ns * QT, sdelta + ns * QT,
-                                      q, dout, bh, m0 + QT, p);
+                                      head_of<T>(p.q, nbh, p.H), head_of<T>(p.dout, nbh, p.H), nbh,
+                                      (t_first + (step + 1) % per_head) * QT, p);
       }
       cp_async_commit();
       cp_async_wait<1>();
     } else {
-      dkdv_load_queries<T, D, false>(sq, sdo, slse, sdelta, q, dout, bh, m0, p);
+      const int64_t bh = bh0 + step / per_head;
+      dkdv_load_queries<T, D, false>(sq, sdo, slse, sdelta, head_of<T>(p.q, bh, p.H), head_of<T>(p.dout, bh, p.H),
+                                     bh, m0, p);
     }
     __syncthreads();
+    if constexpr (ROPE) {  // K once (it landed with the first step), and each Q tile
+      if (step == 0) rope_tile<T, D>(sk, n0, Nk, block_n, 0, p);
+      rope_tile<T, D>(sq + stage * QT * LD, m0, Nq, QT, p.rope_qoff, p);
+      __syncthreads();
+    }
     const T* sqt = sq + stage * QT * LD;
     const T* sdot = sdo + stage * QT * LD;
     const float* slt = slse + stage * QT;
     const float* sdt = sdelta + stage * QT;
     if constexpr (ASYNC) {
-      const bool above = causal && m0 + QT - 1 < warp_key0;  // no query of the tile sees these keys
-      const bool needs_mask = m0 + QT > Nq || (causal && m0 < warp_key0 + 15);
+      // no query of the tile sees these keys (or they are past the length)
+      const bool above = warp_key0 >= end || (causal && m0 + QT - 1 + shift < warp_key0);
+      const bool needs_mask = m0 + QT > Nq || warp_key0 + 15 >= end || (causal && m0 + shift < warp_key0 + 15);
       if (!above) {
-        if (needs_mask) dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
-        else dkdv_tile<T, D, false>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+        if (needs_mask)
+          dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
+        else
+          dkdv_tile<T, D, false>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
       }
     } else {
-      dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, causal, sl, lane);
+      dkdv_tile<T, D, true>(dk, dv, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl, lane);
     }
     __syncthreads();
   }
   if constexpr (ASYNC) cp_async_wait<0>();
-  const int64_t out0 = bh * p.Nk * D;
+  // No step (keys no query sees): K is staged over below, where other threads' loads of it
+  // are only known to have landed after a barrier.
+  if (steps == 0) __syncthreads();
+  const int64_t out0 = bhk * p.Nk * D;  // dk, dv: contiguous (B, H_kv, Nk, D)
+  if constexpr (ROPE) rope_unrotate_acc<T, D>(dk, key_g, Nk, 0, p, lane);  // dk of the rotated k
   store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
   store_rows<T, D>(sv + warp * 16 * LD, dv, 1.0f, 1.0f, static_cast<T*>(p.dv) + out0, warp_key0, Nk, lane);
 }
@@ -1151,7 +1399,7 @@ template <typename T, int D, bool MASK>
 __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&qf)[D / 16][4],
                                         const uint32_t (&df)[D / 16][4], const T* sk, const T* sv,
                                         const float (&lse)[2], const float (&delta)[2], int n0, int row_g,
-                                        int Nk, int causal, float sl, int lane) {
+                                        int end, int shift, int causal, float sl, int lane) {
   constexpr int KT = bwd_tile<D>(), KN = KT / 8;
   // ### BEGIN SOLUTION
   float s[KN][4], dp[KN][4];
@@ -1179,7 +1427,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
       float pr = exp2_approx(fmaf(s[j][e], sl, -lse[h]));
       if constexpr (MASK) {
         const int key = n0 + j * 8 + 2 * (lane & 3) + (e & 1), row = row_g + 8 * h;
-        if (key >= Nk || (causal && key > row)) pr = 0.0f;
+        if (key >= end || (causal && key > row + shift)) pr = 0.0f;
       }
       s[j][e] = pr * (dp[j][e] - delta[h]);  // dS
     }
@@ -1188,7 +1436,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
 }
 
 // Block: W warps, 16 W queries. Shared: Q, dO [16 W][D+8]; then STAGES x (K, V [KT][D+8]).
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
   constexpr int LD = ld_of<D>(), KT = bwd_tile<D>(), STAGES = ASYNC ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1203,9 +1451,11 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
   int64_t bh, mb;
   block_coords(cdiv(Nq, block_m), causal, bh, mb);
   const int m0 = (int)mb * block_m;
-  const T* k = head_of<T>(p.k, bh, p.H);
-  const T* v = head_of<T>(p.v, bh, p.H);
-  const int kv_end = (ASYNC && causal) ? min(Nk, m0 + block_m) : Nk;
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);  // [0, end) and the diagonal's shift, as the forward
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int kv_end = (ASYNC && causal) ? max(0, min(end, m0 + block_m + shift)) : end;
   const int n_tiles = (kv_end + KT - 1) / KT;
 
   load_tile<T, D, 128, ASYNC>(sq, head_of<T>(p.q, bh, p.H), p.q.sn, m0, Nq, block_m);
@@ -1218,6 +1468,10 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
     cp_async_wait<1>();
   }
   __syncthreads();
+  if constexpr (ROPE) {
+    rope_tile<T, D>(sq, m0, Nq, block_m, p.rope_qoff, p);
+    __syncthreads();
+  }
   uint32_t qf[D / 16][4], df[D / 16][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
@@ -1252,21 +1506,26 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
       load_tile<T, D, KT, false>(sv, v, p.v.sn, n0, Nk, KT);
     }
     __syncthreads();
+    if constexpr (ROPE) {
+      rope_tile<T, D>(sk + stage * KT * LD, n0, Nk, KT, 0, p);
+      __syncthreads();
+    }
     const T* skt = sk + stage * KT * LD;
     const T* svt = sv + stage * KT * LD;
     if constexpr (ASYNC) {
-      const bool above = causal && n0 > warp_row0 + 15;
-      const bool needs_mask = n0 + KT > Nk || (causal && n0 + KT - 1 > warp_row0);
+      const bool above = causal && n0 > warp_row0 + 15 + shift;
+      const bool needs_mask = n0 + KT > end || (causal && n0 + KT - 1 > warp_row0 + shift);
       if (!above) {
-        if (needs_mask) dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
-        else dq_tile<T, D, false>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+        if (needs_mask) dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
+        else dq_tile<T, D, false>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
       }
     } else {
-      dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, Nk, causal, sl, lane);
+      dq_tile<T, D, true>(dq, qf, df, skt, svt, lse, delta, n0, row_g, end, shift, causal, sl, lane);
     }
     __syncthreads();
   }
   if constexpr (ASYNC) cp_async_wait<0>();
+  if constexpr (ROPE) rope_unrotate_acc<T, D>(dq, row_g, Nq, p.rope_qoff, p, lane);  // dq of the rotated q
   store_rows<T, D>(sq + warp * 16 * LD, dq, p.scale, p.scale, static_cast<T*>(p.dq) + bh * p.Nq * D, warp_row0,
                    Nq, lane);
 }
@@ -1301,70 +1560,71 @@ int opt_in(K kernel, int bytes, bool& done) {
 
 inline bool grid_ok(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff; }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_fwd_v2(const Params& p, cudaStream_t stream) {
   const int64_t blocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_v2_kernel<T, D><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
+  attn_fwd_v2_kernel<T, D, ROPE><<<(unsigned)blocks, CC_THREADS, 0, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 int launch_fwd_mma(const Params& p, cudaStream_t stream) {
   const int warps = mma_warps(p.BH, p.Nq), block_m = warps * 16, stages = ASYNC ? 2 : 1;
   const int smem = (block_m + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
   static bool opted = false;
-  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC, ROPE>, smem_max, opted)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_mma_kernel<T, D, ASYNC><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  attn_fwd_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
   return levels_launch_status();
 }
 
 // v5: 4 warps (128 rows) when the 128-row blocks give every SM at least one, else 2 (64).
 inline int v5_warps(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 4 : 2; }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_fwd_v5(const Params& p, cudaStream_t stream) {
   constexpr int V5_BN = v5_bn<D>();
   const int warps = v5_warps(p.BH, p.Nq), block_m = warps * 32;
   const int smem = (block_m + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
   static bool opted = false;
-  if (int err = opt_in(attn_fwd_v5_kernel<T, D>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_v5_kernel<T, D, ROPE>, smem_max, opted)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-  attn_fwd_v5_kernel<T, D><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
+  attn_fwd_v5_kernel<T, D, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D>
+template <typename T, int D, bool ROPE>
 int launch_bwd_cc(const Params& p, cudaStream_t stream) {
   const int64_t kblocks = p.BH / p.group * cdiv(p.Nk, CcShape<D>::ROWS);  // per K/V head
   const int64_t qblocks = p.BH * cdiv(p.Nq, CcShape<D>::ROWS);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
-  attn_bwd_dkdv_cc_kernel<T, D><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
-  attn_bwd_dq_cc_kernel<T, D><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
+  attn_bwd_dkdv_cc_kernel<T, D, ROPE><<<(unsigned)kblocks, CC_THREADS, 0, stream>>>(p);
+  attn_bwd_dq_cc_kernel<T, D, ROPE><<<(unsigned)qblocks, CC_THREADS, 0, stream>>>(p);
   return levels_launch_status();
 }
 
-template <typename T, int D, bool ASYNC>
+template <typename T, int D, bool ASYNC, bool ROPE>
 int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   constexpr int LD = ld_of<D>(), QT = bwd_tile<D>(), S = ASYNC ? 2 : 1;
   // dK/dV: K, V blocks + staged Q, dO tiles + staged lse, delta
-  const int wk = mma_warps(p.BH, p.Nk), wq = mma_warps(p.BH, p.Nq);
+  const int64_t BHkv = p.BH / p.group;  // the dK/dV grid: one block per key block of a K/V head
+  const int wk = mma_warps(BHkv, p.Nk), wq = mma_warps(p.BH, p.Nq);
   const int smem_kv = (2 * wk * 16 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
   const int smem_kv_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
   const int smem_q = (2 * wq * 16 + 2 * S * QT) * LD * (int)sizeof(T);
   const int smem_q_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T);
   static bool opted_kv = false, opted_q = false;
-  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC>, smem_kv_max, opted_kv)) return err;
-  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC>, smem_q_max, opted_q)) return err;
-  const int64_t kblocks = p.BH * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
+  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE>, smem_kv_max, opted_kv)) return err;
+  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE>, smem_q_max, opted_q)) return err;
+  const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
-  attn_bwd_dkdv_mma_kernel<T, D, ASYNC><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
-  attn_bwd_dq_mma_kernel<T, D, ASYNC><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
+  attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
+  attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
   return levels_launch_status();
 }
 
@@ -1386,6 +1646,18 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
     default: return LEVELS_UNSUPPORTED;           \
   }
 
+// The same with RoPE: the head sizes models rotate (Llama's 64 and 128) only, so that the
+// flag doubles a quarter of the tensor-core kernels and not all of them (build time).
+#define LEVELS_ATTN_ROPE_HEAD_DIM(D_RUNTIME, D, ...)  \
+  switch (D_RUNTIME) {                                \
+    case 64: { constexpr int D = 64; __VA_ARGS__; }   \
+    case 128: { constexpr int D = 128; __VA_ARGS__; } \
+    default: return LEVELS_UNSUPPORTED;               \
+  }
+#define LEVELS_ATTN_TC_HEAD_DIM(ROPE, D_RUNTIME, D, ...)                          \
+  if constexpr (ROPE) { LEVELS_ATTN_ROPE_HEAD_DIM(D_RUNTIME, D, __VA_ARGS__) } \
+  else { LEVELS_ATTN_HEAD_DIM(D_RUNTIME, D, __VA_ARGS__) }
+
 // The CUDA-core kernels' tile width: the head size rounded up to a power of two (8..256).
 #define LEVELS_ATTN_CC_TILE(D_RUNTIME, D, ...)          \
   if (D_RUNTIME <= 8) { constexpr int D = 8; __VA_ARGS__; }     \
@@ -1396,59 +1668,83 @@ inline bool chunks_ok(const Operand& t, int64_t B, int64_t H, int64_t N) {
   if (D_RUNTIME <= 256) { constexpr int D = 256; __VA_ARGS__; } \
   return LEVELS_UNSUPPORTED;
 
-// What only v1, v2 and the CUDA-core backward run (the top of the file): grouped K/V heads,
-// per-batch key lengths, a causal diagonal with Nq != Nk (the tensor-core kernels' causal
-// block skipping is written for the main diagonal), a head size they are not instantiated for.
-inline bool grown(const Params& p) {
-  return p.group != 1 || p.kv_lens != nullptr || (p.causal && p.Nq != p.Nk) ||
-         !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128);
-}
+// What only v1, v2 and the CUDA-core backward run (the top of the file): a head size the
+// tensor-core kernels are not instantiated for.
+inline bool grown(const Params& p) { return !(p.D == 16 || p.D == 32 || p.D == 64 || p.D == 128); }
 
-template <typename T>
-int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+template <typename T, bool ROPE>
+int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
   if (version == 1) {
     const int64_t blocks = cdiv(p.BH * p.Nq, 128);
     if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
-    attn_fwd_v1_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(p);
+    attn_fwd_v1_kernel<T, ROPE><<<(unsigned)blocks, 128, 0, stream>>>(p);
     return levels_launch_status();
   }
   // fp32 at v3-v5 runs v2: exact fp32 FMAs, declared in cuda_kernels/attention.py
   if (version == 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_CC_TILE(p.D, D, return launch_fwd_v2<T, D>(p, stream));
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_fwd_v2<T, D, ROPE>(p, stream));
   }
   if (grown(p)) return LEVELS_UNSUPPORTED;  // cuda_kernels/attention.py says why, and runs v2
   if constexpr (!std::is_same<T, float>::value) {
-    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk))
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk))
       return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, false>(p, stream)); }
-    if (version == 5) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_v5<T, D>(p, stream)); }
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_fwd_mma<T, D, true>(p, stream));
+    if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
+    if (version == 5) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
+    LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, true, ROPE>(p, stream));
+  }
+  return LEVELS_UNSUPPORTED;  // not reached
+}
+
+// Every kernel exists twice: without RoPE (the code it was before RoPE came) and with it.
+template <typename T>
+int forward(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  return p.rope_cos != nullptr ? forward_with<T, true>(version, p, B, stream)
+                               : forward_with<T, false>(version, p, B, stream);
+}
+
+template <typename T, bool ROPE>
+int backward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
+  const int64_t pre_blocks = cdiv(p.BH * p.Nq, 8);
+  if (!grid_ok(pre_blocks)) return LEVELS_UNSUPPORTED;
+  attn_bwd_preprocess_kernel<T><<<(unsigned)pre_blocks, 256, 0, stream>>>(p);
+  if (int err = levels_launch_status()) return err;
+  if (version <= 2 || std::is_same<T, float>::value) {
+    LEVELS_ATTN_CC_TILE(p.D, D, return launch_bwd_cc<T, D, ROPE>(p, stream));
+  }
+  if (grown(p)) return LEVELS_UNSUPPORTED;
+  if constexpr (!std::is_same<T, float>::value) {
+    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.Hkv, p.Nk) || !chunks_ok(p.v, B, p.Hkv, p.Nk) ||
+        !chunks_ok(p.dout, B, p.H, p.Nq))
+      return LEVELS_UNSUPPORTED;
+    if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
+    // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
+    LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
 }
 
 template <typename T>
 int backward(int version, const Params& p, int64_t B, cudaStream_t stream) {
-  const int64_t pre_blocks = cdiv(p.BH * p.Nq, 8);
-  if (!grid_ok(pre_blocks)) return LEVELS_UNSUPPORTED;
-  attn_bwd_preprocess_kernel<T><<<(unsigned)pre_blocks, 256, 0, stream>>>(p);
-  if (int err = levels_launch_status()) return err;
-  if (version <= 2 || std::is_same<T, float>::value) {
-    LEVELS_ATTN_CC_TILE(p.D, D, return launch_bwd_cc<T, D>(p, stream));
-  }
-  if (grown(p)) return LEVELS_UNSUPPORTED;
-  if constexpr (!std::is_same<T, float>::value) {
-    if (!chunks_ok(p.q, B, p.H, p.Nq) || !chunks_ok(p.k, B, p.H, p.Nk) || !chunks_ok(p.v, B, p.H, p.Nk) ||
-        !chunks_ok(p.dout, B, p.H, p.Nq))
-      return LEVELS_UNSUPPORTED;
-    if (version == 3) { LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, false>(p, stream)); }
-    // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
-    LEVELS_ATTN_HEAD_DIM(p.D, D, return launch_bwd_mma<T, D, true>(p, stream));
-  }
-  return LEVELS_UNSUPPORTED;  // not reached
+  return p.rope_cos != nullptr ? backward_with<T, true>(version, p, B, stream)
+                               : backward_with<T, false>(version, p, B, stream);
 }
 
 inline Operand operand(const void* ptr, int64_t sb, int64_t sh, int64_t sn) { return Operand{ptr, sb, sh, sn}; }
+
+// The RoPE tables into p (cos null: no rope). False if the kernels cannot take them: an odd
+// head size or a negative query offset (the binding refuses both with a message first).
+inline bool set_rope(Params& p, const void* cos, int64_t csr, int64_t csc, const void* sin, int64_t ssr,
+                     int64_t ssc, int64_t qoff, int interleaved) {
+  p.rope_cos = cos;
+  p.rope_sin = sin;
+  p.rope_cos_sr = csr;
+  p.rope_cos_sc = csc;
+  p.rope_sin_sr = ssr;
+  p.rope_sin_sc = ssc;
+  p.rope_qoff = qoff;
+  p.rope_interleaved = interleaved ? 1 : 0;
+  return cos == nullptr || (sin != nullptr && p.D % 2 == 0 && qoff >= 0);
+}
 
 }  // namespace levels_attention
 
@@ -1464,6 +1760,9 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     void* out, float* lse, float* scratch,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
@@ -1492,6 +1791,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
   p.causal = causal ? 1 : 0;
   p.scale = scale;
   p.scale_log2 = scale * LOG2E;
+  if (!set_rope(p, rope_cos, scr, scc, rope_sin, ssr, ssc, rope_qoff, rope_interleaved)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T, return forward<T>(version, p, B, stream));
   return LEVELS_OK;  // not reached
 }
@@ -1509,6 +1809,9 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const float* lse, float* delta, void* dq, void* dk, void* dv,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
   if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
@@ -1538,6 +1841,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
   p.causal = causal ? 1 : 0;
   p.scale = scale;
   p.scale_log2 = scale * LOG2E;
+  if (!set_rope(p, rope_cos, scr, scc, rope_sin, ssr, ssc, rope_qoff, rope_interleaved)) return LEVELS_UNSUPPORTED;
   LEVELS_DISPATCH(dtype, T, return backward<T>(version, p, B, stream));
   return LEVELS_OK;  // not reached
 }

@@ -33,18 +33,31 @@ The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2
 Head dims D in HEAD_DIMS at the tensor-core versions (one register tile spans D, templated
 per D); any Nq, Nk (masked edges). Layouts: see the note on operands below.
 
-Grown (v1, v2 and the CUDA-core backward; attention.cu's opening comment says how): grouped-
-query attention (K/V head h // group, read in place; dK/dV sum the group's query heads in a
-loop inside the block that owns the key block: no atomics), any head size up to 256 (the
-CUDA-core kernels' tile is the next power of two, the padded columns read as 0 and never
-written), causal with Nq != Nk in both alignments, per-batch kv_lens, and empty inputs
-(no launch). The tensor-core versions 3-5 keep to the common case (H_kv == H, D in
-HEAD_DIMS, no kv_lens, Nq == Nk when causal): their kernels and speed are what they were.
-For any other call, version=None (or $LEVELS_CUDA_VERSION_ATTENTION naming 3-5, a default
-for the process) runs version 2, which can, and `version=3..5` passed as an argument
-raises a ValueError that says what that version cannot do (`supported` below). What it
-costs: v2 runs on the CUDA cores (12 TFLOP/s at the bench shape, against 253 for v5):
-grouped-query, odd head sizes and decoding are correct at Level 5 but not yet fast there.
+Grown (attention.cu's opening comment says how):
+  every version: grouped-query / multi-query attention (K/V head h // group, read in place;
+      the dK/dV block of a key block loops over the group's query heads itself, at v3-v5
+      through one cp.async pipeline across heads: no atomics, deterministic), and RoPE fused
+      (ROPE_API.md: `rope_cos`, `rope_sin` (P, D/2) tables of q's dtype with any strides,
+      pairs half-split or interleaved; q and k are rotated as the kernels load them, at
+      v3-v5 in shared memory right after a tile lands (cp.async cannot rotate in flight),
+      and dq, dk are turned back by minus the angle before the store; never written rotated).
+      v3-v5 take rope for D in ROPE_HEAD_DIMS (64, 128: what models rotate; the flag
+      doubles only those kernels, for build time); other sizes run v2 as below.
+      Causal with Nq != Nk in both alignments and per-batch kv_lens: every kernel masks
+      with its batch element's key count and diagonal shift and skips the tiles past them
+      (v4/v5 as they skip those above the diagonal); a query that sees no key gets out 0
+      and lse +inf. Empty inputs: no launch.
+  v1, v2 and the CUDA-core backward only: any head size up to 256 (the CUDA-core kernels'
+      tile is the next power of two, the padded columns read as 0 and never written).
+The tensor-core versions 3-5 take D in HEAD_DIMS (with rope, ROPE_HEAD_DIMS); without rope
+and in the common case their kernels do what they did (RoPE is a template flag; the masks
+read a per-batch key count and shift that are Nk and 0 there). For any other head size,
+version=None (or $LEVELS_CUDA_VERSION_ATTENTION naming 3-5, a default for the process) runs
+version 2, which can, and `version=3..5` passed as an argument raises a ValueError that
+says what that version cannot do (`supported` below). What it costs: v2 runs on the CUDA
+cores (12 TFLOP/s at the bench shape, against 253 for v5): odd head sizes are correct at
+Level 5 but not yet fast there. RoPE costs the tensor-core kernels one pass over each Q/K
+tile in shared memory and a barrier per tile, and the build more kernels (the flag's).
 
 Measured on the H100 (bf16, B=4 H=16 N=4096 D=128, forward, against SDPA's FLASH backend in
 the same run; reports/h100-level5-attention-lstm.json): v2 12 TFLOP/s, v3 189 (0.55x), v4 231 (0.67x),
@@ -77,6 +90,7 @@ VERSIONS = {
 DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-attention-lstm.json)
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
 HEAD_DIMS = (16, 32, 64, 128)  # the tensor-core versions' templates
+ROPE_HEAD_DIMS = (64, 128)  # ... instantiated with RoPE fused (the sizes models rotate: build time)
 MAX_HEAD_DIM = 256  # the CUDA-core kernels' widest tile (any D up to it)
 GROWN_VERSION = 2  # the version a call the tensor-core versions cannot do runs
 TENSOR_CORE_VERSIONS = (3, 4, 5)
@@ -104,35 +118,32 @@ def check_head_dim(q: torch.Tensor) -> None:
                          f"of two); got D={D} in shape {tuple(q.shape)}")
 
 
-def beyond_tensor_cores(q, k, causal, kv_lens) -> str:
+def beyond_tensor_cores(q, k, causal, kv_lens, rope=False) -> str:
     """What of this call versions 3-5 (the tensor cores) do not do, or "" if they do it."""
-    (B, H, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
+    D = q.shape[-1]
     if D not in HEAD_DIMS:
         return f"head dimension D={D} (they take D in {', '.join(map(str, HEAD_DIMS))})"
-    if Hkv != H:
-        return f"grouped-query attention (k and v with {Hkv} heads for q's {H})"
-    if kv_lens is not None:
-        return "per-batch key lengths (kv_lens)"
-    if causal and Nq != Nk:
-        return f"causal attention with Nq != Nk ({Nq} queries, {Nk} keys)"
+    if rope and D not in ROPE_HEAD_DIMS:
+        return (f"RoPE with head dimension D={D} (they take rope with D in "
+                f"{', '.join(map(str, ROPE_HEAD_DIMS))})")
     return ""
 
 
-def supported(version: int, q, k, causal, kv_lens) -> str:
+def supported(version: int, q, k, causal, kv_lens, rope=False) -> str:
     """Why `version` cannot run this call ("" if it can): fp32 and versions 1-2 run the
     CUDA-core kernels, which do everything; 16-bit inputs at 3-5 run the tensor cores."""
     if version <= GROWN_VERSION or q.dtype == torch.float32:
         return ""
-    why = beyond_tensor_cores(q, k, causal, kv_lens)
+    why = beyond_tensor_cores(q, k, causal, kv_lens, rope)
     return f"version {version} (tensor cores) cannot run {why}; versions 1 and 2 can" if why else ""
 
 
-def pick_version(version, q, k, causal, kv_lens) -> int:
+def pick_version(version, q, k, causal, kv_lens, rope=False) -> int:
     """The version this call runs: `version` if given (a ValueError if it cannot run the
     call), else the process's ($LEVELS_CUDA_VERSION_ATTENTION or DEFAULT_VERSION), or
-    GROWN_VERSION where that one cannot."""
+    GROWN_VERSION where that one cannot. rope: whether RoPE is fused into the call."""
     chosen = resolve_version(version)
-    why = supported(chosen, q, k, causal, kv_lens)
+    why = supported(chosen, q, k, causal, kv_lens, rope)
     if why and version is not None:
         raise ValueError(f"attention: argument 'version': {why} (version=None picks one that can)")
     return GROWN_VERSION if why else chosen
@@ -151,12 +162,14 @@ def pick_version(version, q, k, causal, kv_lens) -> int:
 
 # ------------------------------------------------------------------------ registration --
 
-def _fwd_fake(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
+def _fwd_fake(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None, rope_cos=None,
+              rope_sin=None, rope_interleaved=False, rope_offset=0):
     B, H, Nq, D = q.shape
     return q.new_empty((B, H, Nq, D)), q.new_empty((B, H, Nq), dtype=torch.float32)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False, kv_lens=None):
+def _bwd_fake(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False, kv_lens=None,
+              rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -183,14 +196,17 @@ def _ops():
 
 # ----------------------------------------------------------------------- entry point --
 
-def attention(q, k, v, causal=False, scale=None, version=None, bottom_right=False, kv_lens=None):
+def attention(q, k, v, causal=False, scale=None, version=None, bottom_right=False, kv_lens=None,
+              rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     """Called by levels.cuda.attention after the contract's validation
     (CUDA tensors of one float dtype, q (B, H, Nq, D), k and v (B, H_kv, Nk, D), scale a
-    positive float, kv_lens None or (B,) int). Returns out with q's shape and dtype,
-    contiguous. See above for which inputs are copied (none in the usual layouts) and which
-    version runs (`pick_version`)."""
+    positive float, kv_lens None or (B,) int; rope_cos, rope_sin None or (P, D/2) tables of
+    q's dtype: q and k rotated in the kernels, query i at table row i + rope_offset).
+    Returns out with q's shape and dtype, contiguous. See above for which inputs are copied
+    (none in the usual layouts) and which version runs (`pick_version`)."""
     check_head_dim(q)  # before anything is built or launched (a CPU tensor is refused too)
-    version = pick_version(version, q, k, causal, kv_lens)
+    version = pick_version(version, q, k, causal, kv_lens, rope_cos is not None)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ops().attention.default(q, k, v, bool(causal), scale, version, bool(bottom_right),
-                                    kv_lens)
+                                    kv_lens, rope_cos, rope_sin, bool(rope_interleaved),
+                                    int(rope_offset))

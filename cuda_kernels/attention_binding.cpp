@@ -5,16 +5,21 @@
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
 // hands over q, k, v with stride 1 along D and, for versions 3-5 in 16 bits, 16-byte
 // aligned rows):
-//   attention_fwd(q, k, v, causal, scale, version, bottom_right, kv_lens) -> (out, lse)
+//   attention_fwd(q, k, v, causal, scale, version, bottom_right, kv_lens,
+//                 rope_cos, rope_sin, rope_interleaved, rope_offset) -> (out, lse)
 //       out (B, H, Nq, D) contiguous; lse (B, H, Nq) fp32, base 2: log2 sum_j 2^(scale log2(e) q.k_j)
 //       (+inf for a query that sees no key: its out is 0)
-//   attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right, kv_lens)
-//       -> (dq, dk, dv), contiguous
+//   attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right, kv_lens,
+//                 rope_cos, rope_sin, rope_interleaved, rope_offset) -> (dq, dk, dv), contiguous
+// RoPE fused (ROPE_API.md): rope_cos, rope_sin None, or (P, D/2) tables of q's dtype, any
+// strides; q and k are rotated as the kernels read them (key j at table row j, query i at
+// row i + rope_offset) and dq, dk turned back before they are stored.
 // k and v may have H_kv heads, H_kv dividing H (grouped-query attention); kv_lens is None or
 // a contiguous (B,) int32 tensor (cuda_kernels/autograd.cpp converts it).
 // The checks below refuse what the kernels cannot read (they never read outside a view):
 // a strided last dimension, or (versions 3-5, 16-bit) rows that are not 16-byte chunks.
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -25,6 +30,9 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     void* out, float* lse, float* scratch,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream);
 extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
@@ -35,6 +43,9 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const float* lse, float* delta, void* dq, void* dk, void* dv,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
+                                    const void* rope_cos, int64_t scr, int64_t scc,
+                                    const void* rope_sin, int64_t ssr, int64_t ssc,
+                                    int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream);
 
 namespace levels_cuda_attention {
@@ -95,9 +106,50 @@ inline const int* lengths(const std::optional<at::Tensor>& kv_lens, const at::Te
   return static_cast<const int*>(levels_cuda::in(t));
 }
 
+// The RoPE tables: both or neither; (P, D/2) of q's dtype and device, P covering every
+// position (keys 0..Nk-1, queries offset..offset+Nq-1), D even, offset >= 0.
+struct RopeArgs {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t csr = 0, csc = 0, ssr = 0, ssc = 0;
+};
+
+inline RopeArgs rope_tables(const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
+                            int64_t offset, const at::Tensor& q, int64_t Nk, const char* op) {
+  RopeArgs r;
+  const bool has_cos = cos.has_value() && cos->defined(), has_sin = sin.has_value() && sin->defined();
+  LEVELS_CHECK(has_cos == has_sin, what(op, "rope_cos") + " and 'rope_sin' must be given together");
+  if (!has_cos) return r;
+  const int64_t D = q.size(3), Nq = q.size(2);
+  LEVELS_CHECK(D % 2 == 0, what(op, "q") + " must have an even head dimension D with rope (it rotates "
+                                           "pairs of features); got " + levels_cuda::shape(q));
+  LEVELS_CHECK(offset >= 0, what(op, "rope_offset") + " must be >= 0; got " + std::to_string(offset));
+  const int64_t P = std::max(Nk, Nq + offset);
+  for (const at::Tensor* t : {&*cos, &*sin}) {
+    const char* name = t == &*cos ? "rope_cos" : "rope_sin";
+    LEVELS_CHECK(t->dim() == 2 && t->size(0) >= P && t->size(1) == D / 2,
+                 what(op, name) + " must be (P, " + std::to_string(D / 2) + ") with P >= " + std::to_string(P) +
+                     "; got " + levels_cuda::shape(*t));
+    LEVELS_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
+                 what(op, name) + " must be " + c10::toString(q.scalar_type()) + " on q's device; got " +
+                     c10::toString(t->scalar_type()));
+    LEVELS_CHECK(t->stride(0) >= 0 && t->stride(1) >= 0, what(op, name) + " has a negative stride");
+  }
+  r.cos = levels_cuda::in(*cos);
+  r.sin = levels_cuda::in(*sin);
+  r.csr = cos->stride(0);
+  r.csc = cos->stride(1);
+  r.ssr = sin->stride(0);
+  r.ssc = sin->stride(1);
+  return r;
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        bool causal, double scale, int64_t version, bool bottom_right,
-                                       const std::optional<at::Tensor>& kv_lens) {
+                                       const std::optional<at::Tensor>& kv_lens,
+                                       const std::optional<at::Tensor>& rope_cos,
+                                       const std::optional<at::Tensor>& rope_sin, bool rope_interleaved,
+                                       int64_t rope_offset) {
   const char* op = "attention_fwd";
   LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
   LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H_kv, Nk, D); got " + levels_cuda::shape(k));
@@ -107,6 +159,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   check_operand(k, q, op, "k", Nk, Hkv);
   check_operand(v, q, op, "v", Nk, Hkv);
   const int* lens = lengths(kv_lens, q, op);
+  const RopeArgs rope = rope_tables(rope_cos, rope_sin, rope_offset, q, Nk, op);
   if (tensor_cores(q, version)) {
     check_chunks(q, op, "q", version);
     check_chunks(k, op, "k", version);
@@ -133,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
       levels_cuda::out(out), static_cast<float*>(levels_cuda::out(lse)),
       version == 1 ? static_cast<float*>(levels_cuda::out(scratch)) : nullptr,
       B, H, Hkv, Nq, Nk, D, causal ? 1 : 0, bottom_right ? 1 : 0, lens, static_cast<float>(scale),
+      rope.cos, rope.csr, rope.csc, rope.sin, rope.ssr, rope.ssc, rope_offset, rope_interleaved ? 1 : 0,
       levels_cuda::stream());
   levels_cuda::check(status, op, version);
   return {out, lse};
@@ -143,7 +197,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const at::Tensor& out, const at::Tensor& lse,
                                                    bool causal, double scale, int64_t version,
                                                    bool bottom_right,
-                                                   const std::optional<at::Tensor>& kv_lens) {
+                                                   const std::optional<at::Tensor>& kv_lens,
+                                                   const std::optional<at::Tensor>& rope_cos,
+                                                   const std::optional<at::Tensor>& rope_sin,
+                                                   bool rope_interleaved, int64_t rope_offset) {
   const char* op = "attention_bwd";
   LEVELS_CHECK(q.dim() == 4, what(op, "q") + " must be 4-D (B, H, Nq, D); got " + levels_cuda::shape(q));
   LEVELS_CHECK(k.dim() == 4, what(op, "k") + " must be 4-D (B, H_kv, Nk, D); got " + levels_cuda::shape(k));
@@ -155,6 +212,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   check_operand(out, q, op, "out", Nq, H);
   check_operand(dout, q, op, "dout", Nq, H);
   const int* lens = lengths(kv_lens, q, op);
+  const RopeArgs rope = rope_tables(rope_cos, rope_sin, rope_offset, q, Nk, op);
   LEVELS_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Nq &&
                    lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                what(op, "lse") + " must be a contiguous float32 (B, H, Nq) tensor (the forward's); got " +
@@ -186,6 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       static_cast<const float*>(levels_cuda::in(lse)), static_cast<float*>(levels_cuda::out(delta)),
       levels_cuda::out(dq), levels_cuda::out(dk), levels_cuda::out(dv),
       B, H, Hkv, Nq, Nk, D, causal ? 1 : 0, bottom_right ? 1 : 0, lens, static_cast<float>(scale),
+      rope.cos, rope.csr, rope.csc, rope.sin, rope.ssr, rope.ssc, rope_offset, rope_interleaved ? 1 : 0,
       levels_cuda::stream());
   levels_cuda::check(status, op, version);
   return {dq, dk, dv};
@@ -195,10 +254,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version, "
-        "bool bottom_right=False, Tensor? kv_lens=None) -> (Tensor, Tensor)");
+        "bool bottom_right=False, Tensor? kv_lens=None, Tensor? rope_cos=None, "
+        "Tensor? rope_sin=None, bool rope_interleaved=False, int rope_offset=0) -> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "bool causal, float scale, int version, bool bottom_right=False, Tensor? kv_lens=None) "
-        "-> (Tensor, Tensor, Tensor)");
+        "bool causal, float scale, int version, bool bottom_right=False, Tensor? kv_lens=None, "
+        "Tensor? rope_cos=None, Tensor? rope_sin=None, bool rope_interleaved=False, "
+        "int rope_offset=0) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {

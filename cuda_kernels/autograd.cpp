@@ -5,7 +5,8 @@
 // CUDA, and ninja compiles it in parallel with the rest of the build.
 //
 //   levels_cuda::layer_norm(x, weight, bias, eps, version) -> y
-//   levels_cuda::attention(q, k, v, causal, scale, version, bottom_right, kv_lens) -> out
+//   levels_cuda::attention(q, k, v, causal, scale, version, bottom_right, kv_lens, rope_cos,
+//                          rope_sin, rope_interleaved, rope_offset) -> out
 //   levels_cuda::mlp(x, w1, b1, w2, b2, version) -> out
 //   levels_cuda::lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, version, gemm_version) -> (out, h_n, c_n)
 //   levels_cuda::conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean!,
@@ -125,16 +126,27 @@ inline Tensor attention_operand(const Tensor& t, int64_t version) {
 }
 
 using AttentionFwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
-                                                double, int64_t, bool, const std::optional<Tensor>&);
+                                                double, int64_t, bool, const std::optional<Tensor>&,
+                                                const std::optional<Tensor>&,
+                                                const std::optional<Tensor>&, bool, int64_t);
 using AttentionBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                         const Tensor&, const Tensor&, const Tensor&,
                                                         bool, double, int64_t, bool,
-                                                        const std::optional<Tensor>&);
+                                                        const std::optional<Tensor>&,
+                                                        const std::optional<Tensor>&,
+                                                        const std::optional<Tensor>&, bool, int64_t);
+
+// An optional tensor kept by save_for_backward (an undefined Tensor stands for None).
+inline std::optional<Tensor> present(const Tensor& t) {
+  return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
+}
 
 struct Attention : public torch::autograd::Function<Attention> {
   static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         bool causal, double scale, int64_t version, bool bottom_right,
-                        const std::optional<Tensor>& kv_lens) {
+                        const std::optional<Tensor>& kv_lens, const std::optional<Tensor>& rope_cos,
+                        const std::optional<Tensor>& rope_sin, bool rope_interleaved,
+                        int64_t rope_offset) {
     static auto fwd = op<AttentionFwd>("levels_cuda::attention_fwd");
     BelowAutograd guard;
     const Tensor q_ = attention_operand(q, version), k_ = attention_operand(k, version),
@@ -143,8 +155,14 @@ struct Attention : public torch::autograd::Function<Attention> {
     // an int64 tensor.
     std::optional<Tensor> lens;
     if (kv_lens.has_value() && kv_lens->defined()) lens = kv_lens->to(at::kInt).contiguous();
-    auto [out, lse] = fwd.call(q_, k_, v_, causal, scale, version, bottom_right, lens);
-    ctx->save_for_backward({q_, k_, v_, out, lse, lens.has_value() ? *lens : Tensor()});
+    auto [out, lse] = fwd.call(q_, k_, v_, causal, scale, version, bottom_right, lens, rope_cos,
+                               rope_sin, rope_interleaved, rope_offset);
+    // RoPE: the tables, not the rotated q and k (the backward turns them again as it loads)
+    ctx->save_for_backward({q_, k_, v_, out, lse, lens.has_value() ? *lens : Tensor(),
+                            rope_cos.has_value() ? *rope_cos : Tensor(),
+                            rope_sin.has_value() ? *rope_sin : Tensor()});
+    ctx->saved_data["rope_interleaved"] = rope_interleaved;
+    ctx->saved_data["rope_offset"] = rope_offset;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["version"] = version;
@@ -157,18 +175,25 @@ struct Attention : public torch::autograd::Function<Attention> {
     BelowAutograd guard;
     const auto s = ctx->get_saved_variables();
     const int64_t version = ctx->saved_data["version"].toInt();
-    const std::optional<Tensor> lens = s[5].defined() ? std::optional<Tensor>(s[5]) : std::nullopt;
     auto [dq, dk, dv] = bwd.call(attention_operand(grads[0], version), s[0], s[1], s[2], s[3], s[4],
                                  ctx->saved_data["causal"].toBool(),
                                  ctx->saved_data["scale"].toDouble(), version,
-                                 ctx->saved_data["bottom_right"].toBool(), lens);
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+                                 ctx->saved_data["bottom_right"].toBool(), present(s[5]),
+                                 present(s[6]), present(s[7]),
+                                 ctx->saved_data["rope_interleaved"].toBool(),
+                                 ctx->saved_data["rope_offset"].toInt());
+    // q, k, v, then none for causal, scale, version, bottom_right, kv_lens and the rope arguments
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor()};
   }
 };
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                 int64_t version, bool bottom_right, const std::optional<Tensor>& kv_lens) {
-  return Attention::apply(q, k, v, causal, scale, version, bottom_right, kv_lens);
+                 int64_t version, bool bottom_right, const std::optional<Tensor>& kv_lens,
+                 const std::optional<Tensor>& rope_cos, const std::optional<Tensor>& rope_sin,
+                 bool rope_interleaved, int64_t rope_offset) {
+  return Attention::apply(q, k, v, causal, scale, version, bottom_right, kv_lens, rope_cos,
+                          rope_sin, rope_interleaved, rope_offset);
 }
 
 // ------------------------------------------------------------------------------- mlp --
@@ -533,7 +558,8 @@ Tensor conv_bn(const Tensor& x, const Tensor& conv_weight, const std::optional<T
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, int version) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version, "
-        "bool bottom_right=False, Tensor? kv_lens=None) -> Tensor");
+        "bool bottom_right=False, Tensor? kv_lens=None, Tensor? rope_cos=None, "
+        "Tensor? rope_sin=None, bool rope_interleaved=False, int rope_offset=0) -> Tensor");
   m.def("mlp(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int version) -> Tensor");
   m.def("lstm(Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor b_ih, Tensor b_hh, "
         "int version, int gemm_version) -> (Tensor, Tensor, Tensor)");

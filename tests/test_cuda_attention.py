@@ -9,12 +9,14 @@ backward), head dims 16-128. So the GPU tests take sequence lengths that are mul
 nothing (1, 17, 100, 1023), Nq != Nk, every head dim, the packed qkv layout (read in place),
 a transposed last dimension and an odd offset (copied), and B*H beyond 65535 blocks.
 
-Grown (v1, v2 and the CUDA-core backward; the tensor-core versions keep the common case and
-hand anything else to v2 unless asked for by argument): grouped-query heads, head sizes 1-256
-(the tiles of 8..256), causal with Nq != Nk in both alignments, kv_lens, empty inputs.
+Grown: grouped-query heads, causal with Nq != Nk in both alignments, kv_lens and RoPE fused
+(ROPE_API.md) at every version; head sizes 1-256 (the tiles of 8..256) at v1, v2 and the
+CUDA-core backward (v3-v5 hand other sizes to v2 unless asked for by argument); empty inputs.
 
 On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
-tensors), and (with nvcc) that no kernel spills on sm_90a."""
+tensors), mirrors of the kernels' index math (tile skipping around a shifted diagonal, the
+un-rotation of mma fragments, the grouped dK/dV steps), and (with nvcc) that no kernel
+spills on sm_90a."""
 
 from __future__ import annotations
 
@@ -71,9 +73,7 @@ def test_a_head_dim_past_256_is_refused_at_every_version():
 
 @pytest.mark.parametrize("what,shapes,causal,lens", [
     ("head", ((1, 2, 5, 80), (1, 2, 5, 80)), False, None),
-    ("grouped", ((1, 4, 5, 64), (1, 2, 5, 64)), False, None),
-    ("lengths", ((2, 2, 5, 64), (2, 2, 5, 64)), False, [5, 3]),
-    ("causal", ((1, 2, 3, 64), (1, 2, 9, 64)), True, None)])
+    ("head-grouped-lengths", ((2, 4, 5, 48), (2, 2, 5, 48)), True, [5, 3])])
 def test_the_default_version_hands_grown_calls_to_version_2(what, shapes, causal, lens, monkeypatch):
     # version=None (and $LEVELS_CUDA_VERSION_ATTENTION, a default for the process) picks a
     # version that can; the common case keeps the tensor cores; fp32 is v2's anyway
@@ -89,6 +89,146 @@ def test_the_default_version_hands_grown_calls_to_version_2(what, shapes, causal
     common = torch.zeros(1, 2, 5, 64, dtype=torch.bfloat16)
     assert K5.pick_version(None, common, common, True, None) == 4
     assert K5.pick_version(5, q.float(), k.float(), causal, kv_lens) == 5
+
+
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (12, 4), (6, 1)])
+def test_grouped_query_heads_keep_the_tensor_core_default(H, H_kv, monkeypatch):
+    # (and so do per-batch lengths and causal with Nq != Nk: the masks read both)
+    # Llama's gpu preset (12 heads, 4 K/V heads, D = 64, causal): v3-v5 read K/V head
+    # h // group in place, so version=None keeps the default and every version takes it
+    q = torch.zeros(1, H, 5, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, H_kv, 5, 64, dtype=torch.bfloat16)
+    monkeypatch.delenv(ENV, raising=False)
+    for causal in (False, True):
+        assert K5.pick_version(None, q, k, causal, None) == K5.DEFAULT_VERSION == 5
+        for v in VERSIONS:
+            assert K5.pick_version(v, q, k, causal, None) == v
+    monkeypatch.setenv(ENV, "3")
+    assert K5.pick_version(None, q, k, True, None) == 3
+    monkeypatch.delenv(ENV)
+    decode = torch.zeros(2, H_kv, 300, 64, dtype=torch.bfloat16)
+    lens = torch.tensor([300, 17])
+    assert K5.pick_version(None, q[:, :, :1].expand(2, -1, -1, -1), decode, True, lens) == 5
+
+
+def test_rope_keeps_the_default_where_the_tensor_cores_take_it(monkeypatch):
+    # RoPE fused: v3-v5 instantiate it for D 64 and 128; other sizes run v2 by default and
+    # are refused by name when a tensor-core version is asked for. Without rope nothing moves.
+    monkeypatch.delenv(ENV, raising=False)
+    for D in K5.ROPE_HEAD_DIMS:
+        q = torch.zeros(1, 12, 5, D, dtype=torch.bfloat16)
+        k = torch.zeros(1, 4, 5, D, dtype=torch.bfloat16)
+        assert K5.pick_version(None, q, k, True, None, rope=True) == 5
+        assert K5.pick_version(None, q, k, True, None) == 5
+        assert all(K5.pick_version(v, q, k, True, None, rope=True) == v for v in VERSIONS)
+    q = torch.zeros(1, 2, 5, 32, dtype=torch.float16)
+    assert K5.pick_version(None, q, q, True, None) == 5
+    assert K5.pick_version(None, q, q, True, None, rope=True) == 2
+    with pytest.raises(ValueError, match=r"version 3 \(tensor cores\) cannot run RoPE with head dimension "
+                                         r"D=32 \(they take rope with D in 64, 128\)"):
+        K5.pick_version(3, q, q, True, None, rope=True)
+    assert K5.pick_version(3, q.float(), q.float(), True, None, rope=True) == 3  # fp32: v2's kernels
+
+
+# ------------------------------------------------- CPU: mirrors of the kernels' index math --
+# What no CPU can run but can mirror: the C expressions, transcribed one for one.
+
+def _visible(i, j, end, shift, causal):  # attention.cu's Keys::visible
+    return j < end and not (causal and j > i + shift)
+
+
+@pytest.mark.parametrize("Nq,Nk,lens,bottom_right", [(100, 100, None, False), (37, 300, 200, True),
+                                                     (300, 70, None, True), (130, 90, 0, True),
+                                                     (65, 130, 77, False)])
+def test_mirror_tile_skipping_around_a_shifted_diagonal(Nq, Nk, lens, bottom_right):
+    # v4/v5's forward and the dQ kernel skip a warp's key tile ("above") and run it without
+    # the mask ("needs_mask" false); the dK/dV kernel starts at t_first and skips likewise.
+    # Brute force: a skipped tile holds no visible (query, key) pair, an unmasked one only
+    # visible pairs of real rows, and t_first loses no query that sees the keys.
+    end = Nk if lens is None else max(0, min(lens, Nk))
+    shift = end - Nq if bottom_right else 0
+    causal = 1
+    for rows, bn in ((16, 64), (32, 64), (32, 32), (16, 32)):  # v4, v5, v5 at D 128, dQ at D 128
+        for block_m in (4 * rows, 8 * rows if rows == 16 else 2 * rows):
+            for m0 in range(0, Nq, block_m):
+                kv_end = max(0, min(end, m0 + block_m + shift))
+                for w in range(block_m // rows):
+                    warp_row0 = m0 + w * rows
+                    for n0 in range(0, -(-kv_end // bn) * bn, bn):
+                        above = n0 > warp_row0 + rows - 1 + shift
+                        needs_mask = n0 + bn > end or n0 + bn - 1 > warp_row0 + shift
+                        pairs = [(i, j) for i in range(warp_row0, min(warp_row0 + rows, Nq))
+                                 for j in range(n0, n0 + bn)]
+                        if above:
+                            assert not any(_visible(i, j, end, shift, causal) for i, j in pairs)
+                        elif not needs_mask:
+                            assert all(_visible(i, j, end, shift, causal) for i, j in pairs)
+                # and no visible key lies past kv_end for the block's rows
+                assert not any(_visible(i, j, end, shift, causal) for i in range(m0, min(m0 + block_m, Nq))
+                               for j in range(kv_end, Nk))
+    for QT in (64, 32):  # dK/dV: 16 keys a warp, query tiles of QT from t_first
+        for n0 in range(0, Nk, 64):
+            t_first = max(0, n0 - shift) // QT
+            assert not any(_visible(i, j, end, shift, causal) for i in range(0, t_first * QT)
+                           for j in range(n0, min(n0 + 64, Nk)))
+            for warp_key0 in range(n0, n0 + 64, 16):
+                for m0 in range(t_first * QT, Nq, QT):
+                    above = warp_key0 >= end or m0 + QT - 1 + shift < warp_key0
+                    needs_mask = m0 + QT > Nq or warp_key0 + 15 >= end or m0 + shift < warp_key0 + 15
+                    pairs = [(i, j) for i in range(m0, m0 + QT) for j in range(warp_key0, warp_key0 + 16)]
+                    if above:
+                        assert not any(_visible(i, j, end, shift, causal) for i, j in pairs if i < Nq)
+                    elif not needs_mask:
+                        assert all(_visible(i, j, end, shift, causal) and i < Nq for i, j in pairs)
+
+
+@pytest.mark.parametrize("D", K5.ROPE_HEAD_DIMS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_mirror_rope_unrotate_acc_turns_the_fragment_back(D, interleaved):
+    # rope_unrotate_acc: lane l of a warp holds acc[dt][e] = M[g + 8 (e >> 1), 8 dt + 2 t + (e & 1)]
+    # (g = l / 4, t = l % 4: the mma C layout); turning those registers by minus the angle in
+    # place must equal turning the 16 x D matrix M back (rope's backward) row by row.
+    g = torch.Generator().manual_seed(D)
+    M = torch.randn(16, D, generator=g, dtype=torch.float64)
+    theta = torch.randn(16, D // 2, generator=g, dtype=torch.float64)
+    c, s = theta.cos(), theta.sin()
+    x1, x2 = (M[:, 0::2], M[:, 1::2]) if interleaved else M.split(D // 2, -1)
+    y1, y2 = x1 * c + x2 * s, x2 * c - x1 * s
+    want = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+    got = torch.full_like(M, float("nan"))
+    for lane in range(32):
+        gr, t = lane >> 2, lane & 3
+        acc = [[M[gr + 8 * (e >> 1), 8 * dt + 2 * t + (e & 1)].item() for e in range(4)] for dt in range(D // 8)]
+        for h in range(2):
+            row = gr + 8 * h
+            if interleaved:
+                for dt in range(D // 8):
+                    cs = (c[row, dt * 4 + t].item(), s[row, dt * 4 + t].item())
+                    a, b = acc[dt][2 * h], acc[dt][2 * h + 1]
+                    acc[dt][2 * h], acc[dt][2 * h + 1] = a * cs[0] + b * cs[1], b * cs[0] - a * cs[1]
+            else:
+                for dt in range(D // 16):
+                    for e in range(2):
+                        i = dt * 8 + 2 * t + e
+                        cs = (c[row, i].item(), s[row, i].item())
+                        a, b = acc[dt][2 * h + e], acc[dt + D // 16][2 * h + e]
+                        acc[dt][2 * h + e], acc[dt + D // 16][2 * h + e] = a * cs[0] + b * cs[1], b * cs[0] - a * cs[1]
+        for dt in range(D // 8):
+            for e in range(4):
+                got[gr + 8 * (e >> 1), 8 * dt + 2 * t + (e & 1)] = acc[dt][e]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_mirror_grouped_dkdv_steps_visit_every_head_and_tile_once():
+    # attn_bwd_dkdv_mma_kernel: step s is query head bh0 + s / per_head, tile t_first + s %
+    # per_head; the prefetch for step s + 1 uses the same formulas (stage (s + 1) & 1).
+    for group, t_first, t_end in ((1, 0, 5), (3, 2, 7), (4, 0, 1), (6, 3, 4)):
+        per_head = max(0, t_end - t_first)
+        steps = group * per_head
+        seen = [(s // per_head, t_first + s % per_head) for s in range(steps)]
+        assert sorted(seen) == [(h, t) for h in range(group) for t in range(t_first, t_end)]
+        prefetched = [((s + 1) // per_head, t_first + (s + 1) % per_head) for s in range(steps - 1)]
+        assert prefetched == seen[1:]
 
 
 # ------------------------------------------------------------------------ CPU: nvcc ---
@@ -115,11 +255,12 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     names = [k.get("kernel", k["mangled"]) for k in ptxas]
     for kernel in ("attn_fwd_mma_kernel", "attn_bwd_dkdv_mma_kernel", "attn_bwd_dq_mma_kernel"):
         found = [n for n in names if kernel in n]
-        assert len(found) == 2 * 4 * 2, (kernel, found)  # fp16/bf16 x D 16..128 x v3/v4
+        # fp16/bf16 x v3/v4 x (D 16..128, and D 64, 128 with RoPE)
+        assert len(found) == 2 * 2 * (4 + 2), (kernel, found)
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
-    assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * 4, names  # fp16/bf16 x D 16..128
+    assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * (4 + 2), names
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
-        assert sum(kernel in n for n in names) == 3 * 6, kernel  # 3 dtypes x tiles 8..256
+        assert sum(kernel in n for n in names) == 3 * 6 * 2, kernel  # 3 dtypes x tiles 8..256 x rope
     for k in ptxas:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k["stack_bytes"] == 0, k  # a register array indexed at run time lives in local memory
@@ -153,7 +294,7 @@ def _passes(args, version, monkeypatch):
 def test_harness_tiny_both_layouts_and_variants(version, dtype, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     results = check("attention", "cuda", dtype=dtype, device="cuda", size="tiny")
-    variants = cards.get("attention").variants  # gqa, decode: v2 where v3-v5 cannot
+    variants = cards.get("attention").variants  # gqa (odd head sizes: v2 there), decode (v3-v5 too)
     assert {r.layout for r in results} == set(cards.LAYOUTS) and len(results) == 2 * len(variants)
     for r in results:
         assert r.passed, f"v{version}: {r.summary()}"
@@ -174,7 +315,8 @@ def test_odd_lengths_head_dims_and_unequal_lengths(version, dtype, shape, causal
     _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + 7 * Nk + D), version, monkeypatch)
 
 
-# The grown cases at the versions that run them (1, 2; and the default, which picks 2):
+# The grown cases at every version (a head size v3-v5 have no kernel for runs v2 there,
+# $LEVELS_CUDA_VERSION_ATTENTION being a default; and the default):
 # (B, H, H_kv, Nq, Nk, D, causal, alignment, kv_lens)
 GROWN = [(2, 4, 1, 33, 33, 64, True, None, None),            # multi-query
          (2, 6, 2, 100, 100, 128, False, None, None),        # grouped, 3 heads a group
@@ -186,11 +328,15 @@ GROWN = [(2, 4, 1, 33, 33, 64, True, None, None),            # multi-query
          (2, 4, 2, 1, 300, 64, True, "bottom_right", [300, 17]),    # decoding one token
          (2, 4, 4, 130, 90, 64, True, "bottom_right", None),        # queries with no key
          (2, 2, 2, 90, 130, 32, True, "top_left", None),
-         (3, 4, 1, 20, 77, 128, False, None, [0, 77, 40])]          # a length of 0
+         (3, 4, 1, 20, 77, 128, False, None, [0, 77, 40]),          # a length of 0
+         # the tensor cores' tiles, skipping and 128-row blocks around a shifted diagonal
+         (2, 8, 2, 300, 700, 64, True, "bottom_right", [700, 450]),
+         (1, 4, 4, 257, 129, 128, True, "bottom_right", [129]),     # 128 queries see no key
+         (2, 2, 2, 200, 77, 16, True, "top_left", [77, 5])]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2, None])
+@pytest.mark.parametrize("version", [*VERSIONS, None])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("case", GROWN, ids=lambda c: "-".join(map(str, c[:7])) + f"-{c[7]}-{c[8]}")
 def test_grown_cases(version, dtype, case, monkeypatch):
@@ -203,6 +349,111 @@ def test_grown_cases(version, dtype, case, monkeypatch):
         assert r.passed, r.summary()
     else:
         _passes(args, version, monkeypatch)
+
+
+# Grouped-query and multi-query heads at every version, the tensor cores' included (Llama's
+# gpu preset: 12 heads, 4 K/V heads, D 64, causal): (B, H, H_kv, Nq, Nk, D, causal)
+GQA = [(2, 12, 4, 100, 100, 64, True),    # Llama's preset, ragged length
+       (1, 4, 1, 77, 77, 128, True),      # multi-query, D 128 (v5's 32-key tiles)
+       (2, 6, 2, 33, 90, 32, False),      # Nq != Nk (not causal)
+       (1, 8, 2, 200, 200, 16, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", GQA, ids=lambda c: "x".join(map(str, c[:6])) + ("-causal" if c[6] else ""))
+def test_grouped_query_heads_at_every_version(version, dtype, case, monkeypatch):
+    B, H, H_kv, Nq, Nk, D, causal = case
+    _passes(_args(B, H, Nq, Nk, D, dtype, causal, seed=H + Nq, H_kv=H_kv), version, monkeypatch)
+
+
+# RoPE fused (ROPE_API.md) at every version: q and k rotated as the kernels read them, dq
+# and dk turned back before the store. (B, H, H_kv, Nq, Nk, D, causal, alignment)
+ROPE = [(2, 12, 4, 100, 100, 64, True, "top_left"),     # Llama's preset, ragged length
+        (1, 2, 2, 33, 33, 128, True, "top_left"),
+        (2, 4, 2, 20, 57, 32, False, "bottom_right"),   # queries at table rows 37..56
+        (2, 4, 2, 40, 150, 64, True, "bottom_right"),   # rows 110..149, shifted diagonal
+        (1, 2, 1, 70, 70, 16, False, "top_left")]
+
+
+def _rope_tables(P, D, dtype, seed):
+    """cos, sin (P, D/2) of Llama's angles (position x 10000^(-2i/D)), as row slices of a
+    wider table (row stride D, starting at row 3): the layout a precomputed table gives."""
+    pos = torch.arange(P + 3, dtype=torch.float64)[:, None]
+    theta = pos * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    theta = theta + torch.rand(theta.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    wide = torch.cat((theta.cos(), theta.sin()), -1).to(device="cuda", dtype=dtype)  # (P + 3, D)
+    return wide[3:, :D // 2], wide[3:, D // 2:]
+
+
+def _rope_reference(q, k, v, cos, sin, interleaved, causal, off):
+    """float64: attention(rope(q), rope(k), v) with the queries at table rows off.., and its
+    gradients with respect to q, k, v (levels.native's math)."""
+    from levels import native
+
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    c, s = cos.double(), sin.double()
+    Nq, Nk = q.shape[2], k.shape[2]
+    rq = native.rope_math(leaves[0], c[off:off + Nq], s[off:off + Nq], interleaved)
+    rk = native.rope_math(leaves[1], c[:Nk], s[:Nk], interleaved)
+    return leaves, native.attention_math(rq, rk, leaves[2], causal, q.shape[-1] ** -0.5, off > 0 and causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("case", ROPE, ids=lambda c: "x".join(map(str, c[:6])) + f"-{c[6]}-{c[7]}")
+def test_rope_fused_at_every_version(version, dtype, interleaved, case, monkeypatch):
+    import levels
+    from equivalence.check import compare, poisoned_allocations
+    from equivalence.tolerances import tolerance
+
+    B, H, H_kv, Nq, Nk, D, causal, alignment = case
+    a = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + D + interleaved, H_kv=H_kv)
+    off = Nk - Nq if alignment == "bottom_right" else 0
+    cos, sin = _rope_tables(max(Nk, Nq + off) + 4, D, dtype, seed=D)
+    leaves = [a[n].detach().clone().requires_grad_(True) for n in "qkv"]
+    dout = torch.randn(B, H, Nq, D, device="cuda", dtype=dtype)
+    monkeypatch.setenv(ENV, str(version))
+    with poisoned_allocations():
+        out = levels.get("cuda").attention(*leaves, causal, None, alignment, None, rope=(cos, sin, interleaved))
+        out.backward(dout)
+    ref_leaves, want = _rope_reference(*leaves, cos, sin, interleaved, causal, off)
+    want.backward(dout.double())
+    for name, got, exp in [("out", out, want)] + [
+            (f"grad_{n}", x.grad, y.grad) for n, x, y in zip("qkv", leaves, ref_leaves)]:
+        c = compare(name, got, exp.detach(), tolerance(dtype), dtype)
+        assert c.ok, f"v{version}: {c}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rope_backward_is_deterministic_and_tables_get_no_gradient(version):
+    a = _args(2, 8, 150, 150, 64, torch.bfloat16, True, seed=6, H_kv=2)
+    cos, sin = _rope_tables(160, 64, torch.bfloat16, seed=1)
+    runs = []
+    for _ in range(2):
+        q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
+        K5.attention(q, k, v, True, None, version=version, rope_cos=cos, rope_sin=sin).float().sum().backward()
+        runs.append((q.grad, k.grad, v.grad))
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+    assert cos.grad is None and sin.grad is None
+
+
+@pytest.mark.gpu
+def test_rope_changes_the_result():
+    # the tables reach the kernels (an identity rotation would pass the tests above only if
+    # the reference ignored them too): cos 1, sin 0 is no rope; real angles are not
+    a = _args(1, 2, 40, 40, 64, torch.bfloat16, True, seed=8)
+    cos, sin = _rope_tables(40, 64, torch.bfloat16, seed=2)
+    plain = K5.attention(a["q"], a["k"], a["v"], True)
+    same = K5.attention(a["q"], a["k"], a["v"], True, rope_cos=torch.ones_like(cos), rope_sin=torch.zeros_like(sin))
+    turned = K5.attention(a["q"], a["k"], a["v"], True, rope_cos=cos, rope_sin=sin)
+    assert torch.allclose(plain, same, rtol=1e-2, atol=1e-2)
+    assert not torch.allclose(plain, turned, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
@@ -220,7 +471,7 @@ def test_empty_inputs_as_pytorch(shape_q, shape_k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_grouped_backward_is_deterministic(version):
     # dK/dV of a K/V head sum its group's query heads in a loop inside one block: no atomics
     a = _args(2, 8, 200, 200, 64, torch.bfloat16, True, seed=4, H_kv=2)
@@ -323,6 +574,22 @@ def test_opcheck(version, dtype):
     out, lse = ops.attention_fwd(q, k, v, True, 0.2, version)
     dout = torch.randn_like(out)
     torch.library.opcheck(ops.attention_bwd, (dout, q, k, v, out, lse, True, 0.2, version))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_opcheck_with_grouped_heads_and_rope(version):
+    ops = K5._ops()
+    a = _args(2, 4, 40, 40, 64, torch.bfloat16, seed=version, H_kv=2)
+    q, k, v = a["q"], a["k"], a["v"]
+    cos, sin = _rope_tables(48, 64, torch.bfloat16, seed=3)
+    rope = (cos, sin, True, 0)
+    torch.library.opcheck(ops.attention_fwd, (q, k, v, True, 0.2, version, False, None, *rope))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    torch.library.opcheck(ops.attention, (*leaves, True, 0.2, version, False, None, *rope))
+    out, lse = ops.attention_fwd(q, k, v, True, 0.2, version, False, None, *rope)
+    torch.library.opcheck(ops.attention_bwd, (torch.randn_like(out), q, k, v, out, lse, True, 0.2, version,
+                                              False, None, *rope))
 
 
 @pytest.mark.gpu

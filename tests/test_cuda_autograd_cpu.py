@@ -167,9 +167,25 @@ def _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens):
             "this version does not support these sizes or layouts")
 
 
-def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None):
+def _turned(x, cos, sin, interleaved, offset, sign=1.0):
+    """RoPE fused (ROPE_API.md) as the kernels do it: x rotated by sign times the angles of
+    table rows offset .. offset + N - 1, in fp32 (None: x as it is)."""
+    if cos is None:
+        return x
+    N, half = x.shape[2], x.shape[3] // 2
+    c, s = cos[offset:offset + N].float(), sign * sin[offset:offset + N].float()
+    x32 = x.float()
+    x1, x2 = (x32[..., 0::2], x32[..., 1::2]) if interleaved else x32.split(half, -1)
+    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+    return torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+
+
+def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=None,
+                  rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     _kernel_rules("attention_fwd", version, q, k, causal, bottom_right, kv_lens)
     _operands("attention_fwd", version, q, q=q, k=k, v=v)
+    q = _turned(q, rope_cos, rope_sin, rope_interleaved, rope_offset)
+    k = _turned(k, rope_cos, rope_sin, rope_interleaved, 0)
     s = _scores_log2(q, k, causal, scale, bottom_right, kv_lens)
     m = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -180,10 +196,14 @@ def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=N
 
 
 def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False,
-                  kv_lens=None):
+                  kv_lens=None, rope_cos=None, rope_sin=None, rope_interleaved=False,
+                  rope_offset=0):
     op = "attention_bwd"
     _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens)
     _operands(op, version, q, q=q, k=k, v=v, dout=dout)
+    dtype = q.dtype
+    q = _turned(q, rope_cos, rope_sin, rope_interleaved, rope_offset)
+    k = _turned(k, rope_cos, rope_sin, rope_interleaved, 0)
     _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
     _expect(op, "lse", lse, q.shape[:3], F32, dense=True)
     p = torch.exp2(_scores_log2(q, k, causal, scale, bottom_right, kv_lens) - lse[..., None])
@@ -195,7 +215,10 @@ def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=
     def per_kv_head(t):  # the group's query heads summed into their K/V head
         B, H, N, D = t.shape
         return t.reshape(B, k.shape[1], H // k.shape[1], N, D).sum(2)
-    return dq.to(q.dtype), per_kv_head(dk).to(q.dtype), per_kv_head(dv).to(q.dtype)
+    # gradients of the rotated q and k, turned back (rope's backward: minus the angle)
+    dq = _turned(dq, rope_cos, rope_sin, rope_interleaved, rope_offset, -1.0)
+    dk = _turned(per_kv_head(dk), rope_cos, rope_sin, rope_interleaved, 0, -1.0)
+    return dq.to(dtype), dk.to(dtype), per_kv_head(dv).to(dtype)
 
 
 # gemm.cu: epilogue(a @ b + bias) of an fp32 accumulator, b the (K, N) matrix, any strides;
@@ -626,3 +649,30 @@ def test_empty_tensors_as_torch(cpp_ops, key):
     bad = BY_KEY[key]
     outcome = judge(bad, CALLS[bad.component], False, bad.args("cpu"))
     assert outcome.ok, f"{key}: {outcome.message}"
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_attention_rope_reaches_both_kernel_ops(cpp_ops, interleaved, alignment):
+    # RoPE fused at Level 5 (ROPE_API.md): autograd.cpp hands the tables to the forward and
+    # backward ops (here their twins), the result is attention of rope(q), rope(k) with the
+    # queries at rows off.. (off = Nk - Nq bottom-right), and gradients reach q and k only.
+    g = torch.Generator().manual_seed(SEED)
+    B, H, Hkv, Nq, Nk, D, P = 2, 4, 2, 5, 9, 16, 12
+    q, k, v = (torch.randn(s, generator=g) for s in ((B, H, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D)))
+    angles = torch.randn(P, D, generator=g)
+    cos, sin = angles.cos()[:, ::2], angles.sin()[:, 1::2]  # strided tables, as slices are
+    off = Nk - Nq if alignment == "bottom_right" else 0
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = OPS.attention(*leaves, True, 0.3, 2, alignment == "bottom_right", None, cos, sin,
+                        interleaved, off)
+    dout = torch.randn(out.shape, generator=g)
+    out.backward(dout)
+    ref = [t.double().requires_grad_(True) for t in (q, k, v)]
+    c64, s64 = cos.double(), sin.double()
+    want = native.attention_math(native.rope_math(ref[0], c64[off:off + Nq], s64[off:off + Nq], interleaved),
+                                 native.rope_math(ref[1], c64[:Nk], s64[:Nk], interleaved), ref[2], True, 0.3,
+                                 alignment == "bottom_right")
+    want.backward(dout.double())
+    for got, exp in [(out, want)] + [(a.grad, b.grad) for a, b in zip(leaves, ref)]:
+        torch.testing.assert_close(got.double(), exp, rtol=1e-5, atol=1e-5)
