@@ -1,12 +1,14 @@
 """Attention: softmax(q k^T * scale) v, optionally causal; grouped-query (k, v with H_kv heads
-dividing q's H), causal with Nq != Nk in either alignment, per-batch key lengths."""
+dividing q's H), causal with Nq != Nk in either alignment, per-batch key lengths, rotary
+position embeddings of q and k fused in (rope=)."""
 
 import contextlib
 import math
 
 import torch
 
-from . import BERT, CLIP, GPT2, LLAMA2, VIT, WHISPER, Shape, infer, nbytes, randn, shrink, train
+from . import (BERT, CLIP, GPT2, LLAMA2, VIT, WHISPER, Shape, as_view, infer, nbytes, randn, shrink,
+               train, uniform)
 
 SIZES = {
     "tiny": dict(B=1, H=2, N=37, D=16),  # N not a multiple of any block size
@@ -19,11 +21,20 @@ VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True),
             "gqa": dict(causal=True, causal_alignment="top_left"),
             # decoding/prefill against a KV cache: few queries, multi-query attention (one
             # K/V head), per-batch key lengths, the causal diagonal at the bottom right
-            "decode": dict(causal=True, causal_alignment="bottom_right")}
+            "decode": dict(causal=True, causal_alignment="bottom_right"),
+            # rope=(cos, sin): HF Llama's half-split pairs, grouped K/V heads, a chunk of
+            # queries after a cache of keys (bottom-right: the queries' positions start at
+            # Nk - Nq), tables longer than the call needs
+            "rope": dict(causal=True, causal_alignment="bottom_right"),
+            # rope=(cos, sin, True): Meta Llama's interleaved pairs, training (Nq = Nk)
+            "rope_interleaved": dict(causal=True, causal_alignment="top_left")}
 # What each variant changes in a preset's shape (make_args reads these keys).
 VARIANT_SHAPES = {"gqa": dict(kv_group=2, nk_extra=True, odd_head=True),
                   # two sequences at least: the second's length leaves queries with no key
-                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2)}
+                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2),
+                  "rope": dict(rope="half", kv_group=2, nq_short=True),
+                  "rope_interleaved": dict(rope="interleaved")}
+ROPE_SPARE = 3  # positions the tables hold past the last one a call uses
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
@@ -75,6 +86,11 @@ def strided(args):
     if Nq != Nk:
         own = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
         args["q"] = own.transpose(1, 2).copy_(q)
+    if args.get("rope") is not None:
+        # the tables as rows of wider buffers (NaN between the rows): a slice of a cache of
+        # cos and sin precomputed for a longer context, as models keep them
+        cos, sin, *flag = args["rope"]
+        args["rope"] = (as_view(cos, "row_padded"), as_view(sin, "row_padded"), *flag)
     if args.get("kv_lens") is not None:
         # every other element of a buffer whose gaps hold -7 (a length that would mask every
         # key: a kernel reading between the elements computes something else)
@@ -103,6 +119,14 @@ def make_args(shape, dtype, device, generator):
         if B > 1:
             lens[-1] = max(0, Nq // 2 - 1)
         args["kv_lens"] = lens.to(device)
+    if shape.get("rope"):
+        # Random angles (as the rope card draws them: position 0's angle is 0 in a real table,
+        # where swapped cos and sin would go unnoticed), ROPE_SPARE more positions than used
+        theta = uniform((Nk + ROPE_SPARE, D // 2), generator, torch.float32, "cpu", -math.pi,
+                        math.pi)
+        args["rope"] = (torch.cos(theta).to(device=device, dtype=dtype),
+                        torch.sin(theta).to(device=device, dtype=dtype),
+                        shape["rope"] == "interleaved")
     return args
 
 
@@ -119,10 +143,34 @@ def visible(Nq, Nk, causal, causal_alignment, kv_lens, B):
     return out
 
 
-def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+def rotated(x, cos, sin, interleaved, first):
+    """x (B, H, N, D) turned by the angles of table rows first..first+N-1, in float64, written
+    as complex multiplication (as the rope card's reference: independent of the levels' real
+    arithmetic)."""
+    N, D = x.shape[2], x.shape[3]
+    c = cos[first:first + N].to(torch.float64)
+    s = sin[first:first + N].to(torch.float64)
+    if interleaved:
+        pairs = x.reshape(*x.shape[:-1], D // 2, 2)
+        z = torch.complex(pairs[..., 0].contiguous(), pairs[..., 1].contiguous())
+    else:
+        z = torch.complex(x[..., :D // 2].contiguous(), x[..., D // 2:].contiguous())
+    turned = z * torch.complex(c, s)
+    parts = (turned.real, turned.imag)
+    return torch.stack(parts, dim=-1).flatten(-2) if interleaved else torch.cat(parts, dim=-1)
+
+
+def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if rope is not None:
+        cos, sin, *flag = rope
+        interleaved = bool(flag[0]) if flag else False
+        # keys at positions 0..Nk-1; queries the last Nq of them when bottom-right
+        first = Nk - Nq if causal_alignment == "bottom_right" else 0
+        q, k = rotated(q, cos, sin, interleaved, first), rotated(k, cos, sin, interleaved, 0)
     # Query head h reads K/V head h // (H / H_kv): index K and V head by head.
     kv = torch.tensor([h // (H // Hkv) for h in range(H)], dtype=torch.long)
     kh, vh = k[:, kv.to(k.device)], v[:, kv.to(v.device)]
