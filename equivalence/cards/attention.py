@@ -22,18 +22,17 @@ VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True),
             # decoding/prefill against a KV cache: few queries, multi-query attention (one
             # K/V head), per-batch key lengths, the causal diagonal at the bottom right
             "decode": dict(causal=True, causal_alignment="bottom_right"),
-            # rope=(cos, sin): HF Llama's half-split pairs, grouped K/V heads, a chunk of
-            # queries after a cache of keys (bottom-right: the queries' positions start at
-            # Nk - Nq), tables longer than the call needs
-            "rope": dict(causal=True, causal_alignment="bottom_right"),
-            # rope=(cos, sin, True): Meta Llama's interleaved pairs, training (Nq = Nk)
-            "rope_interleaved": dict(causal=True, causal_alignment="top_left")}
+            # rope=(cos, sin, False) fused: HF Llama's half-split pairs, grouped K/V heads, a
+            # chunk of queries after a cache of keys (bottom-right: the queries' positions
+            # start at Nk - Nq), tables longer than the call needs. (One variant: each costs
+            # every level's generic tests a case, Level 3 a compile; Meta's interleaved pairs
+            # are tests/test_attention_rope.py's.)
+            "rope": dict(causal=True, causal_alignment="bottom_right")}
 # What each variant changes in a preset's shape (make_args reads these keys).
 VARIANT_SHAPES = {"gqa": dict(kv_group=2, nk_extra=True, odd_head=True),
                   # two sequences at least: the second's length leaves queries with no key
                   "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2),
-                  "rope": dict(rope="half", kv_group=2, nq_short=True),
-                  "rope_interleaved": dict(rope="interleaved")}
+                  "rope": dict(rope="half", kv_group=2, nq_short=True)}
 ROPE_SPARE = 3  # positions the tables hold past the last one a call uses
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("q", "k", "v")
@@ -242,15 +241,34 @@ def _sdpa(backend):
 
     def prepare(args):
         q, k, v = args["q"], args["k"], args["v"]
+        rope = args.get("rope")
 
         def call():
-            return [scaled_dot_product_attention(q, k, v, is_causal=args["causal"],
+            qr, kr = (q, k) if rope is None else _eager_rope(
+                q, k, args.get("causal_alignment") == "bottom_right", *rope)
+            return [scaled_dot_product_attention(qr, kr, v, is_causal=args["causal"],
                                                  scale=args["scale"])]
         return call, [q, k, v]
 
     label = f"SDPA {backend.name}" if backend is not None else "SDPA (PyTorch's choice)"
     context = (lambda: sdpa_kernel(backend)) if backend is not None else contextlib.nullcontext
     return Impl(label, "library", prepare, context)
+
+
+def _eager_rope(q, k, bottom_right, cos, sin, interleaved=False):
+    """q and k rotated as a model's own code does before SDPA (HF's apply_rotary_pos_emb, or
+    Meta's pairs): the library side of a rope= call, op by op, at rope='s positions."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    first = Nk - Nq if bottom_right else 0
+
+    def turn(x, c, s):
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).flatten(-2)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return x * torch.cat((c, c), -1) + rotated * torch.cat((s, s), -1)
+    return turn(q, cos[first:first + Nq], sin[first:first + Nq]), turn(k, cos[:Nk], sin[:Nk])
 
 
 def libraries(device, dtype):
