@@ -47,6 +47,19 @@ unchanged) or a value read once per program, never a test in the inner loop it d
     that sees no key outputs 0 with lse = +inf, which makes every P the backward recomputes
     for it exactly 0, masked or not.
   * empty inputs: the launchers return before any launch (a grid of 0 programs is an error).
+  * rotary embeddings fused in (ROPE, INTERLEAVED; attention's rope=): a rotation turns each
+    row by its own position's angles, needing only that row and two rows of the tables, so
+    it happens on the tile between the load and the dot. The forward turns its q tile once
+    (query i at position i + rope_off) and each k tile as it streams in (key j at j); the
+    backward's two kernels turn them again as they reload them, accumulate dq and dk for the
+    turned tiles, and turn those back by -angle (rope's backward) before the store
+    (`_rope_load`, `_rope_store`). Rotated q and k never exist in memory: no extra pass, no
+    extra bytes of activations saved for the backward. Its cost: the tables' rows with every
+    tile (from L2: they are small), four multiply-adds per pair on the CUDA cores beside the
+    tensor cores, and the register shuffles that put each pair's two features side by side
+    (one layout for both pair conventions, the same for q and k: a dot product does not see
+    the order of its terms). Half-split pairs are two contiguous half-row loads; interleaved
+    pairs one row load, split in registers: no stride-2 gathers.
 """
 
 from __future__ import annotations
