@@ -9,6 +9,7 @@ import torch
 
 from . import (BERT, CLIP, GPT2, LLAMA2, VIT, WHISPER, Shape, as_view, infer, nbytes, randn, shrink,
                train, uniform)
+from . import rope as rope_card
 
 SIZES = {
     "tiny": dict(B=1, H=2, N=37, D=16),  # N not a multiple of any block size
@@ -143,20 +144,11 @@ def visible(Nq, Nk, causal, causal_alignment, kv_lens, B):
 
 
 def rotated(x, cos, sin, interleaved, first):
-    """x (B, H, N, D) turned by the angles of table rows first..first+N-1, in float64, written
-    as complex multiplication (as the rope card's reference: independent of the levels' real
-    arithmetic)."""
-    N, D = x.shape[2], x.shape[3]
-    c = cos[first:first + N].to(torch.float64)
-    s = sin[first:first + N].to(torch.float64)
-    if interleaved:
-        pairs = x.reshape(*x.shape[:-1], D // 2, 2)
-        z = torch.complex(pairs[..., 0].contiguous(), pairs[..., 1].contiguous())
-    else:
-        z = torch.complex(x[..., :D // 2].contiguous(), x[..., D // 2:].contiguous())
-    turned = z * torch.complex(c, s)
-    parts = (turned.real, turned.imag)
-    return torch.stack(parts, dim=-1).flatten(-2) if interleaved else torch.cat(parts, dim=-1)
+    """x (B, H, N, D) turned by the angles of table rows first..first+N-1, in float64: the
+    rope card's reference (complex multiplication, independent of the levels' arithmetic)."""
+    N = x.shape[2]
+    return rope_card.reference(x, cos[first:first + N].to(torch.float64),
+                               sin[first:first + N].to(torch.float64), interleaved)[0]
 
 
 def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
