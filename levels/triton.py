@@ -228,11 +228,10 @@ def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv
               rope=None):
     scale, bottom_right, interleaved, offset = _ATTENTION(q, k, v, causal, scale,
                                                           causal_alignment, kv_lens, rope)
-    kernels = _MODULES["attention"]
     if rope is not None:  # fused: q and k turned in registers as the kernels load them
-        rope = kernels.Rope(rope[0], rope[1], interleaved, offset)
-    return kernels.attention(q, k, v, causal, scale, bottom_right=bottom_right, kv_lens=kv_lens,
-                             rope=rope)
+        rope = (rope[0], rope[1], interleaved, offset)
+    return _MODULES["attention"].attention(q, k, v, causal, scale, bottom_right=bottom_right,
+                                           kv_lens=kv_lens, rope=rope)
 
 
 @autocasts("layer_norm")

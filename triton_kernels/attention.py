@@ -216,6 +216,26 @@ def _rope_store(base, stride_row, rows, rows_ok, g, COS, SIN, stride_cp, stride_
             _store(ptrs + HALF, d2, rows_ok[:, None], i_ok, PAD_D)
 
 
+@triton.jit
+def _q_tile(Q, q_off, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN, stride_cp, stride_ci,
+            stride_sp, stride_si, rope_off, D, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+            PAD_D: tl.constexpr, UPCAST: tl.constexpr, ROPE: tl.constexpr,
+            INTERLEAVED: tl.constexpr):
+    """A program's query block (rows offs_m of the slice at Q + q_off); with ROPE, query i
+    turned by position i + rope_off's angles, once per program, rounded to q's dtype as
+    rope rounds its output."""
+    if ROPE:
+        q = _rope_load(Q + q_off, stride_qm, offs_m, row_ok, COS, SIN, stride_cp, stride_ci,
+                       stride_sp, stride_si, offs_m + rope_off, D, BLOCK_M, HEAD_DIM, True, PAD_D,
+                       INTERLEAVED)
+        if not UPCAST:
+            q = q.to(Q.dtype.element_ty)
+    else:
+        q = _load(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :], row_ok[:, None],
+                  d_ok[None, :], True, PAD_D)
+    return q
+
+
 # ---------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------
@@ -322,15 +342,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
     d_ok = offs_d < D
-    if ROPE:  # query i turned by position i + rope_off's angles, once per program
-        q = _rope_load(Q + b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, COS, SIN,
-                       stride_cp, stride_ci, stride_sp, stride_si, offs_m + rope_off, D,
-                       BLOCK_M, HEAD_DIM, True, PAD_D, INTERLEAVED)
-        if not UPCAST:
-            q = q.to(Q.dtype.element_ty)
-    else:
-        q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                  row_ok[:, None], d_ok[None, :], True, PAD_D)
+    q = _q_tile(Q, b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN,
+                stride_cp, stride_ci, stride_sp, stride_si, rope_off, D, BLOCK_M, HEAD_DIM, PAD_D,
+                UPCAST, ROPE, INTERLEAVED)
     if UPCAST:
         q = q.to(tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
@@ -623,15 +637,9 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
     d_ok = offs_d < D
-    if ROPE:
-        q = _rope_load(Q + b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, COS, SIN,
-                       stride_cp, stride_ci, stride_sp, stride_si, offs_m + rope_off, D,
-                       BLOCK_M, HEAD_DIM, True, PAD_D, INTERLEAVED)
-        if not UPCAST:
-            q = q.to(Q.dtype.element_ty)
-    else:
-        q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                  row_ok[:, None], d_ok[None, :], True, PAD_D)
+    q = _q_tile(Q, b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN,
+                stride_cp, stride_ci, stride_sp, stride_si, rope_off, D, BLOCK_M, HEAD_DIM, PAD_D,
+                UPCAST, ROPE, INTERLEAVED)
     do = _load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
                row_ok[:, None], d_ok[None, :], True, PAD_D)
     if UPCAST:
@@ -677,7 +685,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
 
 
 KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys,
-           _angles, _rope_load, _rope_store, _attn_bwd_preprocess, _attn_bwd_dkdv,
+           _angles, _rope_load, _rope_store, _q_tile, _attn_bwd_preprocess, _attn_bwd_dkdv,
            _attn_bwd_dkdv_inner, _attn_bwd_dq, _attn_bwd_dq_inner]
 
 
@@ -768,36 +776,29 @@ def _lens_stride(kv_lens) -> int:
     return 0 if kv_lens is None else kv_lens.stride(0)  # kv_lens may be a view too
 
 
-def _features(q, k, bottom_right: bool, kv_lens, rope=None) -> tuple[tuple, dict]:
+def _features(q, k, bottom_right: bool, kv_lens, rope: tuple | None = None) -> tuple[tuple, dict]:
     """The runtime sizes and the constexpr switches of the features a call uses: (D, group)
     and PAD_D / HAS_LENS / BOTTOM_RIGHT / ROPE / INTERLEAVED (all False in the common case:
     its kernels are the ones they were before these features existed)."""
     D = q.shape[-1]
     switches = dict(HEAD_DIM=head_tile(D), PAD_D=head_tile(D) != D, HAS_LENS=kv_lens is not None,
                     BOTTOM_RIGHT=bool(bottom_right), ROPE=rope is not None,
-                    INTERLEAVED=rope is not None and rope.interleaved)
+                    INTERLEAVED=rope is not None and bool(rope[2]))
     return (D, q.shape[1] // k.shape[1]), switches
 
 
-class Rope:
-    """attention's rope= as the kernels take it: the tables (any strides; read in place),
-    the pair layout, and the position of query 0 (keys start at 0)."""
-
-    def __init__(self, cos, sin, interleaved: bool, offset: int):
-        self.cos, self.sin, self.interleaved, self.offset = cos, sin, bool(interleaved), int(offset)
-
-    def args(self) -> tuple:
-        return (self.cos, self.sin, *self.cos.stride(), *self.sin.stride(), self.offset)
-
-
-def _rope_args(rope: Rope | None, stand_in: torch.Tensor) -> tuple:
-    """The kernels' table arguments: rope's, or a stand-in pointer and zeros (never read:
-    ROPE is off, and its code is not compiled)."""
-    return rope.args() if rope is not None else (stand_in, stand_in, 0, 0, 0, 0, 0)
+def _rope_args(rope: tuple | None, stand_in: torch.Tensor) -> tuple:
+    """The kernels' table arguments for rope = (cos, sin, interleaved, offset): the tables
+    (read in place, through their strides) and the position of query 0; without rope a
+    stand-in pointer and zeros (never read: ROPE is off, and its code is not compiled)."""
+    if rope is None:
+        return (stand_in, stand_in, 0, 0, 0, 0, 0)
+    cos, sin, _, offset = rope
+    return (cos, sin, *cos.stride(), *sin.stride(), int(offset))
 
 
 def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, bottom_right=False,
-             kv_lens=None, rope: Rope | None = None):
+             kv_lens=None, rope: tuple | None = None):
     """(o, lse) without autograd; the log-sum-exp only when a backward will read it.
     config: the caller's block shapes (a TUNED-style dict), else the table's."""
     B, H, Nq, D = q.shape
@@ -821,7 +822,7 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bottom_right=False,
-              kv_lens=None, rope: Rope | None = None):
+              kv_lens=None, rope: tuple | None = None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -862,27 +863,25 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, config=None, backward_config=None, bottom_right=False,
-                kv_lens=None, rope=None):
+                kv_lens=None, rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        rope = None if rope_cos is None else (rope_cos, rope_sin, rope_interleaved, rope_offset)
         o, lse = _forward(q, k, v, causal, scale, save=True, config=config,
                           bottom_right=bottom_right, kv_lens=kv_lens, rope=rope)
         # q and k are saved as given, never rotated: the backward turns them again as it
         # loads them (the tables are read twice; no rotated copy is ever written)
-        ctx.save_for_backward(q, k, v, o, lse, kv_lens,
-                              *((rope.cos, rope.sin) if rope is not None else ()))
+        ctx.save_for_backward(q, k, v, o, lse, kv_lens, rope_cos, rope_sin)
         ctx.causal, ctx.scale, ctx.backward_config = causal, scale, backward_config
-        ctx.bottom_right, ctx.rope = bottom_right, rope
+        ctx.bottom_right, ctx.rope_layout = bottom_right, (rope_interleaved, rope_offset)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, kv_lens, *tables = ctx.saved_tensors
-        rope = ctx.rope
-        if rope is not None:
-            rope = Rope(*tables, rope.interleaved, rope.offset)
+        q, k, v, o, lse, kv_lens, rope_cos, rope_sin = ctx.saved_tensors
+        rope = None if rope_cos is None else (rope_cos, rope_sin, *ctx.rope_layout)
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.backward_config,
                                ctx.bottom_right, kv_lens, rope)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 MAX_HEAD_DIM = 256
@@ -914,11 +913,12 @@ def check(q, k, v, rope_tables=()) -> None:
 
 
 def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,
-              bottom_right: bool = False, kv_lens=None, rope: Rope | None = None):
+              bottom_right: bool = False, kv_lens=None, rope: tuple | None = None):
     """softmax(q k^T * scale) v for q (B, H, Nq, D) and k, v (B, H_kv, Nk, D); inputs already
     validated (the contract, then `check`). bottom_right: the causal diagonal aligned to the
     last key (the contract's causal_alignment="bottom_right"); kv_lens: (B,) valid keys per
-    batch element, or None; rope: a `Rope` (the contract's rope= with its offset), or None.
+    batch element, or None; rope: None or (cos, sin, interleaved, offset), the contract's
+    rope= with the position of query 0 (levels.contract.validate_attention's rope_offset).
 
     config=None, backward_config=None: the block shapes of TUNED for this head size and
     dtype. A dict with TUNED's keys (BLOCK_M, BLOCK_N, num_warps, num_stages) pins the
@@ -926,6 +926,6 @@ def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=
     --sweep times, passing them as arguments."""
     if needs_grad(q, k, v):
         return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config,
-                           bottom_right, kv_lens, rope)
+                           bottom_right, kv_lens, *(rope if rope is not None else (None, None)))
     return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False,
                     config=config, bottom_right=bottom_right, kv_lens=kv_lens, rope=rope)[0]
