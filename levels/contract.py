@@ -188,7 +188,8 @@ def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_
     and device, any strides, not requiring grad; pairs (i, i + D/2), or (2i, 2i + 1) with
     interleaved=True. Keys sit at positions 0..Nk-1, queries at i + off, off = Nk - Nq when
     causal_alignment is "bottom_right" (the queries are the last Nq positions: decoding), else
-    0; so P >= max(Nk, Nq + off). The result is attention(rope(q), rope(k), v); v is never
+    0, whether causal or not, and with kv_lens too (the positions follow Nk, not each
+    element's length); so P >= max(Nk, Nq + off). The result is attention(rope(q), rope(k), v); v is never
     rotated, and the gradients of q and k are those of the rotated tensors rotated back. The
     verdict carries rope_cos, rope_sin, rope_interleaved and rope_offset (None, None, False
     and 0 without rope)."""
@@ -556,7 +557,7 @@ _SCALARS = (int, float, bool, str, type(None))
 def signature(args: tuple) -> tuple | None:
     """What a validator can see of `args`: each tensor's shape, strides, dtype, device,
     requires_grad and 16-byte alignment (a launch plan depends on it), every other argument
-    by type and value. None when a call must not be served from a table: while torch.compile
+    by type and value, a tuple's items each as such (attention's rope=(cos, sin, flag)). None when a call must not be served from a table: while torch.compile
     or torch.export trace (the validator is traced instead, and guards do the caching), for
     tensor subclasses (fake and functional tensors have other rules), and for arguments that
     are not plain values (a list of strides, say)."""
