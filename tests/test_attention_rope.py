@@ -93,10 +93,12 @@ def test_level4_head_sizes_padded_to_a_power_of_two(D, interleaved):
                             alignment="bottom_right", seed=D))
 
 
-@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_level4_bfloat16(interleaved):
-    _passes("triton", _args(B=2, H=2, Nq=21, dtype=torch.bfloat16, interleaved=interleaved,
-                            seed=5))
+@pytest.mark.parametrize("dtype,interleaved", [(torch.bfloat16, False), (torch.bfloat16, True),
+                                               (torch.float16, False)],
+                         ids=["bf16-half", "bf16-interleaved", "fp16-half"])
+def test_level4_16_bit(dtype, interleaved):
+    # the turned tiles are rounded to the input's dtype before the dots, as rope rounds
+    _passes("triton", _args(B=2, H=2, Nq=21, dtype=dtype, interleaved=interleaved, seed=5))
 
 
 def test_level3_compiles_the_interleaved_layout():  # slow: tests/conftest.py's SLOW
