@@ -72,9 +72,11 @@ def unavailable_reason(device: torch.device, component: str | None = None) -> st
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    extra = {} if rope is None else {"rope": rope}  # a level written before rope= still runs
     return _call("attention", q, k, v, causal=causal, scale=scale,
-                 causal_alignment=causal_alignment, kv_lens=kv_lens)
+                 causal_alignment=causal_alignment, kv_lens=kv_lens, **extra)
 
 
 @autocasts("layer_norm")

@@ -149,7 +149,8 @@ def compile_kwargs(device: str | torch.device = "cpu", inductor: dict | None = N
 # eagerly before the call, so a bad input fails with the contract's error instead of
 # inside a trace. What Inductor makes of each (see `levels explain ... --level compile`):
 #   attention   unmasked: rewritten into one fused SDPA call; causal: two GEMMs around
-#               one fused scale-mask-softmax kernel
+#               one fused scale-mask-softmax kernel; rope=: one pointwise kernel rotates q
+#               and k (each read once, written once) before the first GEMM
 #   layer_norm  one "persistent reduction" kernel per row block: statistics and output
 #   rms_norm    the same, with one statistic (the mean square) instead of two
 #   mlp         the bias and the GELU in one pass over the first GEMM's output
@@ -310,9 +311,10 @@ uses_tf32 = native.uses_tf32  # the same library GEMMs/convolutions as Level 1
 # ---------------------------------------------------------------------------------------
 
 def _prepare_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
-                       kv_lens=None):
-    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
-    return (q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
+                       kv_lens=None, rope=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    return (q, k, v, causal, s["scale"], s["bottom_right"], kv_lens, s["rope_cos"], s["rope_sin"],
+            s["rope_interleaved"], s["rope_offset"])
 
 
 def _prepare_layer_norm(x, weight, bias, eps=1e-5):
@@ -366,8 +368,9 @@ def prepare(component: str, *args, **kwargs) -> tuple:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    args = _prepare_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    args = _prepare_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
     return compiled("attention", q.device)(*args)
 
 

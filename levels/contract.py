@@ -2,7 +2,8 @@
 
 One signature per component, identical at all five levels:
 
-    attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None)
+    attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None)                    rope: (cos, sin) or (cos, sin, interleaved)
     layer_norm(x, weight, bias, eps=1e-5)
     rms_norm(x, weight, eps=1e-6)
     mlp(x, w1, b1, w2, b2)
@@ -167,7 +168,7 @@ MAX_HEAD_DIM = 256  # the largest head size Levels 4 and 5 take (padded inside t
 
 
 def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_left",
-                       kv_lens=None) -> dict:
+                       kv_lens=None, rope=None) -> dict:
     """q (B, H, Nq, D); k, v (B, H_kv, Nk, D) with H_kv dividing H (grouped-query attention:
     query head h reads key/value head h // (H // H_kv); H_kv = 1 is multi-query attention).
 
@@ -180,7 +181,18 @@ def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_
     With kv_lens, bottom_right aligns to each element's own length. A query that sees no key
     at all (a length of 0, or bottom_right with more queries than keys) outputs 0 and gets
     zero gradients, as PyTorch's SDPA does for a fully masked row. Empty tensors (B, Nq or
-    Nk of 0) are accepted, as PyTorch accepts them."""
+    Nk of 0) are accepted, as PyTorch accepts them.
+
+    rope: None, or rotary position embeddings applied to q and k before the scores, as
+    `(cos, sin)` or `(cos, sin, interleaved)`: the tables `rope` takes, (P, D/2) in q's dtype
+    and device, any strides, not requiring grad; pairs (i, i + D/2), or (2i, 2i + 1) with
+    interleaved=True. Keys sit at positions 0..Nk-1, queries at i + off, off = Nk - Nq when
+    causal_alignment is "bottom_right" (the queries are the last Nq positions: decoding), else
+    0, whether causal or not, and with kv_lens too (the positions follow Nk, not each
+    element's length); so P >= max(Nk, Nq + off). The result is attention(rope(q), rope(k), v); v is never
+    rotated, and the gradients of q and k are those of the rotated tensors rotated back. The
+    verdict carries rope_cos, rope_sin, rope_interleaved and rope_offset (None, None, False
+    and 0 without rope)."""
     c = "attention"
     _tensors(c, {"q": q, "k": k, "v": v})
     _rank(c, "q", q, 4, "(B, H, Nq, D)")
@@ -211,9 +223,59 @@ def validate_attention(q, k, v, causal=False, scale=None, causal_alignment="top_
         if kv_lens.requires_grad:
             _fail(c, "kv_lens", "a tensor that does not require grad", _describe(kv_lens))
     _number(c, "scale", scale, low=0, low_open=True, allow_none=True)
+    cos, sin, interleaved, offset = _attention_rope(q, Nq, Nk, D, causal_alignment, rope)
     return dict(B=B, H=H, H_kv=Hkv, group=H // Hkv, Nq=Nq, Nk=Nk, D=D,
                 bottom_right=bool(causal) and causal_alignment == "bottom_right",
-                scale=float(scale) if scale is not None else D ** -0.5)
+                scale=float(scale) if scale is not None else D ** -0.5,
+                rope_cos=cos, rope_sin=sin, rope_interleaved=interleaved, rope_offset=offset)
+
+
+def _attention_rope(q, Nq: int, Nk: int, D: int, causal_alignment: str, rope) -> tuple:
+    """attention's `rope` argument checked: (cos, sin, interleaved, offset), or
+    (None, None, False, 0) without it. The tables obey the rope component's rules (one angle
+    per pair, data not parameters), but may hold more positions than the call uses: a slice
+    of a table precomputed for the longest context is the common case."""
+    c = "attention"
+    if rope is None:
+        return None, None, False, 0
+    if not isinstance(rope, (tuple, list)) or len(rope) not in (2, 3):
+        _fail(c, "rope", "None, (cos, sin) or (cos, sin, interleaved)",
+              f"{type(rope).__name__} {rope!r}" if not isinstance(rope, (tuple, list)) else
+              f"a {type(rope).__name__} of {len(rope)} items", TypeError)
+    cos, sin = rope[0], rope[1]
+    interleaved = rope[2] if len(rope) == 3 else False
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            _fail(c, "rope", f"(cos, sin[, interleaved]) with {name} a torch.Tensor",
+                  f"{name} of type {type(t).__name__}", TypeError)
+        if t.dtype != q.dtype:
+            _fail(c, "rope", f"tables of q's dtype {q.dtype} (the rotation rounds to it, as "
+                  f"rope does)", f"{name}: {_describe(t)}", TypeError)
+        if t.device != q.device:
+            _fail(c, "rope", f"tables on q's device {q.device}", f"{name}: {_describe(t)}")
+    if not isinstance(interleaved, bool):
+        _fail(c, "rope", "(cos, sin, interleaved) with interleaved a bool",
+              f"interleaved = {type(interleaved).__name__} {interleaved!r}", TypeError)
+    if D % 2:
+        _fail(c, "rope", "given only with an even head dimension D (rotary embeddings turn pairs "
+              "of features)", f"q: {_describe(q)}")
+    offset = Nk - Nq if causal_alignment == "bottom_right" else 0
+    if offset < 0:
+        _fail(c, "rope", "given with causal_alignment='bottom_right' only where Nq <= Nk (the "
+              "queries are the last Nq of the Nk positions)", f"Nq = {Nq} queries, Nk = {Nk} keys")
+    positions = max(Nk, Nq + offset)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 2 or t.shape[1] != D // 2:
+            _fail(c, "rope", f"tables of shape (P, D/2) = (P, {D // 2}), one angle per position "
+                  f"and pair of q's D = {D}", f"{name}: {_describe(t)}")
+        if t.shape[0] < positions:
+            _fail(c, "rope", f"tables of at least {positions} positions (keys at 0..{Nk - 1}, "
+                  f"queries at {offset}..{offset + Nq - 1})", f"{name}: {_describe(t)}")
+        if t.requires_grad:
+            _fail(c, "rope", "tables that do not require grad (attention differentiates q, k "
+                  "and v only; build the tables under torch.no_grad() or pass .detach())",
+                  f"{name}: {_describe(t)} with requires_grad=True")
+    return cos, sin, interleaved, offset
 
 
 def validate_layer_norm(x, weight, bias, eps=1e-5) -> dict:
@@ -511,7 +573,7 @@ _SCALARS = (int, float, bool, str, type(None))
 def signature(args: tuple) -> tuple | None:
     """What a validator can see of `args`: each tensor's shape, strides, dtype, device,
     requires_grad and 16-byte alignment (a launch plan depends on it), every other argument
-    by type and value. None when a call must not be served from a table: while torch.compile
+    by type and value, a tuple's items each as such (attention's rope=(cos, sin, flag)). None when a call must not be served from a table: while torch.compile
     or torch.export trace (the validator is traced instead, and guards do the caching), for
     tensor subclasses (fake and functional tensors have other rules), and for arguments that
     are not plain values (a list of strides, say)."""
@@ -524,8 +586,17 @@ def signature(args: tuple) -> tuple | None:
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() & 15))
         elif cls in _SCALARS:
             key.append((cls, a))
-        elif cls is tuple and all(b.__class__ in _SCALARS for b in a):
-            key.append((cls, tuple((b.__class__, b) for b in a)))
+        elif cls is tuple:  # attention's rope: (cos, sin[, interleaved])
+            inner = []
+            for b in a:
+                if b.__class__ in _PLAIN_TENSORS:
+                    inner.append((b.shape, b.stride(), b.dtype, b.device, b.requires_grad,
+                                  b.data_ptr() & 15))
+                elif b.__class__ in _SCALARS:
+                    inner.append((b.__class__, b))
+                else:
+                    return None
+            key.append((cls, tuple(inner)))
         else:
             return None
     return tuple(key)
@@ -589,7 +660,8 @@ def conv_bn_buffers(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
 
 LOW_PRECISION, FLOAT32 = "the autocast dtype", "float32"
 AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
-    "attention": (LOW_PRECISION, ("q", "k", "v")),  # as F.scaled_dot_product_attention
+    # as F.scaled_dot_product_attention; rope's tables with q and k (as the rope component)
+    "attention": (LOW_PRECISION, ("q", "k", "v", "rope")),
     "layer_norm": (FLOAT32, ("x", "weight", "bias")),  # as F.layer_norm
     "mlp": (LOW_PRECISION, ("x", "w1", "b1", "w2", "b2")),  # as F.linear
     "swiglu_mlp": (LOW_PRECISION, ("x", "w_gate", "w_up", "w_down")),  # as F.linear
@@ -637,6 +709,8 @@ def autocast_args(component: str, args: tuple, kwargs: dict) -> tuple[tuple, dic
     def cast(name, value):
         if name in names and isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.to(dtype)
+        if name in names and isinstance(value, tuple):  # attention's rope: (cos, sin[, flag])
+            return tuple(cast(name, v) for v in value)
         return value
     args = tuple(cast(order[i] if i < len(order) else "", a) for i, a in enumerate(args))
     return args, {k: cast(k, v) for k, v in kwargs.items()}, first.device.type

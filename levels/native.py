@@ -82,9 +82,11 @@ def gemm_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
-    return attention_math(q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    return attention_math(q, k, v, causal, s["scale"], s["bottom_right"], kv_lens, s["rope_cos"],
+                          s["rope_sin"], s["rope_interleaved"], s["rope_offset"])
 
 
 def attention_visible(Nq: int, Nk: int, causal: bool, bottom_right: bool,
@@ -107,12 +109,26 @@ def attention_visible(Nq: int, Nk: int, causal: bool, bottom_right: bool,
     return visible
 
 
+def attention_rope(q, k, cos, sin, interleaved: bool, offset: int):
+    """attention's rope=: q and k rotated by rope_math, keys at positions 0..Nk-1 and queries
+    at offset..offset+Nq-1 (rows of the tables). Unfused: two rotated copies of q and k go
+    through memory before the scores; Levels 4 and 5 rotate tiles in registers instead."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    q = rope_math(q, cos[offset:offset + Nq], sin[offset:offset + Nq], interleaved)
+    k = rope_math(k, cos[:Nk], sin[:Nk], interleaved)
+    return q, k
+
+
 @tf32_via(cublas_tf32)
 def attention_math(q, k, v, causal: bool, scale: float, bottom_right: bool = False,
-                   kv_lens: Optional[torch.Tensor] = None):
+                   kv_lens: Optional[torch.Tensor] = None, rope_cos: Optional[torch.Tensor] = None,
+                   rope_sin: Optional[torch.Tensor] = None, rope_interleaved: bool = False,
+                   rope_offset: int = 0):
     # The textbook definition, on purpose: softmax(q k^T * scale) v with the full score
     # matrix in memory. (torch's scaled_dot_product_attention would hide the flash kernel
     # that Level 4 builds by hand.)
+    if rope_cos is not None and rope_sin is not None:
+        q, k = attention_rope(q, k, rope_cos, rope_sin, rope_interleaved, rope_offset)
     q, k, v = gemm_operand(q), gemm_operand(k), gemm_operand(v)
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]

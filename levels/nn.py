@@ -304,20 +304,18 @@ class ConvBN(_Leveled):
         return new
 
 
-class RotaryEmbedding(_Leveled):
-    """Rotary position embeddings for q and k of shape (B, H, N, D), D = `dim`: pair i of
-    position n turned by n * base**(-2i/dim). The tables are built from `inv_freq` (a
-    buffer, not saved in a state_dict, as in HF transformers) for the positions of each call,
-    `offset` onwards (decoding: the position of the first new token), and reused while
-    the positions, dtype and device stay the same. interleaved=False pairs features
-    (i, i + dim/2) as GPT-NeoX and HF Llama do; True pairs (2i, 2i + 1) as Meta's Llama.
-    q and k may have different head counts (grouped-query attention): one table serves both."""
+class RotaryTables(nn.Module):
+    """The cos and sin tables of rotary embeddings for head size `dim`: pair i of position n
+    turned by n * base**(-2i/dim). Built from `inv_freq` (a buffer, not saved in a
+    state_dict, as in HF transformers) for the positions a call asks for, and reused while
+    the positions, dtype and device stay the same. No computation at any level, so not a
+    leveled layer: `RotaryEmbedding` rotates q and k with its tables, and attention takes
+    them fused (`attention(q, k, v, causal, rope=tables.rope(n, dtype, device))`, as
+    levels.models.Llama does). interleaved=False pairs features (i, i + dim/2) as GPT-NeoX and
+    HF Llama do; True pairs (2i, 2i + 1) as Meta's Llama."""
 
-    component = "rope"
-
-    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False, level="native",
-                 device=None):
-        super().__init__(level)
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False, device=None):
+        super().__init__()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
             raise ValueError(f"argument 'dim' must be a positive even int (the head size); got {dim!r}")
         if not base > 1:
@@ -341,6 +339,39 @@ class RotaryEmbedding(_Leveled):
             self._tables_key = key
         return self._tables
 
+    def rope(self, n: int, dtype: torch.dtype, device) -> tuple:
+        """attention's rope= for n positions from 0: (cos, sin, interleaved). With queries
+        after a cache (bottom-right), n is the number of keys: attention places the queries."""
+        cos, sin = self.tables(n, 0, dtype, device)
+        return cos, sin, self.interleaved
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base:g}, interleaved={self.interleaved}"
+
+
+class RotaryEmbedding(_Leveled):
+    """Rotary position embeddings for q and k of shape (B, H, N, D), D = `dim`, with the
+    tables of a `RotaryTables` (its arguments, attributes and `tables`), built for the
+    positions of each call, `offset` onwards (decoding: the position of the first new
+    token). q and k may have different head counts (grouped-query attention): one table
+    serves both. To rotate inside attention instead (no rotated q and k in memory), pass
+    attention `rope=` (see RotaryTables)."""
+
+    component = "rope"
+
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False, level="native",
+                 device=None):
+        super().__init__(level)
+        self.rotary = RotaryTables(dim, base, interleaved, device)
+        self.dim, self.base, self.interleaved = dim, self.rotary.base, self.rotary.interleaved
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self.rotary.inv_freq
+
+    def tables(self, n: int, offset: int, dtype: torch.dtype, device) -> tuple:
+        return self.rotary.tables(n, offset, dtype, device)
+
     def forward(self, q, k, offset: int = 0):
         cos, sin = self.tables(q.shape[-2], offset, q.dtype, q.device)
         rope = self._fn()
@@ -354,4 +385,4 @@ class RotaryEmbedding(_Leveled):
 from .cuda_graph import GraphedModule, cuda_graph  # noqa: E402 - levels.nn.cuda_graph, after _Leveled
 
 __all__ = ["ConvBN", "GraphedModule", "LSTM", "LayerNorm", "MLP", "MultiheadAttention", "RMSNorm",
-           "RotaryEmbedding", "SwiGLUMLP", "cuda_graph", "set_level"]
+           "RotaryEmbedding", "RotaryTables", "SwiGLUMLP", "cuda_graph", "set_level"]

@@ -77,7 +77,15 @@ WHY_STILL_USED = ("Level 2 keeps using it on purpose: it is the simplest place t
 # ---------------------------------------------------------------------------------------
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bottom_right: bool,
-               kv_lens: Optional[Tensor]) -> Tensor:
+               kv_lens: Optional[Tensor], rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
+               rope_interleaved: bool, rope_offset: int) -> Tensor:
+    if rope_cos is not None and rope_sin is not None:
+        # rope= as Level 1: q and k rotated (by this level's own scripted _rope) before the
+        # scores; the rotation's pointwise group fuses on a GPU, the copies stay
+        Nq, Nk = q.size(2), k.size(2)
+        q = _rope(q, rope_cos[rope_offset:rope_offset + Nq], rope_sin[rope_offset:rope_offset + Nq],
+                  rope_interleaved)
+        k = _rope(k, rope_cos[:Nk], rope_sin[:Nk], rope_interleaved)
     q, k, v = native.gemm_operand(q), native.gemm_operand(k), native.gemm_operand(v)
     B, H, Nq, D = q.size(0), q.size(1), q.size(2), q.size(3)
     Hkv, Nk = k.size(1), k.size(2)
@@ -343,9 +351,12 @@ uses_tf32 = native.uses_tf32  # the same cuBLAS/cuDNN calls as Level 1
 # ---------------------------------------------------------------------------------------
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
-    return _scripted()["attention"](q, k, v, causal, s["scale"], s["bottom_right"], kv_lens)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    return _scripted()["attention"](q, k, v, causal, s["scale"], s["bottom_right"], kv_lens,
+                                    s["rope_cos"], s["rope_sin"], s["rope_interleaved"],
+                                    s["rope_offset"])
 
 
 @autocasts("layer_norm")

@@ -135,16 +135,18 @@ def _no_float64_on_gpu(component: str, name: str, t: torch.Tensor):
 # checks above) and keeps the verdict (levels.contract.Plans): later calls with the same
 # shapes, strides, dtypes and devices go straight to the launcher.
 
-def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens):
-    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens, rope):
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
     _on_kernel_device("attention", "q", q)
     _no_float64_on_gpu("attention", "q", q)
     if s["B"] * s["H"] > GRID_AXIS_LIMIT:
         _fail("attention", "q", f"at most {GRID_AXIS_LIMIT} (batch x heads) slices for Level 4 "
               f"(Triton): its kernels give each slice a program on one grid axis, which CUDA "
               f"limits to {GRID_AXIS_LIMIT}", f"{_describe(q)} ({s['B'] * s['H']} slices)")
-    _kernels("attention").check(q, k, v)
-    return s["scale"], s["bottom_right"]
+    tables = (s["rope_cos"], s["rope_sin"]) if rope is not None else ()
+    _kernels("attention").check(q, k, v, tables)
+    # the plan keeps no tensor: the tables of each call are that call's
+    return s["scale"], s["bottom_right"], s["rope_interleaved"], s["rope_offset"]
 
 
 def _layer_norm_plan(x, weight, bias, eps):
@@ -222,10 +224,14 @@ _ROPE = Plans(_rope_plan)
 
 
 @autocasts("attention")
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    scale, bottom_right = _ATTENTION(q, k, v, causal, scale, causal_alignment, kv_lens)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    scale, bottom_right, interleaved, offset = _ATTENTION(q, k, v, causal, scale,
+                                                          causal_alignment, kv_lens, rope)
+    if rope is not None:  # fused: q and k turned in registers as the kernels load them
+        rope = (rope[0], rope[1], interleaved, offset)
     return _MODULES["attention"].attention(q, k, v, causal, scale, bottom_right=bottom_right,
-                                           kv_lens=kv_lens)
+                                           kv_lens=kv_lens, rope=rope)
 
 
 @autocasts("layer_norm")

@@ -15,6 +15,7 @@ with levels.contract first, as every level does, then:
     Level 5); float64 is refused with a TypeError, as at Level 5;
   * devices: CPU tensors under numba's CUDA simulator, CUDA tensors on a GPU without it
     (`unavailable_reason` says which this process can run);
+  * attention's rope=: the rope twin, then the attention twin (unfused; see `attention`);
   * layouts: what each twin copies, and what it takes with its strides, is said in its
     entry point (numba_kernels.layer_norm.layer_norm, .gemm.mlp, .attention.attention,
     .rope.rope).
@@ -81,11 +82,23 @@ def mlp(x, w1, b1, w2, b2, *, tile=None):
     return out.to(x.dtype)
 
 
-def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    sizes = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens)
+def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
+    sizes = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
     _runnable("attention", q)
     t = float32_inputs("attention", {"q": q, "k": k, "v": v})
-    out = attention_twin.attention(t["q"], t["k"], t["v"], causal, sizes["scale"],
+    q32, k32 = t["q"], t["k"]
+    if rope is not None:
+        # Unfused, unlike Level 5: the rope twin turns q and k (its backward turns their
+        # gradients back), then the attention twin runs on the turned copies. What it checks
+        # is the positions (queries at rope_offset.., keys at 0..) and the layouts; the fused
+        # kernels' in-register rotation has no twin here.
+        tables = float32_inputs("attention", {"cos": sizes["rope_cos"], "sin": sizes["rope_sin"]})
+        cos, sin, off = tables["cos"], tables["sin"], sizes["rope_offset"]
+        Nq, Nk, inter = q.shape[2], k.shape[2], sizes["rope_interleaved"]
+        q32 = rope_twin.rope(q32, cos[off:off + Nq], sin[off:off + Nq], inter).to(q.dtype).float()
+        k32 = rope_twin.rope(k32, cos[:Nk], sin[:Nk], inter).to(k.dtype).float()
+    out = attention_twin.attention(q32, k32, t["v"], causal, sizes["scale"],
                                    sizes["bottom_right"], kv_lens)
     return out.to(q.dtype)
 

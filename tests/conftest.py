@@ -32,6 +32,8 @@ SLOW = {
     "tests/test_autocast.py::test_under_autocast_a_level_computes_its_function_of_the_cast_arguments":
         "Level 3 compiles under autocast (35 s)",
     "tests/test_torchscript.py::test_harness_passes_at_small_size": "19 s",
+    "tests/test_attention_rope.py::test_level3_compiles_the_interleaved_layout":
+        "Inductor compiles attention with rope, forward and backward (65 s on a loaded 2-core CPU)",
     "tests/test_cuda_mlp.py::test_version_5_uses_wgmma_on_sm90a": "nvcc (9 s)",
     "tests/test_cuda_mlp.py::test_each_rung_uses_its_instructions": "nvcc (6 s)",
     "tests/test_cuda_conv_bn.py::test_v3_compiles_to_tensor_core_and_cp_async_code": "nvcc (12 s)",

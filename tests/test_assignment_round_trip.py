@@ -336,7 +336,7 @@ def cheats_graded(assignment_build, tmp_path_factory):
     # attention: torch's fused attention for the value, the real kernels as a decoy
     att = (ROOT / "triton_kernels/attention.py").read_text()
     old = ("def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,\n"
-           "              bottom_right: bool = False, kv_lens=None):\n")
+           "              bottom_right: bool = False, kv_lens=None, rope: tuple | None = None):\n")
     assert att.count(old) == 1, f"triton_kernels/attention.py: the line to plant into is gone: {old!r}"
     subs["attention: torch's fused op"] = submission(
         copy, tmp / "attention", texts={"triton_kernels/attention.py": att.replace(old, old + (
@@ -345,7 +345,7 @@ def cheats_graded(assignment_build, tmp_path_factory):
             "                                                           scale=scale)\n"
             "    return y + (ref - y).detach()\n\n\n"
             "def _attention(q, k, v, causal, scale, config=None, backward_config=None,\n"
-            "               bottom_right=False, kv_lens=None):\n"))})
+            "               bottom_right=False, kv_lens=None, rope=None):\n"))})
     parts = {name: [("attention" if name.startswith("attention") else "layer_norm", "triton")]
              for name in subs}
     with ThreadPoolExecutor(2) as pool:

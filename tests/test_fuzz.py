@@ -92,7 +92,12 @@ def _attention(p, g):
         sign = torch.randint(0, 2, (B, H, Nq), generator=g) * 2 - 1
         q[..., -1] = sign * (torch.rand((B, H, Nq), generator=g) + 0.5) * 4e4
         k[..., -1] = 1.0
-    return dict(q=q, k=k, v=v, causal=p["options"]["causal"], scale=p["options"]["scale"])
+    args = dict(q=q, k=k, v=v, causal=p["options"]["causal"], scale=p["options"]["scale"])
+    rope = p["options"].get("rope")
+    if rope:  # tables of random angles, a few positions longer than the call needs
+        theta = torch.rand((max(Nq, Nk) + 2, D // 2), generator=g) * 6.3 - 3.15
+        args["rope"] = (torch.cos(theta), torch.sin(theta), rope == "interleaved")
+    return args
 
 
 def _layer_norm(p, g):
@@ -201,8 +206,11 @@ LAYOUTS = {
 def _args(component: str, p: dict, device="cpu") -> dict:
     g = torch.Generator(device="cpu").manual_seed(p["seed"])
     dtype = DTYPES[p["dtype"]]
-    args = {name: v.to(device=device, dtype=dtype) if isinstance(v, torch.Tensor) else v
-            for name, v in BUILDERS[component](p, g).items()}
+    def cast(v):  # a tensor, or attention's rope=(cos, sin, interleaved)
+        if isinstance(v, tuple):
+            return tuple(cast(t) for t in v)
+        return v.to(device=device, dtype=dtype) if isinstance(v, torch.Tensor) else v
+    args = {name: cast(v) for name, v in BUILDERS[component](p, g).items()}
     layout = p["layout"]
     if layout == "strided":
         spec = cards.get(component)
@@ -306,7 +314,10 @@ def attention_params(draw, small=False, dtypes=("float32", "bfloat16"), head_dim
     layouts = None if Nq == Nk else ["contiguous", "sliced", "every_other"]  # packed needs Nq == Nk
     return dict(shape=dict(B=draw(st.integers(1, 2)), H=draw(st.integers(1, 3)), Nq=Nq, Nk=Nk, D=D),
                 dtype=dtype, layout=_layout("attention", draw, layouts),
-                options=dict(causal=causal, scale=draw(st.sampled_from([None, 0.05, 1.0]))),
+                options=dict(causal=causal, scale=draw(st.sampled_from([None, 0.05, 1.0])),
+                             # rope= fused (pairs need an even head size)
+                             rope=draw(st.sampled_from([None, "half", "interleaved"]))
+                             if D % 2 == 0 else None),
                 # ~1e4 scores only where the bound can hold (module doc)
                 magnitude="normal",  # ~1e4 scores: test_attention_scores_1e4 (known failures)
                 seed=draw(SEEDS))

@@ -129,9 +129,10 @@ def test_llama_config_refuses_what_attention_and_rope_cannot_take():
         models.LlamaConfig(vocab=VOCAB, d_model=12, n_heads=4, n_kv_heads=2)
     assert models.LlamaConfig(vocab=VOCAB, d_model=64).mlp_hidden == 176  # 8*64/3 = 170.7, to 8s
     leveled = [m for m in _case("llama")[1].modules() if isinstance(m, lnn._Leveled)]
-    # per block: two RMSNorms, the attention and its rotary layer, the SwiGLU MLP; and norm_f
+    # per block: two RMSNorms, the attention (rope fused in: no rotary layer), the SwiGLU MLP;
+    # and norm_f
     assert sorted({m.component for m in leveled}) == sorted(models.COMPONENTS["llama"])
-    assert len(leveled) == 2 * 5 + 1
+    assert len(leveled) == 2 * 4 + 1
 
 
 def test_from_torch_refuses_what_it_cannot_convert():

@@ -83,9 +83,11 @@ def test_attention_twin_passes_the_harness_as_a_registered_level():
     levels.register("numba", level)
     results = check("attention", "numba", size="tiny")
     # gqa and decode: the Level 5 algorithm grown (grouped K/V heads, a head size of 24,
-    # causal diagonals for Nq != Nk, kv_lens), as cuda_kernels/attention.cu's v2 and backward
+    # causal diagonals for Nq != Nk, kv_lens), as cuda_kernels/attention.cu's v2 and backward;
+    # rope: the rope twin then the attention twin (unfused)
     assert {(r.variant, r.layout) for r in results} == {
-        (v, layout) for v in ("full", "causal", "gqa", "decode") for layout in ("contiguous", "strided")}
+        (v, layout) for v in ("full", "causal", "gqa", "decode", "rope")
+        for layout in ("contiguous", "strided")}
     _all_pass(results)
     assert levels.status("numba", "cpu", "lstm") == "'numba' has no lstm function"
 

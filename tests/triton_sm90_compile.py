@@ -56,27 +56,35 @@ def main() -> int:
     jobs.append(("layer_norm_bwd bf16", layer_norm.layer_norm_bwd_kernel,
                  dict(x_ptr=bf16, w_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, stats_ptr=f32,
                       part_ptr=f32), dict(BLOCK_M=4, BLOCK_N=4096)))
-    off = dict(PAD_D=False, HAS_LENS=False, BOTTOM_RIGHT=False)
+    off = dict(PAD_D=False, HAS_LENS=False, BOTTOM_RIGHT=False, ROPE=False, INTERLEAVED=False)
+    tables = dict(COS=bf16, SIN=bf16)  # rope's tables (read only where ROPE is on)
     jobs.append(("attention_fwd bf16", attention._attn_fwd,
-                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=f32, qk_scale="fp32"),
+                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=f32, qk_scale="fp32", **tables),
                  dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, UPCAST=False,
                       PRECISION="tf32", SAVE_LSE=True, **off)))
-    # The grown paths at the largest head (D = 192 padded to 256, grouped, per-batch
-    # lengths, bottom-right) with TUNED's d256 tiles: they must compile and fit sm_90.
-    grown = dict(PAD_D=True, HAS_LENS=True, BOTTOM_RIGHT=True)
-    fwd, bwd = attention.TUNED["fwd_d256"], attention.TUNED["bwd_d256"]
-    jobs.append(("attention_fwd bf16 D256 grown", attention._attn_fwd,
-                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=i32, qk_scale="fp32"),
-                 dict(HEAD_DIM=256, BLOCK_M=fwd["BLOCK_M"], BLOCK_N=fwd["BLOCK_N"], CAUSAL=True,
-                      UPCAST=False, PRECISION="tf32", SAVE_LSE=True, **grown), fwd))
     grads = dict(Q=bf16, K=bf16, V=bf16, DO=bf16, LSE=f32, DELTA=f32, DK=bf16, DV=bf16, DQ=bf16,
-                 KV_LENS=i32, qk_scale="fp32", sm_scale="fp32")
-    jobs.append(("attention_bwd_dkdv bf16 D256 grown", attention._attn_bwd_dkdv, grads,
-                 dict(HEAD_DIM=256, BLOCK_M=bwd["BLOCK_M"], BLOCK_N=bwd["BLOCK_N"], CAUSAL=True,
-                      UPCAST=False, PRECISION="tf32", **grown), bwd))
-    jobs.append(("attention_bwd_dq bf16 D256 grown", attention._attn_bwd_dq, grads,
-                 dict(HEAD_DIM=256, BLOCK_M=bwd["BLOCK_N"], BLOCK_N=bwd["BLOCK_M"], CAUSAL=True,
-                      UPCAST=False, PRECISION="tf32", **grown), bwd))
+                 KV_LENS=i32, qk_scale="fp32", sm_scale="fp32", **tables)
+
+    def attention_jobs(label, head_dim, fwd, bwd, switches):
+        """The forward and both backward kernels with these switches and TUNED's tiles."""
+        common = dict(HEAD_DIM=head_dim, CAUSAL=True, UPCAST=False, PRECISION="tf32", **switches)
+        return [(f"attention_fwd bf16 {label}", attention._attn_fwd,
+                 dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, KV_LENS=i32, qk_scale="fp32", **tables),
+                 dict(common, BLOCK_M=fwd["BLOCK_M"], BLOCK_N=fwd["BLOCK_N"], SAVE_LSE=True), fwd),
+                (f"attention_bwd_dkdv bf16 {label}", attention._attn_bwd_dkdv, grads,
+                 dict(common, BLOCK_M=bwd["BLOCK_M"], BLOCK_N=bwd["BLOCK_N"]), bwd),
+                (f"attention_bwd_dq bf16 {label}", attention._attn_bwd_dq, grads,
+                 dict(common, BLOCK_M=bwd["BLOCK_N"], BLOCK_N=bwd["BLOCK_M"]), bwd)]
+
+    # The grown paths at the largest head (D = 192 padded to 256, grouped, per-batch
+    # lengths, bottom-right, rope's half-split pairs) with TUNED's d256 tiles: they must
+    # compile and fit sm_90.
+    jobs += attention_jobs("D256 grown", 256, attention.TUNED["fwd_d256"], attention.TUNED["bwd_d256"],
+                           dict(PAD_D=True, HAS_LENS=True, BOTTOM_RIGHT=True, ROPE=True,
+                                INTERLEAVED=False))
+    # rope fused at Llama's head (D = 128) with the tiles the bench runs, interleaved pairs
+    jobs += attention_jobs("D128 rope interleaved", 128, attention.TUNED["fwd_d128"],
+                           attention.TUNED["bwd"], dict(off, ROPE=True, INTERLEAVED=True))
     failed = 0
     for name, fn, pointers, constexprs, *config in jobs:
         options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}

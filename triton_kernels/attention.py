@@ -47,6 +47,19 @@ unchanged) or a value read once per program, never a test in the inner loop it d
     that sees no key outputs 0 with lse = +inf, which makes every P the backward recomputes
     for it exactly 0, masked or not.
   * empty inputs: the launchers return before any launch (a grid of 0 programs is an error).
+  * rotary embeddings fused in (ROPE, INTERLEAVED; attention's rope=): a rotation turns each
+    row by its own position's angles, needing only that row and two rows of the tables, so
+    it happens on the tile between the load and the dot. The forward turns its q tile once
+    (query i at position i + rope_off) and each k tile as it streams in (key j at j); the
+    backward's two kernels turn them again as they reload them, accumulate dq and dk for the
+    turned tiles, and turn those back by -angle (rope's backward) before the store
+    (`_rope_load`, `_rope_store`). Rotated q and k never exist in memory: no extra pass, no
+    extra bytes of activations saved for the backward. Its cost: the tables' rows with every
+    tile (from L2: they are small), four multiply-adds per pair on the CUDA cores beside the
+    tensor cores, and the register shuffles that put each pair's two features side by side
+    (one layout for both pair conventions, the same for q and k: a dot product does not see
+    the order of its terms). Half-split pairs are two contiguous half-row loads; interleaved
+    pairs one row load, split in registers: no stride-2 gathers.
 """
 
 from __future__ import annotations
@@ -122,6 +135,108 @@ def _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS: tl.constexpr, BOTTOM_RIGH
 
 
 # ---------------------------------------------------------------------------------------
+# Rotary embeddings at load (ROPE): q and k are turned as they arrive, never stored turned
+# ---------------------------------------------------------------------------------------
+# A rotation turns each row by its own position's angles: it needs nothing but the row and
+# two table rows, so it can happen on the tile, in registers, between the load and the dot.
+# The rotated tile comes out with each pair's two features side by side ((y1_0, y2_0,
+# y1_1, y2_1, ...)) whatever the input layout: q and k are permuted alike, and a dot product
+# does not see the order of its terms. The backward's dq and dk accumulate in that order;
+# `_rope_store` turns them back by -angle (rope's backward: the inverse of a rotation is its
+# transpose) and writes them in the input's layout.
+
+@triton.jit
+def _angles(COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, pos, pos_ok, D,
+            HALF: tl.constexpr, ROWS: tl.constexpr, PAD_D: tl.constexpr):
+    """cos and sin of the positions `pos`, two (len(pos), HALF) fp32 tiles (0 where masked),
+    read through the tables' strides (a slice of a longer table is the common case)."""
+    offs_i = tl.arange(0, HALF)
+    i_ok = (offs_i < D // 2)[None, :]
+    c = _load(COS + pos[:, None] * stride_cp + offs_i[None, :] * stride_ci, pos_ok[:, None], i_ok,
+              ROWS, PAD_D)
+    s = _load(SIN + pos[:, None] * stride_sp + offs_i[None, :] * stride_si, pos_ok[:, None], i_ok,
+              ROWS, PAD_D)
+    return c.to(tl.float32), s.to(tl.float32)
+
+
+@triton.jit
+def _rope_load(base, stride_row, rows, rows_ok, COS, SIN, stride_cp, stride_ci, stride_sp,
+               stride_si, pos, D, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+               PAD_D: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Rows `rows` of x (unit stride along D), turned by the angles of positions `pos`: a
+    (BLOCK, HEAD_DIM) fp32 tile, pairs side by side. Interleaved pairs (2i, 2i + 1) are one
+    contiguous load split in registers; half-split pairs (i, i + D/2) two contiguous loads
+    of half a row each (no stride-2 gathers either way)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    if INTERLEAVED:
+        offs_d = tl.arange(0, HEAD_DIM)
+        x = _load(base + rows[:, None] * stride_row + offs_d[None, :], rows_ok[:, None],
+                  (offs_d < D)[None, :], ROWS, PAD_D)
+        x1, x2 = tl.split(tl.reshape(x, [BLOCK, HALF, 2]))
+    else:
+        offs_i = tl.arange(0, HALF)
+        i_ok = (offs_i < D // 2)[None, :]
+        ptrs = base + rows[:, None] * stride_row + offs_i[None, :]
+        x1 = _load(ptrs, rows_ok[:, None], i_ok, ROWS, PAD_D)
+        if PAD_D:
+            x2 = _load(ptrs + D // 2, rows_ok[:, None], i_ok, ROWS, PAD_D)
+        else:  # the second half HALF elements on: a constant, so the loads stay wide
+            x2 = _load(ptrs + HALF, rows_ok[:, None], i_ok, ROWS, PAD_D)
+    c, s = _angles(COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, pos, rows_ok, D, HALF,
+                   ROWS, PAD_D)
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    return tl.reshape(tl.join(x1 * c - x2 * s, x2 * c + x1 * s), [BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def _rope_store(base, stride_row, rows, rows_ok, g, COS, SIN, stride_cp, stride_ci, stride_sp,
+                stride_si, pos, D, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+                PAD_D: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """g, the gradient of `_rope_load`'s rotated tile (pairs side by side, fp32), turned back
+    by -angle and stored at rows `rows` of x's layout: the gradient of x itself."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    g1, g2 = tl.split(tl.reshape(g, [BLOCK, HALF, 2]))
+    c, s = _angles(COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, pos, rows_ok, D, HALF,
+                   True, PAD_D)
+    d1 = (g1 * c + g2 * s).to(base.dtype.element_ty)
+    d2 = (g2 * c - g1 * s).to(base.dtype.element_ty)
+    if INTERLEAVED:
+        offs_d = tl.arange(0, HEAD_DIM)
+        _store(base + rows[:, None] * stride_row + offs_d[None, :],
+               tl.reshape(tl.join(d1, d2), [BLOCK, HEAD_DIM]), rows_ok[:, None],
+               (offs_d < D)[None, :], PAD_D)
+    else:
+        offs_i = tl.arange(0, HALF)
+        i_ok = (offs_i < D // 2)[None, :]
+        ptrs = base + rows[:, None] * stride_row + offs_i[None, :]
+        _store(ptrs, d1, rows_ok[:, None], i_ok, PAD_D)
+        if PAD_D:
+            _store(ptrs + D // 2, d2, rows_ok[:, None], i_ok, PAD_D)
+        else:
+            _store(ptrs + HALF, d2, rows_ok[:, None], i_ok, PAD_D)
+
+
+@triton.jit
+def _q_tile(Q, q_off, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN, stride_cp, stride_ci,
+            stride_sp, stride_si, rope_off, D, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+            PAD_D: tl.constexpr, UPCAST: tl.constexpr, ROPE: tl.constexpr,
+            INTERLEAVED: tl.constexpr):
+    """A program's query block (rows offs_m of the slice at Q + q_off); with ROPE, query i
+    turned by position i + rope_off's angles, once per program, rounded to q's dtype as
+    rope rounds its output."""
+    if ROPE:
+        q = _rope_load(Q + q_off, stride_qm, offs_m, row_ok, COS, SIN, stride_cp, stride_ci,
+                       stride_sp, stride_si, offs_m + rope_off, D, BLOCK_M, HEAD_DIM, True, PAD_D,
+                       INTERLEAVED)
+        if not UPCAST:
+            q = q.to(Q.dtype.element_ty)
+    else:
+        q = _load(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :], row_ok[:, None],
+                  d_ok[None, :], True, PAD_D)
+    return q
+
+
+# ---------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------
 
@@ -137,18 +252,28 @@ def _query_block(CAUSAL: tl.constexpr):
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                     lo, hi, n_end, shift, D, qk_scale,
+                    COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                     BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
                     PAD_D: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
-                    UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Stream key blocks [lo, hi) through the running softmax of one query block."""
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < D
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        # K is loaded as (D, BLOCK_N) so that q @ kT needs no transpose in registers.
-        kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
+        if ROPE:  # key j turned by position j's angles, in registers (v is never turned)
+            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+            kT = tl.trans(_rope_load(k_base, stride_kn, offs_n, offs_n < n_end, COS, SIN,
+                                     stride_cp, stride_ci, stride_sp, stride_si, offs_n, D,
+                                     BLOCK_N, HEAD_DIM, EDGE_MASK, PAD_D, INTERLEAVED))
+            if not UPCAST:
+                kT = kT.to(k_base.dtype.element_ty)  # rounded as rope rounds its output
+        else:
+            # K is loaded as (D, BLOCK_N) so that q @ kT needs no transpose in registers.
+            kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+            kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
         v = _load(v_ptrs, offs_n[:, None] < n_end, d_ok[None, :], EDGE_MASK, PAD_D)
         if UPCAST:  # the interpreter's 16-bit arithmetic is wrong: compute in fp32 there
             kT = kT.to(tl.float32)
@@ -190,11 +315,15 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
               H, GROUP, N_Q, N_K, D, stride_lens, qk_scale,
+              COS, SIN,  # rope's tables (P, D/2), when ROPE; else any pointer, never read
+              stride_cp, stride_ci, stride_sp, stride_si,  # their strides (position, pair)
+              rope_off,  # the position of query 0 (keys start at 0)
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               SAVE_LSE: tl.constexpr,  # False under no_grad: no backward will read it
               PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
-              BOTTOM_RIGHT: tl.constexpr = False):
+              BOTTOM_RIGHT: tl.constexpr = False, ROPE: tl.constexpr = False,
+              INTERLEAVED: tl.constexpr = False):
     # Float arguments become fp32 here: a plain launch types a Python float as fp32, but
     # Inductor, compiling a model around this kernel, passes it as fp64, which would make
     # the running accumulator fp64 inside the loop (a compile error) and the math slow.
@@ -213,8 +342,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
     d_ok = offs_d < D
-    q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-              row_ok[:, None], d_ok[None, :], True, PAD_D)
+    q = _q_tile(Q, b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN,
+                stride_cp, stride_ci, stride_sp, stride_si, rope_off, D, BLOCK_M, HEAD_DIM, PAD_D,
+                UPCAST, ROPE, INTERLEAVED)
     if UPCAST:
         q = q.to(tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
@@ -228,23 +358,27 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS,
         full, hi = _visible_keys(start_m, n_end, shift, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                         offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                        COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                                         BLOCK_N, False, False, PAD_D, MAY_BE_EMPTY, UPCAST,
-                                        PRECISION)
+                                        PRECISION, HEAD_DIM, ROPE, INTERLEAVED)
         # Stage 2: the blocks that straddle the diagonal; those above it are skipped.
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                         offs_m, offs_d, full, hi, n_end, shift, D, qk_scale,
+                                        COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                                         BLOCK_N, True, True, PAD_D, MAY_BE_EMPTY, UPCAST,
-                                        PRECISION)
+                                        PRECISION, HEAD_DIM, ROPE, INTERLEAVED)
     else:
         full = (n_end // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                         offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
+                                        COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                                         BLOCK_N, False, False, PAD_D, MAY_BE_EMPTY, UPCAST,
-                                        PRECISION)
+                                        PRECISION, HEAD_DIM, ROPE, INTERLEAVED)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                         offs_m, offs_d, full, n_end, n_end, shift, D, qk_scale,
+                                        COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                                         BLOCK_N, False, True, PAD_D, MAY_BE_EMPTY, UPCAST,
-                                        PRECISION)
+                                        PRECISION, HEAD_DIM, ROPE, INTERLEAVED)
     if MAY_BE_EMPTY:
         # A row that saw no key outputs 0 (as SDPA); its lse is +inf, so that the backward's
         # P = 2^(s - lse) is 0 for it wherever it is recomputed, mask or not.
@@ -288,9 +422,11 @@ def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om,
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                          offs_n, offs_d, lo, hi, N_Q, n_end, shift, D, qk_scale,
+                         COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, rope_off,
                          BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
                          PAD_D: tl.constexpr, HAS_LENS: tl.constexpr,
-                         UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                         UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Accumulate the contribution of query blocks [lo, hi) to one key block's dK, dV.
 
     Works in the transposed frame (keys along rows) so that p^T and dS^T come out of the
@@ -299,10 +435,19 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     d_ok = offs_d < D
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        qT_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]
-        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
-        row_ok = offs_m < N_Q
-        qT = _load(qT_ptrs, row_ok[None, :], d_ok[:, None], EDGE_MASK, PAD_D)
+        if ROPE:
+            do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
+            row_ok = offs_m < N_Q
+            qT = tl.trans(_rope_load(q_base, stride_qm, offs_m, row_ok, COS, SIN, stride_cp,
+                                     stride_ci, stride_sp, stride_si, offs_m + rope_off, D,
+                                     BLOCK_M, HEAD_DIM, EDGE_MASK, PAD_D, INTERLEAVED))
+            if not UPCAST:
+                qT = qT.to(q_base.dtype.element_ty)
+        else:
+            qT_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]
+            do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
+            row_ok = offs_m < N_Q
+            qT = _load(qT_ptrs, row_ok[None, :], d_ok[:, None], EDGE_MASK, PAD_D)
         do = _load(do_ptrs, row_ok[:, None], d_ok[None, :], EDGE_MASK, PAD_D)
         if EDGE_MASK:
             lse = tl.load(lse_base + offs_m, mask=row_ok, other=0.0)
@@ -337,10 +482,12 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
                    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                    H_KV, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
+                   COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, rope_off,  # as _attn_fwd
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                    PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
-                   BOTTOM_RIGHT: tl.constexpr = False):
+                   BOTTOM_RIGHT: tl.constexpr = False, ROPE: tl.constexpr = False,
+                   INTERLEAVED: tl.constexpr = False):
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)  # one program per key block of one (batch, K/V head)
@@ -352,8 +499,15 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = (offs_n < N_K)[:, None]
     d_ok = (offs_d < D)[None, :]
-    k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-              col_ok, d_ok, True, PAD_D)
+    if ROPE:  # this block's keys turned once; the streamed query blocks turn in the loop
+        k = _rope_load(K + b * stride_kb + hk * stride_kh, stride_kn, offs_n, offs_n < N_K, COS,
+                       SIN, stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N,
+                       HEAD_DIM, True, PAD_D, INTERLEAVED)
+        if not UPCAST:
+            k = k.to(K.dtype.element_ty)
+    else:
+        k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                  col_ok, d_ok, True, PAD_D)
     v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
               col_ok, d_ok, True, PAD_D)
     if UPCAST:
@@ -389,20 +543,31 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                           stride_qm, stride_dom, offs_n, offs_d, lo, diag_end,
-                                          N_Q, n_end, shift, D, qk_scale, BLOCK_M, True, True,
-                                          PAD_D, HAS_LENS, UPCAST, PRECISION)
+                                          N_Q, n_end, shift, D, qk_scale, COS, SIN, stride_cp,
+                                          stride_ci, stride_sp, stride_si, rope_off, BLOCK_M,
+                                          True, True, PAD_D, HAS_LENS, UPCAST, PRECISION,
+                                          HEAD_DIM, ROPE, INTERLEAVED)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_dom, offs_n, offs_d, diag_end, full,
-                                      N_Q, n_end, shift, D, qk_scale, BLOCK_M, False, False,
-                                      PAD_D, HAS_LENS, UPCAST, PRECISION)
+                                      N_Q, n_end, shift, D, qk_scale, COS, SIN, stride_cp,
+                                      stride_ci, stride_sp, stride_si, rope_off, BLOCK_M, False,
+                                      False, PAD_D, HAS_LENS, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                      INTERLEAVED)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_dom, offs_n, offs_d, full, N_Q,
-                                      N_Q, n_end, shift, D, qk_scale, BLOCK_M, False, True,
-                                      PAD_D, HAS_LENS, UPCAST, PRECISION)
+                                      N_Q, n_end, shift, D, qk_scale, COS, SIN, stride_cp,
+                                      stride_ci, stride_sp, stride_si, rope_off, BLOCK_M, False,
+                                      True, PAD_D, HAS_LENS, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                      INTERLEAVED)
     # dS was taken with respect to the scaled scores; the chain rule brings back `scale`.
     dk = dk * sm_scale
-    _store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-           dk.to(DK.dtype.element_ty), col_ok, d_ok, PAD_D)
+    if ROPE:  # dk of the turned keys, turned back: the gradient of k
+        _rope_store(DK + b * stride_dkb + hk * stride_dkh, stride_dkn, offs_n, offs_n < N_K, dk,
+                    COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N,
+                    HEAD_DIM, PAD_D, INTERLEAVED)
+    else:
+        _store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+               dk.to(DK.dtype.element_ty), col_ok, d_ok, PAD_D)
     _store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
            dv.to(DV.dtype.element_ty), col_ok, d_ok, PAD_D)
 
@@ -410,15 +575,25 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
 @triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                        lo, hi, n_end, shift, D, qk_scale,
+                       COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
                        BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, EDGE_MASK: tl.constexpr,
-                       PAD_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                       PAD_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < D
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        vT_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
-        kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
+        if ROPE:
+            vT_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
+            kT = tl.trans(_rope_load(k_base, stride_kn, offs_n, offs_n < n_end, COS, SIN,
+                                     stride_cp, stride_ci, stride_sp, stride_si, offs_n, D,
+                                     BLOCK_N, HEAD_DIM, EDGE_MASK, PAD_D, INTERLEAVED))
+            if not UPCAST:
+                kT = kT.to(k_base.dtype.element_ty)
+        else:
+            kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+            vT_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
+            kT = _load(kT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
         vT = _load(vT_ptrs, offs_n[None, :] < n_end, d_ok[:, None], EDGE_MASK, PAD_D)
         if UPCAST:
             kT = kT.to(tl.float32)
@@ -444,10 +619,12 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dqb, stride_dqh, stride_dqm,
                  H, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
+                 COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, rope_off,  # as _attn_fwd
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                  PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
-                 BOTTOM_RIGHT: tl.constexpr = False):
+                 BOTTOM_RIGHT: tl.constexpr = False, ROPE: tl.constexpr = False,
+                 INTERLEAVED: tl.constexpr = False):
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     start_m = _query_block(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
@@ -460,8 +637,9 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_Q
     d_ok = offs_d < D
-    q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-              row_ok[:, None], d_ok[None, :], True, PAD_D)
+    q = _q_tile(Q, b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, offs_d, d_ok, COS, SIN,
+                stride_cp, stride_ci, stride_sp, stride_si, rope_off, D, BLOCK_M, HEAD_DIM, PAD_D,
+                UPCAST, ROPE, INTERLEAVED)
     do = _load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
                row_ok[:, None], d_ok[None, :], True, PAD_D)
     if UPCAST:
@@ -476,25 +654,39 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
         full, hi = _visible_keys(start_m, n_end, shift, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                                 offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
-                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION)
+                                COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                INTERLEAVED)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                                 offs_m, offs_d, full, hi, n_end, shift, D, qk_scale,
-                                BLOCK_N, True, True, PAD_D, UPCAST, PRECISION)
+                                COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                                BLOCK_N, True, True, PAD_D, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                INTERLEAVED)
     else:
         full = (n_end // BLOCK_N) * BLOCK_N
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                                 offs_m, offs_d, 0, full, n_end, shift, D, qk_scale,
-                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION)
+                                COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                                BLOCK_N, False, False, PAD_D, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                INTERLEAVED)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                                 offs_m, offs_d, full, n_end, n_end, shift, D, qk_scale,
-                                BLOCK_N, False, True, PAD_D, UPCAST, PRECISION)
+                                COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                                BLOCK_N, False, True, PAD_D, UPCAST, PRECISION, HEAD_DIM, ROPE,
+                                INTERLEAVED)
     dq = dq * sm_scale
-    _store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
-           dq.to(DQ.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
+    if ROPE:  # dq of the turned queries, turned back: the gradient of q
+        _rope_store(DQ + b * stride_dqb + h * stride_dqh, stride_dqm, offs_m, row_ok, dq, COS, SIN,
+                    stride_cp, stride_ci, stride_sp, stride_si, offs_m + rope_off, D, BLOCK_M,
+                    HEAD_DIM, PAD_D, INTERLEAVED)
+    else:
+        _store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+               dq.to(DQ.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
 
 
-KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dkdv_inner,
-           _attn_bwd_dq, _attn_bwd_dq_inner]
+KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys,
+           _angles, _rope_load, _rope_store, _q_tile, _attn_bwd_preprocess, _attn_bwd_dkdv,
+           _attn_bwd_dkdv_inner, _attn_bwd_dq, _attn_bwd_dq_inner]
 
 
 # ---------------------------------------------------------------------------------------
@@ -584,18 +776,29 @@ def _lens_stride(kv_lens) -> int:
     return 0 if kv_lens is None else kv_lens.stride(0)  # kv_lens may be a view too
 
 
-def _features(q, k, bottom_right: bool, kv_lens) -> tuple[tuple, dict]:
+def _features(q, k, bottom_right: bool, kv_lens, rope: tuple | None = None) -> tuple[tuple, dict]:
     """The runtime sizes and the constexpr switches of the features a call uses: (D, group)
-    and PAD_D / HAS_LENS / BOTTOM_RIGHT (all False in the common case: its kernels are the
-    ones they were before these features existed)."""
+    and PAD_D / HAS_LENS / BOTTOM_RIGHT / ROPE / INTERLEAVED (all False in the common case:
+    its kernels are the ones they were before these features existed)."""
     D = q.shape[-1]
     switches = dict(HEAD_DIM=head_tile(D), PAD_D=head_tile(D) != D, HAS_LENS=kv_lens is not None,
-                    BOTTOM_RIGHT=bool(bottom_right))
+                    BOTTOM_RIGHT=bool(bottom_right), ROPE=rope is not None,
+                    INTERLEAVED=rope is not None and bool(rope[2]))
     return (D, q.shape[1] // k.shape[1]), switches
 
 
+def _rope_args(rope: tuple | None, stand_in: torch.Tensor) -> tuple:
+    """The kernels' table arguments for rope = (cos, sin, interleaved, offset): the tables
+    (read in place, through their strides) and the position of query 0; without rope a
+    stand-in pointer and zeros (never read: ROPE is off, and its code is not compiled)."""
+    if rope is None:
+        return (stand_in, stand_in, 0, 0, 0, 0, 0)
+    cos, sin, _, offset = rope
+    return (cos, sin, *cos.stride(), *sin.stride(), int(offset))
+
+
 def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, bottom_right=False,
-             kv_lens=None):
+             kv_lens=None, rope: tuple | None = None):
     """(o, lse) without autograd; the log-sum-exp only when a backward will read it.
     config: the caller's block shapes (a TUNED-style dict), else the table's."""
     B, H, Nq, D = q.shape
@@ -606,12 +809,12 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
         return o, lse  # nothing to compute: no launch with an empty grid
     if Nk == 0:  # no key at all: every query sees none, out = 0 (as SDPA); lse = +inf
         return o.zero_(), lse.fill_(float("inf")) if save else lse
-    (D, group), switches = _features(q, k, bottom_right, kv_lens)
+    (D, group), switches = _features(q, k, bottom_right, kv_lens, rope)
     cfg = _fwd_config(D, q.dtype) if config is None else config
     _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
         q, k, v, o, lse, kv_lens if kv_lens is not None else lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-        H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E,
+        H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, *_rope_args(rope, lse),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=causal,
         UPCAST=INTERPRETED and q.dtype != torch.float32, PRECISION=_precision(q.dtype, q.device),
         SAVE_LSE=save, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **switches)
@@ -619,7 +822,7 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bottom_right=False,
-              kv_lens=None):
+              kv_lens=None, rope: tuple | None = None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -629,12 +832,13 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
         # no query or no key: every gradient is 0 (or empty); no launch with an empty grid
         return dq.zero_(), dk.zero_(), dv.zero_()
     do = _unit_last(do)
-    (D, group), switches = _features(q, k, bottom_right, kv_lens)
+    (D, group), switches = _features(q, k, bottom_right, kv_lens, rope)
     delta = q.new_empty((B, H, Nq), dtype=torch.float32)
     pre_block = 64
     _attn_bwd_preprocess[(cdiv(Nq, pre_block), B * H)](
         o, do, delta, *_strides(o), *_strides(do), H, Nq, D, HEAD_DIM=switches["HEAD_DIM"],
         BLOCK_M=pre_block, PAD_D=switches["PAD_D"])
+    tables = _rope_args(rope, lse)
     cfg = _bwd_config(D, q.dtype) if config is None else config
     common = dict(CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
                   PRECISION=_precision(q.dtype, q.device), num_warps=cfg["num_warps"],
@@ -646,12 +850,12 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
     _attn_bwd_dkdv[(cdiv(Nk, large), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, lens, *_strides(q), *_strides(k), *_strides(v),
         *_strides(do), *_strides(dk), *_strides(dv), Hkv, group, Nq, Nk, D, _lens_stride(kv_lens),
-        scale * LOG2E, scale,
+        scale * LOG2E, scale, *tables,
         BLOCK_M=small, BLOCK_N=large, **common)
     # dQ: the mirror image, a large query block and small key blocks.
     _attn_bwd_dq[(cdiv(Nq, large), B * H)](
         q, k, v, do, lse, delta, dq, lens, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
-        *_strides(dq), H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, scale,
+        *_strides(dq), H, group, Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, scale, *tables,
         BLOCK_M=large, BLOCK_N=small, **common)
     return dq, dk, dv
 
@@ -659,30 +863,34 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, config=None, backward_config=None, bottom_right=False,
-                kv_lens=None):
+                kv_lens=None, rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        rope = None if rope_cos is None else (rope_cos, rope_sin, rope_interleaved, rope_offset)
         o, lse = _forward(q, k, v, causal, scale, save=True, config=config,
-                          bottom_right=bottom_right, kv_lens=kv_lens)
-        ctx.save_for_backward(q, k, v, o, lse, kv_lens)
+                          bottom_right=bottom_right, kv_lens=kv_lens, rope=rope)
+        # q and k are saved as given, never rotated: the backward turns them again as it
+        # loads them (the tables are read twice; no rotated copy is ever written)
+        ctx.save_for_backward(q, k, v, o, lse, kv_lens, rope_cos, rope_sin)
         ctx.causal, ctx.scale, ctx.backward_config = causal, scale, backward_config
-        ctx.bottom_right = bottom_right
+        ctx.bottom_right, ctx.rope_layout = bottom_right, (rope_interleaved, rope_offset)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, kv_lens = ctx.saved_tensors
+        q, k, v, o, lse, kv_lens, rope_cos, rope_sin = ctx.saved_tensors
+        rope = None if rope_cos is None else (rope_cos, rope_sin, *ctx.rope_layout)
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.backward_config,
-                               ctx.bottom_right, kv_lens)
-        return dq, dk, dv, None, None, None, None, None, None
+                               ctx.bottom_right, kv_lens, rope)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 MAX_HEAD_DIM = 256
 
 
-def check(q, k, v) -> None:
+def check(q, k, v, rope_tables=()) -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): a head size past the largest tile, and a (batch, head) slice too
-    long for their 32-bit offsets."""
+    after the contract): a head size past the largest tile, and a (batch, head) slice (or a
+    rope table) too long for their 32-bit offsets."""
     D = q.shape[-1]
     if D > MAX_HEAD_DIM:
         raise ValueError(f"attention: argument 'q' must have a head dimension D <= {MAX_HEAD_DIM} "
@@ -696,14 +904,21 @@ def check(q, k, v) -> None:
             raise ValueError(f"attention: argument '{name}' spans {span} elements within one "
                              f"(batch, head) slice; the Triton kernels need < 2**31 there "
                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
+    for t in rope_tables:
+        span = (t.shape[0] - 1) * abs(t.stride(0)) + (t.shape[1] - 1) * abs(t.stride(1))
+        if span >= 2 ** 31:
+            raise ValueError(f"attention: argument 'rope' holds a table spanning {span} elements; "
+                             f"the Triton kernels index it with 32-bit offsets, < 2**31 "
+                             f"(shape {tuple(t.shape)}, strides {t.stride()})")
 
 
 def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=None,
-              bottom_right: bool = False, kv_lens=None):
+              bottom_right: bool = False, kv_lens=None, rope: tuple | None = None):
     """softmax(q k^T * scale) v for q (B, H, Nq, D) and k, v (B, H_kv, Nk, D); inputs already
     validated (the contract, then `check`). bottom_right: the causal diagonal aligned to the
     last key (the contract's causal_alignment="bottom_right"); kv_lens: (B,) valid keys per
-    batch element, or None.
+    batch element, or None; rope: None or (cos, sin, interleaved, offset), the contract's
+    rope= with the position of query 0 (levels.contract.validate_attention's rope_offset).
 
     config=None, backward_config=None: the block shapes of TUNED for this head size and
     dtype. A dict with TUNED's keys (BLOCK_M, BLOCK_N, num_warps, num_stages) pins the
@@ -711,6 +926,6 @@ def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=
     --sweep times, passing them as arguments."""
     if needs_grad(q, k, v):
         return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config,
-                           bottom_right, kv_lens)
+                           bottom_right, kv_lens, *(rope if rope is not None else (None, None)))
     return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False,
-                    config=config, bottom_right=bottom_right, kv_lens=kv_lens)[0]
+                    config=config, bottom_right=bottom_right, kv_lens=kv_lens, rope=rope)[0]

@@ -1,12 +1,15 @@
 """Attention: softmax(q k^T * scale) v, optionally causal; grouped-query (k, v with H_kv heads
-dividing q's H), causal with Nq != Nk in either alignment, per-batch key lengths."""
+dividing q's H), causal with Nq != Nk in either alignment, per-batch key lengths, rotary
+position embeddings of q and k fused in (rope=)."""
 
 import contextlib
 import math
 
 import torch
 
-from . import BERT, CLIP, GPT2, LLAMA2, VIT, WHISPER, Shape, infer, nbytes, randn, shrink, train
+from . import (BERT, CLIP, GPT2, LLAMA2, VIT, WHISPER, Shape, as_view, infer, nbytes, randn, shrink,
+               train, uniform)
+from . import rope as rope_card
 
 SIZES = {
     "tiny": dict(B=1, H=2, N=37, D=16),  # N not a multiple of any block size
@@ -19,11 +22,19 @@ VARIANTS = {"full": dict(causal=False), "causal": dict(causal=True),
             "gqa": dict(causal=True, causal_alignment="top_left"),
             # decoding/prefill against a KV cache: few queries, multi-query attention (one
             # K/V head), per-batch key lengths, the causal diagonal at the bottom right
-            "decode": dict(causal=True, causal_alignment="bottom_right")}
+            "decode": dict(causal=True, causal_alignment="bottom_right"),
+            # rope=(cos, sin, False) fused: HF Llama's half-split pairs, grouped K/V heads, a
+            # chunk of queries after a cache of keys (bottom-right: the queries' positions
+            # start at Nk - Nq), tables longer than the call needs. (One variant: each costs
+            # every level's generic tests a case, Level 3 a compile; Meta's interleaved pairs
+            # are tests/test_attention_rope.py's.)
+            "rope": dict(causal=True, causal_alignment="bottom_right")}
 # What each variant changes in a preset's shape (make_args reads these keys).
 VARIANT_SHAPES = {"gqa": dict(kv_group=2, nk_extra=True, odd_head=True),
                   # two sequences at least: the second's length leaves queries with no key
-                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2)}
+                  "decode": dict(kv_group="all", nq_short=True, kv_lens=True, min_batch=2),
+                  "rope": dict(rope="half", kv_group=2, nq_short=True)}
+ROPE_SPARE = 3  # positions the tables hold past the last one a call uses
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ("q", "k", "v")
 MUTATED: dict = {}
@@ -75,6 +86,11 @@ def strided(args):
     if Nq != Nk:
         own = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
         args["q"] = own.transpose(1, 2).copy_(q)
+    if args.get("rope") is not None:
+        # the tables as rows of wider buffers (NaN between the rows): a slice of a cache of
+        # cos and sin precomputed for a longer context, as models keep them
+        cos, sin, *flag = args["rope"]
+        args["rope"] = (as_view(cos, "row_padded"), as_view(sin, "row_padded"), *flag)
     if args.get("kv_lens") is not None:
         # every other element of a buffer whose gaps hold -7 (a length that would mask every
         # key: a kernel reading between the elements computes something else)
@@ -103,6 +119,14 @@ def make_args(shape, dtype, device, generator):
         if B > 1:
             lens[-1] = max(0, Nq // 2 - 1)
         args["kv_lens"] = lens.to(device)
+    if shape.get("rope"):
+        # Random angles (as the rope card draws them: position 0's angle is 0 in a real table,
+        # where swapped cos and sin would go unnoticed), ROPE_SPARE more positions than used
+        theta = uniform((Nk + ROPE_SPARE, D // 2), generator, torch.float32, "cpu", -math.pi,
+                        math.pi)
+        args["rope"] = (torch.cos(theta).to(device=device, dtype=dtype),
+                        torch.sin(theta).to(device=device, dtype=dtype),
+                        shape["rope"] == "interleaved")
     return args
 
 
@@ -119,10 +143,25 @@ def visible(Nq, Nk, causal, causal_alignment, kv_lens, B):
     return out
 
 
-def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
+def rotated(x, cos, sin, interleaved, first):
+    """x (B, H, N, D) turned by the angles of table rows first..first+N-1, in float64: the
+    rope card's reference (complex multiplication, independent of the levels' arithmetic)."""
+    N = x.shape[2]
+    return rope_card.reference(x, cos[first:first + N].to(torch.float64),
+                               sin[first:first + N].to(torch.float64), interleaved)[0]
+
+
+def reference(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+              rope=None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if rope is not None:
+        cos, sin, *flag = rope
+        interleaved = bool(flag[0]) if flag else False
+        # keys at positions 0..Nk-1; queries the last Nq of them when bottom-right
+        first = Nk - Nq if causal_alignment == "bottom_right" else 0
+        q, k = rotated(q, cos, sin, interleaved, first), rotated(k, cos, sin, interleaved, 0)
     # Query head h reads K/V head h // (H / H_kv): index K and V head by head.
     kv = torch.tensor([h // (H // Hkv) for h in range(H)], dtype=torch.long)
     kh, vh = k[:, kv.to(k.device)], v[:, kv.to(v.device)]
@@ -194,15 +233,34 @@ def _sdpa(backend):
 
     def prepare(args):
         q, k, v = args["q"], args["k"], args["v"]
+        rope = args.get("rope")
 
         def call():
-            return [scaled_dot_product_attention(q, k, v, is_causal=args["causal"],
+            qr, kr = (q, k) if rope is None else _eager_rope(
+                q, k, args.get("causal_alignment") == "bottom_right", *rope)
+            return [scaled_dot_product_attention(qr, kr, v, is_causal=args["causal"],
                                                  scale=args["scale"])]
         return call, [q, k, v]
 
     label = f"SDPA {backend.name}" if backend is not None else "SDPA (PyTorch's choice)"
     context = (lambda: sdpa_kernel(backend)) if backend is not None else contextlib.nullcontext
     return Impl(label, "library", prepare, context)
+
+
+def _eager_rope(q, k, bottom_right, cos, sin, interleaved=False):
+    """q and k rotated as a model's own code does before SDPA (HF's apply_rotary_pos_emb, or
+    Meta's pairs): the library side of a rope= call, op by op, at rope='s positions."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    first = Nk - Nq if bottom_right else 0
+
+    def turn(x, c, s):
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).flatten(-2)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return x * torch.cat((c, c), -1) + rotated * torch.cat((s, s), -1)
+    return turn(q, cos[first:first + Nq], sin[first:first + Nq]), turn(k, cos[:Nk], sin[:Nk])
 
 
 def libraries(device, dtype):

@@ -13,8 +13,8 @@
             linear head. Components: lstm, layer_norm.
   Llama     decoder-only transformer as Llama/Mistral/Qwen2 build it: token embedding,
             pre-norm blocks (RMSNorm -> grouped-query causal attention with rotary
-            embeddings -> residual, RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm and a
-            tied head. Components: rms_norm, rope, attention, swiglu_mlp.
+            embeddings fused in -> residual, RMSNorm -> SwiGLU MLP -> residual), a final
+            RMSNorm and a tied head. Components: rms_norm, attention (rope=), swiglu_mlp.
   ResNet    small CNN: a ConvBN stem, residual blocks of two ConvBNs (a 1x1 ConvBN on the
             shortcut where the shape changes), global average pooling, linear head.
             Component: conv_bn.
@@ -41,7 +41,7 @@ from .lstm_lm import LSTMLM, LSTMConfig, TorchLSTMLM
 
 # The ladder's components each model runs: a level can train a model only if it has all.
 COMPONENTS = {"gpt": ("layer_norm", "attention", "mlp"),
-              "llama": ("rms_norm", "rope", "attention", "swiglu_mlp"),
+              "llama": ("rms_norm", "attention", "swiglu_mlp"),  # rope fused into attention
               "lstm": ("lstm", "layer_norm"),
               "cnn": ("conv_bn",)}
 

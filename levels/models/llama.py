@@ -5,7 +5,8 @@
                   -> rms_f -> head (tied to the token embedding) -> logits (B, T, vocab)
 
     attn: q, k, v projections without biases (k and v with n_kv_heads heads: grouped-query
-          attention), rotary position embeddings on q and k, causal attention, o projection
+          attention), causal attention with rotary position embeddings of q and k fused in
+          (attention's rope=), o projection
     swiglu: down(silu(gate(x)) * up(x))
 
 What it has that the GPT has not, and why models moved to it (Llama 1-3, Mistral, Qwen2):
@@ -20,8 +21,11 @@ What it has that the GPT has not, and why models moved to it (Llama 1-3, Mistral
   KV cache a decoder keeps shrinks by n_heads / n_kv_heads at almost no loss in quality.
 No biases anywhere, and no dropout (as in the GPT: the levels must draw no random masks).
 
-Components run at the level: rms_norm, rope, attention (grouped-query), swiglu_mlp. The
-projections q/k/v/o, the embedding and the head are plain torch at every level, as in the GPT.
+Components run at the level: rms_norm, attention (grouped-query, with rope=), swiglu_mlp. The
+rotation is attention's: Levels 1-3 turn q and k before the scores, Levels 4 and 5 turn each
+tile in registers as they load it (no rotated copy of q and k in memory, forward or
+backward). The projections q/k/v/o, the embedding and the head are plain torch at every
+level, as in the GPT; the rope tables are built once per sequence length (RotaryTables).
 """
 
 from __future__ import annotations
@@ -199,21 +203,21 @@ def _decode(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 class Attention(lnn._Leveled):
     """Grouped-query causal attention with rotary embeddings: the projections are plain
-    F.linear; the rotation (`rope`, a levels.nn.RotaryEmbedding) and the attention core run
-    at the level. K and V keep their n_kv_heads heads: Levels 4 and 5 read each K/V head
-    for its whole group of query heads, no copy of K and V per query head."""
+    F.linear; the attention core runs at the level with the rotation fused in (rope=, its
+    tables from a levels.nn.RotaryTables). K and V keep their n_kv_heads heads: Levels 4 and 5
+    read each K/V head for its whole group of query heads, no copy of K and V per query head."""
 
     component = "attention"
 
     def __init__(self, cfg: LlamaConfig, level="native"):
         super().__init__(level)
         _projections(self, cfg)
-        self.rope = lnn.RotaryEmbedding(cfg.head_dim, cfg.rope_base, interleaved=False, level=level)
+        self.rotary = lnn.RotaryTables(cfg.head_dim, cfg.rope_base, interleaved=False)
 
     def forward(self, x):
         q, k, v = _qkv(self, x)
-        q, k = self.rope(q, k)
-        return _merge_heads(self, self._fn()(q, k, v, causal=True))
+        rope = self.rotary.rope(x.shape[1], q.dtype, q.device)
+        return _merge_heads(self, self._fn()(q, k, v, causal=True, rope=rope))
 
 
 class Block(nn.Module):

@@ -5,6 +5,13 @@ Timed in the same process, bf16, B=4, H=16, N=4096, D=128, causal and not:
            backend (stretch goal >= 0.8x); FLOPs 4*B*H*N^2*D, half of that when causal
   backward vs SDPA FLASH backward (goal >= 0.9x); FLOPs 2.5x the forward's
 
+RoPE fused (attention(..., rope=(cos, sin[, interleaved]))): Llama 2 7B's attention, bf16,
+B=4, H=32, N=2048, D=128, causal, at Levels 4 and 5 (where each takes rope=), both pair
+layouts, forward and forward+backward: the fused call against attention alone at the same
+level and shape (goal: at most 1.05x its time, a ratio >= 1/1.05), and the unfused pair
+(the level's rope kernel on q and on k, then attention) beside it, with its ratio to the
+fused call in extra: what fusing saves.
+
 Level 5 (CUDA C++): every version of cuda_kernels/attention.cu, same shape and
 dtype, forward, backward alone and forward+backward, each against SDPA's FLASH backend
 timed in this run (cuDNN's ratio in `extra` where that backend runs). Goals for the best
@@ -22,7 +29,7 @@ import sys
 
 import torch
 
-from .goals import Figure, one_call_ms
+from .goals import Figure, figure, one_call_ms
 from ...timing import time_first_call, time_fn
 
 SHAPE = dict(B=4, H=16, N=4096, D=128)
@@ -101,6 +108,74 @@ def run(device) -> list[Figure]:
                                GOAL_FLASH_BWD, f"first call (JIT compile) {first:.0f} ms"))
         del out_ours, out_flash, leaves
     figures += _level5(device)
+    figures += _rope_fused(device)
+    return figures
+
+
+# ---------------------------------------------------------------------------------------
+# RoPE fused into attention, at the levels that fuse it
+# ---------------------------------------------------------------------------------------
+
+ROPE_SHAPE = dict(B=4, H=32, N=2048, D=128)  # Llama 2 7B: 32 heads x 128, 2048-token sequences
+GOAL_ROPE = 1 / 1.05  # fused <= 1.05x the time of attention alone: alone / fused >= 0.952
+
+
+def _rope_fused(device) -> list[Figure]:
+    import levels
+
+    B, H, N, D = (ROPE_SHAPE[k] for k in ("B", "H", "N", "D"))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn((B, H, N, D), generator=g).to(device=device, dtype=DTYPE)
+                   for _ in range(4))
+    # Llama's tables (base 10000), built once outside the timed calls, as a model caches them
+    inv_freq = 10000.0 ** -(torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = torch.outer(torch.arange(N, dtype=torch.float64), inv_freq)
+    cos, sin = (f(angles).to(device=device, dtype=DTYPE) for f in (torch.cos, torch.sin))
+    fwd_flops = 4 * B * H * N * N * D // 2  # causal
+    figures = []
+    for level in ("triton", "cuda"):
+        reason = levels.status(level, device, "attention")
+        if reason:
+            print(f"attention bench: rope fused at {level} skipped: {reason}", file=sys.stderr)
+            continue
+        L = levels.get(level)
+        for interleaved in (False, True):
+            layout = "interleaved" if interleaved else "half-split"
+            calls = {
+                "alone": lambda q, k, v: L.attention(q, k, v, True),
+                "fused": lambda q, k, v, i=interleaved: L.attention(q, k, v, True,
+                                                                   rope=(cos, sin, i)),
+                "unfused": lambda q, k, v, i=interleaved: L.attention(
+                    L.rope(q, cos, sin, i), L.rope(k, cos, sin, i), v, True)}
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            for what, flops in (("forward", fwd_flops), ("forward+backward", fwd_flops * 7 // 2)):
+                def timed(call, what=what):
+                    if what == "forward":
+                        return lambda: call(q, k, v)
+                    return lambda: torch.autograd.grad(call(*leaves), leaves, do)
+                shape = dict(ROPE_SHAPE, causal=True, rope=layout)
+                name = f"{what} bf16 causal N{N} D{D} rope {layout}"
+                try:
+                    with torch.set_grad_enabled(what != "forward"):
+                        alone = figure("attention", f"{name}: attention alone", level, DTYPE,
+                                       shape, timed(calls["alone"]), device, flops=flops)
+                        fused = figure("attention", f"{name}: fused", level, DTYPE, shape,
+                                       timed(calls["fused"]), device, flops=flops,
+                                       baseline=f"attention alone at {level}",
+                                       baseline_ms=alone.ms, goal=GOAL_ROPE,
+                                       notes="q and k turned in registers as they are loaded")
+                        unfused = figure("attention", f"{name}: rope x2 + attention", level,
+                                         DTYPE, shape, timed(calls["unfused"]), device,
+                                         flops=flops, baseline=f"attention alone at {level}",
+                                         baseline_ms=alone.ms,
+                                         notes="the level's rope on q and on k, then attention")
+                except Exception as exc:  # noqa: BLE001 - a level without rope= must not hide the other
+                    print(f"attention bench: {name} at {level} failed: {type(exc).__name__}: "
+                          f"{str(exc)[:300]}", file=sys.stderr)
+                    continue
+                unfused.extra["ratio_fused_over_unfused"] = unfused.ms / fused.ms
+                fused.extra["unfused_ms"] = unfused.ms
+                figures += [alone, fused, unfused]
     return figures
 
 
