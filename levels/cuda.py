@@ -30,7 +30,6 @@ source and what ptxas makes of it (registers, shared memory, spills) wherever nv
 from __future__ import annotations
 
 import importlib
-import inspect
 import re
 from pathlib import Path
 
@@ -169,37 +168,13 @@ def _ready(component: str, name: str, t: torch.Tensor):
 # later calls with the same shapes, strides, dtypes and devices make one call into C++: the
 # component's op (cuda_kernels/autograd_binding.cpp), its autograd included.
 
-# The contract's validate_attention takes `rope` (ROPE_API.md) where the branch that adds it
-# is merged; before that, this module unpacks `rope` itself and the binding checks the tables.
-_VALIDATOR_TAKES_ROPE = "rope" in inspect.signature(validate_attention).parameters
-
-
-def _rope_tables(rope) -> dict:
-    """rope None, (cos, sin) or (cos, sin, interleaved): the verdict's rope keys."""
-    if rope is None:
-        return dict(rope_cos=None, rope_sin=None, rope_interleaved=False)
-    if not isinstance(rope, tuple) or len(rope) not in (2, 3) or not all(
-            isinstance(t, torch.Tensor) for t in rope[:2]):
-        _fail("attention", "rope", "None or a tuple (cos, sin) or (cos, sin, interleaved) of two "
-              "tables", repr(type(rope)), TypeError)
-    if any(t.requires_grad for t in rope[:2]):
-        _fail("attention", "rope", "tables that do not require grad (rope differentiates q and k "
-              "only)", "a table with requires_grad=True")
-    return dict(rope_cos=rope[0], rope_sin=rope[1], rope_interleaved=bool(rope[2]) if len(rope) == 3
-                else False)
-
-
 def _attention_plan(q, k, v, causal, scale, causal_alignment, kv_lens, rope):
-    if _VALIDATOR_TAKES_ROPE:
-        s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
-    else:
-        s = dict(validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens), **_rope_tables(rope))
-    cos = s.get("rope_cos")
-    # keys at table rows 0..Nk-1; bottom_right puts the queries at the last Nq positions
-    offset = k.shape[2] - q.shape[2] if cos is not None and causal_alignment == "bottom_right" else 0
-    rope_args = dict(rope_cos=cos, rope_sin=s.get("rope_sin"),
-                     rope_interleaved=bool(s.get("rope_interleaved", False)), rope_offset=offset)
-    return _ready("attention", "q", q), s["scale"], s["bottom_right"], rope_args
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    # The plan is kept for every later call of this signature, so it holds what the
+    # signature decides (the layout flag, the queries' table offset) and never the tables
+    # themselves: each call's own cos and sin go to the op (`attention` below).
+    return (_ready("attention", "q", q), s["scale"], s["bottom_right"],
+            bool(s["rope_interleaved"]), int(s["rope_offset"]))
 
 
 def _layer_norm_plan(x, weight, bias, eps):
@@ -252,10 +227,12 @@ _ROPE = Plans(_rope_plan)
 @autocasts("attention")
 def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
               rope=None):
-    module, scale, bottom_right, rope_args = _ATTENTION(q, k, v, causal, scale, causal_alignment,
-                                                        kv_lens, rope)
+    module, scale, bottom_right, interleaved, offset = _ATTENTION(
+        q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    cos, sin = (None, None) if rope is None else rope[:2]
     return module.attention(q, k, v, causal, scale, bottom_right=bottom_right, kv_lens=kv_lens,
-                            **rope_args)
+                            rope_cos=cos, rope_sin=sin, rope_interleaved=interleaved,
+                            rope_offset=offset)
 
 
 @autocasts("layer_norm")

@@ -200,3 +200,28 @@ def test_rope_fused_on_gpu(level, dtype, interleaved, case):
         pytest.skip(reason)
     _passes(level, _args(dtype=dtype, interleaved=interleaved, device="cuda", seed=7,
                          **GPU_CASES[case]))
+
+
+def test_level5_hands_each_call_its_own_tables(monkeypatch):
+    # Level 5 keeps one plan per argument signature (levels.contract.Plans): two calls with
+    # tables of the same shape share it, so the plan must not hold the first call's tables.
+    # The op is faked (no GPU needed): it records what the level hands it.
+    import levels.cuda as cuda_level
+
+    seen = []
+
+    class FakeOp:
+        @staticmethod
+        def attention(q, k, v, causal, scale, **kw):
+            seen.append(kw)
+            return q
+
+    monkeypatch.setattr(cuda_level, "_ready", lambda *a: FakeOp)
+    monkeypatch.setattr(cuda_level, "_ATTENTION", cuda_level.Plans(cuda_level._attention_plan))
+    first = _args(H_kv=1, Nq=3, Nk=7, alignment="bottom_right", interleaved=True, seed=1)
+    second = _args(H_kv=1, Nq=3, Nk=7, alignment="bottom_right", interleaved=True, seed=2)
+    for args in (first, second):
+        cuda_level.attention(**args)
+    for args, kw in zip((first, second), seen):
+        assert kw["rope_cos"] is args["rope"][0] and kw["rope_sin"] is args["rope"][1]
+        assert (kw["rope_interleaved"], kw["rope_offset"]) == (True, 4)  # Nk - Nq

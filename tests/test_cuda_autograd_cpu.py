@@ -34,7 +34,7 @@ from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
 from levels import native
-from levels.contract import COMPONENTS
+from levels.contract import COMPONENTS, validate_attention
 from tests.test_bad_inputs import BY_KEY, judge
 
 
@@ -184,6 +184,7 @@ def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=N
                   rope_cos=None, rope_sin=None, rope_interleaved=False, rope_offset=0):
     _kernel_rules("attention_fwd", version, q, k, causal, bottom_right, kv_lens)
     _operands("attention_fwd", version, q, q=q, k=k, v=v)
+    dtype = q.dtype  # the kernel's output: q's dtype (the turned tiles are fp32 here)
     q = _turned(q, rope_cos, rope_sin, rope_interleaved, rope_offset)
     k = _turned(k, rope_cos, rope_sin, rope_interleaved, 0)
     s = _scores_log2(q, k, causal, scale, bottom_right, kv_lens)
@@ -192,7 +193,7 @@ def attention_fwd(q, k, v, causal, scale, version, bottom_right=False, kv_lens=N
     total = torch.exp2(s - m).sum(-1, keepdim=True)
     # a query that sees no key: out 0, lse +inf
     lse = torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
-    return (torch.exp2(s - lse) @ _grouped(q, v).float()).to(q.dtype), lse.squeeze(-1)
+    return (torch.exp2(s - lse) @ _grouped(q, v).float()).to(dtype), lse.squeeze(-1)
 
 
 def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=False,
@@ -202,9 +203,9 @@ def attention_bwd(dout, q, k, v, out, lse, causal, scale, version, bottom_right=
     _kernel_rules(op, version, q, k, causal, bottom_right, kv_lens)
     _operands(op, version, q, q=q, k=k, v=v, dout=dout)
     dtype = q.dtype
+    _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
     q = _turned(q, rope_cos, rope_sin, rope_interleaved, rope_offset)
     k = _turned(k, rope_cos, rope_sin, rope_interleaved, 0)
-    _operands(op, 1, q, out=out)  # read element-wise only: no 16-byte rule
     _expect(op, "lse", lse, q.shape[:3], F32, dense=True)
     p = torch.exp2(_scores_log2(q, k, causal, scale, bottom_right, kv_lens) - lse[..., None])
     do = dout.float()
@@ -511,11 +512,14 @@ def layer_norm_op(x, weight, bias, eps=1e-5):
     return OPS.layer_norm(x, weight, bias, float(eps), k_layer_norm.resolve_version())
 
 
-def attention_op(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None):
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    version = k_attention.pick_version(None, q, k, causal, kv_lens)
-    return OPS.attention(q, k, v, bool(causal), scale, version,
-                         bool(causal) and causal_alignment == "bottom_right", kv_lens)
+def attention_op(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
+                 rope=None):
+    # what levels.cuda.attention hands the op, from the contract's verdict
+    s = validate_attention(q, k, v, causal, scale, causal_alignment, kv_lens, rope)
+    cos, sin = (None, None) if rope is None else rope[:2]
+    version = k_attention.pick_version(None, q, k, causal, kv_lens, rope is not None)
+    return OPS.attention(q, k, v, bool(causal), float(s["scale"]), version, s["bottom_right"],
+                         kv_lens, cos, sin, bool(s["rope_interleaved"]), int(s["rope_offset"]))
 
 
 def mlp_op(x, w1, b1, w2, b2):
