@@ -99,6 +99,8 @@ def test_the_output_dtype_is_torchs_own_operators(component):
                      "rms_norm": F.rms_norm(x, (8,), torch.ones(8, device=DEVICE)),
                      # no torch operator: the dtype of the q and k it rotates, F.linear's
                      "rope": F.linear(x, w),
+                     # no torch operator: its iterations are torch.matmul's
+                     "newton_schulz": torch.matmul(x, x.t()),
                      }[component]
     target = AUTOCAST[component][0]
     assert torch_out.dtype == (torch.float32 if target == FLOAT32 else torch.bfloat16)
