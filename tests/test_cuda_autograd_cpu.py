@@ -581,6 +581,8 @@ def test_conv_bn_without_conv_bias(cpp_ops, variant):
 def test_forward_without_autograd(cpp_ops, component, mode):
     # The Functions run as plain forwards: the same values, nothing that requires grad
     # (inputs that do included), the running statistics still updated.
+    if component not in CALLS:
+        pytest.skip(f"Level 5 has no {component} op to run without autograd")
     spec = specs.get(component)
     for variant in spec.variants:
         case = spec.case("tiny", variant, F32, "cpu", SEED)

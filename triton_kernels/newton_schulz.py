@@ -188,7 +188,7 @@ def _tiles(dtype: torch.dtype) -> dict:
     output tiles with 64-wide K steps for 16-bit dots on a GPU, half that for fp32's ieee
     dots (three times the registers and shared memory per element)."""
     if INTERPRETED:
-        return dict(BLOCK=16, BLOCK_K=16, num_warps=4, num_stages=1)
+        return dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
     if dtype == torch.float32:
         return dict(BLOCK=64, BLOCK_K=32, num_warps=4, num_stages=3)
     return dict(BLOCK=128, BLOCK_K=64, num_warps=8, num_stages=3)
