@@ -248,7 +248,7 @@ def test_cpu_run_writes_every_shape_and_a_plot(tmp_path, quick_timer, monkeypatc
             assert cudnn["status"] == "skip" and cudnn["reason"]
     groups = {r["group"] for r in saved["summary"]}
     assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train",
-                      "rms_norm", "rope", "swiglu_mlp"}
+                      "rms_norm", "rope", "swiglu_mlp", "newton_schulz"}
     assert all(r["timed"] == r["entries"] for r in saved["summary"] if r["level"] == "native")
     assert {r["status"] for r in saved["summary"] if r["level"] == "cuda"} <= \
         {"not evaluated", "no goal"}
