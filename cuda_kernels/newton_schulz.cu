@@ -68,6 +68,7 @@ sym_v1(const T* __restrict__ X, int64_t sxm, int64_t sxk, const T* __restrict__ 
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t row = i * TILE + ty, col = j * TILE + tx;
   float acc = 0.0f;
+  // ### BEGIN SOLUTION
   for (int64_t k0 = 0; k0 < K; k0 += TILE) {
     const int64_t k = k0 + tx, ri = i * TILE + ty, rj = j * TILE + ty;
     xi[ty][tx] = (ri < M && k < K) ? to_f32<T>(X[ri * sxm + k * sxk]) : 0.0f;
@@ -84,6 +85,7 @@ sym_v1(const T* __restrict__ X, int64_t sxm, int64_t sxk, const T* __restrict__ 
   const T v = from_f32<T>(acc);
   out[row * som + col * son] = v;
   if (i != j) out[col * som + row * son] = v;  // the mirror image, at (j, i)
+  // ### END SOLUTION
 }
 
 // out = s * (a X + B X), B (M, M), X and out (M, N); K = 0: out = s * a * X (steps = 0).
@@ -96,6 +98,7 @@ update_v1(const T* __restrict__ B, int64_t sbm, int64_t sbk, const T* __restrict
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t row = (int64_t)blockIdx.y * TILE + ty, col = (int64_t)blockIdx.x * TILE + tx;
   float acc = 0.0f;
+  // ### BEGIN SOLUTION
   for (int64_t k0 = 0; k0 < K; k0 += TILE) {
     const int64_t kb = k0 + tx, kx = k0 + ty;
     sb[ty][tx] = (row < M && kb < K) ? to_f32<T>(B[row * sbm + kb * sbk]) : 0.0f;
@@ -109,6 +112,7 @@ update_v1(const T* __restrict__ B, int64_t sbm, int64_t sbk, const T* __restrict
   acc += a * to_f32<T>(X[row * sxm + col * sxn]);
   if (scale != nullptr) acc *= scale[0];
   out[row * som + col * son] = from_f32<T>(acc);
+  // ### END SOLUTION
 }
 
 template <typename T>
