@@ -255,8 +255,10 @@ def _newton_schulz_with(bad_steps=None, bad_coefficients=None, normalize=None):
     return bad
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("bug", ["four-steps", "coefficient-typo", "max-norm"])
+# bf16 where its bound is widest (16u); the normalization slip in float32
+@pytest.mark.parametrize("bug, dtype", [("four-steps", "bfloat16"),
+                                        ("coefficient-typo", "bfloat16"),
+                                        ("max-norm", "float32")])
 def test_newton_schulz_slips_are_caught(monkeypatch, dtype, bug):
     fn = {"four-steps": _newton_schulz_with(bad_steps=4),
           "coefficient-typo": _newton_schulz_with(bad_coefficients=(3.4445, -4.7750, 2.315)),

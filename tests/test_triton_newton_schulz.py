@@ -40,7 +40,7 @@ def _passes(args):
     assert r.passed, r.summary()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # float16: the GPU tests
 def test_harness_tiny(dtype):
     results = check(COMPONENT, "triton", dtype=dtype, device=DEVICE, size="tiny")
     assert len(results) == len(cards.LAYOUTS)
