@@ -300,7 +300,7 @@ def run_case(fn, case: cards.Case, upstream=None, memory: list | None = None):
     outs = flatten(fn(**level_args))
     outs += [level_args[name] for name in case.mutated]
     inputs = [level_args[name] for name in case.differentiable]
-    if upstream is None:
+    if upstream is None or not inputs:  # no inputs: a forward-only card (DIFFERENTIABLE = ())
         grads = [None] * len(inputs)
     else:
         pairs = list(zip(outs[:case.n_returned], upstream))
@@ -334,7 +334,7 @@ def reference_case(case: cards.Case, seed: int):
                 for o in outs[:case.n_returned]]
     upstream64 = [u.to(torch.float64) for u in upstream]
     inputs = [ref_args[name] for name in case.differentiable]
-    grads = torch.autograd.grad(outs[:case.n_returned], inputs, upstream64)
+    grads = torch.autograd.grad(outs[:case.n_returned], inputs, upstream64) if inputs else ()
     scales = card.zero_gradient_scales(ref_args, upstream64, dict(zip(case.differentiable, grads)))
     return [o.detach() for o in outs], list(grads), upstream, scales
 
@@ -442,7 +442,7 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         result.status = "error"
         result.reason = f"uses_tf32 raised {type(exc).__name__}: {exc}"
         return result
-    bound = tolerance(dtype, tf32=result.tf32)
+    bound = cards.get(component).tolerance(dtype, tolerance(dtype, tf32=result.tf32))
     result.tolerance = bound
     if "triton" in sys.modules:
         # Level 4 (or a function of yours) may launch Triton kernels: in the interpreter,
@@ -485,6 +485,8 @@ def _check(make_case, target, component, variant, dtype, device, size, seed, lay
         return result
     for out_name, got, ref in zip(case.outputs, outs, ref_outs):
         result.comparisons.append(compare(out_name, got, ref, bound, dtype))
+    for what, ok, problem in cards.get(component).properties(case.args, outs):
+        result.comparisons.append(Comparison(what, 0.0 if ok else float("nan"), 0.0, ok, problem))
     ran = grads is not None or backward_error is not None  # the no-grad forward too
     if ran and len(plain) != len(ref_outs):
         result.comparisons.append(Comparison("no grad", float("nan"), float("nan"), False,

@@ -115,3 +115,8 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
 @autocasts("rope")
 def rope(x, cos, sin, interleaved=False):
     return _call("rope", x, cos, sin, interleaved=interleaved)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    return _call("newton_schulz", G, steps=steps, coefficients=coefficients, eps=eps)

@@ -50,8 +50,8 @@ import torch
 
 from . import native
 from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
-                       validate_swiglu_mlp)
+                       validate_lstm, validate_mlp, validate_newton_schulz, validate_rms_norm,
+                       validate_rope, validate_swiglu_mlp)
 
 DEFAULT_MODES = {"cpu": "default", "cuda": "default"}
 KNOWN_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -167,6 +167,9 @@ def compile_kwargs(device: str | torch.device = "cpu", inductor: dict | None = N
 #               unrolled loop's steady time). A last, shorter chunk is one more graph.
 #   rope        one pointwise kernel: both halves read, rotated and written in one pass
 #               (the slices and the cat/stack become index arithmetic)
+#   newton_schulz  the loop unrolled (steps is a constant of the graph): three GEMMs a
+#               step with b*A + c*A^2 and a*X + B X each one pointwise kernel, or folded
+#               into the GEMMs as addmm's alpha/beta
 #   conv_bn     the normalization fused into one pass after the convolution; BN is folded
 #               into the weights only when they are constants (freezing), which a
 #               training-capable call is not; in training mode AOTAutograd turns the
@@ -355,6 +358,11 @@ def _prepare_rope(x, cos, sin, interleaved=False):
     return (x, cos, sin, interleaved)
 
 
+def _prepare_newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    s = validate_newton_schulz(G, steps, coefficients, eps)
+    return (G, s["steps"], s["a"], s["b"], s["c"], s["eps"])
+
+
 # Found by name (`_prepare_<component>` above), as MATH is.
 _PREPARE = {c: globals()[f"_prepare_{c}"] for c in COMPONENTS}
 
@@ -424,3 +432,9 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
 def rope(x, cos, sin, interleaved=False):
     args = _prepare_rope(x, cos, sin, interleaved)
     return compiled("rope", x.device)(*args)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    args = _prepare_newton_schulz(G, steps, coefficients, eps)
+    return compiled("newton_schulz", G.device)(*args)

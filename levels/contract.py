@@ -12,6 +12,8 @@ One signature per component, identical at all five levels:
     conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False)
     rope(x, cos, sin, interleaved=False)
+    newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
+                                                       Muon's orthogonalization; forward only
 
 Validation lives here, once, so that a wrong input fails the same way at every level
 and *before* any kernel runs: a Triton or CUDA kernel that receives a bad shape does
@@ -29,7 +31,7 @@ import numbers
 import torch
 
 COMPONENTS = ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
-              "swiglu_mlp")
+              "swiglu_mlp", "newton_schulz")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -511,6 +513,43 @@ def validate_rope(x, cos, sin, interleaved=False) -> dict:
     return dict(B=B, H=H, N=N, D=D)
 
 
+MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic (Muon, 2024)
+
+
+def validate_newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7) -> dict:
+    """G (rows, cols): a 2-D matrix (Muon flattens a conv weight to (out, in*kh*kw) first).
+    Returns X ~ U V^T of G's SVD (singular values pushed into Muon's band, about
+    [0.68, 1.2]) by `steps` quintic iterations X <- aX + (bA + cA^2)X, A = XX^T, on
+    X0 = G / (||G||_F + eps), run on G's transpose when rows > cols (so A is the smaller
+    Gram matrix) and in G's dtype: Muon passes bfloat16.
+
+    Forward only: Muon orthogonalizes gradients (momentum buffers) under no_grad, and no
+    level differentiates it, so a G that requires grad is refused (a level that silently
+    returned a result without a graph would drop the user's gradient)."""
+    c = "newton_schulz"
+    _tensors(c, {"G": G})
+    _rank(c, "G", G, 2, "(rows, cols): one parameter's gradient as a matrix")
+    if G.numel() == 0:
+        _fail(c, "G", "non-empty (rows >= 1 and cols >= 1)", _describe(G))
+    if G.requires_grad:
+        _fail(c, "G", "a tensor that does not require grad (Newton-Schulz has no backward: "
+              "Muon runs it on gradients under torch.no_grad(); pass G.detach())",
+              f"{_describe(G)} with requires_grad=True")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        _fail(c, "steps", "an int >= 0", f"{type(steps).__name__} {steps!r}",
+              ValueError if isinstance(steps, int) and not isinstance(steps, bool) else TypeError)
+    if not isinstance(coefficients, (tuple, list)) or len(coefficients) != 3:
+        _fail(c, "coefficients", "a tuple (a, b, c) of three real numbers",
+              repr(coefficients), TypeError)
+    for name, value in zip(("coefficients[0]", "coefficients[1]", "coefficients[2]"), coefficients):
+        _number(c, name, value)
+    _number(c, "eps", eps, low=0, low_open=True)
+    rows, cols = G.shape
+    a, b, c_ = (float(v) for v in coefficients)
+    return dict(M=min(rows, cols), N=max(rows, cols), transposed=rows > cols, steps=steps,
+                a=a, b=b, c=c_, eps=float(eps))
+
+
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b have an element in common. Exact for two 1-D views of one dtype (what
     running statistics are: two interleaved views of one buffer do not overlap); for any
@@ -675,6 +714,7 @@ AUTOCAST = {  # component -> (what its arguments are cast to, which arguments)
     # rms_norm alone): one rule on every device, the one of the GPUs models train on
     "rms_norm": (FLOAT32, ("x", "weight")),
     "rope": (LOW_PRECISION, ("x", "cos", "sin")),  # q, k come from F.linear in that dtype
+    "newton_schulz": (LOW_PRECISION, ("G",)),  # five iterations of torch.matmul
 }
 
 
@@ -744,4 +784,5 @@ VALIDATORS = {
     "rms_norm": validate_rms_norm,
     "rope": validate_rope,
     "swiglu_mlp": validate_swiglu_mlp,
+    "newton_schulz": validate_newton_schulz,
 }

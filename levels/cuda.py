@@ -39,7 +39,8 @@ from cuda_kernels import build
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
                        validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
-                       validate_rms_norm, validate_rope, validate_swiglu_mlp)
+                       validate_newton_schulz, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
           "(ptxas report works with nvcc alone)")
@@ -214,6 +215,11 @@ def _rope_plan(x, cos, sin, interleaved):
     return _ready("rope", "x", x), bool(interleaved)
 
 
+def _newton_schulz_plan(G, steps, coefficients, eps):
+    s = validate_newton_schulz(G, steps, coefficients, eps)
+    return s, _ready("newton_schulz", "G", G)
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
@@ -222,6 +228,7 @@ _SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
 _ROPE = Plans(_rope_plan)
+_NEWTON_SCHULZ = Plans(_newton_schulz_plan)
 
 
 @autocasts("attention")
@@ -420,3 +427,9 @@ def explain(component: str, device="cpu") -> str:
     if device.type == "cuda" and build.loaded():
         parts += ["", f"# built: {build.last_build()}"]
     return "\n".join(parts)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    s, module = _NEWTON_SCHULZ(G, steps, coefficients, eps)
+    return module.newton_schulz(G, s["steps"], s["a"], s["b"], s["c"], s["eps"])

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from .contract import (autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
-                       validate_swiglu_mlp)
+                       validate_lstm, validate_mlp, validate_newton_schulz, validate_rms_norm,
+                       validate_rope, validate_swiglu_mlp)
 
 
 def unavailable_reason(device: torch.device, component: str | None = None) -> str | None:
@@ -338,3 +338,29 @@ def rope_math(x, cos, sin, interleaved: bool):
     else:
         y = torch.cat((y1, y2), dim=-1)
     return y.to(x.dtype)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    s = validate_newton_schulz(G, steps, coefficients, eps)
+    return newton_schulz_math(G, s["steps"], s["a"], s["b"], s["c"], s["eps"])
+
+
+@tf32_via(cublas_tf32)
+def newton_schulz_math(G, steps: int, a: float, b: float, c: float, eps: float):
+    # Muon's orthogonalization (Jordan et al. 2024) as its reference code writes it: per
+    # step three cuBLAS GEMMs (X X^T, A A, B X) and three pointwise kernels (b*A, the add
+    # of c*A^2, a*X + ...), each a round trip of an (m, m) or (m, n) matrix through
+    # memory. cuBLAS computes all of X X^T although it is symmetric: half its FLOPs
+    # compute the mirror image of the other half (Levels 4 and 5 compute one triangle).
+    tall = G.shape[0] > G.shape[1]
+    X = G.t() if tall else G  # rows <= cols: A = X X^T is the smaller Gram matrix
+    ### BEGIN SOLUTION
+    # the norm in float32 (a 16-bit sum of millions of squares loses its digits)
+    X = (X.float() / (torch.linalg.vector_norm(X.float()) + eps)).to(G.dtype)
+    for _ in range(steps):
+        A = X @ X.t()
+        B = b * A + c * (A @ A)
+        X = a * X + B @ X
+    ### END SOLUTION
+    return X.t() if tall else X

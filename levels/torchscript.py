@@ -53,8 +53,8 @@ from torch import Tensor
 
 from . import native
 from .contract import (COMPONENTS, autocasts, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
-                       validate_swiglu_mlp)
+                       validate_lstm, validate_mlp, validate_newton_schulz, validate_rms_norm,
+                       validate_rope, validate_swiglu_mlp)
 
 
 class TorchScriptDeprecationWarning(FutureWarning):
@@ -242,6 +242,22 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     if interleaved:
         return torch.stack((y1, y2), -1).flatten(-2).to(x.dtype)
     return torch.cat((y1, y2), -1).to(x.dtype)
+
+
+def _newton_schulz(G: Tensor, steps: int, a: float, b: float, c: float, eps: float) -> Tensor:
+    # The same GEMMs as Level 1 (matmuls are never fused); the fuser may join b*A + c*A^2's
+    # scale and add, and a*X + B X's, into one pointwise kernel each on a GPU.
+    tall = G.shape[0] > G.shape[1]
+    X = G.t() if tall else G
+    ### BEGIN SOLUTION
+    X32 = X.float()
+    X = (X32 / (torch.linalg.vector_norm(X32) + eps)).to(G.dtype)
+    for _ in range(steps):
+        A = torch.matmul(X, X.t())
+        B = b * A + c * torch.matmul(A, A)
+        X = a * X + torch.matmul(B, X)
+    ### END SOLUTION
+    return X.t() if tall else X
 
 
 # Found by name: `_<component>` above, or `_<component>_eval` and `_<component>_train` where a
@@ -451,3 +467,9 @@ def frozen_conv_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, run
 def rope(x, cos, sin, interleaved=False):
     validate_rope(x, cos, sin, interleaved)
     return _scripted()["rope"](x, cos, sin, interleaved)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    s = validate_newton_schulz(G, steps, coefficients, eps)
+    return _scripted()["newton_schulz"](G, s["steps"], s["a"], s["b"], s["c"], s["eps"])

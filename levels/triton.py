@@ -28,8 +28,8 @@ import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
                        require_device, validate_attention, validate_conv_bn, validate_layer_norm,
-                       validate_lstm, validate_mlp, validate_rms_norm, validate_rope,
-                       validate_swiglu_mlp)
+                       validate_lstm, validate_mlp, validate_newton_schulz, validate_rms_norm,
+                       validate_rope, validate_swiglu_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 
@@ -213,6 +213,16 @@ def _rope_plan(x, cos, sin, interleaved):
     return bool(interleaved)
 
 
+def _newton_schulz_plan(G, steps, coefficients, eps):
+    s = validate_newton_schulz(G, steps, coefficients, eps)
+    _on_kernel_device("newton_schulz", "G", G)
+    _kernels("newton_schulz").check(G)
+    require_32bit_offsets("newton_schulz", "Level 4 (Triton)", {"G": G},
+                          {("G", "(m, n) iterates and the (m, m) Gram matrices"):
+                           s["M"] * max(s["N"], s["M"])})
+    return s["steps"], s["a"], s["b"], s["c"], s["eps"]
+
+
 _ATTENTION = Plans(_attention_plan)
 _LAYER_NORM = Plans(_layer_norm_plan)
 _MLP = Plans(_mlp_plan)
@@ -221,6 +231,7 @@ _SWIGLU_MLP = Plans(_swiglu_mlp_plan)
 _CONV_BN = Plans(_conv_bn_plan, extra=conv_bn_buffers)
 _RMS_NORM = Plans(_rms_norm_plan)
 _ROPE = Plans(_rope_plan)
+_NEWTON_SCHULZ = Plans(_newton_schulz_plan)
 
 
 @autocasts("attention")
@@ -356,3 +367,9 @@ def explain(component: str, device: str | torch.device = "cpu") -> str:
     else:
         parts.append("(compiled-code summary: run on a CUDA GPU without TRITON_INTERPRET)")
     return "\n".join(parts)
+
+
+@autocasts("newton_schulz")
+def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    plan = _NEWTON_SCHULZ(G, steps, coefficients, eps)
+    return _MODULES["newton_schulz"].newton_schulz(G, *plan)

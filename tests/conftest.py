@@ -24,6 +24,8 @@ SLOW = {
         "Level 3 compiles every case (111 s)",
     "tests/test_numba_twins.py": "numba's CUDA simulator, a Python thread per GPU thread (57 s; rope adds 11 s)",
     "tests/test_models.py::test_every_level_trains_the_same_curve": "four models, five levels (41 s without the Llama)",
+    "tests/test_optim_muon.py::test_train_with_muon_agrees_with_native":
+        "levels train --optimizer muon, tiny GPT at Levels 1-2 (15 s)",
     "tests/test_models.py::test_ddp_two_processes_train_what_one_process_with_twice_the_batch_trains":
         "two processes training (8 s)",
     "tests/test_cuda_attention.py::test_no_kernel_spills_on_sm90a": "ptxas on every kernel, RoPE's too (~86 s)",

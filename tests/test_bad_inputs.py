@@ -178,7 +178,7 @@ def far_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 MAIN = {"attention": "q", "layer_norm": "x", "mlp": "x", "lstm": "x", "conv_bn": "x",
-        "rms_norm": "x", "rope": "x", "swiglu_mlp": "x"}
+        "rms_norm": "x", "rope": "x", "swiglu_mlp": "x", "newton_schulz": "G"}
 # The cards' `tiny` sizes, but two LSTM steps instead of five: torch.compile unrolls the time
 # loop, and every row that reaches Level 3 with new shapes, dtypes or grads compiles anew.
 SIZES = {c: "tiny" for c in COMPONENTS} | {"lstm": dict(B=3, T=2, I=12, H=16)}
@@ -384,6 +384,26 @@ REFUSED = [
     ("conv_bn", "stats-inference", "running_mean", VALUE_ERROR,
      lambda a, d: {"running_mean": _inference_copy(a["running_mean"]), "training": True},
      "running_mean made under torch.inference_mode (training)"),
+    # ---- newton_schulz: G (40, 24)
+    ("newton_schulz", "G-batched", "G", VALUE_ERROR, lambda a, d: {"G": a["G"][None]},
+     "G is 3-D (a batch of matrices)"),
+    ("newton_schulz", "G-vector", "G", VALUE_ERROR, lambda a, d: {"G": a["G"][0]},
+     "G is 1-D (a bias: Muon leaves it to AdamW)"),
+    ("newton_schulz", "empty", "G", VALUE_ERROR, lambda a, d: {"G": a["G"][:0]},
+     "G with no rows"),
+    ("newton_schulz", "G-int", "G", TYPE_ERROR, lambda a, d: {"G": a["G"].to(torch.int32)},
+     "G is int32"),
+    ("newton_schulz", "G-grad", "G", VALUE_ERROR, lambda a, d: {"G": a["G"].requires_grad_()},
+     "G requires grad (it has no backward)"),
+    ("newton_schulz", "steps-negative", "steps", VALUE_ERROR, lambda a, d: {"steps": -1},
+     "steps = -1"),
+    ("newton_schulz", "steps-float", "steps", TYPE_ERROR, lambda a, d: {"steps": 5.0},
+     "steps = 5.0 (a float)"),
+    ("newton_schulz", "coefficients-two", "coefficients", TYPE_ERROR,
+     lambda a, d: {"coefficients": (3.4445, -4.775)}, "two coefficients for three"),
+    ("newton_schulz", "coefficients-nan", "coefficients[1]", VALUE_ERROR,
+     lambda a, d: {"coefficients": (3.4445, math.nan, 2.0315)}, "a NaN coefficient"),
+    ("newton_schulz", "eps-zero", "eps", VALUE_ERROR, lambda a, d: {"eps": 0.0}, "eps = 0"),
     # ---- rope: x (2, 3, 37, 20), cos and sin (37, 10)
     ("rope", "x-rank", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][0]}, "x is 3-D (no batch axis)"),
     ("rope", "x-odd", "x", VALUE_ERROR, lambda a, d: {"x": a["x"][..., :19]},
@@ -465,6 +485,7 @@ FAR_APART = {  # component: (argument, dim, shape parameters, Level 4)
     "conv_bn": ("x", 0, dict(N=2, C_in=3, H=5, W=5, C_out=4, k=3, stride=1, padding=1), VALUE_ERROR),
     "rope": ("x", 0, dict(B=2, H=1, N=2, D=16), COMPUTE),  # 64-bit offsets in the kernel
     "swiglu_mlp": ("x", 0, dict(rows=(2,), K=8, hidden=16, N=8), VALUE_ERROR),
+    "newton_schulz": ("G", 0, dict(rows=2, cols=16), VALUE_ERROR),
 }
 for _c, (_arg, _dim, _shape, _triton) in FAR_APART.items():
     PER_LEVEL.append(Bad(
@@ -534,6 +555,12 @@ COMPUTED = [
      lambda a, d: {}, "x does not require grad, the parameters do (training)", "gradients as torch"),
     ("rope", "nan", "half", ALL, lambda a, d: {"x": with_value(a["x"], (0, 1, 4, 3), math.nan)},
      "a NaN in x", "NaN as torch, in the gradients too"),
+    ("newton_schulz", "nan", None, (), lambda a, d: {"G": with_value(a["G"], (3, 5), math.nan)},
+     "a NaN in G", "NaN everywhere, as torch (the norm is NaN)"),
+    ("newton_schulz", "inf", None, (), lambda a, d: {"G": with_value(a["G"], (0, 2), math.inf)},
+     "+Inf in G", "NaN everywhere, as torch (inf / inf, then A A)"),
+    ("newton_schulz", "zero", None, (), lambda a, d: {"G": torch.zeros_like(a["G"])},
+     "G all zeros (a parameter that got no gradient)", "zeros, as torch (eps keeps 0/0 away)"),
     ("rope", "inf", "interleaved", ALL,
      lambda a, d: {"x": with_value(a["x"], (1, 2, 0, 5), math.inf)},
      "+Inf in x (interleaved)", "Inf and NaN as torch (forward)"),
@@ -619,7 +646,11 @@ def _own_functions() -> dict:
     def rope(x, cos, sin, interleaved=False):
         return native.rope_math(x, cos, sin, interleaved)
 
-    return {"attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
+    def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+        return native.newton_schulz_math(G, steps, *coefficients, eps)
+
+    return {"newton_schulz": newton_schulz,
+            "attention": attention, "layer_norm": layer_norm, "mlp": native.mlp_math,
             "lstm": native.lstm_math, "conv_bn": conv_bn, "rms_norm": rms_norm, "rope": rope,
             "swiglu_mlp": native.swiglu_mlp_math}
 
@@ -756,7 +787,11 @@ def _torch_rope(x, cos, sin, interleaved=False):
     return (x * torch.cat((cos, cos), -1) + rotated * torch.cat((sin, sin), -1),)
 
 
-TORCH_OPS = {"attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
+def _torch_newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    return (cards.get("newton_schulz").module._muon_reference(G, steps, coefficients, eps),)
+
+
+TORCH_OPS = {"newton_schulz": _torch_newton_schulz, "attention": _torch_attention, "layer_norm": _torch_layer_norm, "mlp": _torch_mlp,
              "lstm": _torch_lstm, "conv_bn": _torch_conv_bn, "rms_norm": _torch_rms_norm,
              "rope": _torch_rope, "swiglu_mlp": _torch_swiglu_mlp}
 

@@ -29,6 +29,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from cuda_kernels import attention as k_attention, build, conv_bn as k_conv_bn
 from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_mlp
+from cuda_kernels import newton_schulz as k_newton_schulz
 from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope, swiglu_mlp as k_swiglu_mlp
 from equivalence import specs
 from equivalence.check import check, check_args, clone_layout, compare, flatten
@@ -455,7 +456,26 @@ def rope_rotate(x, cos, sin, interleaved, inverse, version):
     return y.to(x.dtype).contiguous()
 
 
-TWINS = {f.__name__: f for f in (
+def newton_schulz(G, steps, a, b, c, eps, version):
+    # newton_schulz.cu: fp32 sums, A, B and each iterate rounded to G's dtype; the scale
+    # 1/(||G|| + eps) folded into the first step (A by s^2, the update by s); a tall G iterated
+    # transposed; the result contiguous in G's shape
+    _refuse(G.dim() == 2 and G.numel() > 0 and steps >= 0, "newton_schulz", "bad G or steps")
+    tall = G.shape[0] > G.shape[1]
+    x = (G.t() if tall else G).float()
+    s = 1.0 / (torch.sqrt((x * x).sum()) + eps)
+    if steps == 0:
+        out = (s * x).to(G.dtype)
+    for step in range(steps):
+        k = s if step == 0 else 1.0
+        A = (k * k * (x @ x.t())).to(G.dtype).float()
+        B = (c * (A @ A) + b * A).to(G.dtype).float()
+        out = (k * (a * x + B @ x)).to(G.dtype)
+        x = out.float()
+    return (out.t() if tall else out).contiguous()
+
+
+TWINS = {f.__name__: f for f in (newton_schulz,
     layer_norm_fwd, layer_norm_bwd, attention_fwd, attention_bwd, gemm_matmul,
     gemm_matmul_gelu_save, gemm_matmul_gelu_grad, gemm_matmul_accumulate, gemm_column_sum,
     mlp_fwd, lstm_fwd, lstm_bwd, conv_bn_eval_fwd, conv_bn_train_fwd, conv_bn_eval_bwd,
@@ -552,7 +572,12 @@ def swiglu_mlp_op(x, w_gate, w_up, w_down):
     return k_swiglu_mlp.swiglu_mlp(x, w_gate, w_up, w_down)  # its autograd is Python
 
 
-CALLS = {"layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
+def newton_schulz_op(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    return OPS.newton_schulz(G, steps, *map(float, coefficients), float(eps),
+                             k_newton_schulz.resolve_version())  # the kernel op is the call
+
+
+CALLS = {"newton_schulz": newton_schulz_op, "layer_norm": layer_norm_op, "attention": attention_op, "mlp": mlp_op,
          "lstm": lstm_op, "conv_bn": conv_bn_op, "rms_norm": rms_norm_op, "rope": rope_op,
          "swiglu_mlp": swiglu_mlp_op}
 

@@ -24,6 +24,7 @@ EXPECTED = {
         "rms_norm": ["aten.mean", "aten.rsqrt"],
         "rope": ["aten.cat", "aten.sub", "aten.slice_backward"],
         "swiglu_mlp": ["aten.mm", "aten.silu", "aten.silu_backward"],
+        "newton_schulz": ["aten.mm", "aten.linalg_vector_norm"],  # forward only
     },
     "torchscript": {
         "attention": ["aten::softmax", "aten::masked_fill", "aten::matmul"],
@@ -34,6 +35,7 @@ EXPECTED = {
         "rms_norm": ["aten::rsqrt", "aten::mean"],
         "rope": ["aten::slice", "aten::cat", "aten::stack"],
         "swiglu_mlp": ["aten::sigmoid", "aten::matmul"],  # SiLU spelled out: the fuser's view
+        "newton_schulz": ["aten::matmul", "aten::linalg_vector_norm", "prim::Loop"],
     },
     "compile": {
         "attention": ["scaled_dot_product", "cpp_fused__softmax"],
@@ -44,6 +46,7 @@ EXPECTED = {
         "rms_norm": ["cpp_fused", "rsqrt"],
         "rope": ["cpp_fused_add_mul_slice_sub"],
         "swiglu_mlp": ["extern_kernels.mm", "silu"],
+        "newton_schulz": ["extern_kernels.mm", "linalg_vector_norm"],
     },
 }
 

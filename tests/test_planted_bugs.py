@@ -12,7 +12,7 @@ from equivalence.check import check
 
 ORIGINAL = {name: getattr(native, name)
             for name in ("attention", "layer_norm", "mlp", "lstm", "conv_bn", "rms_norm", "rope",
-                         "swiglu_mlp")}
+                         "swiglu_mlp", "newton_schulz")}
 
 
 def plant(monkeypatch, component, fn):
@@ -238,3 +238,47 @@ def test_a_crashing_level_is_an_error_not_a_skip(monkeypatch):
     plant(monkeypatch, "mlp", boom)
     bad = failed("mlp", "float32", status="error")
     assert "kernel exploded" in bad[0].reason
+
+
+# ---- newton_schulz: forward only; its bf16 bound is 16u (the card says why), still far
+# below what each of these slips does
+
+def _newton_schulz_with(bad_steps=None, bad_coefficients=None, normalize=None):
+    def bad(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+        a, b, c = bad_coefficients or coefficients
+        X = G.t() if G.shape[0] > G.shape[1] else G
+        X = (normalize or (lambda t: t / (t.float().norm() + eps)))(X).to(G.dtype)
+        for _ in range(steps if bad_steps is None else bad_steps):
+            A = X @ X.t()
+            X = a * X + (b * A + c * A @ A) @ X
+        return X.t() if G.shape[0] > G.shape[1] else X
+    return bad
+
+
+# bf16 where its bound is widest (16u); the normalization slip in float32
+@pytest.mark.parametrize("bug, dtype", [("four-steps", "bfloat16"),
+                                        ("coefficient-typo", "bfloat16"),
+                                        ("max-norm", "float32")])
+def test_newton_schulz_slips_are_caught(monkeypatch, dtype, bug):
+    fn = {"four-steps": _newton_schulz_with(bad_steps=4),
+          "coefficient-typo": _newton_schulz_with(bad_coefficients=(3.4445, -4.7750, 2.315)),
+          # the largest entry instead of the Frobenius norm: singular values start too big
+          "max-norm": _newton_schulz_with(normalize=lambda t: t / t.abs().max())}[bug]
+    plant(monkeypatch, "newton_schulz", fn)
+    assert failed("newton_schulz", dtype)
+
+
+def test_newton_schulz_band_check_fails_a_singular_value_outside_it():
+    from equivalence import cards
+
+    card = cards.get("newton_schulz")
+    G = torch.randn(12, 20, dtype=torch.float64)
+    args = dict(G=G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
+    ref, = card.reference(args)
+    assert all(ok for _, ok, _ in card.properties(args, [ref]))
+    U, S, Vh = torch.linalg.svd(ref, full_matrices=False)
+    for bad_value in (1.5, 0.3):  # one direction blown up, one not converged
+        S2 = S.clone()
+        S2[0] = bad_value
+        (_, ok, problem), = card.properties(args, [U @ torch.diag(S2) @ Vh])
+        assert not ok and "singular values" in problem

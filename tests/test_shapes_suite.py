@@ -68,6 +68,9 @@ def _expected_sizes(shape):
         return dict(B=s["B"], T=s["T"], I=s["I"], H=s["H"])
     if shape.component == "rope":
         return dict(B=s["B"], H=s["H"], N=s["N"], D=s["D"])
+    if shape.component == "newton_schulz":
+        return dict(M=min(s["rows"], s["cols"]), N=max(s["rows"], s["cols"]),
+                    transposed=s["rows"] > s["cols"])
     out = (s["H"] + 2 * s["padding"] - s["k"]) // s["stride"] + 1
     return dict(N=s["N"], C_in=s["C_in"], C_out=s["C_out"], kH=s["k"], H_out=out)
 
@@ -81,10 +84,12 @@ def test_full_shape_passes_the_contract_without_allocating(shape):
         got = VALIDATORS[shape.component](**args)
         for key, value in _expected_sizes(shape).items():
             assert got[key] == value, (shape.name, key, got[key], value)
-        assert args["x" if shape.component != "attention" else "q"].dtype == getattr(torch, shape.dtype)
+        main = {"attention": "q", "newton_schulz": "G"}.get(shape.component, "x")
+        assert args[main].dtype == getattr(torch, shape.dtype)
         flops = cards.get(shape.component).flops(args)
         nbytes = cards.get(shape.component).min_bytes(args)
-        assert flops["fwd"] > 0 and flops["bwd"] > 0 and nbytes["fwd"] > 0
+        forward_only = not cards.get(shape.component).differentiable  # newton_schulz
+        assert flops["fwd"] > 0 and (flops["bwd"] > 0 or forward_only) and nbytes["fwd"] > 0
         if shape.component == "conv_bn" and shape.sizes.get("channels_last"):
             assert args["x"].is_contiguous(memory_format=torch.channels_last)
 
@@ -108,7 +113,8 @@ def test_tiny_twins_build_and_keep_the_structure(component):
         for key in ("k", "stride", "padding", "channels_last"):
             assert tiny.get(key) == full.get(key), (shape.name, key)
         width = {"attention": "N", "layer_norm": "N", "mlp": "hidden", "lstm": "H",
-                 "conv_bn": "H", "rms_norm": "N", "rope": "N", "swiglu_mlp": "hidden"}[component]
+                 "conv_bn": "H", "rms_norm": "N", "rope": "N", "swiglu_mlp": "hidden",
+                 "newton_schulz": "cols"}[component]
         pow2 = full[width] & (full[width] - 1) == 0
         assert (tiny[width] & (tiny[width] - 1) == 0) == pow2 or tiny[width] == 1, shape.name
 
@@ -242,7 +248,7 @@ def test_cpu_run_writes_every_shape_and_a_plot(tmp_path, quick_timer, monkeypatc
             assert cudnn["status"] == "skip" and cudnn["reason"]
     groups = {r["group"] for r in saved["summary"]}
     assert groups == {"attention", "layer_norm", "mlp", "lstm", "conv_bn eval", "conv_bn train",
-                      "rms_norm", "rope", "swiglu_mlp"}
+                      "rms_norm", "rope", "swiglu_mlp", "newton_schulz"}
     assert all(r["timed"] == r["entries"] for r in saved["summary"] if r["level"] == "native")
     assert {r["status"] for r in saved["summary"] if r["level"] == "cuda"} <= \
         {"not evaluated", "no goal"}

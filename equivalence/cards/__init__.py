@@ -10,7 +10,9 @@ What the harness needs (every card defines these):
                    'small' (CPU runs), 'bench' (the GPU), sometimes more
     VARIANTS       variant name -> non-tensor keyword arguments (causal, training, ...)
     OUTPUTS        names of the flattened outputs, in order
-    DIFFERENTIABLE the arguments whose gradients are checked
+    DIFFERENTIABLE the arguments whose gradients are checked; () for a forward-only component
+                   (newton_schulz: Muon runs it under no_grad, its contract refuses a G that
+                   requires grad), whose backward is then neither run nor timed
     STRIDED        argument -> how the `strided` layout stores it (see LAYOUT_KINDS); a card
                    may instead define strided(args) -> args itself (attention: q, k, v
                    sliced from one packed (B, N, 3, H, D) buffer)
@@ -57,6 +59,13 @@ What the harness may use (defaults in brackets):
                    (rms_norm's kernels are layer_norm's without the mean): an assignment of
                    either hides the other's solution regions too (`levels assignment build`;
                    one card names it, the relation goes both ways) [()]
+    TOLERANCE      dtype -> the bound of that dtype for this component, where its math is
+                   an iteration whose roundings compound (newton_schulz: 15 rounded GEMMs,
+                   small singular values amplified 3.4x a step); each says its measurement
+                   [the bounds of equivalence/tolerances.py]
+    properties(args, outputs) -> [(what, ok, problem)]: checks of a level's outputs beyond
+                   the distance to the reference (newton_schulz: its singular values lie in
+                   Muon's band) [none]
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
@@ -221,6 +230,13 @@ class Card:
             layout = "contiguous" if contiguous else "strided"
         return Case(self.name, size, variant, dict(args), differentiable, mutated,
                     self.outputs + mutated, layout)
+
+    def tolerance(self, dtype: torch.dtype, default: float) -> float:
+        return getattr(self.module, "TOLERANCE", {}).get(dtype, default)
+
+    def properties(self, args: dict, outputs: list) -> list[tuple[str, bool, str]]:
+        fn = getattr(self.module, "properties", None)
+        return [] if fn is None else list(fn(args, outputs))
 
     def zero_gradient_scales(self, args: dict, upstream, grads: dict) -> dict:
         fn = getattr(self.module, "zero_gradient_scales", None)

@@ -164,10 +164,11 @@ def explain(component: str, level: str | int, device="cpu", *, variant: str | No
 
 def _run(fn, case: cards.Case, backward: bool = True, seed: int = 0):
     """Call fn on fresh leaf copies of the case's inputs; then backward with a fixed
-    upstream gradient. Returns the flat outputs."""
+    upstream gradient (none for a forward-only card: DIFFERENTIABLE = ()). Returns the flat
+    outputs."""
     args, _ = _prepare(case)
     outs = flatten(fn(**args))[:case.n_returned]
-    if backward:
+    if backward and case.differentiable:
         torch.autograd.backward(outs, _upstream(outs, seed))
     return outs
 
@@ -213,12 +214,14 @@ def _explain_native(component: str, case: cards.Case, device) -> list[Section]:
     args, _ = _prepare(case)
     with _OpRecorder() as fwd:
         outs = flatten(fn(**args))[:case.n_returned]
+    sections = [Section(_variant_title(case, "forward: ATen ops dispatched"), _op_table(fwd.ops))]
+    if not case.differentiable:  # a forward-only component
+        return sections
     upstream = _upstream(outs)
     with _OpRecorder() as bwd:
         torch.autograd.backward(outs, upstream)
-    return [Section(_variant_title(case, "forward: ATen ops dispatched"), _op_table(fwd.ops)),
-            Section(_variant_title(case, "backward: ATen ops dispatched by autograd"),
-                    _op_table(bwd.ops))]
+    return sections + [Section(_variant_title(case, "backward: ATen ops dispatched by autograd"),
+                               _op_table(bwd.ops))]
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,20 +291,22 @@ def _explain_torchscript(component: str, case: cards.Case, device) -> list[Secti
     outs = _run(fn, case, backward=False)
     forward = torch.jit.last_executed_optimized_graph()
     forward_text = str(forward)
-    torch.autograd.backward(outs, _upstream(outs))
-    backward = torch.jit.last_executed_optimized_graph()
-    fused = [n for n in _nodes(forward) if n.kind() in FUSION_KINDS]
-    fused += [n for n in _nodes(backward) if n.kind() in FUSION_KINDS]
+    backward = None
+    if case.differentiable:
+        torch.autograd.backward(outs, _upstream(outs))
+        backward = torch.jit.last_executed_optimized_graph()
+    fused = [n for g in (forward, backward) if g is not None for n in _nodes(g)
+             if n.kind() in FUSION_KINDS]
     sections = [
         Section(_variant_title(case, "forward: optimized graph summary"),
                 _fusion_report(forward) + ("" if fused else "\n\n" + _why_no_fusion(device))),
         Section(_variant_title(case, "forward: optimized graph "
                                      "(torch.jit.last_executed_optimized_graph)"), forward_text),
-        Section(_variant_title(case, "backward: the last backward graph autograd ran"),
-                "Each prim::DifferentiableGraph above carries its own backward graph (symbolic "
-                "derivatives), which the executor profiles and fuses like the forward one; "
-                "this is the last of them to run, optimized:\n" + _fusion_report(backward)),
-    ]
+    ] + ([Section(_variant_title(case, "backward: the last backward graph autograd ran"),
+                  "Each prim::DifferentiableGraph above carries its own backward graph (symbolic "
+                  "derivatives), which the executor profiles and fuses like the forward one; "
+                  "this is the last of them to run, optimized:\n" + _fusion_report(backward))]
+         if backward is not None else [])
     sections += [Section(title, body)
                  for title, body in cards.get(component).explain("torchscript", case, device)]
     return sections

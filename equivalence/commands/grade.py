@@ -327,8 +327,10 @@ def _grade_part(repo: Path, part: Part, timeout_s: float, device: str, dtypes, s
         return failed(f"the process died of signal {signal.Signals(-returncode).name}")
     if returncode != 0 or child is None:
         return failed(f"the process exited with code {returncode} before the checks finished")
-    from equivalence.cards import LAYOUTS
+    from equivalence.cards import LAYOUTS, get
 
+    if not get(part.component).differentiable:  # a forward-only card: the forward is all
+        shares = {**shares, "backward": 0.0}
     part_cells = cells(child["checks"], child["problems"], dtypes, list(LAYOUTS), shares)
     points = part.max_score * (1 - compiles_share - timed_share)
     score, reason, lines = verdict(part_cells, points, part.name)

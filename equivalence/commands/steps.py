@@ -41,7 +41,8 @@ GRAPH_WARMUP = 3  # eager steps before a step is captured (compiles, autotunes, 
 
 
 def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None,
-              amp: torch.dtype | None = None, cuda_graph: bool = False, world_size: int = 1):
+              amp: torch.dtype | None = None, cuda_graph: bool = False, world_size: int = 1,
+              make_optimizer=None, optimizer_s: list | None = None):
     """Train `net` on `batches`, then evaluate `inner` (the model inside `net`) on
     `val_batches`; returns (losses, seconds per step, validation loss). `aliased`, a list,
     receives the pairs of parameters that share one gradient tensor after the first backward.
@@ -53,12 +54,17 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
     forward, backward, clipping and Adam's update — is captured and every later step is one
     replay of it with the next batch copied into its input: no Python, no validation, no
     launches on the host. Adam runs `capturable` (its step count on the GPU) in every step of
-    such a run."""
+    such a run.
+
+    `make_optimizer(model)`: the optimizer (default Adam; `levels train --optimizer muon`
+    passes levels.optim.Muon at the run's level). `optimizer_s`, a list, receives each eager
+    step's optimizer time (clipping and the update), the device synchronized around it."""
     import torch.distributed as dist
 
     size = world_size
     params = list(net.parameters())
-    opt = torch.optim.Adam(params, lr=lr, capturable=cuda_graph)
+    opt = (make_optimizer(inner) if make_optimizer is not None
+           else torch.optim.Adam(params, lr=lr, capturable=cuda_graph))
     device_type = params[0].device.type
     scaler = torch.amp.GradScaler(device_type) if amp == torch.float16 else None
 
@@ -111,7 +117,13 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
             loss = step_fn(x, y)
             if step == 0 and aliased is not None:  # once: a property of the level's backward
                 aliased.extend(aliased_gradients(inner))
+            if optimizer_s is not None:
+                _synchronize(params[0].device)
+                opt_start = time.perf_counter()
             finish_step()
+            if optimizer_s is not None:
+                _synchronize(params[0].device)
+                optimizer_s.append(time.perf_counter() - opt_start)
         if cuda_graph:
             torch.cuda.current_stream().wait_stream(side)
         record(step, loss, start)
@@ -128,6 +140,11 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
             total += loss_of(inner(x), y).item()
     inner.train()
     return losses, step_s, total / max(len(val_batches), 1)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _capture_step(step_fn, finish_step, x, y):

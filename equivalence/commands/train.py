@@ -20,7 +20,7 @@ import levels
 from ..tolerances import tolerance
 from .console import (EXIT_NOTHING_RAN, EXIT_USAGE, Column, NothingToRun, Sheet, library_output_to,
                       resolve_device, terminal_console)
-from .training import (AMP_DTYPES, MODELS, PRESET_NAMES, REFERENCE, exit_code, mode_of,
+from .training import (AMP_DTYPES, MODELS, OPTIMIZERS, PRESET_NAMES, REFERENCE, exit_code, mode_of,
                        resolve_baselines, resolve_levels, train, world)
 
 
@@ -28,15 +28,17 @@ from .training import (AMP_DTYPES, MODELS, PRESET_NAMES, REFERENCE, exit_code, m
 # Files: JSON and the picture
 # ---------------------------------------------------------------------------------------
 
-def stem(model: str, preset_name: str, mode: str = "eager", amp: str | None = None) -> str:
-    """train-<model>-<preset>[-compile|-cuda-graph][-amp-<dtype>]: one file per table."""
+def stem(model: str, preset_name: str, mode: str = "eager", amp: str | None = None,
+         optimizer: str = "adam") -> str:
+    """train-<model>-<preset>[-compile|-cuda-graph][-amp-<dtype>][-muon]: one file per table."""
     return (f"train-{model}-{preset_name}" + ("" if mode == "eager" else f"-{mode}")
-            + (f"-amp-{amp}" if amp else ""))
+            + (f"-amp-{amp}" if amp else "") + ("" if optimizer == "adam" else f"-{optimizer}"))
 
 
 def paths(report: dict, out_dir) -> tuple[Path, Path]:
     s = report["settings"]
-    path = Path(out_dir) / stem(s["model"], s["preset"], s.get("mode", "eager"), s.get("amp"))
+    path = Path(out_dir) / stem(s["model"], s["preset"], s.get("mode", "eager"), s.get("amp"),
+                                s.get("optimizer_name", "adam"))
     return path.with_suffix(".json"), path.with_suffix(".png")
 
 
@@ -203,6 +205,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="after training, profile 3 more steps of each run with torch.profiler and "
                         "print where the step's time goes, by layer type (attention, MLP, "
                         "layer norm, LSTM, conv, embedding, optimizer, other)")
+    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
+                   help="adam (default), or muon: levels.optim.Muon, whose Newton-Schulz step runs "
+                        "at each run's level; the table then shows the optimizer step's time")
     p.add_argument("--out", default="levels-reports",
                    help="directory for train-<model>-<preset>.json, .png and .log")
     p.set_defaults(run=run_train)
@@ -249,14 +254,17 @@ def print_table(report: dict, console) -> None:
     base = next((r for r in report["runs"] if r["name"] == REFERENCE and r["status"] == "ok"), None)
     how = "" if s.get("mode", "eager") == "eager" else f", {s['mode']}"
     precision = f"float32 + autocast {s['amp']}" if s.get("amp") else s["dtype"]
+    muon = s.get("optimizer_name") == "muon"  # the optimizer step's time: its own column
+    how += ", Muon" if muon else ""
     table = Sheet(f"levels train — {s['model']}, preset '{s['preset']}'{how}, {precision}, {s['device']}, "
                   f"{s['steps']} steps × {s['items_per_step']} {s['unit'].split('/')[0]}"
                   + (f", {s['world_size']} processes" if s["world_size"] > 1 else ""),
                   [Column("run"), Column("status", under="run"), "loss first → last",
                    Column("val loss", "right", under="loss first → last"),
                    Column(s["unit"], "right"), Column("vs native", "right", under=s["unit"]),
-                   Column("1st step", "right"),
-                   f"vs native: first {agree['early_steps']} / later"])
+                   Column("1st step", "right")]
+                  + ([Column("opt. step", "right")] if muon else [])
+                  + [f"vs native: first {agree['early_steps']} / later"])
     for r in report["runs"]:
         a = agree["runs"].get(r["name"])
         if r["status"] != "ok":
@@ -264,8 +272,8 @@ def print_table(report: dict, console) -> None:
             reason = r["reason"]  # a skip's reason whole; an error's traceback cut short
             if r["status"] != "skip" and len(reason) > 400:
                 reason = reason[:400] + "… (the JSON has it all)"
-            table.add_row(escape(_label(r)), f"[{style}]{r['status']}[/]", "", "", "", "", "", "",
-                          note=reason)
+            table.add_row(escape(_label(r)), f"[{style}]{r['status']}[/]",
+                          *[""] * (7 if muon else 6), note=reason)
             continue
         t = r["timing"]
         # the interpreter emulates the GPU on the CPU: its tokens/s are no speed figure
@@ -287,8 +295,10 @@ def print_table(report: dict, console) -> None:
             notes.append("parameters share one gradient tensor, so clipping scales it twice: "
                          + ", ".join(f"{x} = {y}" for x, y in r["aliased_gradients"]))
         first = "—" if r["interpreted"] else f"{t['first_step_s']:.2f} s"
+        opt_ms = t.get("median_optimizer_ms")
+        opt = ["—" if r["interpreted"] or opt_ms is None else f"{opt_ms:.2f} ms"] if muon else []
         table.add_row(escape(_label(r)), "[green]ok[/]", f"{r['losses'][0]:.4f} → {r['losses'][-1]:.4f}",
-                      f"{r['val_loss']:.4f}", rate, vs, first, agreed, note=", ".join(notes))
+                      f"{r['val_loss']:.4f}", rate, vs, first, *opt, agreed, note=", ".join(notes))
     table.print(console)
 
 
@@ -296,7 +306,8 @@ def _run(args, console, names, baselines, device) -> int:
     _, rank, _ = world()
     out = Path(args.out)
     name = stem(args.model, args.preset, mode_of(args.compile, getattr(args, "cuda_graph", False)),
-                args.amp and str(AMP_DTYPES[args.amp]).removeprefix("torch."))
+                args.amp and str(AMP_DTYPES[args.amp]).removeprefix("torch."),
+                getattr(args, "optimizer", "adam"))
     log_path = out / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log")  # beside its JSON
     with library_output_to(log_path, console) as quiet:
         with _progress(quiet) as progress:
@@ -327,7 +338,7 @@ def _run(args, console, names, baselines, device) -> int:
             report = train(args.model, names, baselines, args.preset, args.steps, device, args.dtype,
                            args.seed, args.batch, args.compile, args.compile_mode, on_run, on_step,
                            getattr(args, "breakdown", False), args.amp,
-                           getattr(args, "cuda_graph", False))
+                           getattr(args, "cuda_graph", False), getattr(args, "optimizer", "adam"))
         if rank != 0:
             return exit_code(report)
         json_path, png_path = save(report, out)

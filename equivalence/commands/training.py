@@ -148,6 +148,7 @@ class Run:
     graph_breaks: int | None = None
     aliased_gradients: list = field(default_factory=list)  # pairs of parameters sharing a .grad
     breakdown: dict | None = None   # --breakdown: ms per step by layer type (equivalence.breakdown)
+    optimizer_s: list = field(default_factory=list)  # --optimizer muon: each step's update
 
     def timing(self, items_per_step: int) -> dict | None:
         """First step, steady-state median and p20/p80 (after WARMUP steps), items/s."""
@@ -156,9 +157,11 @@ class Run:
         warm = self.step_s[min(WARMUP, len(self.step_s) - 1):]
         q = statistics.quantiles(warm, n=5, method="inclusive") if len(warm) > 1 else [warm[0]] * 4
         median = statistics.median(warm)
+        opt = self.optimizer_s[min(WARMUP, len(self.optimizer_s) - 1):]
         return {"first_step_s": self.step_s[0], "median_step_ms": median * 1e3,
                 "p20_step_ms": q[0] * 1e3, "p80_step_ms": q[3] * 1e3, "steps_timed": len(warm),
-                "items_per_s": items_per_step / median}
+                "items_per_s": items_per_step / median,
+                "median_optimizer_ms": statistics.median(opt) * 1e3 if opt else None}
 
     def to_dict(self, items_per_step: int) -> dict:
         return {**asdict(self), "timing": self.timing(items_per_step)}
@@ -358,6 +361,31 @@ def agreement(runs: list[Run], dtype: torch.dtype, reference: str = REFERENCE,
 
 
 # ---------------------------------------------------------------------------------------
+# The optimizer
+# ---------------------------------------------------------------------------------------
+
+OPTIMIZERS = ("adam", "muon")
+MUON_LR = 0.02  # Muon's own default (Jordan et al.); AdamW's part takes the preset's lr
+
+
+def optimizer_factory(name: str, level: str, lr: float, ns_dtype: torch.dtype):
+    """(make_optimizer for train_run or None for its Adam, the report's description). Muon
+    runs newton_schulz at the run's own level (baselines: Level 1's), in `ns_dtype`."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"argument '--optimizer' must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
+    if name == "adam":
+        return None, "Adam, gradient norm clipped at 1.0"
+    from levels.optim import Muon, split_parameters
+
+    def make(model):
+        hidden, rest = split_parameters(model)
+        return Muon(hidden, rest, lr=MUON_LR, adamw_lr=lr, level=level, ns_dtype=ns_dtype)
+    return make, (f"Muon (lr {MUON_LR}, momentum 0.95 Nesterov, 5 Newton-Schulz steps in "
+                  f"{str(ns_dtype).removeprefix('torch.')} at each run's level) for the 2-D "
+                  f"hidden weights, AdamW for the rest; gradient norm clipped at 1.0")
+
+
+# ---------------------------------------------------------------------------------------
 # The whole comparison
 # ---------------------------------------------------------------------------------------
 
@@ -375,7 +403,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
           steps: int | None = None, device=None, dtype: str | None = None, seed: int = 0,
           batch: int | None = None, compile_model: bool = False, compile_mode: str | None = None,
           on_run=None, on_step=None, breakdown: bool = False, amp: str | None = None,
-          cuda_graph: bool = False) -> dict:
+          cuda_graph: bool = False, optimizer: str = "adam") -> dict:
     """Train `model` at each of `level_names` (and each baseline) from the same weights on the
     same batches; returns the report `levels train` writes. Progress callbacks:
     on_run(run, phase, steps, items_per_step) with phase "start" before a run (or its skip) and
@@ -383,7 +411,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
     `amp` ("bf16" or "fp16"): float32 parameters, the forward under torch.autocast of that
     dtype (see train_run). `cuda_graph`: every step after the warm-up replays one captured
     CUDA graph (GPU only; not with compile_model, torchrun or fp16's loss scaling, whose
-    overflow check reads a value on the host every step)."""
+    overflow check reads a value on the host every step). `optimizer`: "adam" or "muon"
+    (levels.optim.Muon at each run's level, its step timed on its own: Run.optimizer_s)."""
     p = preset(model, preset_name)
     device = torch.device(device) if device is not None else environment.default_device()
     if preset_name == "gpu" and device.type != "cuda":
@@ -412,9 +441,12 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                "no --compile (the whole step is captured instead)" if compile_model else
                "one process (no torchrun)" if size > 1 else
                "--amp bf16, not fp16 (fp16's loss scaler checks for overflow on the host every "
-               "step, which a captured step cannot)" if amp_dtype == torch.float16 else None)
+               "step, which a captured step cannot)" if amp_dtype == torch.float16 else
+               "--optimizer adam (Muon's step is timed eagerly, between synchronizations)"
+               if optimizer == "muon" else None)
         if why:
             raise ValueError(f"argument '--cuda-graph' needs {why}")
+    optimizer_factory(optimizer, REFERENCE, p["lr"], torch.float32)  # refuses a bad name first
     if size > 1:
         device = init_distributed(device)
 
@@ -457,11 +489,14 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                 breaks = _graph_breaks()
             try:
                 net, inner = prepare_model(model, twin, run, device, mode)
+                make_opt, _ = optimizer_factory(optimizer, REFERENCE if run.kind == "baseline"
+                                                else run.name, p["lr"], amp_dtype or torch_dtype)
                 run.losses, run.step_s, run.val_loss = train_run(
                     net, inner, train_batches, val_batches, p["lr"],
                     on_step=(lambda s, loss, sec, run=run: on_step(run, s, loss, sec, items_per_step))
                     if on_step else None, aliased=run.aliased_gradients, amp=amp_dtype,
-                    cuda_graph=cuda_graph, world_size=size)
+                    cuda_graph=cuda_graph, world_size=size, make_optimizer=make_opt,
+                    optimizer_s=run.optimizer_s if make_opt is not None else None)
                 if breakdown:
                     run.breakdown = _breakdown(net, inner, run, train_batches, p["lr"], size)
             except Exception as exc:  # noqa: BLE001 - a level that raises is a result, reported
@@ -475,7 +510,9 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
     return {
         "settings": {"model": model, "preset": preset_name, "config": p["config"], "batch": p["batch"],
                      "seq_len": p.get("seq_len"), "image": p.get("image"), "steps": p["steps"],
-                     "lr": p["lr"], "optimizer": "Adam, gradient norm clipped at 1.0",
+                     "lr": p["lr"], "optimizer_name": optimizer,
+                     "optimizer": optimizer_factory(optimizer, REFERENCE, p["lr"],
+                                                    amp_dtype or torch_dtype)[1],
                      "dtype": str(torch_dtype).removeprefix("torch."), "device": str(device),
                      "seed": seed, "levels": list(level_names), "baselines": list(baselines),
                      "compile_model": compile_model, "compile_mode": mode, "world_size": size,

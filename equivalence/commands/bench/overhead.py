@@ -79,6 +79,8 @@ def _passes(impl, args: dict, component: str, seed: int):
 
     leaves = own_args(args, component, training=True)
     call_g, inputs = impl.prepare(leaves)
+    if not cards.get(component).differentiable:  # forward only: its step is the forward
+        return forward, forward
     grads = []
 
     def forward_backward():
@@ -200,6 +202,9 @@ def _graph_passes(component: str, name: str, args: dict, seed: int):
     def forward():
         with torch.no_grad():
             return fwd_graph(*inputs)
+
+    if not cards.get(component).differentiable:  # forward only: its step is the forward
+        return forward, forward, capture_fwd_ms, capture_fwd_ms
 
     leaves = own_args(args, component, training=True)
     inputs_g = [leaves[n] for n in cards.get(component).graph_inputs]

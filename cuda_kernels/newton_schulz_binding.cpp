@@ -1,0 +1,58 @@
+// newton_schulz_binding.cpp — the newton_schulz part of the one torch-facing unit (a fragment:
+// build.py appends it to binding.cpp's prelude, so torch's headers are in and
+// levels_cuda::{stream, dtype_code, check, in, out, shape} and LEVELS_CHECK exist).
+//
+// Op (validated in Python first: levels/contract.py; forward only, so the op a call is is
+// this kernel op itself, with no autograd):
+//   newton_schulz(G, steps, a, b, c, eps, version) -> out   G's shape and dtype, contiguous
+
+extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, int64_t sgm,
+                                    int64_t sgn, void* out, int64_t som, int64_t son, int64_t M,
+                                    int64_t N, int steps, float a, float b, float c, float eps,
+                                    void* A, void* Bm, void* X0, void* X1, float* partials,
+                                    float* scale, cudaStream_t stream);
+
+namespace levels_cuda_newton_schulz {
+
+at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b, double c,
+                         double eps, int64_t version) {
+  LEVELS_CHECK(G.dim() == 2 && G.numel() > 0,
+               "levels_cuda::newton_schulz: 'G' must be a non-empty 2-D matrix; got " +
+                   levels_cuda::shape(G));
+  LEVELS_CHECK(steps >= 0, "levels_cuda::newton_schulz: 'steps' must be >= 0; got " +
+                               std::to_string(steps));
+  const c10::DeviceGuard guard(G.device());
+  at::Tensor result = at::empty(G.sizes(), G.options());
+  // A tall G is iterated as G^T: the same memory through swapped strides (so is the result)
+  const bool tall = G.size(0) > G.size(1);
+  const int64_t M = tall ? G.size(1) : G.size(0), N = tall ? G.size(0) : G.size(1);
+  const int64_t sgm = tall ? G.stride(1) : G.stride(0), sgn = tall ? G.stride(0) : G.stride(1);
+  const int64_t som = tall ? 1 : N, son = tall ? M : 1;  // result is contiguous in G's shape
+  at::Tensor A = at::empty({M, M}, G.options());
+  at::Tensor Bm = at::empty({M, M}, G.options());
+  at::Tensor X0 = at::empty({steps >= 2 ? M : 0, N}, G.options());
+  at::Tensor X1 = at::empty({steps >= 3 ? M : 0, N}, G.options());
+  at::Tensor partials = at::empty({1024}, G.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty({1}, G.options().dtype(at::kFloat));
+  const int status = levels_newton_schulz_run(
+      levels_cuda::dtype_code(G), static_cast<int>(version), levels_cuda::in(G), sgm, sgn,
+      levels_cuda::out(result), som, son, M, N, static_cast<int>(steps), static_cast<float>(a),
+      static_cast<float>(b), static_cast<float>(c), static_cast<float>(eps), levels_cuda::out(A),
+      levels_cuda::out(Bm), X0.numel() ? levels_cuda::out(X0) : nullptr,
+      X1.numel() ? levels_cuda::out(X1) : nullptr,
+      static_cast<float*>(levels_cuda::out(partials)), static_cast<float*>(levels_cuda::out(scale)),
+      levels_cuda::stream());
+  levels_cuda::check(status, "newton_schulz", version);
+  return result;
+}
+
+}  // namespace levels_cuda_newton_schulz
+
+TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
+  m.def("newton_schulz(Tensor G, int steps, float a, float b, float c, float eps, int version) "
+        "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {
+  m.impl("newton_schulz", &levels_cuda_newton_schulz::newton_schulz);
+}

@@ -1,0 +1,104 @@
+"""newton_schulz speed goals (issue #31), bf16 on an H100:
+
+- Levels 4 and 5 at >= 1.4x native (Level 1's three GEMMs and three pointwise passes a
+  step) at 1024x1024, 4096x4096, 4096x11008, and on the parameter lists of GPT-2 small and
+  Llama 2 7B (one transformer block's 2-D weights, each orthogonalized once per Muon step:
+  the whole list timed as one figure, as an optimizer step sees it);
+- the symmetric X X^T kernel (triton_kernels/newton_schulz.symmetric_product, one triangle
+  of tiles launched and mirrored) >= 1.5x torch.matmul(X, X.T) at 4096 and 8192 (X of 4096
+  columns, bf16).
+
+Kernel time (equivalence.timing, prime=True): Level 4's and 5's 2 + 3 * steps launches are
+short against their host work at 1024^2. Figures without a goal, for scale: Muon's own addmm
+iteration (the card's library call) and torch.compile of the Level 1 math."""
+
+from __future__ import annotations
+
+import torch
+
+import levels
+from ... import cards
+
+from .goals import Figure, figure
+
+PRIME = True
+GOAL = 1.4  # Levels 4 and 5 over native
+SYMMETRIC_GOAL = 1.5  # the symmetric kernel over torch.matmul(X, X.T)
+SQUARE = ((1024, 1024), (4096, 4096), (4096, 11008))
+PARAMETER_LISTS = {  # (rows, cols) of one block's 2-D weights, as nn.Linear stores them
+    "gpt2-small block": ((2304, 768), (768, 768), (3072, 768), (768, 3072)),
+    "llama2-7b block": ((4096, 4096),) * 4 + ((11008, 4096),) * 2 + ((4096, 11008),),
+}
+KERNEL_LEVELS = ("triton", "cuda")
+
+
+def _matrices(shapes, dtype, device):
+    g = torch.Generator().manual_seed(0)
+    return [cards.randn(s, g, dtype, device) for s in shapes]
+
+
+def _over_list(fn, Gs):
+    def go():
+        for G in Gs:
+            fn(G)
+    return go
+
+
+def _levels_figures(name, shapes, Gs, dtype, device) -> list:
+    card = cards.get("newton_schulz")
+    flops = sum(card.flops({"G": G, "steps": 5})["fwd"] for G in Gs)
+    shape = {"shapes": [list(s) for s in shapes]}
+    native = figure("newton_schulz", name, "native", dtype, shape,
+                    _over_list(levels.get("native").newton_schulz, Gs), device, flops=flops,
+                    prime=PRIME, notes="three cuBLAS GEMMs + three pointwise passes a step")
+    figs = [native]
+    for level in ("compile",) + KERNEL_LEVELS:
+        reason = levels.status(level, device, "newton_schulz")
+        if reason:
+            figs.append(figure_skip(name, level, dtype, shape, reason))
+            continue
+        fn = levels.get(level).newton_schulz
+        figs.append(figure("newton_schulz", name, level, dtype, shape, _over_list(fn, Gs), device,
+                           flops=flops, baseline="native", baseline_ms=native.ms,
+                           goal=GOAL if level in KERNEL_LEVELS else None, prime=PRIME))
+    lib = card.libraries(device, dtype)[0]
+    calls = [lib.prepare(dict(G=G, steps=5, coefficients=card.module.COEFFICIENTS, eps=1e-7))[0]
+             for G in Gs]
+    figs.append(figure("newton_schulz", name, "library", dtype, shape,
+                       lambda: [c() for c in calls], device, flops=flops, baseline="native",
+                       baseline_ms=native.ms, prime=PRIME, notes=lib.name))
+    return figs
+
+
+def figure_skip(name, level, dtype, shape, reason):
+    return Figure(component="newton_schulz", name=name, level=level,
+                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=float("nan"),
+                  spread_ms=(float("nan"), float("nan")), notes=f"not timed: {reason}")
+
+
+def run(device) -> list:
+    device = torch.device(device)
+    dtype = torch.bfloat16
+    figs = []
+    with torch.no_grad():
+        for rows, cols in SQUARE:
+            Gs = _matrices([(rows, cols)], dtype, device)
+            figs += _levels_figures(f"{rows}x{cols}", [(rows, cols)], Gs, dtype, device)
+        for name, shapes in PARAMETER_LISTS.items():
+            figs += _levels_figures(name, shapes, _matrices(shapes, dtype, device), dtype, device)
+        from triton_kernels.newton_schulz import symmetric_product
+
+        for M in (4096, 8192):
+            X = _matrices([(M, 4096)], dtype, device)[0]
+            flops = 2 * M * M * 4096  # what a full GEMM computes: the symmetric kernel's "effective"
+            shape = {"M": M, "K": 4096}
+            base = figure("newton_schulz", f"X X^T {M}x4096", "library", dtype, shape,
+                          lambda X=X: torch.matmul(X, X.T), device, flops=flops, prime=PRIME,
+                          notes="torch.matmul(X, X.T): cuBLAS computes both triangles")
+            out = torch.empty((M, M), dtype=dtype, device=device)
+            figs += [base, figure("newton_schulz", f"X X^T {M}x4096", "triton", dtype, shape,
+                                  lambda X=X, out=out: symmetric_product(X, out=out), device,
+                                  flops=flops, baseline="torch.matmul(X, X.T)",
+                                  baseline_ms=base.ms, goal=SYMMETRIC_GOAL, prime=PRIME,
+                                  notes="one triangle of tiles, mirrored on store")]
+    return figs

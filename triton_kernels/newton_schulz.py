@@ -1,0 +1,274 @@
+"""Newton-Schulz orthogonalization (Muon's) in Triton: a chain of GEMMs that knows its
+matrices are symmetric.
+
+Each of the `steps` iterations is X <- aX + (bA + cA^2)X with A = X X^T, on X (m, n), m <= n.
+Level 1 runs it as three cuBLAS GEMMs and three pointwise passes a step. What this file adds:
+
+- Symmetry, half the work. A = X X^T is symmetric, and so is B = bA + cA^2 (a polynomial
+  in A; A^2 = A A^T because A = A^T). A GEMM computes every (i, j) tile of its output;
+  `sym_kernel` launches one program per tile on or below the diagonal, m_t (m_t + 1) / 2
+  of the m_t^2 tiles, and each program stores its tile twice: at (i, j) and, transposed,
+  at (j, i). The two symmetric products, 2 m^2 n + 2 m^3 of a step's 4 m^2 n + 2 m^3 FLOPs,
+  then cost about half: at m = n a step drops from 6 m^3 to about 4 m^3 multiply-adds.
+- The pointwise work in the epilogues. b*A + c*(A A) is one `sym_kernel` launch whose
+  epilogue reads the (i, j) tile of A and adds it before the store; a*X + B X is one
+  `update_kernel` launch (a GEMM whose epilogue reads X's tile). No pointwise pass over
+  memory remains: three launches a step, against six at Level 1.
+- The normalization folded in. X0 = G / (||G|| + eps) is never written: two small
+  launches compute s = 1 / (||G|| + eps) into a one-element buffer (partial sums of squares
+  per block of rows, then one program adds them in a fixed order: no atomics, the same bits
+  every run), and the first step reads G itself, scaling A by s^2 and its update by s.
+- No transposes. A tall G (rows > cols) is iterated as G^T, and G^T is only other strides:
+  the kernels take every operand's two strides, so G (any view) is read where it lies and
+  the last step writes the result straight into the output in G's orientation.
+
+What it costs: the intermediates A, B (m x m) and X (m x n) still make a round trip through
+memory between launches (a step cannot be one launch: B needs all of A, the update all of
+B); every launch is a GEMM we tile ourselves. The tiles are square (BLOCK x BLOCK) so a
+tile's mirror image is a tile. Intermediates are stored in G's dtype, as Level 1 stores
+them (Muon iterates in bfloat16); every dot accumulates in fp32.
+
+Precision: fp32 dots use input_precision="ieee" (no TF32: the fp32 bound applies);
+16-bit ones run on the tensor cores. In the interpreter tiles are upcast to fp32 first
+(its bf16 arithmetic is wrong), as in gemm.py. Offsets are 32-bit: levels.triton refuses
+operands and intermediates of >= 2**31 elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm import INTERPRETED, grouped_tile
+from .launch import cdiv, fast_launch
+
+
+@fast_launch
+@triton.jit
+def sum_squares_kernel(x_ptr, part_ptr, R, C, stride_r, stride_c,
+                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """part[pid] = sum of x^2 over rows [pid*BLOCK_R, +BLOCK_R) of the (R, C) view x, in fp32."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    ### BEGIN SOLUTION
+    for c0 in range(0, C, BLOCK_C):
+        mask = (rows[:, None] < R) & ((c0 + cols)[None, :] < C)
+        x = tl.load(x_ptr + rows[:, None] * stride_r + (c0 + cols)[None, :] * stride_c,
+                    mask=mask, other=0.0).to(tl.float32)
+        acc += x * x
+    ### END SOLUTION
+    tl.store(part_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@fast_launch
+@triton.jit
+def inverse_norm_kernel(part_ptr, scale_ptr, P, eps, BLOCK_P: tl.constexpr):
+    """scale[0] = 1 / (sqrt(sum of the P partial sums) + eps): one program, a fixed order."""
+    offs = tl.arange(0, BLOCK_P)
+    acc = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        acc += tl.load(part_ptr + p0 + offs, mask=p0 + offs < P, other=0.0)
+    ### BEGIN SOLUTION
+    total = tl.sum(acc, axis=0)
+    tl.store(scale_ptr, 1.0 / (tl.sqrt(total) + tl.cast(eps, tl.float32)))
+    ### END SOLUTION
+
+
+@triton.jit
+def lower_tile(pid):
+    """(i, j), j <= i: the pid-th tile of the lower triangle, row by row (tile (i, j) is
+    number i (i + 1) / 2 + j). i is the triangular root of pid, computed in fp32 and then
+    corrected by one in either direction (the square root may round across an integer)."""
+    i = ((tl.sqrt(8.0 * pid.to(tl.float32) + 1.0) - 1.0) * 0.5).to(tl.int32)
+    i = tl.where((i + 1) * (i + 2) // 2 <= pid, i + 1, i)
+    i = tl.where(i * (i + 1) // 2 > pid, i - 1, i)
+    return i, pid - i * (i + 1) // 2
+
+
+@fast_launch
+@triton.jit
+def sym_kernel(x_ptr, y_ptr, out_ptr, scale_ptr, M, K,
+               stride_xm, stride_xk, stride_ym, stride_yn, stride_om, stride_on,
+               alpha, beta,
+               SCALED: tl.constexpr, HAS_Y: tl.constexpr, UPCAST: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out = alpha * s^2 * (X X^T) + beta * Y for X (M, K) and a symmetric Y (M, M); s = scale[0]
+    if SCALED else 1. One program per tile (i, j) with j <= i; it stores its tile and, off the
+    diagonal, the tile's transpose at (j, i). A = X X^T is (alpha, beta) = (1, 0); B = bA + cA^2
+    is X = A, Y = A, (alpha, beta) = (c, b), since A A = A A^T."""
+    ti, tj = lower_tile(tl.program_id(0))
+    offs_i = ti * BLOCK + tl.arange(0, BLOCK)
+    offs_j = tj * BLOCK + tl.arange(0, BLOCK)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past M are wrapped, not masked: they read valid rows that only feed output
+    # elements the store masks away. K is masked: it is summed over.
+    xi_ptrs = x_ptr + (offs_i % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    xj_ptrs = x_ptr + (offs_j % M)[None, :] * stride_xm + offs_k[:, None] * stride_xk
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    ### BEGIN SOLUTION
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xi = tl.load(xi_ptrs, mask=k_ok[None, :], other=0.0)
+        xj = tl.load(xj_ptrs, mask=k_ok[:, None], other=0.0)  # X_j^T: (BLOCK_K, BLOCK)
+        if UPCAST:
+            xi = xi.to(tl.float32)
+            xj = xj.to(tl.float32)
+        acc = tl.dot(xi, xj, acc, input_precision=DOT_PRECISION)
+        xi_ptrs += BLOCK_K * stride_xk
+        xj_ptrs += BLOCK_K * stride_xk
+    if SCALED:
+        s = tl.load(scale_ptr)
+        acc = acc * (s * s)
+    acc = acc * alpha
+    mask = (offs_i[:, None] < M) & (offs_j[None, :] < M)
+    if HAS_Y:
+        y = tl.load(y_ptr + offs_i[:, None] * stride_ym + offs_j[None, :] * stride_yn,
+                    mask=mask, other=0.0)
+        acc += beta * y.to(tl.float32)
+    tile = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offs_i[:, None] * stride_om + offs_j[None, :] * stride_on, tile, mask=mask)
+    if ti != tj:
+        # the mirror image: element (r, c) of this tile is element (c, r) of tile (j, i)
+        tl.store(out_ptr + offs_i[:, None] * stride_on + offs_j[None, :] * stride_om, tile,
+                 mask=mask)
+    ### END SOLUTION
+
+
+@fast_launch
+@triton.jit
+def update_kernel(b_ptr, x_ptr, out_ptr, scale_ptr, M, N, K,
+                  stride_bm, stride_bk, stride_xm, stride_xn, stride_om, stride_on, a,
+                  SCALED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """out = s * (a X + B X) for B (M, M) and X (M, N), K = M (K = 0: out = s * a * X, the
+    normalization alone, for steps=0); s = scale[0] if SCALED else 1. A GEMM whose epilogue
+    adds a X from the tile of X it reads once more, where Level 1 makes a pass of its own."""
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = b_ptr + (offs_m % M)[:, None] * stride_bm + offs_k[None, :] * stride_bk
+    x_ptrs = x_ptr + offs_k[:, None] * stride_xm + (offs_n % N)[None, :] * stride_xn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ### BEGIN SOLUTION
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        bt = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+        xt = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            bt = bt.to(tl.float32)
+            xt = xt.to(tl.float32)
+        acc = tl.dot(bt, xt, acc, input_precision=DOT_PRECISION)
+        b_ptrs += BLOCK_K * stride_bk
+        x_ptrs += BLOCK_K * stride_xm
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask,
+                other=0.0)
+    acc += a * x.to(tl.float32)
+    if SCALED:
+        acc = acc * tl.load(scale_ptr)
+    ### END SOLUTION
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+KERNELS = [sum_squares_kernel, inverse_norm_kernel, sym_kernel, update_kernel]
+
+
+def uses_tf32(device, dtype) -> bool:
+    return False  # fp32 dots are input_precision="ieee"
+
+
+def _tiles(dtype: torch.dtype) -> dict:
+    """Tile sizes: small in the interpreter (it runs every element in numpy), 128 x 128
+    output tiles with 64-wide K steps for 16-bit dots on a GPU, half that for fp32's ieee
+    dots (three times the registers and shared memory per element)."""
+    if INTERPRETED:
+        return dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        return dict(BLOCK=64, BLOCK_K=32, num_warps=4, num_stages=3)
+    return dict(BLOCK=128, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+def _common(dtype: torch.dtype) -> dict:
+    return dict(UPCAST=INTERPRETED, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+
+
+def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: float = 1.0,
+                      beta: float = 0.0, scale: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """alpha * s^2 * x x^T + beta * y (y symmetric, or None) for a 2-D x of any strides: one
+    launch of m_t (m_t + 1) / 2 tile programs (m_t = ceil(m / BLOCK)). Public: the bench
+    times it against torch.matmul(x, x.T)."""
+    M, K = x.shape
+    out = torch.empty((M, M), dtype=x.dtype, device=x.device) if out is None else out
+    t = _tiles(x.dtype)
+    tiles = cdiv(M, t["BLOCK"])
+    yy = out if y is None else y
+    sym_kernel[(tiles * (tiles + 1) // 2,)](
+        x, yy, out, out if scale is None else scale, M, K, x.stride(0), x.stride(1),
+        yy.stride(0), yy.stride(1), out.stride(0), out.stride(1), float(alpha), float(beta),
+        SCALED=scale is not None, HAS_Y=y is not None, **_common(x.dtype), **t)
+    return out
+
+
+def _update(b, x, out, a, scale=None, K=None):
+    M, N = x.shape
+    t = _tiles(x.dtype)
+    grid = (cdiv(M, t["BLOCK"]) * cdiv(N, t["BLOCK"]),)
+    update_kernel[grid](
+        b, x, out, out if scale is None else scale, M, N, M if K is None else K,
+        b.stride(0), b.stride(1), x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        float(a), SCALED=scale is not None, BLOCK_M=t["BLOCK"], BLOCK_N=t["BLOCK"],
+        BLOCK_K=t["BLOCK_K"], GROUP_M=8, num_warps=t["num_warps"], num_stages=t["num_stages"],
+        **_common(x.dtype))
+
+
+def inverse_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """A one-element fp32 tensor holding 1 / (||x||_F + eps): two launches, no atomics."""
+    R, C = x.shape
+    BLOCK_R = 16 if INTERPRETED else 32
+    parts = torch.empty((cdiv(R, BLOCK_R),), dtype=torch.float32, device=x.device)
+    sum_squares_kernel[(parts.numel(),)](x, parts, R, C, x.stride(0), x.stride(1),
+                                         BLOCK_R=BLOCK_R, BLOCK_C=64 if INTERPRETED else 256)
+    scale = torch.empty((1,), dtype=torch.float32, device=x.device)
+    inverse_norm_kernel[(1,)](parts, scale, parts.numel(), eps, BLOCK_P=64 if INTERPRETED else 1024)
+    return scale
+
+
+def check(G) -> None:
+    """What only these kernels refuse (levels.triton runs it once per argument signature,
+    after the contract): float64 (the dots have no fp64 path on a GPU)."""
+    if G.dtype == torch.float64:
+        raise TypeError("newton_schulz: argument 'G' must be float16, bfloat16 or float32 for "
+                        "the Triton kernels; got torch.float64")
+
+
+def newton_schulz(G, steps: int, a: float, b: float, c: float, eps: float):
+    """Called by levels.triton.newton_schulz after the shared validation and `check`:
+    2 + 3 * steps launches (steps=0: 3). No autograd: the contract refuses a G that
+    requires grad, and the output is a new tensor in G's shape, dtype and orientation."""
+    tall = G.shape[0] > G.shape[1]
+    X = G.t() if tall else G  # a view: (m, n) with m <= n, read through its strides
+    M, N = X.shape
+    result = torch.empty(G.shape, dtype=G.dtype, device=G.device)
+    out = result.t() if tall else result  # the last launch writes G's orientation directly
+    scale = inverse_norm(X, eps)
+    if steps == 0:
+        _update(X, X, out, 1.0, scale=scale, K=0)
+        return result
+    A = torch.empty((M, M), dtype=G.dtype, device=G.device)
+    B = torch.empty_like(A)
+    spare = [torch.empty((M, N), dtype=G.dtype, device=G.device) for _ in range(min(steps - 1, 2))]
+    for step in range(steps):
+        first = step == 0
+        symmetric_product(X, scale=scale if first else None, out=A)  # A = X X^T
+        symmetric_product(A, A, alpha=c, beta=b, out=B)  # B = b A + c A^2
+        target = out if step == steps - 1 else spare[step % 2]
+        _update(B, X, target, a, scale=scale if first else None)  # X <- a X + B X
+        X = target
+    return result
