@@ -9,10 +9,11 @@
 #   attention   the GPU tests of attention at Levels 4 and 5 (rope=, grouped-query heads on
 #               the tensor cores), `levels check` of attention at Levels 4-5
 #   empty       the GPU tests of empty batches at every level
+#   probe       scripts/probe_attention_rope_gqa.py: rope fused vs alone, Level 5 v3-v5 with GQA
 #   grading     the grader's Level 5 rules: reference full marks, the planted cheats 0
 #   bench       BENCH="component ...": each one's `levels bench`
-#   ns          newton_schulz: GPU tests, `levels check`, the suite's shapes (--resume)
-#   train       TRAIN="model:mode[:optimizer]": `levels train --preset gpu --level all`
+#   ns          newton_schulz: GPU tests (Levels 4, 5, Muon), `levels check` at Levels 4-5
+#   train       TRAIN="model:mode[:optimizer]": `levels train --preset gpu --level all --baseline torch`
 #   badinputs   the bad-input GPU report
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -37,6 +38,7 @@ for step in "$@"; do
       timeout 150 python3 -m equivalence check --component attention --device cuda \
         --dtype fp16,bf16 --level 4,5 --json "$OUT/check-attention.json" | tail -n 8 ;;
     empty) gpu_tests empty 150 tests/test_empty_tensors.py ;;
+    probe) timeout 200 python3 scripts/probe_attention_rope_gqa.py "$OUT/attention-rope-gqa.json" ;;
     grading) gpu_tests grading 240 tests/test_grading.py -k "cuda_reference or cuda_level_gives" ;;
     bench)
       for c in ${BENCH:-attention}; do
@@ -45,7 +47,7 @@ for step in "$@"; do
         grep -E "rope|fused|goal|met|yes|no " "$OUT/bench-$c.txt" | cut -c1-180 | tail -n 30
       done ;;
     ns)
-      gpu_tests newton_schulz 150 tests/test_triton_newton_schulz.py tests/test_cuda_newton_schulz.py
+      gpu_tests newton_schulz "${NS_LIMIT:-150}" tests/test_triton_newton_schulz.py tests/test_cuda_newton_schulz.py tests/test_optim_muon.py
       timeout 120 python3 -m equivalence check --component newton_schulz --device cuda \
         --dtype fp32,bf16 --level 4,5 --json "$OUT/check-newton-schulz.json" | tail -n 8 ;;
     train)
