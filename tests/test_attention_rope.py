@@ -225,3 +225,21 @@ def test_level5_hands_each_call_its_own_tables(monkeypatch):
     for args, kw in zip((first, second), seen):
         assert kw["rope_cos"] is args["rope"][0] and kw["rope_sin"] is args["rope"][1]
         assert (kw["rope_interleaved"], kw["rope_offset"]) == (True, 4)  # Nk - Nq
+
+
+def test_rope_tiles_fit_shared_memory():
+    # With rope, the tables' rows ride in the pipeline beside K and V: the forward at
+    # fwd_d128's tiles asked 294,912 B on the H100, over its 227 KB, and the launch failed.
+    # The estimate reproduces that figure, and every rope tile the launcher picks fits; the
+    # tiles without rope are TUNED's, unchanged.
+    import triton_kernels.attention as ta
+
+    assert ta._shared_estimate(ta.TUNED["fwd_d128"], 128, 2, True, "BLOCK_N") == 294912
+    for D in (8, 16, 24, 64, 80, 128, 192, 256):
+        tile = ta.head_tile(D)
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for table, streamed in ((ta._fwd_table, "BLOCK_N"), (ta._bwd_table, "BLOCK_M")):
+                cfg = ta._fit_rope(table(tile, dtype), D, dtype, streamed)
+                assert ta._shared_estimate(cfg, tile, dtype.itemsize, True, streamed) \
+                    <= ta.SHARED_LIMIT, (table.__name__, D, dtype, cfg)
+                assert cfg[streamed] >= 16 and cfg["num_stages"] >= 1

@@ -82,9 +82,14 @@ def main() -> int:
     jobs += attention_jobs("D256 grown", 256, attention.TUNED["fwd_d256"], attention.TUNED["bwd_d256"],
                            dict(PAD_D=True, HAS_LENS=True, BOTTOM_RIGHT=True, ROPE=True,
                                 INTERLEAVED=False))
-    # rope fused at Llama's head (D = 128) with the tiles the bench runs, interleaved pairs
-    jobs += attention_jobs("D128 rope interleaved", 128, attention.TUNED["fwd_d128"],
-                           attention.TUNED["bwd"], dict(off, ROPE=True, INTERLEAVED=True))
+    # rope fused at Llama's head (D = 128) with the tiles a rope call gets (_fit_rope:
+    # TUNED's, smaller where the tables' rows would not fit), interleaved pairs
+    import torch
+
+    jobs += attention_jobs("D128 rope interleaved", 128,
+                           attention._fwd_config(128, torch.bfloat16, rope=True),
+                           attention._bwd_config(128, torch.bfloat16, rope=True),
+                           dict(off, ROPE=True, INTERLEAVED=True))
     failed = 0
     for name, fn, pointers, constexprs, *config in jobs:
         options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}

@@ -737,22 +737,74 @@ def head_tile(D: int) -> int:
     return max(16, next_power_of_2(D))
 
 
-def _fwd_config(D: int, dtype: torch.dtype) -> dict:
-    tile = head_tile(D)
-    if INTERPRETED:
-        return TUNED["interpreted_fwd"]
+# What one block may hold in shared memory on an H100 (227 KB, opted in), against which the
+# rope-fused tiles are sized below.
+SHARED_LIMIT = 227 * 1024
+
+
+def _shared_estimate(cfg: dict, tile: int, elem: int, rope: bool, streamed: str) -> int:
+    """Bytes of shared memory a kernel with these tiles asks for: every pipeline stage holds
+    the two streamed tiles (K and V in the forward; q and dO, or K and V, in the backward)
+    and, with rope, the cos and sin rows of the streamed block (half a tile each). Measured:
+    the forward at fwd_d128's tiles with rope asked 294,912 B on the H100 (Triton 3.6), the
+    stages' share exactly (its q tile stays in registers). The backward's resident tiles (a
+    key block in dK/dV, a query block in dQ, with their tables) feed transposed products and
+    are counted once as well: not measured, so the estimate errs on the large side there."""
+    per_row = (2 * tile + (tile if rope else 0)) * elem  # two tiles (+ cos and sin, D/2 each)
+    total = cfg["num_stages"] * cfg[streamed] * per_row
+    if streamed == "BLOCK_M":  # the backward
+        total += cfg["BLOCK_N"] * per_row
+    return total
+
+
+def _fit_rope(cfg: dict, D: int, dtype: torch.dtype, streamed: str) -> dict:
+    """The tiles for a rope-fused call: the table's, made smaller until they fit shared memory.
+    The tables' rows ride in the same pipeline as the tiles they turn, so a tile measured to
+    fit without rope (fwd_d128: 192 KB of stages) may not with it (288 KB: the H100 refused
+    the launch). The streamed block is halved first while above 64 rows (fwd_d128 with 64-key
+    blocks measured within 2% of 128 without rope), then the stages cut to 2, then the block
+    halved again, never below 16 rows."""
+    cfg, tile, elem = dict(cfg), head_tile(D), dtype.itemsize
+    while _shared_estimate(cfg, tile, elem, True, streamed) > SHARED_LIMIT:
+        if cfg[streamed] > 64:
+            cfg[streamed] //= 2
+        elif cfg["num_stages"] > 2:
+            cfg["num_stages"] -= 1
+        elif cfg[streamed] > 16:
+            cfg[streamed] //= 2
+        else:
+            break
+    return cfg
+
+
+def _fwd_table(tile: int, dtype: torch.dtype) -> dict:
+    """TUNED's forward tiles on a GPU for a head tile and dtype."""
     if dtype == torch.float32:
         return TUNED["fwd_fp32_d256"] if tile == 256 else TUNED["fwd_fp32"]
     return {256: TUNED["fwd_d256"], 128: TUNED["fwd_d128"]}.get(tile, TUNED["fwd_small_d"])
 
 
-def _bwd_config(D: int, dtype: torch.dtype) -> dict:
-    tile = head_tile(D)
-    if INTERPRETED:
-        return TUNED["interpreted_bwd"]
+def _bwd_table(tile: int, dtype: torch.dtype) -> dict:
+    """TUNED's backward tiles on a GPU for a head tile and dtype."""
     if dtype == torch.float32:
         return TUNED["bwd_fp32_d256"] if tile == 256 else TUNED["bwd_fp32"]
     return TUNED["bwd_d256"] if tile == 256 else TUNED["bwd"]
+
+
+def _fwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
+    if INTERPRETED:
+        return TUNED["interpreted_fwd"]
+    cfg = _fwd_table(head_tile(D), dtype)
+    return _fit_rope(cfg, D, dtype, "BLOCK_N") if rope else cfg
+
+
+def _bwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
+    if INTERPRETED:
+        return TUNED["interpreted_bwd"]
+    # both backward kernels share these tiles: BLOCK_M streams in each (q and dO past a key
+    # block in dK/dV; K and V past a query block in dQ)
+    cfg = _bwd_table(head_tile(D), dtype)
+    return _fit_rope(cfg, D, dtype, "BLOCK_M") if rope else cfg
 
 
 def _precision(dtype: torch.dtype, device: torch.device) -> str:
@@ -810,7 +862,7 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
     if Nk == 0:  # no key at all: every query sees none, out = 0 (as SDPA); lse = +inf
         return o.zero_(), lse.fill_(float("inf")) if save else lse
     (D, group), switches = _features(q, k, bottom_right, kv_lens, rope)
-    cfg = _fwd_config(D, q.dtype) if config is None else config
+    cfg = _fwd_config(D, q.dtype, rope is not None) if config is None else config
     _attn_fwd[(cdiv(Nq, cfg["BLOCK_M"]), B * H)](
         q, k, v, o, lse, kv_lens if kv_lens is not None else lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(o),
@@ -839,7 +891,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
         o, do, delta, *_strides(o), *_strides(do), H, Nq, D, HEAD_DIM=switches["HEAD_DIM"],
         BLOCK_M=pre_block, PAD_D=switches["PAD_D"])
     tables = _rope_args(rope, lse)
-    cfg = _bwd_config(D, q.dtype) if config is None else config
+    cfg = _bwd_config(D, q.dtype, rope is not None) if config is None else config
     common = dict(CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
                   PRECISION=_precision(q.dtype, q.device), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"], **switches)
