@@ -16,7 +16,7 @@ GPU_REASON = "needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"
 # One place, so the split is read and changed here, not hunted for across the files: a file,
 # or a test of a file (all its parameters). Seconds: the whole run on the 2-core CPU, loaded.
 SLOW = {
-    "notebooks/": "the notebooks 00-08, 04a and 05a, executed (221 s; 08 adds 15 s)",
+    "notebooks/": "the notebooks 00-09, 04a and 05a, executed (239 s; 08 adds 15 s, 09 18 s)",
     "tests/test_cuda_build.py": "nvcc compiles every .cu file and the loader's unit (215 s)",
     "tests/test_fuzz.py::test_fuzz_compile": "Inductor compiles each drawn shape (128 s; rope adds 35 s)",
     "tests/test_fuzz.py::test_fuzz_triton_interpreter": "the interpreter on drawn shapes (57 s; rope adds 6 s)",
