@@ -30,7 +30,9 @@ each for the whole group, and without Nesterov the stack *is* the batch newton_s
 once a step (one copy of the group's gradients, into the buffer that then becomes the
 Nesterov update, so no extra memory beyond one batch); and when a group changes (a
 parameter without a gradient this step, or buffers replaced by load_state_dict) the stack is
-rebuilt from the per-parameter buffers, one copy, once. `ns_dtype` is what Muon's
+rebuilt from the per-parameter buffers, one copy, once.
+
+`ns_dtype` is what Muon's
 reference code uses, bfloat16; None iterates in each parameter's own dtype (what
 `levels train --optimizer muon` does in float32, so that the levels' loss curves can be
 held to float32's bound).

@@ -9,7 +9,7 @@
   Muon did before it batched). Level 1's own grouped figure says what batching alone buys;
   each kernel level's extra["vs_native_batched"] is its ratio to that figure. The lists:
   GPT-2 small's whole model (12 blocks: 4 shapes, 12 of each) and Llama 2 7B's one block
-  (3 shapes, 7 weights: the whole model, 32 blocks, is ~1e15 FLOPs a call, seconds per
+  (3 shapes, 7 weights: the whole model, 32 blocks, is ~7e14 FLOPs a step, seconds per
   call at Level 5's CUDA-core rung; LLAMA_BLOCKS scales it);
 - the symmetric X X^T kernel (triton_kernels/newton_schulz.symmetric_product, one triangle
   of tiles launched and mirrored) >= 1.5x torch.matmul(X, X.T) at 4096 and 8192 (X of 4096
