@@ -437,4 +437,6 @@ def rope(x, cos, sin, interleaved=False):
 @autocasts("newton_schulz")
 def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
     args = _prepare_newton_schulz(G, steps, coefficients, eps)
+    if G.numel() == 0:  # an empty batch: nothing to launch (and no graph compiled for it)
+        return torch.empty(G.shape, dtype=G.dtype, device=G.device)
     return compiled("newton_schulz", G.device)(*args)

@@ -13,7 +13,9 @@ One signature per component, identical at all five levels:
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False)
     rope(x, cos, sin, interleaved=False)
     newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
-                                                       Muon's orthogonalization; forward only
+                                                       Muon's orthogonalization of G (rows, cols)
+                                                       or of each G[i] of (batch, rows, cols);
+                                                       forward only
 
 Validation lives here, once, so that a wrong input fails the same way at every level
 and *before* any kernel runs: a Triton or CUDA kernel that receives a bad shape does
@@ -517,7 +519,11 @@ MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic (Muon, 
 
 
 def validate_newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7) -> dict:
-    """G (rows, cols): a 2-D matrix (Muon flattens a conv weight to (out, in*kh*kw) first).
+    """G (rows, cols): a 2-D matrix (Muon flattens a conv weight to (out, in*kh*kw) first),
+    or (batch, rows, cols): a batch of same-shape matrices, each orthogonalized on its own
+    (its own norm; the batch iterated on G.mT when rows > cols), what an optimizer step does
+    to every parameter of one shape in one call. An empty batch (batch = 0) gives an empty
+    result and launches nothing; an empty matrix (rows or cols 0) is refused.
     Returns X ~ U V^T of G's SVD (singular values pushed into Muon's band, about
     [0.68, 1.2]) by `steps` quintic iterations X <- aX + (bA + cA^2)X, A = XX^T, on
     X0 = G / (||G||_F + eps), run on G's transpose when rows > cols (so A is the smaller
@@ -528,9 +534,12 @@ def validate_newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7)
     returned a result without a graph would drop the user's gradient)."""
     c = "newton_schulz"
     _tensors(c, {"G": G})
-    _rank(c, "G", G, 2, "(rows, cols): one parameter's gradient as a matrix")
-    if G.numel() == 0:
-        _fail(c, "G", "non-empty (rows >= 1 and cols >= 1)", _describe(G))
+    if G.dim() not in (2, 3):
+        _fail(c, "G", "2-D (rows, cols): one parameter's gradient as a matrix, or 3-D "
+              "(batch, rows, cols): a batch of same-shape matrices", _describe(G))
+    if G.shape[-2] == 0 or G.shape[-1] == 0:
+        _fail(c, "G", "made of non-empty matrices (rows >= 1 and cols >= 1; only the batch "
+              "may be 0)", _describe(G))
     if G.requires_grad:
         _fail(c, "G", "a tensor that does not require grad (Newton-Schulz has no backward: "
               "Muon runs it on gradients under torch.no_grad(); pass G.detach())",
@@ -544,10 +553,11 @@ def validate_newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7)
     for name, value in zip(("coefficients[0]", "coefficients[1]", "coefficients[2]"), coefficients):
         _number(c, name, value)
     _number(c, "eps", eps, low=0, low_open=True)
-    rows, cols = G.shape
+    rows, cols = G.shape[-2:]
+    batch = G.shape[0] if G.dim() == 3 else 1
     a, b, c_ = (float(v) for v in coefficients)
-    return dict(M=min(rows, cols), N=max(rows, cols), transposed=rows > cols, steps=steps,
-                a=a, b=b, c=c_, eps=float(eps))
+    return dict(batch=batch, M=min(rows, cols), N=max(rows, cols), transposed=rows > cols,
+                steps=steps, a=a, b=b, c=c_, eps=float(eps))
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -215,8 +215,14 @@ def _rope_plan(x, cos, sin, interleaved):
     return _ready("rope", "x", x), bool(interleaved)
 
 
+CUDA_MAX_BATCH = 65535  # newton_schulz.cu's batch axis is a grid's y or z dimension
+
+
 def _newton_schulz_plan(G, steps, coefficients, eps):
     s = validate_newton_schulz(G, steps, coefficients, eps)
+    if s["batch"] > CUDA_MAX_BATCH:
+        _fail("newton_schulz", "G", f"a batch of at most {CUDA_MAX_BATCH} matrices for Level 5 "
+              "(the batch is a grid dimension of its kernels)", _describe(G))
     return s, _ready("newton_schulz", "G", G)
 
 

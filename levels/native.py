@@ -343,6 +343,8 @@ def rope_math(x, cos, sin, interleaved: bool):
 @autocasts("newton_schulz")
 def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
     s = validate_newton_schulz(G, steps, coefficients, eps)
+    if G.numel() == 0:  # an empty batch: nothing to launch
+        return torch.empty(G.shape, dtype=G.dtype, device=G.device)
     return newton_schulz_math(G, s["steps"], s["a"], s["b"], s["c"], s["eps"])
 
 
@@ -353,14 +355,18 @@ def newton_schulz_math(G, steps: int, a: float, b: float, c: float, eps: float):
     # of c*A^2, a*X + ...), each a round trip of an (m, m) or (m, n) matrix through
     # memory. cuBLAS computes all of X X^T although it is symmetric: half its FLOPs
     # compute the mirror image of the other half (Levels 4 and 5 compute one triangle).
-    tall = G.shape[0] > G.shape[1]
-    X = G.t() if tall else G  # rows <= cols: A = X X^T is the smaller Gram matrix
+    # G may be a batch (B, m, n): the same code, every matmul a batched one (one cuBLAS
+    # strided-batched GEMM for all B matrices: one launch where a loop over a parameter
+    # list makes B), every norm per matrix (over the last two dimensions).
+    tall = G.shape[-2] > G.shape[-1]
+    X = G.mT if tall else G  # rows <= cols: A = X X^T is the smaller Gram matrix
     ### BEGIN SOLUTION
     # the norm in float32 (a 16-bit sum of millions of squares loses its digits)
-    X = (X.float() / (torch.linalg.vector_norm(X.float()) + eps)).to(G.dtype)
+    norm = torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True)
+    X = (X.float() / (norm + eps)).to(G.dtype)
     for _ in range(steps):
-        A = X @ X.t()
+        A = X @ X.mT
         B = b * A + c * (A @ A)
         X = a * X + B @ X
     ### END SOLUTION
-    return X.t() if tall else X
+    return X.mT if tall else X

@@ -14,7 +14,25 @@ Per step and 2-D parameter W with gradient g (all under no_grad):
     W   <- W (1 - lr * weight_decay) - lr * sqrt(max(1, rows / cols)) * O
 
 The optimizer step is all matrix multiplies: newton_schulz at the `level` given (any of the
-five, or a registered one), which is where the levels differ. `ns_dtype` is what Muon's
+five, or a registered one), which is where the levels differ.
+
+One batched call per shape. A transformer's hidden weights come in a handful of shapes
+(GPT-2 small: 4 shapes, 12 of each; Llama 2 7B: 3 shapes, 32 to 128 of each), so the step
+groups them by (shape, dtype, device) and orthogonalizes each group in one call on a
+(B, rows, cols) batch: 2 + 3 * steps launches at Levels 4-5 per group instead of per
+parameter, and B small matrices filling the GPU together where one leaves most of it idle.
+
+The momentum buffers of a group live in one stacked (B, rows, cols) tensor, and the state of
+each parameter (`state[p]["momentum_buffer"]`, what state_dict saves) is its row of that
+stack, a view. What that saves: the momentum update and the Nesterov step are one kernel
+each for the whole group, and without Nesterov the stack *is* the batch newton_schulz reads
+(no copy at all). What it costs: the gradients are separate tensors, so they are stacked
+once a step (one copy of the group's gradients, into the buffer that then becomes the
+Nesterov update, so no extra memory beyond one batch); and when a group changes (a
+parameter without a gradient this step, or buffers replaced by load_state_dict) the stack is
+rebuilt from the per-parameter buffers, one copy, once.
+
+`ns_dtype` is what Muon's
 reference code uses, bfloat16; None iterates in each parameter's own dtype (what
 `levels train --optimizer muon` does in float32, so that the levels' loss curves can be
 held to float32's bound).
@@ -62,6 +80,7 @@ class Muon(torch.optim.Optimizer):
         self.level = levels.resolve(level).name
         self._newton_schulz = levels.get(self.level).newton_schulz
         self.ns_dtype = ns_dtype
+        self._stacks: dict = {}  # (param group, shape, dtype, device) -> (params, stacked buffers)
         rest = list(adamw_params)
         self.adamw = (torch.optim.AdamW(rest, lr=adamw_lr, betas=adamw_betas, eps=adamw_eps,
                                         weight_decay=adamw_weight_decay) if rest else None)
@@ -80,29 +99,48 @@ class Muon(torch.optim.Optimizer):
         if self.adamw is not None:
             self.adamw.load_state_dict(state_dict["adamw"])
 
+    def _momentum_stack(self, key, params: list) -> torch.Tensor:
+        """The (B, rows, cols) momentum buffers of `params` (one group: same shape, dtype and
+        device), each parameter's state a view of its row. Reused while the group and its
+        views stand; rebuilt (one copy) from the per-parameter buffers when they do not."""
+        cached = self._stacks.get(key)
+        if cached is not None and len(cached[0]) == len(params) and all(
+                p is q and self.state[p].get("momentum_buffer") is row
+                for p, q, row in zip(params, cached[0], cached[2])):
+            return cached[1]
+        old = [self.state[p].get("momentum_buffer") for p in params]
+        stack = torch.stack([torch.zeros_like(p) if b is None else b for p, b in zip(params, old)])
+        rows = stack.unbind(0)
+        for p, row in zip(params, rows):
+            self.state[p]["momentum_buffer"] = row
+        self._stacks[key] = (tuple(params), stack, rows)
+        return stack
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             lr, momentum = group["lr"], group["momentum"]
+            shapes: dict = {}  # (shape, dtype, device) -> the parameters with a gradient
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                buf = self.state[p].get("momentum_buffer")
-                if buf is None:
-                    buf = self.state[p]["momentum_buffer"] = torch.zeros_like(g)
-                buf.mul_(momentum).add_(g)
-                update = g.add(buf, alpha=momentum) if group["nesterov"] else buf
-                ortho = self._newton_schulz(update.to(self.ns_dtype or p.dtype),
-                                            steps=group["ns_steps"])
+                if p.grad is not None:
+                    shapes.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+            for key, params in shapes.items():
+                buf = self._momentum_stack((index, *key), params)
+                grads = torch.stack([p.grad for p in params])
+                buf.mul_(momentum).add_(grads)
+                update = grads.add_(buf, alpha=momentum) if group["nesterov"] else buf
+                ortho = self._newton_schulz(update.to(self.ns_dtype or key[1]),
+                                            steps=group["ns_steps"]).to(key[1])
                 if group["weight_decay"]:
-                    p.mul_(1.0 - lr * group["weight_decay"])
+                    torch._foreach_mul_(params, 1.0 - lr * group["weight_decay"])
                 # a tall matrix's orthogonal update has smaller entries: scaled back up
-                p.add_(ortho.to(p.dtype), alpha=-lr * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+                rows, cols = key[0]
+                torch._foreach_add_(params, list(ortho.unbind(0)),
+                                    alpha=-lr * max(1.0, rows / cols) ** 0.5)
         if self.adamw is not None:
             self.adamw.step()
         return loss

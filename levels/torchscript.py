@@ -247,17 +247,19 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
 def _newton_schulz(G: Tensor, steps: int, a: float, b: float, c: float, eps: float) -> Tensor:
     # The same GEMMs as Level 1 (matmuls are never fused); the fuser may join b*A + c*A^2's
     # scale and add, and a*X + B X's, into one pointwise kernel each on a GPU.
-    tall = G.shape[0] > G.shape[1]
-    X = G.t() if tall else G
+    # A batch (B, m, n) is the same code: batched matmuls, per-matrix norms.
+    tall = G.shape[-2] > G.shape[-1]
+    X = G.transpose(-2, -1) if tall else G
     ### BEGIN SOLUTION
     X32 = X.float()
-    X = (X32 / (torch.linalg.vector_norm(X32) + eps)).to(G.dtype)
+    norm = torch.linalg.vector_norm(X32, 2.0, [-2, -1], True)
+    X = (X32 / (norm + eps)).to(G.dtype)
     for _ in range(steps):
-        A = torch.matmul(X, X.t())
+        A = torch.matmul(X, X.transpose(-2, -1))
         B = b * A + c * torch.matmul(A, A)
         X = a * X + torch.matmul(B, X)
     ### END SOLUTION
-    return X.t() if tall else X
+    return X.transpose(-2, -1) if tall else X
 
 
 # Found by name: `_<component>` above, or `_<component>_eval` and `_<component>_train` where a
@@ -472,4 +474,6 @@ def rope(x, cos, sin, interleaved=False):
 @autocasts("newton_schulz")
 def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
     s = validate_newton_schulz(G, steps, coefficients, eps)
+    if G.numel() == 0:  # an empty batch: nothing to launch
+        return torch.empty(G.shape, dtype=G.dtype, device=G.device)
     return _scripted()["newton_schulz"](G, s["steps"], s["a"], s["b"], s["c"], s["eps"])

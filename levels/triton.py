@@ -217,8 +217,11 @@ def _newton_schulz_plan(G, steps, coefficients, eps):
     s = validate_newton_schulz(G, steps, coefficients, eps)
     _on_kernel_device("newton_schulz", "G", G)
     _kernels("newton_schulz").check(G)
-    require_32bit_offsets("newton_schulz", "Level 4 (Triton)", {"G": G},
-                          {("G", "(m, n) iterates and the (m, m) Gram matrices"):
+    # One matrix's offsets are 32-bit; each program adds its matrix's batch offset in 64 bits,
+    # so a batch may span more than 2**31 elements where each of its matrices does not.
+    one = G if G.dim() == 2 or G.shape[0] == 0 else G[0]
+    require_32bit_offsets("newton_schulz", "Level 4 (Triton)", {"G": one},
+                          {("G", "(m, n) iterates and the (m, m) Gram matrices of one matrix"):
                            s["M"] * max(s["N"], s["M"])})
     return s["steps"], s["a"], s["b"], s["c"], s["eps"]
 

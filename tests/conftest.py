@@ -40,6 +40,8 @@ SLOW = {
     "tests/test_cuda_mlp.py::test_each_rung_uses_its_instructions": "nvcc (6 s)",
     "tests/test_cuda_conv_bn.py::test_v3_compiles_to_tensor_core_and_cp_async_code": "nvcc (12 s)",
     "tests/test_triton_conv_bn.py::test_harness_tiny": "the interpreter (11 s)",
+    "tests/test_triton_newton_schulz.py::test_harness_tiny":
+        "the interpreter, one matrix and a batch, both layouts (13 s for float32 and bfloat16)",
     "tests/test_grading.py::test_hang_and_segfault_cost_their_part_only": "a hang's timeout (21 s)",
     "tests/test_assignment_round_trip.py::test_level5_round_trip_compiles_on_a_cpu":
         "a build, and nvcc on seven .cu files (35-41 s at a load of 8-10 on 2 cores; two files took 10-20 s)",

@@ -458,21 +458,25 @@ def rope_rotate(x, cos, sin, interleaved, inverse, version):
 
 def newton_schulz(G, steps, a, b, c, eps, version):
     # newton_schulz.cu: fp32 sums, A, B and each iterate rounded to G's dtype; the scale
-    # 1/(||G|| + eps) folded into the first step (A by s^2, the update by s); a tall G iterated
-    # transposed; the result contiguous in G's shape
-    _refuse(G.dim() == 2 and G.numel() > 0 and steps >= 0, "newton_schulz", "bad G or steps")
-    tall = G.shape[0] > G.shape[1]
-    x = (G.t() if tall else G).float()
-    s = 1.0 / (torch.sqrt((x * x).sum()) + eps)
+    # 1/(||G|| + eps) per matrix, folded into the first step (A by s^2, the update by s); a
+    # tall G iterated transposed; a batch (B, rows, cols) matrix by matrix, an empty one
+    # launching nothing; the result contiguous in G's shape
+    _refuse(G.dim() in (2, 3) and G.shape[-2] > 0 and G.shape[-1] > 0 and steps >= 0,
+            "newton_schulz", "bad G or steps")
+    if G.numel() == 0:
+        return torch.empty(G.shape, dtype=G.dtype)
+    tall = G.shape[-2] > G.shape[-1]
+    x = (G.mT if tall else G).float()
+    s = 1.0 / (torch.sqrt((x * x).sum((-2, -1), keepdim=True)) + eps)
     if steps == 0:
         out = (s * x).to(G.dtype)
     for step in range(steps):
         k = s if step == 0 else 1.0
-        A = (k * k * (x @ x.t())).to(G.dtype).float()
+        A = (k * k * (x @ x.mT)).to(G.dtype).float()
         B = (c * (A @ A) + b * A).to(G.dtype).float()
         out = (k * (a * x + B @ x)).to(G.dtype)
         x = out.float()
-    return (out.t() if tall else out).contiguous()
+    return (out.mT if tall else out).contiguous()
 
 
 TWINS = {f.__name__: f for f in (newton_schulz,

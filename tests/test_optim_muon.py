@@ -4,6 +4,8 @@ native's loss curve (tiny GPT, Levels 1-2: a few seconds)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -43,6 +45,52 @@ def test_two_steps_match_the_update_by_hand(shape):
         want, buf = _by_hand(want, g.double(), buf, 0.05)
         assert not torch.equal(bias.detach(), bias_before)  # AdamW moved the 1-D parameter
     assert ((W.detach().double() - want).norm() / want.norm()) < 1e-5
+
+
+def test_one_batched_call_per_shape_and_each_parameter_its_own_step():
+    # two (12, 20) weights and one (20, 12): two newton_schulz calls, a batch of 2 and one
+    # of 1, and every weight where the by-hand step of its own puts it, over three steps in
+    # which one weight has no gradient once (its buffer waits; the group's stack is rebuilt)
+    torch.manual_seed(2)
+    shapes = [(12, 20), (20, 12), (12, 20)]
+    Ws = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = Muon(Ws, lr=0.05, ns_dtype=None)
+    calls = []
+    native = opt._newton_schulz
+    opt._newton_schulz = lambda G, steps: calls.append(tuple(G.shape)) or native(G, steps=steps)
+    want = [W.detach().double() for W in Ws]
+    bufs = [torch.zeros(s, dtype=torch.float64) for s in shapes]
+    for step in range(3):
+        skip = 2 if step == 1 else None
+        for i, W in enumerate(Ws):
+            g = torch.randn(shapes[i])
+            W.grad = None if i == skip else g
+            if i != skip:
+                want[i], bufs[i] = _by_hand(want[i], g.double(), bufs[i], 0.05)
+        opt.step()
+    assert sorted(calls[:2]) == [(1, 20, 12), (2, 12, 20)] and (1, 12, 20) in calls[2:4]
+    for W, w in zip(Ws, want):
+        assert ((W.detach().double() - w).norm() / w.norm()) < 1e-5
+    # each parameter's state is its row of the group's one stacked buffer
+    rows = [opt.state[W]["momentum_buffer"] for W in (Ws[0], Ws[2])]
+    assert rows[0]._base is not None and rows[0]._base is rows[1]._base
+
+
+def test_state_dict_round_trip_continues_the_same_steps():
+    torch.manual_seed(3)
+    Ws = [torch.nn.Parameter(torch.randn(8, 16)) for _ in range(2)]
+    twins = [torch.nn.Parameter(W.detach().clone()) for W in Ws]
+    a, b = Muon(Ws, lr=0.05, ns_dtype=None), Muon(twins, lr=0.05, ns_dtype=None)
+    for step in range(3):
+        gs = [torch.randn(8, 16) for _ in Ws]
+        for W, T, g in zip(Ws, twins, gs):
+            W.grad, T.grad = g.clone(), g.clone()
+        if step == 2:  # b's buffers replaced by loaded copies (as from a checkpoint file):
+            b.load_state_dict(copy.deepcopy(a.state_dict()))  # its stack is rebuilt from them
+        a.step()
+        b.step()
+    for W, T in zip(Ws, twins):
+        assert torch.equal(W, T)
 
 
 def test_every_level_takes_the_same_step():

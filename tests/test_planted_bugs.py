@@ -243,29 +243,39 @@ def test_a_crashing_level_is_an_error_not_a_skip(monkeypatch):
 # ---- newton_schulz: forward only; its bf16 bound is 16u (the card says why), still far
 # below what each of these slips does
 
-def _newton_schulz_with(bad_steps=None, bad_coefficients=None, normalize=None):
+def _frobenius(t):
+    return t / (torch.linalg.vector_norm(t.float(), dim=(-2, -1), keepdim=True) + 1e-7)
+
+
+def _newton_schulz_with(bad_steps=None, bad_coefficients=None, normalize=_frobenius):
     def bad(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
         a, b, c = bad_coefficients or coefficients
-        X = G.t() if G.shape[0] > G.shape[1] else G
-        X = (normalize or (lambda t: t / (t.float().norm() + eps)))(X).to(G.dtype)
+        tall = G.shape[-2] > G.shape[-1]
+        X = G.mT if tall else G
+        X = normalize(X).to(G.dtype)
         for _ in range(steps if bad_steps is None else bad_steps):
-            A = X @ X.t()
+            A = X @ X.mT
             X = a * X + (b * A + c * A @ A) @ X
-        return X.t() if G.shape[0] > G.shape[1] else X
+        return X.mT if tall else X
     return bad
 
 
-# bf16 where its bound is widest (16u); the normalization slip in float32
-@pytest.mark.parametrize("bug, dtype", [("four-steps", "bfloat16"),
-                                        ("coefficient-typo", "bfloat16"),
-                                        ("max-norm", "float32")])
-def test_newton_schulz_slips_are_caught(monkeypatch, dtype, bug):
+# bf16 where its bound is widest (16u); the normalization slips in float32; each slip of
+# one matrix in the one-matrix variant, the batch's own slip in the batched one
+@pytest.mark.parametrize("bug, dtype, variant", [("four-steps", "bfloat16", "default"),
+                                                 ("coefficient-typo", "bfloat16", "default"),
+                                                 ("max-norm", "float32", "default"),
+                                                 ("one-norm-per-batch", "float32", "batched")])
+def test_newton_schulz_slips_are_caught(monkeypatch, dtype, bug, variant):
     fn = {"four-steps": _newton_schulz_with(bad_steps=4),
           "coefficient-typo": _newton_schulz_with(bad_coefficients=(3.4445, -4.7750, 2.315)),
           # the largest entry instead of the Frobenius norm: singular values start too big
-          "max-norm": _newton_schulz_with(normalize=lambda t: t / t.abs().max())}[bug]
+          "max-norm": _newton_schulz_with(normalize=lambda t: t / t.abs().max()),
+          # the whole batch's norm for every matrix: each starts too small, and five steps
+          # do not bring its singular values into the band
+          "one-norm-per-batch": _newton_schulz_with(normalize=lambda t: t / t.float().norm())}[bug]
     plant(monkeypatch, "newton_schulz", fn)
-    assert failed("newton_schulz", dtype)
+    assert failed("newton_schulz", dtype, variant)
 
 
 def test_newton_schulz_band_check_fails_a_singular_value_outside_it():

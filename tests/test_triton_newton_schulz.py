@@ -42,8 +42,10 @@ def _passes(args):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # float16: the GPU tests
 def test_harness_tiny(dtype):
+    # both variants (one matrix, a batch of cards' BATCH) in both layouts
     results = check(COMPONENT, "triton", dtype=dtype, device=DEVICE, size="tiny")
-    assert len(results) == len(cards.LAYOUTS)
+    assert len(results) == len(cards.LAYOUTS) * len(cards.get(COMPONENT).variants)
+    assert {r.variant for r in results} == {"default", "batched"}
     for r in results:
         assert r.status == "pass", f"{r.layout}: {r.status} {r.reason} {r.worst}"
         assert any("singular values" in c.name for c in r.comparisons)  # the band was checked
@@ -73,6 +75,42 @@ def test_views_are_read_where_they_lie():
     big = torch.full((50, 90), float("nan"), device=DEVICE)
     big[::2, 1::3] = torch.randn(25, 30, device=DEVICE)
     _passes(dict(G=big[::2, 1::3], steps=2, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7))
+
+
+def _batch_args(G, steps=5):
+    return dict(G=G, steps=steps, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
+
+
+def test_batch_each_matrix_its_own_norm():
+    # matrices 1e-3 to 1e3 in size: one norm for the whole batch would leave the small ones
+    # far from orthogonal (the band check fails); tall ones, iterated on G.mT
+    g = torch.Generator().manual_seed(5)
+    G = torch.randn(3, 26, 17, generator=g) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1)
+    _passes(_batch_args(G.to(DEVICE)))
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+def test_batch_views_and_steps(steps):
+    # a transposed batch (each matrix column-major), a broadcast batch (batch stride 0: one
+    # gradient three times, read-only), and the iterates' buffers at 0 and 2 steps
+    base = torch.randn(2, 19, 11, device=DEVICE)
+    _passes(_batch_args(base.mT, steps))
+    _passes(_batch_args(torch.randn(1, 9, 14, device=DEVICE).expand(3, -1, -1), steps))
+
+
+def test_empty_batch_launches_nothing(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a kernel was launched for an empty batch")
+
+    monkeypatch.setattr(K, "inverse_norm", refuse)
+    out = L4.newton_schulz(torch.randn(0, 5, 8, device=DEVICE))
+    assert out.shape == (0, 5, 8)
+
+
+def test_batch_beyond_the_grid_is_refused_by_name():
+    G = torch.randn(1, 2, 3, device=DEVICE).expand(K.MAX_BATCH + 1, -1, -1)
+    with pytest.raises(ValueError, match=r"newton_schulz: argument 'G' must hold at most 65535"):
+        L4.newton_schulz(G)
 
 
 def test_float64_is_refused_by_name():
@@ -127,6 +165,27 @@ def test_lower_tile_launches_each_tile_of_the_triangle_once():
 @pytest.mark.parametrize("rows, cols", [(768, 768), (2304, 768), (1000, 3000), (4096, 4096)])
 def test_gpu_model_shapes(dtype, rows, cols):
     _passes(_args(rows, cols, dtype=dtype, seed=rows + cols))
+
+
+@pytest.mark.gpu
+def test_gpu_batch_far_apart_matrices_are_computed():
+    # two small matrices 2**31 elements apart (8 GB of float32): the batch offset is 64-bit
+    # in every kernel, so Level 4 computes where each matrix's own offsets fit 32 bits (the
+    # contract checks one matrix, not the batch). GPU only: the interpreter copies the
+    # whole storage to the host.
+    rows, cols, apart = 6, 10, 2 ** 31
+    storage = torch.empty(apart + rows * cols, device="cuda")
+    G = storage.as_strided((2, rows, cols), (apart, cols, 1))
+    G.copy_(torch.randn(2, rows, cols, device="cuda"))
+    _passes(_batch_args(G))
+
+
+@pytest.mark.gpu
+def test_gpu_batched_model_shapes():
+    # GPT-2 small's c_attn of 12 blocks in bf16, a batch of Llama-sized squares
+    for shape in [(12, 2304, 768), (3, 4096, 4096)]:
+        g = torch.Generator().manual_seed(sum(shape))
+        _passes(_batch_args(cards.randn(shape, g, torch.bfloat16, "cuda")))
 
 
 @pytest.mark.gpu

@@ -21,12 +21,22 @@ Level 1 runs it as three cuBLAS GEMMs and three pointwise passes a step. What th
 - No transposes. A tall G (rows > cols) is iterated as G^T, and G^T is only other strides:
   the kernels take every operand's two strides, so G (any view) is read where it lies and
   the last step writes the result straight into the output in G's orientation.
+- A batch in one launch. G may be (B, m, n), the B same-shape parameters of an optimizer
+  step: every kernel's grid has a second axis, one slice of programs per matrix (its own
+  base pointer from a batch stride, its own scale: one partial-sum row and one inverse norm
+  per matrix). A loop over a parameter list launches 2 + 3 * steps kernels per matrix; the
+  batch launches them once, and a small matrix's few tiles no longer leave most of the GPU
+  idle (B of them fill it together). A 2-D G is a batch of one (batch stride 0).
 
 What it costs: the intermediates A, B (m x m) and X (m x n) still make a round trip through
 memory between launches (a step cannot be one launch: B needs all of A, the update all of
 B); every launch is a GEMM we tile ourselves. The tiles are square (BLOCK x BLOCK) so a
 tile's mirror image is a tile. Intermediates are stored in G's dtype, as Level 1 stores
 them (Muon iterates in bfloat16); every dot accumulates in fp32.
+
+The batch axis is the grid's second, which CUDA caps at 65535: levels.triton refuses a
+larger batch (an optimizer holds far fewer parameters of one shape). Each program adds its
+matrix's offset in 64 bits, the offsets inside a matrix stay 32-bit.
 
 Precision: fp32 dots use input_precision="ieee" (no TF32: the fp32 bound applies);
 16-bit ones run on the tensor cores. In the interpreter tiles are upcast to fp32 first
@@ -46,10 +56,16 @@ from .launch import cdiv, fast_launch
 
 @fast_launch
 @triton.jit
-def sum_squares_kernel(x_ptr, part_ptr, R, C, stride_r, stride_c,
+def sum_squares_kernel(x_ptr,  # the (batch, R, C) view x
+                       part_ptr,  # (batch, P) fp32 partial sums, contiguous
+                       R, C, P,  # one matrix's rows and columns; the partial sums per matrix
+                       stride_b, stride_r, stride_c,  # x's strides (batch, row, column)
                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """part[pid] = sum of x^2 over rows [pid*BLOCK_R, +BLOCK_R) of the (R, C) view x, in fp32."""
+    """part[b, pid] = sum of x[b]^2 over rows [pid*BLOCK_R, +BLOCK_R) of matrix b, in fp32."""
     pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    x_ptr += batch * stride_b
+    part_ptr += batch * P
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
@@ -66,7 +82,10 @@ def sum_squares_kernel(x_ptr, part_ptr, R, C, stride_r, stride_c,
 @fast_launch
 @triton.jit
 def inverse_norm_kernel(part_ptr, scale_ptr, P, eps, BLOCK_P: tl.constexpr):
-    """scale[0] = 1 / (sqrt(sum of the P partial sums) + eps): one program, a fixed order."""
+    """scale[b] = 1 / (sqrt(sum of part[b, :P]) + eps): one program per matrix b, a fixed order."""
+    batch = tl.program_id(0)
+    part_ptr += batch * P
+    scale_ptr += batch
     offs = tl.arange(0, BLOCK_P)
     acc = tl.zeros((BLOCK_P,), dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
@@ -90,16 +109,27 @@ def lower_tile(pid):
 
 @fast_launch
 @triton.jit
-def sym_kernel(x_ptr, y_ptr, out_ptr, scale_ptr, M, K,
-               stride_xm, stride_xk, stride_ym, stride_yn, stride_om, stride_on,
+def sym_kernel(x_ptr,  # X (batch, M, K), any strides
+               y_ptr,  # Y (batch, M, M), symmetric (read if HAS_Y)
+               out_ptr,  # out (batch, M, M)
+               scale_ptr,  # (batch,) fp32: s per matrix (read if SCALED)
+               M, K,
+               stride_xb, stride_xm, stride_xk, stride_yb, stride_ym, stride_yn,
+               stride_ob, stride_om, stride_on,
                alpha, beta,
                SCALED: tl.constexpr, HAS_Y: tl.constexpr, UPCAST: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
     """out = alpha * s^2 * (X X^T) + beta * Y for X (M, K) and a symmetric Y (M, M); s = scale[0]
     if SCALED else 1. One program per tile (i, j) with j <= i; it stores its tile and, off the
     diagonal, the tile's transpose at (j, i). A = X X^T is (alpha, beta) = (1, 0); B = bA + cA^2
-    is X = A, Y = A, (alpha, beta) = (c, b), since A A = A A^T."""
+    is X = A, Y = A, (alpha, beta) = (c, b), since A A = A A^T. The grid's second axis is
+    the batch: program (p, b) computes tile p of matrix b."""
     ti, tj = lower_tile(tl.program_id(0))
+    batch = tl.program_id(1).to(tl.int64)
+    x_ptr += batch * stride_xb
+    y_ptr += batch * stride_yb
+    out_ptr += batch * stride_ob
+    scale_ptr += batch
     offs_i = ti * BLOCK + tl.arange(0, BLOCK)
     offs_j = tj * BLOCK + tl.arange(0, BLOCK)
     offs_k = tl.arange(0, BLOCK_K)
@@ -139,15 +169,26 @@ def sym_kernel(x_ptr, y_ptr, out_ptr, scale_ptr, M, K,
 
 @fast_launch
 @triton.jit
-def update_kernel(b_ptr, x_ptr, out_ptr, scale_ptr, M, N, K,
-                  stride_bm, stride_bk, stride_xm, stride_xn, stride_om, stride_on, a,
+def update_kernel(b_ptr,  # B (batch, M, M)
+                  x_ptr,  # X (batch, M, N), any strides
+                  out_ptr,  # out (batch, M, N), any strides
+                  scale_ptr,  # (batch,) fp32: s per matrix (read if SCALED)
+                  M, N, K,
+                  stride_bb, stride_bm, stride_bk, stride_xb, stride_xm, stride_xn,
+                  stride_ob, stride_om, stride_on, a,
                   SCALED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """out = s * (a X + B X) for B (M, M) and X (M, N), K = M (K = 0: out = s * a * X, the
     normalization alone, for steps=0); s = scale[0] if SCALED else 1. A GEMM whose epilogue
-    adds a X from the tile of X it reads once more, where Level 1 makes a pass of its own."""
+    adds a X from the tile of X it reads once more, where Level 1 makes a pass of its own.
+    The grid's second axis is the batch."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    batch = tl.program_id(1).to(tl.int64)
+    b_ptr += batch * stride_bb
+    x_ptr += batch * stride_xb
+    out_ptr += batch * stride_ob
+    scale_ptr += batch
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -198,72 +239,94 @@ def _common(dtype: torch.dtype) -> dict:
     return dict(UPCAST=INTERPRETED, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
 
 
+MAX_BATCH = 65535  # the grid's second axis (CUDA's y dimension)
+
+
+def _batched(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A (batch, rows, cols) view of t: a 2-D t is a batch of one."""
+    return t if t is None or t.dim() == 3 else t.unsqueeze(0)
+
+
 def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: float = 1.0,
                       beta: float = 0.0, scale: torch.Tensor | None = None,
                       out: torch.Tensor | None = None) -> torch.Tensor:
-    """alpha * s^2 * x x^T + beta * y (y symmetric, or None) for a 2-D x of any strides: one
-    launch of m_t (m_t + 1) / 2 tile programs (m_t = ceil(m / BLOCK)). Public: the bench
-    times it against torch.matmul(x, x.T)."""
-    M, K = x.shape
-    out = torch.empty((M, M), dtype=x.dtype, device=x.device) if out is None else out
+    """alpha * s^2 * x x^T + beta * y (y symmetric, or None) for x (m, k) or a batch
+    (batch, m, k) of any strides: one launch of m_t (m_t + 1) / 2 tile programs per matrix
+    (m_t = ceil(m / BLOCK)). Public: the bench times it against torch.matmul(x, x.T)."""
+    M, K = x.shape[-2:]
+    if out is None:
+        out = torch.empty((*x.shape[:-1], M), dtype=x.dtype, device=x.device)
+    xb, yb, ob = _batched(x), _batched(out if y is None else y), _batched(out)
     t = _tiles(x.dtype)
     tiles = cdiv(M, t["BLOCK"])
-    yy = out if y is None else y
-    sym_kernel[(tiles * (tiles + 1) // 2,)](
-        x, yy, out, out if scale is None else scale, M, K, x.stride(0), x.stride(1),
-        yy.stride(0), yy.stride(1), out.stride(0), out.stride(1), float(alpha), float(beta),
+    sym_kernel[(tiles * (tiles + 1) // 2, xb.shape[0])](
+        xb, yb, ob, ob if scale is None else scale, M, K, *xb.stride(), *yb.stride(),
+        *ob.stride(), float(alpha), float(beta),
         SCALED=scale is not None, HAS_Y=y is not None, **_common(x.dtype), **t)
     return out
 
 
 def _update(b, x, out, a, scale=None, K=None):
-    M, N = x.shape
+    """out = s * (a x + b x) for (batch, M, N) views x and out and (batch, M, M) b."""
+    batch, M, N = x.shape
     t = _tiles(x.dtype)
-    grid = (cdiv(M, t["BLOCK"]) * cdiv(N, t["BLOCK"]),)
+    grid = (cdiv(M, t["BLOCK"]) * cdiv(N, t["BLOCK"]), batch)
     update_kernel[grid](
         b, x, out, out if scale is None else scale, M, N, M if K is None else K,
-        b.stride(0), b.stride(1), x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        *b.stride(), *x.stride(), *out.stride(),
         float(a), SCALED=scale is not None, BLOCK_M=t["BLOCK"], BLOCK_N=t["BLOCK"],
         BLOCK_K=t["BLOCK_K"], GROUP_M=8, num_warps=t["num_warps"], num_stages=t["num_stages"],
         **_common(x.dtype))
 
 
 def inverse_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """A one-element fp32 tensor holding 1 / (||x||_F + eps): two launches, no atomics."""
-    R, C = x.shape
+    """A (batch,) fp32 tensor holding 1 / (||x[b]||_F + eps) for each matrix of the
+    (batch, R, C) view x: two launches, no atomics."""
+    batch, R, C = x.shape
     BLOCK_R = 16 if INTERPRETED else 32
-    parts = torch.empty((cdiv(R, BLOCK_R),), dtype=torch.float32, device=x.device)
-    sum_squares_kernel[(parts.numel(),)](x, parts, R, C, x.stride(0), x.stride(1),
-                                         BLOCK_R=BLOCK_R, BLOCK_C=64 if INTERPRETED else 256)
-    scale = torch.empty((1,), dtype=torch.float32, device=x.device)
-    inverse_norm_kernel[(1,)](parts, scale, parts.numel(), eps, BLOCK_P=64 if INTERPRETED else 1024)
+    P = cdiv(R, BLOCK_R)
+    parts = torch.empty((batch, P), dtype=torch.float32, device=x.device)
+    sum_squares_kernel[(P, batch)](x, parts, R, C, P, *x.stride(),
+                                   BLOCK_R=BLOCK_R, BLOCK_C=64 if INTERPRETED else 256)
+    scale = torch.empty((batch,), dtype=torch.float32, device=x.device)
+    inverse_norm_kernel[(batch,)](parts, scale, P, eps, BLOCK_P=64 if INTERPRETED else 1024)
     return scale
 
 
 def check(G) -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
-    after the contract): float64 (the dots have no fp64 path on a GPU)."""
+    after the contract): float64 (the dots have no fp64 path on a GPU), and a batch larger
+    than the grid's second axis holds."""
     if G.dtype == torch.float64:
         raise TypeError("newton_schulz: argument 'G' must be float16, bfloat16 or float32 for "
                         "the Triton kernels; got torch.float64")
+    if G.dim() == 3 and G.shape[0] > MAX_BATCH:
+        raise ValueError(f"newton_schulz: argument 'G' must hold at most {MAX_BATCH} matrices "
+                         f"for the Triton kernels (the batch is the grid's second axis); got a "
+                         f"batch of {G.shape[0]}")
 
 
 def newton_schulz(G, steps: int, a: float, b: float, c: float, eps: float):
     """Called by levels.triton.newton_schulz after the shared validation and `check`:
-    2 + 3 * steps launches (steps=0: 3). No autograd: the contract refuses a G that
-    requires grad, and the output is a new tensor in G's shape, dtype and orientation."""
-    tall = G.shape[0] > G.shape[1]
-    X = G.t() if tall else G  # a view: (m, n) with m <= n, read through its strides
-    M, N = X.shape
+    2 + 3 * steps launches (steps=0: 3) for the whole batch, none for an empty one. No
+    autograd: the contract refuses a G that requires grad, and the output is a new tensor
+    in G's shape, dtype and orientation."""
     result = torch.empty(G.shape, dtype=G.dtype, device=G.device)
-    out = result.t() if tall else result  # the last launch writes G's orientation directly
+    if G.numel() == 0:
+        return result
+    tall = G.shape[-2] > G.shape[-1]
+    # views, read through their strides: (batch, m, n) with m <= n
+    X = _batched(G.mT if tall else G)
+    out = _batched(result.mT if tall else result)  # the last launch writes G's orientation
+    batch, M, N = X.shape
     scale = inverse_norm(X, eps)
     if steps == 0:
         _update(X, X, out, 1.0, scale=scale, K=0)
         return result
-    A = torch.empty((M, M), dtype=G.dtype, device=G.device)
+    A = torch.empty((batch, M, M), dtype=G.dtype, device=G.device)
     B = torch.empty_like(A)
-    spare = [torch.empty((M, N), dtype=G.dtype, device=G.device) for _ in range(min(steps - 1, 2))]
+    spare = [torch.empty((batch, M, N), dtype=G.dtype, device=G.device)
+             for _ in range(min(steps - 1, 2))]
     for step in range(steps):
         first = step == 0
         symmetric_product(X, scale=scale if first else None, out=A)  # A = X X^T

@@ -3,6 +3,15 @@ quintic iterations X <- aX + (bA + cA^2)X, A = XX^T, from X0 = G / (||G||_F + ep
 transpose when G is tall, in G's dtype (Muon passes bfloat16). It maps G = U S V^T to about
 U V^T: every singular value not tiny against ||G||_F lands in a band around 1.
 
+    newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
+    G: (rows, cols), or (batch, rows, cols): a batch of same-shape matrices, each
+       orthogonalized on its own (its own norm; the batch iterated on G.mT when tall)
+
+Variants: "default" is one matrix; "batched" is a batch of BATCH of them (what Muon sends
+for the parameters of one shape: levels.optim.Muon groups them so), in both layouts (the
+strided one: each matrix's rows padded, so the batch stride is no multiple of rows * cols).
+A model shape may set its own batch (`batch` in its sizes: the layers of a model).
+
 Forward only (DIFFERENTIABLE = ()): Muon orthogonalizes gradients under no_grad, and the
 contract refuses a G that requires grad. Two entries of this card go beyond the others':
 TOLERANCE, because the iteration compounds its roundings, and `properties`, which checks
@@ -18,7 +27,11 @@ SIZES = {
     "small": dict(rows=96, cols=160),
     "bench": dict(rows=4096, cols=4096),
 }
-VARIANTS = {"default": {}}
+VARIANTS = {"default": {}, "batched": {}}
+# The batch is a shape, not an argument: the variant adds it to every preset (make_args reads
+# it; a model shape's own `batch` wins over BATCH).
+BATCH = 3
+VARIANT_SHAPES = {"batched": dict(batched=True)}
 OUTPUTS = ("out",)
 DIFFERENTIABLE = ()  # forward only: see the module doc
 MUTATED: dict = {}
@@ -43,19 +56,25 @@ BAND = (0.6, 1.3)
 CONVERGED_FROM = 2e-3
 
 
+def _batch(shape) -> tuple:
+    return (shape.get("batch", BATCH),) if shape.get("batched") else ()
+
+
 def make_args(shape, dtype, device, generator):
-    return dict(G=randn((shape["rows"], shape["cols"]), generator, dtype, device),
+    return dict(G=randn((*_batch(shape), shape["rows"], shape["cols"]), generator, dtype, device),
                 steps=5, coefficients=COEFFICIENTS, eps=1e-7)
 
 
 def reference(G, steps=5, coefficients=COEFFICIENTS, eps=1e-7):
+    # a batch is the same math matrix by matrix: batched matmuls, a norm per matrix
     a, b, c = coefficients
-    X = G.t() if G.shape[0] > G.shape[1] else G
-    X = X / (torch.sqrt((X * X).sum()) + eps)
+    tall = G.shape[-2] > G.shape[-1]
+    X = G.mT if tall else G
+    X = X / (torch.sqrt((X * X).sum((-2, -1), keepdim=True)) + eps)
     for _ in range(steps):
-        gram = X @ X.t()
+        gram = X @ X.mT
         X = a * X + (b * gram + c * gram @ gram) @ X
-    return (X.t() if G.shape[0] > G.shape[1] else X,)
+    return (X.mT if tall else X,)
 
 
 def properties(args, outputs):
@@ -68,11 +87,16 @@ def properties(args, outputs):
     if not isinstance(out, torch.Tensor) or not torch.isfinite(out).all():
         return [("singular values in Muon's band", False, "the output is not finite")]
     G = args["G"].detach().to("cpu", torch.float64)
-    got = torch.linalg.svdvals(out.detach().to("cpu", torch.float64))
-    normalized = torch.linalg.svdvals(G) / (torch.linalg.norm(G) + args.get("eps", 1e-7))
-    expected = int((normalized >= CONVERGED_FROM).sum())
-    reached = int((got >= BAND[0]).sum())
-    ok = reached >= expected and float(got.max()) <= BAND[1]
+    if G.numel() == 0:
+        return []
+    # per matrix of a batch (a 2-D G is a batch of one): its own norm, its own count
+    got = torch.linalg.svdvals(out.detach().to("cpu", torch.float64)).reshape(-1, min(G.shape[-2:]))
+    norms = torch.linalg.matrix_norm(G).reshape(-1, 1)
+    normalized = torch.linalg.svdvals(G).reshape(got.shape) / (norms + args.get("eps", 1e-7))
+    expected = (normalized >= CONVERGED_FROM).sum(-1)
+    reached = (got >= BAND[0]).sum(-1)
+    ok = bool((reached >= expected).all()) and float(got.max()) <= BAND[1]
+    reached, expected = int(reached.sum()), int(expected.sum())
     problem = "" if ok else (f"{reached} singular values >= {BAND[0]} (expected {expected}), "
                              f"largest {float(got.max()):.3f} (at most {BAND[1]})")
     return [(f"singular values in [{BAND[0]}, {BAND[1]}]", ok, problem)]
@@ -88,7 +112,8 @@ def _gemm_flops(M: int, N: int, steps: int) -> int:
 
 def flops(args):
     G = args["G"]
-    return {"fwd": _gemm_flops(*G.shape, args.get("steps", 5)), "bwd": 0}
+    batch = G.shape[0] if G.dim() == 3 else 1
+    return {"fwd": batch * _gemm_flops(*G.shape[-2:], args.get("steps", 5)), "bwd": 0}
 
 
 def min_bytes(args):
@@ -99,7 +124,10 @@ def min_bytes(args):
 # ---------------------------------------------------------------------------------------
 # The model-shape suite: the 2-D parameters of a transformer, each orthogonalized once per
 # optimizer step (Muon; embeddings and the head go to AdamW). Weights as nn.Linear stores
-# them: (out_features, in_features).
+# them: (out_features, in_features). The "-layers" shapes are the batched calls Muon makes:
+# one per shape, all the model's layers at once (GPT-2 small's 12 blocks; Llama 2 7B's
+# q/k/v/o of one block). The whole parameter list, every shape, grouped calls against a
+# loop of one call per matrix, is `levels bench --component newton_schulz`'s figure.
 # ---------------------------------------------------------------------------------------
 
 GPT2_SMALL = ("GPT-2 small (HF GPT2Config: n_embd=768, n_inner=3072; c_attn projects to "
@@ -119,15 +147,25 @@ MODEL_SHAPES = (
           dict(rows=11008, cols=4096), infer()),
     Shape("llama2-7b-down", "Llama 2 7B", LLAMA2_7B + "; down_proj",
           dict(rows=4096, cols=11008), infer()),
+    Shape("gpt2-small-qkv-layers", "GPT-2 small", GPT2_SMALL + "; c_attn's weight of all 12 "
+          "blocks, one batched call", dict(batch=12, rows=2304, cols=768), infer("batched")),
+    Shape("gpt2-small-fc-layers", "GPT-2 small", GPT2_SMALL + "; the MLP's c_fc of all 12 "
+          "blocks, one batched call", dict(batch=12, rows=3072, cols=768), infer("batched")),
+    Shape("llama2-7b-attn-block", "Llama 2 7B", LLAMA2_7B + "; q/k/v/o_proj of one block, one "
+          "batched call", dict(batch=4, rows=4096, cols=4096), infer("batched")),
 )
 
 
 def tiny_twin(sizes):
-    return dict(rows=shrink(sizes["rows"], 32, 8), cols=shrink(sizes["cols"], 32, 8))
+    twin = dict(rows=shrink(sizes["rows"], 32, 8), cols=shrink(sizes["cols"], 32, 8))
+    if "batch" in sizes:
+        twin["batch"] = min(sizes["batch"], 3)
+    return twin
 
 
 def describe(sizes, variants):
-    return f"G {sizes['rows']}x{sizes['cols']}"
+    batch = f"{sizes.get('batch', BATCH)} x " if "batched" in variants else ""
+    return f"G {batch}{sizes['rows']}x{sizes['cols']}"
 
 
 def _muon_reference(G, steps, coefficients, eps):
@@ -135,13 +173,15 @@ def _muon_reference(G, steps, coefficients, eps):
     addmm with alpha/beta, so cuBLAS applies b*A and a*X in its epilogue: two of Level 1's
     pointwise passes gone, no symmetry used."""
     a, b, c = coefficients
-    X = G.t() if G.shape[0] > G.shape[1] else G
-    X = X / (X.norm() + eps)
+    tall = G.shape[-2] > G.shape[-1]
+    X = G.mT if tall else G
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
+    addmm = torch.baddbmm if X.dim() == 3 else torch.addmm  # a batch: its batched twin
     for _ in range(steps):
-        A = X @ X.t()
-        B = torch.addmm(A, A, A, beta=b, alpha=c)
-        X = torch.addmm(X, B, X, beta=a)
-    return X.t() if G.shape[0] > G.shape[1] else X
+        A = X @ X.mT
+        B = addmm(A, A, A, beta=b, alpha=c)
+        X = addmm(X, B, X, beta=a)
+    return X.mT if tall else X
 
 
 def libraries(device, dtype):
