@@ -4,7 +4,10 @@ alone and against rope x2 + attention (the bench's `_rope_fused` figures, goal: 
 grouped K/V heads, against SDPA's FLASH backend in the same run (did the grown kernels cost
 the common case anything?).
 
-    python scripts/probe_attention_rope_gqa.py OUT.json
+    python scripts/probe_attention_rope_gqa.py OUT.json [LEVEL ...]
+
+LEVEL: triton, cuda or both (the default); with triton alone, Level 5 is neither built nor
+timed (the versions table is Level 5's).
 """
 
 from __future__ import annotations
@@ -44,16 +47,17 @@ def versions(B=4, H=16, N=4096, D=128, dtype=torch.bfloat16) -> list[dict]:
     return rows
 
 
-def main(out: str) -> None:
-    figures = [f.to_dict() for f in _rope_fused("cuda")]
+def main(out: str, chosen=("triton", "cuda")) -> None:
+    figures = [f.to_dict() for f in _rope_fused("cuda", tuple(chosen))]
     for f in figures:
         print(f"{f['level']:7s} {f['name']:55s} {f['ms']:.3f} ms ratio {f['ratio']} met {f['met']} "
               f"unfused/fused {f['extra'].get('ratio_fused_over_unfused')}", flush=True)
-    result = {"command": f"python scripts/probe_attention_rope_gqa.py {out}",
-              "environment": describe("cuda"), "rope_fused": figures, "level5_versions": versions()}
+    result = {"command": " ".join(["python scripts/probe_attention_rope_gqa.py", out, *chosen]),
+              "environment": describe("cuda"), "rope_fused": figures,
+              "level5_versions": versions() if "cuda" in chosen else []}
     with open(out, "w") as fh:
         json.dump(result, fh, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] or ("triton", "cuda"))

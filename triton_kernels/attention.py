@@ -64,6 +64,7 @@ unchanged) or a value read once per program, never a test in the inner loop it d
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -791,6 +792,7 @@ def _bwd_table(tile: int, dtype: torch.dtype) -> dict:
     return TUNED["bwd_d256"] if tile == 256 else TUNED["bwd"]
 
 
+@functools.lru_cache(maxsize=None)  # on every call's path: the rope fit is worked out once
 def _fwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
     if INTERPRETED:
         return TUNED["interpreted_fwd"]
@@ -798,6 +800,7 @@ def _fwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
     return _fit_rope(cfg, D, dtype, "BLOCK_N") if rope else cfg
 
 
+@functools.lru_cache(maxsize=None)
 def _bwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
     if INTERPRETED:
         return TUNED["interpreted_bwd"]

@@ -81,6 +81,19 @@ class LlamaConfig:
         return -(-(8 * self.d_model // 3) // 8) * 8
 
 
+def _assemble(model: nn.Module, cfg, blocks, norm_f: nn.Module) -> None:
+    """The parts both models share around their blocks: token embedding, the blocks, the
+    final norm, the head (tied to the embedding when cfg.tie_head), Llama's initialization."""
+    model.cfg = cfg
+    model.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+    model.blocks = nn.ModuleList(blocks)
+    model.norm_f = norm_f
+    model.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+    _init_llama(model, cfg)
+    if cfg.tie_head:
+        model.head.weight = model.tok.weight
+
+
 def _init_llama(model: nn.Module, cfg: LlamaConfig) -> None:
     """N(0, 0.02) for every matrix and the embedding; the projections that write into the
     residual stream (o_proj, down_proj) scaled by 1/sqrt(2 n_layers), as GPT-2 does, so its
@@ -175,14 +188,8 @@ class TorchBlock(nn.Module):
 class TorchLlama(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(TorchBlock(cfg) for _ in range(cfg.n_layers))
-        self.norm_f = nn.RMSNorm(cfg.d_model, eps=cfg.eps)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
-        _init_llama(self, cfg)
-        if cfg.tie_head:
-            self.head.weight = self.tok.weight
+        _assemble(self, cfg, (TorchBlock(cfg) for _ in range(cfg.n_layers)),
+                  nn.RMSNorm(cfg.d_model, eps=cfg.eps))
 
     def forward(self, tokens):
         return _decode(self, tokens)
@@ -240,14 +247,8 @@ class Llama(Leveled):
 
     def __init__(self, cfg: LlamaConfig, level="native"):
         super().__init__()
-        self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, level) for _ in range(cfg.n_layers))
-        self.norm_f = lnn.RMSNorm(cfg.d_model, cfg.eps, level=level)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
-        _init_llama(self, cfg)
-        if cfg.tie_head:
-            self.head.weight = self.tok.weight
+        _assemble(self, cfg, (Block(cfg, level) for _ in range(cfg.n_layers)),
+                  lnn.RMSNorm(cfg.d_model, cfg.eps, level=level))
 
     def forward(self, tokens):
         return _decode(self, tokens)

@@ -120,7 +120,7 @@ ROPE_SHAPE = dict(B=4, H=32, N=2048, D=128)  # Llama 2 7B: 32 heads x 128, 2048-
 GOAL_ROPE = 1 / 1.05  # fused <= 1.05x the time of attention alone: alone / fused >= 0.952
 
 
-def _rope_fused(device) -> list[Figure]:
+def _rope_fused(device, levels_=("triton", "cuda")) -> list[Figure]:
     import levels
 
     B, H, N, D = (ROPE_SHAPE[k] for k in ("B", "H", "N", "D"))
@@ -133,7 +133,7 @@ def _rope_fused(device) -> list[Figure]:
     cos, sin = (f(angles).to(device=device, dtype=DTYPE) for f in (torch.cos, torch.sin))
     fwd_flops = 4 * B * H * N * N * D // 2  # causal
     figures = []
-    for level in ("triton", "cuda"):
+    for level in levels_:
         reason = levels.status(level, device, "attention")
         if reason:
             print(f"attention bench: rope fused at {level} skipped: {reason}", file=sys.stderr)
