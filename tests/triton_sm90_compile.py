@@ -94,20 +94,26 @@ def main() -> int:
     # does not compile, at the GPU's bf16 tiles
     import triton_kernels.newton_schulz as ns
 
-    tiles = ns._tiles(torch.bfloat16)
-    warps = dict(num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
-    dots = dict(UPCAST=False, DOT_PRECISION="tf32", BLOCK=tiles["BLOCK"], BLOCK_K=tiles["BLOCK_K"])
     jobs.append(("newton_schulz sum_squares bf16", ns.sum_squares_kernel,
                  dict(x_ptr=bf16, part_ptr=f32), dict(BLOCK_R=32, BLOCK_C=256)))
     jobs.append(("newton_schulz inverse_norm", ns.inverse_norm_kernel,
                  dict(part_ptr=f32, scale_ptr=f32, eps="fp32"), dict(BLOCK_P=1024)))
-    jobs.append(("newton_schulz sym bf16", ns.sym_kernel,
-                 dict(x_ptr=bf16, y_ptr=bf16, out_ptr=bf16, scale_ptr=f32, alpha="fp32",
-                      beta="fp32"), dict(dots, SCALED=True, HAS_Y=True), warps))
-    jobs.append(("newton_schulz update bf16", ns.update_kernel,
-                 dict(b_ptr=bf16, x_ptr=bf16, out_ptr=bf16, scale_ptr=f32, a="fp32"),
-                 dict(SCALED=True, UPCAST=False, DOT_PRECISION="tf32", BLOCK_M=tiles["BLOCK"],
-                      BLOCK_N=tiles["BLOCK"], BLOCK_K=tiles["BLOCK_K"], GROUP_M=8), warps))
+    for name, tiles in (("big", ns._SYM_BIG), ("long K", ns._SYM_LONG_K), ("small", ns._SYM_SMALL)):
+        tiles = dict(tiles)
+        warps = dict(num_warps=tiles.pop("num_warps"), num_stages=tiles.pop("num_stages"))
+        jobs.append((f"newton_schulz sym bf16 {name}", ns.sym_kernel,
+                     dict(x_ptr=bf16, y_ptr=bf16, out_ptr=bf16, scale_ptr=f32, alpha="fp32",
+                          beta="fp32"),
+                     dict(tiles, SCALED=True, HAS_Y=True, UPCAST=False, DOT_PRECISION="tf32"),
+                     warps))
+    for name, tiles in (("wide", ns._UPDATE_WIDE), ("big", ns._UPDATE_BIG),
+                        ("small", ns._UPDATE_SMALL)):
+        tiles = dict(tiles)
+        warps = dict(num_warps=tiles.pop("num_warps"), num_stages=tiles.pop("num_stages"))
+        jobs.append((f"newton_schulz update bf16 {name}", ns.update_kernel,
+                     dict(b_ptr=bf16, x_ptr=bf16, out_ptr=bf16, scale_ptr=f32, a="fp32"),
+                     dict(tiles, SCALED=True, UPCAST=False, DOT_PRECISION="tf32", GROUP_M=8),
+                     warps))
     failed = 0
     for name, fn, pointers, constexprs, *config in jobs:
         options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import INTERPRETED, grouped_tile
+from .gemm import INTERPRETED, grouped_tile, sm_count
 from .launch import cdiv, fast_launch
 
 
@@ -226,15 +226,54 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 dots are input_precision="ieee"
 
 
-def _tiles(dtype: torch.dtype) -> dict:
-    """Tile sizes: small in the interpreter (it runs every element in numpy), 128 x 128
-    output tiles with 64-wide K steps for 16-bit dots on a GPU, half that for fp32's ieee
-    dots (three times the registers and shared memory per element)."""
+# The tiles, chosen from the problem's size (rows, columns, batch) and the GPU's SM count,
+# by a rule read off scripts/sweep_newton_schulz.py's H100 sweep (bf16,
+# reports/h100-sweep-newton-schulz.json; the sym / update kernels alone against the cuBLAS
+# product each replaces, ratios > 1 faster):
+#   - the biggest tile pays when there are enough of them to give every SM a program, the
+#     smaller one when there are not: X X^T at 1024 x 1024 in 128-tiles is 36 programs on
+#     132 SMs (0.67x cuBLAS), in 64-tiles 136 (0.93x); 12 x 768 x 768 in 128-tiles is 252
+#     (1.36x, the 64-tile 1.09x);
+#   - the update's 128 x 256 tile (each loaded B block reused 256 times) was the fastest
+#     wherever it filled the GPU: 4096^2 1.04x vs 0.86x for 128 x 128, 4096 x 11008 0.99x
+#     vs 0.81x, and within 3% of 128 x 128 at the batched GPT-2 shapes;
+#   - the symmetric kernel stays square (a tile's mirror must be a tile): 128 x 128 with
+#     64-wide K steps at 4 warps (1.49x at 4096^2, 1.52x at 8192 x 4096), 4 stages and 8
+#     warps for a long K (4096 x 11008: 1.36x vs 1.31x).
+_SYM_BIG = dict(BLOCK=128, BLOCK_K=64, num_warps=4, num_stages=3)
+_SYM_LONG_K = dict(BLOCK=128, BLOCK_K=64, num_warps=8, num_stages=4)
+_SYM_SMALL = dict(BLOCK=64, BLOCK_K=128, num_warps=4, num_stages=3)
+_UPDATE_WIDE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+_UPDATE_BIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+_UPDATE_SMALL = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+# fp32's ieee dots: three times the registers and shared memory per element
+_SYM_FP32 = dict(BLOCK=64, BLOCK_K=32, num_warps=4, num_stages=3)
+_UPDATE_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3)
+# the interpreter runs every element in numpy: small tiles
+_SYM_INTERPRETED = dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
+_UPDATE_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)
+LONG_K = 8192  # a symmetric product summing over more columns than this takes _SYM_LONG_K
+
+
+def _sym_tiles(M: int, K: int, batch: int, dtype: torch.dtype, sms: int) -> dict:
     if INTERPRETED:
-        return dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
+        return _SYM_INTERPRETED
     if dtype == torch.float32:
-        return dict(BLOCK=64, BLOCK_K=32, num_warps=4, num_stages=3)
-    return dict(BLOCK=128, BLOCK_K=64, num_warps=8, num_stages=3)
+        return _SYM_FP32
+    tiles = cdiv(M, 128)
+    if tiles * (tiles + 1) // 2 * batch < sms:
+        return _SYM_SMALL
+    return _SYM_LONG_K if K > LONG_K else _SYM_BIG
+
+
+def _update_tiles(M: int, N: int, batch: int, dtype: torch.dtype, sms: int) -> dict:
+    if INTERPRETED:
+        return _UPDATE_INTERPRETED
+    if dtype == torch.float32:
+        return _UPDATE_FP32
+    if cdiv(M, 128) * cdiv(N, 256) * batch >= sms:
+        return _UPDATE_WIDE
+    return _UPDATE_BIG if cdiv(M, 128) * cdiv(N, 128) * batch >= sms else _UPDATE_SMALL
 
 
 def _common(dtype: torch.dtype) -> dict:
@@ -259,7 +298,7 @@ def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: flo
     if out is None:
         out = torch.empty((*x.shape[:-1], M), dtype=x.dtype, device=x.device)
     xb, yb, ob = _batched(x), _batched(out if y is None else y), _batched(out)
-    t = _tiles(x.dtype)
+    t = _sym_tiles(M, K, xb.shape[0], x.dtype, sm_count(x.device))
     tiles = cdiv(M, t["BLOCK"])
     sym_kernel[(tiles * (tiles + 1) // 2, xb.shape[0])](
         xb, yb, ob, ob if scale is None else scale, M, K, *xb.stride(), *yb.stride(),
@@ -271,14 +310,12 @@ def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: flo
 def _update(b, x, out, a, scale=None, K=None):
     """out = s * (a x + b x) for (batch, M, N) views x and out and (batch, M, M) b."""
     batch, M, N = x.shape
-    t = _tiles(x.dtype)
-    grid = (cdiv(M, t["BLOCK"]) * cdiv(N, t["BLOCK"]), batch)
+    t = _update_tiles(M, N, batch, x.dtype, sm_count(x.device))
+    grid = (cdiv(M, t["BLOCK_M"]) * cdiv(N, t["BLOCK_N"]), batch)
     update_kernel[grid](
         b, x, out, out if scale is None else scale, M, N, M if K is None else K,
         *b.stride(), *x.stride(), *out.stride(),
-        float(a), SCALED=scale is not None, BLOCK_M=t["BLOCK"], BLOCK_N=t["BLOCK"],
-        BLOCK_K=t["BLOCK_K"], GROUP_M=8, num_warps=t["num_warps"], num_stages=t["num_stages"],
-        **_common(x.dtype))
+        float(a), SCALED=scale is not None, GROUP_M=8, **t, **_common(x.dtype))
 
 
 def inverse_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
