@@ -8,13 +8,23 @@ scale folded into the first step, a tall G is read transposed through its stride
 is one op, `levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++.
 
     v1  shared-memory tiles on the CUDA cores, fp32 accumulation (the first rung: correct,
-        not fast; the tensor-core rungs on gemm.cu's main loops are not written yet)
+        not fast: ~9 TFLOP/s in bf16 on an H100, 0.02x of native)
+    v2  the same products on gemm.cu's version-5 main loop (Hopper wgmma, through its
+        levels_gemm_batched): every iterate kept as X and X^T so both operands of every
+        product are K-major, the symmetric products on the lower-triangle tile schedule with
+        the mirror written from the staged tile in 16-byte stores. sm_90 only (elsewhere an
+        error naming version 1); fp32 G runs version 1's exact-fp32 kernels at version 2
+        (wgmma has no fp32 path)
 
-Speed: not measured on a GPU yet. Version: the `version` argument, else
-$LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else DEFAULT_VERSION.
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
+default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
+rule of cuda_kernels/mlp.py. Asking for version 2 on another GPU is an error, never a
+silent run of version 1.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -23,8 +33,12 @@ from . import versions
 VERSIONS = {
     1: "shared-memory tiles on the CUDA cores: one triangle of X X^T and of A A, mirrored; "
        "fused epilogues; fp32 accumulation",
+    2: "Hopper wgmma (gemm.cu's version-5 main loop, batched): X and X^T kept so every "
+       "operand is K-major, symmetric tile schedule, mirror stored from the staged tile "
+       "(sm_90 only; fp32 runs version 1)",
 }
-DEFAULT_VERSION = 1
+DEFAULT_VERSION = 1  # every GPU
+HOPPER_VERSION = 2   # the default where wgmma exists (sm_90: H100, H200)
 ENV_VERSION = versions.env_name("newton_schulz")
 _registered = False
 
@@ -33,9 +47,21 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 FMAs on the CUDA cores
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def default_version() -> int:
+    """The best version this GPU has: HOPPER_VERSION on sm_90, else DEFAULT_VERSION."""
+    if torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0):
+        return HOPPER_VERSION
+    return DEFAULT_VERSION
+
+
 def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_NEWTON_SCHULZ if set, else DEFAULT_VERSION."""
-    return versions.resolve("newton_schulz", VERSIONS, DEFAULT_VERSION, version)
+    """version=None: $LEVELS_CUDA_VERSION_NEWTON_SCHULZ if set, else default_version()."""
+    return versions.resolve("newton_schulz", VERSIONS, default_version(), version)
 
 
 def _fake(G, steps, a, b, c, eps, version):
