@@ -75,6 +75,8 @@ def _register():
     if _registered:
         return
     torch.library.register_fake("levels_cuda::newton_schulz")(_fake)
+    torch.library.register_fake("levels_cuda::newton_schulz_gram")(
+        lambda X: X.new_empty((X.shape[0], X.shape[0])))
     _registered = True
 
 
@@ -86,3 +88,13 @@ def newton_schulz(G, steps, a, b, c, eps, version=None):
         build.load()  # a direct call (benches, tests): build on first use
     return torch.ops.levels_cuda.newton_schulz.default(G, int(steps), float(a), float(b), float(c),
                                                        float(eps), resolve_version(version))
+
+
+def gram(X):
+    """X X^T by version 2's symmetric product alone (one triangle of 128x128 wgmma tiles, each
+    mirrored): for the bench against torch.matmul(X, X.T). X: a contiguous (rows, cols) fp16 /
+    bf16 CUDA matrix, cols % 8 == 0, on an sm_90 GPU (else the op's error says which rule)."""
+    if not _registered and not torch.compiler.is_compiling():
+        from . import build
+        build.load()
+    return torch.ops.levels_cuda.newton_schulz_gram.default(X)
