@@ -75,8 +75,6 @@ def _register():
     if _registered:
         return
     torch.library.register_fake("levels_cuda::newton_schulz")(_fake)
-    torch.library.register_fake("levels_cuda::newton_schulz_gram")(
-        lambda X: X.new_empty((X.shape[0], X.shape[0])))
     _registered = True
 
 
@@ -90,11 +88,39 @@ def newton_schulz(G, steps, a, b, c, eps, version=None):
                                                        float(eps), resolve_version(version))
 
 
+
+_STATUS = {-1: "no such version", -2: "fp16 and bf16 only (wgmma has no fp32 path)",
+           -3: "X must be contiguous with cols % 8 == 0 (the K-major rule)",
+           -4: "needs an sm_90 GPU (wgmma)"}
+
+
 def gram(X):
-    """X X^T by version 2's symmetric product alone (one triangle of 128x128 wgmma tiles, each
-    mirrored): for the bench against torch.matmul(X, X.T). X: a contiguous (rows, cols) fp16 /
-    bf16 CUDA matrix, cols % 8 == 0, on an sm_90 GPU (else the op's error says which rule)."""
-    if not _registered and not torch.compiler.is_compiling():
-        from . import build
-        build.load()
-    return torch.ops.levels_cuda.newton_schulz_gram.default(X)
+    """X X^T by version 2's symmetric product alone (gemm.cu's levels_gemm_batched with the
+    symmetric schedule: one triangle of 128x128 wgmma tiles, each mirrored), called through
+    ctypes on the built library: for the bench and the tests against torch.matmul(X, X.T),
+    not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
+    matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised."""
+    import ctypes
+    from pathlib import Path
+
+    from . import build
+    build.load()
+    lib = ctypes.CDLL(str(Path(build.last_build()["dir"]) / f"{build.EXT_NAME}.so"))
+    fn = lib.levels_gemm_batched
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
+                   + [ctypes.c_float, ctypes.c_float, ptr])
+    fn.restype = ctypes.c_int
+    if X.dim() != 2 or not X.is_cuda:
+        raise ValueError(f"gram: 'X' must be a 2-D CUDA matrix; got {tuple(X.shape)} on {X.device}")
+    rows, cols = X.shape
+    A = X.new_empty((rows, rows))
+    code = {torch.float16: 1, torch.bfloat16: 2}.get(X.dtype, 0)
+    with torch.cuda.device(X.device):
+        status = fn(code, 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
+                    X.data_ptr(), 0, X.stride(0), X.stride(1), A.data_ptr(), 0, rows, 1,
+                    None, 0, 0, 0, None, 0, 0, 0, 1.0, 0.0,
+                    torch.cuda.current_stream(X.device).cuda_stream)
+    if status != 0:
+        raise RuntimeError(f"gram: levels_gemm_batched refused: {_STATUS.get(status, f'CUDA error {status}')}")
+    return A

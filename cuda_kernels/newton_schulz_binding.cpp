@@ -6,9 +6,6 @@
 // this kernel op itself, with no autograd):
 //   newton_schulz(G, steps, a, b, c, eps, version) -> out   G's shape and dtype, contiguous
 //   G: (rows, cols) or a batch (batch, rows, cols), each matrix orthogonalized on its own
-//   newton_schulz_gram(X) -> X X^T   version 2's symmetric product alone (gemm.cu's
-//   levels_gemm_batched, symmetric schedule), for the bench: X a contiguous (rows, cols)
-//   fp16/bf16 CUDA matrix with cols % 8 == 0 (the K-major rule), an sm_90 GPU
 
 extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, int64_t sgb,
                                     int64_t sgm, int64_t sgn, void* out, int64_t sob, int64_t som,
@@ -16,14 +13,6 @@ extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, i
                                     float a, float b, float c, float eps, void* A, void* Bm,
                                     void* X0, void* X1, void* XT0, void* XT1, float* partials,
                                     float* scale, cudaStream_t stream);
-
-extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
-                                   const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
-                                   const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
-                                   void* c, int64_t stride_cb, int64_t stride_cm, int64_t stride_cn,
-                                   void* ct, int64_t stride_tb, int64_t stride_tn, int64_t stride_tm,
-                                   const void* y, int64_t stride_yb, int64_t stride_ym, int64_t stride_yn,
-                                   float alpha, float beta, cudaStream_t stream);
 
 namespace levels_cuda_newton_schulz {
 
@@ -72,32 +61,13 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b,
   return result;
 }
 
-at::Tensor newton_schulz_gram(const at::Tensor& X) {
-  LEVELS_CHECK(X.dim() == 2 && X.is_contiguous() && X.size(1) % 8 == 0 &&
-                   (X.scalar_type() == at::kHalf || X.scalar_type() == at::kBFloat16),
-               "levels_cuda::newton_schulz_gram: 'X' must be a contiguous (rows, cols) float16 or "
-               "bfloat16 matrix with cols a multiple of 8; got " + levels_cuda::shape(X) + " " +
-                   c10::toString(X.scalar_type()));
-  const c10::DeviceGuard guard(X.device());
-  const int64_t rows = X.size(0), cols = X.size(1);
-  at::Tensor A = at::empty({rows, rows}, X.options());
-  const int status = levels_gemm_batched(
-      levels_cuda::dtype_code(X), 1, 1, rows, rows, cols, levels_cuda::in(X), 0, cols, 1,
-      levels_cuda::in(X), 0, cols, 1, levels_cuda::out(A), 0, rows, 1, nullptr, 0, 0, 0, nullptr,
-      0, 0, 0, 1.0f, 0.0f, levels_cuda::stream());
-  levels_cuda::check(status, "newton_schulz_gram", 2);
-  return A;
-}
-
 }  // namespace levels_cuda_newton_schulz
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("newton_schulz(Tensor G, int steps, float a, float b, float c, float eps, int version) "
         "-> Tensor");
-  m.def("newton_schulz_gram(Tensor X) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {
   m.impl("newton_schulz", &levels_cuda_newton_schulz::newton_schulz);
-  m.impl("newton_schulz_gram", &levels_cuda_newton_schulz::newton_schulz_gram);
 }

@@ -98,8 +98,14 @@ def main(out_path: str) -> int:
     print(f"\n{'X X^T':14s} {'matmul':>9s} {'gram v2':>9s} {'speedup':>9s}")
     for rows, cols in GRAM:
         X = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        ref = (X.float() @ X.float().T)
-        err = ((K5.gram(X).float() - ref).norm() / ref.norm()).item()
+        try:
+            ref = X.float() @ X.float().T
+            err = ((K5.gram(X).float() - ref).norm() / ref.norm()).item()
+            del ref
+        except (OSError, AttributeError, RuntimeError) as exc:  # the launcher not reachable
+            report["gram_ms"][f"{rows}x{cols}"] = {"skipped": repr(exc)}
+            print(f"{rows}x{cols}: skipped ({exc!r})")
+            continue
         t = {"matmul": bench(lambda: torch.matmul(X, X.T)), "gram_v2": bench(lambda: K5.gram(X)),
              "rel_err": err}
         t["speedup"] = t["matmul"] / t["gram_v2"]
