@@ -56,6 +56,14 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
+// Version 5 also runs batched (levels_gemm_batched, for newton_schulz.cu's version 2): the
+// same main loop (v5_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
+// stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
+// math, stored in T), an optional transposed copy of the output (ct: the staged tile read
+// column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile
+// schedule for products known to be symmetric (X X^T, A·A with A = A^T): only the tiles on
+// and below the diagonal run, each stored at (i, j) and mirrored at (j, i). 16-bit only.
+//
 // Also: column_sum (bias gradients), x.sum(0) accumulated in fp32, deterministic.
 //
 // Strides are element strides, any value (0 for broadcast, transposed views...), except
