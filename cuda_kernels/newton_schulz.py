@@ -4,8 +4,9 @@
 The design is Level 4's (triton_kernels/newton_schulz.py): the symmetric products launch the
 tiles on and below the diagonal only and mirror each on its store, b*A + c*A^2 and a*X + B X
 are GEMMs with the pointwise work in their epilogues, the normalization is a one-element
-scale folded into the first step, a tall G is read transposed through its strides. One call
-is one op, `levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++.
+scale folded into the first step (version 2: into a "prepare" launch that writes X0 = s G
+and its transpose), a tall G is read transposed through its strides. One call is one op,
+`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (version 2: 3 + 3 * steps).
 
     v1  shared-memory tiles on the CUDA cores, fp32 accumulation (the first rung: correct,
         not fast: ~9 TFLOP/s in bf16 on an H100, 0.02x of native)
