@@ -102,11 +102,10 @@ def gram(X):
     not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
     matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised."""
     import ctypes
-    from pathlib import Path
 
     from . import build
     build.load()
-    lib = ctypes.CDLL(str(Path(build.last_build()["dir"]) / f"{build.EXT_NAME}.so"))
+    lib = ctypes.CDLL(build.last_build()["library"])  # the loaded .so: the same handle
     fn = lib.levels_gemm_batched
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
