@@ -56,6 +56,14 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
+// Version 5 also runs batched (levels_gemm_batched, for newton_schulz.cu's version 2): the
+// same main loop (v5_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
+// stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
+// math, stored in T), an optional transposed copy of the output (ct: the staged tile read
+// column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile
+// schedule for products known to be symmetric (X X^T, A·A with A = A^T): only the tiles on
+// and below the diagonal run, each stored at (i, j) and mirrored at (j, i). 16-bit only.
+//
 // Also: column_sum (bias gradients), x.sum(0) accumulated in fp32, deterministic.
 //
 // Strides are element strides, any value (0 for broadcast, transposed views...), except
@@ -762,25 +770,28 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
-template <typename T, typename TC, int BN, bool DUAL = false>
-__global__ void __launch_bounds__(256, 1)
-gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
-               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
-#ifdef LEVELS_HAS_WGMMA
-  constexpr int BM = 128, THREADS = 256, NB = BN / 128;  // NB: m64n128 instructions per k16 step
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // The swizzle pattern repeats every 1024 bytes and the descriptors assume tiles start on
-  // that boundary: align by hand (the launcher asks for 1 KB extra).
+// The tiles of the pipeline in the kernel's dynamic shared memory. The swizzle pattern
+// repeats every 1024 bytes and the descriptors assume tiles start on that boundary: align by
+// hand (the launchers ask for 1 KB extra).
+template <typename T, int BN>
+__device__ __forceinline__ void v5_tiles(unsigned char* smem_raw, T*& sA, T*& sB) {
   const uint32_t raw = smem_addr(smem_raw);
-  T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][BM][64]
-  T* sB = sA + V5_STAGES * BM * V4_BK;                                      // [STAGES][BN][64]
+  sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][128][64]
+  sB = sA + V5_STAGES * 128 * V4_BK;                                     // [STAGES][BN][64]
+}
 
-  int64_t m0, n0;
-  grouped_tile<BM, BN>(M, N, m0, n0);
-
+// The version-5 main loop, shared by the plain kernel (gemm_v5_kernel) and the batched one
+// (gemm_v5_batched_kernel): acc = the (128 x BN) tile at (m0, n0) of A · B^T, A (M, K) and
+// B (N, K) K-major. Returns with every copy landed and every warp past the last tile, so the
+// caller may reuse the pipeline's shared memory for its epilogue.
+template <typename T, int BN, bool DUAL>
+__device__ __forceinline__ void v5_main_loop(T* sA, T* sB, const T* __restrict__ A, int64_t lda,
+                                             const T* __restrict__ B, int64_t ldb, int64_t m0, int64_t n0,
+                                             int64_t M, int64_t N, int64_t K, const T* __restrict__ B2,
+                                             float (&acc)[BN / 128][64]) {
+  constexpr int BM = 128, THREADS = 256, NB = BN / 128;  // NB: m64n128 instructions per k16 step
   const int wg = threadIdx.x / 128;  // warpgroup: rows wg*64 .. wg*64+63 of the tile
   const int KT = (int)cdiv(K, V4_BK);
-  float acc[NB][64];
 #pragma unroll
   for (int j = 0; j < NB; ++j)
 #pragma unroll
@@ -830,26 +841,213 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
     for (int i = 0; i < 64; ++i) keep(acc[j][i]);
   cp_async_wait<0>();
   __syncthreads();
+}
 
-  // Epilogue through shared memory, as version 4. The accumulator layout of m64nN is
-  // mma.sync's m16n8 layout repeated: warp w of the warpgroup owns rows 16w..16w+15; in
-  // register i, n8 block i/4, row (lane/4) + 8*((i/2)%2), column 2*(lane%4) + i%2.
+// Column c of staged row r sits at column c ^ swizzle_t(r) when the tile is also read
+// column-wise (the transposed store below): rows 8 apart then fall in different banks. The
+// XOR flips bits 2-4 only, so groups of 4 columns stay together (float2 / float4 access).
+__device__ __forceinline__ int swizzle_t(int r) { return ((r >> 3) & 7) << 2; }
+
+// The accumulators into shared memory as a 128 x BN fp32 tile of row stride BN + 8. The
+// accumulator layout of m64nN is mma.sync's m16n8 layout repeated: warp w of the warpgroup
+// owns rows 16w..16w+15; in register i, n8 block i/4, row (lane/4) + 8*((i/2)%2), column
+// 2*(lane%4) + i%2. TRANSPOSABLE: columns swizzled by swizzle_t.
+template <int BN, bool TRANSPOSABLE>
+__device__ __forceinline__ void v5_stage(const float (&acc)[BN / 128][64], float* tile) {
   constexpr int LD = BN + 8;
-  float* tile = reinterpret_cast<float*>(sA);
-  const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, wg = threadIdx.x / 128;
 #pragma unroll
-  for (int j = 0; j < NB; ++j)
+  for (int j = 0; j < BN / 128; ++j)
 #pragma unroll
     for (int i = 0; i < 64; i += 2) {
       const int r = wg * 64 + w * 16 + (lane >> 2) + 8 * ((i / 2) % 2);
       const int col = j * 128 + (i / 4) * 8 + (lane & 3) * 2;
-      *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[j][i], acc[j][i + 1]);
+      *reinterpret_cast<float2*>(tile + r * LD + (TRANSPOSABLE ? col ^ swizzle_t(r) : col)) =
+          make_float2(acc[j][i], acc[j][i + 1]);
     }
+}
+
+template <typename T, typename TC, int BN, bool DUAL = false>
+__global__ void __launch_bounds__(256, 1)
+gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
+               int64_t M, int64_t N, int64_t K, EpiArgs ep, const T* __restrict__ B2) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, THREADS = 256;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T *sA, *sB;
+  v5_tiles<T, BN>(smem_raw, sA, sB);
+  int64_t m0, n0;
+  grouped_tile<BM, BN>(M, N, m0, n0);
+  float acc[BN / 128][64];
+  v5_main_loop<T, BN, DUAL>(sA, sB, A, lda, B, ldb, m0, n0, M, N, K, B2, acc);
+
+  // Epilogue through shared memory, as version 4.
+  constexpr int LD = BN + 8;
+  float* tile = reinterpret_cast<float*>(sA);
+  v5_stage<BN, false>(acc, tile);
   __syncthreads();
   if constexpr (DUAL)
     store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
   else
     store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+#endif
+}
+
+// =====================================================================================
+// version 5, batched: a batch of products, the AXPBY epilogue, a transposed copy of the
+// output, and the symmetric tile schedule (Newton–Schulz: newton_schulz.cu's version 2)
+// =====================================================================================
+// The same main loop as gemm_v5_kernel (v5_main_loop); what differs is around it:
+//   * blockIdx.y is the matrix of the batch: A, B, C, C^T and Y each move by their batch
+//     stride (0: one matrix shared by the whole batch);
+//   * EPI_AXPBY: c = alpha * acc + beta * y[m, n] in fp32, stored in T (beta = 0 or no y:
+//     y is not read);
+//   * ct: the result written a second time, transposed (element (m, n) at
+//     ct[n * stride_tn + m * stride_tm]). A thread of the staged epilogue reads 8 rows of one
+//     column of the tile (swizzled columns: no bank conflicts), so the transposed stores are
+//     16-byte vectors along m too, not 2-byte stores scattered over 8 rows;
+//   * symmetric: for a product known to be symmetric (X X^T, A A with A = A^T), only the
+//     T (T + 1) / 2 tiles on and below the diagonal are launched (T = M / 128 rounded up);
+//     the block of tile (i, j) stores it at (i, j) and, when i != j, again transposed at
+//     (j, i): the ct path with ct = c and c's strides swapped. Half the MMAs of a full GEMM.
+struct BatchArgs {
+  int64_t stride_ab, stride_bb;          // batch strides of the operands
+  void* c;                               // (M, N), or nullptr: not written
+  int64_t stride_cb, stride_cm, stride_cn;
+  void* ct;                              // (N, M), the transpose, or nullptr
+  int64_t stride_tb, stride_tn, stride_tm;
+  const void* y;                         // (M, N) read by the epilogue, or nullptr
+  int64_t stride_yb, stride_ym, stride_yn;
+  float alpha, beta;
+  int symmetric;
+};
+
+// Tile (i, j), j <= i, of the lower triangle, numbered i (i + 1) / 2 + j: i is the
+// triangular root of p, from a double square root corrected by one either way.
+__device__ __forceinline__ void lower_tile(int64_t p, int64_t& i, int64_t& j) {
+  i = (int64_t)((sqrt(8.0 * (double)p + 1.0) - 1.0) * 0.5);
+  while ((i + 1) * (i + 2) / 2 <= p) ++i;
+  while (i * (i + 1) / 2 > p) --i;
+  j = p - i * (i + 1) / 2;
+}
+
+// Row-wise pass of the batched epilogue over the staged (transposable) tile: each thread
+// takes 8 neighbouring columns of one row, applies c = alpha * acc + beta * y, stores c
+// (16 bytes where c is contiguous and aligned, else element by element) and, when `keep`,
+// writes the value, rounded to T, back into the tile for the transposed pass (so the two
+// copies of an element hold the same bits).
+template <typename T, int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void store_axpby(float* tile, int64_t m0, int64_t n0, int64_t M, int64_t N, T* c,
+                                            const T* y, const BatchArgs& ba, bool keep) {
+  constexpr int LD = COLS + 8, CHUNKS = COLS / 8;
+  const bool read_y = y != nullptr && ba.beta != 0.0f;
+#pragma unroll 1
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+    const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
+    const int64_t m = m0 + r, n = n0 + c8;
+    if (m >= M || n >= N) continue;
+    const bool full = n + 8 <= N;
+    float4* p0 = reinterpret_cast<float4*>(tile + r * LD + (c8 ^ swizzle_t(r)));
+    float4* p1 = reinterpret_cast<float4*>(tile + r * LD + ((c8 + 4) ^ swizzle_t(r)));
+    const float4 lo = *p0, hi = *p1;
+    float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float yv[8] = {};
+    if (read_y) {
+      const T* yp = y + m * ba.stride_ym + n * ba.stride_yn;
+      if (full && ba.stride_yn == 1 && aligned16(yp)) {
+        load8<T>(yp, yv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (n + j < N) yv[j] = to_f32<T>(yp[j * ba.stride_yn]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_f32<T>(from_f32<T>(ba.alpha * v[j] + ba.beta * yv[j]));
+    if (c != nullptr) {
+      T* cp = c + m * ba.stride_cm + n * ba.stride_cn;
+      if (full && ba.stride_cn == 1 && aligned16(cp)) {
+        store8<T>(cp, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (n + j < N) cp[j * ba.stride_cn] = from_f32<T>(v[j]);
+      }
+    }
+    if (keep) {
+      *p0 = make_float4(v[0], v[1], v[2], v[3]);
+      *p1 = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+}
+
+// Column-wise pass: element (m, n) of the tile to ct[n * stn + m * stm]. A warp takes 4
+// columns x 8 chunks of 8 rows (64 rows): for each column 8 threads store 128 contiguous
+// bytes of ct's row n; reading row 8t + q of column g*4 + u, a thread hits bank
+// 8q + 4 (g ^ t) + u (mod 32): the 32 lanes, 32 banks.
+template <typename T, int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void store_transposed(const float* tile, int64_t m0, int64_t n0, int64_t M, int64_t N,
+                                                 T* ct, int64_t stn, int64_t stm) {
+  constexpr int LD = COLS + 8;
+  static_assert(ROWS == 128 && THREADS % 32 == 0, "a warp: 4 columns x 64 rows");
+#pragma unroll 1
+  for (int e = threadIdx.x; e < COLS * (ROWS / 8); e += THREADS) {
+    const int lane = e & 31, w = e >> 5;
+    const int r0 = ((w & 1) * 8 + (lane & 7)) * 8, col = (w >> 1) * 4 + (lane >> 3);
+    const int64_t m = m0 + r0, n = n0 + col;
+    if (m >= M || n >= N) continue;
+    float v[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = tile[(r0 + q) * LD + (col ^ swizzle_t(r0 + q))];
+    T* p = ct + n * stn + m * stm;
+    if (m + 8 <= M && stm == 1 && aligned16(p)) {
+      store8<T>(p, v);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (m + q < M) p[q * stm] = from_f32<T>(v[q]);
+    }
+  }
+}
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(256, 1)
+gemm_v5_batched_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
+                       int64_t M, int64_t N, int64_t K, BatchArgs ba) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, THREADS = 256;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T *sA, *sB;
+  v5_tiles<T, BN>(smem_raw, sA, sB);
+  const int64_t b = blockIdx.y;
+  A += b * ba.stride_ab;
+  B += b * ba.stride_bb;
+  T* c = ba.c ? static_cast<T*>(ba.c) + b * ba.stride_cb : nullptr;
+  T* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
+  const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
+  int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
+  if (ba.symmetric) {
+    int64_t i, j;
+    lower_tile(blockIdx.x, i, j);
+    m0 = i * BM;
+    n0 = j * BN;
+    // the mirror of an off-diagonal tile: c itself at (j, i)
+    ct = i != j ? c : nullptr;
+    stn = ba.stride_cm;
+    stm = ba.stride_cn;
+  } else {
+    grouped_tile<BM, BN>(M, N, m0, n0);
+  }
+  float acc[BN / 128][64];
+  v5_main_loop<T, BN, false>(sA, sB, A, lda, B, ldb, m0, n0, M, N, K, nullptr, acc);
+  float* tile = reinterpret_cast<float*>(sA);
+  v5_stage<BN, true>(acc, tile);
+  __syncthreads();
+  store_axpby<T, BM, BN, THREADS>(tile, m0, n0, M, N, c, y, ba, ct != nullptr);
+  if (ct != nullptr) {  // uniform over the block: the barrier is reached by all or none
+    __syncthreads();
+    store_transposed<T, BM, BN, THREADS>(tile, m0, n0, M, N, ct, stn, stm);
+  }
 #endif
 }
 
@@ -1045,6 +1243,35 @@ int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
   }
 }
 
+template <typename T, int BN>
+int launch_v5_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M,
+                             int64_t N, int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+  constexpr int smem = V5_STAGES * (128 + BN) * V4_BK * (int)sizeof(T) + 1024;  // + alignment slack
+  static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits");
+  auto kernel = gemm_v5_batched_kernel<T, BN>;
+  static bool opted_in = false;
+  if (!opted_in) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return (int)err;
+    opted_in = true;
+  }
+  const int64_t t = cdiv(M, 128);
+  const int64_t blocks = ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN);
+  if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
+  kernel<<<dim3((unsigned)blocks, (unsigned)batch), 256, smem, stream>>>(A, lda, B, ldb, M, N, K, ba);
+  return levels_launch_status();
+}
+
+template <typename T>
+int launch_v5_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
+                      int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+  // The symmetric schedule needs square tiles (tile (i, j)'s mirror is tile (j, i)); the
+  // plain one takes 128x256 tiles when they give every SM one, as launch_v5.
+  if (ba.symmetric || batch * cdiv(M, 128) * cdiv(N, 256) < num_sms())
+    return launch_v5_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream);
+  return launch_v5_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
+}
+
 template <typename T, typename TC>
 int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbk,
            int64_t sbn, int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream,
@@ -1137,4 +1364,46 @@ extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int
       column_sum_kernel<T, T><<<(unsigned)blocks, dim3(32, 32), 0, stream>>>(xp, stride_xm, stride_xn, static_cast<T*>(out), M, N);
   });
   return levels_launch_status();
+}
+
+// A batch of products on version 5's wgmma main loop (sm_90 only), for newton_schulz.cu's
+// version 2: for matrix b < batch (batch strides *_b, 0 = shared by the whole batch),
+//   r[m, n] = alpha * sum_k a[m, k] b[n, k] + beta * y[m, n]     (fp32 math, stored in T)
+// written to c (M, N) if c is given, and to ct (the N x M transpose: r[m, n] at
+// ct[n * stride_tn + m * stride_tm]) if ct is given. b is the (N, K) K-major operand (the
+// product is a · b^T). y may be nullptr (or beta 0: y is not read). symmetric = 1: the
+// caller promises r is symmetric (M == N; X X^T, or A A with A symmetric and y symmetric):
+// only the tiles on and below the diagonal run, each stored at (i, j) and mirrored at (j, i)
+// into c; ct must be nullptr. Rules, else a status and nothing launched:
+//   fp16 / bf16 only (wgmma has no fp32 path: LEVELS_BAD_DTYPE); an sm_90 GPU
+//   (LEVELS_BAD_ARCH); a and b K-major: stride_ak == stride_bk == 1, row strides and batch
+//   strides multiples of 8 elements, 16-byte aligned bases (LEVELS_UNSUPPORTED, version 4's
+//   rule); batch <= 65535 (grid y). c, ct and y take any strides (16-byte stores where
+//   contiguous and aligned). M, N, K or batch may be 0.
+extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
+                                   const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
+                                   const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
+                                   void* c, int64_t stride_cb, int64_t stride_cm, int64_t stride_cn,
+                                   void* ct, int64_t stride_tb, int64_t stride_tn, int64_t stride_tm,
+                                   const void* y, int64_t stride_yb, int64_t stride_ym, int64_t stride_yn,
+                                   float alpha, float beta, cudaStream_t stream) {
+  using namespace levels_gemm;
+  if (dtype != LEVELS_F16 && dtype != LEVELS_BF16) return LEVELS_BAD_DTYPE;
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
+  if (symmetric && (M != N || ct != nullptr)) return LEVELS_UNSUPPORTED;
+  const bool rows_ok = stride_ak == 1 && stride_bk == 1 && stride_am % 8 == 0 && stride_bn % 8 == 0 &&
+                       stride_ab % 8 == 0 && stride_bb % 8 == 0;
+  if (!rows_ok || !levels_aligned16(a) || !levels_aligned16(b) || batch > 65535) return LEVELS_UNSUPPORTED;
+  if (batch <= 0 || M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
+  const BatchArgs ba{stride_ab, stride_bb, c, stride_cb, stride_cm, stride_cn, ct, stride_tb, stride_tn,
+                     stride_tm, y, stride_yb, stride_ym, stride_yn, alpha, beta, symmetric};
+  if (dtype == LEVELS_F16)
+    return launch_v5_batched<__half>(static_cast<const __half*>(a), stride_am, static_cast<const __half*>(b),
+                                     stride_bn, batch, M, N, K, ba, stream);
+  return launch_v5_batched<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(a), stride_am,
+                                          static_cast<const __nv_bfloat16*>(b), stride_bn, batch, M, N, K, ba,
+                                          stream);
 }

@@ -1,6 +1,6 @@
 // newton_schulz.cu — Muon's Newton–Schulz orthogonalization, X <- aX + (bA + cA^2)X with
 // A = X X^T, from X0 = G / (||G||_F + eps): Level 4's design (triton_kernels/newton_schulz.py)
-// in CUDA, a ladder of one version so far.
+// in CUDA, a ladder of two versions.
 //
 //   version 1  shared-memory tiles on the CUDA cores (gemm.cu's version 2 per tile, fp32
 //              accumulation for every dtype). What it keeps from Level 4: the symmetric
@@ -11,9 +11,27 @@
 //              one-element scale (two deterministic launches) folded into the first step.
 //              Costs: no tensor cores (16-bit inputs run at the CUDA cores' fp32 rate), and
 //              the mirror store of a tile is column-wise (uncoalesced) from registers.
-//              Not here yet (the next rungs): the symmetric tile schedule on gemm.cu's
-//              version 4 (mma.sync) and version 5 (wgmma) main loops, the mirror staged
-//              through shared memory for 16-byte stores.
+//   version 2  the same three products on gemm.cu's version-5 main loop (Hopper wgmma,
+//              through its extern "C" levels_gemm_batched): tensor cores, 128x128 tiles fed
+//              by cp.async into the 128-byte swizzled layout the wgmma descriptors read.
+//              That loop takes K-major operands only (both operands' rows contiguous along
+//              K), and X X^T, A·A and B·X need X along both of its dimensions: so every
+//              iterate is kept twice, as X (M, N) and as X^T (N, M), in contiguous scratch
+//              whose rows are rounded up to a multiple of 8 elements (16 bytes: odd sizes
+//              still meet the rule). A = X X^T reads rows of X as both operands; B = c A·A +
+//              b A reads rows of A twice (A = A^T); X' = B X + a X reads rows of B and rows
+//              of X^T. The symmetric products run gemm.cu's symmetric schedule (tiles on and
+//              below the diagonal; each off-diagonal tile mirrored), and the update writes
+//              X' and X'^T from one staged tile: the transposed copy is read column-wise
+//              from shared memory, so both are 16-byte stores. A "prepare" launch writes
+//              X0 = s G (rounded to the dtype) into X and X^T; the last step writes straight
+//              into the result, whichever of its two orientations is the contiguous one.
+//              Costs: an extra M x N write per step (X^T), scratch of 4 M x N + 2 M x M per
+//              matrix, Hopper only (sm_90: elsewhere LEVELS_BAD_ARCH, run version 1). fp32
+//              G at version 2 runs version 1's kernels (wgmma has no fp32 path; exact fp32
+//              FMAs, as gemm.cu's version 5 runs version 3 for fp32).
+//              Not here yet: a persistent grid over the whole batch, TMA loads (gemm.cu's
+//              next rungs), X^T written only where the next step needs it.
 //
 // Operands are read through both element strides (any view: a tall G is iterated as G^T by
 // swapping its strides, no copy); scratch (A, B, the iterates) is contiguous and allocated by
@@ -26,6 +44,18 @@
 // is a batch of one.
 
 #include "common.cuh"
+
+#include <algorithm>
+#include <type_traits>
+
+// gemm.cu's batched version-5 GEMM (see its definition for the contract): version 2's products.
+extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
+                                   const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
+                                   const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
+                                   void* c, int64_t stride_cb, int64_t stride_cm, int64_t stride_cn,
+                                   void* ct, int64_t stride_tb, int64_t stride_tn, int64_t stride_tm,
+                                   const void* y, int64_t stride_yb, int64_t stride_ym, int64_t stride_yn,
+                                   float alpha, float beta, cudaStream_t stream);
 
 namespace levels_newton_schulz {
 
@@ -159,6 +189,16 @@ void update(const T* B, int64_t sbb, const T* X, int64_t sxb, int64_t sxm, int64
                                                       som, son, scale, M, N, K, a);
 }
 
+// scale[b] = 1 / (||G_b|| + eps) for every matrix of the batch: two deterministic launches.
+template <typename T>
+void normalize(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, int64_t batch, int64_t M, int64_t N,
+               float eps, float* partials, float* scale, cudaStream_t stream) {
+  const int64_t P = std::min<int64_t>(NORM_BLOCKS, std::max<int64_t>(1, levels_cdiv(M * N, NORM_THREADS)));
+  sum_squares<T><<<dim3((unsigned)P, (unsigned)batch), NORM_THREADS, 0, stream>>>(
+      G, sgb, sgm, sgn, M, N, partials);
+  inverse_norm<<<(unsigned)batch, NORM_THREADS, 0, stream>>>(partials, (int)P, eps, scale);
+}
+
 template <typename T>
 int run(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
         int64_t son, int64_t batch, int64_t M, int64_t N, int steps, float a, float b, float c,
@@ -166,10 +206,7 @@ int run(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, 
   if (batch == 0) return LEVELS_OK;  // an empty batch: nothing to launch
   // the grids' y axes (M's tiles, the batch) and z axis (the batch) hold 65535 at most
   if (M > 65535LL * TILE || batch > 65535) return LEVELS_UNSUPPORTED;
-  const int64_t P = std::min<int64_t>(NORM_BLOCKS, std::max<int64_t>(1, levels_cdiv(M * N, NORM_THREADS)));
-  sum_squares<T><<<dim3((unsigned)P, (unsigned)batch), NORM_THREADS, 0, stream>>>(
-      G, sgb, sgm, sgn, M, N, partials);
-  inverse_norm<<<(unsigned)batch, NORM_THREADS, 0, stream>>>(partials, (int)P, eps, scale);
+  normalize<T>(G, sgb, sgm, sgn, batch, M, N, eps, partials, scale, stream);
   if (steps == 0) {
     update<T>(G, sgb, G, sgb, sgm, sgn, out, sob, som, son, scale, batch, M, N, 0, 1.0f, stream);
     return levels_launch_status();
@@ -192,6 +229,87 @@ int run(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, 
   return levels_launch_status();
 }
 
+// ---- version 2 ----
+
+// Rows of version 2's scratch: a multiple of 8 elements, so every row starts 16-byte aligned.
+inline int64_t padded(int64_t n) { return levels_cdiv(n, 8) * 8; }
+
+template <typename T> constexpr int dtype_code() { return std::is_same<T, __half>::value ? LEVELS_F16 : LEVELS_BF16; }
+
+// X0 = s G into X (M, ldx) and X^T (N, ldt), matrix blockIdx.z: one 32x32 tile of G per block,
+// read along whichever of G's dimensions is contiguous, turned around in shared memory so
+// that both writes are along rows too.
+template <typename T>
+__global__ void __launch_bounds__(TILE * TILE)
+prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const float* __restrict__ scale,
+           T* __restrict__ X, int64_t ldx, T* __restrict__ XT, int64_t ldt, int64_t M, int64_t N) {
+  __shared__ float t[TILE][TILE + 1];
+  const int64_t b = blockIdx.z;
+  G += b * sgb;
+  X += b * M * ldx;
+  XT += b * N * ldt;
+  const float s = scale[b];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t m0 = (int64_t)blockIdx.y * TILE, n0 = (int64_t)blockIdx.x * TILE;
+  const bool m_fast = sgm == 1 && sgn != 1;  // a tall G's transpose: consecutive threads along m
+  const int mi = m_fast ? tx : ty, ni = m_fast ? ty : tx;
+  if (m0 + mi < M && n0 + ni < N) t[mi][ni] = s * to_f32<T>(G[(m0 + mi) * sgm + (n0 + ni) * sgn]);
+  __syncthreads();
+  if (m0 + ty < M && n0 + tx < N) X[(m0 + ty) * ldx + n0 + tx] = from_f32<T>(t[ty][tx]);
+  if (n0 + ty < N && m0 + tx < M) XT[(n0 + ty) * ldt + m0 + tx] = from_f32<T>(t[tx][ty]);
+}
+
+// Version 2 on 16-bit G: the products on gemm.cu's wgmma loop (levels_gemm_batched). Scratch
+// (all contiguous, rows padded: ldm = padded(M), ldn = padded(N)): A, Bm (batch, M, ldm);
+// X0, XT0 (batch, M, ldn) and (batch, N, ldm) for steps >= 1; X1, XT1 the same for steps >= 2.
+template <typename T>
+int run_v2(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
+           int64_t son, int64_t batch, int64_t M, int64_t N, int steps, float a, float b, float c,
+           float eps, T* A, T* Bm, T* X0, T* X1, T* XT0, T* XT1, float* partials, float* scale,
+           cudaStream_t stream) {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) return LEVELS_BAD_ARCH;  // before any launch: nothing half done
+  if (batch == 0) return LEVELS_OK;
+  if (M > 65535LL * TILE || N > 65535LL * TILE || batch > 65535) return LEVELS_UNSUPPORTED;
+  normalize<T>(G, sgb, sgm, sgn, batch, M, N, eps, partials, scale, stream);
+  if (steps == 0) {  // s G: version 1's update with an empty K
+    update<T>(G, sgb, G, sgb, sgm, sgn, out, sob, som, son, scale, batch, M, N, 0, 1.0f, stream);
+    return levels_launch_status();
+  }
+  const int64_t ldm = padded(M), ldn = padded(N);
+  const dim3 grid((unsigned)levels_cdiv(N, TILE), (unsigned)levels_cdiv(M, TILE), (unsigned)batch);
+  prepare_v2<T><<<grid, dim3(TILE, TILE), 0, stream>>>(G, sgb, sgm, sgn, scale, X0, ldn, XT0, ldm, M, N);
+  int status = levels_launch_status();
+  T* X[2] = {X0, X1};
+  T* XT[2] = {XT0, XT1};
+  const int dt = dtype_code<T>();
+  for (int step = 0, cur = 0; step < steps && status == LEVELS_OK; ++step, cur ^= 1) {
+    const bool last = step == steps - 1;
+    // The result of the last step is contiguous in G's shape: for a wide G that is X' (c),
+    // for a tall one X'^T (ct); any other strides go through c element by element.
+    T* c_out = !last ? X[cur ^ 1] : (son == 1 || som != 1 ? out : nullptr);
+    T* ct_out = !last ? XT[cur ^ 1] : (c_out == nullptr ? out : nullptr);
+    const int64_t scb = last ? sob : M * ldn, scm = last ? som : ldn, scn = last ? son : 1;
+    const int64_t stb = last ? sob : N * ldm, stn = last ? son : ldm, stm = last ? som : 1;
+    // ### BEGIN SOLUTION
+    // A = X X^T: rows of X as both operands, K = N, symmetric
+    status = levels_gemm_batched(dt, 1, batch, M, M, N, X[cur], M * ldn, ldn, 1, X[cur], M * ldn, ldn, 1,
+                                 A, M * ldm, ldm, 1, nullptr, 0, 0, 0, nullptr, 0, 0, 0, 1.0f, 0.0f, stream);
+    // B = c A·A + b A: rows of A as both operands (A·A = A·A^T), K = M, symmetric
+    if (status == LEVELS_OK)
+      status = levels_gemm_batched(dt, 1, batch, M, M, M, A, M * ldm, ldm, 1, A, M * ldm, ldm, 1, Bm, M * ldm,
+                                   ldm, 1, nullptr, 0, 0, 0, A, M * ldm, ldm, 1, c, b, stream);
+    // X' = B X + a X: rows of B and rows of X^T (the (N, K = M) K-major operand); X' and X'^T
+    if (status == LEVELS_OK)
+      status = levels_gemm_batched(dt, 0, batch, M, N, M, Bm, M * ldm, ldm, 1, XT[cur], N * ldm, ldm, 1, c_out,
+                                   scb, scm, scn, ct_out, stb, stn, stm, X[cur], M * ldn, ldn, 1, 1.0f, a, stream);
+    // ### END SOLUTION
+  }
+  return status;
+}
+
 }  // namespace levels_newton_schulz
 
 // =====================================================================================
@@ -200,18 +318,31 @@ int run(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, 
 
 // out = newton_schulz(G) for G viewed as a batch of `batch` (M, N) matrices with M <= N
 // through strides (sgb, sgm, sgn) (the binding passes a tall G transposed; a 2-D G is a batch
-// of one), out viewed likewise through (sob, som, son). Scratch, all contiguous: A and Bm
-// (batch, M, M), X0 and X1 (batch, M, N) (unused for steps <= 1 and <= 2), partials
-// (batch * 1024 floats), scale (batch floats). batch >= 0, M, N >= 1, steps >= 0.
+// of one), out viewed likewise through (sob, som, son). batch >= 0, M, N >= 1, steps >= 0.
+// Scratch, all contiguous, allocated by the caller:
+//   version 1 and fp32 at version 2: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
+//     for steps <= 1 and <= 2); XT0, XT1 unused;
+//   version 2 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
+//     up): A and Bm (batch, M, ldm), X0 and X1 (batch, M, ldn), XT0 and XT1 (batch, N, ldm)
+//     (X0, XT0 unused for steps 0; X1, XT1 for steps <= 1);
+//   partials (batch * 1024 floats), scale (batch floats).
 extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, int64_t sgb,
                                     int64_t sgm, int64_t sgn, void* out, int64_t sob, int64_t som,
                                     int64_t son, int64_t batch, int64_t M, int64_t N, int steps,
                                     float a, float b, float c, float eps, void* A, void* Bm,
-                                    void* X0, void* X1, float* partials, float* scale,
-                                    cudaStream_t stream) {
+                                    void* X0, void* X1, void* XT0, void* XT1, float* partials,
+                                    float* scale, cudaStream_t stream) {
   using namespace levels_newton_schulz;
-  if (version != 1) return LEVELS_BAD_VERSION;
+  if (version != 1 && version != 2) return LEVELS_BAD_VERSION;
   LEVELS_DISPATCH(dtype, T, {
+    if constexpr (!std::is_same<T, float>::value) {
+      if (version == 2)
+        return run_v2<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
+                         batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
+                         static_cast<T*>(X0), static_cast<T*>(X1), static_cast<T*>(XT0),
+                         static_cast<T*>(XT1), partials, scale, stream);
+    }
+    // version 1, and fp32 at version 2 (exact fp32 on the CUDA cores: wgmma has no fp32)
     return run<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                   batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                   static_cast<T*>(X0), static_cast<T*>(X1), partials, scale, stream);

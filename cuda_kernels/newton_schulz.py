@@ -4,17 +4,28 @@
 The design is Level 4's (triton_kernels/newton_schulz.py): the symmetric products launch the
 tiles on and below the diagonal only and mirror each on its store, b*A + c*A^2 and a*X + B X
 are GEMMs with the pointwise work in their epilogues, the normalization is a one-element
-scale folded into the first step, a tall G is read transposed through its strides. One call
-is one op, `levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++.
+scale folded into the first step (version 2: into a "prepare" launch that writes X0 = s G
+and its transpose), a tall G is read transposed through its strides. One call is one op,
+`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (version 2: 3 + 3 * steps).
 
     v1  shared-memory tiles on the CUDA cores, fp32 accumulation (the first rung: correct,
-        not fast; the tensor-core rungs on gemm.cu's main loops are not written yet)
+        not fast: ~9 TFLOP/s in bf16 on an H100, 0.02x of native)
+    v2  the same products on gemm.cu's version-5 main loop (Hopper wgmma, through its
+        levels_gemm_batched): every iterate kept as X and X^T so both operands of every
+        product are K-major, the symmetric products on the lower-triangle tile schedule with
+        the mirror written from the staged tile in 16-byte stores. sm_90 only (elsewhere an
+        error naming version 1); fp32 G runs version 1's exact-fp32 kernels at version 2
+        (wgmma has no fp32 path)
 
-Speed: not measured on a GPU yet. Version: the `version` argument, else
-$LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else DEFAULT_VERSION.
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
+default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
+rule of cuda_kernels/mlp.py. Asking for version 2 on another GPU is an error, never a
+silent run of version 1.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -23,8 +34,12 @@ from . import versions
 VERSIONS = {
     1: "shared-memory tiles on the CUDA cores: one triangle of X X^T and of A A, mirrored; "
        "fused epilogues; fp32 accumulation",
+    2: "Hopper wgmma (gemm.cu's version-5 main loop, batched): X and X^T kept so every "
+       "operand is K-major, symmetric tile schedule, mirror stored from the staged tile "
+       "(sm_90 only; fp32 runs version 1)",
 }
-DEFAULT_VERSION = 1
+DEFAULT_VERSION = 1  # every GPU
+HOPPER_VERSION = 2   # the default where wgmma exists (sm_90: H100, H200)
 ENV_VERSION = versions.env_name("newton_schulz")
 _registered = False
 
@@ -33,9 +48,21 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 FMAs on the CUDA cores
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def default_version() -> int:
+    """The best version this GPU has: HOPPER_VERSION on sm_90, else DEFAULT_VERSION."""
+    if torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0):
+        return HOPPER_VERSION
+    return DEFAULT_VERSION
+
+
 def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_NEWTON_SCHULZ if set, else DEFAULT_VERSION."""
-    return versions.resolve("newton_schulz", VERSIONS, DEFAULT_VERSION, version)
+    """version=None: $LEVELS_CUDA_VERSION_NEWTON_SCHULZ if set, else default_version()."""
+    return versions.resolve("newton_schulz", VERSIONS, default_version(), version)
 
 
 def _fake(G, steps, a, b, c, eps, version):
@@ -60,3 +87,40 @@ def newton_schulz(G, steps, a, b, c, eps, version=None):
         build.load()  # a direct call (benches, tests): build on first use
     return torch.ops.levels_cuda.newton_schulz.default(G, int(steps), float(a), float(b), float(c),
                                                        float(eps), resolve_version(version))
+
+
+
+_STATUS = {-1: "no such version", -2: "fp16 and bf16 only (wgmma has no fp32 path)",
+           -3: "X must be contiguous with cols % 8 == 0 (the K-major rule)",
+           -4: "needs an sm_90 GPU (wgmma)"}
+
+
+def gram(X):
+    """X X^T by version 2's symmetric product alone (gemm.cu's levels_gemm_batched with the
+    symmetric schedule: one triangle of 128x128 wgmma tiles, each mirrored), called through
+    ctypes on the built library: for the bench and the tests against torch.matmul(X, X.T),
+    not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
+    matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised."""
+    import ctypes
+
+    from . import build
+    build.load()
+    lib = ctypes.CDLL(build.last_build()["library"])  # the loaded .so: the same handle
+    fn = lib.levels_gemm_batched
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
+                   + [ctypes.c_float, ctypes.c_float, ptr])
+    fn.restype = ctypes.c_int
+    if X.dim() != 2 or not X.is_cuda:
+        raise ValueError(f"gram: 'X' must be a 2-D CUDA matrix; got {tuple(X.shape)} on {X.device}")
+    rows, cols = X.shape
+    A = X.new_empty((rows, rows))
+    code = {torch.float16: 1, torch.bfloat16: 2}.get(X.dtype, 0)
+    with torch.cuda.device(X.device):
+        status = fn(code, 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
+                    X.data_ptr(), 0, X.stride(0), X.stride(1), A.data_ptr(), 0, rows, 1,
+                    None, 0, 0, 0, None, 0, 0, 0, 1.0, 0.0,
+                    torch.cuda.current_stream(X.device).cuda_stream)
+    if status != 0:
+        raise RuntimeError(f"gram: levels_gemm_batched refused: {_STATUS.get(status, f'CUDA error {status}')}")
+    return A

@@ -11,8 +11,8 @@ extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, i
                                     int64_t sgm, int64_t sgn, void* out, int64_t sob, int64_t som,
                                     int64_t son, int64_t batch, int64_t M, int64_t N, int steps,
                                     float a, float b, float c, float eps, void* A, void* Bm,
-                                    void* X0, void* X1, float* partials, float* scale,
-                                    cudaStream_t stream);
+                                    void* X0, void* X1, void* XT0, void* XT1, float* partials,
+                                    float* scale, cudaStream_t stream);
 
 namespace levels_cuda_newton_schulz {
 
@@ -35,10 +35,17 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b,
   const int64_t sgb = batched ? G.stride(0) : 0;
   const int64_t sgm = tall ? G.stride(-1) : G.stride(-2), sgn = tall ? G.stride(-2) : G.stride(-1);
   const int64_t som = tall ? 1 : N, son = tall ? M : 1;  // result is contiguous in G's shape
-  at::Tensor A = at::empty({batch, M, M}, G.options());
-  at::Tensor Bm = at::empty({batch, M, M}, G.options());
-  at::Tensor X0 = at::empty({steps >= 2 ? batch : 0, M, N}, G.options());
-  at::Tensor X1 = at::empty({steps >= 3 ? batch : 0, M, N}, G.options());
+  // Scratch (levels_newton_schulz_run's contract): version 2 on 16-bit G keeps X and X^T,
+  // rows padded to a multiple of 8 elements; version 1 (and fp32 at version 2) X alone.
+  const bool wgmma = version == 2 && G.scalar_type() != at::kFloat;
+  const int64_t ldm = wgmma ? (M + 7) / 8 * 8 : M, ldn = wgmma ? (N + 7) / 8 * 8 : N;
+  const int64_t first = wgmma ? 1 : 2;  // the steps from which X0 (then X1) is used
+  at::Tensor A = at::empty({batch, M, ldm}, G.options());
+  at::Tensor Bm = at::empty({batch, M, ldm}, G.options());
+  at::Tensor X0 = at::empty({steps >= first ? batch : 0, M, ldn}, G.options());
+  at::Tensor X1 = at::empty({steps >= first + 1 ? batch : 0, M, ldn}, G.options());
+  at::Tensor XT0 = at::empty({wgmma && steps >= 1 ? batch : 0, N, ldm}, G.options());
+  at::Tensor XT1 = at::empty({wgmma && steps >= 2 ? batch : 0, N, ldm}, G.options());
   at::Tensor partials = at::empty({batch, 1024}, G.options().dtype(at::kFloat));
   at::Tensor scale = at::empty({batch}, G.options().dtype(at::kFloat));
   const int status = levels_newton_schulz_run(
@@ -46,7 +53,8 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b,
       levels_cuda::out(result), M * N, som, son, batch, M, N, static_cast<int>(steps),
       static_cast<float>(a), static_cast<float>(b), static_cast<float>(c), static_cast<float>(eps),
       levels_cuda::out(A), levels_cuda::out(Bm), X0.numel() ? levels_cuda::out(X0) : nullptr,
-      X1.numel() ? levels_cuda::out(X1) : nullptr,
+      X1.numel() ? levels_cuda::out(X1) : nullptr, XT0.numel() ? levels_cuda::out(XT0) : nullptr,
+      XT1.numel() ? levels_cuda::out(XT1) : nullptr,
       static_cast<float*>(levels_cuda::out(partials)), static_cast<float*>(levels_cuda::out(scale)),
       levels_cuda::stream());
   levels_cuda::check(status, "newton_schulz", version);

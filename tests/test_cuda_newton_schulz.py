@@ -1,10 +1,13 @@
-"""Level 5 (CUDA): newton_schulz, version 1 of cuda_kernels/newton_schulz.cu.
+"""Level 5 (CUDA): newton_schulz, versions 1 and 2 of cuda_kernels/newton_schulz.cu.
 
 On a CPU: the level says why it cannot run (the harness's skip), and the kernel op's
 contract is held by its CPU twin in tests/test_cuda_autograd_cpu.py. On a GPU (marked `gpu`):
 the harness at every dtype and layout, odd and model shapes wide and tall, every number of
 steps, views read through their strides, and the symmetric kernel's output never leaving a
-NaN where a mirror store should have written.
+NaN where a mirror store should have written. Version 2 (Hopper wgmma through gemm.cu's
+batched version-5 GEMM) is checked the same way at odd sizes (rows not a multiple of 8 or of
+the 128-row tile, K tails), wide and tall, batched, steps 0/1/5, against the float64
+reference with the card's bound, with the memory the result lands in filled with NaN first.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 import levels
+from cuda_kernels import newton_schulz as K5
 from equivalence import cards
 from equivalence.check import check, check_args
 
@@ -115,3 +119,117 @@ def test_gpu_agrees_with_level_4_in_bf16():
     ours = levels.get("cuda").newton_schulz(G).float()
     l4 = levels.get("triton").newton_schulz(G).float()
     assert ((ours - l4).norm() / l4.norm()) < 3e-2
+
+
+# ---- version 2 (sm_90 only) ----
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper = pytest.mark.skipif(not _hopper(), reason="version 2 needs an sm_90 GPU (wgmma)")
+
+
+@pytest.fixture
+def v2(monkeypatch):
+    """Every Level 5 call in the test runs version 2; the caching allocator's free blocks
+    hold NaN, so the result (allocated by the op) starts as NaN wherever it lands in them."""
+    monkeypatch.setenv(K5.ENV_VERSION, "2")
+    poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB of NaN, then freed
+    del poison
+
+
+def test_version_2_is_the_default_on_hopper_only(monkeypatch):
+    monkeypatch.delenv(K5.ENV_VERSION, raising=False)
+    expected = 2 if _hopper() else 1
+    assert K5.default_version() == K5.resolve_version() == expected
+    assert K5.HOPPER_VERSION == 2 and K5.DEFAULT_VERSION == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_hopper() or not torch.cuda.is_available(), reason="needs a GPU other than sm_90")
+def test_gpu_version_2_elsewhere_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="wgmma"):
+        K5.newton_schulz(torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), 5, 3.4445,
+                         -4.7750, 2.0315, 1e-7, version=2)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("size", ["tiny", "small"])
+def test_gpu_v2_harness(v2, dtype, size):
+    for r in check(COMPONENT, "cuda", dtype=dtype, device="cuda", size=size):
+        assert r.status == "pass", f"{r.layout}: {r.status} {r.reason} {r.worst}"
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(33, 70), (70, 33), (100, 1000), (1000, 100), (257, 513),
+                                   (513, 257), (1, 300), (300, 1), (128, 128), (129, 200),
+                                   (3, 33, 70), (2, 257, 513), (4, 1000, 100), (5, 129, 70)])
+def test_gpu_v2_odd_shapes(v2, dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    G = cards.randn(shape, g, dtype, "cuda")
+    if len(shape) == 3:  # each matrix its own norm
+        G = G * torch.logspace(-2, 2, shape[0], device="cuda", dtype=dtype).view(-1, 1, 1)
+    _passes(dict(G=G, steps=5, coefficients=COEFFICIENTS, eps=1e-7))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("steps", [0, 1, 2, 5])
+def test_gpu_v2_steps_and_views(v2, dtype, steps):
+    kw = dict(steps=steps, coefficients=COEFFICIENTS, eps=1e-7)
+    _passes(dict(G=torch.randn(90, 50, device="cuda", dtype=dtype).t(), **kw))  # tall, transposed
+    _passes(dict(G=torch.randn(50, 90, device="cuda", dtype=dtype).t(), **kw))
+    big = torch.full((100, 300), float("nan"), device="cuda", dtype=dtype)
+    big[::2, 1::3] = torch.randn(50, 100, device="cuda", dtype=dtype)
+    _passes(dict(G=big[::2, 1::3], **kw))  # no stride of 1 anywhere
+    _passes(dict(G=torch.randn(3, 50, 90, device="cuda", dtype=dtype).mT, **kw))
+    _passes(dict(G=torch.randn(1, 40, 70, device="cuda", dtype=dtype).expand(4, -1, -1), **kw))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1024, 1024), (4, 768, 2304), (2304, 768)])
+def test_gpu_v2_model_shapes(v2, dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    _passes(dict(G=cards.randn(shape, g, dtype, "cuda"), steps=5, coefficients=COEFFICIENTS,
+                 eps=1e-7))
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix():
+    # 3 x 512 x 1536: batched and alone, the update runs 128x128 tiles (launch_v5_batched
+    # picks 128x256 only when they fill every SM), so each element sums in the same order
+    G = torch.randn(3, 512, 1536, device="cuda", dtype=torch.bfloat16)
+    v2 = K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=2).float()
+    v1 = K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=1).float()
+    l4 = levels.get("triton").newton_schulz(G).float()
+    assert ((v2 - v1).norm() / v1.norm()) < 3e-2
+    assert ((v2 - l4).norm() / l4.norm()) < 3e-2
+    loop = torch.stack([K5.newton_schulz(g, 5, *COEFFICIENTS, 1e-7, version=2) for g in G])
+    assert torch.equal(v2, loop.float())  # the same kernels per matrix: the same bits
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, cols", [(1, 8), (130, 72), (300, 264), (1000, 512)])
+def test_gpu_v2_symmetric_product_alone(dtype, rows, cols):
+    X = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN blocks: A may land there
+    A = K5.gram(X).double()
+    ref = X.double() @ X.double().T
+    assert torch.isfinite(A).all()
+    assert ((A - ref).norm() / ref.norm()).item() < 1e-2  # one rounding of fp32 sums to the dtype
+    tile = torch.arange(rows, device="cuda") // 128  # off the diagonal tiles: mirrored bit for bit
+    off = tile[:, None] != tile[None, :]
+    assert torch.equal(A[off], A.T[off])
+    with pytest.raises(RuntimeError, match="cols % 8 == 0"):
+        K5.gram(torch.randn(16, 12, device="cuda", dtype=dtype))
