@@ -3,7 +3,7 @@ product and the update) alone at the bench's shapes, with every candidate tile, 
 cuBLAS product it replaces, so that the tile rule in triton_kernels/newton_schulz.py
 (`_tiles`) is read off measurements rather than guessed.
 
-    python scripts/sweep_newton_schulz.py OUT.json [sym|update]
+    python scripts/sweep_newton_schulz.py OUT.json
 
 Each row: kernel, shape (batch, M, K or N), tile, median ms (triton.testing.do_bench), the
 cuBLAS figure of the same product in the same run, and the number of programs the grid has
@@ -23,9 +23,8 @@ from triton_kernels import newton_schulz as ns
 from triton_kernels.launch import cdiv
 
 SYM_TILES = [  # BLOCK, BLOCK_K, num_warps, num_stages (square tiles: a mirror is a tile)
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 4),
+    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (128, 32, 8, 4),
     (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 32, 4, 4)]
-GROUPS = (1, 4, 16)  # tile rows per band of banded_lower_tile, beside SYM_GROUP (1: row by row)
 UPDATE_TILES = [  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
     (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
     (64, 128, 64, 4, 4), (64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 4)]
@@ -45,16 +44,14 @@ def sym_rows(dtype) -> list[dict]:
         X = torch.randn((batch, M, K), device="cuda", dtype=dtype)
         out = torch.empty((batch, M, M), device="cuda", dtype=dtype)
         cublas = bench(lambda: torch.matmul(X, X.mT))
-        # every tile with the kernel's band order, the bands (1: row by row) with the first
-        for (BLOCK, BLOCK_K, warps, stages), group in (
-                [(t, ns.SYM_GROUP) for t in SYM_TILES] + [(SYM_TILES[0], g) for g in GROUPS]):
+        for BLOCK, BLOCK_K, warps, stages in SYM_TILES:
             tiles = cdiv(M, BLOCK)
 
             def run():
                 ns.sym_kernel[(tiles * (tiles + 1) // 2, batch)](
                     X, out, out, out, M, K, *X.stride(), *out.stride(), *out.stride(), 1.0, 0.0,
                     SCALED=False, HAS_Y=False, UPCAST=False, DOT_PRECISION="tf32", BLOCK=BLOCK,
-                    BLOCK_K=BLOCK_K, GROUP=group, num_warps=warps, num_stages=stages)
+                    BLOCK_K=BLOCK_K, num_warps=warps, num_stages=stages)
             try:
                 run()
                 ref = torch.matmul(X.float(), X.float().mT)
@@ -62,12 +59,12 @@ def sym_rows(dtype) -> list[dict]:
                 ms = bench(run)
             except Exception as e:  # a tile that does not fit: say so, go on
                 rows.append(dict(kernel="sym", shape=[batch, M, K], tile=[BLOCK, BLOCK_K, warps, stages],
-                                 group=group, error=str(e).splitlines()[0][:200]))
+                                 error=str(e).splitlines()[0][:200]))
                 continue
             rows.append(dict(kernel="sym", shape=[batch, M, K], tile=[BLOCK, BLOCK_K, warps, stages],
-                             group=group, ms=ms, cublas_ms=cublas, ratio=cublas / ms, rel_err=err,
+                             ms=ms, cublas_ms=cublas, ratio=cublas / ms, rel_err=err,
                              programs=tiles * (tiles + 1) // 2 * batch))
-            print(f"sym {batch}x{M}x{K} {BLOCK},{BLOCK_K},{warps},{stages} bands of {group}: {ms:.4f} ms "
+            print(f"sym {batch}x{M}x{K} {BLOCK},{BLOCK_K},{warps},{stages}: {ms:.4f} ms "
                   f"({cublas / ms:.2f}x cuBLAS X X^T)", flush=True)
     return rows
 
@@ -104,15 +101,14 @@ def update_rows(dtype) -> list[dict]:
     return rows
 
 
-def main(path: str, which: str = "both") -> None:
+def main(path: str) -> None:
     dtype = torch.bfloat16
     report = dict(what="Level 4 newton_schulz kernels' tiles swept (bf16)", environment=describe(),
                   sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                  rows=(sym_rows(dtype) if which in ("both", "sym") else [])
-                  + (update_rows(dtype) if which in ("both", "update") else []))
+                  rows=sym_rows(dtype) + update_rows(dtype))
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1])

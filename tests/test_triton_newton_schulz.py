@@ -158,31 +158,6 @@ def test_lower_tile_launches_each_tile_of_the_triangle_once():
     assert got == sorted(got)  # row by row: the order the kernel documents
 
 
-@triton.jit
-def _banded_tile_of(out_ptr, T, GROUP: tl.constexpr):
-    pid = tl.program_id(0)
-    i, j = K.banded_lower_tile(pid, T, GROUP)
-    tl.store(out_ptr + 2 * pid, i)
-    tl.store(out_ptr + 2 * pid + 1, j)
-
-
-@pytest.mark.parametrize("tiles, group", [(40, 8), (41, 8), (17, 4), (5, 8), (9, 1)])
-def test_banded_order_launches_each_tile_once_band_by_band(tiles, group):
-    programs = tiles * (tiles + 1) // 2
-    out = torch.full((programs, 2), -1, dtype=torch.int32, device=DEVICE)
-    _banded_tile_of[(programs,)](out, tiles, GROUP=group)
-    got = [tuple(r) for r in out.tolist()]
-    assert sorted(got) == [(i, j) for i in range(tiles) for j in range(i + 1)]
-    expected = []  # each band: its rectangle column by column, then its diagonal block by rows
-    for r0 in range(0, tiles, group):
-        rows = range(r0, min(r0 + group, tiles))
-        expected += [(i, j) for j in range(r0) for i in rows]
-        expected += [(i, j) for i in rows for j in range(r0, i + 1)]
-    assert got == expected
-    if tiles <= group or group == 1:  # one band, or bands of one row: row by row
-        assert got == sorted(got)
-
-
 # ---- on a GPU -------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -104,8 +104,7 @@ def main() -> int:
         jobs.append((f"newton_schulz sym bf16 {name}", ns.sym_kernel,
                      dict(x_ptr=bf16, y_ptr=bf16, out_ptr=bf16, scale_ptr=f32, alpha="fp32",
                           beta="fp32"),
-                     dict(tiles, SCALED=True, HAS_Y=True, UPCAST=False, DOT_PRECISION="tf32",
-                          GROUP=ns.SYM_GROUP),
+                     dict(tiles, SCALED=True, HAS_Y=True, UPCAST=False, DOT_PRECISION="tf32"),
                      warps))
     for name, tiles in (("wide", ns._UPDATE_WIDE), ("big", ns._UPDATE_BIG),
                         ("small", ns._UPDATE_SMALL)):

@@ -10,9 +10,6 @@ Level 1 runs it as three cuBLAS GEMMs and three pointwise passes a step. What th
   of the m_t^2 tiles, and each program stores its tile twice: at (i, j) and, transposed,
   at (j, i). The two symmetric products, 2 m^2 n + 2 m^3 of a step's 4 m^2 n + 2 m^3 FLOPs,
   then cost about half: at m = n a step drops from 6 m^3 to about 4 m^3 multiply-adds.
-- The order of the tiles. Programs that run at the same time should read the same blocks
-  of X: `banded_lower_tile` walks the triangle in bands of SYM_GROUP tile rows, each band's
-  rectangle column by column (as a GEMM's grouped order does for its square of tiles).
 - The pointwise work in the epilogues. b*A + c*(A A) is one `sym_kernel` launch whose
   epilogue reads the (i, j) tile of A and adds it before the store; a*X + B X is one
   `update_kernel` launch (a GEMM whose epilogue reads X's tile). No pointwise pass over
@@ -112,27 +109,6 @@ def lower_tile(pid):
     ### END SOLUTION
 
 
-@triton.jit
-def banded_lower_tile(pid, T, GROUP: tl.constexpr):
-    """(i, j), j <= i: the pid-th tile of a T x T lower triangle in the order the programs run,
-    bands of GROUP tile rows. Row by row (`lower_tile`), the programs running at once would
-    span the last two or three rows, one tile row of X for each of them but every column
-    block of X: at 8192 rows that is the whole 64 MB X (more than the 50 MB L2) re-read from
-    memory every couple of rows. In bands, a band's rectangle left of its diagonal block
-    goes column by column (GROUP consecutive programs share the same column block X_j and
-    the band's GROUP row blocks), then its diagonal block row by row. Every band is the same
-    set of tiles as its rows in row order, so a band starts where `lower_tile` says its first
-    row does; with T <= GROUP there is no rectangle and the order is `lower_tile`'s."""
-    row, _ = lower_tile(pid)
-    r0 = (row // GROUP) * GROUP  # the band's first tile row
-    h = tl.minimum(T - r0, GROUP)  # its rows
-    local = pid - r0 * (r0 + 1) // 2
-    rect = r0 * h  # tiles left of the diagonal block, h per column
-    di, dj = lower_tile(tl.maximum(local - rect, 0))
-    in_rect = local < rect
-    return tl.where(in_rect, r0 + local % h, r0 + di), tl.where(in_rect, local // h, r0 + dj)
-
-
 @fast_launch
 @triton.jit
 def sym_kernel(x_ptr,  # X (batch, M, K), any strides
@@ -144,14 +120,13 @@ def sym_kernel(x_ptr,  # X (batch, M, K), any strides
                stride_ob, stride_om, stride_on,
                alpha, beta,
                SCALED: tl.constexpr, HAS_Y: tl.constexpr, UPCAST: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
     """out = alpha * s^2 * (X X^T) + beta * Y for X (M, K) and a symmetric Y (M, M); s = scale[0]
     if SCALED else 1. One program per tile (i, j) with j <= i; it stores its tile and, off the
     diagonal, the tile's transpose at (j, i). A = X X^T is (alpha, beta) = (1, 0); B = bA + cA^2
     is X = A, Y = A, (alpha, beta) = (c, b), since A A = A A^T. The grid's second axis is
     the batch: program (p, b) computes tile p of matrix b."""
-    ti, tj = banded_lower_tile(tl.program_id(0), tl.cdiv(M, BLOCK), GROUP)
+    ti, tj = lower_tile(tl.program_id(0))
     batch = tl.program_id(1).to(tl.int64)
     x_ptr += batch * stride_xb
     y_ptr += batch * stride_yb
@@ -278,7 +253,6 @@ _UPDATE_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=
 _SYM_INTERPRETED = dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
 _UPDATE_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)
 LONG_K = 8192  # a symmetric product summing over more columns than this takes _SYM_LONG_K
-SYM_GROUP = 8  # tile rows per band of the symmetric product's order (banded_lower_tile)
 
 
 def _sym_tiles(M: int, K: int, batch: int, dtype: torch.dtype, sms: int) -> dict:
@@ -329,7 +303,7 @@ def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: flo
     sym_kernel[(tiles * (tiles + 1) // 2, xb.shape[0])](
         xb, yb, ob, ob if scale is None else scale, M, K, *xb.stride(), *yb.stride(),
         *ob.stride(), float(alpha), float(beta),
-        SCALED=scale is not None, HAS_Y=y is not None, GROUP=SYM_GROUP, **_common(x.dtype), **t)
+        SCALED=scale is not None, HAS_Y=y is not None, **_common(x.dtype), **t)
     return out
 
 
