@@ -15,7 +15,8 @@ and its transpose), a tall G is read transposed through its strides. One call is
         product are K-major, the symmetric products on the lower-triangle tile schedule with
         the mirror written from the staged tile in 16-byte stores. sm_90 only (elsewhere an
         error naming version 1); fp32 G runs version 1's exact-fp32 kernels at version 2
-        (wgmma has no fp32 path)
+        (wgmma has no fp32 path). H100, bf16: 0.83-0.95x native (version 5's GEMM is
+        ~0.55-0.6x cuBLAS; reports/h100-bench-newton-schulz.json)
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
 default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
