@@ -90,6 +90,17 @@ def main() -> int:
                            attention._fwd_config(128, torch.bfloat16, rope=True),
                            attention._bwd_config(128, torch.bfloat16, rope=True),
                            dict(off, ROPE=True, INTERLEAVED=True))
+    # the one-pass backward of short keys at its largest tiles (128 keys, a 64-wide head),
+    # plain and with every switch on: its K, V, dK, dV and score tile must fit the registers
+    short = attention._short_config(64, attention.SHORT_KEYS, attention.SHORT_HEAD, torch.bfloat16)
+    short_grads = dict(grads, O=bf16)
+    for label, switches in (("plain", off), ("grown", dict(PAD_D=True, HAS_LENS=True,
+                                                            BOTTOM_RIGHT=True, ROPE=True,
+                                                            INTERLEAVED=True))):
+        jobs.append((f"attention_bwd_short bf16 {label}", attention._attn_bwd_short, short_grads,
+                     dict(HEAD_DIM=attention.SHORT_HEAD, BLOCK_M=short["BLOCK_M"],
+                          BLOCK_N=short["BLOCK_N"], CAUSAL=True, UPCAST=False, PRECISION="tf32",
+                          **switches), short))
     # newton_schulz: the batch axis (a 64-bit offset per matrix) in code the interpreter
     # does not compile, at the GPU's bf16 tiles
     import triton_kernels.newton_schulz as ns

@@ -59,7 +59,12 @@ unchanged) or a value read once per program, never a test in the inner loop it d
     tensor cores, and the register shuffles that put each pair's two features side by side
     (one layout for both pair conventions, the same for q and k: a dot product does not see
     the order of its terms). Half-split pairs are two contiguous half-row loads; interleaved
-    pairs one row load, split in registers: no stride-2 gathers.
+    pairs one row load, split in registers: no stride-2 gathers. Measured on the H100
+    (reports/h100-attention-rope-level4.json, B4 H32 N2048 D128 causal bf16): fused 0.70x the
+    speed of attention alone, slower than turning q and k in a pass of their own (0.80x):
+    the per-tile turning of K, once per query block, costs more than the pass it saves.
+  * short keys (`_attn_bwd_short`): where all N_K <= SHORT_KEYS keys of a head fit one block,
+    the backward is one launch instead of three (below, before the launch configuration).
 """
 
 from __future__ import annotations
@@ -685,9 +690,117 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
                dq.to(DQ.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
 
 
+# ---------------------------------------------------------------------------------------
+# Backward of short key sequences, in one pass
+# ---------------------------------------------------------------------------------------
+# The backward above is three launches: delta = rowsum(O * dO), then dK/dV (a key block
+# on chip, query blocks streaming past) and dQ (the mirror image), each recomputing the
+# scores P. That split is what long sequences need (dQ of a query block needs every key
+# block, dK of a key block every query block). When a head's keys all fit ONE key block
+# (N_K <= SHORT_KEYS: CLIP's 77 tokens, a short prompt, a decoder's cross-attention to a
+# short context), one program holds that head's whole K and V, and every query block it
+# streams past sees all the keys: its dQ is complete in that one visit. So one launch does
+# everything: delta from O and dO on the spot, P once per query block, dV and dK
+# accumulated on chip, dQ stored as each query block finishes. It saves two launches, the
+# delta round trip and the second computation of P; what it costs is a program per K/V
+# head (fewer, longer programs than the key-block split had), so it is used only where the
+# key block it needs is small: many heads and batch elements fill the GPU instead.
+
+@fast_launch
+@triton.jit
+def _attn_bwd_short(Q, K, V, O, DO, LSE, DQ, DK, DV, KV_LENS,
+                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                    stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                    H_KV, GROUP, N_Q, N_K, D, stride_lens, qk_scale, sm_scale,
+                    COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, rope_off,  # as _attn_fwd
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                    PAD_D: tl.constexpr = False, HAS_LENS: tl.constexpr = False,
+                    BOTTOM_RIGHT: tl.constexpr = False, ROPE: tl.constexpr = False,
+                    INTERLEAVED: tl.constexpr = False):
+    """dQ, dK, dV of one (batch, K/V head) whose N_K <= BLOCK_N keys are one block: its GROUP
+    query heads' query blocks stream past, in a fixed order (no atomics)."""
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
+    bhk = tl.program_id(0)
+    b, hk = (bhk // H_KV).to(tl.int64), (bhk % H_KV).to(tl.int64)  # 64-bit, as in _attn_fwd
+    n_end, shift = _keys(KV_LENS, stride_lens, b, N_Q, N_K, HAS_LENS, BOTTOM_RIGHT)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_ok = offs_n < N_K
+    d_ok = offs_d < D
+    if ROPE:  # the keys turned once, as in _attn_bwd_dkdv
+        k = _rope_load(K + b * stride_kb + hk * stride_kh, stride_kn, offs_n, key_ok, COS, SIN,
+                       stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N, HEAD_DIM,
+                       True, PAD_D, INTERLEAVED)
+        if not UPCAST:
+            k = k.to(K.dtype.element_ty)
+    else:
+        k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                  key_ok[:, None], d_ok[None, :], True, PAD_D)
+    v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+              key_ok[:, None], d_ok[None, :], True, PAD_D)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        bh = b * (H_KV * GROUP) + h
+        for start_m in range(0, N_Q, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < N_Q
+            q = _q_tile(Q, b * stride_qb + h * stride_qh, stride_qm, offs_m, row_ok, offs_d, d_ok,
+                        COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, rope_off, D,
+                        BLOCK_M, HEAD_DIM, PAD_D, UPCAST, ROPE, INTERLEAVED)
+            rows = offs_m[:, None]
+            do = _load(DO + b * stride_dob + h * stride_doh + rows * stride_dom + offs_d[None, :],
+                       row_ok[:, None], d_ok[None, :], True, PAD_D)
+            o = _load(O + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :],
+                      row_ok[:, None], d_ok[None, :], True, PAD_D)
+            lse = tl.load(LSE + bh * N_Q + offs_m, mask=row_ok, other=0.0)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # the preprocess, here
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            # query i sees key j: a real query, a key inside its element's length, and
+            # (causal) on or left of the diagonal
+            seen = row_ok[:, None] & (offs_n[None, :] < n_end)
+            if CAUSAL:
+                seen = seen & (rows + shift >= offs_n[None, :])
+            ### BEGIN SOLUTION
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
+            p = tl.where(seen, tl.math.exp2(s - lse[:, None]), 0.0)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq = tl.dot(ds.to(k.dtype), k, input_precision=PRECISION) * sm_scale
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            ### END SOLUTION
+            if ROPE:  # dq of the turned queries, turned back
+                _rope_store(DQ + b * stride_dqb + h * stride_dqh, stride_dqm, offs_m, row_ok, dq,
+                            COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                            offs_m + rope_off, D, BLOCK_M, HEAD_DIM, PAD_D, INTERLEAVED)
+            else:
+                _store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqm + offs_d[None, :],
+                       dq.to(DQ.dtype.element_ty), row_ok[:, None], d_ok[None, :], PAD_D)
+    dk = dk * sm_scale
+    if ROPE:
+        _rope_store(DK + b * stride_dkb + hk * stride_dkh, stride_dkn, offs_n, key_ok, dk,
+                    COS, SIN, stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N,
+                    HEAD_DIM, PAD_D, INTERLEAVED)
+    else:
+        _store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+               dk.to(DK.dtype.element_ty), key_ok[:, None], d_ok[None, :], PAD_D)
+    _store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), key_ok[:, None], d_ok[None, :], PAD_D)
+
+
 KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys,
            _angles, _rope_load, _rope_store, _q_tile, _attn_bwd_preprocess, _attn_bwd_dkdv,
-           _attn_bwd_dkdv_inner, _attn_bwd_dq, _attn_bwd_dq_inner]
+           _attn_bwd_dkdv_inner, _attn_bwd_dq, _attn_bwd_dq_inner, _attn_bwd_short]
 
 
 # ---------------------------------------------------------------------------------------
@@ -810,6 +923,27 @@ def _bwd_config(D: int, dtype: torch.dtype, rope: bool = False) -> dict:
     return _fit_rope(cfg, D, dtype, "BLOCK_M") if rope else cfg
 
 
+# The one-pass backward (_attn_bwd_short) holds a head's whole K and V, its dK and dV
+# accumulators and a (BLOCK_M x keys) score tile in registers: keys up to SHORT_KEYS, at head
+# tiles up to SHORT_HEAD (16-bit; fp32's elements are twice the bytes: half the keys). In
+# the interpreter the limit is its key block (TUNED["interpreted_bwd"]), so that the CPU
+# tests run both backward paths at their small sizes.
+SHORT_KEYS = 16 if INTERPRETED else 128
+SHORT_HEAD = 64
+
+
+@functools.lru_cache(maxsize=None)  # on every backward's path
+def _short_config(Nq: int, Nk: int, head_dim: int, dtype: torch.dtype) -> dict | None:
+    """The one-pass backward's tiles for these sizes, or None where it does not apply."""
+    keys = max(16, next_power_of_2(Nk))
+    limit = SHORT_KEYS // 2 if dtype == torch.float32 and not INTERPRETED else SHORT_KEYS
+    if keys > limit or head_dim > SHORT_HEAD:
+        return None
+    rows = 16 if INTERPRETED else min(64, max(16, next_power_of_2(Nq)))
+    return dict(BLOCK_M=rows, BLOCK_N=keys, num_warps=4 if keys * head_dim <= 64 * 64 else 8,
+                num_stages=2 if not INTERPRETED else 1)
+
+
 def _precision(dtype: torch.dtype, device: torch.device) -> str:
     if INTERPRETED or dtype == torch.float32:
         # Exact fp32 products (the interpreter upcasts 16-bit inputs to fp32 too), unless
@@ -888,17 +1022,26 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config=None, bott
         return dq.zero_(), dk.zero_(), dv.zero_()
     do = _unit_last(do)
     (D, group), switches = _features(q, k, bottom_right, kv_lens, rope)
+    tables = _rope_args(rope, lse)
+    lens = kv_lens if kv_lens is not None else lse
+    short = _short_config(Nq, Nk, switches["HEAD_DIM"], q.dtype) if config is None else None
+    if short is not None:  # every key of a head in one block: one launch does it all
+        _attn_bwd_short[(B * Hkv,)](
+            q, k, v, o, do, lse, dq, dk, dv, lens, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(o), *_strides(do), *_strides(dq), *_strides(dk), *_strides(dv), Hkv, group,
+            Nq, Nk, D, _lens_stride(kv_lens), scale * LOG2E, scale, *tables, CAUSAL=causal,
+            UPCAST=INTERPRETED and q.dtype != torch.float32,
+            PRECISION=_precision(q.dtype, q.device), **short, **switches)
+        return dq, dk, dv
     delta = q.new_empty((B, H, Nq), dtype=torch.float32)
     pre_block = 64
     _attn_bwd_preprocess[(cdiv(Nq, pre_block), B * H)](
         o, do, delta, *_strides(o), *_strides(do), H, Nq, D, HEAD_DIM=switches["HEAD_DIM"],
         BLOCK_M=pre_block, PAD_D=switches["PAD_D"])
-    tables = _rope_args(rope, lse)
     cfg = _bwd_config(D, q.dtype, rope is not None) if config is None else config
     common = dict(CAUSAL=causal, UPCAST=INTERPRETED and q.dtype != torch.float32,
                   PRECISION=_precision(q.dtype, q.device), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"], **switches)
-    lens = kv_lens if kv_lens is not None else lse
     small, large = cfg["BLOCK_M"], cfg["BLOCK_N"]
     # dK/dV: a large key block stays on chip while small query blocks stream past; one
     # program per key block of each K/V head, looping over that head's group of query heads.
