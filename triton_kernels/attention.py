@@ -705,6 +705,9 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LENS,
 # delta round trip and the second computation of P; what it costs is a program per K/V
 # head (fewer, longer programs than the key-block split had), so it is used only where the
 # key block it needs is small: many heads and batch elements fill the GPU instead.
+# Measured on the H100 (bf16, kernel time, reports/h100-attention-short.json): forward +
+# backward at B64 H12 N77 D64 99 us against 106 us split (SDPA FLASH 151, cuDNN 89), at
+# B32 H12 N128 causal 62 against 71 us, with 16 query heads on 4 K/V heads (N100) 59 vs 63.
 
 @fast_launch
 @triton.jit
