@@ -1,5 +1,5 @@
 // gemm.cu — C[M,N] (+)= A[M,K] · B[K,N] with a fused epilogue: Level 5's matrix product,
-// a ladder of five versions (serves the MLP now, conv and the LSTM later).
+// a ladder of six versions (serves the MLP now, conv and the LSTM later).
 //
 //   version 1  naive: one thread per output element, the K loop straight from global
 //              memory. Threads of a warp take consecutive columns n, so the B and C accesses
@@ -30,9 +30,20 @@
 //              asynchronously; twice version 4's tensor-core rate is available this way on
 //              an H100. Costs: Hopper only (elsewhere LEVELS_BAD_ARCH: run version 4), the
 //              descriptor encoding, 128 accumulator registers per thread.
-//              Not here yet (the next rungs): ldmatrix.trans / transposed descriptors for
-//              N-major operands (no copies in backward), TMA loads with producer/consumer
-//              warpgroups and mbarriers (what cuBLAS runs on an H100).
+//   version 6  TMA + warp specialization (sm_90 only): the tiles come from the Tensor
+//              Memory Accelerator (one thread, one cp.async.bulk.tensor per tile, described
+//              by a tensor map the host encodes; it writes version 5's swizzled layout and
+//              zero-fills the M, N, K tails itself), issued by a producer warpgroup while two
+//              consumer warpgroups run version 5's wgmma; a ring of shared-memory stages with
+//              `full` / `empty` mbarriers and parity waits replaces the block-wide barriers,
+//              and setmaxnreg moves registers from the producer (40) to the consumers (232).
+//              Same epilogues, same tile choice (128x256 / 128x128). Costs: 384 threads per
+//              block, a tensor-map encode per operand per launch on the host (a few us of
+//              CPU), Hopper only, the mbarrier phase bookkeeping (a wrong parity is a hang:
+//              -DLEVELS_GEMM6_TIMEOUT=n makes every wait trap after n million polls).
+//              Not here yet (the next rungs): a persistent grid (the epilogue of one tile
+//              under the loads of the next), clusters with TMA multicast, ldmatrix.trans /
+//              transposed descriptors for N-major operands (no copies in backward).
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from
@@ -56,8 +67,8 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
-// Version 5 also runs batched (levels_gemm_batched, for newton_schulz.cu's version 2): the
-// same main loop (v5_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
+// Versions 5 and 6 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2
+// and 3): the same main loop (v5_main_loop / v6_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
 // stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
 // math, stored in T), an optional transposed copy of the output (ct: the staged tile read
 // column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile

@@ -14,6 +14,7 @@ in-place accumulation; an operand over 2**31 elements (int64 offsets); opcheck o
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shutil
@@ -89,11 +90,16 @@ def test_tensor_core_kernels_do_not_spill():
     names = [k.get("name", k["mangled"]) for k in report]
     assert any("gemm_v4_kernel" in n for n in names), names
     assert any("gemm_v5_kernel" in n for n in names), names
+    assert any("gemm_v6_kernel" in n for n in names) and any("gemm_v6_batched_kernel" in n for n in names), names
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k.get("stack_bytes", 0) == 0, k  # an array indexed at run time would live in local memory
         if "gemm_v4_kernel" in k.get("name", k["mangled"]) or "gemm_v5_kernel" in k.get("name", k["mangled"]):
             assert k["registers"] <= 255, k
+        if "gemm_v6" in k.get("name", k["mangled"]):
+            # 384 threads, one block per SM: the register cap at entry that setmaxnreg needs
+            # (65536 / 384 rounded down to 8); the consumers then grow to 232, the producer to 40
+            assert k["registers"] <= 168, k
 
 
 @needs_nvcc
@@ -106,18 +112,40 @@ def test_each_rung_uses_its_instructions():
                         "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
                         "cp.async.wait_group"):
         assert instruction in ptx, instruction
-    assert "wgmma" not in ptx  # version 5 is compiled for sm_90a only (its body is empty elsewhere)
+    # versions 5 and 6 are compiled for sm_90a only (their bodies are empty elsewhere)
+    for hopper_only in ("wgmma", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"):
+        assert hopper_only not in ptx, hopper_only
+
+
+@functools.lru_cache(maxsize=None)
+def _ptx_90a() -> str:
+    from cuda_kernels import build
+    return build.compile_ptx(GEMM_CU, "90a")
 
 
 @needs_nvcc
 def test_version_5_uses_wgmma_on_sm90a():
-    from cuda_kernels import build
-    ptx = build.compile_ptx(GEMM_CU, "90a")
+    ptx = _ptx_90a()
     for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
                         "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned", "fence.proxy.async.shared::cta"):
         assert instruction in ptx, instruction
+
+
+@needs_nvcc
+def test_version_6_uses_tma_mbarriers_and_setmaxnreg_on_sm90a():
+    ptx = _ptx_90a()  # the PTX of the test above (compiled once)
+    for instruction in ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                        "mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
+                        "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                        "mbarrier.try_wait.parity.shared::cta.b64",
+                        "setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232",
+                        "bar.sync 1, 256"):
+        assert instruction in ptx, instruction
+    # version 6's kernels take their tensor maps as __grid_constant__ parameters
+    v6_entries = re.findall(r"\.entry (\w*gemm_v6\w*)\(", ptx)
+    assert len(v6_entries) >= 4, v6_entries
 
 
 # ------------------------------------------------------------------------------ GPU ---
@@ -238,7 +266,7 @@ def test_an_op_that_refuses_raises_cleanly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_int64_offsets(version):
     """A over 2**31 elements: rows past the 32-bit range must be the right rows."""
     M, K, N = (2 ** 31) // 512 + 300, 512, 8
