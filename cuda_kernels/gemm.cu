@@ -1242,15 +1242,16 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
   const bool warp_leader = (threadIdx.x & 31) == 0;
+  bool issued = KT == 0;  // an exercise copy without the MMAs below ends with NaN accumulators
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % STAGES;
     mbar_wait(&full[s], (kt / STAGES) & 1);  // round kt / STAGES of stage s has landed
     const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
     const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
     wgmma_fence();
-    // (An exercise copy without these lines leaves acc at zero: a clear failure, never a
-    // hang — the barriers below still turn.)
+    // (An exercise copy without these lines still turns the barriers below: NaN, never a hang.)
     // ### BEGIN SOLUTION (mlp)
+    issued = true;
 #pragma unroll
     for (int kk = 0; kk < V4_BK / 16; ++kk)
 #pragma unroll
@@ -1269,7 +1270,10 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
 #pragma unroll
   for (int j = 0; j < NB; ++j)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) keep(acc[j][i]);
+    for (int i = 0; i < 64; ++i) {
+      keep(acc[j][i]);
+      if (!issued) acc[j][i] = __int_as_float(0x7fc00000);
+    }
   return true;
 }
 

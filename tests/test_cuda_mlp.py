@@ -234,6 +234,49 @@ def test_gemm_fp32_output_and_accumulate(version, dtype):
     assert torch.equal(big[untouched], before[untouched])
 
 
+# Version 6 (TMA + warp specialization) runs version 5's MMAs on the same shared-memory layout
+# in the same order, with the same tile choice and epilogues: every output must carry version
+# 5's bits. A tensor map whose box, swizzle or coordinates disagreed with the wgmma descriptor
+# (or a stage read before its bytes landed) could not pass this at these sizes.
+V6_SHAPES = [(1, 1, 1), (1, 7, 70), (7, 1, 8), (127, 129, 70), (129, 127, 1000), (1000, 1000, 70),
+             (300, 2049, 264), (4096, 200, 2048)]  # (M, K, N); the last: 128x256 tiles (they fill the GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("M,K,N", V6_SHAPES, ids=lambda v: str(v))
+def test_version_6_gives_version_5_bits_and_the_float64_answer(dtype, M, K, N):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("versions 5 and 6 need an sm_90 GPU")
+    a, b = _operands(M, K, N, dtype, "linear", seed=M + K + N)
+    bias = torch.randn(N, device="cuda").to(dtype)
+    poison = torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN: outputs land there
+    del poison
+    calls = {
+        "none": lambda v: K5.gemm(a, b, version=v),
+        "bias+gelu": lambda v: K5.gemm(a, b, bias, epilogue="gelu", version=v),
+        "gelu_save": lambda v: torch.cat(K5.gemm(a, b, bias, epilogue="gelu_save", version=v)),
+        "gelu_grad": lambda v: K5.gemm(a, b, epilogue="gelu_grad", aux=a[:, :1].expand(M, N).contiguous(),
+                                       version=v),
+        "fp32 out": lambda v: K5.gemm(a, b, out_dtype=torch.float32, version=v),
+        "accumulate": lambda v: K5.gemm_accumulate(torch.ones(M, N, device="cuda"), a, b, bias, version=v),
+    }
+    for name, call in calls.items():
+        v5, v6 = call(5), call(6)
+        assert torch.isfinite(v6).all(), name
+        assert torch.equal(v5, v6), (name, float((v5.double() - v6.double()).abs().max()))
+    ref = a.double() @ b.double()
+    assert _rel(calls["none"](6), ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
+    # the SwiGLU gate/up GEMM: [B | B2] halves loaded by two tensor maps
+    from cuda_kernels import swiglu_mlp
+    w_up = torch.randn(N, K, device="cuda").to(dtype) * K ** -0.5
+    got = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=6)
+    want = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=5)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all() and torch.equal(g, w)
+    assert _rel(got[1], ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("shape", [(1, 1), (1000, 3), (4097, 77)], ids=str)
