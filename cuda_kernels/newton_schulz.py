@@ -6,7 +6,7 @@ tiles on and below the diagonal only and mirror each on its store, b*A + c*A^2 a
 are GEMMs with the pointwise work in their epilogues, the normalization is a one-element
 scale folded into the first step (version 2: into a "prepare" launch that writes X0 = s G
 and its transpose), a tall G is read transposed through its strides. One call is one op,
-`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (version 2: 3 + 3 * steps).
+`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (versions 2, 3: 3 + 3 * steps).
 
     v1  shared-memory tiles on the CUDA cores, fp32 accumulation (the first rung: correct,
         not fast: ~9 TFLOP/s in bf16 on an H100, 0.02x of native)
@@ -16,10 +16,14 @@ and its transpose), a tall G is read transposed through its strides. One call is
         the mirror written from the staged tile in 16-byte stores. sm_90 only (elsewhere an
         error naming version 1); fp32 G runs version 1's exact-fp32 kernels at version 2
         (wgmma has no fp32 path)
+    v3  version 2's plan, every product on gemm.cu's version-6 GEMM (TMA loads, a producer
+        and two consumer warpgroups on mbarriers: levels_gemm_batched's version argument
+        picks the GEMM); the same scratch, launches and epilogues. sm_90 only; fp32 as v2.
+        HOPPER_VERSION stays 2 until version 3 is measured faster (scripts/device_gemm6.py)
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
 default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
-rule of cuda_kernels/mlp.py. Asking for version 2 on another GPU is an error, never a
+rule of cuda_kernels/mlp.py. Asking for version 2 or 3 on another GPU is an error, never a
 silent run of version 1.
 """
 
