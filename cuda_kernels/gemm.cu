@@ -84,7 +84,6 @@
 #include "mma.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver function comes from the runtime)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cstdio>
 
 #include <type_traits>
@@ -1698,9 +1697,10 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
 // C[M,N] (+)= A[M,K] · B[K,N], then the epilogue (see the top of the file).
 // Element strides for every matrix; bias (N,) with its own stride; aux (M, N) is read or
 // written only by the GELU_SAVE / GELU_GRAD epilogues. c_fp32: C is float32 (else the input
-// dtype). accumulate: C += instead of C =. Version 4 needs stride_ak == stride_bk == 1, row
+// dtype). accumulate: C += instead of C =. Versions 4-6 need stride_ak == stride_bk == 1, row
 // strides (stride_am, stride_bn) multiples of 8 and 16-byte aligned A, B (cuda_kernels/mlp.py
-// makes them so), else LEVELS_UNSUPPORTED. M, N or K may be 0. v4_tile pins version 4's
+// makes them so), else LEVELS_UNSUPPORTED (version 6 also: fewer than 2**31 rows and K, and
+// a row stride the TMA accepts — not 0). M, N or K may be 0. v4_tile pins version 4's
 // tile shape (1, 2, 3: see launch_v4; 0: chosen from the size); other versions ignore it.
 extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   const void* a, int64_t stride_am, int64_t stride_ak,
@@ -1751,7 +1751,7 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
 }
 
 // out[n] = sum over m of x[m, n], fp32 accumulation; out is (N,) contiguous, float32 when
-// out_fp32 else the input dtype. One kernel serves every version (1-5) of the GEMM.
+// out_fp32 else the input dtype. One kernel serves every version (1-6) of the GEMM.
 extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int64_t stride_xm,
                                       int64_t stride_xn, void* out, int out_fp32, int64_t M, int64_t N,
                                       cudaStream_t stream) {
