@@ -14,7 +14,6 @@ in-place accumulation; an operand over 2**31 elements (int64 offsets); opcheck o
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import shutil
@@ -117,25 +116,17 @@ def test_each_rung_uses_its_instructions():
         assert hopper_only not in ptx, hopper_only
 
 
-@functools.lru_cache(maxsize=None)
-def _ptx_90a() -> str:
-    from cuda_kernels import build
-    return build.compile_ptx(GEMM_CU, "90a")
-
-
 @needs_nvcc
 def test_version_5_uses_wgmma_on_sm90a():
-    ptx = _ptx_90a()
+    """And version 6 its TMA, mbarriers and setmaxnreg (one compile for both: conftest's SLOW
+    names this test)."""
+    from cuda_kernels import build
+    ptx = build.compile_ptx(GEMM_CU, "90a")
     for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
                         "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned", "fence.proxy.async.shared::cta"):
         assert instruction in ptx, instruction
-
-
-@needs_nvcc
-def test_version_6_uses_tma_mbarriers_and_setmaxnreg_on_sm90a():
-    ptx = _ptx_90a()  # the PTX of the test above (compiled once)
     for instruction in ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
                         "mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
                         "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
@@ -143,7 +134,7 @@ def test_version_6_uses_tma_mbarriers_and_setmaxnreg_on_sm90a():
                         "setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232",
                         "bar.sync 1, 256"):
         assert instruction in ptx, instruction
-    # version 6's kernels take their tensor maps as __grid_constant__ parameters
+    # version 6's kernels (plain, SwiGLU, batched; each dtype and tile) are there
     v6_entries = re.findall(r"\.entry (\w*gemm_v6\w*)\(", ptx)
     assert len(v6_entries) >= 4, v6_entries
 
