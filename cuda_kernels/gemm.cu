@@ -713,7 +713,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 // run there); 128 accumulator registers per thread at BN = 256; the same K-major layout
 // rules as version 4. Not here (the next rungs, fast.cu's path to 1.0x cuBLAS): TMA for the
 // loads, producer/consumer warpgroups with mbarriers so loads and MMAs overlap without
-// block-wide barriers, a persistent grid, clusters with TMA multicast.
+// block-wide barriers (version 6, below), a persistent grid, clusters with TMA multicast.
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LEVELS_HAS_WGMMA 1
