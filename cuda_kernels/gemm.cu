@@ -1132,8 +1132,8 @@ constexpr int V6_THREADS = 384;  // consumer warpgroups 0, 1; producer warpgroup
 
 // Stages: as many as fit next to nothing else (the epilogue reuses the ring): 4 x 48 KB at
 // BN = 256, 6 x 32 KB at BN = 128.
-template <int BN> constexpr int v6_stages() { return BN == 256 ? 4 : 6; }
-template <int BN> constexpr int v6_smem() { return v6_stages<BN>() * (128 + BN) * V4_BK * 2 + 1024; }
+template <int BN> __host__ __device__ constexpr int v6_stages() { return BN == 256 ? 4 : 6; }
+template <int BN> __host__ __device__ constexpr int v6_smem() { return v6_stages<BN>() * (128 + BN) * V4_BK * 2 + 1024; }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
