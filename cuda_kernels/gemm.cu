@@ -1,5 +1,5 @@
 // gemm.cu — C[M,N] (+)= A[M,K] · B[K,N] with a fused epilogue: Level 5's matrix product,
-// a ladder of five versions (serves the MLP now, conv and the LSTM later).
+// a ladder of six versions (serves the MLP now, conv and the LSTM later).
 //
 //   version 1  naive: one thread per output element, the K loop straight from global
 //              memory. Threads of a warp take consecutive columns n, so the B and C accesses
@@ -30,9 +30,24 @@
 //              asynchronously; twice version 4's tensor-core rate is available this way on
 //              an H100. Costs: Hopper only (elsewhere LEVELS_BAD_ARCH: run version 4), the
 //              descriptor encoding, 128 accumulator registers per thread.
-//              Not here yet (the next rungs): ldmatrix.trans / transposed descriptors for
-//              N-major operands (no copies in backward), TMA loads with producer/consumer
-//              warpgroups and mbarriers (what cuBLAS runs on an H100).
+//   version 6  TMA + warp specialization (sm_90 only): the tiles come from the Tensor
+//              Memory Accelerator (one thread, one cp.async.bulk.tensor per tile, described
+//              by a tensor map the host encodes; it writes version 5's swizzled layout and
+//              zero-fills the M, N, K tails itself), issued by a producer warpgroup while two
+//              consumer warpgroups run version 5's wgmma; a ring of shared-memory stages with
+//              `full` / `empty` mbarriers and parity waits replaces the block-wide barriers,
+//              and setmaxnreg moves registers from the producer (40) to the consumers (232).
+//              Same epilogues, same tile choice (128x256 / 128x128). Costs: 384 threads per
+//              block, a tensor-map encode per operand per launch on the host (a few us of
+//              CPU), Hopper only, the mbarrier phase bookkeeping (a wrong parity is a hang:
+//              -DLEVELS_GEMM6_TIMEOUT=n makes every wait trap after n million polls).
+//              Not here yet (the next rungs): a persistent grid (the epilogue of one tile
+//              under the loads of the next), clusters with TMA multicast, ldmatrix.trans /
+//              transposed descriptors for N-major operands (no copies in backward).
+//              Status: compiled for sm_90a (no spills) and its mbarrier protocol modelled on
+//              a CPU (tests/test_cuda_gemm6_protocol.py); not yet run on a GPU, so it is no
+//              default anywhere: scripts/device_gemm6.py checks it and times it against
+//              cuBLAS and version 5.
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from
@@ -56,8 +71,8 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
-// Version 5 also runs batched (levels_gemm_batched, for newton_schulz.cu's version 2): the
-// same main loop (v5_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
+// Versions 5 and 6 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2
+// and 3): the same main loop (v5_main_loop / v6_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
 // stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
 // math, stored in T), an optional transposed copy of the output (ct: the staged tile read
 // column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile
@@ -71,6 +86,9 @@
 
 #include "common.cuh"
 #include "mma.cuh"
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the driver function comes from the runtime)
+#include <cstdio>
 
 #include <type_traits>
 
@@ -699,7 +717,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 // run there); 128 accumulator registers per thread at BN = 256; the same K-major layout
 // rules as version 4. Not here (the next rungs, fast.cu's path to 1.0x cuBLAS): TMA for the
 // loads, producer/consumer warpgroups with mbarriers so loads and MMAs overlap without
-// block-wide barriers, a persistent grid, clusters with TMA multicast.
+// block-wide barriers (version 6, below), a persistent grid, clusters with TMA multicast.
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LEVELS_HAS_WGMMA 1
@@ -1010,44 +1028,317 @@ __device__ __forceinline__ void store_transposed(const float* tile, int64_t m0, 
   }
 }
 
-template <typename T, int BN>
-__global__ void __launch_bounds__(256, 1)
-gemm_v5_batched_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
-                       int64_t M, int64_t N, int64_t K, BatchArgs ba) {
-#ifdef LEVELS_HAS_WGMMA
-  constexpr int BM = 128, THREADS = 256;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T *sA, *sB;
-  v5_tiles<T, BN>(smem_raw, sA, sB);
-  const int64_t b = blockIdx.y;
-  A += b * ba.stride_ab;
-  B += b * ba.stride_bb;
-  T* c = ba.c ? static_cast<T*>(ba.c) + b * ba.stride_cb : nullptr;
-  T* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
-  const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
-  int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
+// The block's tile of the batched schedule: grouped order, or (symmetric) tile (i, j) of
+// the lower triangle, whose mirror goes to c itself at (j, i) through the ct path.
+template <int BM, int BN>
+__device__ __forceinline__ void batched_tile(int64_t M, int64_t N, const BatchArgs& ba, void* c, int64_t& m0,
+                                             int64_t& n0, void*& ct, int64_t& stn, int64_t& stm) {
   if (ba.symmetric) {
     int64_t i, j;
     lower_tile(blockIdx.x, i, j);
     m0 = i * BM;
     n0 = j * BN;
-    // the mirror of an off-diagonal tile: c itself at (j, i)
     ct = i != j ? c : nullptr;
     stn = ba.stride_cm;
     stm = ba.stride_cn;
   } else {
     grouped_tile<BM, BN>(M, N, m0, n0);
   }
+}
+
+// A barrier over the 256 threads that run the epilogue: the whole block (version 5), or
+// the two consumer warpgroups alone (version 6: its producer warpgroup has left, so
+// __syncthreads would wait for it forever). Named barrier 1, 256 threads.
+template <bool CONSUMERS_ONLY>
+__device__ __forceinline__ void epilogue_sync() {
+  if constexpr (CONSUMERS_ONLY)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    __syncthreads();
+}
+
+// The batched epilogue of a finished 128 x BN tile (threads 0..255; the pipeline's shared
+// memory is free): stage, c = alpha acc + beta y, then the transposed copy if any.
+template <typename T, int BN, bool CONSUMERS_ONLY>
+__device__ __forceinline__ void batched_epilogue(const float (&acc)[BN / 128][64], float* tile, int64_t m0,
+                                                 int64_t n0, int64_t M, int64_t N, void* c, void* ct,
+                                                 int64_t stn, int64_t stm, const T* y, const BatchArgs& ba) {
+  constexpr int BM = 128, THREADS = 256;
+  v5_stage<BN, true>(acc, tile);
+  epilogue_sync<CONSUMERS_ONLY>();
+  store_axpby<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(c), y, ba, ct != nullptr);
+  if (ct != nullptr) {  // uniform over the block: the barrier is reached by all or none
+    epilogue_sync<CONSUMERS_ONLY>();
+    store_transposed<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(ct), stn, stm);
+  }
+}
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(256, 1)
+gemm_v5_batched_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, int64_t ldb,
+                       int64_t M, int64_t N, int64_t K, BatchArgs ba) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T *sA, *sB;
+  v5_tiles<T, BN>(smem_raw, sA, sB);
+  const int64_t b = blockIdx.y;
+  A += b * ba.stride_ab;
+  B += b * ba.stride_bb;
+  void* c = ba.c ? static_cast<T*>(ba.c) + b * ba.stride_cb : nullptr;
+  void* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
+  const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
+  int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
+  batched_tile<BM, BN>(M, N, ba, c, m0, n0, ct, stn, stm);
   float acc[BN / 128][64];
   v5_main_loop<T, BN, false>(sA, sB, A, lda, B, ldb, m0, n0, M, N, K, nullptr, acc);
-  float* tile = reinterpret_cast<float*>(sA);
-  v5_stage<BN, true>(acc, tile);
-  __syncthreads();
-  store_axpby<T, BM, BN, THREADS>(tile, m0, n0, M, N, c, y, ba, ct != nullptr);
-  if (ct != nullptr) {  // uniform over the block: the barrier is reached by all or none
-    __syncthreads();
-    store_transposed<T, BM, BN, THREADS>(tile, m0, n0, M, N, ct, stn, stm);
+  batched_epilogue<T, BN, false>(acc, reinterpret_cast<float*>(sA), m0, n0, M, N, c, ct, stn, stm, y, ba);
+#endif
+}
+
+// =====================================================================================
+// version 6: TMA loads, producer/consumer warpgroups, mbarrier pipeline — sm_90a only
+// =====================================================================================
+// What changes from version 5 (the next rungs of the public step-by-step Hopper GEMM,
+// pranjalssh/fast.cu: TMA + wgmma -> warp specialization -> mbarrier parity waits):
+//   * TMA: one thread asks the Tensor Memory Accelerator for a whole (rows x 64) tile with
+//     one instruction (cp.async.bulk.tensor), described by a CUtensorMap the host encodes
+//     (base, sizes, row stride, box, 128-byte swizzle). The copy engine writes the tile in
+//     exactly version 5's swizzled layout (the wgmma descriptor does not change), and
+//     zero-fills rows and columns past the matrix's edges itself: the M, N and K tails
+//     (K need not be a multiple of 64) cost no instruction. Version 5 spent 256 threads x
+//     ~10 instructions per tile on cp.async addresses; here it is one thread, one instruction.
+//   * warp specialization: the block is three warpgroups (384 threads). Warpgroup 2 is the
+//     producer: one thread issues the TMA loads and nothing else, so it gives most of its
+//     registers back (setmaxnreg.dec 40). Warpgroups 0 and 1 are the consumers, 64 rows
+//     each of the 128 x BN tile (as version 5), and take the registers (setmaxnreg.inc
+//     232): 128 fp32 accumulators at BN = 256 plus addresses with room to spare.
+//   * mbarriers instead of __syncthreads: a ring of STAGES shared-memory stages, each with
+//     a `full` barrier (the producer announces the bytes it expects; the TMA's completion
+//     counts them down; the consumers wait on it) and an `empty` barrier (each consumer
+//     warp arrives once the MMAs that read the stage are done; the producer waits on it
+//     before refilling). A wait names the phase's parity (round r of the ring waits for
+//     parity r % 2), so barriers are reused without re-initialising. No block-wide barrier
+//     in the main loop: each side stalls only on what it needs.
+// The consumers' epilogue is version 5's (v5_stage + store_tile / store_swiglu / the
+// batched AXPBY and transposed stores), with a named barrier over the 256 consumer threads.
+// Costs and limits: sm_90 only (LEVELS_BAD_ARCH elsewhere), 16-bit inputs (fp32 runs version
+// 3), version 4's K-major rules; TMA also wants row strides that are multiples of 16 bytes
+// (8 elements: version 4's rule already) and row/column counts below 2**31 (32-bit
+// coordinates). Host cost: two or three cuTensorMapEncodeTiled calls per launch (a few
+// microseconds of CPU, no GPU work; nothing is cached). Not here yet: a persistent grid
+// (one block per SM walking the tiles, the epilogue of one tile overlapping the loads of
+// the next), clusters with TMA multicast, and a 2-consumer x 128-row (256 x BN) tile.
+// Debug: -DLEVELS_GEMM6_TIMEOUT=n (through LEVELS_CUDA_NVCC_FLAGS) makes every mbarrier
+// wait trap after n million polls instead of hanging the GPU.
+
+constexpr int V6_THREADS = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
+
+// Stages: as many as fit next to nothing else (the epilogue reuses the ring): 4 x 48 KB at
+// BN = 256, 6 x 32 KB at BN = 128.
+template <int BN> __host__ __device__ constexpr int v6_stages() { return BN == 256 ? 4 : 6; }
+template <int BN> __host__ __device__ constexpr int v6_smem() { return v6_stages<BN>() * (128 + BN) * V4_BK * 2 + 1024; }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// The producer's arrival on a full barrier, announcing `bytes` of TMA writes to wait for.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Wait until the phase of parity `parity` of the barrier has completed. try_wait may give
+// up after a system-dependent time: poll it in a loop.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  const uint32_t addr = smem_addr(bar);
+#ifdef LEVELS_GEMM6_TIMEOUT
+  uint64_t polls = 0;
+#endif
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+#ifdef LEVELS_GEMM6_TIMEOUT
+    if (!done && ++polls > (uint64_t)(LEVELS_GEMM6_TIMEOUT) * 1000000ull) {
+      printf("gemm v6: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
+             threadIdx.x, parity);
+      __trap();
+    }
+#endif
   }
+}
+
+// TMA: the (box) tile at coordinates (k, row, batch) of the tensor map into shared memory at
+// dst, completing `bar`'s transaction count by the box's bytes (out-of-bounds parts are
+// zeros and count as well).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int k, int row, int batch,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(batch),
+        "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Which tiles the producer loads: operand maps and the batch coordinate of each (0 for an
+// operand shared by the whole batch). DUAL (SwiGLU): the B tile's two halves from b and b2.
+struct V6Operands {
+  const CUtensorMap* a;
+  const CUtensorMap* b;
+  const CUtensorMap* b2;
+  int batch_a, batch_b;
+};
+
+// The version-6 main loop of one 128 x BN tile at (m0, n0), shared by the plain and the
+// batched kernel. Every thread of the block calls it; it returns false on the producer
+// warpgroup (which should then leave) and true on the consumers, whose acc then holds the
+// tile, every stage's TMA writes landed and read: the ring's memory is free for the epilogue
+// once the consumers pass an epilogue_sync<true>().
+template <typename T, int BN, bool DUAL>
+__device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint64_t* empty, const V6Operands& op,
+                                             int64_t m0, int64_t n0, int64_t K, float (&acc)[BN / 128][64]) {
+  constexpr int BM = 128, NB = BN / 128, STAGES = v6_stages<BN>();
+  constexpr uint32_t STAGE_BYTES = (BM + BN) * V4_BK * sizeof(T);
+  const int KT = (int)cdiv(K, V4_BK);
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);      // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(&empty[s], 8);     // one arrival per consumer warp
+    }
+    // make the initialised barriers visible to the async proxy (the TMA unit)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the producer leaves after its loop
+
+  if (wg == 2) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 256) {
+      for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);  // round r-1's readers are done
+        mbar_expect_tx(&full[s], STAGE_BYTES);
+        const int k = kt * V4_BK;
+        tma_load(sA + s * BM * V4_BK, op.a, k, (int)m0, op.batch_a, &full[s]);
+        if constexpr (!DUAL) {
+          tma_load(sB + s * BN * V4_BK, op.b, k, (int)n0, op.batch_b, &full[s]);
+        } else {
+          tma_load(sB + s * BN * V4_BK, op.b, k, (int)(n0 / 2), op.batch_b, &full[s]);
+          tma_load(sB + s * BN * V4_BK + (BN / 2) * V4_BK, op.b2, k, (int)(n0 / 2), op.batch_b, &full[s]);
+        }
+      }
+    }
+    return false;
+  }
+
+  // ---- consumers: warpgroup wg owns rows wg*64 .. wg*64+63 ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+  const bool warp_leader = (threadIdx.x & 31) == 0;
+  bool issued = KT == 0;  // an exercise copy without the MMAs below ends with NaN accumulators
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % STAGES;
+    mbar_wait(&full[s], (kt / STAGES) & 1);  // round kt / STAGES of stage s has landed
+    const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
+    const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
+    wgmma_fence();
+    // (An exercise copy without these lines still turns the barriers below: NaN, never a hang.)
+    // ### BEGIN SOLUTION (mlp)
+    issued = true;
+#pragma unroll
+    for (int kk = 0; kk < V4_BK / 16; ++kk)
+#pragma unroll
+      for (int j = 0; j < NB; ++j)
+        wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
+    // ### END SOLUTION
+    wgmma_commit();
+    // Tile kt's MMAs stay in flight; tile kt-1's are done, so its stage goes back.
+    wgmma_wait<1>();
+    if (kt > 0) {
+      __syncwarp();
+      if (warp_leader) mbar_arrive(&empty[(kt - 1) % STAGES]);
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      keep(acc[j][i]);
+      if (!issued) acc[j][i] = __int_as_float(0x7fc00000);
+    }
+  return true;
+}
+
+// The ring in dynamic shared memory, 1024-byte aligned (the swizzle's period, as version 5);
+// the barriers are static shared memory, out of the epilogue's way.
+template <typename T, int BN>
+__device__ __forceinline__ void v6_tiles(unsigned char* smem_raw, T*& sA, T*& sB) {
+  const uint32_t raw = smem_addr(smem_raw);
+  sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][128][64]
+  sB = sA + v6_stages<BN>() * 128 * V4_BK;                               // [STAGES][BN][64]
+}
+
+template <typename T, typename TC, int BN, bool DUAL = false>
+__global__ void __launch_bounds__(V6_THREADS, 1)
+gemm_v6_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const __grid_constant__ CUtensorMap map_b2, int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, THREADS = 256;  // the epilogue's threads: the consumers
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[v6_stages<BN>()], empty[v6_stages<BN>()];
+  T *sA, *sB;
+  v6_tiles<T, BN>(smem_raw, sA, sB);
+  int64_t m0, n0;
+  grouped_tile<BM, BN>(M, N, m0, n0);
+  float acc[BN / 128][64];
+  const V6Operands op{&map_a, &map_b, &map_b2, 0, 0};
+  if (!v6_main_loop<T, BN, DUAL>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
+  constexpr int LD = BN + 8;
+  float* tile = reinterpret_cast<float*>(sA);
+  epilogue_sync<true>();  // both consumer warpgroups are done reading the ring
+  v5_stage<BN, false>(acc, tile);
+  epilogue_sync<true>();
+  if constexpr (DUAL)
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+  else
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+#endif
+}
+
+// The batched version 6 (newton_schulz.cu's version 3): gemm_v5_batched_kernel's schedule and
+// epilogue on the TMA / warp-specialized loop; the batch is the tensor maps' third coordinate.
+template <typename T, int BN>
+__global__ void __launch_bounds__(V6_THREADS, 1)
+gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                       int64_t M, int64_t N, int64_t K, BatchArgs ba) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[v6_stages<BN>()], empty[v6_stages<BN>()];
+  T *sA, *sB;
+  v6_tiles<T, BN>(smem_raw, sA, sB);
+  const int64_t b = blockIdx.y;
+  void* c = ba.c ? static_cast<T*>(ba.c) + b * ba.stride_cb : nullptr;
+  void* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
+  const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
+  int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
+  batched_tile<BM, BN>(M, N, ba, c, m0, n0, ct, stn, stm);
+  float acc[BN / 128][64];
+  const V6Operands op{&map_a, &map_b, &map_b, ba.stride_ab ? (int)b : 0, ba.stride_bb ? (int)b : 0};
+  if (!v6_main_loop<T, BN, false>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
+  epilogue_sync<true>();
+  batched_epilogue<T, BN, true>(acc, reinterpret_cast<float*>(sA), m0, n0, M, N, c, ct, stn, stm, y, ba);
 #endif
 }
 
@@ -1215,9 +1506,95 @@ int launch_v5_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   return levels_launch_status();
 }
 
-template <typename T, typename TC>
-int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
-              int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
+// ---- version 6's host side: the tensor maps ----
+// cuTensorMapEncodeTiled is a driver (libcuda) function; the runtime hands out its address,
+// so the library links nothing beyond what torch's extension build already links.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiled encode_tiled() {
+  static EncodeTiled fn = nullptr;  // looked up once per process; benign race (same answer)
+  if (fn == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found);
+#endif
+    if (err == cudaSuccess && found == cudaDriverEntryPointSuccess) fn = reinterpret_cast<EncodeTiled>(p);
+  }
+  return fn;
+}
+
+// The tensor map of a K-major operand: `batch` matrices of (rows, K), row stride ld, batch
+// stride bstride (elements; batch 1 or bstride 0: one matrix), read in boxes of
+// (box_rows x 64) elements = box_rows rows of 128 bytes, written to shared memory with the
+// 128-byte swizzle — version 5's layout, what wgmma_desc describes. Elements past K or past
+// the last row read as zeros (the TMA's out-of-bounds fill).
+template <typename T>
+int make_map(CUtensorMap* map, const T* base, int64_t rows, int64_t K, int64_t ld, int64_t batch,
+             int64_t bstride, int box_rows) {
+  if (rows > INT32_MAX || K > INT32_MAX || batch > INT32_MAX) return LEVELS_UNSUPPORTED;  // 32-bit coordinates
+  EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return (int)cudaErrorNotSupported;
+  const int64_t k = K > 0 ? K : 1;  // K = 0: the map is never read; keep it encodable
+  if (rows == 1) ld = cdiv(k, 8) * 8;  // one row: its stride is never used
+  if (batch == 1 || bstride == 0) {
+    batch = 1;
+    bstride = rows * ld;
+  }
+  const cuuint64_t dims[3] = {(cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)batch};
+  const cuuint64_t strides[2] = {(cuuint64_t)ld * sizeof(T), (cuuint64_t)bstride * sizeof(T)};  // bytes, dims 1, 2
+  const cuuint32_t box[3] = {(cuuint32_t)V4_BK, (cuuint32_t)box_rows, 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUtensorMapDataType dt =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode(map, dt, 3, const_cast<T*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? LEVELS_OK : LEVELS_UNSUPPORTED;  // e.g. a row stride of 0 (broadcast rows)
+}
+
+// Above 48 KB of dynamic shared memory a kernel must opt in (once per kernel).
+template <typename Kernel>
+int opt_in_smem(Kernel kernel, int smem, bool& done) {
+  if (!done) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return (int)err;
+    done = true;
+  }
+  return LEVELS_OK;
+}
+
+template <typename T, typename TC, int BN, bool DUAL = false>
+int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  constexpr int smem = v6_smem<BN>();
+  static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
+  auto kernel = gemm_v6_kernel<T, TC, BN, DUAL>;
+  static bool opted_in = false;
+  int status = opt_in_smem(kernel, smem, opted_in);
+  const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
+  if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
+  // DUAL: N is the virtual width 2 * hidden; b and b2 have hidden rows each, half a tile per box
+  const int64_t rows_b = DUAL ? N / 2 : N;
+  constexpr int box_b = DUAL ? BN / 2 : BN;
+  CUtensorMap map_a, map_b, map_b2;
+  if (status == LEVELS_OK) status = make_map<T>(&map_a, A, M, K, lda, 1, 0, 128);
+  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, rows_b, K, ldb, 1, 0, box_b);
+  if (status == LEVELS_OK) status = DUAL ? make_map<T>(&map_b2, B2, rows_b, K, ldb, 1, 0, box_b) : LEVELS_OK;
+  if (status != LEVELS_OK) return status;
+  if (!DUAL) map_b2 = map_b;  // unused
+  kernel<<<(unsigned)blocks, V6_THREADS, smem, stream>>>(map_a, map_b, map_b2, M, N, K, ep);
+  return levels_launch_status();
+}
+
+// Versions 5 and 6 (VERSION): the same checks and the same tile choice, different kernels.
+template <typename T, typename TC, int VERSION>
+int launch_hopper(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
+                  int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
   if constexpr (std::is_same<T, float>::value) {
     return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);  // exact fp32
   } else {
@@ -1233,13 +1610,20 @@ int launch_v5(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
     // 128x256 tiles when there are enough of them to give every SM one, else 128x128.
     const bool big = cdiv(M, 128) * cdiv(N, 256) >= num_sms();
     if constexpr (std::is_same<T, TC>::value) {
-      if (B2) return big ? launch_v5_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
-                         : launch_v5_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+      if (B2) {
+        if constexpr (VERSION == 6)
+          return big ? launch_v6_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+                     : launch_v6_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+        return big ? launch_v5_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+                   : launch_v5_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+      }
     }
     if (B2) return LEVELS_UNSUPPORTED;
-    if (big)
-      return launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2);
-    return launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+    if constexpr (VERSION == 6)
+      return big ? launch_v6_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+                 : launch_v6_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+    return big ? launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+               : launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
   }
 }
 
@@ -1262,14 +1646,36 @@ int launch_v5_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, i
   return levels_launch_status();
 }
 
-template <typename T>
-int launch_v5_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
-                      int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+template <typename T, int BN>
+int launch_v6_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M,
+                             int64_t N, int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+  constexpr int smem = v6_smem<BN>();
+  static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
+  auto kernel = gemm_v6_batched_kernel<T, BN>;
+  static bool opted_in = false;
+  int status = opt_in_smem(kernel, smem, opted_in);
+  const int64_t t = cdiv(M, 128);
+  const int64_t blocks = ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN);
+  if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
+  CUtensorMap map_a, map_b;
+  if (status == LEVELS_OK) status = make_map<T>(&map_a, A, M, K, lda, batch, ba.stride_ab, 128);
+  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, N, K, ldb, batch, ba.stride_bb, BN);
+  if (status != LEVELS_OK) return status;
+  kernel<<<dim3((unsigned)blocks, (unsigned)batch), V6_THREADS, smem, stream>>>(map_a, map_b, M, N, K, ba);
+  return levels_launch_status();
+}
+
+template <typename T, int VERSION>
+int launch_hopper_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
+                          int64_t K, const BatchArgs& ba, cudaStream_t stream) {
   // The symmetric schedule needs square tiles (tile (i, j)'s mirror is tile (j, i)); the
-  // plain one takes 128x256 tiles when they give every SM one, as launch_v5.
-  if (ba.symmetric || batch * cdiv(M, 128) * cdiv(N, 256) < num_sms())
-    return launch_v5_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream);
-  return launch_v5_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
+  // plain one takes 128x256 tiles when they give every SM one, as launch_hopper.
+  const bool small = ba.symmetric || batch * cdiv(M, 128) * cdiv(N, 256) < num_sms();
+  if constexpr (VERSION == 6)
+    return small ? launch_v6_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream)
+                 : launch_v6_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
+  return small ? launch_v5_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream)
+               : launch_v5_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
 }
 
 template <typename T, typename TC>
@@ -1284,7 +1690,8 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
     case 2: return launch_v2<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     case 3: return launch_v3<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, v4_tile, stream, B2);
-    case 5: return launch_v5<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 5: return launch_hopper<T, TC, 5>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 6: return launch_hopper<T, TC, 6>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -1294,9 +1701,10 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
 // C[M,N] (+)= A[M,K] · B[K,N], then the epilogue (see the top of the file).
 // Element strides for every matrix; bias (N,) with its own stride; aux (M, N) is read or
 // written only by the GELU_SAVE / GELU_GRAD epilogues. c_fp32: C is float32 (else the input
-// dtype). accumulate: C += instead of C =. Version 4 needs stride_ak == stride_bk == 1, row
+// dtype). accumulate: C += instead of C =. Versions 4-6 need stride_ak == stride_bk == 1, row
 // strides (stride_am, stride_bn) multiples of 8 and 16-byte aligned A, B (cuda_kernels/mlp.py
-// makes them so), else LEVELS_UNSUPPORTED. M, N or K may be 0. v4_tile pins version 4's
+// makes them so), else LEVELS_UNSUPPORTED (version 6 also: fewer than 2**31 rows and K, and
+// a row stride the TMA accepts — not 0). M, N or K may be 0. v4_tile pins version 4's
 // tile shape (1, 2, 3: see launch_v4; 0: chosen from the size); other versions ignore it.
 extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   const void* a, int64_t stride_am, int64_t stride_ak,
@@ -1307,7 +1715,7 @@ extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   int epilogue, int accumulate,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
   if (epilogue < EPI_NONE || epilogue > EPI_GELU_GRAD) return LEVELS_UNSUPPORTED;
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
@@ -1333,7 +1741,7 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
                                   void* aux, void* aux2, int64_t stride_xm, int64_t stride_xn,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
   if ((aux == nullptr) != (aux2 == nullptr) || (grad && (aux == nullptr || c2 == nullptr)) ||
       (!grad && b2 == nullptr))
     return LEVELS_UNSUPPORTED;
@@ -1347,12 +1755,12 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
 }
 
 // out[n] = sum over m of x[m, n], fp32 accumulation; out is (N,) contiguous, float32 when
-// out_fp32 else the input dtype. One kernel serves every version (1-5) of the GEMM.
+// out_fp32 else the input dtype. One kernel serves every version (1-6) of the GEMM.
 extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int64_t stride_xm,
                                       int64_t stride_xn, void* out, int out_fp32, int64_t M, int64_t N,
                                       cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
   if (N <= 0) return LEVELS_OK;
   const int64_t blocks = levels_cdiv(N, 32);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
@@ -1366,8 +1774,8 @@ extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int
   return levels_launch_status();
 }
 
-// A batch of products on version 5's wgmma main loop (sm_90 only), for newton_schulz.cu's
-// version 2: for matrix b < batch (batch strides *_b, 0 = shared by the whole batch),
+// A batch of products on version 5's wgmma main loop or version 6's TMA / warp-specialized
+// one (version: 5 or 6; sm_90 only), for newton_schulz.cu's versions 2 and 3: for matrix b < batch (batch strides *_b, 0 = shared by the whole batch),
 //   r[m, n] = alpha * sum_k a[m, k] b[n, k] + beta * y[m, n]     (fp32 math, stored in T)
 // written to c (M, N) if c is given, and to ct (the N x M transpose: r[m, n] at
 // ct[n * stride_tn + m * stride_tm]) if ct is given. b is the (N, K) K-major operand (the
@@ -1380,7 +1788,7 @@ extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int
 //   strides multiples of 8 elements, 16-byte aligned bases (LEVELS_UNSUPPORTED, version 4's
 //   rule); batch <= 65535 (grid y). c, ct and y take any strides (16-byte stores where
 //   contiguous and aligned). M, N, K or batch may be 0.
-extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
+extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
                                    const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
                                    const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
                                    void* c, int64_t stride_cb, int64_t stride_cm, int64_t stride_cn,
@@ -1388,6 +1796,7 @@ extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int6
                                    const void* y, int64_t stride_yb, int64_t stride_ym, int64_t stride_yn,
                                    float alpha, float beta, cudaStream_t stream) {
   using namespace levels_gemm;
+  if (version != 5 && version != 6) return LEVELS_BAD_VERSION;
   if (dtype != LEVELS_F16 && dtype != LEVELS_BF16) return LEVELS_BAD_DTYPE;
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
@@ -1400,10 +1809,13 @@ extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int6
   if (batch <= 0 || M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
   const BatchArgs ba{stride_ab, stride_bb, c, stride_cb, stride_cm, stride_cn, ct, stride_tb, stride_tn,
                      stride_tm, y, stride_yb, stride_ym, stride_yn, alpha, beta, symmetric};
-  if (dtype == LEVELS_F16)
-    return launch_v5_batched<__half>(static_cast<const __half*>(a), stride_am, static_cast<const __half*>(b),
-                                     stride_bn, batch, M, N, K, ba, stream);
-  return launch_v5_batched<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(a), stride_am,
-                                          static_cast<const __nv_bfloat16*>(b), stride_bn, batch, M, N, K, ba,
-                                          stream);
+  const __half* ah = static_cast<const __half*>(a);
+  const __half* bh = static_cast<const __half*>(b);
+  const __nv_bfloat16* ab = static_cast<const __nv_bfloat16*>(a);
+  const __nv_bfloat16* bb = static_cast<const __nv_bfloat16*>(b);
+  if (version == 6)
+    return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 6>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
+                               : launch_hopper_batched<__nv_bfloat16, 6>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
+  return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 5>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
+                             : launch_hopper_batched<__nv_bfloat16, 5>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
 }

@@ -57,7 +57,7 @@ inline void matmul_into(const at::Tensor& c, const at::Tensor& a_in, const at::T
     if (!accumulate) c.zero_();
     return;
   }
-  const bool tensor_cores = (version == 4 || version == 5) && a_in.scalar_type() != at::kFloat;
+  const bool tensor_cores = version >= 4 && a_in.scalar_type() != at::kFloat;
   const at::Tensor a = tensor_cores ? k_major(a_in) : a_in;
   const at::Tensor b = tensor_cores ? k_major(b_in.t()).t() : b_in;
   const int status = levels_gemm_matmul(

@@ -1,6 +1,6 @@
 // newton_schulz.cu — Muon's Newton–Schulz orthogonalization, X <- aX + (bA + cA^2)X with
 // A = X X^T, from X0 = G / (||G||_F + eps): Level 4's design (triton_kernels/newton_schulz.py)
-// in CUDA, a ladder of two versions.
+// in CUDA, a ladder of three versions.
 //
 //   version 1  shared-memory tiles on the CUDA cores (gemm.cu's version 2 per tile, fp32
 //              accumulation for every dtype). What it keeps from Level 4: the symmetric
@@ -30,13 +30,20 @@
 //              matrix, Hopper only (sm_90: elsewhere LEVELS_BAD_ARCH, run version 1). fp32
 //              G at version 2 runs version 1's kernels (wgmma has no fp32 path; exact fp32
 //              FMAs, as gemm.cu's version 5 runs version 3 for fp32).
-//              Not here yet: a persistent grid over the whole batch, TMA loads (gemm.cu's
-//              next rungs), X^T written only where the next step needs it.
+//              Not here yet: a persistent grid over the whole batch, X^T written only
+//              where the next step needs it.
 //              Measured on the H100 (bf16, five steps; reports/h100-bench-newton-schulz.json):
 //              0.83x / 0.95x / 0.86x native at 1024^2, 4096^2, 4096x11008 (version 1:
 //              0.02-0.06x): half the products, each at gemm.cu version 5's ~0.55-0.6x
 //              cuBLAS, lands near cuBLAS doing all of them. Its X X^T alone is 1.12-1.14x
 //              torch.matmul(X, X.T) (Level 4's 1.5x): the GEMM rung, not the plan, is short.
+//   version 3  version 2's plan, each product on gemm.cu's version-6 GEMM instead (TMA
+//              loads, a producer warpgroup and two consumer warpgroups synchronised by
+//              mbarriers: levels_gemm_batched's version argument). Nothing else changes:
+//              the same scratch, the same launches, the same epilogues; the version picks
+//              the GEMM. Costs: version 6's (a tensor map encoded on the host per operand
+//              per launch: 3 x 2 per step). Compiled and its protocol modelled on a CPU, not
+//              yet run on a GPU: scripts/device_gemm6.py checks and times it.
 //
 // Operands are read through both element strides (any view: a tall G is iterated as G^T by
 // swapping its strides, no copy); scratch (A, B, the iterates) is contiguous and allocated by
@@ -53,8 +60,9 @@
 #include <algorithm>
 #include <type_traits>
 
-// gemm.cu's batched version-5 GEMM (see its definition for the contract): version 2's products.
-extern "C" int levels_gemm_batched(int dtype, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
+// gemm.cu's batched GEMM (see its definition for the contract), GEMM version 5 (our version
+// 2) or 6 (our version 3).
+extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
                                    const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
                                    const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
                                    void* c, int64_t stride_cb, int64_t stride_cm, int64_t stride_cn,
@@ -267,8 +275,9 @@ prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const
 // Version 2 on 16-bit G: the products on gemm.cu's wgmma loop (levels_gemm_batched). Scratch
 // (all contiguous, rows padded: ldm = padded(M), ldn = padded(N)): A, Bm (batch, M, ldm);
 // X0, XT0 (batch, M, ldn) and (batch, N, ldm) for steps >= 1; X1, XT1 the same for steps >= 2.
+// gemm_version: 5 (Newton–Schulz version 2) or 6 (version 3), the GEMM every product runs on.
 template <typename T>
-int run_v2(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
+int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
            int64_t son, int64_t batch, int64_t M, int64_t N, int steps, float a, float b, float c,
            float eps, T* A, T* Bm, T* X0, T* X1, T* XT0, T* XT1, float* partials, float* scale,
            cudaStream_t stream) {
@@ -300,15 +309,15 @@ int run_v2(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t so
     const int64_t stb = last ? sob : N * ldm, stn = last ? son : ldm, stm = last ? som : 1;
     // ### BEGIN SOLUTION
     // A = X X^T: rows of X as both operands, K = N, symmetric
-    status = levels_gemm_batched(dt, 1, batch, M, M, N, X[cur], M * ldn, ldn, 1, X[cur], M * ldn, ldn, 1,
+    status = levels_gemm_batched(dt, gemm_version, 1, batch, M, M, N, X[cur], M * ldn, ldn, 1, X[cur], M * ldn, ldn, 1,
                                  A, M * ldm, ldm, 1, nullptr, 0, 0, 0, nullptr, 0, 0, 0, 1.0f, 0.0f, stream);
     // B = c A·A + b A: rows of A as both operands (A·A = A·A^T), K = M, symmetric
     if (status == LEVELS_OK)
-      status = levels_gemm_batched(dt, 1, batch, M, M, M, A, M * ldm, ldm, 1, A, M * ldm, ldm, 1, Bm, M * ldm,
+      status = levels_gemm_batched(dt, gemm_version, 1, batch, M, M, M, A, M * ldm, ldm, 1, A, M * ldm, ldm, 1, Bm, M * ldm,
                                    ldm, 1, nullptr, 0, 0, 0, A, M * ldm, ldm, 1, c, b, stream);
     // X' = B X + a X: rows of B and rows of X^T (the (N, K = M) K-major operand); X' and X'^T
     if (status == LEVELS_OK)
-      status = levels_gemm_batched(dt, 0, batch, M, N, M, Bm, M * ldm, ldm, 1, XT[cur], N * ldm, ldm, 1, c_out,
+      status = levels_gemm_batched(dt, gemm_version, 0, batch, M, N, M, Bm, M * ldm, ldm, 1, XT[cur], N * ldm, ldm, 1, c_out,
                                    scb, scm, scn, ct_out, stb, stn, stm, X[cur], M * ldn, ldn, 1, 1.0f, a, stream);
     // ### END SOLUTION
   }
@@ -325,9 +334,9 @@ int run_v2(const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t so
 // through strides (sgb, sgm, sgn) (the binding passes a tall G transposed; a 2-D G is a batch
 // of one), out viewed likewise through (sob, som, son). batch >= 0, M, N >= 1, steps >= 0.
 // Scratch, all contiguous, allocated by the caller:
-//   version 1 and fp32 at version 2: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
+//   version 1 and fp32 at versions 2, 3: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
 //     for steps <= 1 and <= 2); XT0, XT1 unused;
-//   version 2 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
+//   versions 2, 3 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
 //     up): A and Bm (batch, M, ldm), X0 and X1 (batch, M, ldn), XT0 and XT1 (batch, N, ldm)
 //     (X0, XT0 unused for steps 0; X1, XT1 for steps <= 1);
 //   partials (batch * 1024 floats), scale (batch floats).
@@ -338,16 +347,16 @@ extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, i
                                     void* X0, void* X1, void* XT0, void* XT1, float* partials,
                                     float* scale, cudaStream_t stream) {
   using namespace levels_newton_schulz;
-  if (version != 1 && version != 2) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
   LEVELS_DISPATCH(dtype, T, {
     if constexpr (!std::is_same<T, float>::value) {
-      if (version == 2)
-        return run_v2<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
+      if (version >= 2)
+        return run_v2<T>(version == 3 ? 6 : 5, static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                          batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                          static_cast<T*>(X0), static_cast<T*>(X1), static_cast<T*>(XT0),
                          static_cast<T*>(XT1), partials, scale, stream);
     }
-    // version 1, and fp32 at version 2 (exact fp32 on the CUDA cores: wgmma has no fp32)
+    // version 1, and fp32 at versions 2 and 3 (exact fp32 on the CUDA cores: wgmma has no fp32)
     return run<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                   batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                   static_cast<T*>(X0), static_cast<T*>(X1), partials, scale, stream);

@@ -6,7 +6,7 @@ tiles on and below the diagonal only and mirror each on its store, b*A + c*A^2 a
 are GEMMs with the pointwise work in their epilogues, the normalization is a one-element
 scale folded into the first step (version 2: into a "prepare" launch that writes X0 = s G
 and its transpose), a tall G is read transposed through its strides. One call is one op,
-`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (version 2: 3 + 3 * steps).
+`levels_cuda::newton_schulz`: 2 + 3 * steps launches from C++ (versions 2, 3: 3 + 3 * steps).
 
     v1  shared-memory tiles on the CUDA cores, fp32 accumulation (the first rung: correct,
         not fast: ~9 TFLOP/s in bf16 on an H100, 0.02x of native)
@@ -17,10 +17,14 @@ and its transpose), a tall G is read transposed through its strides. One call is
         error naming version 1); fp32 G runs version 1's exact-fp32 kernels at version 2
         (wgmma has no fp32 path). H100, bf16: 0.83-0.95x native (version 5's GEMM is
         ~0.55-0.6x cuBLAS; reports/h100-bench-newton-schulz.json)
+    v3  version 2's plan, every product on gemm.cu's version-6 GEMM (TMA loads, a producer
+        and two consumer warpgroups on mbarriers: levels_gemm_batched's version argument
+        picks the GEMM); the same scratch, launches and epilogues. sm_90 only; fp32 as v2.
+        HOPPER_VERSION stays 2 until version 3 is measured faster (scripts/device_gemm6.py)
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
 default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
-rule of cuda_kernels/mlp.py. Asking for version 2 on another GPU is an error, never a
+rule of cuda_kernels/mlp.py. Asking for version 2 or 3 on another GPU is an error, never a
 silent run of version 1.
 """
 
@@ -38,6 +42,8 @@ VERSIONS = {
     2: "Hopper wgmma (gemm.cu's version-5 main loop, batched): X and X^T kept so every "
        "operand is K-major, symmetric tile schedule, mirror stored from the staged tile "
        "(sm_90 only; fp32 runs version 1)",
+    3: "version 2's plan on gemm.cu's version-6 GEMM: TMA loads, a producer and two consumer "
+       "warpgroups on mbarriers (sm_90 only; fp32 runs version 1)",
 }
 DEFAULT_VERSION = 1  # every GPU
 HOPPER_VERSION = 2   # the default where wgmma exists (sm_90: H100, H200)
@@ -96,12 +102,13 @@ _STATUS = {-1: "no such version", -2: "fp16 and bf16 only (wgmma has no fp32 pat
            -4: "needs an sm_90 GPU (wgmma)"}
 
 
-def gram(X):
+def gram(X, version=2):
     """X X^T by version 2's symmetric product alone (gemm.cu's levels_gemm_batched with the
     symmetric schedule: one triangle of 128x128 wgmma tiles, each mirrored), called through
     ctypes on the built library: for the bench and the tests against torch.matmul(X, X.T),
     not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
-    matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised."""
+    matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised.
+    version: this module's version whose GEMM runs it (2: gemm.cu's version 5, 3: version 6)."""
     import ctypes
 
     from . import build
@@ -109,16 +116,18 @@ def gram(X):
     lib = ctypes.CDLL(build.last_build()["library"])  # the loaded .so: the same handle
     fn = lib.levels_gemm_batched
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
+    fn.argtypes = ([ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
                    + [ctypes.c_float, ctypes.c_float, ptr])
     fn.restype = ctypes.c_int
+    if version not in (2, 3):
+        raise ValueError(f"gram: 'version' must be 2 or 3 (the wgmma versions); got {version}")
     if X.dim() != 2 or not X.is_cuda:
         raise ValueError(f"gram: 'X' must be a 2-D CUDA matrix; got {tuple(X.shape)} on {X.device}")
     rows, cols = X.shape
     A = X.new_empty((rows, rows))
     code = {torch.float16: 1, torch.bfloat16: 2}.get(X.dtype, 0)
     with torch.cuda.device(X.device):
-        status = fn(code, 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
+        status = fn(code, 5 if version == 2 else 6, 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
                     X.data_ptr(), 0, X.stride(0), X.stride(1), A.data_ptr(), 0, rows, 1,
                     None, 0, 0, 0, None, 0, 0, 0, 1.0, 0.0,
                     torch.cuda.current_stream(X.device).cuda_stream)

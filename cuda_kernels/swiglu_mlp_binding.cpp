@@ -31,7 +31,7 @@ inline std::pair<at::Tensor, at::Tensor> gate_up_operands(const at::Tensor& w_ga
 }
 
 inline bool uses_tensor_cores(int64_t version, const at::Tensor& x) {
-  return (version == 4 || version == 5) && x.scalar_type() != at::kFloat;
+  return version >= 4 && x.scalar_type() != at::kFloat;
 }
 
 // act = silu(x · w_gateᵀ) * (x · w_upᵀ) in one GEMM; with save, also G and U (the two

@@ -89,11 +89,16 @@ def test_tensor_core_kernels_do_not_spill():
     names = [k.get("name", k["mangled"]) for k in report]
     assert any("gemm_v4_kernel" in n for n in names), names
     assert any("gemm_v5_kernel" in n for n in names), names
+    assert any("gemm_v6_kernel" in n for n in names) and any("gemm_v6_batched_kernel" in n for n in names), names
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k.get("stack_bytes", 0) == 0, k  # an array indexed at run time would live in local memory
         if "gemm_v4_kernel" in k.get("name", k["mangled"]) or "gemm_v5_kernel" in k.get("name", k["mangled"]):
             assert k["registers"] <= 255, k
+        if "gemm_v6" in k.get("name", k["mangled"]):
+            # 384 threads, one block per SM: the register cap at entry that setmaxnreg needs
+            # (65536 / 384 rounded down to 8); the consumers then grow to 232, the producer to 40
+            assert k["registers"] <= 168, k
 
 
 @needs_nvcc
@@ -106,11 +111,15 @@ def test_each_rung_uses_its_instructions():
                         "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
                         "cp.async.wait_group"):
         assert instruction in ptx, instruction
-    assert "wgmma" not in ptx  # version 5 is compiled for sm_90a only (its body is empty elsewhere)
+    # versions 5 and 6 are compiled for sm_90a only (their bodies are empty elsewhere)
+    for hopper_only in ("wgmma", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"):
+        assert hopper_only not in ptx, hopper_only
 
 
 @needs_nvcc
 def test_version_5_uses_wgmma_on_sm90a():
+    """And version 6 its TMA, mbarriers and setmaxnreg (one compile for both: conftest's SLOW
+    names this test)."""
     from cuda_kernels import build
     ptx = build.compile_ptx(GEMM_CU, "90a")
     for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
@@ -118,6 +127,16 @@ def test_version_5_uses_wgmma_on_sm90a():
                         "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned", "fence.proxy.async.shared::cta"):
         assert instruction in ptx, instruction
+    for instruction in ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                        "mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
+                        "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                        "mbarrier.try_wait.parity.shared::cta.b64",
+                        "setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232",
+                        "bar.sync 1, 256"):
+        assert instruction in ptx, instruction
+    # version 6's kernels (plain, SwiGLU, batched; each dtype and tile) are there
+    v6_entries = re.findall(r"\.entry (\w*gemm_v6\w*)\(", ptx)
+    assert len(v6_entries) >= 4, v6_entries
 
 
 # ------------------------------------------------------------------------------ GPU ---
@@ -206,6 +225,49 @@ def test_gemm_fp32_output_and_accumulate(version, dtype):
     assert torch.equal(big[untouched], before[untouched])
 
 
+# Version 6 (TMA + warp specialization) runs version 5's MMAs on the same shared-memory layout
+# in the same order, with the same tile choice and epilogues: every output must carry version
+# 5's bits. A tensor map whose box, swizzle or coordinates disagreed with the wgmma descriptor
+# (or a stage read before its bytes landed) could not pass this at these sizes.
+V6_SHAPES = [(1, 1, 1), (1, 7, 70), (7, 1, 8), (127, 129, 70), (129, 127, 1000), (1000, 1000, 70),
+             (300, 2049, 264), (4096, 200, 2048)]  # (M, K, N); the last: 128x256 tiles (they fill the GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("M,K,N", V6_SHAPES, ids=lambda v: str(v))
+def test_version_6_gives_version_5_bits_and_the_float64_answer(dtype, M, K, N):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("versions 5 and 6 need an sm_90 GPU")
+    a, b = _operands(M, K, N, dtype, "linear", seed=M + K + N)
+    bias = torch.randn(N, device="cuda").to(dtype)
+    poison = torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN: outputs land there
+    del poison
+    calls = {
+        "none": lambda v: K5.gemm(a, b, version=v),
+        "bias+gelu": lambda v: K5.gemm(a, b, bias, epilogue="gelu", version=v),
+        "gelu_save": lambda v: torch.cat(K5.gemm(a, b, bias, epilogue="gelu_save", version=v)),
+        "gelu_grad": lambda v: K5.gemm(a, b, epilogue="gelu_grad", aux=a[:, :1].expand(M, N).contiguous(),
+                                       version=v),
+        "fp32 out": lambda v: K5.gemm(a, b, out_dtype=torch.float32, version=v),
+        "accumulate": lambda v: K5.gemm_accumulate(torch.ones(M, N, device="cuda"), a, b, bias, version=v),
+    }
+    for name, call in calls.items():
+        v5, v6 = call(5), call(6)
+        assert torch.isfinite(v6).all(), name
+        assert torch.equal(v5, v6), (name, float((v5.double() - v6.double()).abs().max()))
+    ref = a.double() @ b.double()
+    assert _rel(calls["none"](6), ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
+    # the SwiGLU gate/up GEMM: [B | B2] halves loaded by two tensor maps
+    from cuda_kernels import swiglu_mlp
+    w_up = torch.randn(N, K, device="cuda").to(dtype) * K ** -0.5
+    got = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=6)
+    want = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=5)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all() and torch.equal(g, w)
+    assert _rel(got[1], ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("shape", [(1, 1), (1000, 3), (4097, 77)], ids=str)
@@ -238,7 +300,7 @@ def test_an_op_that_refuses_raises_cleanly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_int64_offsets(version):
     """A over 2**31 elements: rows past the 32-bit range must be the right rows."""
     M, K, N = (2 ** 31) // 512 + 300, 512, 8

@@ -1,4 +1,4 @@
-"""Level 5 (CUDA): newton_schulz, versions 1 and 2 of cuda_kernels/newton_schulz.cu.
+"""Level 5 (CUDA): newton_schulz, versions 1-3 of cuda_kernels/newton_schulz.cu.
 
 On a CPU: the level says why it cannot run (the harness's skip), and the kernel op's
 contract is held by its CPU twin in tests/test_cuda_autograd_cpu.py. On a GPU (marked `gpu`):
@@ -7,7 +7,9 @@ steps, views read through their strides, and the symmetric kernel's output never
 NaN where a mirror store should have written. Version 2 (Hopper wgmma through gemm.cu's
 batched version-5 GEMM) is checked the same way at odd sizes (rows not a multiple of 8 or of
 the 128-row tile, K tails), wide and tall, batched, steps 0/1/5, against the float64
-reference with the card's bound, with the memory the result lands in filled with NaN first.
+reference with the card's bound, with the memory the result lands in filled with NaN first;
+every version-2 test runs version 3 too (the same plan on gemm.cu's version-6 GEMM), which
+must also give version 2's bits.
 """
 
 from __future__ import annotations
@@ -130,11 +132,12 @@ def _hopper():
 hopper = pytest.mark.skipif(not _hopper(), reason="version 2 needs an sm_90 GPU (wgmma)")
 
 
-@pytest.fixture
-def v2(monkeypatch):
-    """Every Level 5 call in the test runs version 2; the caching allocator's free blocks
-    hold NaN, so the result (allocated by the op) starts as NaN wherever it lands in them."""
-    monkeypatch.setenv(K5.ENV_VERSION, "2")
+@pytest.fixture(params=[2, 3], ids=["v2", "v3"])
+def v2(request, monkeypatch):
+    """Every Level 5 call in the test runs version 2, then version 3 (the same plan on gemm.cu's
+    version-6 GEMM: TMA, warp specialization); the caching allocator's free blocks hold NaN,
+    so the result (allocated by the op) starts as NaN wherever it lands in them."""
+    monkeypatch.setenv(K5.ENV_VERSION, str(request.param))
     poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB of NaN, then freed
     del poison
 
@@ -148,10 +151,11 @@ def test_version_2_is_the_default_on_hopper_only(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_hopper() or not torch.cuda.is_available(), reason="needs a GPU other than sm_90")
-def test_gpu_version_2_elsewhere_is_a_clear_error():
+@pytest.mark.parametrize("version", [2, 3])
+def test_gpu_version_2_elsewhere_is_a_clear_error(version):
     with pytest.raises(RuntimeError, match="wgmma"):
         K5.newton_schulz(torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), 5, 3.4445,
-                         -4.7750, 2.0315, 1e-7, version=2)
+                         -4.7750, 2.0315, 1e-7, version=version)
 
 
 @pytest.mark.gpu
@@ -204,27 +208,31 @@ def test_gpu_v2_model_shapes(v2, dtype, shape):
 
 @pytest.mark.gpu
 @hopper
-def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix():
-    # 3 x 512 x 1536: batched and alone, the update runs 128x128 tiles (launch_v5_batched
+@pytest.mark.parametrize("version", [2, 3])
+def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix(version):
+    # 3 x 512 x 1536: batched and alone, the update runs 128x128 tiles (launch_hopper_batched
     # picks 128x256 only when they fill every SM), so each element sums in the same order
     G = torch.randn(3, 512, 1536, device="cuda", dtype=torch.bfloat16)
-    v2 = K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=2).float()
+    v2 = K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=version).float()
     v1 = K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=1).float()
     l4 = levels.get("triton").newton_schulz(G).float()
     assert ((v2 - v1).norm() / v1.norm()) < 3e-2
     assert ((v2 - l4).norm() / l4.norm()) < 3e-2
-    loop = torch.stack([K5.newton_schulz(g, 5, *COEFFICIENTS, 1e-7, version=2) for g in G])
+    loop = torch.stack([K5.newton_schulz(g, 5, *COEFFICIENTS, 1e-7, version=version) for g in G])
     assert torch.equal(v2, loop.float())  # the same kernels per matrix: the same bits
+    if version == 3:  # the same MMAs in the same order as version 2's GEMM: the same bits
+        assert torch.equal(v2, K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=2).float())
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, cols", [(1, 8), (130, 72), (300, 264), (1000, 512)])
-def test_gpu_v2_symmetric_product_alone(dtype, rows, cols):
+@pytest.mark.parametrize("version", [2, 3])
+def test_gpu_v2_symmetric_product_alone(dtype, rows, cols, version):
     X = torch.randn(rows, cols, device="cuda", dtype=dtype)
     torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN blocks: A may land there
-    A = K5.gram(X).double()
+    A = K5.gram(X, version=version).double()
     ref = X.double() @ X.double().T
     assert torch.isfinite(A).all()
     assert ((A - ref).norm() / ref.norm()).item() < 1e-2  # one rounding of fp32 sums to the dtype
@@ -232,4 +240,4 @@ def test_gpu_v2_symmetric_product_alone(dtype, rows, cols):
     off = tile[:, None] != tile[None, :]
     assert torch.equal(A[off], A.T[off])
     with pytest.raises(RuntimeError, match="cols % 8 == 0"):
-        K5.gram(torch.randn(16, 12, device="cuda", dtype=dtype))
+        K5.gram(torch.randn(16, 12, device="cuda", dtype=dtype), version=version)
