@@ -58,7 +58,7 @@ DEFAULT_VERSION = 4  # every GPU with mma.sync (sm_80 on)
 # size (the big tile when its tiles fill every SM); the others pin one, so `levels bench`
 # can time each beside the automatic choice.
 V4_TILES = {0: "auto", 1: "128x256 s3", 2: "128x256 s4", 3: "128x128 s3 (64x32 warps)"}
-HOPPER_VERSION = 5   # the default where wgmma exists (sm_90: H100, H200)
+HOPPER_VERSION = 6   # the default where wgmma and TMA exist (sm_90: H100, H200)
 TENSOR_CORE_VERSIONS = (4, 5, 6)  # the versions with version 4's operand layout rules
 ENV_VERSION = "LEVELS_CUDA_VERSION_MLP"
 _registered = False  # set by _register(), once the library is loaded

@@ -20,10 +20,11 @@ and its transpose), a tall G is read transposed through its strides. One call is
     v3  version 2's plan, every product on gemm.cu's version-6 GEMM (TMA loads, a producer
         and two consumer warpgroups on mbarriers: levels_gemm_batched's version argument
         picks the GEMM); the same scratch, launches and epilogues. sm_90 only; fp32 as v2.
-        HOPPER_VERSION stays 2 until version 3 is measured faster (scripts/device_gemm6.py)
+        H100, bf16 (reports/h100-gemm6.json): 1.32x native at 4096^2, 1.14x at 4096x11008
+        (version 2 in the same run: 0.98x, 0.91x): the default on sm_90
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
-default_version(): HOPPER_VERSION (2) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
+default_version(): HOPPER_VERSION (3) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
 rule of cuda_kernels/mlp.py. Asking for version 2 or 3 on another GPU is an error, never a
 silent run of version 1.
 """
@@ -46,7 +47,7 @@ VERSIONS = {
        "warpgroups on mbarriers (sm_90 only; fp32 runs version 1)",
 }
 DEFAULT_VERSION = 1  # every GPU
-HOPPER_VERSION = 2   # the default where wgmma exists (sm_90: H100, H200)
+HOPPER_VERSION = 3   # the default where wgmma and TMA exist (sm_90: H100, H200)
 ENV_VERSION = versions.env_name("newton_schulz")
 _registered = False
 

@@ -142,11 +142,11 @@ def v2(request, monkeypatch):
     del poison
 
 
-def test_version_2_is_the_default_on_hopper_only(monkeypatch):
+def test_version_3_is_the_default_on_hopper_only(monkeypatch):
     monkeypatch.delenv(K5.ENV_VERSION, raising=False)
-    expected = 2 if _hopper() else 1
+    expected = 3 if _hopper() else 1
     assert K5.default_version() == K5.resolve_version() == expected
-    assert K5.HOPPER_VERSION == 2 and K5.DEFAULT_VERSION == 1
+    assert K5.HOPPER_VERSION == 3 and K5.DEFAULT_VERSION == 1
 
 
 @pytest.mark.gpu
