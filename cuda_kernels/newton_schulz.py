@@ -97,7 +97,6 @@ def newton_schulz(G, steps, a, b, c, eps, version=None):
                                                        float(eps), resolve_version(version))
 
 
-
 _STATUS = {-1: "no such version", -2: "fp16 and bf16 only (wgmma has no fp32 path)",
            -3: "X must be contiguous with cols % 8 == 0 (the K-major rule)",
            -4: "needs an sm_90 GPU (wgmma)"}
