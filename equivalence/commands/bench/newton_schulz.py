@@ -15,6 +15,9 @@
   of tiles launched and mirrored) >= 1.5x torch.matmul(X, X.T) at 4096 and 8192 (X of 4096
   columns, bf16).
 
+Level 5's other versions are timed beside its default at the square shapes (`v1 4096x4096`
+...: the ladder side by side; version 1, on the CUDA cores, at 1024x1024 only).
+
 Kernel time (equivalence.timing, prime=True): Level 4's and 5's 2 + 3 * steps launches are
 short against their host work at 1024^2. Figures without a goal, for scale: Muon's own addmm
 iteration (the card's library call) and torch.compile of the Level 1 math."""
@@ -41,6 +44,7 @@ PARAMETER_LISTS = {  # ((rows, cols), how many) of a model's 2-D weights, as nn.
                                         ((4096, 11008), LLAMA_BLOCKS)),
 }
 KERNEL_LEVELS = ("triton", "cuda")
+CUDA_CORE_LIMIT = 1024 * 1024  # elements: Level 5's version 1 is timed up to this size
 
 
 def _matrices(shapes, dtype, device):
@@ -72,12 +76,42 @@ def _levels_figures(name, shapes, Gs, dtype, device) -> list:
         figs.append(figure("newton_schulz", name, level, dtype, shape, _over_list(fn, Gs), device,
                            flops=flops, baseline="native", baseline_ms=native.ms,
                            goal=GOAL if level in KERNEL_LEVELS else None, prime=PRIME))
+        if level == "cuda":
+            figs += _cuda_versions(name, shape, Gs, dtype, device, flops, native.ms)
     lib = card.libraries(device, dtype)[0]
     calls = [lib.prepare(dict(G=G, steps=5, coefficients=card.module.COEFFICIENTS, eps=1e-7))[0]
              for G in Gs]
     figs.append(figure("newton_schulz", name, "library", dtype, shape,
                        lambda: [c() for c in calls], device, flops=flops, baseline="native",
                        baseline_ms=native.ms, prime=PRIME, notes=lib.name))
+    return figs
+
+
+def _cuda_versions(name, shape, Gs, dtype, device, flops, native_ms) -> list:
+    """Level 5's other versions beside its default (the ladder, side by side; no goal: the
+    default's figure above carries it). Version 1 runs on the CUDA cores at ~9 TFLOP/s
+    (0.2-2.4 s a call past 1024^2), so it is timed only up to CUDA_CORE_LIMIT elements."""
+    from cuda_kernels import newton_schulz as k5
+
+    figs = []
+    default = k5.resolve_version()
+    for v, idea in sorted(k5.VERSIONS.items()):
+        if v == default:
+            continue
+        label = f"v{v} {name}"
+        if v > 1 and k5.default_version() != k5.HOPPER_VERSION:
+            figs.append(figure_skip(label, "cuda", dtype, shape, "needs an sm_90 GPU (wgmma)"))
+            continue
+        if v == 1 and sum(G.numel() for G in Gs) > CUDA_CORE_LIMIT:
+            figs.append(figure_skip(label, "cuda", dtype, shape,
+                                    "version 1 (CUDA cores) is timed at 1024x1024 only"))
+            continue
+        def call(G, v=v):
+            return k5.newton_schulz(G, 5, *cards.get("newton_schulz").module.COEFFICIENTS, 1e-7,
+                                    version=v)
+        figs.append(figure("newton_schulz", label, "cuda", dtype, shape, _over_list(call, Gs),
+                           device, flops=flops, baseline="native", baseline_ms=native_ms,
+                           prime=PRIME, notes=f"v{v}: {idea}"))
     return figs
 
 
