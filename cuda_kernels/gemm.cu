@@ -1247,22 +1247,17 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
   const bool warp_leader = (threadIdx.x & 31) == 0;
-  bool issued = KT == 0;  // an exercise copy without the MMAs below ends with NaN accumulators
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % STAGES;
     mbar_wait(&full[s], (kt / STAGES) & 1);  // round kt / STAGES of stage s has landed
     const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
     const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
     wgmma_fence();
-    // (An exercise copy without these lines still turns the barriers below: NaN, never a hang.)
-    // ### BEGIN SOLUTION (mlp)
-    issued = true;
 #pragma unroll
     for (int kk = 0; kk < V4_BK / 16; ++kk)
 #pragma unroll
       for (int j = 0; j < NB; ++j)
         wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
-    // ### END SOLUTION
     wgmma_commit();
     // Tile kt's MMAs stay in flight; tile kt-1's are done, so its stage goes back.
     wgmma_wait<1>();
@@ -1275,10 +1270,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
 #pragma unroll
   for (int j = 0; j < NB; ++j)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      keep(acc[j][i]);
-      if (!issued) acc[j][i] = __int_as_float(0x7fc00000);
-    }
+    for (int i = 0; i < 64; ++i) keep(acc[j][i]);
   return true;
 }
 
