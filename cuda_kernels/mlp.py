@@ -34,8 +34,6 @@ fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import versions
@@ -70,16 +68,9 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 is exact fp32 FMAs at every version
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def default_version() -> int:
     """The best version this GPU has: HOPPER_VERSION on sm_90, else DEFAULT_VERSION."""
-    if torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0):
-        return HOPPER_VERSION
-    return DEFAULT_VERSION
+    return HOPPER_VERSION if versions.on_hopper() else DEFAULT_VERSION
 
 
 def resolve_version(version=None) -> int:

@@ -56,16 +56,9 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 FMAs on the CUDA cores
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def default_version() -> int:
     """The best version this GPU has: HOPPER_VERSION on sm_90, else DEFAULT_VERSION."""
-    if torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0):
-        return HOPPER_VERSION
-    return DEFAULT_VERSION
+    return HOPPER_VERSION if versions.on_hopper() else DEFAULT_VERSION
 
 
 def resolve_version(version=None) -> int:
@@ -102,6 +95,20 @@ _STATUS = {-1: "no such version", -2: "fp16 and bf16 only (wgmma has no fp32 pat
            -4: "needs an sm_90 GPU (wgmma)"}
 
 
+@functools.lru_cache(maxsize=None)
+def _batched_launcher(library: str):
+    """gemm.cu's extern "C" levels_gemm_batched in the loaded library (the same handle: the
+    .so is already loaded), typed for ctypes once per library."""
+    import ctypes
+
+    fn = ctypes.CDLL(library).levels_gemm_batched
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = ([ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
+                   + [ctypes.c_float, ctypes.c_float, ptr])
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def gram(X, version=2):
     """X X^T by version 2's symmetric product alone (gemm.cu's levels_gemm_batched with the
     symmetric schedule: one triangle of 128x128 wgmma tiles, each mirrored), called through
@@ -109,16 +116,9 @@ def gram(X, version=2):
     not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
     matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised.
     version: this module's version whose GEMM runs it (2: gemm.cu's version 5, 3: version 6)."""
-    import ctypes
-
     from . import build
     build.load()
-    lib = ctypes.CDLL(build.last_build()["library"])  # the loaded .so: the same handle
-    fn = lib.levels_gemm_batched
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = ([ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64] + [ptr, i64, i64, i64] * 5
-                   + [ctypes.c_float, ctypes.c_float, ptr])
-    fn.restype = ctypes.c_int
+    fn = _batched_launcher(build.last_build()["library"])
     if version not in (2, 3):
         raise ValueError(f"gram: 'version' must be 2 or 3 (the wgmma versions); got {version}")
     if X.dim() != 2 or not X.is_cuda:

@@ -8,7 +8,10 @@ without touching the code (a user's choice for the process, read at each call), 
 
 from __future__ import annotations
 
+import functools
 import os
+
+import torch
 
 
 def env_name(component: str) -> str:
@@ -31,3 +34,14 @@ def resolve(component: str, versions: dict, default: int, version=None) -> int:
         raise ValueError(f"{component}: {source} must be one of {sorted(versions)} (the Level 5 "
                          f"kernel versions); got {version!r}")
     return version
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # a driver query: once per GPU
+
+
+def on_hopper() -> bool:
+    """Whether the current CUDA device is sm_90 (H100, H200): where the ladders' Hopper rungs
+    (wgmma, TMA) run, and so where a component's default is its Hopper version."""
+    return torch.cuda.is_available() and _capability(torch.cuda.current_device()) == (9, 0)

@@ -481,6 +481,33 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     return dk, dv
 
 
+@triton.jit
+def _kv_block(K, V, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+              offs_n, offs_d, N_K, D, COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAD_D: tl.constexpr,
+              UPCAST: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The key block a backward program keeps on chip, keys offs_n of K/V head hk of batch
+    element b: (k, v), k turned by its positions' angles when ROPE (once, rounded as rope
+    rounds), both fp32 in the interpreter."""
+    key_ok = offs_n < N_K
+    d_ok = offs_d < D
+    if ROPE:
+        k = _rope_load(K + b * stride_kb + hk * stride_kh, stride_kn, offs_n, key_ok, COS, SIN,
+                       stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N, HEAD_DIM,
+                       True, PAD_D, INTERLEAVED)
+        if not UPCAST:
+            k = k.to(K.dtype.element_ty)
+    else:
+        k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                  key_ok[:, None], d_ok[None, :], True, PAD_D)
+    v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+              key_ok[:, None], d_ok[None, :], True, PAD_D)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
 @fast_launch
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
@@ -505,20 +532,10 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = (offs_n < N_K)[:, None]
     d_ok = (offs_d < D)[None, :]
-    if ROPE:  # this block's keys turned once; the streamed query blocks turn in the loop
-        k = _rope_load(K + b * stride_kb + hk * stride_kh, stride_kn, offs_n, offs_n < N_K, COS,
-                       SIN, stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N,
-                       HEAD_DIM, True, PAD_D, INTERLEAVED)
-        if not UPCAST:
-            k = k.to(K.dtype.element_ty)
-    else:
-        k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                  col_ok, d_ok, True, PAD_D)
-    v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-              col_ok, d_ok, True, PAD_D)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    # this block's keys turned once (ROPE); the streamed query blocks turn in the loop
+    k, v = _kv_block(K, V, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                     offs_n, offs_d, N_K, D, COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                     BLOCK_N, HEAD_DIM, PAD_D, UPCAST, ROPE, INTERLEAVED)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     # The queries this key block gets gradients from. Causal: queries before lo never see
@@ -733,20 +750,9 @@ def _attn_bwd_short(Q, K, V, O, DO, LSE, DQ, DK, DV, KV_LENS,
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n < N_K
     d_ok = offs_d < D
-    if ROPE:  # the keys turned once, as in _attn_bwd_dkdv
-        k = _rope_load(K + b * stride_kb + hk * stride_kh, stride_kn, offs_n, key_ok, COS, SIN,
-                       stride_cp, stride_ci, stride_sp, stride_si, offs_n, D, BLOCK_N, HEAD_DIM,
-                       True, PAD_D, INTERLEAVED)
-        if not UPCAST:
-            k = k.to(K.dtype.element_ty)
-    else:
-        k = _load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                  key_ok[:, None], d_ok[None, :], True, PAD_D)
-    v = _load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-              key_ok[:, None], d_ok[None, :], True, PAD_D)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k, v = _kv_block(K, V, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                     offs_n, offs_d, N_K, D, COS, SIN, stride_cp, stride_ci, stride_sp, stride_si,
+                     BLOCK_N, HEAD_DIM, PAD_D, UPCAST, ROPE, INTERLEAVED)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     for g in range(0, GROUP):
@@ -802,7 +808,8 @@ def _attn_bwd_short(Q, K, V, O, DO, LSE, DQ, DK, DV, KV_LENS,
 
 
 KERNELS = [_attn_fwd, _attn_fwd_inner, _query_block, _load, _store, _keys, _visible_keys,
-           _angles, _rope_load, _rope_store, _q_tile, _attn_bwd_preprocess, _attn_bwd_dkdv,
+           _angles, _rope_load, _rope_store, _q_tile, _kv_block, _attn_bwd_preprocess,
+           _attn_bwd_dkdv,
            _attn_bwd_dkdv_inner, _attn_bwd_dq, _attn_bwd_dq_inner, _attn_bwd_short]
 
 
