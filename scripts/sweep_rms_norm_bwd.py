@@ -1,13 +1,9 @@
-"""Level 4 rms_norm's backward, swept on the GPU: every (BLOCK_M, num_warps, programs per SM,
-stages) candidate at the bench's shape (16384 x 4096, bf16 and fp32), its kernel time and bandwidth
+"""Level 4 rms_norm's backward, swept on the GPU: every (BLOCK_M, num_warps, programs per SM)
+candidate at the bench's shape (16384 x 4096, bf16 and fp32), its kernel time and bandwidth
 against a plain copy timed in the same run, so that `_backward_tiling`'s rule (shared with
 layer_norm) is read off measurements.
 
-    python scripts/sweep_rms_norm_bwd.py OUT.json [--stages]
-
---stages: only the tilings near the best of the first sweep (reports/h100-sweep-rms-norm-backward.json:
-BLOCK_M 2-4, 8-16 warps, 1-2 programs per SM), each with the row loop software-pipelined 1, 2
-and 3 deep (tl.range's num_stages; layer_norm's backward kernel has the same knob).
+    python scripts/sweep_rms_norm_bwd.py OUT.json
 
 Bytes counted as the bench counts them: x and dy read, dx written (the dweight partials are
 the kernel's own overhead, not counted).
@@ -28,13 +24,7 @@ from triton_kernels import rms_norm as k4
 M, N = 16384, 4096
 
 
-def candidates(stages: bool):
-    if stages:
-        return itertools.product((2, 4), (8, 16), (1, 2), (1, 2, 3))
-    return ((*t, 1) for t in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2, 4)))
-
-
-def main(path: str, stages: bool) -> None:
+def main(path: str) -> None:
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn((M, N), device="cuda", dtype=dtype)
@@ -46,9 +36,9 @@ def main(path: str, stages: bool) -> None:
         dst = torch.empty_like(src)
         copy_ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
         ref_dx, ref_dw = k4._backward(dy, x2, w, rstd)
-        default = k4._backward_tiling(N)  # (BLOCK_M, BLOCK_N, num_warps, programs per SM, stages)
-        for block_m, warps, per_sm, depth in candidates(stages):
-            tiling = (block_m, warps, per_sm, depth)
+        default = k4._backward_tiling(N)  # (BLOCK_M, BLOCK_N, num_warps, programs per SM)
+        for block_m, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2, 4)):
+            tiling = (block_m, warps, per_sm)
             try:
                 dx, dw = k4._backward(dy, x2, w, rstd, tiling)
                 ok = bool(torch.allclose(dx, ref_dx, rtol=2e-2, atol=1e-2)
@@ -60,8 +50,8 @@ def main(path: str, stages: bool) -> None:
                 continue
             rows.append(dict(dtype=str(dtype), tiling=list(tiling), ms=ms, copy_ms=copy_ms,
                              fraction_of_copy=copy_ms / ms, same_as_default=ok,
-                             default=[default[0], default[2], default[3], default[4]]))
-            print(f"{dtype} BLOCK_M={block_m} warps={warps} per_sm={per_sm} stages={depth}: {ms:.4f} ms "
+                             default=[default[0], default[2], default[3]]))
+            print(f"{dtype} BLOCK_M={block_m} warps={warps} per_sm={per_sm}: {ms:.4f} ms "
                   f"= {copy_ms / ms:.2f}x copy{'' if ok else '  (DIFFERS from the default tiling)'}",
                   flush=True)
     with open(path, "w") as f:
@@ -70,4 +60,4 @@ def main(path: str, stages: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--stages" in sys.argv[2:])
+    main(sys.argv[1])

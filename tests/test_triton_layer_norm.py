@@ -92,7 +92,7 @@ def _pinned(tiling=None, backward_tiling=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("tiling", [(2, 8, 4), (4, 16, 2), (1, 4, 8), (2, 8, 2, 3)])
+@pytest.mark.parametrize("tiling", [(2, 8, 4), (4, 16, 2), (1, 4, 8)])
 def test_layer_norm_backward_tilings(dtype, tiling):
     # The tilings the benchmark sweeps (passed as arguments) must compute the same
     # gradients (rows not a multiple of BLOCK_M or of the programs: the last program's

@@ -84,8 +84,7 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr,  # rows as in the forwar
                           stats_ptr,  # (2, M) fp32: the forward's mean and 1/std
                           part_ptr,  # (2, programs, N) fp32: dweight's, then dbias's partial sums
                           M, N, stride_xm, stride_dym, stride_dxm, rows_per_program, programs,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          STAGES: tl.constexpr = 1):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -93,7 +92,7 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr,  # rows as in the forwar
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
-    for r in tl.range(0, rows_per_program, BLOCK_M, num_stages=STAGES):
+    for r in range(0, rows_per_program, BLOCK_M):
         rows = first + r + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         row_off = rows.to(tl.int64)  # as in the forward: M * N may exceed 2**31
@@ -169,11 +168,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _backward_tiling(N: int, tiling=None):
-    """(BLOCK_M, BLOCK_N, num_warps, programs per SM, stages) of the backward pass; tiling:
-    the caller's (BLOCK_M, num_warps, programs per SM[, stages]) instead (layer_norm's
-    `backward_tiling`). stages > 1 asks Triton to software-pipeline the row loop (the loads
-    of the next BLOCK_M rows issued before this block's reductions): an experiment the
-    sweep (scripts/sweep_rms_norm_bwd.py) measures; 1 is the plain loop.
+    """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the backward pass; tiling: the
+    caller's (BLOCK_M, num_warps, programs per SM) instead (layer_norm's `backward_tiling`).
 
     The backward is a loop over its rows with two row reductions between load and store,
     so each iteration should carry many bytes: 16K elements (4 rows of 4096) per iteration
@@ -182,14 +178,14 @@ def _backward_tiling(N: int, tiling=None):
     row per iteration, 8 warps, 4 programs per SM; fp32 0.315 vs 0.327 ms."""
     BLOCK_N = next_power_of_2(N)
     if tiling is not None:
-        BLOCK_M, num_warps, per_sm, *stages = tiling
-        return BLOCK_M, BLOCK_N, num_warps, per_sm, (stages or [1])[0]
+        BLOCK_M, num_warps, per_sm = tiling
+        return BLOCK_M, BLOCK_N, num_warps, per_sm
     if INTERPRETED:
-        return (*_tiling(N), 1, 1)
+        return (*_tiling(N), 1)
     BLOCK_M = min(64, max(1, 16384 // BLOCK_N))
     elems = BLOCK_M * BLOCK_N
     num_warps = 4 if elems <= 2048 else (8 if elems < 8192 else 16)
-    return BLOCK_M, BLOCK_N, num_warps, 2, 1
+    return BLOCK_M, BLOCK_N, num_warps, 2
 
 
 def _n_programs(device: torch.device, M: int, BLOCK_M: int, per_sm: int = 4) -> int:
@@ -240,7 +236,7 @@ class _LayerNorm(torch.autograd.Function):
         if M == 0:  # no rows: dweight and dbias are sums of nothing
             zeros = weight.new_zeros((2, N))
             return dx.reshape(ctx.x_shape), zeros[0], zeros[1], None, None, None
-        BLOCK_M, BLOCK_N, num_warps, per_sm, stages = _backward_tiling(N, ctx.backward_tiling)
+        BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, ctx.backward_tiling)
         programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
         # Whole BLOCK_M groups per program, so programs never share a row.
         rows = cdiv(cdiv(M, programs), BLOCK_M) * BLOCK_M
@@ -249,7 +245,7 @@ class _LayerNorm(torch.autograd.Function):
         parts = x2.new_empty((2, programs, N), dtype=torch.float32)
         layer_norm_bwd_kernel[(programs,)](
             x2, weight, dy2, dx, stats, parts, M, N, stride_xm, dy2.stride(0), N, rows, programs,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, num_warps=num_warps)
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
         dwb = weight.new_empty((2, N))  # dweight, dbias: one allocation, one launch
         RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
         sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)

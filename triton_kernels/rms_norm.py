@@ -68,15 +68,14 @@ def rms_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr,  # rows as in the forward;
                         rstd_ptr,  # (M,) fp32: the forward's 1/rms
                         part_ptr,  # (programs, N) fp32: dweight's partial sums
                         M, N, stride_xm, stride_dym, stride_dxm, rows_per_program,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STAGES: tl.constexpr = 1):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
-    for r in tl.range(0, rows_per_program, BLOCK_M, num_stages=STAGES):
+    for r in range(0, rows_per_program, BLOCK_M):
         rows = first + r + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         row_off = rows.to(tl.int64)
@@ -131,14 +130,14 @@ def _backward(dy, x2, weight, rstd, backward_tiling=None):
     dx = x2.new_empty((M, N))
     if M == 0:  # no rows: dweight is a sum of nothing, and nothing is launched
         return dx, weight.new_zeros((N,))
-    BLOCK_M, BLOCK_N, num_warps, per_sm, stages = _backward_tiling(N, backward_tiling)
+    BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, backward_tiling)
     programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
     rows = cdiv(cdiv(M, programs), BLOCK_M) * BLOCK_M  # whole BLOCK_M groups: no shared row
     programs = cdiv(M, rows)
     parts = x2.new_empty((programs, N), dtype=torch.float32)
     rms_norm_bwd_kernel[(programs,)](
         x2, weight, dy2, dx, rstd, parts, M, N, x2.stride(0), dy2.stride(0), N, rows,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, num_warps=num_warps)
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
     dweight = weight.new_empty((N,))
     RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
     # grid axis 1 of size 1: sum_partials adds up its first (and here only) half
