@@ -114,12 +114,45 @@ def test_layer_norm_forward_tilings(tiling):
     assert not hasattr(kernels, "FORWARD_TILING") and not hasattr(kernels, "BACKWARD_TILING")
 
 
+def _spy_on(monkeypatch, kernels, names):
+    """The launches of `names` (kernels of triton_kernels.layer_norm), in order."""
+    launched = []
+    for name in names:
+        class Spy:
+            def __getitem__(self, grid, real=getattr(kernels, name), name=name):
+                launched.append(name)
+                return real[grid]
+        monkeypatch.setattr(kernels, name, Spy())
+    return launched
+
+
+WIDE_KERNELS = ("layer_norm_fwd_wide_kernel", "layer_norm_row_dots_kernel",
+                "layer_norm_bwd_wide_kernel")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,strided", [((3,), False), ((2, 3), False), ((5,), True)])
+def test_layer_norm_wide_rows_walk_in_chunks(monkeypatch, dtype, rows, strided):
+    # Rows wider than WIDE (16384 on a GPU, 256 in the interpreter) go in CHUNK-column
+    # pieces: the statistics merged chunk by chunk, the backward's row dots in a kernel of
+    # their own. A ragged last chunk, several row programs, and (strided) rows that start
+    # one element into a wider buffer, so no row is 16-byte aligned.
+    import triton_kernels.layer_norm as kernels
+    N = kernels.WIDE + kernels.CHUNK + 3
+    launched = _spy_on(monkeypatch, kernels, WIDE_KERNELS + ("layer_norm_fwd_kernel",))
+    args = _args("layer_norm", dict(rows=rows, N=N), dtype, seed=len(rows))
+    if strided:
+        wider = torch.randn(*rows, N + 5, device=DEVICE, dtype=dtype)
+        args["x"] = wider[..., 1:N + 1]
+    _passes("layer_norm", args)
+    assert set(launched) == set(WIDE_KERNELS), launched  # the whole-row kernel never ran
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_gpu_widest_row(dtype):
-    # MAX_WIDTH: one 65536-wide row per program, in registers (spills are measured by
-    # scripts/device_layouts.py and recorded in reports/h100-layouts.json).
+    # MAX_WIDTH: a 65536-wide row walked in CHUNK-column pieces (the wide path).
     _passes("layer_norm", _args("layer_norm", dict(rows=(67,), N=65536), dtype, seed=1))
 
 

@@ -22,8 +22,11 @@ Measured (H100, 16384x4096, kernel time, reports/h100-bench.json): forward fp32 
 (0.83x copy, 1.17x compile). End to end the backward is the CPU's: Python and autograd
 need ~0.35-0.45 ms to enqueue its launches (three then; two now), longer than the kernels run.
 
-What it costs: a row must fit in registers (widths up to 65536); wider rows would need a
-looped two-pass kernel (rejected with a ValueError instead of silently spilling).
+What it costs: a row must fit in registers. Up to 16384 columns it does; wider rows (to
+65536, the limit shared with rms_norm) are walked in 4096-column chunks by three kernels of
+their own (below: the statistics merged chunk by chunk, the backward's row dots first),
+which read x twice forward and x and dy twice backward. Wider still is refused with a
+ValueError.
 """
 
 from __future__ import annotations
@@ -136,19 +139,144 @@ def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N:
              mask=cols < N)
 
 
-KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel]
+# ---------------------------------------------------------------------------------------
+# Rows wider than registers hold (N > WIDE): the row in chunks
+# ---------------------------------------------------------------------------------------
+# Above 16384 columns a whole row per program means 64+ fp32 values per thread for each of
+# x, xc, w, b (and dy, xhat, the dweight/dbias accumulators in backward): the kernels above
+# spill, and the H100 sweep (reports/h100-sweep-layer-norm-before.json) measured the
+# backward at 0.02-0.07x of copy bandwidth at 16385-65536 columns. So wide rows are walked
+# in CHUNK-column pieces instead: what stays in registers is one chunk and a few scalars.
+# What it costs: the forward reads each row twice (statistics, then the output: the second
+# read comes from L2 while the row is recent), and the backward becomes two kernels that
+# read x and dy twice (the row's two dot products first, then dx and the column sums), five
+# tensor passes where three are the floor.
+
+@fast_launch
+@triton.jit
+def layer_norm_fwd_wide_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, N, stride_xm, stride_ym,
+                               eps, CHUNK: tl.constexpr, STATS: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    y_row = y_ptr + row.to(tl.int64) * stride_ym
+    cols = tl.arange(0, CHUNK)
+    # Mean and M2 (the sum of squared deviations) chunk by chunk: each chunk's own pair is
+    # exact (centred in registers), and Chan's formula merges it into the running pair
+    # without the cancellation of E[x^2] - E[x]^2.
+    mean = tl.zeros((), dtype=tl.float32)
+    m2 = tl.zeros((), dtype=tl.float32)
+    for c0 in range(0, N, CHUNK):
+        ok = c0 + cols < N
+        x = tl.load(x_row + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        n_before = c0 * 1.0  # columns merged so far, as a float
+        n_chunk = tl.minimum(N - c0, CHUNK).to(tl.float32)
+        chunk_mean = tl.sum(x, axis=0) / n_chunk
+        xc = tl.where(ok, x - chunk_mean, 0.0)
+        delta = chunk_mean - mean
+        total = n_before + n_chunk
+        mean += delta * (n_chunk / total)
+        m2 += tl.sum(xc * xc, axis=0) + delta * delta * (n_before * n_chunk / total)
+    rstd = 1.0 / tl.sqrt(m2 / N + tl.cast(eps, tl.float32))
+    for c0 in range(0, N, CHUNK):
+        ok = c0 + cols < N
+        x = tl.load(x_row + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_row + c0 + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if STATS:
+        tl.store(stats_ptr + row, mean)
+        tl.store(stats_ptr + M + row, rstd)
+
+
+@fast_launch
+@triton.jit
+def layer_norm_row_dots_kernel(x_ptr, w_ptr, dy_ptr, stats_ptr, dots_ptr, M, N, stride_xm,
+                               stride_dym, CHUNK: tl.constexpr):
+    """dots[0, row] = mean(xhat * w*dy), dots[1, row] = mean(w*dy): the two row reductions
+    dx needs, chunk by chunk (the first kernel of a wide row's backward)."""
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    dy_row = dy_ptr + row.to(tl.int64) * stride_dym
+    mean = tl.load(stats_ptr + row)
+    rstd = tl.load(stats_ptr + M + row)
+    cols = tl.arange(0, CHUNK)
+    acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
+    acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
+    for c0 in range(0, N, CHUNK):
+        ok = c0 + cols < N
+        x = tl.load(x_row + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+        wdy = dy * w  # zero past N (dy and w loaded as 0 there)
+        acc1 += (x - mean) * rstd * wdy
+        acc2 += wdy
+    tl.store(dots_ptr + row, tl.sum(acc1, axis=0) / N)
+    tl.store(dots_ptr + M + row, tl.sum(acc2, axis=0) / N)
+
+
+@fast_launch
+@triton.jit
+def layer_norm_bwd_wide_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, stats_ptr, dots_ptr, part_ptr,
+                               M, N, stride_xm, stride_dym, stride_dxm, rows_per_program,
+                               programs, CHUNK: tl.constexpr):
+    """dx, and the dweight/dbias partial sums, of CHUNK columns (program_id(1)) of one chunk
+    of rows (program_id(0)), the row reductions read from `dots`: the persistent backward
+    above, cut along the columns as well, so the accumulators are one chunk wide."""
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    ok = cols < N
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((CHUNK,), dtype=tl.float32)
+    db_acc = tl.zeros((CHUNK,), dtype=tl.float32)
+    first = pid * rows_per_program
+    for i in range(0, rows_per_program):
+        r = first + i
+        m = ok & ((r + cols * 0) < M)  # the last program's share may be short
+        r64 = r.to(tl.int64)
+        x = tl.load(x_ptr + r64 * stride_xm + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * stride_dym + cols, mask=m, other=0.0).to(tl.float32)
+        rs = tl.minimum(r, M - 1)  # a row past M reads row M-1's scalars, stores nothing
+        mean = tl.load(stats_ptr + rs)
+        rstd = tl.load(stats_ptr + M + rs)
+        c1 = tl.load(dots_ptr + rs)
+        c2 = tl.load(dots_ptr + M + rs)
+        xhat = tl.where(m, (x - mean) * rstd, 0.0)
+        dx = (dy * w - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + r64 * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        dw_acc += dy * xhat
+        db_acc += dy
+    tl.store(part_ptr + pid * N + cols, dw_acc, mask=ok)
+    tl.store(part_ptr + (programs + pid) * N + cols, db_acc, mask=ok)
+
+
+KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel,
+           layer_norm_fwd_wide_kernel, layer_norm_row_dots_kernel, layer_norm_bwd_wide_kernel]
+# Above WIDE columns a row goes in CHUNK-column pieces (the kernels just above); the
+# interpreter's values are small so that the CPU tests walk that path at CPU sizes.
+WIDE = 256 if INTERPRETED else 16384
+CHUNK = 64 if INTERPRETED else 4096
+WIDE_WARPS = 4 if INTERPRETED else 16  # 59-86 registers a thread, no spills (ptxas, sm_90)
 
 
 def uses_tf32(device, dtype) -> bool:
     return False  # no dot products
 
 
-def _tiling(N: int, tiling=None):
+def _tiling(N: int, tiling=None, aligned: bool = True):
     """(BLOCK_M, BLOCK_N, num_warps): about 4-8K elements per program, whole rows.
 
     tiling: the caller's (BLOCK_M, num_warps) instead of the rule (layer_norm's `tiling`
     argument: `levels bench` times alternatives so, all within 1.5% of the rule at
-    16384x4096, fp32 and bf16: the rule stays)."""
+    16384x4096, fp32 and bf16: the rule stays).
+
+    aligned: whether the rows can be read in 16-byte vectors (row strides a multiple of 16
+    elements and a 16-byte aligned base: what Triton's specialization can prove). When they
+    cannot (N = 4097, a slice), every element is its own 2- or 4-byte load, so a thread
+    should hold fewer of them: at 8192 elements a program, 8 warps need 128 registers a
+    thread (two programs an SM) and 16 warps 58 (ptxas, sm_90), twice the loads in flight.
+    The H100 measured 0.29x copy at 16380x4097 (bf16) with 8 warps
+    (reports/h100-sweep-layer-norm-before.json)."""
     BLOCK_N = next_power_of_2(N)
     if tiling is not None:
         BLOCK_M, num_warps = tiling
@@ -157,8 +285,13 @@ def _tiling(N: int, tiling=None):
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
     BLOCK_M = max(1, 4096 // BLOCK_N)  # narrow rows: several rows per program
     elems = BLOCK_M * BLOCK_N
-    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
+    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 and (aligned or elems <= 4096) else 16)
     return BLOCK_M, BLOCK_N, num_warps
+
+
+def _aligned(x2: torch.Tensor, stride_xm: int) -> bool:
+    """Whether x2's rows (and an output's, N apart) can be loaded as 16-byte vectors."""
+    return x2.data_ptr() % 16 == 0 and stride_xm % 16 == 0 and x2.shape[-1] % 16 == 0
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -209,11 +342,38 @@ def _forward(x, weight, bias, eps, save: bool, tiling=None):
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
     if M == 0:
         return y, x2, stats  # no rows: nothing to launch (a grid of 0 programs is an error)
-    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling)
+    if N > WIDE and tiling is None:
+        layer_norm_fwd_wide_kernel[(M,)](x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
+                                         CHUNK=CHUNK, STATS=save, num_warps=WIDE_WARPS)
+        return y, x2, stats
+    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling, _aligned(x2, stride_xm))
     layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STATS=save, num_warps=num_warps)
     return y, x2, stats
+
+
+def _backward_wide(dy2, x2, weight, stats, dx, stride_xm):
+    """dx (written into `dx`) and (dweight, dbias) of rows wider than WIDE: the row dots,
+    then dx and the column partials by (chunk of rows, CHUNK columns), then their sums."""
+    M, N = dx.shape
+    dots = stats.new_empty((2, M))
+    layer_norm_row_dots_kernel[(M,)](x2, weight, dy2, stats, dots, M, N, stride_xm,
+                                     dy2.stride(0), CHUNK=CHUNK, num_warps=WIDE_WARPS)
+    col_chunks = cdiv(N, CHUNK)
+    # about two programs per SM in all (at least two row programs: the column sums then
+    # always add partials, in the interpreter's tests too), the rows shared out among them
+    programs = min(M, max(2, _n_programs(dx.device, M * col_chunks, 1, 2) // col_chunks))
+    rows = cdiv(M, programs)
+    programs = cdiv(M, rows)
+    parts = stats.new_empty((2, programs, N))
+    layer_norm_bwd_wide_kernel[(programs, col_chunks)](
+        x2, weight, dy2, dx, stats, dots, parts, M, N, stride_xm, dy2.stride(0), N, rows,
+        programs, CHUNK=CHUNK, num_warps=WIDE_WARPS)
+    dwb = weight.new_empty((2, N))
+    RB_N = 64 if INTERPRETED else 256
+    sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)
+    return dwb
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -236,6 +396,9 @@ class _LayerNorm(torch.autograd.Function):
         if M == 0:  # no rows: dweight and dbias are sums of nothing
             zeros = weight.new_zeros((2, N))
             return dx.reshape(ctx.x_shape), zeros[0], zeros[1], None, None, None
+        if N > WIDE and ctx.backward_tiling is None:
+            dwb = _backward_wide(dy2, x2, weight, stats, dx, stride_xm)
+            return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None, None, None
         BLOCK_M, BLOCK_N, num_warps, per_sm = _backward_tiling(N, ctx.backward_tiling)
         programs = _n_programs(x2.device, M, BLOCK_M, per_sm)
         # Whole BLOCK_M groups per program, so programs never share a row.
