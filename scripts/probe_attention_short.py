@@ -1,7 +1,7 @@
-"""Level 4 attention at short key sequences, timed: the one-pass backward (`_attn_bwd_short`,
-where a head's keys fit one block) against the three-launch split it replaces and against
-SDPA's FLASH and cuDNN backends, forward and forward+backward, kernel time (the queue primed:
-equivalence.timing), bf16, in one run.
+"""Levels 4 and 5 attention at short key sequences, timed: Level 4's one-pass backward
+(`_attn_bwd_short`, where a head's keys fit one block) against the three-launch split it
+replaces, Level 5's default version, and SDPA's FLASH and cuDNN backends, forward and
+forward+backward, kernel time (the queue primed: equivalence.timing), bf16, in one run.
 
     python scripts/probe_attention_short.py OUT.json
 
@@ -39,7 +39,7 @@ def _bench(fn) -> float:
 
 
 def main(path: str) -> None:
-    l4 = levels.get("triton")
+    l4, l5 = levels.get("triton"), levels.get("cuda")
     rows = []
     g = torch.Generator().manual_seed(0)
     for B, H, H_kv, N, D, causal in SHAPES:
@@ -61,6 +61,7 @@ def main(path: str) -> None:
             "level4": lambda q, k, v: l4.attention(q, k, v, causal),
             "level4 split backward": lambda q, k, v: kernels.attention(
                 q, k, v, causal, scale, backward_config=kernels._bwd_config(D, q.dtype)),
+            "level5": lambda q, k, v: l5.attention(q, k, v, causal),
         }
         for name, backend in (("FLASH", SDPBackend.FLASH_ATTENTION),
                               ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
@@ -97,8 +98,8 @@ def main(path: str) -> None:
             else:
                 print(f"  {name:22s} {t['error']}")
     with open(path, "w") as f:
-        json.dump(dict(what="Level 4 attention at short key sequences: one-pass backward vs split vs "
-                       "SDPA (kernel time, bf16)", command="python scripts/probe_attention_short.py OUT.json",
+        json.dump(dict(what="Levels 4 and 5 attention at short key sequences: Level 4's one-pass "
+                       "backward vs split, Level 5's default, SDPA (kernel time, bf16)", command="python scripts/probe_attention_short.py OUT.json",
                        environment=describe(), rows=rows), f, indent=1)
 
 
