@@ -21,11 +21,11 @@ from equivalence.environment import describe
 from equivalence.timing import time_fn
 from triton_kernels import layer_norm as k4
 
-WIDTHS = [127, 1000, 1023, 3000, 4096, 4097, 8191, 16384, 16385, 24576, 32768, 65536]
+WIDTHS = [127, 1000, 1023, 3000, 4096, 4097, 8191, 12289, 16383, 16384, 16385, 24576, 32768, 65536]
 CASE_BYTES = 256 * 2 ** 20
 FORWARD_CANDIDATES = [(1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16), (8, 8),
                       (16, 8), (32, 8)]
-ODD = {127, 1000, 1023, 3000, 4097, 8191}
+ODD = {127, 1000, 1023, 3000, 4097, 8191, 12289, 16383}
 
 
 def _ms(fn) -> float:
@@ -42,7 +42,7 @@ def main(path: str) -> None:
             w = torch.randn((N,), device="cuda", dtype=dtype)
             b = torch.randn((N,), device="cuda", dtype=dtype)
             dy = torch.randn_like(x)
-            src = torch.empty(2 * M * N * es, dtype=torch.uint8, device="cuda")
+            src = torch.empty(M * N * es, dtype=torch.uint8, device="cuda")  # clone: read + write = x + y
             copy_ms = _ms(lambda: src.clone())
             row = dict(dtype=str(dtype), N=N, M=M, copy_ms=copy_ms,
                        rule=list(k4._tiling(N, None, k4._aligned(x, N))), wide=N > k4.WIDE)

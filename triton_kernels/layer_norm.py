@@ -272,20 +272,24 @@ def _tiling(N: int, tiling=None, aligned: bool = True):
 
     aligned: whether the rows can be read in 16-byte vectors (row strides a multiple of 16
     elements and a 16-byte aligned base: what Triton's specialization can prove). When they
-    cannot (N = 4097, a slice), every element is its own 2- or 4-byte load, so a thread
-    should hold fewer of them: at 8192 elements a program, 8 warps need 128 registers a
-    thread (two programs an SM) and 16 warps 58 (ptxas, sm_90), twice the loads in flight.
-    The H100 measured 0.29x copy at 16380x4097 (bf16) with 8 warps
-    (reports/h100-sweep-layer-norm-before.json)."""
+    cannot (N = 4097, a slice), every element is its own 2- or 4-byte load; rows of 8192
+    columns or more then go four rows (32K elements) to a program, 8 warps: more independent
+    loads in flight. H100, bf16, kernel time (reports/h100-sweep-layer-norm-level4.json):
+    16380x4097 0.24x -> 0.40x copy, 8193x8191 0.35x -> 0.58x. Narrower unaligned rows keep
+    the rule (1023 columns: 0.80x; no candidate did better). Still far from the aligned
+    rows' 0.95x: Triton cannot peel a row's unaligned head to vectorize its body.
+    """
     BLOCK_N = next_power_of_2(N)
     if tiling is not None:
         BLOCK_M, num_warps = tiling
         return BLOCK_M, BLOCK_N, num_warps
     if INTERPRETED:
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
+    if not aligned and BLOCK_N >= 8192:
+        return max(1, 32768 // BLOCK_N), BLOCK_N, 8
     BLOCK_M = max(1, 4096 // BLOCK_N)  # narrow rows: several rows per program
     elems = BLOCK_M * BLOCK_N
-    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 and (aligned or elems <= 4096) else 16)
+    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
     return BLOCK_M, BLOCK_N, num_warps
 
 
