@@ -133,12 +133,12 @@ WIDE_KERNELS = ("layer_norm_fwd_wide_kernel", "layer_norm_row_dots_kernel",
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,strided", [((3,), False), ((2, 3), False), ((5,), True)])
 def test_layer_norm_wide_rows_walk_in_chunks(monkeypatch, dtype, rows, strided):
-    # Rows wider than WIDE (16384 on a GPU, 256 in the interpreter) go in CHUNK-column
-    # pieces: the statistics merged chunk by chunk, the backward's row dots in a kernel of
-    # their own. A ragged last chunk, several row programs, and (strided) rows that start
+    # Rows wider than FWD_WIDE and WIDE (32768 and 16384 on a GPU, 256 in the interpreter)
+    # go in pieces: the statistics merged chunk by chunk, the backward's row dots in a kernel
+    # of their own. A ragged last chunk, several row programs, and (strided) rows that start
     # one element into a wider buffer, so no row is 16-byte aligned.
     import triton_kernels.layer_norm as kernels
-    N = kernels.WIDE + kernels.CHUNK + 3
+    N = kernels.FWD_WIDE + kernels.FWD_CHUNK + 3
     launched = _spy_on(monkeypatch, kernels, WIDE_KERNELS + ("layer_norm_fwd_kernel",))
     args = _args("layer_norm", dict(rows=rows, N=N), dtype, seed=len(rows))
     if strided:

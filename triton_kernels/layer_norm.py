@@ -22,9 +22,9 @@ Measured (H100, 16384x4096, kernel time, reports/h100-bench.json): forward fp32 
 (0.83x copy, 1.17x compile). End to end the backward is the CPU's: Python and autograd
 need ~0.35-0.45 ms to enqueue its launches (three then; two now), longer than the kernels run.
 
-What it costs: a row must fit in registers. Up to 16384 columns it does; wider rows (to
-65536, the limit shared with rms_norm) are walked in 4096-column chunks by three kernels of
-their own (below: the statistics merged chunk by chunk, the backward's row dots first),
+What it costs: a row must fit in registers. Up to 16384 columns it does (32768 forward);
+wider rows (to 65536, the limit shared with rms_norm) are walked in chunks by three kernels
+of their own (below: the statistics merged chunk by chunk, the backward's row dots first),
 which read x twice forward and x and dy twice backward. Wider still is refused with a
 ValueError.
 """
@@ -256,6 +256,12 @@ KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel,
 # interpreter's values are small so that the CPU tests walk that path at CPU sizes.
 WIDE = 256 if INTERPRETED else 16384
 CHUNK = 64 if INTERPRETED else 4096
+# The forward holds fewer arrays a row than the backward: its whole-row kernel still ran at
+# 0.92x copy at 32768 columns (bf16, H100) where the chunked one ran at 0.66x (its second
+# read and a short loop body), and spilled only at 65536 (0.55x). So it goes by chunks only
+# past 32768 columns, and in longer ones.
+FWD_WIDE = WIDE if INTERPRETED else 2 * WIDE
+FWD_CHUNK = CHUNK if INTERPRETED else 4 * CHUNK
 WIDE_WARPS = 4 if INTERPRETED else 16  # 59-86 registers a thread, no spills (ptxas, sm_90)
 
 
@@ -274,7 +280,7 @@ def _tiling(N: int, tiling=None, aligned: bool = True):
     elements and a 16-byte aligned base: what Triton's specialization can prove). When they
     cannot (N = 4097, a slice), every element is its own 2- or 4-byte load; rows of 8192
     columns or more then go four rows (32K elements) to a program, 8 warps: more independent
-    loads in flight. H100, bf16, kernel time (reports/h100-sweep-layer-norm-level4.json):
+    loads in flight (up to 16384 columns; wider rows keep one row a program). H100, bf16, kernel time (reports/h100-sweep-layer-norm-level4.json):
     16380x4097 0.24x -> 0.40x copy, 8193x8191 0.35x -> 0.58x. Narrower unaligned rows keep
     the rule (1023 columns: 0.80x; no candidate did better). Still far from the aligned
     rows' 0.95x: Triton cannot peel a row's unaligned head to vectorize its body.
@@ -285,7 +291,7 @@ def _tiling(N: int, tiling=None, aligned: bool = True):
         return BLOCK_M, BLOCK_N, num_warps
     if INTERPRETED:
         return max(1, min(16, 1024 // BLOCK_N)), BLOCK_N, 4
-    if not aligned and BLOCK_N >= 8192:
+    if not aligned and 8192 <= BLOCK_N <= 16384:
         return max(1, 32768 // BLOCK_N), BLOCK_N, 8
     BLOCK_M = max(1, 4096 // BLOCK_N)  # narrow rows: several rows per program
     elems = BLOCK_M * BLOCK_N
@@ -346,9 +352,9 @@ def _forward(x, weight, bias, eps, save: bool, tiling=None):
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
     if M == 0:
         return y, x2, stats  # no rows: nothing to launch (a grid of 0 programs is an error)
-    if N > WIDE and tiling is None:
+    if N > FWD_WIDE and tiling is None:
         layer_norm_fwd_wide_kernel[(M,)](x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
-                                         CHUNK=CHUNK, STATS=save, num_warps=WIDE_WARPS)
+                                         CHUNK=FWD_CHUNK, STATS=save, num_warps=WIDE_WARPS)
         return y, x2, stats
     BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling, _aligned(x2, stride_xm))
     layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
