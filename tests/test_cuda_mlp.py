@@ -255,7 +255,7 @@ def test_version_6_gives_version_5_bits_and_the_float64_answer(dtype, M, K, N):
 # shapes with many tiles per block (4096 x 4096: 512 tiles of 128x256 on ~132 blocks; K tails
 # that are not a multiple of the ring), and fewer tiles than SMs (a block each, or idle SMs).
 V7_SHAPES = V6_SHAPES + [(4096, 328, 4096),   # 128x256 tiles, ~4 per block, KT = 6 (ring: 4)
-                         (2048, 1000, 1536),  # 128x128 tiles (96 < SMs): one per block, KT = 16
+                         (2048, 1000, 1536),  # 128x128 (96 big tiles < SMs): 192, 1-2 per block, KT = 16
                          (3000, 136, 2100),   # 128x256, M and N tails in the last tiles, KT = 3
                          (8192, 64, 4096)]    # 1024 tiles, one k-tile each: the ring wraps across tiles
 
