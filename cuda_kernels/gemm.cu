@@ -1426,6 +1426,9 @@ gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
 // waits per warpgroup per tile; the last wave is as uneven as version 6's (tiles / SMs need
 // not be whole: a block may do one tile more than another). A wrong parity hangs as in
 // version 6: -DLEVELS_GEMM7_TIMEOUT=n (or LEVELS_GEMM6_TIMEOUT) traps instead.
+// Not here yet (the next rungs): ping-pong consumers (the epilogue under the other
+// warpgroup's MMAs), the staged tile written by a TMA store (cp.async.bulk.tensor from shared
+// memory: 16-bit staging, fence.proxy.async), clusters with TMA multicast of the shared operand.
 
 constexpr int V7_THREADS = 384;            // as version 6: consumer warpgroups 0, 1; producer 2
 constexpr int V7_SMEM_LIMIT = 227 * 1024;  // the most shared memory (static + dynamic) of a block, sm_90
