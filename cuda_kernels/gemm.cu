@@ -1,5 +1,5 @@
 // gemm.cu — C[M,N] (+)= A[M,K] · B[K,N] with a fused epilogue: Level 5's matrix product,
-// a ladder of six versions (serves the MLP now, conv and the LSTM later).
+// a ladder of seven versions (serves the MLP now, conv and the LSTM later).
 //
 //   version 1  naive: one thread per output element, the K loop straight from global
 //              memory. Threads of a warp take consecutive columns n, so the B and C accesses
@@ -42,7 +42,7 @@
 //              CPU), Hopper only, the mbarrier phase bookkeeping (a wrong parity is a hang:
 //              -DLEVELS_GEMM6_TIMEOUT=n makes every wait trap after n million polls).
 //              Not here yet (the next rungs): a persistent grid (the epilogue of one tile
-//              under the loads of the next), clusters with TMA multicast, ldmatrix.trans /
+//              under the loads of the next: version 7), clusters with TMA multicast, ldmatrix.trans /
 //              transposed descriptors for N-major operands (no copies in backward).
 //              Measured on the H100 (bf16, reports/h100-gemm6.json, cuBLAS and version 5 in
 //              the same run): 8192^3 661 TFLOP/s = 0.90x cuBLAS (version 5: 0.51x), 4096^3
@@ -50,6 +50,20 @@
 //              1024->4096 0.80x (0.51x), M128 4096->11008 0.98x (0.77x); it passed every
 //              GPU test of the MLP, SwiGLU and Newton–Schulz on its first run. The default on
 //              sm_90 (mlp.py's HOPPER_VERSION).
+//   version 7  persistent + warp specialized (sm_90 only): min(tiles, SMs) blocks, each
+//              walking tiles blockIdx.x, +gridDim.x, ... in the grouped order; version 6's
+//              producer runs ahead across tile boundaries (one running k-iteration counter
+//              gives every ring stage and parity, never reset per tile), and the consumers'
+//              epilogue stages through shared memory of its own (per warpgroup, 16 rows at a
+//              time, fp32: version 6's epilogue code and bits), so the TMA loads of tile t+1
+//              run under the epilogue of tile t instead of after it. Same epilogues, same tile
+//              choice, the same ring depth (4 x 48 KB / 6 x 32 KB beside 33 / 17 KB of slabs).
+//              Costs: the tensor cores still wait for each tile's epilogue (the MMAs of the
+//              next tile are the same warps': ping-pong consumers would hide that too), 8
+//              named-barrier waits per warpgroup per tile, and a persistent block may hold
+//              one tile more than another (the last wave); the batched kernel runs 128x128
+//              tiles only (4 stages). Hang trap: -DLEVELS_GEMM7_TIMEOUT=n.
+//              Measured: (to be filled by the lead from reports/h100-gemm7.json).
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from
@@ -73,8 +87,8 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
-// Versions 5 and 6 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2
-// and 3): the same main loop (v5_main_loop / v6_main_loop) in a sibling kernel with a batch axis (blockIdx.y, a batch
+// Versions 5-7 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2-4):
+// the same main loop (v5_main_loop / v6_main_loop / version 7's) in a sibling kernel with a batch axis (blockIdx.y; version 7: its tile index; a batch
 // stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
 // math, stored in T), an optional transposed copy of the output (ct: the staged tile read
 // column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile
@@ -245,17 +259,19 @@ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_ca
 // ~100 s to compile; this way a kernel holds one copy.
 // Where C or aux is not contiguous along N, or unaligned, or the tile's right edge cuts
 // the chunk, the chunk goes element by element through finish(): any strides work.
+// tid: the thread's index among the THREADS that share the tile (threadIdx.x where the whole
+// block does; version 7 gives each consumer warpgroup its own tile: threadIdx.x % 128).
 // The SwiGLU forward's staged epilogue: columns [0, COLS/2) of the tile hold the gate sums
 // of hidden units n0/2.., columns [COLS/2, COLS) the up sums of the same units (N is the
 // virtual width 2 * hidden). Chunks of 8 units, each read from both halves.
 template <typename T, int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void store_swiglu(const float* tile, int ld, int64_t m0, int64_t n0, int64_t M,
-                                             int64_t N, const EpiArgs& ep) {
+                                             int64_t N, const EpiArgs& ep, int tid) {
   constexpr int HALF = COLS / 2, CHUNKS = HALF / 8;
   static_assert(HALF % 8 == 0, "whole chunks of 8 columns in each half");
   const int64_t h0 = n0 / 2, hidden = N / 2;
 #pragma unroll 1
-  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+  for (int e = tid; e < ROWS * CHUNKS; e += THREADS) {
     const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
     const int64_t m = m0 + r, n = h0 + c8;
     if (m >= M || n >= hidden) continue;
@@ -292,12 +308,12 @@ __device__ __forceinline__ void store_swiglu(const float* tile, int ld, int64_t 
 
 template <typename T, typename TC, int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void store_tile(const float* tile, int ld, int64_t m0, int64_t n0, int64_t M,
-                                           int64_t N, const EpiArgs& ep) {
+                                           int64_t N, const EpiArgs& ep, int tid) {
   static_assert(COLS % 8 == 0, "whole chunks of 8 columns");
   constexpr int CHUNKS = COLS / 8;
   const bool has_aux = ep.kind == EPI_GELU_SAVE || ep.kind == EPI_GELU_GRAD || ep.kind == EPI_SWIGLU_GRAD;
 #pragma unroll 1
-  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+  for (int e = tid; e < ROWS * CHUNKS; e += THREADS) {
     const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
     const int64_t m = m0 + r, n = n0 + c8;
     if (m >= M || n >= N) continue;
@@ -518,9 +534,9 @@ gemm_v3_kernel(const T* __restrict__ A, int64_t stride_am, int64_t stride_ak,
     }
     __syncthreads();
     if constexpr (DUAL)
-      store_swiglu<T, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
+      store_swiglu<T, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep, threadIdx.x);
     else
-      store_tile<T, TC, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep);
+      store_tile<T, TC, V3_BM / 2, V3_BN, V3_THREADS>(smem, V3_LD, m0 + half * 64, n0, M, N, ep, threadIdx.x);
     __syncthreads();  // the second half overwrites the buffer
   }
 }
@@ -583,15 +599,21 @@ __device__ __forceinline__ void v4_load_stage(T* sA, T* sB, int stage, const T* 
 }
 
 // Grouped tile order (as Level 4's grouped_tile): V4_GROUP_M tile-rows share the B columns
-// in L2. The block's output tile starts at (m0, n0).
+// in L2. Tile number pid starts at (m0, n0) (version 7's persistent blocks walk several).
 template <int BM, int BN>
-__device__ __forceinline__ void grouped_tile(int64_t M, int64_t N, int64_t& m0, int64_t& n0) {
+__device__ __forceinline__ void grouped_tile_at(int64_t pid, int64_t M, int64_t N, int64_t& m0, int64_t& n0) {
   const int64_t grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
-  const int64_t pid = blockIdx.x, group = V4_GROUP_M * grid_n;
+  const int64_t group = V4_GROUP_M * grid_n;
   const int64_t first_m = (pid / group) * V4_GROUP_M;
   const int64_t rows_in_group = grid_m - first_m < V4_GROUP_M ? grid_m - first_m : V4_GROUP_M;
   m0 = (first_m + (pid % group) % rows_in_group) * BM;
   n0 = ((pid % group) / rows_in_group) * BN;
+}
+
+// The block's own tile (one tile per block: versions 4-6).
+template <int BM, int BN>
+__device__ __forceinline__ void grouped_tile(int64_t M, int64_t N, int64_t& m0, int64_t& n0) {
+  grouped_tile_at<BM, BN>(blockIdx.x, M, N, m0, n0);
 }
 
 // Block tile BM x BN, WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) warp tile
@@ -691,9 +713,9 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
       }
   __syncthreads();
   if constexpr (DUAL)
-    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
   else
-    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
 }
 
 // =====================================================================================
@@ -868,23 +890,29 @@ __device__ __forceinline__ void v5_main_loop(T* sA, T* sB, const T* __restrict__
 // XOR flips bits 2-4 only, so groups of 4 columns stay together (float2 / float4 access).
 __device__ __forceinline__ int swizzle_t(int r) { return ((r >> 3) & 7) << 2; }
 
-// The accumulators into shared memory as a 128 x BN fp32 tile of row stride BN + 8. The
-// accumulator layout of m64nN is mma.sync's m16n8 layout repeated: warp w of the warpgroup
-// owns rows 16w..16w+15; in register i, n8 block i/4, row (lane/4) + 8*((i/2)%2), column
-// 2*(lane%4) + i%2. TRANSPOSABLE: columns swizzled by swizzle_t.
+// A warp's 16 rows of accumulators into shared memory, rows row0.. of a fp32 tile of row
+// stride BN + 8. The accumulator layout of m64nN is mma.sync's m16n8 layout repeated: warp w
+// of the warpgroup owns rows 16w..16w+15; in register i, n8 block i/4, row (lane/4) +
+// 8*((i/2)%2), column 2*(lane%4) + i%2. TRANSPOSABLE: columns swizzled by swizzle_t.
 template <int BN, bool TRANSPOSABLE>
-__device__ __forceinline__ void v5_stage(const float (&acc)[BN / 128][64], float* tile) {
+__device__ __forceinline__ void stage_fragments(const float (&acc)[BN / 128][64], float* tile, int row0) {
   constexpr int LD = BN + 8;
-  const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, wg = threadIdx.x / 128;
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int j = 0; j < BN / 128; ++j)
 #pragma unroll
     for (int i = 0; i < 64; i += 2) {
-      const int r = wg * 64 + w * 16 + (lane >> 2) + 8 * ((i / 2) % 2);
+      const int r = row0 + (lane >> 2) + 8 * ((i / 2) % 2);
       const int col = j * 128 + (i / 4) * 8 + (lane & 3) * 2;
       *reinterpret_cast<float2*>(tile + r * LD + (TRANSPOSABLE ? col ^ swizzle_t(r) : col)) =
           make_float2(acc[j][i], acc[j][i + 1]);
     }
+}
+
+// The whole 128 x BN tile, each warp its rows (versions 5 and 6).
+template <int BN, bool TRANSPOSABLE>
+__device__ __forceinline__ void v5_stage(const float (&acc)[BN / 128][64], float* tile) {
+  stage_fragments<BN, TRANSPOSABLE>(acc, tile, (threadIdx.x / 128) * 64 + ((threadIdx.x / 32) % 4) * 16);
 }
 
 template <typename T, typename TC, int BN, bool DUAL = false>
@@ -907,9 +935,9 @@ gemm_v5_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
   v5_stage<BN, false>(acc, tile);
   __syncthreads();
   if constexpr (DUAL)
-    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
   else
-    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
 #endif
 }
 
@@ -958,11 +986,11 @@ __device__ __forceinline__ void lower_tile(int64_t p, int64_t& i, int64_t& j) {
 // copies of an element hold the same bits).
 template <typename T, int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void store_axpby(float* tile, int64_t m0, int64_t n0, int64_t M, int64_t N, T* c,
-                                            const T* y, const BatchArgs& ba, bool keep) {
+                                            const T* y, const BatchArgs& ba, bool keep, int tid) {
   constexpr int LD = COLS + 8, CHUNKS = COLS / 8;
   const bool read_y = y != nullptr && ba.beta != 0.0f;
 #pragma unroll 1
-  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += THREADS) {
+  for (int e = tid; e < ROWS * CHUNKS; e += THREADS) {
     const int r = e / CHUNKS, c8 = (e % CHUNKS) * 8;
     const int64_t m = m0 + r, n = n0 + c8;
     if (m >= M || n >= N) continue;
@@ -1007,13 +1035,13 @@ __device__ __forceinline__ void store_axpby(float* tile, int64_t m0, int64_t n0,
 // 8q + 4 (g ^ t) + u (mod 32): the 32 lanes, 32 banks.
 template <typename T, int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void store_transposed(const float* tile, int64_t m0, int64_t n0, int64_t M, int64_t N,
-                                                 T* ct, int64_t stn, int64_t stm) {
-  constexpr int LD = COLS + 8;
-  static_assert(ROWS == 128 && THREADS % 32 == 0, "a warp: 4 columns x 64 rows");
+                                                 T* ct, int64_t stn, int64_t stm, int tid) {
+  constexpr int LD = COLS + 8, HALVES = ROWS / 64;  // 64-row halves of a column (version 7: one)
+  static_assert(ROWS % 64 == 0 && THREADS % 32 == 0, "a warp: 4 columns x 64 rows");
 #pragma unroll 1
-  for (int e = threadIdx.x; e < COLS * (ROWS / 8); e += THREADS) {
+  for (int e = tid; e < COLS * (ROWS / 8); e += THREADS) {
     const int lane = e & 31, w = e >> 5;
-    const int r0 = ((w & 1) * 8 + (lane & 7)) * 8, col = (w >> 1) * 4 + (lane >> 3);
+    const int r0 = ((w % HALVES) * 8 + (lane & 7)) * 8, col = (w / HALVES) * 4 + (lane >> 3);
     const int64_t m = m0 + r0, n = n0 + col;
     if (m >= M || n >= N) continue;
     float v[8];
@@ -1030,21 +1058,21 @@ __device__ __forceinline__ void store_transposed(const float* tile, int64_t m0, 
   }
 }
 
-// The block's tile of the batched schedule: grouped order, or (symmetric) tile (i, j) of
-// the lower triangle, whose mirror goes to c itself at (j, i) through the ct path.
+// Tile number p of one matrix in the batched schedule: grouped order, or (symmetric) tile
+// (i, j) of the lower triangle, whose mirror goes to c itself at (j, i) through the ct path.
 template <int BM, int BN>
-__device__ __forceinline__ void batched_tile(int64_t M, int64_t N, const BatchArgs& ba, void* c, int64_t& m0,
-                                             int64_t& n0, void*& ct, int64_t& stn, int64_t& stm) {
+__device__ __forceinline__ void batched_tile(int64_t p, int64_t M, int64_t N, const BatchArgs& ba, void* c,
+                                             int64_t& m0, int64_t& n0, void*& ct, int64_t& stn, int64_t& stm) {
   if (ba.symmetric) {
     int64_t i, j;
-    lower_tile(blockIdx.x, i, j);
+    lower_tile(p, i, j);
     m0 = i * BM;
     n0 = j * BN;
     ct = i != j ? c : nullptr;
     stn = ba.stride_cm;
     stm = ba.stride_cn;
   } else {
-    grouped_tile<BM, BN>(M, N, m0, n0);
+    grouped_tile_at<BM, BN>(p, M, N, m0, n0);
   }
 }
 
@@ -1068,10 +1096,10 @@ __device__ __forceinline__ void batched_epilogue(const float (&acc)[BN / 128][64
   constexpr int BM = 128, THREADS = 256;
   v5_stage<BN, true>(acc, tile);
   epilogue_sync<CONSUMERS_ONLY>();
-  store_axpby<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(c), y, ba, ct != nullptr);
+  store_axpby<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(c), y, ba, ct != nullptr, threadIdx.x);
   if (ct != nullptr) {  // uniform over the block: the barrier is reached by all or none
     epilogue_sync<CONSUMERS_ONLY>();
-    store_transposed<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(ct), stn, stm);
+    store_transposed<T, BM, BN, THREADS>(tile, m0, n0, M, N, static_cast<T*>(ct), stn, stm, threadIdx.x);
   }
 }
 
@@ -1091,7 +1119,7 @@ gemm_v5_batched_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict
   void* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
   const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
   int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
-  batched_tile<BM, BN>(M, N, ba, c, m0, n0, ct, stn, stm);
+  batched_tile<BM, BN>(blockIdx.x, M, N, ba, c, m0, n0, ct, stn, stm);
   float acc[BN / 128][64];
   v5_main_loop<T, BN, false>(sA, sB, A, lda, B, ldb, m0, n0, M, N, K, nullptr, acc);
   batched_epilogue<T, BN, false>(acc, reinterpret_cast<float*>(sA), m0, n0, M, N, c, ct, stn, stm, y, ba);
@@ -1152,6 +1180,10 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// The hang trap serves version 7 too (its waits are these): either name turns it on.
+#if defined(LEVELS_GEMM7_TIMEOUT) && !defined(LEVELS_GEMM6_TIMEOUT)
+#define LEVELS_GEMM6_TIMEOUT LEVELS_GEMM7_TIMEOUT
+#endif
 // Wait until the phase of parity `parity` of the barrier has completed. try_wait may give
 // up after a system-dependent time: poll it in a loop.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
@@ -1168,7 +1200,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
         : "memory");
 #ifdef LEVELS_GEMM6_TIMEOUT
     if (!done && ++polls > (uint64_t)(LEVELS_GEMM6_TIMEOUT) * 1000000ull) {
-      printf("gemm v6: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
+      printf("gemm v6/v7: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
              threadIdx.x, parity);
       __trap();
     }
@@ -1197,6 +1229,50 @@ struct V6Operands {
   int batch_a, batch_b;
 };
 
+// The ring's barriers, initialised by thread 0 (the caller then syncs the block).
+template <int STAGES>
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);      // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(&empty[s], 8);     // one arrival per consumer warp
+    }
+    // make the initialised barriers visible to the async proxy (the TMA unit)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+}
+
+// The producer's TMA loads of k-tile k (an element offset along K) of the tile at (m0, n0)
+// into stage s, counted on `bar` (the stage's full barrier).
+template <typename T, int BN, bool DUAL>
+__device__ __forceinline__ void tma_load_stage(T* sA, T* sB, int s, const V6Operands& op, int k, int64_t m0,
+                                               int64_t n0, uint64_t* bar) {
+  constexpr int BM = 128;
+  tma_load(sA + s * BM * V4_BK, op.a, k, (int)m0, op.batch_a, bar);
+  if constexpr (!DUAL) {
+    tma_load(sB + s * BN * V4_BK, op.b, k, (int)n0, op.batch_b, bar);
+  } else {
+    tma_load(sB + s * BN * V4_BK, op.b, k, (int)(n0 / 2), op.batch_b, bar);
+    tma_load(sB + s * BN * V4_BK + (BN / 2) * V4_BK, op.b2, k, (int)(n0 / 2), op.batch_b, bar);
+  }
+}
+
+// A consumer warpgroup's MMAs on stage s: its 64 rows of A times all BN rows of B, 4 k16
+// slices, issued (and committed) asynchronously.
+template <typename T, int BN>
+__device__ __forceinline__ void wgmma_stage(const T* sA, const T* sB, int s, int wg, float (&acc)[BN / 128][64]) {
+  constexpr int BM = 128, NB = BN / 128;
+  const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
+  const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < V4_BK / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+      wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
+  wgmma_commit();
+}
+
 // The version-6 main loop of one 128 x BN tile at (m0, n0), shared by the plain and the
 // batched kernel. Every thread of the block calls it; it returns false on the producer
 // warpgroup (which should then leave) and true on the consumers, whose acc then holds the
@@ -1209,14 +1285,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
   constexpr uint32_t STAGE_BYTES = (BM + BN) * V4_BK * sizeof(T);
   const int KT = (int)cdiv(K, V4_BK);
   const int wg = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);      // the producer's expect_tx arrival (+ the TMA bytes)
-      mbar_init(&empty[s], 8);     // one arrival per consumer warp
-    }
-    // make the initialised barriers visible to the async proxy (the TMA unit)
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  ring_init<STAGES>(full, empty);
   __syncthreads();  // the last block-wide barrier: the producer leaves after its loop
 
   if (wg == 2) {
@@ -1227,14 +1296,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
         const int s = kt % STAGES;
         if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);  // round r-1's readers are done
         mbar_expect_tx(&full[s], STAGE_BYTES);
-        const int k = kt * V4_BK;
-        tma_load(sA + s * BM * V4_BK, op.a, k, (int)m0, op.batch_a, &full[s]);
-        if constexpr (!DUAL) {
-          tma_load(sB + s * BN * V4_BK, op.b, k, (int)n0, op.batch_b, &full[s]);
-        } else {
-          tma_load(sB + s * BN * V4_BK, op.b, k, (int)(n0 / 2), op.batch_b, &full[s]);
-          tma_load(sB + s * BN * V4_BK + (BN / 2) * V4_BK, op.b2, k, (int)(n0 / 2), op.batch_b, &full[s]);
-        }
+        tma_load_stage<T, BN, DUAL>(sA, sB, s, op, kt * V4_BK, m0, n0, &full[s]);
       }
     }
     return false;
@@ -1250,15 +1312,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % STAGES;
     mbar_wait(&full[s], (kt / STAGES) & 1);  // round kt / STAGES of stage s has landed
-    const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
-    const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < V4_BK / 16; ++kk)
-#pragma unroll
-      for (int j = 0; j < NB; ++j)
-        wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
-    wgmma_commit();
+    wgmma_stage<T, BN>(sA, sB, s, wg, acc);
     // Tile kt's MMAs stay in flight; tile kt-1's are done, so its stage goes back.
     wgmma_wait<1>();
     if (kt > 0) {
@@ -1304,9 +1358,9 @@ gemm_v6_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant_
   v5_stage<BN, false>(acc, tile);
   epilogue_sync<true>();
   if constexpr (DUAL)
-    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
   else
-    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep);
+    store_tile<T, TC, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);
 #endif
 }
 
@@ -1327,12 +1381,267 @@ gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
   void* ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
   const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
   int64_t m0, n0, stn = ba.stride_tn, stm = ba.stride_tm;
-  batched_tile<BM, BN>(M, N, ba, c, m0, n0, ct, stn, stm);
+  batched_tile<BM, BN>(blockIdx.x, M, N, ba, c, m0, n0, ct, stn, stm);
   float acc[BN / 128][64];
   const V6Operands op{&map_a, &map_b, &map_b, ba.stride_ab ? (int)b : 0, ba.stride_bb ? (int)b : 0};
   if (!v6_main_loop<T, BN, false>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
   epilogue_sync<true>();
   batched_epilogue<T, BN, true>(acc, reinterpret_cast<float*>(sA), m0, n0, M, N, c, ct, stn, stm, y, ba);
+#endif
+}
+
+// =====================================================================================
+// version 7: a persistent grid; the epilogue of one tile under the loads of the next — sm_90a
+// =====================================================================================
+// What changes from version 6 (the next rung of the public Hopper GEMMs: a persistent,
+// warp-specialized kernel, as CUTLASS's "warp-specialized persistent" schedules):
+//   * a persistent grid: min(tiles, SMs) blocks, one per SM; block b computes tiles b,
+//     b + gridDim.x, b + 2 gridDim.x, ... of the grouped order (the running blocks always
+//     hold ~#SMs consecutive tiles of that order, so version 4's L2 grouping still holds).
+//     The barriers are set up once per SM, not once per tile;
+//   * the producer never stops between tiles: its loop over (tile, k-tile) is ONE stream of
+//     k-iterations, and both sides derive stage and parity from one running counter `it`
+//     (stage it % STAGES, round it / STAGES), never reset at a tile boundary. While the
+//     consumers run the epilogue of tile t, the producer is already filling the ring with
+//     tile t+1's first k-tiles, so t+1's MMAs start on data that has landed;
+//   * so that it can, the epilogue has shared memory of its own. Version 6 staged the
+//     finished tile in the ring, which it could only do once every consumer was done with
+//     the ring: the next tile's loads would have had to wait for the whole epilogue. Here
+//     each consumer warpgroup owns a slab of SLAB rows x BN fp32 (row stride BN + 8, version
+//     5's staging layout) and stages its 64 rows through it SLAB rows at a time, with a named
+//     barrier of its own (bar 2 + warpgroup, 128 threads): the two consumer warpgroups no
+//     longer wait for each other in the epilogue. The staging stays fp32 and the epilogues
+//     are version 6's code (store_tile, store_swiglu, the batched AXPBY and transposed
+//     stores), so version 7 rounds exactly where version 6 does: the same bits;
+//   * a consumer hands a tile's LAST stage back after its final wgmma_wait<0> (version 6
+//     never did: its block ended there, and a persistent block would wait for it forever).
+// Shared memory (227 KB a block on sm_90): the slabs take 2 x 16 x 264 x 4 = 33 KB at
+// BN = 256, 17 KB at BN = 128; the ring gets what remains, v7_stages(): 4 stages of 48 KB or
+// 6 of 32 KB, as version 6. The batched kernel (Newton–Schulz) stages whole 64-row halves
+// (SLAB = 64: its transposed store reads 8 rows of a column per thread) and runs 128x128
+// tiles only: 4 stages.
+// Costs and limits: version 6's, plus: the tensor cores still idle during a tile's epilogue
+// (the next tile's MMAs are the same warps'; overlapping those too is the "ping-pong"
+// schedule, each consumer warpgroup on its own tile, not here); 2 x 64/SLAB named-barrier
+// waits per warpgroup per tile; the last wave is as uneven as version 6's (tiles / SMs need
+// not be whole: a block may do one tile more than another). A wrong parity hangs as in
+// version 6: -DLEVELS_GEMM7_TIMEOUT=n (or LEVELS_GEMM6_TIMEOUT) traps instead.
+// Not here yet (the next rungs): ping-pong consumers (the epilogue under the other
+// warpgroup's MMAs), the staged tile written by a TMA store (cp.async.bulk.tensor from shared
+// memory: 16-bit staging, fence.proxy.async), clusters with TMA multicast of the shared operand.
+
+constexpr int V7_THREADS = 384;            // as version 6: consumer warpgroups 0, 1; producer 2
+constexpr int V7_SMEM_LIMIT = 227 * 1024;  // the most shared memory (static + dynamic) of a block, sm_90
+constexpr int V7_SLAB = 16;                // the plain kernel's slab: one warp's rows per pass
+
+template <int BN> __host__ __device__ constexpr int v7_stage_bytes() { return (128 + BN) * V4_BK * 2; }
+template <int BN, int SLAB> __host__ __device__ constexpr int v7_slab_bytes() { return 2 * SLAB * (BN + 8) * 4; }
+// As many stages as fit beside the slabs, the 1 KB alignment slack and the static shared
+// memory: the barriers, 16 bytes a stage, which ptxas pads to 1 KB (it reports 1024 bytes of
+// static shared memory: the dynamic area after them is declared 1024-byte aligned).
+constexpr int V7_STATIC_SMEM = 1024;
+template <int BN, int SLAB> __host__ __device__ constexpr int v7_stages() {
+  return (V7_SMEM_LIMIT - v7_slab_bytes<BN, SLAB>() - 1024 - V7_STATIC_SMEM) / v7_stage_bytes<BN>();
+}
+template <int BN, int SLAB> __host__ __device__ constexpr int v7_smem() {  // the dynamic part
+  return v7_stages<BN, SLAB>() * v7_stage_bytes<BN>() + v7_slab_bytes<BN, SLAB>() + 1024;
+}
+static_assert(v7_stages<256, V7_SLAB>() == 4 && v7_stages<128, V7_SLAB>() == 6 && v7_stages<128, 64>() == 4,
+              "the ring depths the header states");
+static_assert(v7_smem<256, V7_SLAB>() + V7_STATIC_SMEM <= V7_SMEM_LIMIT &&
+                  v7_smem<128, V7_SLAB>() + V7_STATIC_SMEM <= V7_SMEM_LIMIT &&
+                  v7_smem<128, 64>() + V7_STATIC_SMEM <= V7_SMEM_LIMIT,
+              "ring + slabs + barriers fit in a block's shared memory");
+
+// The dynamic shared memory: the ring (1024-byte aligned, version 6's layout), then the two
+// consumer warpgroups' slabs.
+template <typename T, int BN, int STAGES>
+__device__ __forceinline__ void v7_layout(unsigned char* smem_raw, T*& sA, T*& sB, float*& slabs) {
+  const uint32_t raw = smem_addr(smem_raw);
+  sA = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [STAGES][128][64]
+  sB = sA + STAGES * 128 * V4_BK;                                        // [STAGES][BN][64]
+  slabs = reinterpret_cast<float*>(sB + STAGES * BN * V4_BK);            // [2][SLAB][BN + 8]
+}
+
+// The producer's k-tiles of one output tile at (m0, n0). `it` counts the block's
+// k-iterations over all its tiles so far; this advances it by KT. Stage it % STAGES is
+// refilled once its previous round (iteration it - STAGES, of this tile or an earlier one)
+// has been given back by all 8 consumer warps: that round's empty phase, parity
+// (it / STAGES - 1) & 1.
+template <typename T, int BN, int STAGES, bool DUAL>
+__device__ __forceinline__ void v7_produce(T* sA, T* sB, uint64_t* full, uint64_t* empty, const V6Operands& op,
+                                           int64_t m0, int64_t n0, int KT, int& it) {
+  constexpr uint32_t STAGE_BYTES = (128 + BN) * V4_BK * sizeof(T);
+  for (int kt = 0; kt < KT; ++kt, ++it) {
+    const int s = it % STAGES;
+    if (it >= STAGES) mbar_wait(&empty[s], (it / STAGES - 1) & 1);
+    mbar_expect_tx(&full[s], STAGE_BYTES);
+    tma_load_stage<T, BN, DUAL>(sA, sB, s, op, kt * V4_BK, m0, n0, &full[s]);
+  }
+}
+
+// The consumers' k-tiles of one output tile: acc = the tile (this warpgroup's 64 rows), on
+// the same running counter as the producer's. Every stage read is given back exactly once:
+// iteration it - 1 after the wgmma_wait<1> of iteration it (inside the tile), the tile's last
+// one after the final wgmma_wait<0> — nothing of this tile is left for the next to release.
+template <typename T, int BN, int STAGES>
+__device__ __forceinline__ void v7_consume(const T* sA, const T* sB, uint64_t* full, uint64_t* empty, int KT,
+                                           int& it, float (&acc)[BN / 128][64]) {
+  const int wg = threadIdx.x / 128;
+  const bool warp_leader = (threadIdx.x & 31) == 0;
+#pragma unroll
+  for (int j = 0; j < BN / 128; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+  for (int kt = 0; kt < KT; ++kt, ++it) {
+    const int s = it % STAGES;
+    mbar_wait(&full[s], (it / STAGES) & 1);  // round it / STAGES of stage s has landed
+    wgmma_stage<T, BN>(sA, sB, s, wg, acc);
+    wgmma_wait<1>();  // iteration it - 1's MMAs are done; this one's may still run
+    if (kt > 0) {
+      __syncwarp();
+      if (warp_leader) mbar_arrive(&empty[(it - 1) % STAGES]);
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < BN / 128; ++j)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep(acc[j][i]);
+  if (KT > 0) {  // the tile's last stage (iteration it - 1: `it` has moved past it)
+    __syncwarp();
+    if (warp_leader) mbar_arrive(&empty[(it - 1) % STAGES]);
+  }
+}
+
+// The barrier of one consumer warpgroup alone (named barriers 2 and 3; 0 is __syncthreads,
+// 1 version 6's epilogue_sync): its 4 warps share a slab, nothing else.
+__device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
+
+// Pass `pass` of staging a consumer warpgroup's 64 rows: rows pass*SLAB .. +SLAB-1 into its
+// slab. Warp w holds rows 16w..16w+15, so a pass is whole warps; the others skip it.
+template <int BN, int SLAB, bool TRANSPOSABLE>
+__device__ __forceinline__ void v7_stage(const float (&acc)[BN / 128][64], float* slab, int pass) {
+  static_assert(SLAB % 16 == 0 && 64 % SLAB == 0, "whole warps per pass");
+  const int w = (threadIdx.x / 32) % 4;
+  if (w * 16 / SLAB == pass) stage_fragments<BN, TRANSPOSABLE>(acc, slab, w * 16 - pass * SLAB);
+}
+
+// The persistent tile loop both roles walk: the same tiles in the same order, so the producer
+// loads exactly the k-tiles the consumers wait for, and both stop together.
+#define LEVELS_V7_FOR_EACH_TILE(t, tiles) for (int64_t t = blockIdx.x; t < (tiles); t += gridDim.x)
+
+template <typename T, typename TC, int BN, bool DUAL = false>
+__global__ void __launch_bounds__(V7_THREADS, 1)
+gemm_v7_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const __grid_constant__ CUtensorMap map_b2, int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, SLAB = V7_SLAB, STAGES = v7_stages<BN, SLAB>(), LD = BN + 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  T *sA, *sB;
+  float* slabs;
+  v7_layout<T, BN, STAGES>(smem_raw, sA, sB, slabs);
+  const int64_t tiles = cdiv(M, BM) * cdiv(N, BN);
+  const int KT = (int)cdiv(K, V4_BK), wg = threadIdx.x / 128;
+  ring_init<STAGES>(full, empty);
+  __syncthreads();  // the only block-wide barrier
+  int it = 0;       // this thread's count of the block's k-iterations (see v7_produce)
+  if (wg == 2) {
+    // ---- producer: one thread issues every TMA load of every tile of the block ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 256) {
+      const V6Operands op{&map_a, &map_b, &map_b2, 0, 0};
+      LEVELS_V7_FOR_EACH_TILE(t, tiles) {
+        int64_t m0, n0;
+        grouped_tile_at<BM, BN>(t, M, N, m0, n0);
+        v7_produce<T, BN, STAGES, DUAL>(sA, sB, full, empty, op, m0, n0, KT, it);
+      }
+    }
+    return;
+  }
+  // ---- consumers: MMAs of a tile, then its epilogue while the producer runs ahead ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  float* slab = slabs + wg * SLAB * LD;
+  const int tid = threadIdx.x % 128;  // the thread's index in its warpgroup: the epilogue's
+  float acc[BN / 128][64];
+  LEVELS_V7_FOR_EACH_TILE(t, tiles) {
+    int64_t m0, n0;
+    grouped_tile_at<BM, BN>(t, M, N, m0, n0);
+    v7_consume<T, BN, STAGES>(sA, sB, full, empty, KT, it, acc);
+#pragma unroll 1
+    for (int pass = 0; pass < 64 / SLAB; ++pass) {
+      const int64_t r0 = m0 + wg * 64 + pass * SLAB;  // the slab's first output row
+      v7_stage<BN, SLAB, false>(acc, slab, pass);
+      warpgroup_sync(wg);
+      if constexpr (DUAL)
+        store_swiglu<T, SLAB, BN, 128>(slab, LD, r0, n0, M, N, ep, tid);
+      else
+        store_tile<T, TC, SLAB, BN, 128>(slab, LD, r0, n0, M, N, ep, tid);
+      warpgroup_sync(wg);  // the slab is read before the next pass (or tile) writes it
+    }
+  }
+#endif
+}
+
+// The batched version 7 (newton_schulz.cu's version 4): the persistent tile index walks
+// (matrix, tile) pairs, matrix-major: t = b * per + p, p a tile of matrix b in the batched
+// schedule (grouped, or the lower triangle when symmetric). 128x128 tiles.
+template <typename T>
+__global__ void __launch_bounds__(V7_THREADS, 1)
+gemm_v7_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                       int64_t batch, int64_t M, int64_t N, int64_t K, BatchArgs ba) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, BN = 128, SLAB = 64, STAGES = v7_stages<BN, SLAB>(), LD = BN + 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  T *sA, *sB;
+  float* slabs;
+  v7_layout<T, BN, STAGES>(smem_raw, sA, sB, slabs);
+  const int64_t tm = cdiv(M, BM);
+  const int64_t per = ba.symmetric ? tm * (tm + 1) / 2 : tm * cdiv(N, BN), tiles = batch * per;
+  const int KT = (int)cdiv(K, V4_BK), wg = threadIdx.x / 128;
+  ring_init<STAGES>(full, empty);
+  __syncthreads();
+  int it = 0;
+  int64_t m0, n0, stn, stm;
+  void* ct;
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 256) {
+      LEVELS_V7_FOR_EACH_TILE(t, tiles) {
+        const int b = (int)(t / per);
+        batched_tile<BM, BN>(t % per, M, N, ba, nullptr, m0, n0, ct, stn, stm);
+        const V6Operands op{&map_a, &map_b, &map_b, ba.stride_ab ? b : 0, ba.stride_bb ? b : 0};
+        v7_produce<T, BN, STAGES, false>(sA, sB, full, empty, op, m0, n0, KT, it);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  float* slab = slabs + wg * SLAB * LD;
+  const int tid = threadIdx.x % 128;
+  float acc[BN / 128][64];
+  LEVELS_V7_FOR_EACH_TILE(t, tiles) {
+    const int64_t b = t / per;
+    void* c = ba.c ? static_cast<T*>(ba.c) + b * ba.stride_cb : nullptr;
+    ct = ba.ct ? static_cast<T*>(ba.ct) + b * ba.stride_tb : nullptr;
+    const T* y = ba.y ? static_cast<const T*>(ba.y) + b * ba.stride_yb : nullptr;
+    stn = ba.stride_tn;
+    stm = ba.stride_tm;
+    batched_tile<BM, BN>(t % per, M, N, ba, c, m0, n0, ct, stn, stm);
+    v7_consume<T, BN, STAGES>(sA, sB, full, empty, KT, it, acc);
+    // the warpgroup's 64 rows, one pass: c = alpha acc + beta y, then the transposed copy
+    const int64_t r0 = m0 + wg * 64;
+    v7_stage<BN, SLAB, true>(acc, slab, 0);
+    warpgroup_sync(wg);
+    store_axpby<T, SLAB, BN, 128>(slab, r0, n0, M, N, static_cast<T*>(c), y, ba, ct != nullptr, tid);
+    if (ct != nullptr) {  // uniform over the warpgroup (and the block)
+      warpgroup_sync(wg);
+      store_transposed<T, SLAB, BN, 128>(slab, r0, n0, M, N, static_cast<T*>(ct), stn, stm, tid);
+    }
+    warpgroup_sync(wg);  // the slab is read before the next tile writes it
+  }
 #endif
 }
 
@@ -1562,6 +1871,21 @@ int opt_in_smem(Kernel kernel, int smem, bool& done) {
   return LEVELS_OK;
 }
 
+// The plain kernels' three tensor maps (versions 6 and 7). DUAL: N is the virtual width
+// 2 * hidden; b and b2 have hidden rows each, half a tile per box. Not DUAL: map_b2 = map_b,
+// unused.
+template <typename T, int BN, bool DUAL>
+int plain_maps(const T* A, int64_t lda, const T* B, int64_t ldb, const T* B2, int64_t M, int64_t N, int64_t K,
+               CUtensorMap& map_a, CUtensorMap& map_b, CUtensorMap& map_b2) {
+  const int64_t rows_b = DUAL ? N / 2 : N;
+  constexpr int box_b = DUAL ? BN / 2 : BN;
+  int status = make_map<T>(&map_a, A, M, K, lda, 1, 0, 128);
+  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, rows_b, K, ldb, 1, 0, box_b);
+  if (status == LEVELS_OK) status = DUAL ? make_map<T>(&map_b2, B2, rows_b, K, ldb, 1, 0, box_b) : LEVELS_OK;
+  if (!DUAL) map_b2 = map_b;
+  return status;
+}
+
 template <typename T, typename TC, int BN, bool DUAL = false>
 int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
                      const EpiArgs& ep, cudaStream_t stream, const T* B2) {
@@ -1572,20 +1896,41 @@ int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   int status = opt_in_smem(kernel, smem, opted_in);
   const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
-  // DUAL: N is the virtual width 2 * hidden; b and b2 have hidden rows each, half a tile per box
-  const int64_t rows_b = DUAL ? N / 2 : N;
-  constexpr int box_b = DUAL ? BN / 2 : BN;
   CUtensorMap map_a, map_b, map_b2;
-  if (status == LEVELS_OK) status = make_map<T>(&map_a, A, M, K, lda, 1, 0, 128);
-  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, rows_b, K, ldb, 1, 0, box_b);
-  if (status == LEVELS_OK) status = DUAL ? make_map<T>(&map_b2, B2, rows_b, K, ldb, 1, 0, box_b) : LEVELS_OK;
+  if (status == LEVELS_OK) status = plain_maps<T, BN, DUAL>(A, lda, B, ldb, B2, M, N, K, map_a, map_b, map_b2);
   if (status != LEVELS_OK) return status;
-  if (!DUAL) map_b2 = map_b;  // unused
   kernel<<<(unsigned)blocks, V6_THREADS, smem, stream>>>(map_a, map_b, map_b2, M, N, K, ep);
   return levels_launch_status();
 }
 
-// Versions 5 and 6 (VERSION): the same checks and the same tile choice, different kernels.
+// Version 7: as version 6, on min(tiles, SMs) persistent blocks (the SM count is queried
+// once per process: num_sms).
+template <typename T, typename TC, int BN, bool DUAL = false>
+int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  constexpr int smem = v7_smem<BN, V7_SLAB>();
+  auto kernel = gemm_v7_kernel<T, TC, BN, DUAL>;
+  static bool opted_in = false;
+  int status = opt_in_smem(kernel, smem, opted_in);
+  const int64_t tiles = cdiv(M, 128) * cdiv(N, BN);
+  const int64_t blocks = tiles < num_sms() ? tiles : num_sms();
+  CUtensorMap map_a, map_b, map_b2;
+  if (status == LEVELS_OK) status = plain_maps<T, BN, DUAL>(A, lda, B, ldb, B2, M, N, K, map_a, map_b, map_b2);
+  if (status != LEVELS_OK) return status;
+  kernel<<<(unsigned)blocks, V7_THREADS, smem, stream>>>(map_a, map_b, map_b2, M, N, K, ep);
+  return levels_launch_status();
+}
+
+// One tile shape of version VERSION (5, 6, 7) of the plain GEMM.
+template <typename T, typename TC, int VERSION, int BN, bool DUAL = false>
+int launch_hopper_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                         const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  if constexpr (VERSION == 7) return launch_v7_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+  if constexpr (VERSION == 6) return launch_v6_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+  return launch_v5_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+}
+
+// Versions 5, 6 and 7 (VERSION): the same checks and the same tile choice, different kernels.
 template <typename T, typename TC, int VERSION>
 int launch_hopper(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
                   int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
@@ -1604,20 +1949,13 @@ int launch_hopper(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk,
     // 128x256 tiles when there are enough of them to give every SM one, else 128x128.
     const bool big = cdiv(M, 128) * cdiv(N, 256) >= num_sms();
     if constexpr (std::is_same<T, TC>::value) {
-      if (B2) {
-        if constexpr (VERSION == 6)
-          return big ? launch_v6_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
-                     : launch_v6_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
-        return big ? launch_v5_config<T, TC, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
-                   : launch_v5_config<T, TC, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
-      }
+      if (B2)
+        return big ? launch_hopper_config<T, TC, VERSION, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+                   : launch_hopper_config<T, TC, VERSION, 128, true>(A, sam, B, sbn, M, N, K, ep, stream, B2);
     }
     if (B2) return LEVELS_UNSUPPORTED;
-    if constexpr (VERSION == 6)
-      return big ? launch_v6_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2)
-                 : launch_v6_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
-    return big ? launch_v5_config<T, TC, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2)
-               : launch_v5_config<T, TC, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
+    return big ? launch_hopper_config<T, TC, VERSION, 256>(A, sam, B, sbn, M, N, K, ep, stream, B2)
+               : launch_hopper_config<T, TC, VERSION, 128>(A, sam, B, sbn, M, N, K, ep, stream, B2);
   }
 }
 
@@ -1659,12 +1997,33 @@ int launch_v6_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, i
   return levels_launch_status();
 }
 
+// The batched version 7: 128x128 tiles always (its 64-row slabs at BN = 256 would leave
+// the ring one stage), on min(tiles, SMs) persistent blocks, tiles over the whole batch.
+template <typename T>
+int launch_v7_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
+                      int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+  constexpr int BN = 128, smem = v7_smem<BN, 64>();
+  auto kernel = gemm_v7_batched_kernel<T>;
+  static bool opted_in = false;
+  int status = opt_in_smem(kernel, smem, opted_in);
+  const int64_t t = cdiv(M, 128);
+  const int64_t tiles = batch * (ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN));
+  const int64_t blocks = tiles < num_sms() ? tiles : num_sms();
+  CUtensorMap map_a, map_b;
+  if (status == LEVELS_OK) status = make_map<T>(&map_a, A, M, K, lda, batch, ba.stride_ab, 128);
+  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, N, K, ldb, batch, ba.stride_bb, BN);
+  if (status != LEVELS_OK) return status;
+  kernel<<<(unsigned)blocks, V7_THREADS, smem, stream>>>(map_a, map_b, batch, M, N, K, ba);
+  return levels_launch_status();
+}
+
 template <typename T, int VERSION>
 int launch_hopper_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
                           int64_t K, const BatchArgs& ba, cudaStream_t stream) {
   // The symmetric schedule needs square tiles (tile (i, j)'s mirror is tile (j, i)); the
   // plain one takes 128x256 tiles when they give every SM one, as launch_hopper.
   const bool small = ba.symmetric || batch * cdiv(M, 128) * cdiv(N, 256) < num_sms();
+  if constexpr (VERSION == 7) return launch_v7_batched<T>(A, lda, B, ldb, batch, M, N, K, ba, stream);
   if constexpr (VERSION == 6)
     return small ? launch_v6_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream)
                  : launch_v6_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
@@ -1686,6 +2045,7 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
     case 4: return launch_v4<T, TC>(A, sam, sak, B, sbk, sbn, M, N, K, ep, v4_tile, stream, B2);
     case 5: return launch_hopper<T, TC, 5>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     case 6: return launch_hopper<T, TC, 6>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 7: return launch_hopper<T, TC, 7>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -1709,7 +2069,7 @@ extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   int epilogue, int accumulate,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
   if (epilogue < EPI_NONE || epilogue > EPI_GELU_GRAD) return LEVELS_UNSUPPORTED;
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
@@ -1735,7 +2095,7 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
                                   void* aux, void* aux2, int64_t stride_xm, int64_t stride_xn,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
   if ((aux == nullptr) != (aux2 == nullptr) || (grad && (aux == nullptr || c2 == nullptr)) ||
       (!grad && b2 == nullptr))
     return LEVELS_UNSUPPORTED;
@@ -1749,12 +2109,12 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
 }
 
 // out[n] = sum over m of x[m, n], fp32 accumulation; out is (N,) contiguous, float32 when
-// out_fp32 else the input dtype. One kernel serves every version (1-6) of the GEMM.
+// out_fp32 else the input dtype. One kernel serves every version (1-7) of the GEMM.
 extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int64_t stride_xm,
                                       int64_t stride_xn, void* out, int out_fp32, int64_t M, int64_t N,
                                       cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
   if (N <= 0) return LEVELS_OK;
   const int64_t blocks = levels_cdiv(N, 32);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
@@ -1790,7 +2150,7 @@ extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_
                                    const void* y, int64_t stride_yb, int64_t stride_ym, int64_t stride_yn,
                                    float alpha, float beta, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version != 5 && version != 6) return LEVELS_BAD_VERSION;
+  if (version < 5 || version > 7) return LEVELS_BAD_VERSION;
   if (dtype != LEVELS_F16 && dtype != LEVELS_BF16) return LEVELS_BAD_DTYPE;
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
@@ -1807,6 +2167,9 @@ extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_
   const __half* bh = static_cast<const __half*>(b);
   const __nv_bfloat16* ab = static_cast<const __nv_bfloat16*>(a);
   const __nv_bfloat16* bb = static_cast<const __nv_bfloat16*>(b);
+  if (version == 7)
+    return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 7>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
+                               : launch_hopper_batched<__nv_bfloat16, 7>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
   if (version == 6)
     return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 6>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
                                : launch_hopper_batched<__nv_bfloat16, 6>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);

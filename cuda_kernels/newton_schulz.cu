@@ -46,6 +46,11 @@
 //              1.32x native at 4096^2, 1.14x at 4096x11008 (version 2: 0.98x, 0.91x). The
 //              default on sm_90; Level 4 (1.66x, 1.46x) is still ahead: version 6 is 0.8-0.9x
 //              cuBLAS per product where Level 4's Triton GEMMs come closer at these shapes.
+//   version 4  version 2's plan on gemm.cu's version-7 GEMM (a persistent grid: one block per
+//              SM walks (matrix, tile) pairs, the epilogue of one tile under the TMA loads of
+//              the next; 128x128 tiles). Again only the version argument changes. Costs:
+//              version 7's (4 ring stages at 128x128 where version 6 has 6). Measured: (to be
+//              filled by the lead from reports/h100-gemm7.json).
 //
 // Operands are read through both element strides (any view: a tall G is iterated as G^T by
 // swapping its strides, no copy); scratch (A, B, the iterates) is contiguous and allocated by
@@ -277,7 +282,8 @@ prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const
 // Version 2 on 16-bit G: the products on gemm.cu's wgmma loop (levels_gemm_batched). Scratch
 // (all contiguous, rows padded: ldm = padded(M), ldn = padded(N)): A, Bm (batch, M, ldm);
 // X0, XT0 (batch, M, ldn) and (batch, N, ldm) for steps >= 1; X1, XT1 the same for steps >= 2.
-// gemm_version: 5 (Newton–Schulz version 2) or 6 (version 3), the GEMM every product runs on.
+// gemm_version: 5 (Newton–Schulz version 2), 6 (version 3) or 7 (version 4), the GEMM every
+// product runs on.
 template <typename T>
 int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
            int64_t son, int64_t batch, int64_t M, int64_t N, int steps, float a, float b, float c,
@@ -336,9 +342,9 @@ int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, 
 // through strides (sgb, sgm, sgn) (the binding passes a tall G transposed; a 2-D G is a batch
 // of one), out viewed likewise through (sob, som, son). batch >= 0, M, N >= 1, steps >= 0.
 // Scratch, all contiguous, allocated by the caller:
-//   version 1 and fp32 at versions 2, 3: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
+//   version 1 and fp32 at versions 2-4: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
 //     for steps <= 1 and <= 2); XT0, XT1 unused;
-//   versions 2, 3 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
+//   versions 2-4 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
 //     up): A and Bm (batch, M, ldm), X0 and X1 (batch, M, ldn), XT0 and XT1 (batch, N, ldm)
 //     (X0, XT0 unused for steps 0; X1, XT1 for steps <= 1);
 //   partials (batch * 1024 floats), scale (batch floats).
@@ -349,16 +355,16 @@ extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, i
                                     void* X0, void* X1, void* XT0, void* XT1, float* partials,
                                     float* scale, cudaStream_t stream) {
   using namespace levels_newton_schulz;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
   LEVELS_DISPATCH(dtype, T, {
     if constexpr (!std::is_same<T, float>::value) {
       if (version >= 2)
-        return run_v2<T>(version == 3 ? 6 : 5, static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
+        return run_v2<T>(version + 3, static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                          batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                          static_cast<T*>(X0), static_cast<T*>(X1), static_cast<T*>(XT0),
                          static_cast<T*>(XT1), partials, scale, stream);
     }
-    // version 1, and fp32 at versions 2 and 3 (exact fp32 on the CUDA cores: wgmma has no fp32)
+    // version 1, and fp32 at versions 2-4 (exact fp32 on the CUDA cores: wgmma has no fp32)
     return run<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                   batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                   static_cast<T*>(X0), static_cast<T*>(X1), partials, scale, stream);

@@ -22,10 +22,13 @@ and its transpose), a tall G is read transposed through its strides. One call is
         picks the GEMM); the same scratch, launches and epilogues. sm_90 only; fp32 as v2.
         H100, bf16 (reports/h100-gemm6.json): 1.32x native at 4096^2, 1.14x at 4096x11008
         (version 2 in the same run: 0.98x, 0.91x): the default on sm_90
+    v4  version 2's plan on gemm.cu's version-7 GEMM (persistent blocks walking (matrix, tile)
+        pairs, each tile's epilogue under the next tile's TMA loads; 128x128 tiles). sm_90
+        only; fp32 as v2. Measured: (to be filled by the lead from reports/h100-gemm7.json)
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
 default_version(): HOPPER_VERSION (3) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
-rule of cuda_kernels/mlp.py. Asking for version 2 or 3 on another GPU is an error, never a
+rule of cuda_kernels/mlp.py. Asking for version 2, 3 or 4 on another GPU is an error, never a
 silent run of version 1.
 """
 
@@ -45,7 +48,11 @@ VERSIONS = {
        "(sm_90 only; fp32 runs version 1)",
     3: "version 2's plan on gemm.cu's version-6 GEMM: TMA loads, a producer and two consumer "
        "warpgroups on mbarriers (sm_90 only; fp32 runs version 1)",
+    4: "version 2's plan on gemm.cu's version-7 GEMM: persistent blocks, each tile's epilogue "
+       "under the next tile's loads (sm_90 only; fp32 runs version 1)",
 }
+# the GEMM version (gemm.cu, levels_gemm_batched) each wgmma version's products run on
+GEMM_VERSION = {2: 5, 3: 6, 4: 7}
 DEFAULT_VERSION = 1  # every GPU
 HOPPER_VERSION = 3   # the default where wgmma and TMA exist (sm_90: H100, H200)
 ENV_VERSION = versions.env_name("newton_schulz")
@@ -115,19 +122,21 @@ def gram(X, version=2):
     ctypes on the built library: for the bench and the tests against torch.matmul(X, X.T),
     not an op (no autograd, no torch.compile). X: a contiguous (rows, cols) fp16 / bf16 CUDA
     matrix, cols % 8 == 0, on an sm_90 GPU; anything else is the launcher's refusal, raised.
-    version: this module's version whose GEMM runs it (2: gemm.cu's version 5, 3: version 6)."""
+    version: this module's version whose GEMM runs it (GEMM_VERSION: 2 -> gemm.cu's version 5,
+    3 -> 6, 4 -> 7)."""
     from . import build
     build.load()
     fn = _batched_launcher(build.last_build()["library"])
-    if version not in (2, 3):
-        raise ValueError(f"gram: 'version' must be 2 or 3 (the wgmma versions); got {version}")
+    if version not in GEMM_VERSION:
+        raise ValueError(f"gram: 'version' must be one of {sorted(GEMM_VERSION)} (the wgmma versions); "
+                         f"got {version}")
     if X.dim() != 2 or not X.is_cuda:
         raise ValueError(f"gram: 'X' must be a 2-D CUDA matrix; got {tuple(X.shape)} on {X.device}")
     rows, cols = X.shape
     A = X.new_empty((rows, rows))
     code = {torch.float16: 1, torch.bfloat16: 2}.get(X.dtype, 0)
     with torch.cuda.device(X.device):
-        status = fn(code, 5 if version == 2 else 6, 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
+        status = fn(code, GEMM_VERSION[version], 1, 1, rows, rows, cols, X.data_ptr(), 0, X.stride(0), X.stride(1),
                     X.data_ptr(), 0, X.stride(0), X.stride(1), A.data_ptr(), 0, rows, 1,
                     None, 0, 0, 0, None, 0, 0, 0, 1.0, 0.0,
                     torch.cuda.current_stream(X.device).cuda_stream)

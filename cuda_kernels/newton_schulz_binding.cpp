@@ -35,9 +35,9 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b,
   const int64_t sgb = batched ? G.stride(0) : 0;
   const int64_t sgm = tall ? G.stride(-1) : G.stride(-2), sgn = tall ? G.stride(-2) : G.stride(-1);
   const int64_t som = tall ? 1 : N, son = tall ? M : 1;  // result is contiguous in G's shape
-  // Scratch (levels_newton_schulz_run's contract): versions 2 and 3 on 16-bit G keep X and
-  // X^T, rows padded to a multiple of 8 elements; version 1 (and fp32 at 2, 3) X alone.
-  const bool wgmma = (version == 2 || version == 3) && G.scalar_type() != at::kFloat;
+  // Scratch (levels_newton_schulz_run's contract): versions 2-4 on 16-bit G keep X and
+  // X^T, rows padded to a multiple of 8 elements; version 1 (and fp32 at 2-4) X alone.
+  const bool wgmma = version >= 2 && version <= 4 && G.scalar_type() != at::kFloat;
   const int64_t ldm = wgmma ? (M + 7) / 8 * 8 : M, ldn = wgmma ? (N + 7) / 8 * 8 : N;
   const int64_t first = wgmma ? 1 : 2;  // the steps from which X0 (then X1) is used
   at::Tensor A = at::empty({batch, M, ldm}, G.options());

@@ -90,15 +90,20 @@ def test_tensor_core_kernels_do_not_spill():
     assert any("gemm_v4_kernel" in n for n in names), names
     assert any("gemm_v5_kernel" in n for n in names), names
     assert any("gemm_v6_kernel" in n for n in names) and any("gemm_v6_batched_kernel" in n for n in names), names
+    assert any("gemm_v7_kernel" in n for n in names) and any("gemm_v7_batched_kernel" in n for n in names), names
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k.get("stack_bytes", 0) == 0, k  # an array indexed at run time would live in local memory
         if "gemm_v4_kernel" in k.get("name", k["mangled"]) or "gemm_v5_kernel" in k.get("name", k["mangled"]):
             assert k["registers"] <= 255, k
-        if "gemm_v6" in k.get("name", k["mangled"]):
+        if "gemm_v6" in k.get("name", k["mangled"]) or "gemm_v7" in k.get("name", k["mangled"]):
             # 384 threads, one block per SM: the register cap at entry that setmaxnreg needs
             # (65536 / 384 rounded down to 8); the consumers then grow to 232, the producer to 40
             assert k["registers"] <= 168, k
+        if "gemm_v7" in k.get("name", k["mangled"]):
+            # version 7's stage count (v7_stages) sets aside 1 KB for the static barriers;
+            # more would push ring + slabs past 227 KB and the launch would fail on the GPU
+            assert k["shared_bytes"] <= 1024, k
 
 
 @needs_nvcc
@@ -137,6 +142,11 @@ def test_version_5_uses_wgmma_on_sm90a():
     # version 6's kernels (plain, SwiGLU, batched; each dtype and tile) are there
     v6_entries = re.findall(r"\.entry (\w*gemm_v6\w*)\(", ptx)
     assert len(v6_entries) >= 4, v6_entries
+    # version 7's: plain (2 dtypes x 2 outputs x 2 tiles + SwiGLU 2 x 2) and batched (2 dtypes),
+    # with the per-warpgroup named barrier of its epilogue (bar.sync <2 + warpgroup>, 128)
+    v7_entries = re.findall(r"\.entry (\w*gemm_v7\w*)\(", ptx)
+    assert len(v7_entries) == 14, v7_entries
+    assert re.search(r"bar\.sync %r\d+, 128;", ptx)
 
 
 # ------------------------------------------------------------------------------ GPU ---
@@ -237,8 +247,31 @@ V6_SHAPES = [(1, 1, 1), (1, 7, 70), (7, 1, 8), (127, 129, 70), (129, 127, 1000),
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("M,K,N", V6_SHAPES, ids=lambda v: str(v))
 def test_version_6_gives_version_5_bits_and_the_float64_answer(dtype, M, K, N):
+    _same_bits(5, 6, dtype, M, K, N)
+
+
+# Version 7 (persistent) runs version 6's MMAs and epilogue code with the same tile choice and
+# fp32 staging: version 6's bits. Its own risks are the tile walk and the ring across tiles:
+# shapes with many tiles per block (4096 x 4096: 512 tiles of 128x256 on ~132 blocks; K tails
+# that are not a multiple of the ring), and fewer tiles than SMs (a block each, or idle SMs).
+V7_SHAPES = V6_SHAPES + [(4096, 328, 4096),   # 128x256 tiles, ~4 per block, KT = 6 (ring: 4)
+                         (2048, 1000, 1536),  # 128x128 (96 big tiles < SMs): 192, 1-2 per block, KT = 16
+                         (3000, 136, 2100),   # 128x256, M and N tails in the last tiles, KT = 3
+                         (8192, 64, 4096)]    # 1024 tiles, one k-tile each: the ring wraps across tiles
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("M,K,N", V7_SHAPES, ids=lambda v: str(v))
+def test_version_7_gives_version_6_bits_and_the_float64_answer(dtype, M, K, N):
+    _same_bits(6, 7, dtype, M, K, N)
+
+
+def _same_bits(lo, hi, dtype, M, K, N):
+    """Every epilogue (and the SwiGLU pair) of version `hi` equals version `lo`'s bit for bit,
+    into memory that held NaN, and the product is within the dtype's bound of float64."""
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("versions 5 and 6 need an sm_90 GPU")
+        pytest.skip(f"versions {lo} and {hi} need an sm_90 GPU")
     a, b = _operands(M, K, N, dtype, "linear", seed=M + K + N)
     bias = torch.randn(N, device="cuda").to(dtype)
     poison = torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN: outputs land there
@@ -253,16 +286,16 @@ def test_version_6_gives_version_5_bits_and_the_float64_answer(dtype, M, K, N):
         "accumulate": lambda v: K5.gemm_accumulate(torch.ones(M, N, device="cuda"), a, b, bias, version=v),
     }
     for name, call in calls.items():
-        v5, v6 = call(5), call(6)
-        assert torch.isfinite(v6).all(), name
-        assert torch.equal(v5, v6), (name, float((v5.double() - v6.double()).abs().max()))
+        want, got = call(lo), call(hi)
+        assert torch.isfinite(got).all(), name
+        assert torch.equal(want, got), (name, float((want.double() - got.double()).abs().max()))
     ref = a.double() @ b.double()
-    assert _rel(calls["none"](6), ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
+    assert _rel(calls["none"](hi), ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
     # the SwiGLU gate/up GEMM: [B | B2] halves loaded by two tensor maps
     from cuda_kernels import swiglu_mlp
     w_up = torch.randn(N, K, device="cuda").to(dtype) * K ** -0.5
-    got = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=6)
-    want = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=5)
+    got = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=hi)
+    want = swiglu_mlp.gate_up(a, b.t(), w_up, save=True, version=lo)
     for g, w in zip(got, want):
         assert torch.isfinite(g).all() and torch.equal(g, w)
     assert _rel(got[1], ref, a.double().abs() @ b.double().abs()) <= tolerance(dtype)
@@ -300,7 +333,7 @@ def test_an_op_that_refuses_raises_cleanly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [3, 4, 5, 6])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 7])
 def test_int64_offsets(version):
     """A over 2**31 elements: rows past the 32-bit range must be the right rows."""
     M, K, N = (2 ** 31) // 512 + 300, 512, 8
