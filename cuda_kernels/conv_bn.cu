@@ -23,8 +23,35 @@
 //       work on tile t; BatchNorm (eval) folded into the weight and a per-channel bias
 //       added in the epilogue. Costs: 16-byte copies need C_in % 8 == 0 and 16-byte
 //       aligned rows (otherwise a scalar gather path fills the same tiles, slower);
-//       61 KB of shared memory per block. fp32 inputs fall back to v2 (exact
-//       fp32, see "fp32 and TF32" below).
+//       80 KB of shared memory per block. fp32 inputs fall back to v2 (exact
+//       fp32, see "fp32 and TF32" below). Its backward is version 2's.
+//   v4  v3 plus the backward on the tensor cores, and 1x1 convolutions as plain GEMMs.
+//       Everything else is v3's; three things change (16-bit inputs, sm_80+):
+//       * dgrad (dx, a transposed convolution) is an implicit GEMM over the input pixels
+//         with the reduction over (tap, C_out), gathered from dy with cp.async. With stride
+//         > 1 an input pixel only meets the taps of its *phase* (h mod sh, w mod sw), so one
+//         GEMM runs per phase, over that phase's pixels and taps only (dgrad_kernel): no
+//         product with a zero is spent, no tap is masked. The weight is read in place as
+//         the (tap, C_out) x C_in operand: 8 neighbouring input channels of w are 16 bytes.
+//       * wgrad (dw) is the GEMM G = dy^T im2col(x) with the reduction over the pixels,
+//         split into chunks (about two blocks per SM) whose fp32 partials
+//         wgrad_finish_kernel adds (deterministic). Both operands arrive pixel-major, and
+//         the tiles stay that way in shared memory (col_major / row_major fragments).
+//       * 1x1 stride-1 unpadded convolutions (half of ResNet-50's) skip the gather: the
+//         forward out = x w^T and the dgrad dx = dy w are gemm.cu's levels_gemm_matmul at
+//         its best version for the GPU (6: TMA + wgmma on sm_90, else 4: mma.sync), which
+//         reads K-major operands only: x (P, C_in) and w as they are, w^T made by a small
+//         transpose kernel. 1x1 wgrad stays wgrad_kernel: its two operands run along the
+//         pixels (N-major for a GEMM over C_out x C_in), which the GEMM could read only
+//         after transposing both activations (3x the memory traffic of a product that is
+//         memory-bound), and it needs the pixel split, which the GEMM has not. Strided 1x1
+//         convolutions (ResNet's downsampling shortcuts) take the implicit kernels: their
+//         pixels are no single-stride matrix; their dgrad is the phase (0, 0) GEMM over
+//         C_out, the other phases a write of zeros.
+//       Costs: more launches (sh*sw for dgrad, a transpose for 1x1 dgrad), an fp32 partial
+//       (splits x C_out x K) for wgrad, the eval 1x1 bias rounded to the input dtype once
+//       (gemm.cu's bias operand), and the layout rules of v3 (C_in or C_out % 8 == 0 and
+//       aligned rows for the 16-byte copies; else scalar gathers fill the same tiles).
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -39,8 +66,8 @@
 //          scale/shift, and channel_affine_kernel writes out = y * scale + shift.
 //          The conv bias is left out of y because the batch mean absorbs it exactly: it only
 //          enters the running mean (added in stats_finalize_kernel).
-//   backward (both modes; it uses the version-2 tiled main loop for every version: the speed
-//          goal is the eval forward, and dgrad/wgrad on tensor cores are future work)
+//   backward (both modes; version 2's tiled kernels for versions 1-3, the tensor-core ones of
+//          version 4 for 16-bit inputs)
 //          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
 //          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
 //          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
@@ -48,7 +75,7 @@
 //          G = dY^T im2col(x), the same G that gives dW = scale * G: y is never recomputed.
 //          In training, the BN backward (bn_bwd_*) turns dOut into dY of the convolution first.
 //
-// fp32 and TF32: v3 on fp32 inputs runs v2. WMMA has TF32 fragments, but they
+// fp32 and TF32: v3 and v4 on fp32 inputs run v2. WMMA has TF32 fragments, but they
 // would round every operand to 11 bits and the level would have to declare TF32 (bound 4e-3
 // instead of 1e-5) for the whole component; fp32 conv_bn stays exact at every version instead.
 //
@@ -701,6 +728,7 @@ dgrad_kernel(Geom g, DgradPhase ph,
   main_loop<T, false, true>(smem, acc, (ph.Kp + BK - 1) / BK, warp_m, warp_n, load_tile);
 
   // Row q of this phase's GEMM is input pixel (n, a + sh*t, b + sw*u) of dx.
+  const bool dx_vec = C_in % 8 == 0 && (reinterpret_cast<uintptr_t>(dx) & 15) == 0;
   auto store = [&](int mi, int ni, const float* s) {
     const int64_t q = m0 + mi;
     if (q >= ph.M) return;
@@ -708,7 +736,7 @@ dgrad_kernel(Geom g, DgradPhase ph,
     const int tu = static_cast<int>(q % phase_pixels);
     const int64_t h = ph.a + sh * (tu / ph.Wb), wcol = ph.b + sw * (tu % ph.Wb);
     const int c = c0 + ni;
-    store_row8<T>(dx + ((n * g.H + h) * g.W + wcol) * C_in + c, s, C_in - c, C_in % 8 == 0);
+    store_row8<T>(dx + ((n * g.H + h) * g.W + wcol) * C_in + c, s, C_in - c, dx_vec);
   };
   epilogue(acc, smem_raw, warp_m, warp_n, store);
 #endif
@@ -797,11 +825,12 @@ wgrad_kernel(Geom g, int64_t per_split,
   const int KT = static_cast<int>((max(p_end - p_begin, int64_t{0}) + BK - 1) / BK);
   main_loop<T, true, true>(smem, acc, KT, warp_m, warp_n, load_tile);
 
+  const bool part_vec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0;
   auto store = [&](int mi, int ni, const float* s) {
     const int o = o0 + mi, k = k0 + ni;
     if (o >= C_out) return;
     float* dst = part + (static_cast<int64_t>(blockIdx.y) * C_out + o) * K + k;
-    store_row8<float>(dst, s, K - k, K % 4 == 0);
+    store_row8<float>(dst, s, K - k, part_vec);
   };
   epilogue(acc, smem_raw, warp_m, warp_n, store);
 #endif
