@@ -773,7 +773,7 @@ wgrad_kernel(Geom g, int64_t per_split,
   const int k0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
   const int64_t p_begin = static_cast<int64_t>(blockIdx.y) * per_split;
   const int64_t p_end = min(g.P, p_begin + per_split);
-  const int64_t hw_out = g.H_out * g.W_out;
+  const int hw_out = static_cast<int>(g.H_out * g.W_out);
   const T zero = from_f32<T>(0.0f);
 
   // Each thread copies pixel rows tid/16 and tid/16 + 16 of the tile, 8 columns from col:
@@ -799,9 +799,11 @@ wgrad_kernel(Geom g, int64_t per_split,
         for (int e = 0; e < 8; ++e) a_dst[e] = (p_ok && oa + e < C_out) ? dy[p * C_out + oa + e] : zero;
       }
       // ---- B: im2col(x)[p, kb .. kb+7]; zeros at the padding ----
-      const int64_t pp = p_ok ? p : 0;
+      // A 32-bit division (P < 2**30 on this path): this decode runs every tile, and a
+      // 64-bit one costs several times the instructions.
+      const int pp = p_ok ? static_cast<int>(p) : 0;
       const int64_t n = pp / hw_out;
-      const int hw = static_cast<int>(pp % hw_out);
+      const int hw = pp % hw_out;
       const int hb = (hw / static_cast<int>(g.W_out)) * static_cast<int>(g.sh) - static_cast<int>(g.ph);
       const int wb = (hw % static_cast<int>(g.W_out)) * static_cast<int>(g.sw) - static_cast<int>(g.pw);
       const T* x_img = x + n * g.sx_n;
@@ -1139,7 +1141,7 @@ template <typename T>
 static bool tensor_core_path(int version, const Geom& g) {
   const int64_t lim = int64_t{1} << 30;
   const bool fits_32 = g.K < lim && g.kH * g.kW * g.C_out < lim && g.H * g.W < lim &&
-                       g.H_out * g.W_out < lim && g.C_out < lim;
+                       g.H_out * g.W_out < lim && g.C_out < lim && g.P < lim;
   return version >= 3 && !is_f32<T>::value && fits_32 && tensor_cores_available();
 }
 
