@@ -52,32 +52,42 @@ def _args(shape, training, seed=0):
     return a
 
 
-def run_checks(shapes, report):
-    """Version 4 against float64 at every shape and direction; returns the failed (shape,
-    variant) pairs (not timed for version 4)."""
+def _check(shape, variant, version):
+    """One harness check of `version` at `shape`, as a JSON-able dict."""
     from equivalence.check import check_args
 
-    failed = set()
-    os.environ[ENV] = str(NEW)
+    os.environ[ENV] = str(version)
+    start = time.perf_counter()
     try:
-        for s in shapes:
-            for variant, _ in s.directions:
-                key = f"{s.name}/{variant}"
-                start = time.perf_counter()
-                try:
-                    r = check_args("conv_bn", "cuda", _args(s, variant == "train", seed=1))
-                    entry = {"status": r.status, "summary": r.summary()}
-                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                    entry = {"status": "error", "summary": f"{type(exc).__name__}: {exc}",
-                             "traceback": traceback.format_exc(limit=4)}
-                entry["seconds"] = round(time.perf_counter() - start, 2)
-                report["checks"][key] = entry
-                if entry["status"] != "pass":
-                    failed.add((s.name, variant))
-                print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{NEW} {key}: "
-                      f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
+        r = check_args("conv_bn", "cuda", _args(shape, variant == "train", seed=1))
+        entry = {"status": r.status, "summary": r.summary()}
+    except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+        entry = {"status": "error", "summary": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc(limit=4)}
     finally:
         os.environ.pop(ENV, None)
+    entry["seconds"] = round(time.perf_counter() - start, 2)
+    return entry
+
+
+def run_checks(shapes, report):
+    """Version 4 against float64 at every shape and direction; returns the failed (shape,
+    variant) pairs (not timed for version 4). Where version 4 fails, version 3 is checked
+    at the same case too: whether the case or the new kernels are at fault."""
+    failed = set()
+    for s in shapes:
+        for variant, _ in s.directions:
+            key = f"{s.name}/{variant}"
+            entry = _check(s, variant, NEW)
+            if entry["status"] != "pass":
+                failed.add((s.name, variant))
+                entry[f"v{OLD}_same_case"] = _check(s, variant, OLD)
+            report["checks"][key] = entry
+            print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{NEW} {key}: "
+                  f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
+            if f"v{OLD}_same_case" in entry:
+                old = entry[f"v{OLD}_same_case"]
+                print(f"       v{OLD} at the same case: {old['status']} {old['summary'][:120]}")
     return failed
 
 
