@@ -799,8 +799,8 @@ wgrad_kernel(Geom g, int64_t per_split,
         for (int e = 0; e < 8; ++e) a_dst[e] = (p_ok && oa + e < C_out) ? dy[p * C_out + oa + e] : zero;
       }
       // ---- B: im2col(x)[p, kb .. kb+7]; zeros at the padding ----
-      // A 32-bit division (P < 2**30 on this path): this decode runs every tile, and a
-      // 64-bit one costs several times the instructions.
+      // A 32-bit division (the launcher sends P < 2**30 here): this decode runs every
+      // tile, and a 64-bit one costs several times the instructions.
       const int pp = p_ok ? static_cast<int>(p) : 0;
       const int64_t n = pp / hw_out;
       const int hw = pp % hw_out;
@@ -1141,7 +1141,7 @@ template <typename T>
 static bool tensor_core_path(int version, const Geom& g) {
   const int64_t lim = int64_t{1} << 30;
   const bool fits_32 = g.K < lim && g.kH * g.kW * g.C_out < lim && g.H * g.W < lim &&
-                       g.H_out * g.W_out < lim && g.C_out < lim && g.P < lim;
+                       g.H_out * g.W_out < lim && g.C_out < lim;
   return version >= 3 && !is_f32<T>::value && fits_32 && tensor_cores_available();
 }
 
@@ -1303,7 +1303,8 @@ static int64_t wgrad_part_floats(int64_t P, int64_t C_out, int64_t K) {
 template <typename T>
 static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, float* part,
                           cudaStream_t stream) {
-  if (version == 4 && tensor_core_path<T>(version, g)) {
+  // wgrad_kernel decodes its pixels in 32 bits (every tile: a 64-bit division costs more)
+  if (version == 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
     if constexpr (!is_f32<T>::value) {
       const int64_t sms2 = 2 * static_cast<int64_t>(levels_sm_count());
       const int64_t s = tc_wgrad_max_splits(g.P, g.C_out, g.K, sms2 < TC_MAX_BLOCKS ? sms2 : TC_MAX_BLOCKS);
