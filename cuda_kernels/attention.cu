@@ -26,6 +26,17 @@
 //       reads per FLOP; 2 blocks an SM hide each other's barriers. Costs: O and S double
 //       in registers, so Q's fragments are re-read from shared memory every k-step; a
 //       64-row block of 2 warps for small grids. Backward: v4's.
+//   v6  Hopper warpgroup MMA (sm_90 only): a warpgroup (4 warps) owns 64 query rows and
+//       issues wgmma.mma_async for both products: S = Q Kᵀ with Q and K read by the tensor
+//       cores straight from 128-byte-swizzled shared memory (descriptors: no ldmatrix, no Q
+//       in registers), O += P V with P from registers (the S accumulators re-packed: wgmma's
+//       A fragment is mma.sync's, one per warp) and V read N-major as it lies (imm-trans-b).
+//       2 warpgroups (128 rows) a block, or 1 for small grids; 128-key tiles through a
+//       3-stage cp.async ring. Costs: sm_90 only, D in {64, 128}, no RoPE (the launcher
+//       refuses; Python picks v5 by default), 224 KB of shared memory at D = 128 (1 block
+//       an SM); a warpgroup's softmax does not yet overlap its own MMAs (FlashAttention-3's
+//       TMA producer and ping-pong are the next rung). Backward: v4's.
+//       Measured: to be filled by the lead (scripts/device_attention6.py).
 //
 // Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
 //   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,
@@ -33,7 +44,7 @@
 //   blocks): no atomics, every gradient element written once by one thread: deterministic.
 //   forward v1, v2 (and fp32 at v3/v4)  ->  CUDA-core backward (exact fp32, v2's layout)
 //   forward v3                           ->  mma.sync backward, synchronous loads, masking
-//   forward v4, v5                       ->  mma.sync backward, cp.async double buffering
+//   forward v4, v5, v6                   ->  mma.sync backward, cp.async double buffering
 //                                            and causal block skipping
 //
 // The log-sum-exp the forward stores is in base 2 of the scaled scores:
@@ -54,7 +65,7 @@
 //       tensor-core kernels turn a 16-bit tile in shared memory after it has landed
 //       (rope_tile: cp.async cannot rotate in flight) and the dq/dk accumulators in
 //       registers (rope_unrotate_acc: a lane holds both features of each of its pairs).
-//   causal with Nq != Nk and kv_lens (below) at v3-v5 too: each kernel takes its batch
+//   causal with Nq != Nk and kv_lens (below) at v3-v6 too: each kernel takes its batch
 //       element's [0, end) and diagonal shift (Keys), masks with them on the tiles that
 //       straddle them and skips the tiles past them as it skips those above the diagonal; a
 //       row that saw no key stores out 0 and lse +inf (the CUDA-core kernels' convention).
@@ -72,11 +83,12 @@
 //
 // Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
 // dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
-// whose last dimension is strided). v3-v5 read 16-byte chunks, so for them every stride
+// whose last dimension is strided). v3-v6 read 16-byte chunks, so for them every stride
 // of a dimension of size > 1 must be a multiple of 8 elements and the base 16-byte aligned
 // (else LEVELS_UNSUPPORTED; the Python side copies). Outputs out, lse, dq, dk, dv are
 // contiguous, written only inside their own extent. Offsets are int64.
-// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D); v1 takes any D.
+// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D), {64, 128} at v6; v1
+// takes any D.
 
 #include "common.cuh"
 #include "mma.cuh"
