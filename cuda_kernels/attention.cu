@@ -1169,7 +1169,6 @@ __device__ __forceinline__ void fwd_tile_v6(uint32_t q_base, uint32_t q_atom, ui
                                             float (&s)[V6_BN / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2],
                                             int n0, int row_g, int end, int shift, int causal, float sl, int lane) {
   constexpr int BN = V6_BN, ATOM = BN * 128;  // K/V: bytes from one 64-column atom to the next
-  // ### BEGIN SOLUTION
   // S = Q Kᵀ: D/16 k-steps; k-step kk is atom kk/4, 32 bytes a k16 slice inside the atom
   // (the hardware applies the swizzle to the address it computes, as in gemm.cu). The first
   // k-step overwrites S (scale-d 0): no zeroing pass.
@@ -1237,7 +1236,6 @@ __device__ __forceinline__ void fwd_tile_v6(uint32_t q_base, uint32_t q_atom, ui
   for (int c = 0; c < BN / 16; ++c)
 #pragma unroll
     for (int j = 0; j < 4; ++j) keep(pa[c][j]);  // P's registers stay P's until the MMAs read them
-  // ### END SOLUTION
 }
 
 // Block: 1 or 2 warpgroups (blockDim.x = 128 or 256), 64 query rows each.
