@@ -36,7 +36,11 @@
 //       refuses; Python picks v5 by default), 224 KB of shared memory at D = 128 (1 block
 //       an SM); a warpgroup's softmax does not yet overlap its own MMAs (FlashAttention-3's
 //       TMA producer and ping-pong are the next rung). Backward: v4's.
-//       Measured: to be filled by the lead (scripts/device_attention6.py).
+//       Measured on the H100 (forward, bf16, kernel time, reports/h100-attention6.json, FLASH
+//       and v5 in the same run): B4 H16 N4096 D128 296 TFLOP/s = 0.86x SDPA FLASH (v5 0.70x),
+//       B1 H32 N2048 D128 causal 0.96x (v5 0.71x); at D = 64 no gain (N1000-1024 1.25-1.46x
+//       FLASH, v5 1.33-1.46x) and a loss at short sequences (N197 0.52x, v5 0.87x), so the
+//       Python side's default is v6 on sm_90 for D = 128 only (attention.py default_version).
 //
 // Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
 //   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,

@@ -78,7 +78,8 @@ Picked by $LEVELS_CUDA_VERSION_ATTENTION (version=None) it hands such a call to 
 or to version 2 where 5 cannot run it either (`pick_version`). Measured: to be filled by the
 lead (scripts/device_attention6.py).
 
-Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else DEFAULT_VERSION.
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else default_version
+(version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION).
 """
 
 from __future__ import annotations
@@ -122,9 +123,24 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 is exact fp32 FMAs at every version (v3-v5 run v2 for it)
 
 
-def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_ATTENTION if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
-    return versions.resolve("attention", VERSIONS, DEFAULT_VERSION, version)
+def default_version(q=None, rope=False) -> int:
+    """The version a call runs when nobody chose one: version 6 on sm_90 for 16-bit heads of
+    128 without RoPE, else DEFAULT_VERSION. Measured on the H100 (forward, bf16, kernel time,
+    reports/h100-attention6.json): at D = 128 version 6 ran 0.86x / 0.96x FLASH (B4 H16 N4096,
+    B1 H32 N2048 causal) where version 5 ran 0.70x / 0.71x; at D = 64 it was no faster
+    (N1000-1024: 1.25-1.46x FLASH, version 5 1.33-1.46x) and slower at short sequences (N197:
+    0.52x, version 5 0.87x; N512: 0.74x against 0.83x): a 64-wide head gives each wgmma too
+    little work to hide the per-tile barrier and softmax."""
+    if (q is not None and q.shape[-1] == 128 and q.dtype in TENSOR_CORE_DTYPES and not rope
+            and q.is_cuda and versions.on_hopper()):
+        return HOPPER_VERSION
+    return DEFAULT_VERSION
+
+
+def resolve_version(version=None, q=None, rope=False) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_ATTENTION if set, else default_version(q, rope)
+    (cuda_kernels/versions.py)."""
+    return versions.resolve("attention", VERSIONS, default_version(q, rope), version)
 
 
 def check_head_dim(q: torch.Tensor) -> None:
@@ -180,7 +196,7 @@ def pick_version(version, q, k, causal, kv_lens, rope=False) -> int:
     call), else the process's ($LEVELS_CUDA_VERSION_ATTENTION or DEFAULT_VERSION), or, where
     that one cannot, HOPPER_FALLBACK for version 6 (off sm_90, or a head size or RoPE it does
     not take) if that can, else GROWN_VERSION. rope: whether RoPE is fused into the call."""
-    chosen = resolve_version(version)
+    chosen = resolve_version(version, q, rope)
     why = supported(chosen, q, k, causal, kv_lens, rope)
     if why and version is not None:
         raise ValueError(f"attention: argument 'version': {why} (version=None picks one that can)")

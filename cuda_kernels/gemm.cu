@@ -63,7 +63,13 @@
 //              named-barrier waits per warpgroup per tile, and a persistent block may hold
 //              one tile more than another (the last wave); the batched kernel runs 128x128
 //              tiles only (4 stages). Hang trap: -DLEVELS_GEMM7_TIMEOUT=n.
-//              Measured: (to be filled by the lead from reports/h100-gemm7.json).
+//              Measured on the H100 (bf16, reports/h100-gemm7.json, cuBLAS and v5-v6 in the
+//              same run): every check passed on the first run, bitwise version 6's results;
+//              and no faster than version 6: 0.87-0.93x cuBLAS at 8192^3, 4096^3 and the MLP's
+//              large GEMMs (v6 0.89-0.94x), 0.66-0.86x at the short-K ones (M4096 1024->4096,
+//              M1000 768->3072; v6 0.69-0.89x). What the persistent grid alone buys is the
+//              loads under the epilogue, and those were not the bottleneck: the MMAs wait for
+//              the epilogue either way. The MLP's default stays version 6.
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from

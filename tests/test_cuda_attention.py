@@ -49,6 +49,27 @@ def test_versions_and_default():
         assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from the opening comment"
 
 
+def test_default_is_version_6_on_hopper_for_16_bit_heads_of_128(monkeypatch):
+    # The measured rule (cuda_kernels/attention.py default_version): version 6 where it was
+    # faster on the H100 (D = 128), version 5 elsewhere; the environment still overrides it.
+    from cuda_kernels import versions
+
+    class Q:  # what default_version reads of q: a CUDA tensor's shape, dtype and device
+        def __init__(self, D, dtype):
+            self.shape, self.dtype, self.is_cuda = (2, 4, 300, D), dtype, True
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(versions, "on_hopper", lambda: True)
+    assert K5.default_version(Q(128, torch.bfloat16)) == K5.resolve_version(None, Q(128, torch.float16)) == 6
+    assert K5.default_version(Q(64, torch.bfloat16)) == 5
+    assert K5.default_version(Q(128, torch.float32)) == 5
+    assert K5.default_version(Q(128, torch.bfloat16), rope=True) == 5
+    monkeypatch.setenv(ENV, "4")
+    assert K5.resolve_version(None, Q(128, torch.bfloat16)) == 4
+    monkeypatch.setattr(versions, "on_hopper", lambda: False)
+    assert K5.default_version(Q(128, torch.bfloat16)) == 5
+
+
 def test_version_from_argument_then_environment(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert K5.resolve_version() == 5
