@@ -591,15 +591,20 @@ struct RowPart {
 template <int S, int CH>
 struct RowLanes {
   int g, first;
+  int t, count;  // this thread's index among the threads of its row, and their number
   bool block_mode;
   __device__ __forceinline__ explicit RowLanes(int R) {
     block_mode = S == 32 && R == 1 && blockDim.x > 32;
     if (block_mode) {
       g = 0;
       first = (int)(threadIdx.x >> 5) * 32 * CH + (int)(threadIdx.x & 31);
+      t = (int)threadIdx.x;
+      count = (int)blockDim.x;
     } else {
       g = (int)threadIdx.x / S;
       first = (int)threadIdx.x % S;
+      t = first;
+      count = S;
     }
   }
 };
@@ -643,6 +648,19 @@ __device__ __forceinline__ float2 cluster_sum2(float a, float b, float2* slot, f
   return total;
 }
 #endif
+
+// Asks L2 for n elements at p, one prefetch per 128-byte line, spread over `lanes` threads
+// (t = this thread's index among them). The kernels below call it for the NEXT row right
+// after loading this one: while this row's sums cross the lanes (a barrier in block mode,
+// a cluster barrier in SPLIT), the next row's bytes travel from DRAM, and its loads then hit
+// L2. No registers held, no extra DRAM traffic (the bytes are read anyway); a hint only.
+template <typename T>
+__device__ __forceinline__ void prefetch_l2(const T* p, int64_t n, int t, int lanes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = n * (int64_t)sizeof(T);
+  for (int64_t off = (int64_t)t * 128; off < bytes; off += (int64_t)lanes * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
 
 // A row's mean and rstd from the thread's share xr (columns [0, n) of the row's piece) and
 // `total(value, k)`, the row's sum of every thread's value (k: which of the two sums).
@@ -724,6 +742,8 @@ fwd_v4_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __re
     const int64_t r = live ? row : base;
     P xr;
     xr.load(x + r * stride_x, first, n);
+    const int64_t next = row + (int64_t)gridDim.x * R;
+    if (next < M) prefetch_l2(x + next * stride_x, N, lanes.t, lanes.count);
     const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
     fwd_v4_out(y + r * (int64_t)N, xr, weight, bias, first, n, stats.x, stats.y);
     if (live && first == 0) {
@@ -755,6 +775,8 @@ fwd_v4_split(const T* __restrict__ x, const T* __restrict__ weight, const T* __r
   for (int64_t row = blockIdx.y; row < M; row += gridDim.y) {
     P xr;
     xr.load(x + row * stride_x + col0, first, n);
+    if (row + gridDim.y < M)
+      prefetch_l2(x + (row + gridDim.y) * stride_x + col0, n, threadIdx.x, blockDim.x);
     const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
     fwd_v4_out(y + row * (int64_t)N + col0, xr, weight + col0, bias + col0, first, n, stats.x,
                stats.y);
@@ -838,6 +860,10 @@ bwd_v4_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restri
     P xr, gr;
     xr.load(x + r * stride_x, first, n);
     gr.load(dy + r * stride_dy, first, n);
+    if (row + R < last) {
+      prefetch_l2(x + (row + R) * stride_x, N, lanes.t, lanes.count);
+      prefetch_l2(dy + (row + R) * stride_dy, N, lanes.t, lanes.count);
+    }
     w.load(weight, first, n);  // per row, from L1: held across rows it cost registers
     const float mu = live ? mean[r] : 0.0f, rs = live ? rstd[r] : 0.0f;
     bwd_v4_row<P, T, E>(xr, gr, w, dx + r * (int64_t)N, first, n, N, mu, rs, dw, db, total);
@@ -907,6 +933,10 @@ bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
     P xr, gr;
     xr.load(x + row * stride_x + col0, first, n);
     gr.load(dy + row * stride_dy + col0, first, n);
+    if (row + 1 < last) {
+      prefetch_l2(x + (row + 1) * stride_x + col0, n, threadIdx.x, blockDim.x);
+      prefetch_l2(dy + (row + 1) * stride_dy + col0, n, threadIdx.x, blockDim.x);
+    }
     w.load(weight + col0, first, n);
     float2* s = &slot[(row - first_row) & 1];
     auto total = [&](float a, float b) { return cluster_sum2(a, b, s, gathered, scratch); };

@@ -12,6 +12,7 @@ registers do not spill on sm_90a."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -66,6 +67,134 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     assert len(held) == 3 * 5, sorted(report)  # 3 dtypes x (3 forward + 2 backward) variants
     spilled = {k: v for k, v in held.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+
+
+# ------------------------------------------------------------------ version 4's rule --
+
+_PLAN_SHIM = r"""
+#include "layer_norm_plan.h"
+extern "C" void plan(int backward, long long M, long long N, int elem, int aligned, int clusters,
+                     int sms, int force, long long* out) {
+  const levels_layer_norm::LnPlan p = levels_layer_norm::ln_plan(
+      backward != 0, M, N, elem, aligned != 0, clusters != 0, sms, force);
+  const long long v[7] = {p.path, p.vec, p.E, p.G, p.R, p.C, p.seg};
+  for (int i = 0; i < 7; ++i) out[i] = v[i];
+}
+"""
+PLAN_FIELDS = ("path", "vec", "E", "G", "R", "C", "seg")
+ROWS, SPLIT, LOOP, NONE = 1, 2, 3, 0
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """layer_norm_plan.h's ln_plan, compiled by g++ for this CPU (the header is plain C++:
+    the launchers in layer_norm.cu call the same function)."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
+    d = tmp_path_factory.mktemp("ln-plan")
+    (d / "shim.cpp").write_text(_PLAN_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
+                    str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
+    lib = ctypes.CDLL(str(d / "plan.so"))
+    out = (ctypes.c_longlong * 7)()
+
+    def call(M, N, dtype, aligned=True, backward=False, clusters=True, sms=132, force=0):
+        lib.plan(int(backward), M, N, torch.empty((), dtype=dtype).element_size(), int(aligned),
+                 int(clusters), sms, force, out)
+        return dict(zip(PLAN_FIELDS, list(out)))
+    return call
+
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize("case,want", [
+    # narrow rows: a group of lanes per row, 256 / G rows a block, 32 bytes a thread
+    (dict(M=1 << 20, N=64, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=4, R=64)),
+    (dict(M=1 << 19, N=64, dtype=F32), dict(path=ROWS, vec=1, E=8, G=8, R=32)),
+    (dict(M=9, N=1, dtype=F32, aligned=False), dict(path=ROWS, vec=0, E=8, G=4, R=64)),
+    (dict(M=9, N=7, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=4, R=64)),
+    # 4096 x 1023, version 3's cliff: element loads, the row still in registers, a block each
+    (dict(M=4096, N=1023, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=64, R=1)),
+    (dict(M=4096, N=1023, dtype=F32, aligned=False), dict(path=ROWS, vec=0, E=8, G=128, R=1)),
+    # medium rows, aligned: a block of N / E threads, E the smallest that fits 512 threads
+    (dict(M=16384, N=4096, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=256, R=1)),
+    (dict(M=16384, N=4096, dtype=F32), dict(path=ROWS, vec=1, E=8, G=512, R=1)),
+    (dict(M=2048, N=16384, dtype=F32), dict(path=ROWS, vec=1, E=32, G=512, R=1)),
+    (dict(M=2048, N=4097, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=288, R=1)),
+    # wider than a block holds: a cluster of blocks per row (sm_90), else v3's loop
+    (dict(M=2047, N=16385, dtype=F32, aligned=False), dict(path=SPLIT, vec=0, C=3, seg=5462, G=352)),
+    (dict(M=1024, N=65536, dtype=BF16), dict(path=SPLIT, vec=1, C=8, seg=8192, G=512)),
+    (dict(M=512, N=65536, dtype=F32), dict(path=SPLIT, vec=1, C=8, seg=8192, G=512)),
+    (dict(M=512, N=65537, dtype=F32, aligned=False), dict(path=LOOP, vec=0)),
+    (dict(M=2047, N=16385, dtype=F32, aligned=False, clusters=False), dict(path=LOOP, vec=0)),
+    # few rows: a split even where a block would hold the row, so that more SMs stream
+    (dict(M=8, N=4096, dtype=BF16), dict(path=SPLIT, vec=1, C=2, seg=2048, G=128)),
+    (dict(M=8, N=4096, dtype=BF16, clusters=False), dict(path=ROWS, vec=1, E=16, G=256)),
+    (dict(M=8, N=1024, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=64)),
+    # backward: x, dy, w and two partial sums a column: 8 or 16 elements a thread
+    (dict(M=16384, N=4096, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=8, G=512, R=1)),
+    (dict(M=16384, N=768, dtype=F32, backward=True), dict(path=ROWS, vec=1, E=8, G=96, R=1)),
+    (dict(M=1 << 20, N=64, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=8, G=8, R=32)),
+    (dict(M=4096, N=8192, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=16, G=512)),
+    (dict(M=4096, N=8193, dtype=F32, backward=True, aligned=False),
+     dict(path=SPLIT, vec=0, C=2, seg=4097, G=288)),
+    (dict(M=512, N=65536, dtype=F32, backward=True), dict(path=SPLIT, vec=1, C=8, seg=8192)),
+    # forced paths: what can run, or NONE (an error at the op, never another path)
+    (dict(M=64, N=1024, dtype=F32, force=2), dict(path=SPLIT, vec=1, C=2, seg=512, G=32)),
+    (dict(M=64, N=1024, dtype=F32, force=3), dict(path=LOOP, vec=1)),
+    (dict(M=64, N=1024, dtype=F32, force=5), dict(path=ROWS, vec=0, E=8, G=128)),
+    (dict(M=64, N=1, dtype=F32, force=2), dict(path=NONE)),
+    (dict(M=64, N=65536, dtype=F32, force=1), dict(path=NONE)),
+    (dict(M=64, N=4096, dtype=F32, force=2, clusters=False), dict(path=NONE)),
+])
+def test_version4_rule_picks(plan, case, want):
+    got = plan(**case)
+    assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+# What each kernel of layer_norm.cu is instantiated for (its launcher's switches): a plan
+# outside these would be refused at the launch (LEVELS_UNSUPPORTED).
+def _row_widths(backward, elem, vec):
+    if backward:
+        return [8, 16]
+    return {(4, True): [8, 16, 32], (2, True): [16, 32], (4, False): [8, 16],
+            (2, False): [16]}[(elem, vec)]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_version4_plans_are_ones_the_kernels_can_run(plan, backward, dtype, aligned):
+    # every width 1..70000 (a stride through it) and row counts few and many: the
+    # guarantees the kernels' comments list, for whatever the rule picks
+    elem = torch.empty((), dtype=dtype).element_size()
+    vec_width = 16 // elem
+    widths = sorted(set(range(1, 600)) | set(range(600, 70000, 97)) | {16384, 16385, 32768, 65536})
+    for N in widths:
+        if aligned and N % vec_width:
+            continue  # 16-byte loads need whole vectors: the launcher never says aligned here
+        for M in (1, 7, 4096):
+            p = plan(M, N, dtype, aligned=aligned, backward=backward)
+            where = f"M={M} N={N} {dtype} aligned={aligned} backward={backward}: {p}"
+            assert p["vec"] == int(aligned), where
+            if p["path"] == ROWS:
+                widths_ = _row_widths(backward, elem, aligned)
+                assert p["E"] in widths_, where
+                assert p["G"] * p["E"] >= N and p["G"] <= 512, where
+                if p["G"] <= 32 and p["R"] > 1:  # lane groups: the first width, 256 threads
+                    assert p["E"] == widths_[0] and p["G"] in (4, 8, 16, 32), where
+                    assert p["G"] * p["R"] == 256 and p["G"] * p["E"] <= 512, where
+                else:
+                    assert p["R"] == 1 and p["G"] % 32 == 0 and p["G"] > 32, where
+            elif p["path"] == SPLIT:
+                C, seg, G = p["C"], p["seg"], p["G"]
+                assert 2 <= C <= 8 and (C - 1) * seg < N <= C * seg, where
+                assert G % 32 == 0 and G <= 512 and seg <= 16 * G, where
+                assert not aligned or seg % vec_width == 0, where
+            else:
+                assert p["path"] == LOOP and N > 8 * 8192, where  # wider than 8 blocks of 8192
 
 
 # ------------------------------------------------------------------------------ GPU --
