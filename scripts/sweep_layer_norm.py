@@ -5,16 +5,20 @@ width may fall off a cliff).
 
     python scripts/sweep_layer_norm.py OUT.json [--dtypes bf16,fp32] [--widths 1023,4096]
                                                 [--budget 140] [--reps 25] [--dry-run]
+                                                [--only REGEX]
 
 Cases: bf16 and fp32 x the widths below; rows M chosen so that the forward of one case moves
 about 256 MB (x read + y written: far beyond the 50 MB L2, so every case streams from DRAM).
 Bytes counted as the bench counts them: forward x + y, backward x + dy + dx (dweight/dbias
 partials are the kernel's own overhead), forward + backward the sum of both. The reference is
-x.clone(): the same bytes as the forward, read once and written once.
+a device copy of the forward's bytes (x's size, read once and written once) between two
+16-byte aligned byte buffers: x.clone() itself is also recorded, but at an odd element count
+torch's copy kernel is not the bandwidth bound (2047 x 16385 fp32: 0.73 TB/s against 2.85).
 
-Timing: CUDA events around each call, the L2 flushed (a 64 MB buffer zeroed) before each
-repetition, median with p20/p80 over `--reps` repetitions (fewer where one call is slow, so a
-case never takes more than about 0.4 s). The backward alone is timed by calling each
+Timing: CUDA events around each call, the L2 flushed before each repetition by READING a
+64 MB buffer (a zeroed one left 50 MB of dirty lines to be written back inside the next timed
+call: copies of the same bytes measured 94 to 111 us), median with p20/p80 over `--reps`
+repetitions (fewer where one call is slow, so a case never takes more than about 0.4 s). The backward alone is timed by calling each
 implementation's backward directly (Level 5: the `layer_norm_bwd` op; torch:
 aten.native_layer_norm_backward) or, for Level 4, autograd.grad on a retained graph. Every
 variant's forward is checked against torch's first (its largest difference is recorded); a
@@ -29,13 +33,15 @@ Variants (names in the JSON):
     L5 v<k> unaligned    the same on an x whose first element is one element past a 16-byte
                          boundary (v3: its scalar block-per-row loop; backward: v2's kernels)
     L5 v<k> path=<p>     versions with forcible paths (cuda_kernels.layer_norm.PATHS), each
-                         path forced, aligned (where the path accepts the case)
+                         path forced, aligned (a path that cannot run the case records the
+                         op's error, "does not support these sizes or layouts")
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -80,7 +86,7 @@ def level5_variants():
 class Timer:
     def __init__(self, reps: int):
         self.reps = reps
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
 
     def __call__(self, fn) -> dict:
         fn()  # first call: compiles, allocates
@@ -93,7 +99,7 @@ class Timer:
         start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for i in range(reps):
-            self.flush.zero_()
+            self.flush.amax()  # read, not written: no dirty lines left for the timed call
             start[i].record()
             fn()
             end[i].record()
@@ -176,7 +182,7 @@ def unaligned_copy(x):
     return xu
 
 
-def run_case(timer, dtype_name, N, M, deadline):
+def run_case(timer, dtype_name, N, M, deadline, wanted):
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device="cuda").manual_seed(N)
     x = torch.randn((M, N), device="cuda", dtype=dtype, generator=g) * 2 + 0.5
@@ -186,9 +192,15 @@ def run_case(timer, dtype_name, N, M, deadline):
     es = x.element_size()
     nbytes = dict(fwd=2 * M * N * es, bwd=3 * M * N * es, fwdbwd=5 * M * N * es)
     row = dict(dtype=dtype_name, N=N, M=M, bytes=nbytes, variants={})
-    copy = timer(lambda: x.clone())
-    copy_tbps = nbytes["fwd"] / copy["ms"] / 1e9
+    half = -(-nbytes["fwd"] // 32) * 16  # x's bytes, rounded up to whole 16-byte vectors
+    src = torch.empty(half, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy = timer(lambda: dst.copy_(src))
+    copy_tbps = 2 * half / copy["ms"] / 1e9
     row["copy"] = dict(copy, tb_per_s=copy_tbps)
+    if "clone" in wanted:
+        clone = timer(lambda: x.clone())
+        row["clone"] = dict(clone, tb_per_s=nbytes["fwd"] / clone["ms"] / 1e9)
     ref = torch.nn.functional.layer_norm(x, (N,), w, b, EPS)
 
     builders = [("torch", lambda: _torch_fns(x, w, b, dy, N)),
@@ -203,6 +215,8 @@ def run_case(timer, dtype_name, N, M, deadline):
         builders.append((label, make))
 
     for label, make in builders:
+        if label not in wanted:
+            continue
         if time.perf_counter() > deadline:
             row["variants"][label] = dict(skipped="time budget spent")
             continue
@@ -224,7 +238,6 @@ def run_case(timer, dtype_name, N, M, deadline):
         print(f"{dtype_name} {M}x{N} {label:24s} "
               f"{' '.join(parts) if parts else entry.get('error', entry.get('skipped'))}",
               flush=True)
-    del x, dy, xu
     return row
 
 
@@ -237,6 +250,9 @@ def main(argv=None) -> int:
                    help="seconds; the cases after it are recorded as skipped (default 140)")
     p.add_argument("--reps", type=int, default=25, help="repetitions per timing (default 25)")
     p.add_argument("--dry-run", action="store_true", help="list the cases and variants; no GPU")
+    p.add_argument("--only", default=None,
+                   help="time only the variants whose name matches this regular expression "
+                        "(the copy is always timed), e.g. 'L4|L5 v4$'")
     a = p.parse_args(argv)
     dtype_names = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     for d in dtype_names:
@@ -251,7 +267,13 @@ def main(argv=None) -> int:
     if a.reps < 5:
         p.error("--reps: at least 5 (p20/p80 need them)")
     todo = cases(dtype_names, widths)
-    labels = ["copy", "torch", "L4"] + [v[0] for v in level5_variants()]
+    try:
+        only = re.compile(a.only) if a.only else None
+    except re.error as e:
+        p.error(f"--only: not a regular expression ({e}): {a.only!r}")
+    labels = ["copy", "clone", "torch", "L4"] + [v[0] for v in level5_variants()]
+    if only is not None:
+        labels = [v for v in labels if v == "copy" or only.search(v)]
     if a.dry_run:
         for name, N, M in todo:
             print(f"{name} M={M} N={N} forward moves {2 * M * N * DTYPES[name].itemsize / 2**20:.0f} MB")
@@ -281,7 +303,7 @@ def main(argv=None) -> int:
             result["rows"].append(dict(dtype=name, N=N, M=M, skipped="time budget spent"))
             continue
         try:
-            result["rows"].append(run_case(timer, name, N, M, deadline))
+            result["rows"].append(run_case(timer, name, N, M, deadline, set(labels)))
         except Exception as e:  # e.g. out of memory allocating the case: record, go on
             result["rows"].append(dict(dtype=name, N=N, M=M,
                                        error=f"{type(e).__name__}: {str(e)[:300]}"))
