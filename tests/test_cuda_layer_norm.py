@@ -67,6 +67,13 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     assert len(held) == 3 * 5, sorted(report)  # 3 dtypes x (3 forward + 2 backward) variants
     spilled = {k: v for k, v in held.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+    # version 4: every instantiation its launchers can pick, none spilling: forward rows 11
+    # (fp32) + 9 + 9 (16-bit: no 32 element loads), backward rows 10 a dtype, and the two
+    # split kernels x 2 load widths x 3 dtypes
+    v4 = {k: v for k, v in report.items() if "_v4_" in k}
+    assert len(v4) == 29 + 30 + 12, sorted(v4)
+    spilled = {k: v for k, v in v4.items() if v[1] or v[2]}
+    assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
 
 
 # ------------------------------------------------------------------ version 4's rule --
@@ -378,3 +385,57 @@ def test_no_rows_give_torchs_result():
     assert y.shape == x.shape
     y.sum().backward()
     assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()
+
+
+# Version 4: every path forced at widths that land on every kernel shape (one element, a
+# lane group, a block, element loads at odd widths, a cluster split, the widest), on aligned
+# rows, on x[:, 1:] of a wider tensor (no 16-byte loads, odd row stride) and on rows of a
+# wider buffer (aligned, strided). A forced path that cannot run a size must be refused
+# with the op's error, and only where layer_norm_plan.h says so. (float16 takes version 4's
+# rule through the version-parametrized tests above.)
+V4_WIDTHS = [1, 7, 33, 1023, 1024, 4097, 16385, 65536]
+V4_PATHS = [0, 1, 2, 3, 5, 6]  # 0: the rule's choice; 5, 6: 1, 2 with element loads
+
+
+def _v4_layout(args: dict, layout: str) -> dict:
+    x = args["x"]
+    M, N = x.shape
+    if layout == "sliced":  # x[:, 1:] of an (M, N + 1) tensor: misaligned, odd row stride
+        buf = torch.full((M, N + 1), float("nan"), dtype=x.dtype, device=x.device)
+        buf[:, 1:] = x
+        args["x"] = buf[:, 1:]
+    elif layout == "row_padded":  # rows N + 8 apart: aligned, strided
+        buf = torch.full((M, N + 8), float("nan"), dtype=x.dtype, device=x.device)
+        buf[:, :N] = x
+        args["x"] = buf[:, :N]
+    return args
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout,dtype", [("contiguous", torch.float32),
+                                          ("contiguous", torch.bfloat16),
+                                          ("sliced", torch.float32), ("sliced", torch.bfloat16),
+                                          ("row_padded", torch.bfloat16)])
+@pytest.mark.parametrize("N", V4_WIDTHS)
+@pytest.mark.parametrize("path", V4_PATHS)
+def test_version4_every_path(path, N, layout, dtype, plan):
+    import functools
+    rows = (513,) if N <= 1024 else ((37,) if N <= 16385 else (5,))
+    args = _v4_layout(_args(rows, N, dtype, seed=N + path), layout)
+    fn = functools.partial(ln.layer_norm, version=4, path=path)
+    x = args["x"]
+    aligned = (x.data_ptr() % 16 == 0 and N % (16 // x.element_size()) == 0
+               and x.stride(0) % (16 // x.element_size()) == 0)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    clusters = torch.cuda.get_device_capability(x.device)[0] >= 9
+    fwd_plan = plan(rows[0], N, dtype, aligned=aligned, clusters=clusters, sms=sms, force=path)
+    bwd_plan = plan(rows[0], N, dtype, aligned=aligned, backward=True, clusters=clusters,
+                    sms=sms, force=path)
+    if fwd_plan["path"] == NONE or bwd_plan["path"] == NONE:
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            w = args["weight"].detach().clone().requires_grad_(True)
+            fn(x.detach().clone().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        return
+    r = check_args("layer_norm", args, fn=fn)
+    assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
