@@ -8,7 +8,7 @@
 // Every version accumulates in fp32 and computes the variance in two passes (centre, then
 // square): exact to fp32 rounding whatever the mean, unlike E[x^2] - E[x]^2.
 //
-// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3):
+// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4):
 //   v1  one thread per row: the CPU loop moved onto the GPU. Each thread walks its row three
 //       times (mean, variance, output). Costs: a warp's 32 loads touch 32 rows, 32 cache
 //       lines at once (no coalescing), and only M threads exist (16384 rows: about one
@@ -28,6 +28,36 @@
 //       that re-reads the row from L1/L2 (vectorized if aligned, else scalar) when the base
 //       pointers are not 16-byte aligned, the row stride or N is not a multiple of the
 //       vector width, or N > 16384.
+//   v4  v3's idea at every width and layout, the kernel picked by a rule from M, N, the dtype
+//       and the alignment (layer_norm_plan.h: plain C++, its choices tested on the CPU).
+//       Why v3 has cliffs (H100, fraction of a device copy's bandwidth, forward;
+//       reports/h100-sweep-layer-norm-before.txt): the fallback loop reads the row three
+//       times, one element a load, and gives a 1023-wide row 512 threads, each of which does
+//       two elements between the block's barriers: bf16 4096 x 1023 0.28x (0.20x in issue
+//       #28's run), 4097 0.45x, fp32 65536 0.50x; and its warp per narrow row keeps N/8 of
+//       32 lanes busy: bf16 64 wide 0.34x. What removes them:
+//       * element loads that still keep the row in registers: the same kernel with VEC = 1.
+//         A warp's load still reads 32 adjacent elements (coalesced), x is still read once
+//         and y written once. (A 16-byte body with an element head and tail is not enough:
+//         at N = 1023 the rows of x and y start at 1023 r elements, a different misalignment
+//         every row, and weight's columns sit at yet another.) Level 4 does the same at 1023.
+//       * compile-time strides between a thread's loads (lane groups of S = 4..32, or a block
+//         whose warps each own 32 CH adjacent vectors): every address is one register plus an
+//         immediate. A runtime stride made ptxas keep a 64-bit address per load (100+
+//         registers for 16 elements), and weight/bias held across the row 119 instead of 60.
+//       * narrow rows (N <= 32 E): a group of S lanes a row, 256 / S rows a block, shuffles
+//         and no barrier, every lane busy.
+//       * rows wider than a block's registers (16384 by vectors, 8192 by elements) split over
+//         a cluster of 2-8 blocks (sm_90 thread-block clusters): each block holds its seg
+//         columns, and the row's sums cross the cluster through distributed shared memory
+//         (each block reads its peers' partial sums after one cluster barrier). The row is
+//         still read once. Few rows (2M < SMs, N >= 4096) split too, so more SMs stream.
+//       * the next row prefetched into L2 (prefetch.global.L2) while this row's sums cross
+//         the block or the cluster: no registers held, no extra DRAM traffic.
+//       Costs: 71 kernels (dtype x elements a thread x load width x lane stride: the cold
+//       build's nvcc time); sm_90 for the split (elsewhere rows too wide for one block take
+//       v3's loop; so do rows wider than 8 x 8192); the ops take a forcing `path` argument so
+//       that tests and scripts/sweep_layer_norm.py reach every kernel.
 //
 // Backward versions (the same version number; forward vN pairs with backward vN):
 //   dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)),   xhat = (x - mean) * rstd
@@ -47,6 +77,15 @@
 //       sum as v2. Both row reductions share one set of barriers (block_sum2). Costs: the
 //       row must fit in registers (N <= 8192), rows aligned as for the forward: otherwise
 //       v3's backward is v2's (said again in the launcher).
+//   v4  v3's fused backward with v4's forward's shapes: lane groups (narrow rows: v3 gave a
+//       32-lane block to a 64-wide row, one row at a time), a block (any alignment, element
+//       loads where needed: misaligned or odd widths fell to v2, 0.3-0.4x), or a cluster of
+//       blocks per row beyond 8192 (v3: v2 again, 0.14-0.36x at 12288-65536): the row's two
+//       sums cross the cluster once per row, each block keeps dw/db partial sums for its own
+//       columns, the cluster writes one partial row. Persistent like v3 (one wave of blocks
+//       or clusters, counted by the occupancy API), weight re-read per row from L1 (held
+//       across rows it cost registers), the next row's x and dy prefetched into L2. Costs:
+//       as v4's forward; rows wider than 8 x 8192 take v2's kernels.
 //
 // Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
 // of `levels bench`; not yet in a committed report under reports/; TB/s counts
