@@ -44,7 +44,8 @@
 //       * compile-time strides between a thread's loads (lane groups of S = 4..32, or a block
 //         whose warps each own 32 CH adjacent vectors): every address is one register plus an
 //         immediate. A runtime stride made ptxas keep a 64-bit address per load (100+
-//         registers for 16 elements), and weight/bias held across the row 119 instead of 60.
+//         registers for 16 elements); weight and bias are loaded beside their use (all up
+//         front, ptxas held them in registers: 119 at 32 fp32 a thread).
 //       * narrow rows (N <= 32 E): a group of S lanes a row, 256 / S rows a block, shuffles
 //         and no barrier, every lane busy.
 //       * rows wider than a block's registers (16384 by vectors, 8192 by elements) split over
@@ -727,8 +728,8 @@ __device__ __forceinline__ float2 fwd_v4_stats(const P& xr, int first, int n, in
 
 // y for the thread's columns. weight and bias are loaded chunk by chunk beside the store
 // that uses them: loaded as a whole share up front, ptxas issued all their loads at once and
-// held them in registers (119 registers instead of 60 at 32 fp32 a thread: fewer rows in
-// flight per SM). They are the same columns for every row, so these loads hit L1.
+// held them in registers (119 registers at 32 fp32 a thread: fewer rows in flight per SM).
+// They are the same columns for every row, so these loads hit L1.
 template <typename P, typename T>
 __device__ __forceinline__ void fwd_v4_out(T* __restrict__ y, const P& xr,
                                            const T* __restrict__ weight,
