@@ -204,6 +204,45 @@ def test_version4_plans_are_ones_the_kernels_can_run(plan, backward, dtype, alig
                 assert p["path"] == LOOP and N > 8 * 8192, where  # wider than 8 blocks of 8192
 
 
+def _columns_of_row(p, N, elem):
+    """Every column the threads of one row (or, SPLIT, one block of the row per rank) load
+    and store, as layer_norm.cu's RowLanes / RowPart compute them: a Python mirror of the
+    kernels' index arithmetic (the part a GPU run would catch only as a wrong element)."""
+    VEC = 16 // elem if p["vec"] else 1
+    CH = p["E"] // VEC
+    group = p["path"] == ROWS and p["R"] > 1
+    S = p["G"] if group else 32
+    pieces = ([(r * p["seg"], min(p["seg"], N - r * p["seg"])) for r in range(p["C"])]
+              if p["path"] == SPLIT else [(0, N)])
+    cols = []
+    for col0, n in pieces:
+        for thread in range(p["G"]):  # the threads of one row (group g = 0 of the block)
+            first = thread % S if group else (thread >> 5) * 32 * CH + (thread & 31)
+            for c in range(CH):
+                start = (first + c * S) * VEC
+                if start < n:  # RowPart::in: a whole vector in or out
+                    assert start + VEC <= n, (p, N, thread, c)
+                    cols += [col0 + start + j for j in range(VEC)]
+    return cols
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_version4_threads_cover_each_column_once(plan, backward, dtype, aligned):
+    elem = torch.empty((), dtype=dtype).element_size()
+    for N in [1, 2, 3, 7, 8, 33, 64, 127, 255, 256, 257, 511, 513, 768, 1000, 1023, 1024, 4096,
+              4097, 8191, 8192, 8193, 12288, 16384, 16385, 32768, 65535, 65536]:
+        if aligned and N % (16 // elem):
+            continue
+        for M in (3, 4096):
+            p = plan(M, N, dtype, aligned=aligned, backward=backward)
+            if p["path"] == LOOP:
+                continue  # version 3's loop and version 2's kernels: their own tests
+            cols = _columns_of_row(p, N, elem)
+            assert sorted(cols) == list(range(N)), (M, N, dtype, aligned, backward, p)
+
+
 # ------------------------------------------------------------------------------ GPU --
 
 def _args(rows, N, dtype, seed=0):
