@@ -3,11 +3,14 @@ backward, through the harness (float64 reference, NaN-poisoned allocations, both
 
 Each version has paths chosen by size and alignment (v3: a warp per row, a block per row
 with 8 or 32 elements a thread, a looped fallback by vectors or by elements; its backward:
-fused with 8 or 16 elements a thread, or v2's kernels), so the GPU tests pick widths that
-land on every path, widths that are no multiple of anything (1, 7, 1023, 4097), rows the
-persistent backward splits raggedly, and views that defeat 16-byte loads.
+fused with 8 or 16 elements a thread, or v2's kernels; v4: lane groups, a block, or a
+cluster per row, by 16-byte or element loads, each forcible), so the GPU tests pick widths
+that land on every path, widths that are no multiple of anything (1, 7, 1023, 4097), rows
+the persistent backward splits raggedly, and views that defeat 16-byte loads.
 
-On a CPU: the version plumbing, and (with nvcc) that the kernels that hold a row in
+On a CPU: the version plumbing, version 4's rule (cuda_kernels/layer_norm_plan.h compiled
+by g++: its choices, the guarantees its kernels rely on, and a Python mirror of the
+kernels' thread-to-column maps), and (with nvcc) that the kernels that hold a row in
 registers do not spill on sm_90a."""
 
 from __future__ import annotations
@@ -430,8 +433,7 @@ def test_no_rows_give_torchs_result():
 # lane group, a block, element loads at odd widths, a cluster split, the widest), on aligned
 # rows, on x[:, 1:] of a wider tensor (no 16-byte loads, odd row stride) and on rows of a
 # wider buffer (aligned, strided). A forced path that cannot run a size must be refused
-# with the op's error, and only where layer_norm_plan.h says so. (float16 takes version 4's
-# rule through the version-parametrized tests above.)
+# with the op's error, and only where layer_norm_plan.h says so.
 V4_WIDTHS = [1, 7, 33, 1023, 1024, 4097, 16385, 65536]
 V4_PATHS = [0, 1, 2, 3, 5, 6]  # 0: the rule's choice; 5, 6: 1, 2 with element loads
 
@@ -455,6 +457,7 @@ def _v4_layout(args: dict, layout: str) -> dict:
 @pytest.mark.parametrize("layout,dtype", [("contiguous", torch.float32),
                                           ("contiguous", torch.bfloat16),
                                           ("sliced", torch.float32), ("sliced", torch.bfloat16),
+                                          ("sliced", torch.float16),
                                           ("row_padded", torch.bfloat16)])
 @pytest.mark.parametrize("N", V4_WIDTHS)
 @pytest.mark.parametrize("path", V4_PATHS)
