@@ -258,6 +258,24 @@ def run_case(timer, dtype_name, N, M, deadline, wanted, row=None):
     return row
 
 
+SUMMARY = ("torch", "L4", "L5 v3", "L5 v4", "L5 v4 unaligned")
+
+
+def summary(rows) -> str:
+    """One line a case: fraction of copy bandwidth, forward / backward, of the variants the
+    goal compares (issue #28: Level 5 >= 0.85x at every width, and >= Level 4)."""
+    lines = [f"{'case':>18s} " + " ".join(f"{v:>15s}" for v in SUMMARY) + "   (fwd/bwd)"]
+    for row in rows:
+        cells = []
+        for v in SUMMARY:
+            e = row.get("variants", {}).get(v, {})
+            f = [e[w]["fraction_of_copy"] for w in ("fwd", "bwd") if w in e]
+            cells.append("/".join(f"{x:.2f}" for x in f) if len(f) == 2 else "-")
+        lines.append(f"{row['dtype']:>4s} {row['M']:>7d}x{row['N']:<6d} "
+                     + " ".join(f"{c:>15s}" for c in cells))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the JSON file to write")
@@ -347,6 +365,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     result["rows"] = list(rows.values())
     result["seconds"] = time.perf_counter() - t_start
+    print(summary(result["rows"]))
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {a.out} ({result['seconds']:.0f} s)")
