@@ -108,6 +108,8 @@
 // steps below the ones to write.
 #include <cooperative_groups.h>
 
+#include <atomic>
+#include <cstdint>
 #include <initializer_list>
 
 #include "common.cuh"
@@ -1131,9 +1133,39 @@ static bool v4_clusters() {
   return ok;
 }
 
+// The host's per-call questions answered once: multiprocessors per device, and how many
+// blocks or clusters of a backward plan fit at once (the occupancy API costs microseconds a
+// query, and a backward asked four). Entries are one 64-bit word each, (key << 32) | value,
+// so a lookup racing a store reads an old answer or a new one, never half of each. (Two
+// questions whose keys collide would share an answer: that costs speed only, since any
+// partial-row count and any SM count give a plan that computes the right result.)
+static std::atomic<uint64_t> v4_answers[512];
+
+template <typename Ask>
+static int v4_remember(uint32_t key, Ask ask) {
+  key |= 1u;  // never 0: an empty slot reads as key 0
+  std::atomic<uint64_t>& slot = v4_answers[(key * 2654435761u) >> 23];
+  const uint64_t seen = slot.load(std::memory_order_relaxed);
+  if ((uint32_t)(seen >> 32) == key) return (int)(uint32_t)seen;
+  const int value = ask();
+  slot.store(((uint64_t)key << 32) | (uint32_t)value, std::memory_order_relaxed);
+  return value;
+}
+
+static uint32_t v4_key(uint32_t a, uint32_t b) { return (a * 0x9E3779B1u) ^ (b + 0x7F4A7C15u + (a << 6)); }
+
+static int v4_sm_count() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return levels_sm_count();
+  }
+  return v4_remember(v4_key(0x534d53u, (uint32_t)dev), [] { return levels_sm_count(); });
+}
+
 template <typename T>
 static LnPlan v4_plan(bool backward, int64_t M, int64_t N, bool aligned, int force) {
-  return ln_plan(backward, M, N, (int)sizeof(T), aligned, v4_clusters(), levels_sm_count(), force);
+  return ln_plan(backward, M, N, (int)sizeof(T), aligned, v4_clusters(), v4_sm_count(), force);
 }
 
 // 16-byte loads need every row of every operand to start on a 16-byte boundary (the row
@@ -1283,8 +1315,15 @@ static int64_t bwd_v4_partials(int force, int64_t M, int64_t N) {
   const LnPlan p = v4_plan<T>(true, M, N, true, force);  // the layout changes vec only
   if (p.path == LN_NONE) return LEVELS_UNSUPPORTED;
   if (p.path == LN_LOOP) return v2_partials(M, N);
-  const int a = v4_bwd_resident<T, true>(p), b = v4_bwd_resident<T, false>(p);
-  const int64_t resident = a < b ? a : b;
+  int dev = 0;
+  (void)cudaGetDevice(&dev);
+  const uint32_t key = v4_key(v4_key(v4_key((uint32_t)dev, (uint32_t)sizeof(T)),
+                                     (uint32_t)(p.path * 64 + p.E)),
+                              (uint32_t)(p.G * 1024 + p.R * 16 + p.C));
+  const int64_t resident = v4_remember(key, [&] {
+    const int a = v4_bwd_resident<T, true>(p), b = v4_bwd_resident<T, false>(p);
+    return a < b ? a : b;
+  });
   const int64_t want = p.path == LN_SPLIT ? M : levels_cdiv(M, p.R);
   return resident < want ? resident : want;
 }
