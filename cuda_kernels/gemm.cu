@@ -72,9 +72,10 @@
 //              mbarriers) makes their mainloops alternate: tile i's MMAs start once tile
 //              i-1's are all issued, so one consumer's epilogue runs while the other's MMAs
 //              keep the tensor cores busy (version 7 hid only the loads). Costs: one tile
-//              shape (128x128), a whole tile's epilogue per warpgroup (hidden only while
-//              shorter than the other's mainloop: short K shows it), consumer 1 idle where a
-//              block has one tile; no batched kernel (Newton-Schulz keeps version 7).
+//              shape (128x128: a third more operand traffic per MAC than 128x256), a whole
+//              tile's epilogue per warpgroup (hidden only while shorter than the other's
+//              mainloop: short K shows it), consumer 1 idle where a block has one tile; no
+//              batched kernel (Newton-Schulz keeps version 7).
 //              Hang trap: -DLEVELS_GEMM8_TIMEOUT=n.
 //              Measured: (to be filled by the lead).
 //
@@ -1699,12 +1700,18 @@ gemm_v7_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
 // 128 x 256; the ring is version 7's at BN = 128: 6 stages of 32 KB beside two 16-row slabs.
 // Costs and limits: version 7's, plus: a consumer's epilogue is a whole 128-row tile (8 slab
 // passes, 16 named-barrier waits), hidden only while it is shorter than the other consumer's
-// mainloop — at short K (a few k-tiles) the tensor cores wait again; one tile shape (no
-// larger tile where tiles are plentiful); a block whose last tile is even leaves consumer 1
-// idle during it, and with fewer tiles than SMs every block runs consumer 0 alone (one
-// warpgroup's MMAs on one tile per SM); two more barrier operations per tile. The batched
-// kernel is not ported: Newton–Schulz version 4 stays on version 7. Hang trap as version 7's
-// (-DLEVELS_GEMM8_TIMEOUT=n, or the GEMM6 / GEMM7 names).
+// mainloop — at short K (a few k-tiles) the tensor cores wait again. One tile shape, smaller
+// than version 7's where tiles are plentiful: 32 KB of operands per 128x128x64 k-tile (1M
+// MACs) where 128x256x64 needs 48 KB per 2M, a third more L2 -> shared memory traffic per
+// MAC, which at large sizes (long K: little epilogue to hide) may cost more than the overlap
+// gains (2-SM clusters multicasting the shared operand would win it back). A block with an
+// odd number of tiles leaves consumer 1 idle during its last one, and with fewer tiles than
+// SMs every block runs consumer 0 alone (one warpgroup's MMAs on one tile per SM). Two more
+// barrier operations per tile. The batched kernel is not ported: Newton–Schulz version 4
+// stays on version 7. Hang trap as version 7's (-DLEVELS_GEMM8_TIMEOUT=n, or the GEMM6 /
+// GEMM7 names).
+// Not here yet (the next rungs): clusters with TMA multicast, the epilogue's stores by TMA,
+// a batched ping-pong kernel.
 // Measured: (to be filled by the lead).
 
 constexpr int V8_THREADS = 384;  // consumer warpgroups 0 and 1 (a tile each), producer 2
