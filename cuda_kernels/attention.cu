@@ -26,6 +26,21 @@
 //       reads per FLOP; 2 blocks an SM hide each other's barriers. Costs: O and S double
 //       in registers, so Q's fragments are re-read from shared memory every k-step; a
 //       64-row block of 2 warps for small grids. Backward: v4's.
+//   v6  Hopper warpgroup MMA (sm_90 only): a warpgroup (4 warps) owns 64 query rows and
+//       issues wgmma.mma_async for both products: S = Q Kᵀ with Q and K read by the tensor
+//       cores straight from 128-byte-swizzled shared memory (descriptors: no ldmatrix, no Q
+//       in registers), O += P V with P from registers (the S accumulators re-packed: wgmma's
+//       A fragment is mma.sync's, one per warp) and V read N-major as it lies (imm-trans-b).
+//       2 warpgroups (128 rows) a block, or 1 for small grids; 128-key tiles through a
+//       3-stage cp.async ring. Costs: sm_90 only, D in {64, 128}, no RoPE (the launcher
+//       refuses; Python picks v5 by default), 224 KB of shared memory at D = 128 (1 block
+//       an SM); a warpgroup's softmax does not yet overlap its own MMAs (FlashAttention-3's
+//       TMA producer and ping-pong are the next rung). Backward: v4's.
+//       Measured on the H100 (forward, bf16, kernel time, reports/h100-attention6.json, FLASH
+//       and v5 in the same run): B4 H16 N4096 D128 296 TFLOP/s = 0.86x SDPA FLASH (v5 0.70x),
+//       B1 H32 N2048 D128 causal 0.96x (v5 0.71x); at D = 64 no gain (N1000-1024 1.25-1.46x
+//       FLASH, v5 1.33-1.46x) and a loss at short sequences (N197 0.52x, v5 0.87x), so the
+//       Python side's default is v6 on sm_90 for D = 128 only (attention.py default_version).
 //
 // Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
 //   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,
@@ -33,7 +48,7 @@
 //   blocks): no atomics, every gradient element written once by one thread: deterministic.
 //   forward v1, v2 (and fp32 at v3/v4)  ->  CUDA-core backward (exact fp32, v2's layout)
 //   forward v3                           ->  mma.sync backward, synchronous loads, masking
-//   forward v4, v5                       ->  mma.sync backward, cp.async double buffering
+//   forward v4, v5, v6                   ->  mma.sync backward, cp.async double buffering
 //                                            and causal block skipping
 //
 // The log-sum-exp the forward stores is in base 2 of the scaled scores:
@@ -54,7 +69,7 @@
 //       tensor-core kernels turn a 16-bit tile in shared memory after it has landed
 //       (rope_tile: cp.async cannot rotate in flight) and the dq/dk accumulators in
 //       registers (rope_unrotate_acc: a lane holds both features of each of its pairs).
-//   causal with Nq != Nk and kv_lens (below) at v3-v5 too: each kernel takes its batch
+//   causal with Nq != Nk and kv_lens (below) at v3-v6 too: each kernel takes its batch
 //       element's [0, end) and diagonal shift (Keys), masks with them on the tiles that
 //       straddle them and skips the tiles past them as it skips those above the diagonal; a
 //       row that saw no key stores out 0 and lse +inf (the CUDA-core kernels' convention).
@@ -72,14 +87,16 @@
 //
 // Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
 // dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
-// whose last dimension is strided). v3-v5 read 16-byte chunks, so for them every stride
+// whose last dimension is strided). v3-v6 read 16-byte chunks, so for them every stride
 // of a dimension of size > 1 must be a multiple of 8 elements and the base 16-byte aligned
 // (else LEVELS_UNSUPPORTED; the Python side copies). Outputs out, lse, dq, dk, dv are
 // contiguous, written only inside their own extent. Offsets are int64.
-// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D); v1 takes any D.
+// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D), {64, 128} at v6; v1
+// takes any D.
 
 #include "common.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 #include <limits.h>
 #include <math.h>
@@ -88,6 +105,7 @@
 namespace levels_attention {
 
 using namespace levels_mma;
+using namespace levels_wgmma;
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -1072,6 +1090,252 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_v5_kernel(Params p) {
 }
 
 // =====================================================================================
+// v6: Hopper warpgroup MMA (wgmma) for both products — sm_90a only
+// =====================================================================================
+// What changes from v5:
+//   * the unit of work is a warpgroup (4 warps, 128 threads) owning 64 query rows, and one
+//     instruction, wgmma.mma_async m64nNk16, multiplies its 64 x 16 slice of the left
+//     operand by a 16 x N slice of the right one into N/2 fp32 registers a thread. On an
+//     H100 mma.sync (v3-v5) issues at about half the tensor cores' rate; wgmma is the way to
+//     the rest (gemm.cu version 5 says the same for the GEMM).
+//   * S = Q Kᵀ reads BOTH operands from shared memory through descriptors (wgmma.cuh): Q and
+//     K are K-major (D, the reduction, is contiguous), stored in the 128-byte swizzle that
+//     gemm.cu's versions 5-6 use: [D/64 atoms][rows][64], 16-byte chunk c of row r at chunk
+//     c ^ (r % 8) — no ldmatrix, no Q fragments in registers (v5 re-read them every k-step).
+//   * O += P V takes P FROM REGISTERS (wgmma's register-A form) and V from shared memory.
+//     The fragment algebra that makes this free (PTX ISA, wgmma register fragments; CUTLASS
+//     writes the same as its SM90 C and A layouts): in a m64nN fp32 accumulator, warp w of
+//     the warpgroup holds rows 16w..16w+15 and lane (g = lane/4, t = lane%4) holds
+//         d[i]:  row 16w + g + 8·((i/2) % 2),   column 8·(i/4) + 2t + (i % 2)
+//     and the 16-bit A fragment of m64nNk16 is, per warp, mma.sync's m16n8k16 A fragment:
+//         a0,a1 (g, 2t..2t+1)   a2,a3 (g+8, 2t..)   a4,a5 (g, 2t+8..)   a6,a7 (g+8, 2t+8..)
+//     So the A fragment of P for keys 16c..16c+15 is S's d[8c..8c+7] in order, packed in
+//     pairs: register j = (d[8c+2j], d[8c+2j+1]). v3's register trick, one warpgroup wide.
+//   * V is the B operand of P V, (keys x D) with D contiguous: "N-major" for B. wgmma reads
+//     it as it lies with imm-trans-b = 1 (allowed for 16-bit types) and an MN-major
+//     descriptor (wgmma_desc_mn): V's tile is written by the same swizzled loader as K's,
+//     byte for byte, and only the descriptor's two offsets change meaning (the next 64
+//     columns of D: the next atom, BN·128 bytes on; the next 8 keys: 1024 bytes on). The
+//     other way, V transposed through shared memory into a K-major tile, would cost a pass
+//     over every V tile and a barrier; the descriptor costs nothing.
+//   * the softmax runs on the S accumulators where the MMA left them (the d[i] layout above):
+//     a lane holds 2 columns of 2 rows per 8 keys, a row's 4 lanes are a quad, so a row max
+//     or sum is this lane's values then 2 shuffles (xor 1, 2), as v3-v5. exp2 with the scale
+//     folded in: p = 2^(s·scale·log2e − m·scale·log2e), one FMA and one MUFU per score.
+// Block: 2 consumer warpgroups (128 query rows), or 1 (64 rows) where 128-row blocks would
+// leave SMs idle; key tiles of BN = 128. Loads: cp.async by every thread into a 3-stage ring
+// (tile t+2 is copied while tile t is computed; one block barrier a tile), the K-major
+// swizzled layout written by address arithmetic. Why cp.async and not TMA + a producer
+// warpgroup (gemm.cu version 6): q, k, v come with any batch/head/row strides (stride 0 of
+// an expanded head included) that TMA's tensor maps would have to describe per call, and
+// the cp.async path is the one that can be reasoned correct without a GPU to try it on;
+// TMA and warp specialization are the next rung (FlashAttention-3's), with the softmax of
+// one warpgroup overlapping the other's MMAs ("ping-pong"). What a tile does: S's wgmmas
+// issued, waited for; the softmax; P V's wgmmas issued, waited for — the two warpgroups of a
+// block and the block's loads run beside each other, one warpgroup's MMAs do not (yet)
+// overlap its own softmax.
+// Shared memory: Q [D/64][block_m][64], then 3 x K [D/64][128][64], 3 x V [D/64][128][64],
+// all 1024-byte aligned (the swizzle's period): 224 KB at D = 128 and 128 rows (1 block an
+// SM), 112 KB at D = 64.
+// Costs and limits: sm_90 only (LEVELS_BAD_ARCH elsewhere: v5 is the one to run there),
+// D in {64, 128} (a 128-byte swizzle row is 64 elements; smaller D would need the 32/64-byte
+// swizzles), 16-bit inputs (fp32 runs v2, as v3-v5), no RoPE (v5 fuses it); the same
+// 16-byte-chunk operand rules as v3-v5. Same lse (base 2) and outputs as v4/v5, so v4/v5's
+// backward serves v6. Causal: tiles past a warpgroup's diagonal are skipped, tiles wholly
+// below it run without the mask code (v4's rule per warpgroup).
+constexpr int V6_BN = 128;     // keys per tile (the N of S's m64n128k16)
+constexpr int V6_STAGES = 3;   // K/V ring depth
+
+// Rows [row0, row0 + rows) of an (N, D) operand (row stride ld) into a swizzled K-major tile
+// [D/64][rows][64] with cp.async: row r's 16-byte chunk ch (8 elements) goes to atom ch / 8,
+// chunk (ch % 8) ^ (r % 8) of the atom's row r. Rows past n are zeros (zero fill). Threads
+// take consecutive chunks of a row: coalesced reads, and the 8 chunks of a 128-byte row land
+// in 8 different bank groups.
+template <typename T, int D>
+__device__ __forceinline__ void v6_load(T* s, const T* __restrict__ g, int64_t ld, int row0, int n, int rows) {
+  constexpr int CH = D / 8;
+  const int total = rows * CH;
+#pragma unroll 4
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int r = e / CH, ch = e % CH;
+    const bool ok = row0 + r < n;
+    T* dst = s + (ch >> 3) * rows * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+    cp_async_16(smem_addr(dst), ok ? g + (int64_t)(row0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
+  }
+}
+
+// One key tile for one warpgroup's 64 rows: S = Q Kᵀ, online softmax, O += P V.
+// q_base: this warpgroup's first Q row in atom 0 (shared address), q_atom: bytes from atom 0
+// to atom 1 of Q (block_m · 128); k_base, v_base: the stage's K and V tiles. s: the S
+// accumulators (m64n128: 64 a thread), o: O's (m64nD: D/2), m, l: rows row_g and row_g + 8.
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void fwd_tile_v6(uint32_t q_base, uint32_t q_atom, uint32_t k_base, uint32_t v_base,
+                                            float (&s)[V6_BN / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                                            int n0, int row_g, int end, int shift, int causal, float sl, int lane) {
+  constexpr int BN = V6_BN, ATOM = BN * 128;  // K/V: bytes from one 64-column atom to the next
+  // S = Q Kᵀ: D/16 k-steps; k-step kk is atom kk/4, 32 bytes a k16 slice inside the atom
+  // (the hardware applies the swizzle to the address it computes, as in gemm.cu). The first
+  // k-step overwrites S (scale-d 0): no zeroing pass.
+  wgmma_fence();  // S's registers were read by the previous tile's softmax
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n128k16<T>(s, wgmma_desc(q_base + (kk >> 2) * q_atom + (kk & 3) * 32),
+                        wgmma_desc(k_base + (kk >> 2) * ATOM + (kk & 3) * 32), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) keep(s[i]);
+
+  // s[i] is (row row_g + 8·((i/2) % 2), key n0 + 8·(i/4) + 2·(lane % 4) + i % 2).
+  if constexpr (MASK) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      const int key = n0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+      const int row = row_g + 8 * ((i >> 1) & 1);
+      if (key >= end || (causal && key > row + shift)) s[i] = -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // row row_g + 8h: elements 4j + 2h and 4j + 2h + 1
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's quad
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx);
+    const float neg = m_new == -INFINITY ? 0.0f : -m_new * sl;  // no -inf - -inf
+    const float alpha = exp2_approx(fmaf(m[h], sl, neg));
+    m[h] = m_new;
+    float sum = 0.0f;  // this lane's columns; the quad's partials are added once, at the end
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      s[4 * j + 2 * h] = exp2_approx(fmaf(s[4 * j + 2 * h], sl, neg));
+      s[4 * j + 2 * h + 1] = exp2_approx(fmaf(s[4 * j + 2 * h + 1], sl, neg));
+      sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+    }
+    l[h] = l[h] * alpha + sum;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j + 2 * h] *= alpha;
+      o[4 * j + 2 * h + 1] *= alpha;
+    }
+  }
+
+  // O += P V: P's A fragment for keys 16c..16c+15 is s[8c..8c+7] in pairs (the top of this
+  // section); V's k-slice c starts 16 rows (2048 bytes, a multiple of the 1024-byte period)
+  // into the tile, so its descriptor needs no intra-atom offset.
+  uint32_t pa[BN / 16][4];
+#pragma unroll
+  for (int c = 0; c < BN / 16; ++c)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pa[c][j] = pack2<T>(s[8 * c + 2 * j], s[8 * c + 2 * j + 1]);
+  wgmma_fence();  // O was rescaled and P written by ordinary instructions just now
+#pragma unroll
+  for (int c = 0; c < BN / 16; ++c) wgmma_rs_m64nNk16<T, D>(o, pa[c], wgmma_desc_mn(v_base + c * 16 * 128, ATOM));
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) keep(o[i]);
+#pragma unroll
+  for (int c = 0; c < BN / 16; ++c)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) keep(pa[c][j]);  // P's registers stay P's until the MMAs read them
+}
+
+// Block: 1 or 2 warpgroups (blockDim.x = 128 or 256), 64 query rows each.
+template <typename T, int D>
+__global__ void __launch_bounds__(256, 1) attn_fwd_v6_kernel(Params p) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BN = V6_BN, STAGES = V6_STAGES;
+  static_assert(D == 64 || D == 128, "a swizzled row is 64 elements: D is one or two atoms");
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // (the other kernels' declaration)
+  const uint32_t raw = smem_addr(smem_raw);  // the swizzle's period, 1 KB: aligned by hand (+1 KB asked)
+  T* sq = reinterpret_cast<T*>(smem_raw + ((1024 - (raw & 1023)) & 1023));
+  const int block_m = (blockDim.x >> 7) * 64;
+  T* sk = sq + block_m * D;
+  T* sv = sk + STAGES * BN * D;
+  const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bh, mb;
+  block_coords(cdiv(Nq, block_m), causal, bh, mb);
+  const int m0 = (int)mb * block_m;
+  const T* k = kv_head_of<T>(p.k, bh, p.H, p.group);
+  const T* v = kv_head_of<T>(p.v, bh, p.H, p.group);
+  const Keys keys = keys_of(p, bh / p.H);  // [0, end) and the diagonal's shift, as v4/v5
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int kv_end = causal ? max(0, min(end, m0 + block_m + shift)) : end;
+  const int n_tiles = (kv_end + BN - 1) / BN;
+
+  // Group 0: Q and tile 0; group 1: tile 1 (possibly empty). Iteration t waits for "at most
+  // one group pending" (tile t landed, t+1 may be in flight), then refills the stage of
+  // tile t-1 with tile t+2.
+  v6_load<T, D>(sq, head_of<T>(p.q, bh, p.H), p.q.sn, m0, Nq, block_m);
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) {
+      v6_load<T, D>(sk + t * BN * D, k, p.k.sn, t * BN, Nk, BN);
+      v6_load<T, D>(sv + t * BN * D, v, p.v.sn, t * BN, Nk, BN);
+    }
+    cp_async_commit();
+  }
+
+  float o[D / 2], s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int wg_row0 = m0 + wg * 64, row_g = wg_row0 + warp * 16 + (lane >> 2);
+  const uint32_t q_base = smem_addr(sq + wg * 64 * 64), q_atom = block_m * 128;
+
+  for (int t = 0, stage = 0; t < n_tiles; ++t, stage = stage == STAGES - 1 ? 0 : stage + 1) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
+    fence_proxy_async();          // ... and are visible to wgmma's (async proxy) reads
+    // After the barrier: tile t is complete, and every warpgroup is past tile t-1 (its MMAs
+    // waited for), whose stage the copies below refill.
+    __syncthreads();
+    if (t + STAGES - 1 < n_tiles) {
+      const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // (t + 2) % 3 = (t - 1) % 3
+      v6_load<T, D>(sk + ns * BN * D, k, p.k.sn, (t + STAGES - 1) * BN, Nk, BN);
+      v6_load<T, D>(sv + ns * BN * D, v, p.v.sn, (t + STAGES - 1) * BN, Nk, BN);
+    }
+    cp_async_commit();  // possibly empty: keeps "one group a tile"
+    const int n0 = t * BN;
+    // Warpgroup-uniform (wgmma is .sync.aligned over the warpgroup): no work for rows past
+    // Nq or keys past this warpgroup's diagonal; no mask code where every (row, key) is seen.
+    const bool skip = wg_row0 >= Nq || (causal && n0 > wg_row0 + 63 + shift);
+    if (!skip) {
+      const uint32_t kb = smem_addr(sk + stage * BN * D), vb = smem_addr(sv + stage * BN * D);
+      const bool needs_mask = n0 + BN > end || (causal && n0 + BN - 1 > wg_row0 + shift);
+      if (needs_mask) fwd_tile_v6<T, D, true>(q_base, q_atom, kb, vb, s, o, m, l, n0, row_g, end, shift, causal, sl, lane);
+      else fwd_tile_v6<T, D, false>(q_base, q_atom, kb, vb, s, o, m, l, n0, row_g, end, shift, causal, sl, lane);
+    }
+  }
+  cp_async_wait<0>();  // nothing left in flight when the block exits
+
+  // Out straight from the accumulators: lane (g, t) holds columns 8j + 2t, 2t+1 of rows
+  // row_g and row_g + 8 (4-byte stores; a row's quad writes 16 contiguous bytes). Once per
+  // row against BN·D MMAs a tile: no staging through shared memory.
+  T* out = static_cast<T*>(p.out) + bh * p.Nq * D;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = row_g + 8 * h;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // a row that saw no key: 0 (and lse +inf)
+    if (row < Nq) {
+      T* dst = out + (int64_t)row * D + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      if ((lane & 3) == 0) p.lse[bh * p.Nq + row] = l[h] > 0.0f ? m[h] * sl + log2f(l[h]) : INFINITY;
+    }
+  }
+#endif
+}
+
+// =====================================================================================
 // backward: preprocess (every version)
 // =====================================================================================
 // delta_i = sum_d dO_id O_id, one warp per row (O as stored, i.e. rounded to its dtype:
@@ -1598,6 +1862,29 @@ int launch_fwd_v5(const Params& p, cudaStream_t stream) {
   return levels_launch_status();
 }
 
+// v6: 2 warpgroups (128 rows) when the 128-row blocks give every SM at least one, else 1
+// (64 rows), as v5. Hopper only: checked here, before anything is launched.
+inline int v6_warpgroups(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 2 : 1; }
+template <int D> constexpr int v6_smem(int block_m) {
+  return (block_m + 2 * V6_STAGES * V6_BN) * D * 2 + 1024;  // + the 1 KB alignment slack
+}
+
+template <typename T, int D>
+int launch_fwd_v6(const Params& p, cudaStream_t stream) {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
+  const int wgs = v6_warpgroups(p.BH, p.Nq), block_m = wgs * 64;
+  static_assert(v6_smem<128>(128) <= 227 * 1024, "the 3-stage ring fits an H100's shared memory");
+  static bool opted = false;
+  if (int err = opt_in(attn_fwd_v6_kernel<T, D>, v6_smem<D>(128), opted)) return err;
+  const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
+  if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
+  attn_fwd_v6_kernel<T, D><<<(unsigned)blocks, wgs * 128, v6_smem<D>(block_m), stream>>>(p);
+  return levels_launch_status();
+}
+
 template <typename T, int D, bool ROPE>
 int launch_bwd_cc(const Params& p, cudaStream_t stream) {
   const int64_t kblocks = p.BH / p.group * cdiv(p.Nk, CcShape<D>::ROWS);  // per K/V head
@@ -1690,6 +1977,12 @@ int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
     if (version == 5) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
+    if (version == 6) {  // no RoPE and D in {64, 128} (the top of v6's section says why)
+      if constexpr (ROPE) return LEVELS_UNSUPPORTED;
+      if (p.D == 64) return launch_fwd_v6<T, 64>(p, stream);
+      if (p.D == 128) return launch_fwd_v6<T, 128>(p, stream);
+      return LEVELS_UNSUPPORTED;
+    }
     LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
@@ -1717,7 +2010,7 @@ int backward_with(int version, const Params& p, int64_t B, cudaStream_t stream) 
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
-    // v4 and v5 (same lse and outputs): the double-buffered, causal-skipping mma backward
+    // v4, v5 and v6 (same lse and outputs): the double-buffered, causal-skipping mma backward
     LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
   }
   return LEVELS_UNSUPPORTED;  // not reached
@@ -1752,7 +2045,8 @@ inline bool set_rope(Params& p, const void* cos, int64_t csr, int64_t csc, const
 // q (B, H, Nq, D), k and v (B, H, Nk, D) with element strides (batch, head, row) and
 // stride 1 along D (k, v: Hkv heads, Hkv dividing H). scratch: v1 only, B*H*Nq*Nk fp32 (may
 // be null for other versions). kv_lens: (B,) int32 or null; bottom_right: the causal diagonal's
-// alignment. Returns a LevelsStatus (LEVELS_UNSUPPORTED: a grown case at v3-v5).
+// alignment. Returns a LevelsStatus (LEVELS_UNSUPPORTED: a grown case at v3-v6, or RoPE or
+// D not in {64, 128} at v6; LEVELS_BAD_ARCH: v6 off sm_90).
 extern "C" int levels_attention_fwd(int dtype, int version,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
                                     const void* k, int64_t skb, int64_t skh, int64_t skn,
@@ -1765,7 +2059,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
   // Nothing to compute (the binding fills an output with no key to see): no empty grid.
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
   // Positions inside a head are int in the tensor-core kernels: sequences below 2**30.
@@ -1798,7 +2092,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
 
 // Backward: dq (B, H, Nq, D), dk and dv (B, H, Nk, D), contiguous. dout and out (B, H,
 // Nq, D) with strides like q; lse from the forward; delta a (B*H*Nq) fp32 scratch.
-// Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4 and 5: mma.sync +
+// Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4, 5 and 6: mma.sync +
 // cp.async + causal block skipping. Returns a LevelsStatus.
 extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
@@ -1814,7 +2108,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // the binding zeroes the gradients
   if (Hkv <= 0 || H % Hkv != 0 || D <= 0 || D > 256 || Nq >= (1 << 30) || Nk >= (1 << 30))
     return LEVELS_UNSUPPORTED;

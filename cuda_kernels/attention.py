@@ -18,13 +18,18 @@ adds is what Triton decided for us, written out one rung at a time, each selecta
     v5  v4 with 32 query rows a warp (two m16 tiles): each    (FlashAttention-2's 4 warps x
         K/V fragment read from shared memory feeds two        32 rows; Q re-read from shared
         MMAs; 2 blocks an SM. Backward: v4's. The default     memory: no room in registers)
+    v6  Hopper wgmma (sm_90 only): a warpgroup owns 64      (FlashAttention-3's products;
+        rows; S = Q K^T with both operands in swizzled         its TMA, producer warpgroup and
+        shared memory, O += P V with P from registers and     ping-pong softmax are the next
+        V read N-major (imm-trans-b); cp.async 3-stage ring.  rung). D 64/128, no RoPE.
+        Backward: v4's.
 
 Backward (recomputes P from the stored log-sum-exp; preprocess delta = rowsum(dO * O), a
 dK/dV kernel over key blocks, a dQ kernel over query blocks; no atomics: deterministic):
 forward v1 and v2 pair with the CUDA-core backward (exact fp32), v3 with the mma.sync
-backward, v4 and v5 (same lse, same outputs) with the mma.sync backward that also
+backward, v4, v5 and v6 (same lse, same outputs) with the mma.sync backward that also
 double-buffers and skips causal blocks.
-fp32 inputs take the declared exact path at v3, v4 and v5: v2's forward and the CUDA-core
+fp32 inputs take the declared exact path at v3-v6: v2's forward and the CUDA-core
 backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
 
 The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
@@ -66,7 +71,15 @@ the dQ kernel recomputes S and dP, 7 matrix products where the FLOP count has 5.
 Triton kernel reaches 488 on the same GPU: the distance is what the next rungs (fewer
 registers per row, a 3-stage K/V pipeline, Hopper's wgmma with the tile in shared memory) are for.
 
-Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else DEFAULT_VERSION.
+Version 6 (wgmma) runs on sm_90 (H100, H200) only, with D in HOPPER_HEAD_DIMS and without
+RoPE. Asked for by argument it raises where it cannot run: a ValueError naming the head size
+or RoPE (`supported`), a RuntimeError from the launcher (LEVELS_BAD_ARCH) on another GPU.
+Picked by $LEVELS_CUDA_VERSION_ATTENTION (version=None) it hands such a call to version 5,
+or to version 2 where 5 cannot run it either (`pick_version`). Measured: to be filled by the
+lead (scripts/device_attention6.py).
+
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else default_version
+(version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION).
 """
 
 from __future__ import annotations
@@ -86,6 +99,9 @@ VERSIONS = {
     5: "version 4 with 32 query rows a warp (two m16 tiles): each K/V fragment from shared "
        "memory feeds two MMAs, Q re-read from shared memory; backward: version 4's "
        "(fp32 runs version 2)",
+    6: "Hopper wgmma (sm_90 only): a warpgroup of 64 query rows, S = Q K^T from swizzled shared "
+       "memory, O += P V with P from registers and V read N-major; cp.async 3-stage ring; D 64 "
+       "or 128, no RoPE; backward: version 4's (fp32 runs version 2)",
 }
 DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-attention-lstm.json)
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
@@ -93,7 +109,10 @@ HEAD_DIMS = (16, 32, 64, 128)  # the tensor-core versions' templates
 ROPE_HEAD_DIMS = (64, 128)  # ... instantiated with RoPE fused (the sizes models rotate: build time)
 MAX_HEAD_DIM = 256  # the CUDA-core kernels' widest tile (any D up to it)
 GROWN_VERSION = 2  # the version a call the tensor-core versions cannot do runs
-TENSOR_CORE_VERSIONS = (3, 4, 5)
+TENSOR_CORE_VERSIONS = (3, 4, 5, 6)
+HOPPER_VERSION = 6  # wgmma: sm_90 only, D in HOPPER_HEAD_DIMS, no RoPE
+HOPPER_HEAD_DIMS = (64, 128)  # a 128-byte swizzled row is 64 elements: D is one or two of them
+HOPPER_FALLBACK = 5  # what version=None runs where version 6 cannot (else GROWN_VERSION)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_FILES = ("attention.cu",)
 
@@ -104,9 +123,24 @@ def uses_tf32(device, dtype) -> bool:
     return False  # fp32 is exact fp32 FMAs at every version (v3-v5 run v2 for it)
 
 
-def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_ATTENTION if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
-    return versions.resolve("attention", VERSIONS, DEFAULT_VERSION, version)
+def default_version(q=None, rope=False) -> int:
+    """The version a call runs when nobody chose one: version 6 on sm_90 for 16-bit heads of
+    128 without RoPE, else DEFAULT_VERSION. Measured on the H100 (forward, bf16, kernel time,
+    reports/h100-attention6.json): at D = 128 version 6 ran 0.86x / 0.96x FLASH (B4 H16 N4096,
+    B1 H32 N2048 causal) where version 5 ran 0.70x / 0.71x; at D = 64 it was no faster
+    (N1000-1024: 1.25-1.46x FLASH, version 5 1.33-1.46x) and slower at short sequences (N197:
+    0.52x, version 5 0.87x; N512: 0.74x against 0.83x): a 64-wide head gives each wgmma too
+    little work to hide the per-tile barrier and softmax."""
+    if (q is not None and q.shape[-1] == 128 and q.dtype in TENSOR_CORE_DTYPES and not rope
+            and q.is_cuda and versions.on_hopper()):
+        return HOPPER_VERSION
+    return DEFAULT_VERSION
+
+
+def resolve_version(version=None, q=None, rope=False) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_ATTENTION if set, else default_version(q, rope)
+    (cuda_kernels/versions.py)."""
+    return versions.resolve("attention", VERSIONS, default_version(q, rope), version)
 
 
 def check_head_dim(q: torch.Tensor) -> None:
@@ -129,23 +163,45 @@ def beyond_tensor_cores(q, k, causal, kv_lens, rope=False) -> str:
     return ""
 
 
+def beyond_hopper(q, rope=False) -> str:
+    """What of this call version 6 does not do beyond versions 3-5's limits, or ""."""
+    D = q.shape[-1]
+    if D not in HOPPER_HEAD_DIMS:
+        return f"head dimension D={D} (it takes D in {', '.join(map(str, HOPPER_HEAD_DIMS))})"
+    if rope:
+        return f"RoPE (version {HOPPER_FALLBACK} fuses it)"
+    return ""
+
+
 def supported(version: int, q, k, causal, kv_lens, rope=False) -> str:
     """Why `version` cannot run this call ("" if it can): fp32 and versions 1-2 run the
-    CUDA-core kernels, which do everything; 16-bit inputs at 3-5 run the tensor cores."""
+    CUDA-core kernels, which do everything; 16-bit inputs at 3-6 run the tensor cores. (The
+    GPU version 6 needs, sm_90, is the launcher's check: LEVELS_BAD_ARCH.)"""
     if version <= GROWN_VERSION or q.dtype == torch.float32:
         return ""
     why = beyond_tensor_cores(q, k, causal, kv_lens, rope)
-    return f"version {version} (tensor cores) cannot run {why}; versions 1 and 2 can" if why else ""
+    if why:
+        return f"version {version} (tensor cores) cannot run {why}; versions 1 and 2 can"
+    why = beyond_hopper(q, rope) if version == HOPPER_VERSION else ""
+    return f"version {version} (wgmma) cannot run {why}; versions 1-{HOPPER_FALLBACK} can" if why else ""
+
+
+def _not_hopper(q) -> bool:
+    """A CUDA tensor on a GPU without wgmma (version 6's launcher would refuse it)."""
+    return q.is_cuda and not versions.on_hopper()
 
 
 def pick_version(version, q, k, causal, kv_lens, rope=False) -> int:
     """The version this call runs: `version` if given (a ValueError if it cannot run the
-    call), else the process's ($LEVELS_CUDA_VERSION_ATTENTION or DEFAULT_VERSION), or
-    GROWN_VERSION where that one cannot. rope: whether RoPE is fused into the call."""
-    chosen = resolve_version(version)
+    call), else the process's ($LEVELS_CUDA_VERSION_ATTENTION or DEFAULT_VERSION), or, where
+    that one cannot, HOPPER_FALLBACK for version 6 (off sm_90, or a head size or RoPE it does
+    not take) if that can, else GROWN_VERSION. rope: whether RoPE is fused into the call."""
+    chosen = resolve_version(version, q, rope)
     why = supported(chosen, q, k, causal, kv_lens, rope)
     if why and version is not None:
         raise ValueError(f"attention: argument 'version': {why} (version=None picks one that can)")
+    if version is None and chosen == HOPPER_VERSION and (why or _not_hopper(q)):
+        return HOPPER_FALLBACK if not supported(HOPPER_FALLBACK, q, k, causal, kv_lens, rope) else GROWN_VERSION
     return GROWN_VERSION if why else chosen
 
 
@@ -154,7 +210,7 @@ def pick_version(version, q, k, causal, kv_lens, rope=False) -> int:
 # What the kernels of a version read, and what is copied otherwise, is decided in C++
 # (autograd_binding.cpp's attention_operand):
 # every version needs stride 1 along D (a transposed q, or an expanded upstream gradient with
-# stride 0, is copied); versions 3-5 in 16 bits read rows as 16-byte chunks. The packed qkv
+# stride 0, is copied); versions 3-6 in 16 bits read rows as 16-byte chunks. The packed qkv
 # layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D) tensors) already
 # is; a view starting at an odd element is copied. Batch, head and row strides are otherwise
 # free (slices, the packed layout, stride 0 from expand): no copy.

@@ -3,7 +3,7 @@
 // levels_cuda::{stream, dtype_code, check, in, out} exist).
 //
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
-// hands over q, k, v with stride 1 along D and, for versions 3-5 in 16 bits, 16-byte
+// hands over q, k, v with stride 1 along D and, for versions 3-6 in 16 bits, 16-byte
 // aligned rows):
 //   attention_fwd(q, k, v, causal, scale, version, bottom_right, kv_lens,
 //                 rope_cos, rope_sin, rope_interleaved, rope_offset) -> (out, lse)
@@ -17,7 +17,7 @@
 // k and v may have H_kv heads, H_kv dividing H (grouped-query attention); kv_lens is None or
 // a contiguous (B,) int32 tensor (cuda_kernels/autograd.cpp converts it).
 // The checks below refuse what the kernels cannot read (they never read outside a view):
-// a strided last dimension, or (versions 3-5, 16-bit) rows that are not 16-byte chunks.
+// a strided last dimension, or (versions 3-6, 16-bit) rows that are not 16-byte chunks.
 
 #include <algorithm>
 #include <limits>
@@ -72,10 +72,10 @@ inline void check_operand(const at::Tensor& t, const at::Tensor& q, const char* 
     LEVELS_CHECK(t.stride(d) >= 0, what(op, name) + " has a negative stride");
 }
 
-// Versions 3-5 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
+// Versions 3-6 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
 // 16-byte aligned and the stride of every dimension longer than 1 a multiple of 8 elements.
 inline bool tensor_cores(const at::Tensor& q, int64_t version) {
-  return version >= 3 && version <= 5 && q.scalar_type() != at::kFloat;
+  return version >= 3 && version <= 6 && q.scalar_type() != at::kFloat;
 }
 
 inline void check_chunks(const at::Tensor& t, const char* op, const char* name, int64_t version) {

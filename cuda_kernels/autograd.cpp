@@ -4,7 +4,7 @@
 // dispatcher only, never their C++ functions, so it needs torch's headers and nothing of
 // CUDA, and ninja compiles it in parallel with the rest of the build.
 //
-//   levels_cuda::layer_norm(x, weight, bias, eps, version) -> y
+//   levels_cuda::layer_norm(x, weight, bias, eps, version, path=0) -> y
 //   levels_cuda::attention(q, k, v, causal, scale, version, bottom_right, kv_lens, rope_cos,
 //                          rope_sin, rope_interleaved, rope_offset) -> out
 //   levels_cuda::mlp(x, w1, b1, w2, b2, version) -> out
@@ -73,19 +73,21 @@ inline Tensor rows(const Tensor& t) {
 }
 
 using LayerNormFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                       double, int64_t);
+                                                       double, int64_t, int64_t);
 using LayerNormBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                       const Tensor&, const Tensor&, int64_t);
+                                                       const Tensor&, const Tensor&, int64_t,
+                                                       int64_t);
 
 struct LayerNorm : public torch::autograd::Function<LayerNorm> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight,
-                        const Tensor& bias, double eps, int64_t version) {
+                        const Tensor& bias, double eps, int64_t version, int64_t path) {
     static auto fwd = op<LayerNormFwd>("levels_cuda::layer_norm_fwd");
     BelowAutograd guard;
     const Tensor x2 = rows(x), w = weight.contiguous();
-    auto [y, mean, rstd] = fwd.call(x2, w, bias.contiguous(), eps, version);
+    auto [y, mean, rstd] = fwd.call(x2, w, bias.contiguous(), eps, version, path);
     ctx->save_for_backward({x2, w, mean, rstd});
     ctx->saved_data["version"] = version;
+    ctx->saved_data["path"] = path;
     ctx->saved_data["shape"] = sizes_of(x);
     return at::_unsafe_view(y, x.sizes());
   }
@@ -96,26 +98,27 @@ struct LayerNorm : public torch::autograd::Function<LayerNorm> {
     const auto saved = ctx->get_saved_variables();
     // an expanded `.sum()` gradient has stride 0 along the row: copied, once
     auto [dx, dw, db] = bwd.call(rows(grads[0]), saved[0], saved[1], saved[2], saved[3],
-                                 ctx->saved_data["version"].toInt());
+                                 ctx->saved_data["version"].toInt(),
+                                 ctx->saved_data["path"].toInt());
     return {at::_unsafe_view(dx, ctx->saved_data["shape"].toIntVector()), dw, db, Tensor(),
-            Tensor()};
+            Tensor(), Tensor()};
   }
 };
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                  int64_t version) {
-  return LayerNorm::apply(x, weight, bias, eps, version);
+                  int64_t version, int64_t path) {
+  return LayerNorm::apply(x, weight, bias, eps, version, path);
 }
 
 // ------------------------------------------------------------------------- attention --
 
 // What the kernels of `version` read (cuda_kernels/attention.py's _operand): stride 1 along D;
-// versions 3-5 in 16 bits also 16-byte chunks (batch, head and row strides multiples of 8,
+// versions 3-6 in 16 bits also 16-byte chunks (batch, head and row strides multiples of 8,
 // the first element 16-byte aligned). Anything else is copied, once.
 // (sym_*: under torch.compile with dynamic shapes these are symbols, and the rule a guard.)
 inline Tensor attention_operand(const Tensor& t, int64_t version) {
   bool ok = t.sym_stride(-1) == 1;
-  if (ok && version >= 3 && version <= 5 && t.scalar_type() != at::kFloat) {
+  if (ok && version >= 3 && version <= 6 && t.scalar_type() != at::kFloat) {
     for (int d = 0; d < 3; ++d) ok = ok && (t.sym_size(d) == 1 || t.sym_stride(d) % 8 == 0);
     ok = ok && (t.sym_storage_offset() * static_cast<int64_t>(t.element_size())) % 16 == 0;
   }
@@ -556,7 +559,8 @@ Tensor conv_bn(const Tensor& x, const Tensor& conv_weight, const std::optional<T
 }  // namespace levels_cuda_autograd
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
-  m.def("layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, int version) -> Tensor");
+  m.def("layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, int version, int path=0) "
+        "-> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, int version, "
         "bool bottom_right=False, Tensor? kv_lens=None, Tensor? rope_cos=None, "
         "Tensor? rope_sin=None, bool rope_interleaved=False, int rope_offset=0) -> Tensor");

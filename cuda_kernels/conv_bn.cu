@@ -23,8 +23,35 @@
 //       work on tile t; BatchNorm (eval) folded into the weight and a per-channel bias
 //       added in the epilogue. Costs: 16-byte copies need C_in % 8 == 0 and 16-byte
 //       aligned rows (otherwise a scalar gather path fills the same tiles, slower);
-//       61 KB of shared memory per block. fp32 inputs fall back to v2 (exact
-//       fp32, see "fp32 and TF32" below).
+//       80 KB of shared memory per block. fp32 inputs fall back to v2 (exact
+//       fp32, see "fp32 and TF32" below). Its backward is version 2's.
+//   v4  v3 plus the backward on the tensor cores, and 1x1 convolutions as plain GEMMs.
+//       Everything else is v3's; three things change (16-bit inputs, sm_80+):
+//       * dgrad (dx, a transposed convolution) is an implicit GEMM over the input pixels
+//         with the reduction over (tap, C_out), gathered from dy with cp.async. With stride
+//         > 1 an input pixel only meets the taps of its *phase* (h mod sh, w mod sw), so one
+//         GEMM runs per phase, over that phase's pixels and taps only (dgrad_kernel): no
+//         product with a zero is spent, no tap is masked. The weight is read in place as
+//         the (tap, C_out) x C_in operand: 8 neighbouring input channels of w are 16 bytes.
+//       * wgrad (dw) is the GEMM G = dy^T im2col(x) with the reduction over the pixels,
+//         split into chunks (about two blocks per SM) whose fp32 partials
+//         wgrad_finish_kernel adds (deterministic). Both operands arrive pixel-major, and
+//         the tiles stay that way in shared memory (col_major / row_major fragments).
+//       * 1x1 stride-1 unpadded convolutions (half of ResNet-50's) skip the gather: the
+//         forward out = x w^T and the dgrad dx = dy w are gemm.cu's levels_gemm_matmul at
+//         its best version for the GPU (6: TMA + wgmma on sm_90, else 4: mma.sync), which
+//         reads K-major operands only: x (P, C_in) and w as they are, w^T made by a small
+//         transpose kernel. 1x1 wgrad stays wgrad_kernel: its two operands run along the
+//         pixels (N-major for a GEMM over C_out x C_in), which the GEMM could read only
+//         after transposing both activations (3x the memory traffic of a product that is
+//         memory-bound), and it needs the pixel split, which the GEMM has not. Strided 1x1
+//         convolutions (ResNet's downsampling shortcuts) take the implicit kernels: their
+//         pixels are no single-stride matrix; their dgrad is the phase (0, 0) GEMM over
+//         C_out, the other phases a write of zeros.
+//       Costs: more launches (sh*sw for dgrad, a transpose for 1x1 dgrad), an fp32 partial
+//       (splits x C_out x K) for wgrad, the eval 1x1 bias rounded to the input dtype once
+//       (gemm.cu's bias operand), and the layout rules of v3 (C_in or C_out % 8 == 0 and
+//       aligned rows for the 16-byte copies; else scalar gathers fill the same tiles).
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -39,8 +66,8 @@
 //          scale/shift, and channel_affine_kernel writes out = y * scale + shift.
 //          The conv bias is left out of y because the batch mean absorbs it exactly: it only
 //          enters the running mean (added in stats_finalize_kernel).
-//   backward (both modes; it uses the version-2 tiled main loop for every version: the speed
-//          goal is the eval forward, and dgrad/wgrad on tensor cores are future work)
+//   backward (both modes; version 2's tiled kernels for versions 1-3, the tensor-core ones of
+//          version 4 for 16-bit inputs)
 //          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
 //          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
 //          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
@@ -48,7 +75,7 @@
 //          G = dY^T im2col(x), the same G that gives dW = scale * G: y is never recomputed.
 //          In training, the BN backward (bn_bwd_*) turns dOut into dY of the convolution first.
 //
-// fp32 and TF32: v3 on fp32 inputs runs v2. WMMA has TF32 fragments, but they
+// fp32 and TF32: v3 and v4 on fp32 inputs run v2. WMMA has TF32 fragments, but they
 // would round every operand to 11 bits and the level would have to declare TF32 (bound 4e-3
 // instead of 1e-5) for the whole component; fp32 conv_bn stays exact at every version instead.
 //
@@ -68,6 +95,18 @@
 #include "common.cuh"
 
 #include <mma.h>
+
+#include <type_traits>
+
+// gemm.cu's launcher (the same library): version 4 runs 1x1 convolutions through it.
+extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
+                                  const void* a, int64_t stride_am, int64_t stride_ak,
+                                  const void* b, int64_t stride_bk, int64_t stride_bn,
+                                  void* c, int64_t stride_cm, int64_t stride_cn, int c_fp32,
+                                  const void* bias, int64_t stride_bias,
+                                  void* aux, int64_t stride_xm, int64_t stride_xn,
+                                  int epilogue, int accumulate,
+                                  int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
 namespace levels_conv_bn {
 
@@ -327,11 +366,17 @@ struct ConvWgrad {
 }  // namespace tiled
 
 // =========================================================================================
-// Version 3: implicit GEMM on the tensor cores (WMMA), cp.async 4-stage pipeline.
-// Block tile 128 (pixels) x 128 (output channels) x 32 (k); 8 warps as 2 x 4, each warp a
-// 64 x 32 tile = 4 x 2 WMMA accumulators (64 fp32 registers per thread).
+// Versions 3 and 4: implicit GEMMs on the tensor cores (WMMA), cp.async 4-stage pipeline.
+// Block tile 128 x 128 x 32 (k); 8 warps as 2 x 4, each warp a 64 x 32 tile = 4 x 2 WMMA
+// accumulators (64 fp32 registers per thread). One main loop (main_loop) and one epilogue
+// (epilogue) serve the three products; each kernel only says how its tiles are gathered
+// and where a finished row of 8 outputs goes:
+//   conv_kernel   forward  out[p, o]    = sum_k   im2col(x)[p, k] w[o, k]        (v3, v4)
+//   dgrad_kernel  backward dx[q, c]     = sum_tap dy[p(q, tap), o] w[o, tap, c]  (v4)
+//   wgrad_kernel  backward G[o, k]      = sum_p   dy[p, o] im2col(x)[p, k]       (v4)
 // =========================================================================================
 namespace wmma_conv {
+using namespace nvcuda;
 // STAGES: a build-time knob (-DLEVELS_CONV_V3_STAGES=n through LEVELS_CUDA_NVCC_FLAGS) so
 // that scripts/device_level5.py's sweep can measure the pipeline depth; the default is
 // what the sweep chose (reports/h100-level5.json: 4 stages 0.485 ms, 3: 0.505, 5: 0.516).
@@ -339,15 +384,132 @@ namespace wmma_conv {
 #define LEVELS_CONV_V3_STAGES 4
 #endif
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = LEVELS_CONV_V3_STAGES, THREADS = 256;
-constexpr int LDS = BK + 8;  // shared row pitch in elements: 80 bytes, so the 8 rows one WMMA
-                             // load touches start in different banks; a multiple of 16 bytes
-                             // (cp.async) and 16 rows = 1280 bytes keep fragments 32-byte aligned
 constexpr int WARPS_N = 4, WM = 64, WN = 32, FM = WM / 16, FN = WN / 16;
-constexpr int STAGE_ELEMS = (BM + BN) * LDS;
-constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;  // 81920 at 4 stages: above the 48 KB default, opt in
-constexpr int EPI_LD = 20;                            // fp32 epilogue scratch pitch (16 + 4)
-static_assert(8 * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch must fit in the pipeline's smem");
+// An operand tile sits in shared memory one of two ways (16-bit elements):
+//   k inner, [row][k], pitch LDS = BK + 8 = 40: 80-byte rows, so the 8 rows one WMMA load
+//     touches start in different banks; A read as row_major, B ([n][k]) as col_major;
+//   k outer, [k][row], pitch LDW = 128 + 8 = 136: 272-byte rows, again 8 rows in 8
+//     different 16-byte bank groups; A ([k][m]) read as col_major, B ([k][n]) as row_major.
+// Which one a kernel uses is decided by the operand's memory: a 16-byte cp.async copy needs 8
+// neighbours in global memory to be 8 neighbours in shared memory, so the contiguous axis of
+// the operand must be the tile's inner axis. Both pitches are multiples of 16 bytes
+// (cp.async) and 16 rows of either are multiples of 32 bytes (WMMA's pointer alignment).
+constexpr int LDS = BK + 8;
+constexpr int LDW = BM + 8;
+static_assert(BM == BN, "LDW serves both operands");
+template <bool K_OUTER> __host__ __device__ constexpr int tile_elems() { return K_OUTER ? BK * LDW : BM * LDS; }
+template <bool A_KO, bool B_KO> __host__ __device__ constexpr int stage_elems() {
+  return tile_elems<A_KO>() + tile_elems<B_KO>();
+}
+template <bool A_KO, bool B_KO> __host__ __device__ constexpr int smem_bytes() {
+  return STAGES * stage_elems<A_KO, B_KO>() * 2;  // 81920 (forward) .. 69632 (wgrad) at 4 stages
+}
+constexpr int EPI_LD = 20;  // fp32 epilogue scratch pitch (16 + 4)
+static_assert(8 * 16 * EPI_LD * 4 <= smem_bytes<true, true>(), "epilogue scratch fits in the pipeline's smem");
 
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// The pipeline: tiles kt+1 .. kt+STAGES-1 are in flight (cp.async) while the tensor cores
+// work on tile kt. load_tile(As, Bs, kt) issues the copies of tile kt into a stage (and may
+// store elements itself: the scalar gathers); KT tiles in all (0 is fine: acc stays 0).
+// Ends with every copy landed and a barrier, so the caller may reuse the shared memory.
+template <typename T, bool A_KO, bool B_KO, typename Load>
+__device__ __forceinline__ void main_loop(T* smem, Acc (&acc)[FM][FN], int KT, int warp_m,
+                                          int warp_n, Load& load_tile) {
+  using LayoutA = typename std::conditional<A_KO, wmma::col_major, wmma::row_major>::type;
+  using LayoutB = typename std::conditional<B_KO, wmma::row_major, wmma::col_major>::type;
+  constexpr int SE = stage_elems<A_KO, B_KO>(), A_ELEMS = tile_elems<A_KO>();
+#pragma unroll
+  for (int a = 0; a < FM; ++a)
+#pragma unroll
+    for (int b = 0; b < FN; ++b) wmma::fill_fragment(acc[a][b], 0.0f);
+  // Prologue: tiles 0 .. STAGES-2 in flight. One commit group per tile (empty groups are fine),
+  // so "wait until at most STAGES-2 groups are pending" always means "tile kt has landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_tile(smem + s * SE, smem + s * SE + A_ELEMS, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    // After this barrier tile kt is visible to all, and every warp has finished computing on
+    // tile kt-1, whose stage the prefetch below overwrites.
+    __syncthreads();
+    const int next = kt + STAGES - 1;
+    if (next < KT) {
+      T* As = smem + (next % STAGES) * SE;
+      load_tile(As, As + A_ELEMS, next);
+    }
+    cp_async_commit();
+
+    const T* As = smem + (kt % STAGES) * SE;
+    const T* Bs = As + A_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[FM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[FN];
+#pragma unroll
+      for (int a = 0; a < FM; ++a) {
+        const int m = warp_m * WM + a * 16;
+        wmma::load_matrix_sync(fa[a], A_KO ? As + kk * LDW + m : As + m * LDS + kk, A_KO ? LDW : LDS);
+      }
+#pragma unroll
+      for (int b = 0; b < FN; ++b) {
+        const int n = warp_n * WN + b * 16;
+        wmma::load_matrix_sync(fb[b], B_KO ? Bs + kk * LDW + n : Bs + n * LDS + kk, B_KO ? LDW : LDS);
+      }
+#pragma unroll
+      for (int a = 0; a < FM; ++a)
+#pragma unroll
+        for (int b = 0; b < FN; ++b) wmma::mma_sync(acc[a][b], fa[a], fb[b], acc[a][b]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the epilogue's scratch
+}
+
+// Epilogue: a fragment's element -> (row, col) mapping is unspecified, so each 16x16
+// accumulator goes through a per-warp fp32 scratch; then lane l owns row l/2, columns
+// (l%2)*8 .. +7 of it and hands them to store(row, col, v) (block-tile coordinates, v: 8
+// fp32 values), which writes them wherever that row of the product lives.
+template <typename Store>
+__device__ __forceinline__ void epilogue(Acc (&acc)[FM][FN], unsigned char* smem_raw, int warp_m,
+                                         int warp_n, Store& store) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* scratch = reinterpret_cast<float*>(smem_raw) + warp * 16 * EPI_LD;
+  const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+  for (int a = 0; a < FM; ++a)
+#pragma unroll
+    for (int b = 0; b < FN; ++b) {
+      wmma::store_matrix_sync(scratch, acc[a][b], EPI_LD, wmma::mem_row_major);
+      __syncwarp();
+      store(warp_m * WM + a * 16 + er, warp_n * WN + b * 16 + ec, scratch + er * EPI_LD + ec);
+      __syncwarp();  // the scratch is rewritten by the next fragment
+    }
+}
+
+// 8 consecutive outputs v[0..7] to dst[0..left-1] (left may be < 8 or <= 0 at the ragged
+// edge), as 16-byte vector stores when `aligned` (dst is a multiple of 16 bytes) and all 8
+// are in range.
+template <typename TO>
+__device__ __forceinline__ void store_row8(TO* dst, const float* v, int64_t left, bool aligned) {
+  constexpr int PER_16B = 16 / sizeof(TO);
+  if (aligned && left >= 8) {
+    alignas(16) TO packed[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) packed[e] = from_f32<TO>(v[e]);
+#pragma unroll
+    for (int q = 0; q < 8 / PER_16B; ++q)
+      reinterpret_cast<uint4*>(dst)[q] = reinterpret_cast<const uint4*>(packed)[q];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < left) dst[e] = from_f32<TO>(v[e]);
+  }
+}
+
+// ---- forward -------------------------------------------------------------------------
 // VEC: 16-byte cp.async copies (C_in % 8 == 0, sx_c == 1, 16-byte aligned x rows and w), so a
 // group of 8 consecutive k is 8 consecutive channels of one pixel and one kernel offset.
 // Otherwise each element is gathered on its own (any C_in, any strides) into the same tiles.
@@ -359,11 +521,10 @@ conv_kernel(Geom g,
             const float* __restrict__ bias,  // (C_out,) fp32 or nullptr
             TO* __restrict__ out) {          // (P, C_out) contiguous
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   const int64_t n_tiles = (g.C_out + BN - 1) / BN;
   // Neighbouring blocks take the output-channel tiles of the same pixels: they read the same
@@ -396,9 +557,7 @@ conv_kernel(Geom g,
     w_row[r] = w + (o_ok[r] ? o : 0) * g.K;
   }
 
-  auto load_tile = [&](int stage, int kt) {
-    T* As = smem + stage * STAGE_ELEMS;
-    T* Bs = As + BM * LDS;
+  auto load_tile = [&](T* As, T* Bs, int kt) {
     const int k = kt * BK + kc;
     if constexpr (VEC) {
       const int ij = k / C_in, c = k % C_in, i = ij / kW, j = ij % kW;
@@ -431,89 +590,272 @@ conv_kernel(Geom g,
     }
   };
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
-#pragma unroll
-  for (int a = 0; a < FM; ++a)
-#pragma unroll
-    for (int b = 0; b < FN; ++b) wmma::fill_fragment(acc[a][b], 0.0f);
+  Acc acc[FM][FN];
+  // B[k, o] = w[o, k] sits in shared memory as Bs[o][k] (k inner): a column-major K x N matrix.
+  main_loop<T, false, false>(smem, acc, (K + BK - 1) / BK, warp_m, warp_n, load_tile);
 
-  const int KT = (K + BK - 1) / BK;
-  // Prologue: tiles 0 .. STAGES-2 in flight. One commit group per tile (empty groups are fine),
-  // so "wait until at most STAGES-2 groups are pending" always means "tile kt has landed".
+  // The bias is added here, then 8 consecutive outputs of one pixel are stored (16 bytes for
+  // bf16/fp16: one vector store when C_out keeps the row aligned).
+  auto store = [&](int mi, int ni, const float* s) {
+    const int64_t p = m0 + mi, o = o0 + ni;
+    if (p >= g.P) return;
+    float v[8];
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_tile(s, s);
-    cp_async_commit();
+    for (int e = 0; e < 8; ++e) v[e] = s[e] + ((bias && o + e < g.C_out) ? bias[o + e] : 0.0f);
+    // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
+    store_row8<TO>(out + p * g.C_out + o, v, g.C_out - o, g.C_out % (16 / sizeof(TO)) == 0);
+  };
+  epilogue(acc, smem_raw, warp_m, warp_n, store);
+#endif
+}
+
+// ---- dgrad (version 4) ------------------------------------------------------------------
+// dx[q, c] = sum_{i, j, o} dy[p, o] w[o, i, j, c] where q = (n, h, w) is an input pixel and
+// p = (n, ho, wo) the output pixel that tap (i, j) connects it to: h = ho*sh - ph + i, so
+// ho = (h + ph - i) / sh, which exists only when the division is exact (and in range).
+// With stride 1 every tap counts. With stride > 1 a pixel gets contributions only from the
+// taps with i = (h + ph) mod sh (mod sh), and that depends on h only through h mod sh: the
+// input pixels fall into sh*sw *phases* (h mod sh, w mod sw) = (a, b), and within one phase
+// every pixel has the same taps, i = i0, i0 + sh, ... (i0 = (a + ph) mod sh), likewise j.
+// So the launcher runs one implicit GEMM per phase, over that phase's pixels only and that
+// phase's taps only: no tap is masked, no tensor-core work is spent on products with zero
+// (a 3x3 stride-2 dgrad gathers 2.25 taps per pixel on average instead of 9). Within a
+// phase, h = a + sh*t and i = i0 + sh*ti give ho = t - ti + base_h with base_h = (a + ph) /
+// sh (exact: a + ph - i0 is a multiple of sh): a subtraction, no division, in the gather.
+// A phase without a tap (kH < sh, e.g. a 1x1 stride-2 conv for odd h) is a GEMM with an
+// empty reduction: its pixels get dx = 0, written like any other result.
+struct DgradPhase {
+  int a, b;            // the phase: h mod sh, w mod sw
+  int Ha, Wb;          // its rows and columns: h = a + sh*t (t < Ha), w = b + sw*u (u < Wb)
+  int i0, j0;          // its first tap
+  int nti, ntj;        // its taps: i = i0 + sh*ti (ti < nti), j = j0 + sw*tj (tj < ntj)
+  int base_h, base_w;  // ho = t - ti + base_h, wo = u - tj + base_w
+  int64_t M;           // N * Ha * Wb pixels: the GEMM's rows
+  int Kp;              // nti * ntj * C_out: the GEMM's reduction, ordered (ti, tj, o)
+};
+
+// A = the dy gather [q][(ti, tj, o)] (k inner: 8 consecutive o of one output pixel are 16
+// contiguous bytes of dy), B = the weight [(ti, tj, o)][c] (k outer: for one (o, i, j), 8
+// consecutive c are 16 contiguous bytes of w's (C_out, kH, kW, C_in) layout: the "flipped,
+// transposed" weight of a transposed convolution is read in place, no re-layout kernel).
+// VEC_DY: C_out % 8 == 0 and dy 16-byte aligned; VEC_W: C_in % 8 == 0 and w 16-byte aligned.
+template <typename T, bool VEC_DY, bool VEC_W>
+__global__ void __launch_bounds__(THREADS, 2)
+dgrad_kernel(Geom g, DgradPhase ph,
+             const T* __restrict__ dy,  // (P, C_out) contiguous
+             const T* __restrict__ w,   // (C_out, kH, kW, C_in) contiguous
+             T* __restrict__ dx) {      // (N, H, W, C_in) contiguous
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+  const int C_in = static_cast<int>(g.C_in), C_out = static_cast<int>(g.C_out);
+  const int H_out = static_cast<int>(g.H_out), W_out = static_cast<int>(g.W_out);
+  const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw), kW = static_cast<int>(g.kW);
+  const int64_t n_tiles = (g.C_in + BN - 1) / BN;
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) / n_tiles) * BM;
+  const int c0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int64_t phase_pixels = static_cast<int64_t>(ph.Ha) * ph.Wb;
+  const T zero = from_f32<T>(0.0f);
+
+  // A: as the forward, rows tid/4 and tid/4 + 64, k group (tid % 4) * 8; decoded once here.
+  const int kc = (tid % 4) * 8;
+  int64_t dy_img[2];  // offset of the row's image in dy
+  int ht[2], wt[2];   // t + base_h, u + base_w: ho = ht - ti, wo = wt - tj
+  bool q_ok[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t q = m0 + tid / 4 + 64 * r;
+    q_ok[r] = q < ph.M;
+    const int64_t qq = q_ok[r] ? q : 0;
+    const int64_t n = qq / phase_pixels;
+    const int tu = static_cast<int>(qq % phase_pixels);
+    dy_img[r] = n * g.H_out * g.W_out * g.C_out;
+    ht[r] = tu / ph.Wb + ph.base_h;
+    wt[r] = tu % ph.Wb + ph.base_w;
   }
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    // After this barrier tile kt is visible to all, and every warp has finished computing on
-    // tile kt-1, whose stage the prefetch below overwrites.
-    __syncthreads();
-    const int next = kt + STAGES - 1;
-    if (next < KT) load_tile(next % STAGES, next);
-    cp_async_commit();
+  // B: k rows tid/16 and tid/16 + 16 of the tile, columns (tid % 16) * 8 .. + 7.
+  const int kb = tid / 16, cb = c0 + (tid % 16) * 8;
 
-    const T* As = smem + (kt % STAGES) * STAGE_ELEMS;
-    const T* Bs = As + BM * LDS;
+  auto load_tile = [&](T* As, T* Bs, int kt) {
+    // ---- A: dy gathered; zeros where the output pixel does not exist ----
+    const int k = kt * BK + kc;
+    if constexpr (VEC_DY) {
+      const int tap = k / C_out, o = k % C_out, ti = tap / ph.ntj, tj = tap % ph.ntj;
+      const bool k_ok = k < ph.Kp;  // C_out % 8 == 0: a group is wholly in or out, one tap
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[FN];
+      for (int r = 0; r < 2; ++r) {
+        const int ho = ht[r] - ti, wo = wt[r] - tj;
+        const bool ok = k_ok && q_ok[r] && ho >= 0 && ho < H_out && wo >= 0 && wo < W_out;
+        const T* src = ok ? dy + dy_img[r] + (static_cast<int64_t>(ho) * W_out + wo) * C_out + o : dy;
+        cp_async_16(As + (tid / 4 + 64 * r) * LDS + kc, src, ok);
+      }
+    } else {
 #pragma unroll
-      for (int a = 0; a < FM; ++a)
-        wmma::load_matrix_sync(fa[a], As + (warp_m * WM + a * 16) * LDS + kk, LDS);
-      // B[k, o] = w[o, k] sits in shared memory as Bs[o][k]: a column-major K x N matrix.
+      for (int e = 0; e < 8; ++e) {
+        const int ke = k + e;
+        const int tap = ke / C_out, o = ke % C_out, ti = tap / ph.ntj, tj = tap % ph.ntj;
 #pragma unroll
-      for (int b = 0; b < FN; ++b)
-        wmma::load_matrix_sync(fb[b], Bs + (warp_n * WN + b * 16) * LDS + kk, LDS);
-#pragma unroll
-      for (int a = 0; a < FM; ++a)
-#pragma unroll
-        for (int b = 0; b < FN; ++b) wmma::mma_sync(acc[a][b], fa[a], fb[b], acc[a][b]);
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the pipeline's shared memory becomes the epilogue's scratch
-
-  // Epilogue: a fragment's element -> (row, col) mapping is unspecified, so each 16x16
-  // accumulator goes through a per-warp fp32 scratch; then lane l owns row l/2, columns
-  // (l%2)*8 .. +7 of it: adds the bias, converts, stores 8 consecutive outputs (16 bytes
-  // for bf16/fp16, one vector store when the row is aligned).
-  float* scratch = reinterpret_cast<float*>(smem_raw) + warp * 16 * EPI_LD;
-  const int er = lane / 2, ec = (lane % 2) * 8;
-  constexpr int VEC_OUT = 16 / sizeof(TO);  // outputs per 16 bytes
-#pragma unroll
-  for (int a = 0; a < FM; ++a)
-#pragma unroll
-    for (int b = 0; b < FN; ++b) {
-      wmma::store_matrix_sync(scratch, acc[a][b], EPI_LD, wmma::mem_row_major);
-      __syncwarp();
-      const int64_t p = m0 + warp_m * WM + a * 16 + er;
-      const int64_t o = o0 + warp_n * WN + b * 16 + ec;
-      if (p < g.P) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          v[e] = scratch[er * EPI_LD + ec + e] + ((bias && o + e < g.C_out) ? bias[o + e] : 0.0f);
-        TO* dst = out + p * g.C_out + o;
-        if (g.C_out % VEC_OUT == 0 && o + 8 <= g.C_out) {
-          // p * C_out + o is a multiple of VEC_OUT elements: 16-byte aligned.
-          alignas(16) TO packed[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) packed[e] = from_f32<TO>(v[e]);
-#pragma unroll
-          for (int q = 0; q < 8 / VEC_OUT; ++q)
-            reinterpret_cast<uint4*>(dst)[q] = reinterpret_cast<const uint4*>(packed)[q];
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            if (o + e < g.C_out) dst[e] = from_f32<TO>(v[e]);
+        for (int r = 0; r < 2; ++r) {
+          const int ho = ht[r] - ti, wo = wt[r] - tj;
+          const bool ok = ke < ph.Kp && q_ok[r] && ho >= 0 && ho < H_out && wo >= 0 && wo < W_out;
+          As[(tid / 4 + 64 * r) * LDS + kc + e] =
+              ok ? dy[dy_img[r] + (static_cast<int64_t>(ho) * W_out + wo) * C_out + o] : zero;
         }
       }
-      __syncwarp();  // the scratch is rewritten by the next fragment
     }
+    // ---- B: weight rows (o, i, j), 8 consecutive input channels each ----
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int kr = kt * BK + kb + 16 * r;
+      const int tap = kr / C_out, o = kr % C_out;
+      const int i = ph.i0 + sh * (tap / ph.ntj), j = ph.j0 + sw * (tap % ph.ntj);
+      const bool k_ok = kr < ph.Kp;
+      const T* row = w + (k_ok ? static_cast<int64_t>(o) * g.K + (i * kW + j) * C_in : 0);
+      T* dst = Bs + (kb + 16 * r) * LDW + (tid % 16) * 8;
+      if constexpr (VEC_W) {
+        const bool ok = k_ok && cb < C_in;  // C_in % 8 == 0: wholly in or out
+        cp_async_16(dst, ok ? row + cb : w, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = (k_ok && cb + e < C_in) ? row[cb + e] : zero;
+      }
+    }
+  };
+
+  Acc acc[FM][FN];
+  main_loop<T, false, true>(smem, acc, (ph.Kp + BK - 1) / BK, warp_m, warp_n, load_tile);
+
+  // Row q of this phase's GEMM is input pixel (n, a + sh*t, b + sw*u) of dx.
+  const bool dx_vec = C_in % 8 == 0 && (reinterpret_cast<uintptr_t>(dx) & 15) == 0;
+  auto store = [&](int mi, int ni, const float* s) {
+    const int64_t q = m0 + mi;
+    if (q >= ph.M) return;
+    const int64_t n = q / phase_pixels;
+    const int tu = static_cast<int>(q % phase_pixels);
+    const int64_t h = ph.a + sh * (tu / ph.Wb), wcol = ph.b + sw * (tu % ph.Wb);
+    const int c = c0 + ni;
+    store_row8<T>(dx + ((n * g.H + h) * g.W + wcol) * C_in + c, s, C_in - c, dx_vec);
+  };
+  epilogue(acc, smem_raw, warp_m, warp_n, store);
 #endif
+}
+
+// ---- wgrad (version 4) ------------------------------------------------------------------
+// G[o, k] = sum_p dy[p, o] im2col(x)[p, k]: M = C_out, N = K = (i, j, c), and the reduction
+// runs over the pixels p, split into blockIdx.y chunks of per_split pixels; chunk s writes its
+// own fp32 partial part[s, o, k], summed by wgrad_finish_kernel (deterministic: no atomics).
+// Both operands are contiguous along their *non*-reduction axis (dy along o, x along c), so
+// both are staged k outer ("P-major": [p][o] and [p][k]) with 16-byte copies along that axis,
+// and the tensor cores read A = [p][o] as a col_major M x K matrix and B = [p][k] as a
+// row_major K x N one. The alternative, transposing in shared memory (or in a copy before the
+// GEMM, as a K-major-only GEMM would need), costs a pass over each operand; reading the tile
+// in the layout it landed in is free: WMMA's col_major A / row_major B loads do the
+// transposition on the way into the fragments (ldmatrix .trans).
+// VEC_DY: C_out % 8 == 0 and dy aligned; VEC_X: as the forward's VEC.
+template <typename T, bool VEC_DY, bool VEC_X>
+__global__ void __launch_bounds__(THREADS, 2)
+wgrad_kernel(Geom g, int64_t per_split,
+             const T* __restrict__ x,   // (N, H, W, C_in), strided
+             const T* __restrict__ dy,  // (P, C_out) contiguous
+             float* __restrict__ part) {  // (splits, C_out, K)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+  const int C_in = static_cast<int>(g.C_in), C_out = static_cast<int>(g.C_out);
+  const int K = static_cast<int>(g.K), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int64_t n_tiles = (g.K + BN - 1) / BN;
+  const int o0 = static_cast<int>(blockIdx.x / n_tiles) * BM;
+  const int k0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int64_t p_begin = static_cast<int64_t>(blockIdx.y) * per_split;
+  const int64_t p_end = min(g.P, p_begin + per_split);
+  const int hw_out = static_cast<int>(g.H_out * g.W_out);
+  const T zero = from_f32<T>(0.0f);
+
+  // Each thread copies pixel rows tid/16 and tid/16 + 16 of the tile, 8 columns from col:
+  // o = o0 + col of dy, k = k0 + col of im2col(x). A thread's k never changes, so its
+  // (i, j, c) is decoded once; its pixels change every tile and are decoded per tile.
+  const int pr = tid / 16, col = (tid % 16) * 8;
+  const int oa = o0 + col, kb = k0 + col;
+  const int ijb = kb / C_in, cb = kb % C_in, ib = ijb / kW, jb = ijb % kW;
+
+  auto load_tile = [&](T* As, T* Bs, int kt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t p = p_begin + static_cast<int64_t>(kt) * BK + pr + 16 * r;
+      const bool p_ok = p < p_end;
+      T* a_dst = As + (pr + 16 * r) * LDW + col;
+      T* b_dst = Bs + (pr + 16 * r) * LDW + col;
+      // ---- A: dy[p, oa .. oa+7] ----
+      if constexpr (VEC_DY) {
+        const bool ok = p_ok && oa < C_out;
+        cp_async_16(a_dst, ok ? dy + p * C_out + oa : dy, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a_dst[e] = (p_ok && oa + e < C_out) ? dy[p * C_out + oa + e] : zero;
+      }
+      // ---- B: im2col(x)[p, kb .. kb+7]; zeros at the padding ----
+      // A 32-bit division (the launcher sends P < 2**30 here): this decode runs every
+      // tile, and a 64-bit one costs several times the instructions.
+      const int pp = p_ok ? static_cast<int>(p) : 0;
+      const int64_t n = pp / hw_out;
+      const int hw = pp % hw_out;
+      const int hb = (hw / static_cast<int>(g.W_out)) * static_cast<int>(g.sh) - static_cast<int>(g.ph);
+      const int wb = (hw % static_cast<int>(g.W_out)) * static_cast<int>(g.sw) - static_cast<int>(g.pw);
+      const T* x_img = x + n * g.sx_n;
+      if constexpr (VEC_X) {
+        const int hi = hb + ib, wi = wb + jb;
+        const bool ok = p_ok && kb < K && hi >= 0 && hi < H && wi >= 0 && wi < W;
+        cp_async_16(b_dst, ok ? x_img + hi * g.sx_h + wi * g.sx_w + cb : x, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int ke = kb + e;
+          const int ij = ke / C_in, c = ke % C_in, hi = hb + ij / kW, wi = wb + ij % kW;
+          const bool ok = p_ok && ke < K && hi >= 0 && hi < H && wi >= 0 && wi < W;
+          b_dst[e] = ok ? x_img[hi * g.sx_h + wi * g.sx_w + c * g.sx_c] : zero;
+        }
+      }
+    }
+  };
+
+  Acc acc[FM][FN];
+  const int KT = static_cast<int>((max(p_end - p_begin, int64_t{0}) + BK - 1) / BK);
+  main_loop<T, true, true>(smem, acc, KT, warp_m, warp_n, load_tile);
+
+  const bool part_vec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0;
+  auto store = [&](int mi, int ni, const float* s) {
+    const int o = o0 + mi, k = k0 + ni;
+    if (o >= C_out) return;
+    float* dst = part + (static_cast<int64_t>(blockIdx.y) * C_out + o) * K + k;
+    store_row8<float>(dst, s, K - k, part_vec);
+  };
+  epilogue(acc, smem_raw, warp_m, warp_n, store);
+#endif
+}
+
+// dgrad of a 1x1 stride-1 convolution through levels_gemm needs w^T (C_in, C_out): the
+// GEMM's B operand must run along its reduction (C_out), and w runs along C_in. One small
+// tiled transpose (32 x 32 tiles through shared memory: reads and writes both coalesced;
+// the +1 column keeps the column reads off a single bank).
+template <typename T>
+__global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_t cols,
+                                 T* __restrict__ dst) {  // dst (cols, rows) = src (rows, cols)^T
+  __shared__ T tile[32][33];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32, c0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int dr = threadIdx.y; dr < 32; dr += blockDim.y) {
+    const int64_t r = r0 + dr, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[dr][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int dc = threadIdx.y; dc < 32; dc += blockDim.y) {
+    const int64_t c = c0 + dc, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][dc];
+  }
 }
 }  // namespace wmma_conv
 
@@ -528,6 +870,7 @@ __global__ void fold_bn_kernel(const T* __restrict__ w, const T* __restrict__ bi
                                const T* __restrict__ gamma, const T* __restrict__ beta,
                                const T* __restrict__ mean, const T* __restrict__ var, float eps,
                                int64_t K, T* __restrict__ w_folded, float* __restrict__ b_folded,
+                               T* __restrict__ b_folded_t,  // b' in T too (version 4's GEMMs)
                                float* __restrict__ scale, float* __restrict__ invstd) {
   const int64_t o = blockIdx.x;
   // ### BEGIN SOLUTION
@@ -542,6 +885,7 @@ __global__ void fold_bn_kernel(const T* __restrict__ w, const T* __restrict__ bi
     invstd[o] = is;
   }
   // ### END SOLUTION
+  if (threadIdx.x == 0) b_folded_t[o] = from_f32<T>(b_folded[o]);  // this thread's own write
 }
 
 // The per-channel reductions over the P rows of a (P, C) matrix all use one shape: block
@@ -791,22 +1135,84 @@ static bool tensor_cores_available() {
   return major >= 8;  // bf16 WMMA and cp.async
 }
 
+// Whether the tensor-core kernels run: 16-bit inputs on sm_80+, at sizes their 32-bit spatial
+// indices hold (offsets stay 64-bit). Elsewhere versions 3 and 4 run version 2's kernels.
+template <typename T>
+static bool tensor_core_path(int version, const Geom& g) {
+  const int64_t lim = int64_t{1} << 30;
+  const bool fits_32 = g.K < lim && g.kH * g.kW * g.C_out < lim && g.H * g.W < lim &&
+                       g.H_out * g.W_out < lim && g.C_out < lim;
+  return version >= 3 && !is_f32<T>::value && fits_32 && tensor_cores_available();
+}
+
+// ---- version 4's 1x1 convolutions as plain GEMMs (gemm.cu) ----
+// A 1x1 convolution with stride 1 and no padding is a matrix product over the channels,
+// with nothing to gather: out (P, C_out) = x (P, C_in) . w^T. gemm.cu's best kernel for the
+// GPU does it (the one cuda_kernels/mlp.py picks for the MLP: version 6, TMA + wgmma, on
+// sm_90; version 4, mma.sync + ldmatrix, elsewhere), at up to twice the tensor-core rate of
+// WMMA. Its rule: both operands K-major (contiguous along the reduction) with rows 16 bytes
+// apart a whole number of times and 16-byte aligned starts; where a layout breaks it, the
+// implicit-GEMM kernels run instead.
+static int gemm_version() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return (major == 9 && minor == 0) ? 6 : 4;
+}
+
+template <typename T> constexpr int dtype_code() { return std::is_same<T, __half>::value ? LEVELS_F16 : LEVELS_BF16; }
+
+static bool is_pointwise(const Geom& g) {
+  return g.kH == 1 && g.kW == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
+}
+
+// The stride between consecutive pixels when x's (N, H, W) axes collapse into one pixel axis
+// of a (P, C_in) matrix (each axis of more than one element then steps over all the axes
+// inside it), else -1. Contiguous channels_last x: C_in.
+static int64_t pixel_stride(const Geom& g) {
+  const int64_t size[3] = {g.W, g.H, g.N}, stride[3] = {g.sx_w, g.sx_h, g.sx_n};
+  int64_t ld = -1, inner = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (size[d] == 1) continue;
+    if (ld < 0) ld = stride[d];
+    else if (stride[d] != ld * inner) return -1;
+    inner *= size[d];
+  }
+  return ld < 0 ? levels_cdiv(g.C_in, 8) * 8 : ld;  // one pixel: its stride is never used
+}
+
+// K-major operand rows: contiguous along K, row stride a multiple of 8 elements, aligned start.
+static bool k_major(const void* p, int64_t row_stride) {
+  return row_stride > 0 && row_stride % 8 == 0 && levels_aligned16(p);
+}
+
 template <typename T, typename TO>
-static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const float* bias, TO* out,
-                    cudaStream_t stream) {
-  // v3 indexes k and the image coordinates in 32 bits (offsets stay 64-bit).
-  const bool fits_32 = g.K < (int64_t{1} << 30) && g.H < (int64_t{1} << 30) && g.W < (int64_t{1} << 30);
-  if (version == 3 && !is_f32<T>::value && fits_32 && tensor_cores_available()) {
+static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const float* bias,
+                    const T* bias_t, TO* out, cudaStream_t stream) {
+  if (tensor_core_path<T>(version, g)) {
     if constexpr (!is_f32<T>::value) {
+      const int64_t ld = pixel_stride(g);
+      // C_out >= 128: the GEMM's tiles are 128 or 256 columns wide, so a 64-channel output
+      // wastes half of each (ResNet-50's 256 -> 64 1x1, eval, H100: 0.84x cuDNN through the
+      // GEMM, 0.97x through the implicit kernel; reports/h100-conv-bn5.json).
+      if (version == 4 && is_pointwise(g) && g.C_out >= 128 && g.sx_c == 1 && k_major(x, ld) &&
+          k_major(w, g.C_in)) {
+        // out = x . w^T: B[k=c, n=o] = w[o, c] is the (N, K) K-major w itself. Eval passes the
+        // folded bias in T (gemm.cu's bias dtype: one more rounding of b', ~ the rounding of
+        // the output itself); train writes fp32 y with no bias.
+        return levels_gemm_matmul(dtype_code<T>(), gemm_version(), 0, x, ld, 1, w, 1, g.C_in, out,
+                                  g.C_out, 1, is_f32<TO>::value ? 1 : 0, bias_t, 1, nullptr, 0, 0,
+                                  /*EPI_NONE*/ 0, 0, g.P, g.C_out, g.C_in, stream);
+      }
       const bool vec = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
-                       g.sx_w % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
+                       g.sx_w % 8 == 0 && levels_aligned16(x) && levels_aligned16(w);
       const int64_t blocks = levels_cdiv(g.P, wmma_conv::BM) * levels_cdiv(g.C_out, wmma_conv::BN);
       auto kernel = vec ? wmma_conv::conv_kernel<T, TO, true> : wmma_conv::conv_kernel<T, TO, false>;
+      constexpr int smem = wmma_conv::smem_bytes<false, false>();
       // Per device and kernel; cheap next to a convolution, so it is not cached.
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wmma_conv::SMEM_BYTES);
-      kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, wmma_conv::SMEM_BYTES, stream>>>(
-          g, x, w, bias, out);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, smem, stream>>>(g, x, w, bias, out);
       return levels_launch_status();
     }
   }
@@ -815,7 +1221,7 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
     conv_direct_kernel<T, TO><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g, x, w, bias, out);
     return levels_launch_status();
   }
-  // v2, and v3 where it cannot run (fp32, a GPU before sm_80, sizes past 32-bit indices).
+  // v2, and v3/v4 where they cannot run (fp32, a GPU before sm_80, sizes past 32-bit indices).
   tiled::ConvFwd<T, TO> op{g, x, w, bias, out};
   const dim3 grid(static_cast<unsigned>(levels_cdiv(g.P, tiled::BM)),
                   static_cast<unsigned>(levels_cdiv(g.C_out, tiled::BN)), 1);
@@ -823,23 +1229,111 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
   return levels_launch_status();
 }
 
+// dX: version 4 on the tensor cores (a 1x1 stride-1 convolution as dX = dY . w, one GEMM;
+// anything else as one implicit GEMM per stride phase, dgrad_kernel), else version 2's
+// tiled kernel. w_t: room for C_in * C_out elements (the 1x1 path's transposed weight).
 template <typename T>
-static void conv_dgrad(const Geom& g, const T* dy, const T* w, T* dx, cudaStream_t stream) {
+static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx, T* w_t,
+                      cudaStream_t stream) {
+  if (version == 4 && tensor_core_path<T>(version, g)) {
+    if constexpr (!is_f32<T>::value) {
+      if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t)) {
+        // B[k=o, n=c] = w[o, c] must be K-major, i.e. (C_in, C_out) in memory: w^T.
+        const dim3 tgrid(static_cast<unsigned>(levels_cdiv(g.C_in, 32)),
+                         static_cast<unsigned>(levels_cdiv(g.C_out, 32)));
+        wmma_conv::transpose_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(w, g.C_out, g.C_in, w_t);
+        return levels_gemm_matmul(dtype_code<T>(), gemm_version(), 0, dy, g.C_out, 1, w_t, 1,
+                                  g.C_out, dx, g.C_in, 1, 0, nullptr, 0, nullptr, 0, 0, 0, 0, g.P,
+                                  g.C_in, g.C_out, stream);
+      }
+      const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
+      const bool vec_w = g.C_in % 8 == 0 && levels_aligned16(w);
+      auto kernel = vec_dy ? (vec_w ? wmma_conv::dgrad_kernel<T, true, true> : wmma_conv::dgrad_kernel<T, true, false>)
+                           : (vec_w ? wmma_conv::dgrad_kernel<T, false, true> : wmma_conv::dgrad_kernel<T, false, false>);
+      constexpr int smem = wmma_conv::smem_bytes<false, true>();
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
+      const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
+      const int kH = static_cast<int>(g.kH), kW = static_cast<int>(g.kW);
+      const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+      for (int a = 0; a < sh; ++a)
+        for (int b = 0; b < sw; ++b) {
+          wmma_conv::DgradPhase p{};
+          p.a = a, p.b = b;
+          p.Ha = a < H ? (H - a + sh - 1) / sh : 0;
+          p.Wb = b < W ? (W - b + sw - 1) / sw : 0;
+          if (p.Ha == 0 || p.Wb == 0) continue;  // no input pixel in this phase
+          p.i0 = (a + ph) % sh, p.j0 = (b + pw) % sw;
+          p.nti = p.i0 < kH ? (kH - p.i0 + sh - 1) / sh : 0;
+          p.ntj = p.j0 < kW ? (kW - p.j0 + sw - 1) / sw : 0;
+          p.base_h = (a + ph) / sh, p.base_w = (b + pw) / sw;
+          p.M = g.N * p.Ha * p.Wb;
+          p.Kp = p.nti * p.ntj * static_cast<int>(g.C_out);
+          const int64_t blocks = levels_cdiv(p.M, wmma_conv::BM) * levels_cdiv(g.C_in, wmma_conv::BN);
+          kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, smem, stream>>>(g, p, dy, w, dx);
+        }
+      return levels_launch_status();
+    }
+  }
   tiled::ConvDgrad<T> op{g, dy, w, dx};
   const int64_t M = g.N * g.H * g.W, R = g.kH * g.kW * g.C_out;
   const dim3 grid(static_cast<unsigned>(levels_cdiv(M, tiled::BM)),
                   static_cast<unsigned>(levels_cdiv(g.C_in, tiled::BN)), 1);
   tiled::gemm_kernel<<<grid, tiled::THREADS, 0, stream>>>(op, M, g.C_in, R, R);
+  return levels_launch_status();
 }
 
+// Version 4's wgrad splits the pixels so that the grid has about two blocks per SM (one full
+// wave at two blocks per SM) but never fewer than TC_MIN_PIXELS per split (32 k-tiles: the
+// pipeline's start and the fp32 partial's store amortized), at most TC_MAX_BLOCKS blocks
+// (a bound that keeps the workspace independent of the GPU). Each split writes C_out*K fp32
+// partials; at most ~512 * 128 * 128 of them in all.
+constexpr int64_t TC_MIN_PIXELS = 1024, TC_MAX_BLOCKS = 512;
+static int64_t tc_wgrad_tiles(int64_t C_out, int64_t K) {
+  return levels_cdiv(C_out, wmma_conv::BM) * levels_cdiv(K, wmma_conv::BN);
+}
+static int64_t tc_wgrad_max_splits(int64_t P, int64_t C_out, int64_t K, int64_t target_blocks) {
+  const int64_t s = levels_cdiv(target_blocks, tc_wgrad_tiles(C_out, K));
+  const int64_t cap = P / TC_MIN_PIXELS > 1 ? P / TC_MIN_PIXELS : 1;
+  return s < cap ? s : cap;
+}
+// Floats of wgrad partials the workspace holds: enough for either path.
+static int64_t wgrad_part_floats(int64_t P, int64_t C_out, int64_t K) {
+  const int64_t tc = tc_wgrad_max_splits(P, C_out, K, TC_MAX_BLOCKS), v2 = wgrad_splits(P);
+  return (tc > v2 ? tc : v2) * C_out * K;
+}
+
+// G^T partials into part (splits, C_out, K); returns the number of splits.
 template <typename T>
-static void conv_wgrad(const Geom& g, const T* dy, const T* x, float* part, cudaStream_t stream) {
+static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, float* part,
+                          cudaStream_t stream) {
+  // wgrad_kernel decodes its pixels in 32 bits (every tile: a 64-bit division costs more)
+  if (version == 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
+    if constexpr (!is_f32<T>::value) {
+      const int64_t sms2 = 2 * static_cast<int64_t>(levels_sm_count());
+      const int64_t s = tc_wgrad_max_splits(g.P, g.C_out, g.K, sms2 < TC_MAX_BLOCKS ? sms2 : TC_MAX_BLOCKS);
+      // whole k-tiles of pixels per split; recounted so that no split is empty
+      const int64_t per = levels_cdiv(levels_cdiv(g.P, s), wmma_conv::BK) * wmma_conv::BK;
+      const int64_t splits = levels_cdiv(g.P, per);
+      const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
+      const bool vec_x = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
+                         g.sx_w % 8 == 0 && levels_aligned16(x);
+      auto kernel = vec_dy ? (vec_x ? wmma_conv::wgrad_kernel<T, true, true> : wmma_conv::wgrad_kernel<T, true, false>)
+                           : (vec_x ? wmma_conv::wgrad_kernel<T, false, true> : wmma_conv::wgrad_kernel<T, false, false>);
+      constexpr int smem = wmma_conv::smem_bytes<true, true>();
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      const dim3 grid(static_cast<unsigned>(tc_wgrad_tiles(g.C_out, g.K)), static_cast<unsigned>(splits));
+      kernel<<<grid, wmma_conv::THREADS, smem, stream>>>(g, per, x, dy, part);
+      return splits;
+    }
+  }
   const int64_t splits = wgrad_splits(g.P), per = levels_cdiv(g.P, splits);
   tiled::ConvWgrad<T> op{g, x, dy, part};
   const dim3 grid(static_cast<unsigned>(levels_cdiv(g.K, tiled::BM)),
                   static_cast<unsigned>(levels_cdiv(g.C_out, tiled::BN)),
                   static_cast<unsigned>(splits));
   tiled::gemm_kernel<<<grid, tiled::THREADS, 0, stream>>>(op, g.K, g.C_out, g.P, per);
+  return splits;
 }
 
 static dim3 reduction_grid(int64_t P, int64_t C) {
@@ -850,14 +1344,21 @@ static unsigned elementwise_blocks(int64_t n) {
   return static_cast<unsigned>(b < 65536 ? b : 65536);  // grid-stride beyond
 }
 
+// Every workspace region starts on a 32-byte boundary (the 16-byte copies and vector stores
+// of the tensor-core paths read and write some of them); sizes in floats.
+static int64_t align8(int64_t floats) { return levels_cdiv(floats, 8) * 8; }
+// A (C_out, K) 16-bit matrix in floats: the 1x1 dgrad's transposed weight.
+static int64_t half_matrix_floats(int64_t C_out, int64_t K) { return align8(levels_cdiv(C_out * K, 2)); }
+
 template <typename T>
 static int eval_fwd(int version, const Geom& g, const T* x, const T* w, const T* bias,
                     const T* gamma, const T* beta, const T* mean, const T* var, float eps, T* out,
                     T* w_folded, float* scale, float* invstd, float* work, cudaStream_t stream) {
-  float* b_folded = work;  // (C_out,)
+  float* b_folded = work;                                      // (C_out,) fp32
+  T* b_folded_t = reinterpret_cast<T*>(work + align8(g.C_out));  // (C_out,) T: the GEMM path's
   fold_bn_kernel<T><<<static_cast<unsigned>(g.C_out), 256, 0, stream>>>(
-      w, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, scale, invstd);
-  return conv_fwd<T, T>(version, g, x, w_folded, b_folded, out, stream);
+      w, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, b_folded_t, scale, invstd);
+  return conv_fwd<T, T>(version, g, x, w_folded, b_folded, b_folded_t, out, stream);
 }
 
 template <typename T>
@@ -870,7 +1371,7 @@ static int train_fwd(int version, const Geom& g, const T* x, const T* w, const T
   float* part_m2 = work + chunks * C;  // (chunks, C)
   float* scale = part_m2 + chunks * C; // (C,)
   float* shift = scale + C;            // (C,)
-  const int status = conv_fwd<T, float>(version, g, x, w, nullptr, y, stream);
+  const int status = conv_fwd<T, float>(version, g, x, w, nullptr, nullptr, y, stream);
   if (status != 0) return status;
   stats_partial_kernel<<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       y, g.P, C, rows, part_mean, part_m2);
@@ -892,51 +1393,72 @@ static void column_sum(const T* m, int64_t P, int64_t C, float* part, float* sum
       part, chunk_count(P), C, 1, sums, out_t, static_cast<T*>(nullptr));
 }
 
+// The backward's workspace, in this order (train_bwd's first two regions only in training):
+//   [train] sums (2, C), bn_part (2, chunks, C);  col_part (chunks, C), sum (C,),
+//   w_part (splits, C_out, K), w_t (the 1x1 dgrad's w^T, C_out*K 16-bit), [train] dyc (P, C) T.
+struct BwdWork {
+  float *sums, *bn_part, *col_part, *sum, *w_part;
+  void *w_t, *dyc;
+};
+static int64_t bwd_work_floats(bool training, int64_t P, int64_t C, int64_t K, BwdWork* at = nullptr,
+                               float* base = nullptr) {
+  const int64_t chunks = chunk_count(P);
+  const int64_t sizes[7] = {training ? align8(2 * C) : 0, training ? align8(2 * chunks * C) : 0,
+                            align8(chunks * C), align8(C), align8(wgrad_part_floats(P, C, K)),
+                            half_matrix_floats(C, K), training ? align8(P * C) : 0};
+  float* regions[7];
+  int64_t total = 0;
+  for (int r = 0; r < 7; ++r) {
+    regions[r] = base ? base + total : nullptr;
+    total += sizes[r];
+  }
+  if (at) *at = BwdWork{regions[0], regions[1], regions[2], regions[3], regions[4], regions[5], regions[6]};
+  return total;
+}
+
 template <typename T>
-static int eval_bwd(const Geom& g, const T* dout, const T* x, const T* w, const T* w_folded,
-                    const T* bias, const T* running_mean, const float* scale, const float* invstd,
-                    T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
-  const int64_t C = g.C_out, chunks = chunk_count(g.P);
-  float* sum_dy = work;                 // (C,)
-  float* col_part = sum_dy + C;         // (chunks, C)
-  float* w_part = col_part + chunks * C;  // (splits, C_out, K)
-  column_sum<T>(dout, g.P, C, col_part, sum_dy, static_cast<T*>(nullptr), stream);
-  conv_wgrad<T>(g, dout, x, w_part, stream);
+static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const T* w,
+                    const T* w_folded, const T* bias, const T* running_mean, const float* scale,
+                    const float* invstd, T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work,
+                    cudaStream_t stream) {
+  const int64_t C = g.C_out;
+  BwdWork ws;
+  bwd_work_floats(false, g.P, C, g.K, &ws, work);
+  float* sum_dy = ws.sum;
+  column_sum<T>(dout, g.P, C, ws.col_part, sum_dy, static_cast<T*>(nullptr), stream);
+  const int64_t splits = conv_wgrad<T>(version, g, dout, x, ws.w_part, stream);
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
-      w_part, wgrad_splits(g.P), C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
+      ws.w_part, splits, C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
       dgamma, dbeta, dbias);
-  conv_dgrad<T>(g, dout, w_folded, dx, stream);
-  return levels_launch_status();
+  const int status = conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), stream);
+  return status != 0 ? status : levels_launch_status();
 }
 
 template <typename T>
-static int train_bwd(const Geom& g, const T* dout, const T* x, const T* w, const float* y,
-                     const float* mean, const float* invstd, const T* gamma, T* dx, T* dw,
-                     T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
+static int train_bwd(int version, const Geom& g, const T* dout, const T* x, const T* w,
+                     const float* y, const float* mean, const float* invstd, const T* gamma,
+                     T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
   const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
-  float* sums = work;                        // (2, C): sum dOut, sum dOut * xhat
-  float* bn_part = sums + 2 * C;             // (2, chunks, C)
-  float* col_part = bn_part + 2 * chunks * C;  // (chunks, C)
-  float* dbias_f = col_part + chunks * C;    // (C,)
-  float* w_part = dbias_f + C;               // (splits, C_out, K)
-  T* dyc = reinterpret_cast<T*>(w_part + wgrad_splits(g.P) * C * g.K);  // (P, C) in T
+  BwdWork ws;
+  bwd_work_floats(true, g.P, C, g.K, &ws, work);
+  T* dyc = static_cast<T*>(ws.dyc);  // (P, C) in T: the gradient of the convolution's output
   bn_bwd_partial_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
-      dout, y, mean, invstd, g.P, C, rows, chunks, bn_part);
+      dout, y, mean, invstd, g.P, C, rows, chunks, ws.bn_part);
   chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
-      bn_part, chunks, C, 2, sums, dbeta, dgamma);
+      ws.bn_part, chunks, C, 2, ws.sums, dbeta, dgamma);
   bn_bwd_apply_kernel<T><<<elementwise_blocks(g.P * C), 256, 0, stream>>>(
-      dout, y, mean, invstd, gamma, sums, g.P, C, dyc);
+      dout, y, mean, invstd, gamma, ws.sums, g.P, C, dyc);
   // Mathematically 0 (the batch mean absorbs the conv bias): computed, not assumed.
-  column_sum<T>(dyc, g.P, C, col_part, dbias_f, dbias, stream);
-  conv_wgrad<T>(g, dyc, x, w_part, stream);
+  column_sum<T>(dyc, g.P, C, ws.col_part, ws.sum, dbias, stream);
+  const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
-      w_part, wgrad_splits(g.P), C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
+      ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);
-  conv_dgrad<T>(g, dyc, w, dx, stream);
-  return levels_launch_status();
+  const int status = conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), stream);
+  return status != 0 ? status : levels_launch_status();
 }
 
-static bool known_version(int version) { return version >= 1 && version <= 3; }
+static bool known_version(int version) { return version >= 1 && version <= 4; }
 
 }  // namespace levels_conv_bn
 
@@ -960,12 +1482,12 @@ static bool known_version(int version) { return version >= 1 && version <= 3; }
 // is at most P*C_out floats).
 extern "C" int64_t levels_conv_bn_workspace_floats(int which, int64_t P, int64_t C_out, int64_t K) {
   using namespace levels_conv_bn;
-  const int64_t chunks = chunk_count(P), wpart = wgrad_splits(P) * C_out * K;
+  const int64_t chunks = chunk_count(P);
   switch (which) {
-    case 0: return C_out;
+    case 0: return 2 * align8(C_out);  // b' in fp32 and in the input dtype
     case 1: return (2 * chunks + 2) * C_out;
-    case 2: return C_out + chunks * C_out + wpart;
-    case 3: return 2 * C_out + 3 * chunks * C_out + C_out + wpart + P * C_out;
+    case 2: return bwd_work_floats(false, P, C_out, K);
+    case 3: return bwd_work_floats(true, P, C_out, K);
     default: return -1;
   }
 }
@@ -1019,8 +1541,9 @@ extern "C" int levels_conv_bn_train_fwd(int dtype, int version, const void* x, c
 }
 
 // Eval backward from dout (P, C_out) contiguous: dx (N, H, W, C_in) contiguous, dw (C_out, K),
-// dbias, dgamma, dbeta (C_out,), all in the input dtype. Every version runs the tiled
-// (version 2) dgrad/wgrad. workspace: levels_conv_bn_workspace_floats(2, ...) floats.
+// dbias, dgamma, dbeta (C_out,), all in the input dtype. Versions 1-3 run the tiled
+// (version 2) dgrad/wgrad, version 4 the tensor-core ones (16-bit, sm_80+).
+// workspace: levels_conv_bn_workspace_floats(2, ...) floats.
 extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout, const void* x,
                                        const void* w, const void* w_folded, const void* bias,
                                        const void* running_mean, const float* scale,
@@ -1031,7 +1554,7 @@ extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout,
   if (!known_version(version)) return LEVELS_BAD_VERSION;
   const Geom g = LEVELS_CONV_BN_GEOM;
   LEVELS_DISPATCH(dtype, T,
-                  return eval_bwd<T>(g, static_cast<const T*>(dout), static_cast<const T*>(x),
+                  return eval_bwd<T>(version, g, static_cast<const T*>(dout), static_cast<const T*>(x),
                                      static_cast<const T*>(w), static_cast<const T*>(w_folded),
                                      static_cast<const T*>(bias),
                                      static_cast<const T*>(running_mean), scale, invstd,
@@ -1053,7 +1576,7 @@ extern "C" int levels_conv_bn_train_bwd(int dtype, int version, const void* dout
   if (!known_version(version)) return LEVELS_BAD_VERSION;
   const Geom g = LEVELS_CONV_BN_GEOM;
   LEVELS_DISPATCH(dtype, T,
-                  return train_bwd<T>(g, static_cast<const T*>(dout), static_cast<const T*>(x),
+                  return train_bwd<T>(version, g, static_cast<const T*>(dout), static_cast<const T*>(x),
                                       static_cast<const T*>(w), y, mean, invstd,
                                       static_cast<const T*>(gamma), static_cast<T*>(dx),
                                       static_cast<T*>(dw), static_cast<T*>(dbias),

@@ -16,8 +16,10 @@ running statistics' update in training mode, by copying the kernel op's new valu
 caller's buffers: the kernel ops stay functional, and a buffer that is a strided view of
 something bigger is written through that view and nowhere else.
 
-The version ladder (LEVELS_CUDA_VERSION_CONV_BN or version=) picks the forward convolution
-kernel; the backward (dgrad, wgrad) runs the version-2 tiled kernels for every version.
+The version ladder (LEVELS_CUDA_VERSION_CONV_BN or version=) picks the kernels: versions 1-3
+differ in the forward convolution and share version 2's tiled backward (dgrad, wgrad);
+version 4 keeps version 3's forward and runs the backward on the tensor cores too, and 1x1
+stride-1 convolutions through gemm.cu's GEMM (the top of conv_bn.cu says how and why).
 """
 
 from __future__ import annotations
@@ -31,9 +33,16 @@ VERSIONS = {
     1: "direct convolution, one thread per output element",
     2: "implicit GEMM with shared-memory tiles and 4x4 register tiles (CUDA cores, exact fp32)",
     3: "implicit GEMM on tensor cores (WMMA, cp.async 4-stage pipeline), BN folded in the "
-       "epilogue; fp32 inputs run version 2",
+       "epilogue; backward as version 2; fp32 inputs run version 2",
+    4: "version 3 plus dgrad (one implicit GEMM per stride phase) and wgrad (split over "
+       "pixels) on the tensor cores, 1x1 stride-1 convs through gemm.cu's GEMM (wgmma on "
+       "sm_90); fp32 inputs run version 2",
 }
-DEFAULT_VERSION = 3
+# Version 4 is the default: on the H100 its training step (forward + backward) ran at
+# 0.90-1.19x cuDNN + BatchNorm at six ResNet-50 shapes where version 3 ran at 0.12-0.45x
+# (reports/h100-conv-bn5.json, scripts/device_conv_bn5.py).
+DEFAULT_VERSION = 4
+TENSOR_CORE_VERSIONS = (3, 4)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
 
 OPS = ("conv_bn_eval_fwd", "conv_bn_train_fwd", "conv_bn_eval_bwd", "conv_bn_train_bwd")
@@ -42,8 +51,8 @@ _registered = False
 
 
 def uses_tf32(device, dtype) -> bool:
-    # Version 3 does not run fp32 on the tensor cores (it falls back to version 2), so every
-    # version is exact fp32 arithmetic for fp32 inputs.
+    # Versions 3 and 4 do not run fp32 on the tensor cores (they fall back to version 2), so
+    # every version is exact fp32 arithmetic for fp32 inputs.
     return False
 
 

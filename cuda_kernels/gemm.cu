@@ -63,7 +63,13 @@
 //              named-barrier waits per warpgroup per tile, and a persistent block may hold
 //              one tile more than another (the last wave); the batched kernel runs 128x128
 //              tiles only (4 stages). Hang trap: -DLEVELS_GEMM7_TIMEOUT=n.
-//              Measured: (to be filled by the lead from reports/h100-gemm7.json).
+//              Measured on the H100 (bf16, reports/h100-gemm7.json, cuBLAS and v5-v6 in the
+//              same run): every check passed on the first run, bitwise version 6's results;
+//              and no faster than version 6: 0.87-0.93x cuBLAS at 8192^3, 4096^3 and the MLP's
+//              large GEMMs (v6 0.89-0.94x), 0.66-0.86x at the short-K ones (M4096 1024->4096,
+//              M1000 768->3072; v6 0.69-0.89x). What the persistent grid alone buys is the
+//              loads under the epilogue, and those were not the bottleneck: the MMAs wait for
+//              the epilogue either way. The MLP's default stays version 6.
 //   version 8  ping-pong consumers (sm_90 only): version 7's persistent producer and ring, but
 //              the two consumer warpgroups no longer split a tile: each owns whole 128x128
 //              tiles (two m64n128 MMAs per k16 slice, the same 128 accumulators per thread),
@@ -116,6 +122,7 @@
 
 #include "common.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver function comes from the runtime)
 #include <cstdio>
@@ -125,6 +132,7 @@
 namespace levels_gemm {
 
 using namespace levels_mma;
+using namespace levels_wgmma;
 
 // levels_cdiv of common.cuh is host-only; the kernels need it too.
 // ---- candidates for common.cuh ----
@@ -757,9 +765,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 // loads, producer/consumer warpgroups with mbarriers so loads and MMAs overlap without
 // block-wide barriers (version 6, below), a persistent grid, clusters with TMA multicast.
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LEVELS_HAS_WGMMA 1
-#endif
+// (LEVELS_HAS_WGMMA and the wgmma wrappers: wgmma.cuh, shared with attention.cu.)
 
 // STAGES: 4 x 48 KB at BN = 256 (5 would not fit in 227 KB). A build-time knob
 // (-DLEVELS_GEMM_V5_STAGES=n through LEVELS_CUDA_NVCC_FLAGS) for scripts/device_level5.py's sweep.
@@ -768,63 +774,6 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
 #endif
 constexpr int V5_STAGES = LEVELS_GEMM_V5_STAGES;
 static_assert(V5_STAGES >= 3, "one stage being read, one in flight, one being filled");
-
-// The shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout,
-// starting at shared address `addr` (1024-byte aligned for the first k16 slice; the next
-// slices of the same rows start 32, 64, 96 bytes further, which the hardware's swizzle
-// — computed from the address bits — handles).
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
-  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);  // start address, in 16-byte units
-  desc |= (uint64_t)(16 >> 4) << 16;                  // leading-dimension byte offset (unused when swizzled K-major)
-  desc |= (uint64_t)(1024 >> 4) << 32;                // stride byte offset: 8 rows x 128 B to the next 8 rows
-  desc |= (uint64_t)1 << 62;                          // swizzle mode 1 = 128-byte
-  return desc;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes shared memory through the "generic proxy"; wgmma reads it through the
-// "async proxy": this fence orders the first before the second.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// An empty asm that "uses and redefines" an accumulator: keeps the compiler from reading
-// or moving it across the asynchronous MMA's issue and wait.
-__device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// One instruction for both 16-bit input types (TYPE: bf16 or f16): 64 accumulator registers
-// in, 64 out ("+f"), the two descriptors, and scale-d = 1 (D = A.B + D) as a predicate.
-#define LEVELS_WGMMA_M64N128K16(TYPE)                                                        \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." #TYPE "." #TYPE " {"                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                    \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "l"(desc_a), "l"(desc_b), "r"(1))
-
-// d[64] += A(64x16, descriptor) . B(16x128, descriptor), fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-#ifdef LEVELS_HAS_WGMMA
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    LEVELS_WGMMA_M64N128K16(bf16);
-  } else {
-    LEVELS_WGMMA_M64N128K16(f16);
-  }
-#endif
-}
 
 // The tiles of the pipeline in the kernel's dynamic shared memory. The swizzle pattern
 // repeats every 1024 bytes and the descriptors assume tiles start on that boundary: align by

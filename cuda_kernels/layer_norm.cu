@@ -8,7 +8,7 @@
 // Every version accumulates in fp32 and computes the variance in two passes (centre, then
 // square): exact to fp32 rounding whatever the mean, unlike E[x^2] - E[x]^2.
 //
-// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3):
+// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4):
 //   v1  one thread per row: the CPU loop moved onto the GPU. Each thread walks its row three
 //       times (mean, variance, output). Costs: a warp's 32 loads touch 32 rows, 32 cache
 //       lines at once (no coalescing), and only M threads exist (16384 rows: about one
@@ -28,6 +28,37 @@
 //       that re-reads the row from L1/L2 (vectorized if aligned, else scalar) when the base
 //       pointers are not 16-byte aligned, the row stride or N is not a multiple of the
 //       vector width, or N > 16384.
+//   v4  v3's idea at every width and layout, the kernel picked by a rule from M, N, the dtype
+//       and the alignment (layer_norm_plan.h: plain C++, its choices tested on the CPU).
+//       Why v3 has cliffs (H100, fraction of a device copy's bandwidth, forward;
+//       reports/h100-sweep-layer-norm-before.txt): the fallback loop reads the row three
+//       times, one element a load, and gives a 1023-wide row 512 threads, each of which does
+//       two elements between the block's barriers: bf16 4096 x 1023 0.28x (0.20x in issue
+//       #28's run), 4097 0.45x, fp32 65536 0.50x; and its warp per narrow row keeps N/8 of
+//       32 lanes busy: bf16 64 wide 0.34x. What removes them:
+//       * element loads that still keep the row in registers: the same kernel with VEC = 1.
+//         A warp's load still reads 32 adjacent elements (coalesced), x is still read once
+//         and y written once. (A 16-byte body with an element head and tail is not enough:
+//         at N = 1023 the rows of x and y start at 1023 r elements, a different misalignment
+//         every row, and weight's columns sit at yet another.) Level 4 does the same at 1023.
+//       * compile-time strides between a thread's loads (lane groups of S = 4..32, or a block
+//         whose warps each own 32 CH adjacent vectors): every address is one register plus an
+//         immediate. A runtime stride made ptxas keep a 64-bit address per load (100+
+//         registers for 16 elements); weight and bias are loaded beside their use (all up
+//         front, ptxas held them in registers: 119 at 32 fp32 a thread).
+//       * narrow rows (N <= 32 E): a group of S lanes a row, 256 / S rows a block, shuffles
+//         and no barrier, every lane busy.
+//       * rows wider than a block's registers (16384 by vectors, 8192 by elements) split over
+//         a cluster of 2-8 blocks (sm_90 thread-block clusters): each block holds its seg
+//         columns, and the row's sums cross the cluster through distributed shared memory
+//         (each block reads its peers' partial sums after one cluster barrier). The row is
+//         still read once. Few rows (2M < SMs, N >= 4096) split too, so more SMs stream.
+//       * the next row prefetched into L2 (prefetch.global.L2) while this row's sums cross
+//         the block or the cluster: no registers held, no extra DRAM traffic.
+//       Costs: 71 kernels (dtype x elements a thread x load width x lane stride: the cold
+//       build's nvcc time); sm_90 for the split (elsewhere rows too wide for one block take
+//       v3's loop; so do rows wider than 8 x 8192); the ops take a forcing `path` argument so
+//       that tests and scripts/sweep_layer_norm.py reach every kernel.
 //
 // Backward versions (the same version number; forward vN pairs with backward vN):
 //   dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)),   xhat = (x - mean) * rstd
@@ -47,6 +78,15 @@
 //       sum as v2. Both row reductions share one set of barriers (block_sum2). Costs: the
 //       row must fit in registers (N <= 8192), rows aligned as for the forward: otherwise
 //       v3's backward is v2's (said again in the launcher).
+//   v4  v3's fused backward with v4's forward's shapes: lane groups (narrow rows: v3 gave a
+//       32-lane block to a 64-wide row, one row at a time), a block (any alignment, element
+//       loads where needed: misaligned or odd widths fell to v2, 0.3-0.4x), or a cluster of
+//       blocks per row beyond 8192 (v3: v2 again, 0.14-0.36x at 12288-65536): the row's two
+//       sums cross the cluster once per row, each block keeps dw/db partial sums for its own
+//       columns, the cluster writes one partial row. Persistent like v3 (one wave of blocks
+//       or clusters, counted by the occupancy API), weight re-read per row from L1 (held
+//       across rows it cost registers), the next row's x and dy prefetched into L2. Costs:
+//       as v4's forward; rows wider than 8 x 8192 take v2's kernels.
 //
 // Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
 // of `levels bench`; not yet in a committed report under reports/; TB/s counts
@@ -62,9 +102,18 @@
 // As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
 // solution regions marked below are the kernels version 3 runs (its register-row and loop
 // forwards, its fused backward, and v2's backward kernels, which v3 falls back to for rows
-// that are no whole number of 16-byte vectors). v1 and v2's forwards stay: the steps below
-// the one to write.
+// that are no whole number of 16-byte vectors) and the row math of version 4, the default
+// the grader runs (fwd_v4_stats, fwd_v4_out, bwd_v4_row: what a thread does with its share
+// of a row; v4's layouts, reductions and rule stay given). v1 and v2's forwards stay: the
+// steps below the ones to write.
+#include <cooperative_groups.h>
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+
 #include "common.cuh"
+#include "layer_norm_plan.h"
 
 namespace levels_layer_norm {
 
@@ -539,6 +588,429 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
 }
 
 // =====================================================================================
+// Version 4: the kernel chosen by a rule (layer_norm_plan.h), no width left to a slow loop
+// =====================================================================================
+
+// A thread's share of a row (or of a SPLIT block's seg columns): CH loads of VEC elements,
+// VEC = 16 bytes' worth (VECT) or 1, at vector indices first, first + S, first + 2S, ...
+// S is a compile-time stride, so every address is one register plus an immediate offset
+// (with a runtime stride ptxas kept a 64-bit address per load: 100+ registers for 16
+// elements). Columns at or past `n` are never read or written and hold zero; n is a
+// multiple of VEC when VECT (the launcher's rule), so a load is all in or all out.
+//   group mode (S lanes a row, S <= 32): first = lane in the group; a warp instruction
+//     reads 32/S rows' S adjacent vectors.
+//   block mode (S = 32, the block's warps share a row): first = warp * 32 * CH + lane; a
+//     warp owns 32 * CH adjacent vectors and each of its instructions reads 32 of them.
+template <typename T, int E, bool VECT, int S>
+struct RowPart {
+  static constexpr int VEC = VECT ? vec_width<T>() : 1;
+  static constexpr int CH = E / VEC;
+  static constexpr int STRIDE = S;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using V = Vec<T, VEC>;
+  V v[CH];
+
+  __device__ __forceinline__ static int col(int first, int c) { return (first + c * S) * VEC; }
+  __device__ __forceinline__ static bool in(int first, int c, int n) { return col(first, c) < n; }
+
+  __device__ __forceinline__ void load(const T* __restrict__ p, int first, int n) {
+    const V* q = reinterpret_cast<const V*>(p) + first;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (in(first, c, n)) {
+        v[c] = q[c * S];
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[c].v[j] = from_f32<T>(0.0f);
+      }
+    }
+  }
+  __device__ __forceinline__ float f(int c, int j) const { return to_f32(v[c].v[j]); }
+  __device__ __forceinline__ static void put(T* p, int first, int c, const V& value) {
+    (reinterpret_cast<V*>(p) + first)[c * S] = value;
+  }
+};
+
+// Which row of the block's R a thread works on, where its share starts, how its row adds.
+template <int S, int CH>
+struct RowLanes {
+  int g, first;
+  int t, count;  // this thread's index among the threads of its row, and their number
+  bool block_mode;
+  __device__ __forceinline__ explicit RowLanes(int R) {
+    block_mode = S == 32 && R == 1 && blockDim.x > 32;
+    if (block_mode) {
+      g = 0;
+      first = (int)(threadIdx.x >> 5) * 32 * CH + (int)(threadIdx.x & 31);
+      t = (int)threadIdx.x;
+      count = (int)blockDim.x;
+    } else {
+      g = (int)threadIdx.x / S;
+      first = (int)threadIdx.x % S;
+      t = first;
+      count = S;
+    }
+  }
+};
+
+// The two sums of a row over the S lanes that share it (lanes of a group adjacent inside
+// one warp): xor shuffles never leave the group, every lane ends with the same bits
+// (a + b == b + a), no barrier. Every lane of the warp calls it.
+template <int S>
+__device__ __forceinline__ float2 group_sum2(float a, float b) {
+#pragma unroll
+  for (int off = S >> 1; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+  return make_float2(a, b);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LEVELS_LN_CLUSTERS 1
+// The two sums of a row split over the blocks of a cluster: each block's sums go to its own
+// shared `slot`, the cluster meets at a barrier (release/acquire: the slots are visible
+// after it), threads 0..C-1 each fetch one block's slot through distributed shared memory,
+// and every thread adds the C values in rank order: the same bits in every block of the
+// cluster. Callers alternate between two slots: a block rewrites a slot only after the
+// NEXT cluster barrier, which no block passes before all have read the slot's last value.
+__device__ __forceinline__ float2 cluster_sum2(float a, float b, float2* slot, float2* gathered,
+                                               float2* scratch) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const float2 mine = block_sum2(a, b, scratch);
+  if (threadIdx.x == 0) *slot = mine;
+  cluster.sync();
+  const int C = (int)cluster.num_blocks();
+  if ((int)threadIdx.x < C) gathered[threadIdx.x] = *cluster.map_shared_rank(slot, threadIdx.x);
+  __syncthreads();
+  float2 total = gathered[0];
+  for (int r = 1; r < C; ++r) {
+    total.x += gathered[r].x;
+    total.y += gathered[r].y;
+  }
+  return total;
+}
+#endif
+
+// Asks L2 for n elements at p, one prefetch per 128-byte line, spread over `lanes` threads
+// (t = this thread's index among them). The kernels below call it for the NEXT row right
+// after loading this one: while this row's sums cross the lanes (a barrier in block mode,
+// a cluster barrier in SPLIT), the next row's bytes travel from DRAM, and its loads then hit
+// L2. No registers held, no extra DRAM traffic (the bytes are read anyway); a hint only.
+template <typename T>
+__device__ __forceinline__ void prefetch_l2(const T* p, int64_t n, int t, int lanes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = n * (int64_t)sizeof(T);
+  for (int64_t off = (int64_t)t * 128; off < bytes; off += (int64_t)lanes * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
+// A row's mean and rstd from the thread's share xr (columns [0, n) of the row's piece) and
+// `total(value, k)`, the row's sum of every thread's value (k: which of the two sums).
+template <typename P, typename Total>
+__device__ __forceinline__ float2 fwd_v4_stats(const P& xr, int first, int n, int N, float eps,
+                                               Total total) {
+  float2 stats = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+  // ### BEGIN SOLUTION
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c)
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j) s += xr.f(c, j);
+  const float mean = total(s, 0) / (float)N;
+  float sq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    if (!P::in(first, c, n)) continue;  // padding holds 0, not the mean: keep it out
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j) {
+      const float d = xr.f(c, j) - mean;
+      sq += d * d;
+    }
+  }
+  stats = make_float2(mean, 1.0f / sqrtf(total(sq, 1) / (float)N + eps));
+  // ### END SOLUTION
+  return stats;  // (mean, rstd); NaN until the lines between the markers are written
+}
+
+// y for the thread's columns. weight and bias are loaded chunk by chunk beside the store
+// that uses them: loaded as a whole share up front, ptxas issued all their loads at once and
+// held them in registers (119 registers at 32 fp32 a thread: fewer rows in flight per SM).
+// They are the same columns for every row, so these loads hit L1.
+template <typename P, typename T>
+__device__ __forceinline__ void fwd_v4_out(T* __restrict__ y, const P& xr,
+                                           const T* __restrict__ weight,
+                                           const T* __restrict__ bias, int first, int n,
+                                           float mean, float rstd) {
+  const typename P::V* wq = reinterpret_cast<const typename P::V*>(weight) + first;
+  const typename P::V* bq = reinterpret_cast<const typename P::V*>(bias) + first;
+  // ### BEGIN SOLUTION
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    if (!P::in(first, c, n)) continue;
+    const typename P::V wk = wq[c * P::STRIDE], bk = bq[c * P::STRIDE];
+    typename P::V out;
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j)
+      out.v[j] = from_f32<T>((xr.f(c, j) - mean) * rstd * to_f32(wk.v[j]) + to_f32(bk.v[j]));
+    P::put(y, first, c, out);
+  }
+  // ### END SOLUTION
+}
+
+// Blocks per SM the ROWS kernels are compiled for (ptxas caps registers to fit them):
+// groups (256 threads) 3, a block per row of 8 elements a thread 2 (of up to 512 threads,
+// so that a row's barriers overlap another row's loads), wider 1. Without the bound ptxas
+// picked caps of its own and spilled a few bytes.
+constexpr int ln_min_blocks(int S, int E) { return S < 32 ? 3 : (E <= 8 ? 2 : 1); }
+
+// v4 forward, ROWS: a row in the registers of its threads: S lanes of a warp (group mode, R
+// = blockDim.x / S rows a block) or the whole block (block mode, S = 32, R = 1). Blocks
+// stride over the rows (the grid is capped) and every thread runs the same number of
+// iterations, so shuffles and barriers stay uniform: a group whose row is past M works on
+// zeros and stores nothing.
+// Launcher guarantees: (VECT) x, weight, bias, y 16-byte aligned, stride_x and N multiples
+// of VEC; N <= E * (threads of a row); group mode blockDim.x == S * R, block mode S == 32.
+template <typename T, int E, bool VECT, int S>
+__global__ void __launch_bounds__(S < 32 ? LN_GROUP_BLOCK : LN_MAX_THREADS, ln_min_blocks(S, E))
+fwd_v4_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+            T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+            int64_t M, int N, int64_t stride_x, float eps, int R) {
+  using P = RowPart<T, E, VECT, S>;
+  __shared__ float2 scratch[32];
+  const RowLanes<S, P::CH> lanes(R);
+  const int first = lanes.first;
+  auto total = [&](float v, int) {
+    return lanes.block_mode ? block_sum2(v, 0.0f, scratch).x : group_sum2<S>(v, 0.0f).x;
+  };
+#pragma unroll 1  // one row at a time: an unrolled copy would double the registers
+  for (int64_t base = (int64_t)blockIdx.x * R; base < M; base += (int64_t)gridDim.x * R) {
+    const int64_t row = base + lanes.g;
+    const bool live = row < M;
+    const int n = live ? N : 0;  // a group past the last row loads and stores nothing
+    const int64_t r = live ? row : base;
+    P xr;
+    xr.load(x + r * stride_x, first, n);
+    const int64_t next = row + (int64_t)gridDim.x * R;
+    if (next < M) prefetch_l2(x + next * stride_x, N, lanes.t, lanes.count);
+    const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
+    fwd_v4_out(y + r * (int64_t)N, xr, weight, bias, first, n, stats.x, stats.y);
+    if (live && first == 0) {
+      mean_out[row] = stats.x;
+      rstd_out[row] = stats.y;
+    }
+  }
+}
+
+// v4 forward, SPLIT (sm_90): a cluster of C = gridDim.x blocks per row, block `rank` holding
+// columns [rank * seg, +seg) in registers (block mode); clusters stride over the rows
+// (gridDim.y of them, the same rows for every block of a cluster).
+// Launcher guarantees: clusters of (gridDim.x, 1, 1); (VECT) as fwd_v4_rows and seg a
+// multiple of VEC; seg <= E * blockDim.x, blockDim.x a multiple of 32.
+template <typename T, int E, bool VECT>
+__global__ void __launch_bounds__(512)
+fwd_v4_split(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+             T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+             int64_t M, int N, int64_t stride_x, float eps, int seg) {
+#ifdef LEVELS_LN_CLUSTERS
+  using P = RowPart<T, E, VECT, 32>;
+  __shared__ float2 scratch[32], slot[2], gathered[LN_MAX_CLUSTER];
+  const int first = (int)(threadIdx.x >> 5) * 32 * P::CH + (int)(threadIdx.x & 31);
+  const int col0 = (int)blockIdx.x * seg;
+  const int rest = N - col0;
+  const int n = rest < 0 ? 0 : (rest < seg ? rest : seg);
+  auto total = [&](float v, int k) { return cluster_sum2(v, 0.0f, &slot[k], gathered, scratch).x; };
+#pragma unroll 1
+  for (int64_t row = blockIdx.y; row < M; row += gridDim.y) {
+    P xr;
+    xr.load(x + row * stride_x + col0, first, n);
+    if (row + gridDim.y < M)
+      prefetch_l2(x + (row + gridDim.y) * stride_x + col0, n, threadIdx.x, blockDim.x);
+    const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
+    fwd_v4_out(y + row * (int64_t)N + col0, xr, weight + col0, bias + col0, first, n, stats.x,
+               stats.y);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      mean_out[row] = stats.x;
+      rstd_out[row] = stats.y;
+    }
+  }
+  cooperative_groups::this_cluster().sync();  // no block leaves while others may read its slots
+#endif
+}
+
+// One row's backward on registers, shared by ROWS and SPLIT: dx for the thread's columns,
+// and dy * xhat, dy added to its dw/db partial sums. `total` adds (c1, c2) over the row.
+template <typename P, typename T, int E, typename Total>
+__device__ __forceinline__ void bwd_v4_row(const P& xr, const P& gr, const P& w, T* dxr, int first,
+                                           int n, int N, float mu, float rs, float (&dw)[E],
+                                           float (&db)[E], Total total) {
+  // ### BEGIN SOLUTION
+  float c1 = 0.0f, c2 = 0.0f;
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c)
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j) {
+      const float wdy = w.f(c, j) * gr.f(c, j);  // dy = 0 on padding: it adds nothing
+      c1 += (xr.f(c, j) - mu) * rs * wdy;
+      c2 += wdy;
+    }
+  const float2 sums = total(c1, c2);
+  c1 = sums.x / (float)N;
+  c2 = sums.y / (float)N;
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    typename P::V out;
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j) {
+      const float xhat = (xr.f(c, j) - mu) * rs, g = gr.f(c, j);
+      out.v[j] = from_f32<T>((w.f(c, j) * g - xhat * c1 - c2) * rs);
+      dw[c * P::VEC + j] += g * xhat;
+      db[c * P::VEC + j] += g;
+    }
+    if (P::in(first, c, n)) P::put(dxr, first, c, out);
+  }
+  // ### END SOLUTION
+}
+
+// v4 backward, ROWS, persistent: block b owns rows [b * rows_per_block, +rows_per_block),
+// R at a time (one per group), x and dy of a row in registers, the thread's dw/db partial
+// sums in registers across all its rows (weight per row, from L1). At the end the R groups'
+// partials are added in group order through shared memory (no atomics:
+// deterministic) and written as partial row b.
+// Launcher guarantees as fwd_v4_rows (dy, x, weight, dx for x, weight, bias, y), and in
+// group mode S * E <= LN_GROUP_COLS.
+constexpr int LN_GROUP_COLS = 32 * 16;  // the widest row a group holds (S <= 32, E <= 16)
+
+template <typename T, int E, bool VECT, int S>
+__global__ void __launch_bounds__(S < 32 ? LN_GROUP_BLOCK : LN_MAX_THREADS, ln_min_blocks(S, E))
+bwd_v4_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+            const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+            float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int N,
+            int64_t stride_dy, int64_t stride_x, int64_t rows_per_block, int R) {
+  using P = RowPart<T, E, VECT, S>;
+  __shared__ float2 scratch[32];
+  __shared__ float acc[2][LN_GROUP_COLS];
+  const RowLanes<S, P::CH> lanes(R);
+  const int first = lanes.first;
+  P w;
+  float dw[E], db[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) dw[e] = db[e] = 0.0f;
+  auto total = [&](float a, float b) {
+    return lanes.block_mode ? block_sum2(a, b, scratch) : group_sum2<S>(a, b);
+  };
+
+  const int64_t first_row = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t last = first_row + rows_per_block < M ? first_row + rows_per_block : M;
+#pragma unroll 1
+  for (int64_t base = first_row; base < last; base += R) {  // the same trip count block-wide
+    const int64_t row = base + lanes.g;
+    const bool live = row < last;
+    const int n = live ? N : 0;
+    const int64_t r = live ? row : base;
+    P xr, gr;
+    xr.load(x + r * stride_x, first, n);
+    gr.load(dy + r * stride_dy, first, n);
+    if (row + R < last) {
+      prefetch_l2(x + (row + R) * stride_x, N, lanes.t, lanes.count);
+      prefetch_l2(dy + (row + R) * stride_dy, N, lanes.t, lanes.count);
+    }
+    w.load(weight, first, n);  // per row, from L1: held across rows it cost registers
+    const float mu = live ? mean[r] : 0.0f, rs = live ? rstd[r] : 0.0f;
+    bwd_v4_row<P, T, E>(xr, gr, w, dx + r * (int64_t)N, first, n, N, mu, rs, dw, db, total);
+  }
+
+  float* pdw = part_dw + (int64_t)blockIdx.x * N;
+  float* pdb = part_db + (int64_t)blockIdx.x * N;
+  if (lanes.block_mode || R == 1) {  // one row at a time: the thread's partials are the block's
+#pragma unroll
+    for (int c = 0; c < P::CH; ++c) {
+      if (!P::in(first, c, N)) continue;
+#pragma unroll
+      for (int j = 0; j < P::VEC; ++j) {
+        pdw[P::col(first, c) + j] = dw[c * P::VEC + j];
+        pdb[P::col(first, c) + j] = db[c * P::VEC + j];
+      }
+    }
+    return;
+  }
+  for (int k = 0; k < R; ++k) {  // groups add theirs in order 0, 1, ..., R-1
+    if (lanes.g == k) {
+#pragma unroll
+      for (int c = 0; c < P::CH; ++c) {
+        if (!P::in(first, c, N)) continue;
+#pragma unroll
+        for (int j = 0; j < P::VEC; ++j) {
+          const int col = P::col(first, c) + j;
+          acc[0][col] = (k == 0 ? 0.0f : acc[0][col]) + dw[c * P::VEC + j];
+          acc[1][col] = (k == 0 ? 0.0f : acc[1][col]) + db[c * P::VEC + j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int col = threadIdx.x; col < N; col += blockDim.x) {
+    pdw[col] = acc[0][col];
+    pdb[col] = acc[1][col];
+  }
+}
+
+// v4 backward, SPLIT (sm_90), persistent: cluster p (blockIdx.y) owns rows
+// [p * rows_per_cluster, +rows_per_cluster); its block `rank` owns columns [rank * seg, +seg)
+// of each, their weight and dw/db partial sums in registers; the row's two sums meet across
+// the cluster once per row (slots alternating by row); block `rank` writes its columns of
+// partial row p. Launcher guarantees as fwd_v4_split; part_dw/part_db hold gridDim.y rows.
+template <typename T, int E, bool VECT>
+__global__ void __launch_bounds__(512)
+bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+             const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+             float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int N,
+             int64_t stride_dy, int64_t stride_x, int64_t rows_per_cluster, int seg) {
+#ifdef LEVELS_LN_CLUSTERS
+  using P = RowPart<T, E, VECT, 32>;
+  __shared__ float2 scratch[32], slot[2], gathered[LN_MAX_CLUSTER];
+  const int first = (int)(threadIdx.x >> 5) * 32 * P::CH + (int)(threadIdx.x & 31);
+  const int col0 = (int)blockIdx.x * seg;
+  const int rest = N - col0;
+  const int n = rest < 0 ? 0 : (rest < seg ? rest : seg);
+  P w;
+  float dw[E], db[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) dw[e] = db[e] = 0.0f;
+  const int64_t first_row = (int64_t)blockIdx.y * rows_per_cluster;
+  const int64_t last = first_row + rows_per_cluster < M ? first_row + rows_per_cluster : M;
+#pragma unroll 1
+  for (int64_t row = first_row; row < last; ++row) {
+    P xr, gr;
+    xr.load(x + row * stride_x + col0, first, n);
+    gr.load(dy + row * stride_dy + col0, first, n);
+    if (row + 1 < last) {
+      prefetch_l2(x + (row + 1) * stride_x + col0, n, threadIdx.x, blockDim.x);
+      prefetch_l2(dy + (row + 1) * stride_dy + col0, n, threadIdx.x, blockDim.x);
+    }
+    w.load(weight + col0, first, n);
+    float2* s = &slot[(row - first_row) & 1];
+    auto total = [&](float a, float b) { return cluster_sum2(a, b, s, gathered, scratch); };
+    bwd_v4_row<P, T, E>(xr, gr, w, dx + row * (int64_t)N + col0, first, n, N, mean[row],
+                        rstd[row], dw, db, total);
+  }
+  float* pdw = part_dw + (int64_t)blockIdx.y * N + col0;
+  float* pdb = part_db + (int64_t)blockIdx.y * N + col0;
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    if (!P::in(first, c, n)) continue;
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j) {
+      pdw[P::col(first, c) + j] = dw[c * P::VEC + j];
+      pdb[P::col(first, c) + j] = db[c * P::VEC + j];
+    }
+  }
+  cooperative_groups::this_cluster().sync();  // no block leaves while others may read its slots
+#endif
+}
+
+// =====================================================================================
 // Launchers
 // =====================================================================================
 
@@ -637,8 +1109,247 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   return plan;
 }
 
+// ---- version 4 ----
+
+// Whether this GPU launches clusters AND this library holds the cluster kernels' code for it
+// (they compile to nothing below sm_90), per device, asked once.
+static bool v4_clusters() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  static int known[64];  // 0: not asked yet; 1: no; 2: yes
+  if (dev >= 0 && dev < 64 && known[dev]) return known[dev] == 2;
+  int major = 0, cluster_launch = 0;
+  cudaFuncAttributes attr{};
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev) == cudaSuccess &&
+      cudaFuncGetAttributes(&attr, fwd_v4_split<float, LN_SPLIT_E, true>) == cudaSuccess &&
+      major >= 9 && cluster_launch && attr.binaryVersion >= 90;
+  (void)cudaGetLastError();  // a failed query is an answer ("no"), not a launch error
+  if (dev >= 0 && dev < 64) known[dev] = ok ? 2 : 1;
+  return ok;
+}
+
+// The host's per-call questions answered once: multiprocessors per device, and how many
+// blocks or clusters of a backward plan fit at once (the occupancy API costs microseconds a
+// query, and a backward asked four). Entries are one 64-bit word each, (key << 32) | value,
+// so a lookup racing a store reads an old answer or a new one, never half of each. (Two
+// questions whose keys collide would share an answer: that costs speed only, since any
+// partial-row count and any SM count give a plan that computes the right result.)
+static std::atomic<uint64_t> v4_answers[512];
+
+template <typename Ask>
+static int v4_remember(uint32_t key, Ask ask) {
+  key |= 1u;  // never 0: an empty slot reads as key 0
+  std::atomic<uint64_t>& slot = v4_answers[(key * 2654435761u) >> 23];
+  const uint64_t seen = slot.load(std::memory_order_relaxed);
+  if ((uint32_t)(seen >> 32) == key) return (int)(uint32_t)seen;
+  const int value = ask();
+  slot.store(((uint64_t)key << 32) | (uint32_t)value, std::memory_order_relaxed);
+  return value;
+}
+
+static uint32_t v4_key(uint32_t a, uint32_t b) { return (a * 0x9E3779B1u) ^ (b + 0x7F4A7C15u + (a << 6)); }
+
+static int v4_sm_count() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return levels_sm_count();
+  }
+  return v4_remember(v4_key(0x534d53u, (uint32_t)dev), [] { return levels_sm_count(); });
+}
+
 template <typename T>
-static int bwd_launch(int version, const T* dy, const T* x, const T* w, const float* mean,
+static LnPlan v4_plan(bool backward, int64_t M, int64_t N, bool aligned, int force) {
+  return ln_plan(backward, M, N, (int)sizeof(T), aligned, v4_clusters(), v4_sm_count(), force);
+}
+
+// 16-byte loads need every row of every operand to start on a 16-byte boundary (the row
+// stride means nothing when M == 1).
+template <typename T>
+static bool v4_rows_aligned(int64_t M, int64_t N, std::initializer_list<const void*> ptrs,
+                            std::initializer_list<int64_t> strides) {
+  constexpr int VEC = vec_width<T>();
+  if (N % VEC) return false;
+  for (const void* p : ptrs)
+    if (!levels_aligned16(p)) return false;
+  if (M > 1)
+    for (int64_t s : strides)
+      if (s % VEC) return false;
+  return true;
+}
+
+// The cluster launch of a SPLIT plan: (C, cluster_rows) blocks in clusters of (C, 1, 1).
+static cudaLaunchConfig_t v4_cluster_config(const LnPlan& p, int64_t cluster_rows,
+                                            cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)p.C, (unsigned)cluster_rows, 1);
+  cfg.blockDim = dim3((unsigned)p.G, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = (unsigned)p.C;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// fn(kernel): the ROWS kernel of plan p. Group mode (R > 1) runs the first row width of
+// layer_norm_plan.h's lists (a narrow row never needs more) at the plan's G; block mode
+// the plan's E at stride 32.
+template <typename T, bool VECT, typename Fn>
+static int fwd_v4_rows_kernel(const LnPlan& p, Fn fn) {
+  constexpr int E0 = sizeof(T) == 4 ? 8 : 16;
+  if (p.R > 1) {
+    if (p.E != E0) return LEVELS_UNSUPPORTED;
+    switch (p.G) {
+      case 4: return fn(fwd_v4_rows<T, E0, VECT, 4>);
+      case 8: return fn(fwd_v4_rows<T, E0, VECT, 8>);
+      case 16: return fn(fwd_v4_rows<T, E0, VECT, 16>);
+      case 32: return fn(fwd_v4_rows<T, E0, VECT, 32>);
+      default: return LEVELS_UNSUPPORTED;
+    }
+  }
+  // the lists: 16-byte loads fp32 8/16/32, 16-bit 16/32; element loads fp32 8/16, 16-bit
+  // 16 (32 elements a thread spilled: wider rows go to SPLIT)
+  if (p.E == E0) return fn(fwd_v4_rows<T, E0, VECT, 32>);
+  if constexpr (VECT || sizeof(T) == 4) {
+    if (p.E == 2 * E0) return fn(fwd_v4_rows<T, 2 * E0, VECT, 32>);
+  }
+  if constexpr (VECT && sizeof(T) == 4) {
+    if (p.E == 32) return fn(fwd_v4_rows<T, 32, true, 32>);
+  }
+  return LEVELS_UNSUPPORTED;
+}
+
+template <typename T, bool VECT, typename Fn>
+static int bwd_v4_rows_kernel(const LnPlan& p, Fn fn) {
+  if (p.R > 1) {
+    if (p.E != 8) return LEVELS_UNSUPPORTED;
+    switch (p.G) {
+      case 4: return fn(bwd_v4_rows<T, 8, VECT, 4>);
+      case 8: return fn(bwd_v4_rows<T, 8, VECT, 8>);
+      case 16: return fn(bwd_v4_rows<T, 8, VECT, 16>);
+      case 32: return fn(bwd_v4_rows<T, 8, VECT, 32>);
+      default: return LEVELS_UNSUPPORTED;
+    }
+  }
+  if (p.E == 8) return fn(bwd_v4_rows<T, 8, VECT, 32>);
+  if (p.E == 16) return fn(bwd_v4_rows<T, 16, VECT, 32>);
+  return LEVELS_UNSUPPORTED;
+}
+
+template <typename T, bool VECT>
+static int fwd_v4_go(const LnPlan& p, const T* x, const T* w, const T* b, T* y, float* mean,
+                     float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
+                     cudaStream_t stream) {
+  const int n = (int)N;  // ROWS and SPLIT hold N <= 65536
+  if (p.path == LN_SPLIT) {
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg =
+        v4_cluster_config(p, M < 65535 ? M : 65535, stream, attr);  // clusters stride over the rest
+    return (int)cudaLaunchKernelEx(&cfg, fwd_v4_split<T, LN_SPLIT_E, VECT>, x, w, b, y, mean, rstd,
+                                   M, n, stride_x, eps, (int)p.seg);
+  }
+  const int64_t want = levels_cdiv(M, p.R);
+  const unsigned blocks = (unsigned)(want < (1 << 20) ? want : (1 << 20));  // blocks stride over the rest
+  return fwd_v4_rows_kernel<T, VECT>(p, [&](auto kernel) {
+    kernel<<<blocks, p.G * p.R, 0, stream>>>(x, w, b, y, mean, rstd, M, n, stride_x, eps, p.R);
+    return levels_launch_status();
+  });
+}
+
+template <typename T>
+static int fwd_v4_launch(int force, const T* x, const T* w, const T* b, T* y, float* mean,
+                         float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
+                         cudaStream_t stream) {
+  constexpr int VEC = vec_width<T>();
+  const bool aligned = v4_rows_aligned<T>(M, N, {x, w, b, y}, {stride_x});
+  const LnPlan p = v4_plan<T>(false, M, N, aligned, force);
+  if (p.path == LN_NONE) return LEVELS_UNSUPPORTED;
+  if (p.path == LN_LOOP) {  // version 3's loop: wider than any register plan
+    if (p.vec)
+      fwd_v3_loop<T, VEC><<<(unsigned)M, levels_threads_for(N / VEC, 1024), 0, stream>>>(
+          x, w, b, y, mean, rstd, M, N, stride_x, eps);
+    else
+      fwd_v3_loop<T, 1><<<(unsigned)M, levels_threads_for(N, 512), 0, stream>>>(
+          x, w, b, y, mean, rstd, M, N, stride_x, eps);
+    return levels_launch_status();
+  }
+  return p.vec ? fwd_v4_go<T, true>(p, x, w, b, y, mean, rstd, M, N, stride_x, eps, stream)
+               : fwd_v4_go<T, false>(p, x, w, b, y, mean, rstd, M, N, stride_x, eps, stream);
+}
+
+// How many blocks (ROWS) or clusters (SPLIT) of a backward plan fit on the GPU at once, for
+// either load width: the partial rows are counted before the launch knows the layout, so the
+// smaller of the two, and the persistent grid is one wave either way.
+template <typename T, bool VECT>
+static int v4_bwd_resident(const LnPlan& p) {
+  int count = 0;
+  cudaError_t err;
+  if (p.path == LN_SPLIT) {
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = v4_cluster_config(p, 1, nullptr, attr);
+    err = cudaOccupancyMaxActiveClusters(&count, bwd_v4_split<T, LN_SPLIT_E, VECT>, &cfg);
+  } else {
+    err = (cudaError_t)bwd_v4_rows_kernel<T, VECT>(p, [&](auto kernel) {
+      return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kernel, p.G * p.R, 0);
+    });
+    count *= levels_sm_count();
+  }
+  if (err != cudaSuccess || count < 1) {
+    (void)cudaGetLastError();  // not a launch error: do not let it surface as one
+    count = p.path == LN_SPLIT ? levels_sm_count() / p.C : levels_sm_count();
+  }
+  return count > 0 ? count : 1;
+}
+
+template <typename T>
+static int64_t bwd_v4_partials(int force, int64_t M, int64_t N) {
+  const LnPlan p = v4_plan<T>(true, M, N, true, force);  // the layout changes vec only
+  if (p.path == LN_NONE) return LEVELS_UNSUPPORTED;
+  if (p.path == LN_LOOP) return v2_partials(M, N);
+  int dev = 0;
+  (void)cudaGetDevice(&dev);
+  const uint32_t key = v4_key(v4_key(v4_key((uint32_t)dev, (uint32_t)sizeof(T)),
+                                     (uint32_t)(p.path * 64 + p.E)),
+                              (uint32_t)(p.G * 1024 + p.R * 16 + p.C));
+  const int64_t resident = v4_remember(key, [&] {
+    const int a = v4_bwd_resident<T, true>(p), b = v4_bwd_resident<T, false>(p);
+    return a < b ? a : b;
+  });
+  const int64_t want = p.path == LN_SPLIT ? M : levels_cdiv(M, p.R);
+  return resident < want ? resident : want;
+}
+
+template <typename T, bool VECT>
+static int bwd_v4_go(const LnPlan& p, const T* dy, const T* x, const T* w, const float* mean,
+                     const float* rstd, T* dx, float* part_dw, float* part_db, int64_t used,
+                     int64_t rows_per, int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x,
+                     cudaStream_t stream) {
+  const int n = (int)N;
+  if (p.path == LN_SPLIT) {
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = v4_cluster_config(p, used, stream, attr);
+    return (int)cudaLaunchKernelEx(&cfg, bwd_v4_split<T, LN_SPLIT_E, VECT>, dy, x, w, mean, rstd,
+                                   dx, part_dw, part_db, M, n, stride_dy, stride_x, rows_per,
+                                   (int)p.seg);
+  }
+  return bwd_v4_rows_kernel<T, VECT>(p, [&](auto kernel) {
+    kernel<<<(unsigned)used, p.G * p.R, 0, stream>>>(dy, x, w, mean, rstd, dx, part_dw, part_db,
+                                                      M, n, stride_dy, stride_x, rows_per, p.R);
+    return levels_launch_status();
+  });
+}
+
+template <typename T>
+static int bwd_launch(int version, int force, const T* dy, const T* x, const T* w, const float* mean,
                       const float* rstd, T* dx, T* dw, T* db, float* partials, int64_t P,
                       int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x,
                       cudaStream_t stream) {
@@ -651,6 +1362,25 @@ static int bwd_launch(int version, const T* dy, const T* x, const T* w, const fl
   }
   if (P < 1) return LEVELS_UNSUPPORTED;  // the caller allocated no partial rows
   constexpr int VEC = vec_width<T>();
+  if (version == 4) {
+    const LnPlan p4 = v4_plan<T>(true, M, N, v4_rows_aligned<T>(M, N, {dy, x, w, dx},
+                                                                {stride_dy, stride_x}), force);
+    if (p4.path == LN_NONE) return LEVELS_UNSUPPORTED;
+    if (p4.path != LN_LOOP) {  // LOOP: version 2's kernels, below
+      const int64_t rows_per = levels_cdiv(M, P), used = levels_cdiv(M, rows_per);
+      float* part_dw = partials;
+      float* part_db = partials + P * N;
+      const int status =
+          p4.vec ? bwd_v4_go<T, true>(p4, dy, x, w, mean, rstd, dx, part_dw, part_db, used,
+                                      rows_per, M, N, stride_dy, stride_x, stream)
+                 : bwd_v4_go<T, false>(p4, dy, x, w, mean, rstd, dx, part_dw, part_db, used,
+                                       rows_per, M, N, stride_dy, stride_x, stream);
+      if (status != LEVELS_OK) return status;
+      sum_partials<T><<<(unsigned)levels_cdiv(N, SUM_COLS), dim3(SUM_COLS, SUM_LANES), 0,
+                        stream>>>(part_dw, part_db, dw, db, used, N);
+      return levels_launch_status();
+    }
+  }
   BwdV3Plan plan{false, 0, 0, 0};
   if (version == 3) plan = bwd_v3_plan<T>(M, N);
   // The same alignment rule as the forward's; where it fails, v3's backward is v2's.
@@ -689,13 +1419,21 @@ static int bwd_launch(int version, const T* dy, const T* x, const T* w, const fl
 
 // y, mean, rstd = layer_norm(x, weight, bias). x: (M, N) with rows stride_x elements apart
 // and adjacent columns; weight, bias: contiguous (N,); y: contiguous (M, N); mean, rstd:
-// contiguous (M,) fp32. M, N >= 1.
-extern "C" int levels_layer_norm_fwd(int dtype, int version, const void* x, const void* weight,
-                                     const void* bias, void* y, float* mean, float* rstd,
-                                     int64_t M, int64_t N, int64_t stride_x, float eps,
-                                     cudaStream_t stream) {
+// contiguous (M,) fp32. M, N >= 1. force: 0, or (version 4 only) a path to force
+// (layer_norm_plan.h: 1 ROWS, 2 SPLIT, 3 LOOP, + 4 for element loads); a forced path that
+// cannot run these sizes here is LEVELS_UNSUPPORTED.
+static int levels_layer_norm_check(int version, int force) {
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (force < 0 || force > 7 || (force != 0 && version != 4)) return LEVELS_UNSUPPORTED;
+  return LEVELS_OK;
+}
+
+extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const void* x,
+                                     const void* weight, const void* bias, void* y, float* mean,
+                                     float* rstd, int64_t M, int64_t N, int64_t stride_x,
+                                     float eps, cudaStream_t stream) {
   using namespace levels_layer_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (const int bad = levels_layer_norm_check(version, force)) return bad;
   LEVELS_DISPATCH(dtype, T, {
     const T* xt = static_cast<const T*>(x);
     const T* wt = static_cast<const T*>(weight);
@@ -704,21 +1442,27 @@ extern "C" int levels_layer_norm_fwd(int dtype, int version, const void* x, cons
     switch (version) {
       case 1: return fwd_v1_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
       case 2: return fwd_v2_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
-      default: return fwd_v3_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      case 3: return fwd_v3_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      default:
+        return fwd_v4_launch<T>(force, xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
     }
   });
   return LEVELS_OK;  // not reached
 }
 
-// How many partial rows P the backward of `version` needs for these sizes: the caller
-// passes `partials`, a contiguous fp32 buffer of 2 * P * N floats (P may be 0: version 1
-// needs none). A negative value is a LevelsStatus.
-extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int64_t M, int64_t N) {
+// How many partial rows P the backward of `version` (and `force`) needs for these sizes: the
+// caller passes `partials`, a contiguous fp32 buffer of 2 * P * N floats (P may be 0:
+// version 1 needs none). A negative value is a LevelsStatus.
+extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int force, int64_t M,
+                                                  int64_t N) {
   using namespace levels_layer_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (const int bad = levels_layer_norm_check(version, force)) return bad;
   if (version == 1) return 0;
   if (version == 2) return v2_partials(M, N);
-  LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
+  if (version == 3) {
+    LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
+  }
+  LEVELS_DISPATCH(dtype, T, { return bwd_v4_partials<T>(force, M, N); });
   return LEVELS_OK;  // not reached
 }
 
@@ -726,16 +1470,17 @@ extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int64_
 // stride_x apart (both with adjacent columns); weight: contiguous (N,); mean, rstd: the
 // forward's, contiguous (M,) fp32; dx: contiguous (M, N); dweight, dbias: contiguous (N,);
 // partials: 2 * partial_rows * N fp32, partial_rows = levels_layer_norm_bwd_partials(dtype,
-// version, M, N) (any P >= 1 is correct for versions 2 and 3; the count only sets the split).
-extern "C" int levels_layer_norm_bwd(int dtype, int version, const void* dy, const void* x,
-                                     const void* weight, const float* mean, const float* rstd,
-                                     void* dx, void* dweight, void* dbias, float* partials,
-                                     int64_t partial_rows, int64_t M, int64_t N, int64_t stride_dy,
-                                     int64_t stride_x, cudaStream_t stream) {
+// version, force, M, N) (any P >= 1 is correct for versions 2-4; the count only sets the
+// split).
+extern "C" int levels_layer_norm_bwd(int dtype, int version, int force, const void* dy,
+                                     const void* x, const void* weight, const float* mean,
+                                     const float* rstd, void* dx, void* dweight, void* dbias,
+                                     float* partials, int64_t partial_rows, int64_t M, int64_t N,
+                                     int64_t stride_dy, int64_t stride_x, cudaStream_t stream) {
   using namespace levels_layer_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (const int bad = levels_layer_norm_check(version, force)) return bad;
   LEVELS_DISPATCH(dtype, T, {
-    return bwd_launch<T>(version, static_cast<const T*>(dy), static_cast<const T*>(x),
+    return bwd_launch<T>(version, force, static_cast<const T*>(dy), static_cast<const T*>(x),
                          static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
                          static_cast<T*>(dweight), static_cast<T*>(dbias), partials, partial_rows,
                          M, N, stride_dy, stride_x, stream);

@@ -9,6 +9,9 @@ version, each selectable so that `levels bench` can time them side by side:
     v2  one warp per row, shuffle sums     (coalesced loads, no shared memory, no barrier)
     v3  16-byte loads, row in registers,   (one read of x, one write of y: the floor;
         a block per wide row                backward fused, dw/db in two deterministic stages)
+    v4  v3 at every width and layout:      (the kernel picked by a rule, layer_norm_plan.h:
+        lane groups, a block, or a          element loads still keep the row in registers;
+        cluster of blocks per row           rows wider than a block split over a cluster)
 
 A call is one op, `levels_cuda::layer_norm` (autograd_binding.cpp): it runs the forward op
 `levels_cuda::layer_norm_fwd` -> (y, mean, rstd) and records one C++ autograd node whose
@@ -36,8 +39,20 @@ VERSIONS = {
     1: "one thread per row: the CPU loop on the GPU (uncoalesced, M threads)",
     2: "one warp per row: coalesced loads, shuffle reductions, no shared memory",
     3: "16-byte vector loads, the row in registers, a block per wide row; fused backward",
+    4: "v3 at every width and alignment: lane groups / a block / a cluster per row, by a rule",
 }
-DEFAULT_VERSION = 3
+DEFAULT_VERSION = 4
+# Version 4's kernels, each forcible through the ops' `path` argument (the tests and
+# scripts/sweep_layer_norm.py time and check every one; layer_norm_plan.h's LnPath, + 4 for
+# element loads where 16-byte ones would do). A forced path that cannot run a size is an
+# error ("does not support these sizes or layouts"), never another path.
+PATHS = {4: {1: "rows in registers (lane groups or a block per row)",
+             2: "a row split over a cluster of blocks (sm_90)",
+             3: "v3's loop forward / v2's backward",
+             4: "the rule's choice, element loads",
+             5: "rows in registers, element loads",
+             6: "split over a cluster, element loads",
+             7: "v3's loop by elements / v2's backward"}}
 ENV_VERSION = "LEVELS_CUDA_VERSION_LAYER_NORM"
 
 _REGISTERED = False
@@ -54,13 +69,13 @@ def resolve_version(version=None) -> int:
 
 # ------------------------------------------------------------------------ registration --
 
-def _fwd_fake(x, weight, bias, eps, version):
+def _fwd_fake(x, weight, bias, eps, version, path=0):
     M, N = x.shape
     return (x.new_empty((M, N)), x.new_empty((M,), dtype=torch.float32),
             x.new_empty((M,), dtype=torch.float32))
 
 
-def _bwd_fake(dy, x, weight, mean, rstd, version):
+def _bwd_fake(dy, x, weight, mean, rstd, version, path=0):
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
@@ -75,14 +90,15 @@ def _register():
     _REGISTERED = True
 
 
-def layer_norm(x, weight, bias, eps=1e-5, version=None):
+def layer_norm(x, weight, bias, eps=1e-5, version=None, path=0):
     """Called by levels.cuda.layer_norm after the contract's validation (CUDA tensors of one
     float dtype, weight and bias (N,)). Returns y with x's shape, contiguous. What each
     argument becomes (autograd_binding.cpp): x its (M, N) row view (a copy only when the
     leading dimensions do not flatten or the last one is strided), weight and bias
-    contiguous (an N-element copy for a strided view)."""
+    contiguous (an N-element copy for a strided view). path: 0, or one of PATHS[version]
+    (forced: the tests and the sweep)."""
     if not _REGISTERED and not torch.compiler.is_compiling():
         from . import build
         build.load()  # a direct call (benches, tests): build on first use
     return torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),
-                                                    resolve_version(version))
+                                                    resolve_version(version), int(path))

@@ -4,25 +4,28 @@
 //
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/layer_norm.py, which
 // hands over x as an (M, N) view with adjacent columns and weight/bias contiguous):
-//   layer_norm_fwd(x, weight, bias, eps, version) -> (y, mean, rstd)
-//   layer_norm_bwd(dy, x, weight, mean, rstd, version) -> (dx, dweight, dbias)
+//   layer_norm_fwd(x, weight, bias, eps, version, path=0) -> (y, mean, rstd)
+//   layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0) -> (dx, dweight, dbias)
+// path: 0 lets version 4's rule choose its kernel; 1-7 force one (layer_norm_plan.h), for
+// the tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.
 
-extern "C" int levels_layer_norm_fwd(int dtype, int version, const void* x, const void* weight,
-                                     const void* bias, void* y, float* mean, float* rstd,
-                                     int64_t M, int64_t N, int64_t stride_x, float eps,
-                                     cudaStream_t stream);
-extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int64_t M, int64_t N);
-extern "C" int levels_layer_norm_bwd(int dtype, int version, const void* dy, const void* x,
-                                     const void* weight, const float* mean, const float* rstd,
-                                     void* dx, void* dweight, void* dbias, float* partials,
-                                     int64_t partial_rows, int64_t M, int64_t N, int64_t stride_dy,
-                                     int64_t stride_x, cudaStream_t stream);
+extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const void* x,
+                                     const void* weight, const void* bias, void* y, float* mean,
+                                     float* rstd, int64_t M, int64_t N, int64_t stride_x,
+                                     float eps, cudaStream_t stream);
+extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int force, int64_t M,
+                                                  int64_t N);
+extern "C" int levels_layer_norm_bwd(int dtype, int version, int force, const void* dy,
+                                     const void* x, const void* weight, const float* mean,
+                                     const float* rstd, void* dx, void* dweight, void* dbias,
+                                     float* partials, int64_t partial_rows, int64_t M, int64_t N,
+                                     int64_t stride_dy, int64_t stride_x, cudaStream_t stream);
 
 namespace levels_cuda_layer_norm {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& bias, double eps,
-                                                   int64_t version) {
+                                                   int64_t version, int64_t path) {
   LEVELS_CHECK(x.dim() == 2, "levels_cuda::layer_norm_fwd: 'x' must be 2-D (M, N); got " +
                                  levels_cuda::shape(x));
   const int64_t M = x.size(0), N = x.size(1);
@@ -35,7 +38,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at
   at::Tensor rstd = at::empty({M}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return {y, mean, rstd};
   const int status = levels_layer_norm_fwd(
-      levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(x),
+      levels_cuda::dtype_code(x), static_cast<int>(version), static_cast<int>(path),
+      levels_cuda::in(x),
       levels_cuda::in(weight), levels_cuda::in(bias), levels_cuda::out(y),
       static_cast<float*>(levels_cuda::out(mean)), static_cast<float*>(levels_cuda::out(rstd)), M,
       N, x.stride(0), static_cast<float>(eps), levels_cuda::stream());
@@ -46,7 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const at::Tensor& x,
                                                    const at::Tensor& weight,
                                                    const at::Tensor& mean,
-                                                   const at::Tensor& rstd, int64_t version) {
+                                                   const at::Tensor& rstd, int64_t version,
+                                                   int64_t path) {
   LEVELS_CHECK(x.dim() == 2, "levels_cuda::layer_norm_bwd: 'x' must be 2-D (M, N); got " +
                                  levels_cuda::shape(x));
   const int64_t M = x.size(0), N = x.size(1);
@@ -68,14 +73,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const a
     return {dx, dweight, dbias};
   }
   const int dtype = levels_cuda::dtype_code(x);
-  const int64_t P = levels_layer_norm_bwd_partials(dtype, static_cast<int>(version), M, N);
+  const int64_t P = levels_layer_norm_bwd_partials(dtype, static_cast<int>(version),
+                                                   static_cast<int>(path), M, N);
   if (P < 0) levels_cuda::check(static_cast<int>(P), "layer_norm_bwd", version);
   // dweight/dbias are sums over rows: the kernels write P partial rows of each (fp32),
   // a second kernel adds them up. Scratch from torch's caching allocator, freed on return
   // (the allocator keeps it ordered with the stream).
   at::Tensor partials = at::empty({2 * P * N}, x.options().dtype(at::kFloat));
   const int status = levels_layer_norm_bwd(
-      dtype, static_cast<int>(version), levels_cuda::in(dy), levels_cuda::in(x),
+      dtype, static_cast<int>(version), static_cast<int>(path), levels_cuda::in(dy), levels_cuda::in(x),
       levels_cuda::in(weight), static_cast<const float*>(levels_cuda::in(mean)),
       static_cast<const float*>(levels_cuda::in(rstd)), levels_cuda::out(dx),
       levels_cuda::out(dweight), levels_cuda::out(dbias),
@@ -88,10 +94,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const a
 }  // namespace levels_cuda_layer_norm
 
 TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
-  m.def("layer_norm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int version) "
-        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int version, "
+        "int path=0) -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, "
-        "int version) -> (Tensor, Tensor, Tensor)");
+        "int version, int path=0) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {

@@ -36,16 +36,38 @@ ENV = K5.ENV_VERSION
 CU = Path(K5.__file__).with_suffix(".cu")
 VERSIONS = sorted(K5.VERSIONS)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ROPE_VERSIONS = [v for v in VERSIONS if v != K5.HOPPER_VERSION]  # v6 does not fuse RoPE
 
 
 # ------------------------------------------------------------------------ CPU: Python --
 
 def test_versions_and_default():
-    assert VERSIONS == [1, 2, 3, 4, 5] and K5.DEFAULT_VERSION == 5
+    assert VERSIONS == [1, 2, 3, 4, 5, 6] and K5.DEFAULT_VERSION == 5
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
     opening = CU.read_text().split("#include")[0]
     for v in VERSIONS:
         assert re.search(rf"^//\s+v{v}\s", opening, re.M), f"v{v} missing from the opening comment"
+
+
+def test_default_is_version_6_on_hopper_for_16_bit_heads_of_128(monkeypatch):
+    # The measured rule (cuda_kernels/attention.py default_version): version 6 where it was
+    # faster on the H100 (D = 128), version 5 elsewhere; the environment still overrides it.
+    from cuda_kernels import versions
+
+    class Q:  # what default_version reads of q: a CUDA tensor's shape, dtype and device
+        def __init__(self, D, dtype):
+            self.shape, self.dtype, self.is_cuda = (2, 4, 300, D), dtype, True
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(versions, "on_hopper", lambda: True)
+    assert K5.default_version(Q(128, torch.bfloat16)) == K5.resolve_version(None, Q(128, torch.float16)) == 6
+    assert K5.default_version(Q(64, torch.bfloat16)) == 5
+    assert K5.default_version(Q(128, torch.float32)) == 5
+    assert K5.default_version(Q(128, torch.bfloat16), rope=True) == 5
+    monkeypatch.setenv(ENV, "4")
+    assert K5.resolve_version(None, Q(128, torch.bfloat16)) == 4
+    monkeypatch.setattr(versions, "on_hopper", lambda: False)
+    assert K5.default_version(Q(128, torch.bfloat16)) == 5
 
 
 def test_version_from_argument_then_environment(monkeypatch):
@@ -53,8 +75,8 @@ def test_version_from_argument_then_environment(monkeypatch):
     assert K5.resolve_version() == 5
     monkeypatch.setenv(ENV, "2")
     assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
-    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5\]"):
-        K5.resolve_version(6)
+    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5, 6\]"):
+        K5.resolve_version(7)
 
 
 @pytest.mark.parametrize("D", [8, 48, 96, 256])
@@ -120,7 +142,7 @@ def test_rope_keeps_the_default_where_the_tensor_cores_take_it(monkeypatch):
         k = torch.zeros(1, 4, 5, D, dtype=torch.bfloat16)
         assert K5.pick_version(None, q, k, True, None, rope=True) == 5
         assert K5.pick_version(None, q, k, True, None) == 5
-        assert all(K5.pick_version(v, q, k, True, None, rope=True) == v for v in VERSIONS)
+        assert all(K5.pick_version(v, q, k, True, None, rope=True) == v for v in ROPE_VERSIONS)
     q = torch.zeros(1, 2, 5, 32, dtype=torch.float16)
     assert K5.pick_version(None, q, q, True, None) == 5
     assert K5.pick_version(None, q, q, True, None, rope=True) == 2
@@ -128,6 +150,35 @@ def test_rope_keeps_the_default_where_the_tensor_cores_take_it(monkeypatch):
                                          r"D=32 \(they take rope with D in 64, 128\)"):
         K5.pick_version(3, q, q, True, None, rope=True)
     assert K5.pick_version(3, q.float(), q.float(), True, None, rope=True) == 3  # fp32: v2's kernels
+
+
+def test_version_6_refuses_by_name_and_the_default_hands_its_calls_on(monkeypatch):
+    # Version 6 (wgmma) takes D 64 and 128 without RoPE. Asked for by argument it raises
+    # naming what it cannot do; named by the environment (version=None) it hands the call to
+    # version 5 where 5 can run it, else to version 2. fp32 is version 2's at 3-6 anyway.
+    monkeypatch.delenv(ENV, raising=False)
+    q64 = torch.zeros(1, 4, 5, 64, dtype=torch.bfloat16)
+    k64 = torch.zeros(1, 2, 5, 64, dtype=torch.bfloat16)
+    q32 = torch.zeros(1, 2, 5, 32, dtype=torch.float16)
+    q48 = torch.zeros(1, 2, 5, 48, dtype=torch.float16)
+    assert K5.pick_version(6, q64, k64, True, None) == 6
+    with pytest.raises(ValueError, match=r"argument 'version': version 6 \(wgmma\) cannot run head dimension "
+                                         r"D=32 \(it takes D in 64, 128\); versions 1-5 can"):
+        K5.pick_version(6, q32, q32, False, None)
+    with pytest.raises(ValueError, match=r"version 6 \(wgmma\) cannot run RoPE \(version 5 fuses it\)"):
+        K5.pick_version(6, q64, k64, True, None, rope=True)
+    with pytest.raises(ValueError, match=r"version 6 \(tensor cores\) cannot run head dimension D=48"):
+        K5.pick_version(6, q48, q48, False, None)
+    assert K5.pick_version(6, q32.float(), q32.float(), False, None) == 6  # fp32: v2's kernels
+    monkeypatch.setenv(ENV, "6")
+    assert K5.pick_version(None, q64, k64, True, None) == 6  # (a CPU tensor: no GPU to ask)
+    assert K5.pick_version(None, q32, q32, True, None) == 5
+    assert K5.pick_version(None, q64, k64, True, None, rope=True) == 5
+    assert K5.pick_version(None, q32, q32, True, None, rope=True) == 2  # v5 has no rope at D 32
+    assert K5.pick_version(None, q48, q48, True, None) == 2
+    monkeypatch.setattr(K5, "_not_hopper", lambda q: True)  # a CUDA tensor on a GPU without wgmma
+    assert K5.pick_version(None, q64, k64, True, None) == 5
+    assert K5.pick_version(6, q64, k64, True, None) == 6  # asked for: the launcher refuses (BAD_ARCH)
 
 
 # ------------------------------------------------- CPU: mirrors of the kernels' index math --
@@ -141,15 +192,17 @@ def _visible(i, j, end, shift, causal):  # attention.cu's Keys::visible
                                                      (300, 70, None, True), (130, 90, 0, True),
                                                      (65, 130, 77, False)])
 def test_mirror_tile_skipping_around_a_shifted_diagonal(Nq, Nk, lens, bottom_right):
-    # v4/v5's forward and the dQ kernel skip a warp's key tile ("above") and run it without
+    # v4-v6's forward and the dQ kernel skip a warp's key tile ("above") and run it without
     # the mask ("needs_mask" false); the dK/dV kernel starts at t_first and skips likewise.
     # Brute force: a skipped tile holds no visible (query, key) pair, an unmasked one only
     # visible pairs of real rows, and t_first loses no query that sees the keys.
     end = Nk if lens is None else max(0, min(lens, Nk))
     shift = end - Nq if bottom_right else 0
     causal = 1
-    for rows, bn in ((16, 64), (32, 64), (32, 32), (16, 32)):  # v4, v5, v5 at D 128, dQ at D 128
-        for block_m in (4 * rows, 8 * rows if rows == 16 else 2 * rows):
+    # v4, v5, v5 at D 128, dQ at D 128 (4 or 8 warps), and v6 (warpgroups of 64 rows, 1 or 2)
+    for rows, bn, blocks in ((16, 64, (64, 128)), (32, 64, (64, 128)), (32, 32, (64, 128)), (16, 32, (64, 128)),
+                             (64, 128, (64, 128))):
+        for block_m in blocks:
             for m0 in range(0, Nq, block_m):
                 kv_end = max(0, min(end, m0 + block_m + shift))
                 for w in range(block_m // rows):
@@ -231,6 +284,75 @@ def test_mirror_grouped_dkdv_steps_visit_every_head_and_tile_once():
         assert prefetched == seen[1:]
 
 
+# v6 (wgmma): the shared-memory layout its loader writes, read back the way the PTX ISA's
+# canonical 128-byte-swizzle layouts say the tensor cores read a descriptor, and the
+# accumulator -> A-fragment re-pack of P. Byte addresses are modelled; 2-byte elements.
+
+def _swizzle128(addr):  # the hardware's 128-byte swizzle: bits 4-6 ^= bits 7-9
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def _v6_store(rows, D, base=0):
+    """v6_load's destination of (row r, column d): {byte address: (r, d)} for a [D/64][rows][64] tile."""
+    where = {}
+    for r in range(rows):
+        for ch in range(D // 8):
+            dst = (ch >> 3) * rows * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3)  # elements, as the C
+            for e in range(8):
+                where[base + 2 * (dst + e)] = (r, ch * 8 + e)
+    return where
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_mirror_v6_k_major_descriptors_read_q_and_k_slices(D, rows):
+    # K-major, 128-byte swizzle (PTX ISA canonical layout): element (row m, k) of the 64 x 16
+    # (A) or N x 16 (B) slice at desc start A sits at swizzle(A + (m // 8) SBO + (m % 8) 128 + 2k),
+    # SBO = 1024. v6's k-step kk starts at atom kk // 4 (rows x 128 bytes on) + 32 (kk % 4),
+    # a warpgroup's Q rows at 64 x 128 bytes on: each read must give (row, 16 kk + k).
+    where = _v6_store(rows, D)
+    for wg in range(rows // 64):
+        for kk in range(D // 16):
+            start = (kk >> 2) * rows * 128 + wg * 64 * 128 + (kk & 3) * 32
+            for m in range(64):
+                for k in range(16):
+                    addr = _swizzle128(start + (m // 8) * 1024 + (m % 8) * 128 + 2 * k)
+                    assert where[addr] == (wg * 64 + m, 16 * kk + k), (wg, kk, m, k)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_mirror_v6_mn_major_descriptor_reads_v_transposed(D):
+    # MN-major (imm-trans-b = 1), 128-byte swizzle: element (k, n) of the 16 x N slice at desc
+    # start A sits at swizzle(A + (n // 64) LBO + (k // 8) SBO + (k % 8) 128 + 2 (n % 64)):
+    # LBO = the next 64 columns (an atom: 128 keys x 128 bytes), SBO = the next 8 keys (1024).
+    # V's tile is written by the same loader as K's; k-slice c starts 16 keys (2048 bytes) in.
+    BN = 128
+    where = _v6_store(BN, D)
+    for c in range(BN // 16):
+        start = c * 16 * 128
+        for k in range(16):
+            for n in range(D):
+                addr = _swizzle128(start + (n // 64) * (BN * 128) + (k // 8) * 1024 + (k % 8) * 128 + 2 * (n % 64))
+                assert where[addr] == (16 * c + k, n), (c, k, n)
+
+
+def test_mirror_v6_p_from_the_s_accumulators_is_the_a_fragment():
+    # m64nN fp32 accumulator: warp w, lane (g, t) holds d[i] = S[16w + g + 8 ((i >> 1) & 1),
+    # 8 (i >> 2) + 2t + (i & 1)]. Register-A fragment of m64nNk16 (16-bit): a[j] packs
+    # (A[16w + g + 8 (j & 1), 2t + 8 (j >> 1)], the same column + 1). fwd_tile_v6 packs
+    # a[c][j] = (d[8c + 2j], d[8c + 2j + 1]): that must be P[:, 16c:16c + 16] in the A layout.
+    S = torch.arange(64 * 128, dtype=torch.float64).view(64, 128)
+    for w in range(4):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            d = [S[16 * w + g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1)].item() for i in range(64)]
+            for c in range(8):
+                for j in range(4):
+                    lo, hi = d[8 * c + 2 * j], d[8 * c + 2 * j + 1]
+                    row, col = 16 * w + g + 8 * (j & 1), 16 * c + 2 * t + 8 * (j >> 1)
+                    assert (lo, hi) == (S[row, col].item(), S[row, col + 1].item()), (w, lane, c, j)
+
+
 # ------------------------------------------------------------------------ CPU: nvcc ---
 
 def _nvcc_reason():
@@ -259,6 +381,7 @@ def test_no_kernel_spills_on_sm90a(ptxas):
         assert len(found) == 2 * 2 * (4 + 2), (kernel, found)
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
     assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * (4 + 2), names
+    assert sum("attn_fwd_v6_kernel" in n for n in names) == 2 * 2, names  # fp16/bf16 x D 64, 128
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
         assert sum(kernel in n for n in names) == 3 * 6 * 2, kernel  # 3 dtypes x tiles 8..256 x rope
     for k in ptxas:
@@ -401,7 +524,7 @@ def _rope_reference(q, k, v, cos, sin, interleaved, causal, off):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", ROPE_VERSIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("case", ROPE, ids=lambda c: "x".join(map(str, c[:6])) + f"-{c[6]}-{c[7]}")
@@ -429,7 +552,7 @@ def test_rope_fused_at_every_version(version, dtype, interleaved, case, monkeypa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", ROPE_VERSIONS)
 def test_rope_backward_is_deterministic_and_tables_get_no_gradient(version):
     a = _args(2, 8, 150, 150, 64, torch.bfloat16, True, seed=6, H_kv=2)
     cos, sin = _rope_tables(160, 64, torch.bfloat16, seed=1)
@@ -473,6 +596,7 @@ def test_empty_inputs_as_pytorch(shape_q, shape_k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_grouped_backward_is_deterministic(version):
+    _hopper_or_skip(version)
     # dK/dV of a K/V head sum its group's query heads in a loop inside one block: no atomics
     a = _args(2, 8, 200, 200, 64, torch.bfloat16, True, seed=4, H_kv=2)
     runs = []
@@ -547,6 +671,7 @@ def test_lse_is_the_base_2_log_sum_exp(version):
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_expanded_upstream_gradient_and_determinism(version):
+    _hopper_or_skip(version)
     # `.sum().backward()` hands the backward a stride-0 gradient (copied by _operand); no
     # atomics anywhere, so two runs agree bit for bit.
     a = _args(2, 4, 300, 300, 64, torch.bfloat16, causal=True, seed=9)
@@ -564,8 +689,10 @@ def test_expanded_upstream_gradient_and_determinism(version):
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
 def test_opcheck(version, dtype):
+    _hopper_or_skip(version if dtype != torch.float32 else 0)
     ops = K5._ops()
-    a = _args(2, 2, 40, 40, 32, dtype, seed=version)
+    D = 64 if version == K5.HOPPER_VERSION and dtype != torch.float32 else 32  # v6: D 64 or 128
+    a = _args(2, 2, 40, 40, D, dtype, seed=version)
     q, k, v = a["q"], a["k"], a["v"]
     torch.library.opcheck(ops.attention_fwd, (q, k, v, False, 0.2, version))
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
@@ -577,7 +704,7 @@ def test_opcheck(version, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", ROPE_VERSIONS)
 def test_opcheck_with_grouped_heads_and_rope(version):
     ops = K5._ops()
     a = _args(2, 4, 40, 40, 64, torch.bfloat16, seed=version, H_kv=2)
@@ -625,3 +752,75 @@ def test_a_bad_version_raises_cleanly():
     with pytest.raises(ValueError, match="argument 'version' must be one of"):
         K5.attention(torch.zeros(1, 1, 4, 16, device="cuda"), torch.zeros(1, 1, 4, 16, device="cuda"),
                      torch.zeros(1, 1, 4, 16, device="cuda"), version=0)
+
+
+# ------------------------------------------------------------------- GPU: version 6 ---
+# wgmma: runs on sm_90 only (elsewhere its tests skip, but for the refusal's). The harness
+# (check_args) compares out and the gradients of q, k, v (the backward runs v4's kernels on
+# v6's out and lse) with float64, every allocation NaN-poisoned, so an unwritten row fails.
+
+def _hopper_or_skip(version=6):
+    from cuda_kernels import versions
+    if version == K5.HOPPER_VERSION and not versions.on_hopper():
+        pytest.skip("version 6 (wgmma) needs an sm_90 GPU (H100, H200)")
+
+
+# (B, H, H_kv, Nq, Nk, causal, alignment, kv_lens): lengths that are multiples of no tile,
+# both diagonals, per-batch lengths, grouped heads, and the 2-warpgroup blocks (B*H*ceil(N/128)
+# >= the SMs) beside the 1-warpgroup ones
+V6_CASES = [(2, 3, 3, 77, 77, False, None, None),
+            (1, 2, 2, 1000, 1000, True, None, None),
+            (1, 2, 1, 1025, 1025, False, None, None),                  # multi-query, 8 tiles + 1 key
+            (2, 4, 2, 1025, 1025, True, None, None),
+            (2, 4, 2, 130, 300, True, "bottom_right", [300, 171]),
+            (2, 2, 2, 300, 130, True, "top_left", None),
+            (2, 4, 4, 257, 129, True, "bottom_right", [129, 0]),      # rows with no key, a length 0
+            (3, 6, 2, 200, 333, False, None, [333, 1, 250]),
+            (1, 4, 4, 1, 700, True, "bottom_right", None),            # decoding one token
+            (2, 16, 4, 600, 600, True, None, None),                   # 2 warpgroups a block
+            (2, 16, 16, 577, 577, False, None, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("D", K5.HOPPER_HEAD_DIMS)
+@pytest.mark.parametrize("case", V6_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{c[6]}-{c[7]}")
+def test_version_6_forward_and_backward(dtype, D, case, monkeypatch):
+    _hopper_or_skip()
+    B, H, H_kv, Nq, Nk, causal, alignment, lens = case
+    args = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + Nk + D, H_kv=H_kv, alignment=alignment, kv_lens=lens)
+    monkeypatch.setenv(ENV, "6")
+    assert K5.pick_version(None, args["q"], args["k"], causal, args.get("kv_lens")) == 6  # v6, no fallback
+    _passes(args, 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", K5.HOPPER_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_version_6_lse_and_out_against_float64(D, causal):
+    # What the backward takes from the forward: lse in base 2, and out; a row past Nk's
+    # diagonal sees no key (bottom-right, Nq > Nk): out 0 and lse +inf, as v4/v5.
+    _hopper_or_skip()
+    a = _args(2, 3, 200, 150, D, torch.bfloat16, seed=D + causal)
+    q, k, v = a["q"], a["k"], a["v"]
+    out, lse = K5._ops().attention_fwd(q, k, v, causal, 0.1, 6, True)
+    s = (q.double() @ k.double().transpose(-1, -2)) * 0.1
+    if causal:  # bottom-right: query i sees keys j <= i + 150 - 200
+        s = s.masked_fill(torch.ones(200, 150, device="cuda", dtype=torch.bool).triu(150 - 200 + 1), float("-inf"))
+    want_lse = torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    want_out = torch.nan_to_num(torch.softmax(s, -1)) @ v.double()
+    seen = torch.isfinite(want_lse)
+    assert torch.equal(torch.isinf(lse), ~seen) and (lse[~seen] > 0).all()
+    torch.testing.assert_close(lse.double()[seen], want_lse[seen], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.double(), want_out, rtol=2e-2, atol=2e-2)
+    assert not out[~seen].any()
+
+
+@pytest.mark.gpu
+def test_version_6_asked_for_off_hopper_raises():
+    from cuda_kernels import versions
+    if versions.on_hopper():
+        pytest.skip("an sm_90 GPU runs version 6 (the tests above)")
+    q = torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"version 6.*wgmma: sm_90"):
+        K5.attention(q, q, q, True, None, version=6)

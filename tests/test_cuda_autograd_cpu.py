@@ -83,8 +83,10 @@ def _version(op, version, known) -> None:
 
 
 # layer_norm.cu: x (M, N) with adjacent columns (any row stride); mean, rstd fp32 per row.
-def layer_norm_fwd(x, weight, bias, eps, version):
+def layer_norm_fwd(x, weight, bias, eps, version, path=0):
     _version("layer_norm_fwd", version, k_layer_norm.VERSIONS)
+    _refuse(path == 0 or path in k_layer_norm.PATHS.get(version, {}), "layer_norm_fwd",
+            f"version {version} has no path {path}")
     _refuse(x.size(1) == 1 or x.stride(1) == 1, "layer_norm_fwd", "'x': adjacent columns")
     for name, t in (("weight", weight), ("bias", bias)):
         _expect("layer_norm_fwd", name, t, (x.size(1),), x.dtype, dense=True)
@@ -95,9 +97,11 @@ def layer_norm_fwd(x, weight, bias, eps, version):
     return y.to(x.dtype), mean, rstd
 
 
-def layer_norm_bwd(dy, x, weight, mean, rstd, version):
+def layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0):
     op, (M, N) = "layer_norm_bwd", x.shape
     _version(op, version, k_layer_norm.VERSIONS)
+    _refuse(path == 0 or path in k_layer_norm.PATHS.get(version, {}), op,
+            f"version {version} has no path {path}")
     _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,
             "'dy' and 'x' must be (M, N) with adjacent columns")
     _expect(op, "weight", weight, (N,), x.dtype, dense=True)

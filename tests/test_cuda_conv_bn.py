@@ -50,8 +50,100 @@ def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
     assert "cp.async.cg.shared.global" in ptx, "v3 has no cp.async copies"
     for name in ("conv_direct_kernel", "gemm_kernel", "conv_kernel", "fold_bn_kernel",
                  "stats_partial_kernel", "stats_finalize_kernel", "bn_bwd_apply_kernel",
-                 "wgrad_finish_kernel"):
+                 "wgrad_finish_kernel", "dgrad_kernel", "wgrad_kernel", "transpose_kernel"):
         assert name in ptx, f"{name} missing from the PTX"
+    # version 4's wgrad reads pixel-major tiles: WMMA's col_major A / row_major B loads
+    assert "wmma.load.a.sync.aligned.col" in ptx and "wmma.load.b.sync.aligned.row" in ptx
+
+
+# The index math of version 4's backward, emulated in float64 on the CPU with the kernels'
+# formulas (conv_bn.cu: dgrad_kernel and its launcher's phases, wgrad_kernel's gather and
+# pixel splits) and compared with torch's own convolution gradients: the GPU tests check the
+# kernels, these check the arithmetic of their indices where it can run anywhere.
+
+def _dgrad_by_phases(dy, w, H, W, stride, padding):
+    """dx (N, C_in, H, W) as one GEMM per stride phase (a, b): the phase's pixels h = a +
+    sh*t, its taps i = i0 + sh*ti with i0 = (a + ph) mod sh, and ho = t - ti + base_h."""
+    N, C_out, H_out, W_out = dy.shape
+    _, C_in, kH, kW = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    dx = torch.full((N, C_in, H, W), float("nan"), dtype=dy.dtype)  # every pixel must be written
+    for a in range(sh):
+        for b in range(sw):
+            Ha = -(-(H - a) // sh) if a < H else 0
+            Wb = -(-(W - b) // sw) if b < W else 0
+            if Ha == 0 or Wb == 0:
+                continue
+            i0, j0 = (a + ph) % sh, (b + pw) % sw
+            nti = -(-(kH - i0) // sh) if i0 < kH else 0
+            ntj = -(-(kW - j0) // sw) if j0 < kW else 0
+            base_h, base_w = (a + ph) // sh, (b + pw) // sw
+            acc = torch.zeros((N, C_in, Ha, Wb), dtype=dy.dtype)  # an empty reduction: zeros
+            t, u = torch.arange(Ha), torch.arange(Wb)
+            for ti in range(nti):
+                for tj in range(ntj):
+                    i, j = i0 + sh * ti, j0 + sw * tj
+                    ho, wo = t - ti + base_h, u - tj + base_w
+                    ok = ((ho >= 0) & (ho < H_out))[:, None] & ((wo >= 0) & (wo < W_out))[None, :]
+                    g = dy[:, :, ho.clamp(0, H_out - 1)][:, :, :, wo.clamp(0, W_out - 1)] * ok
+                    acc += torch.einsum("nohw,oc->nchw", g, w[:, :, i, j])
+            dx[:, :, a::sh, b::sw] = acc
+    return dx
+
+
+def _wgrad_by_splits(x, dy, kH, kW, stride, padding, per):
+    """dW (C_out, C_in, kH, kW) as the sum of per-split partials dy[p]^T im2col(x)[p] over
+    chunks of `per` pixels, im2col gathered as wgrad_kernel does: p -> (n, ho, wo),
+    hi = ho*sh - ph + i, wi = wo*sw - pw + j, zero outside the image."""
+    N, C_in, H, W = x.shape
+    _, C_out, H_out, W_out = dy.shape
+    (sh, sw), (ph, pw) = stride, padding
+    P, K = N * H_out * W_out, kH * kW * C_in
+    dy2 = dy.permute(0, 2, 3, 1).reshape(P, C_out)
+    k = torch.arange(K)
+    ij, c = k // C_in, k % C_in
+    i, j = ij // kW, ij % kW
+    parts = []
+    for p0 in range(0, P, per):
+        p = torch.arange(p0, min(P, p0 + per))
+        n, hw = p // (H_out * W_out), p % (H_out * W_out)
+        hi = ((hw // W_out) * sh - ph)[:, None] + i[None, :]
+        wi = ((hw % W_out) * sw - pw)[:, None] + j[None, :]
+        ok = (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        a = x[n[:, None], c[None, :], hi.clamp(0, H - 1), wi.clamp(0, W - 1)] * ok
+        parts.append(dy2[p].T @ a)  # (C_out, K): one split's fp32 partial in the kernel
+    G = torch.stack(parts).sum(0)  # wgrad_finish_kernel
+    return G.reshape(C_out, kH, kW, C_in).permute(0, 3, 1, 2)
+
+
+BWD_CASES = [  # (N, C_in, H, W, C_out, kH, kW, stride, padding)
+    (2, 3, 11, 9, 4, 3, 3, (2, 2), (1, 1)),    # 3x3 stride 2, odd sizes
+    (1, 3, 15, 13, 5, 7, 7, (2, 2), (3, 3)),   # the ResNet stem's 7x7 stride 2
+    (2, 4, 7, 6, 3, 1, 1, (2, 2), (0, 0)),     # 1x1 stride 2: three phases without a tap
+    (2, 3, 7, 6, 4, 2, 3, (1, 2), (0, 1)),     # rectangular kernel, stride (1, 2)
+    (2, 2, 5, 4, 3, 3, 3, (3, 3), (3, 3)),     # stride 3, padding above half the kernel
+    (1, 2, 1, 2, 2, 3, 3, (2, 2), (1, 1)),     # a phase with no rows (H = 1 < stride)
+    (2, 3, 6, 5, 2, 3, 3, (1, 1), (1, 1)),     # stride 1: one phase, every tap
+]
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: f"k{c[5]}x{c[6]}s{c[7][0]}{c[7][1]}p{c[8][0]}")
+def test_v4_backward_index_math_matches_torch(case):
+    N, C_in, H, W, C_out, kH, kW, stride, padding = case
+    g = torch.Generator().manual_seed(sum(case[:7]))
+    x = torch.randn((N, C_in, H, W), generator=g, dtype=torch.float64)
+    w = torch.randn((C_out, C_in, kH, kW), generator=g, dtype=torch.float64)
+    H_out = (H + 2 * padding[0] - kH) // stride[0] + 1
+    W_out = (W + 2 * padding[1] - kW) // stride[1] + 1
+    dy = torch.randn((N, C_out, H_out, W_out), generator=g, dtype=torch.float64)
+    want_dx = torch.nn.grad.conv2d_input(x.shape, w, dy, stride, padding)
+    want_dw = torch.nn.grad.conv2d_weight(x, w.shape, dy, stride, padding)
+    got_dx = _dgrad_by_phases(dy, w, H, W, stride, padding)
+    assert not torch.isnan(got_dx).any(), "a pixel of dx belongs to no phase"
+    torch.testing.assert_close(got_dx, want_dx, rtol=1e-12, atol=1e-12)
+    for per in (1, 3, N * H_out * W_out):  # splits of one pixel, ragged splits, one split
+        torch.testing.assert_close(_wgrad_by_splits(x, dy, kH, kW, stride, padding, per), want_dw,
+                                   rtol=1e-12, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------ GPU --
@@ -217,3 +309,68 @@ def test_tensor_core_size(version, training, monkeypatch):
     args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
                       channels_last=True), torch.bfloat16, seed=11, training=training)
     _passes(args, version, monkeypatch)
+
+
+# Version 4's own paths (every test above runs it too, through VERSIONS): the 1x1 GEMMs,
+# the dgrad phases, the wgrad splits, and each scalar-gather fallback, in both modes.
+V4_SHAPES = [
+    # 1x1 stride 1: forward and dgrad through gemm.cu (version 6 on an H100), wgrad split
+    dict(N=3, C_in=64, H=14, W=15, C_out=40, k=1, stride=1, padding=0, channels_last=True),
+    # 1x1 stride 2 (a downsampling shortcut): implicit kernels; three dgrad phases are zeros
+    dict(N=2, C_in=32, H=13, W=11, C_out=64, k=1, stride=2, padding=0, channels_last=True),
+    # 3x3 stride 2, odd sizes, NCHW x (copied to channels_last once), C_out ragged at 136
+    dict(N=2, C_in=48, H=15, W=17, C_out=136, k=3, stride=2, padding=1),
+    # 3x3 stride 1, more pixels than one wgrad split (P = 4 * 33 * 31 = 4092)
+    dict(N=4, C_in=24, H=33, W=31, C_out=16, k=3, stride=1, padding=1, channels_last=True),
+    # the ResNet stem: 7x7 stride 2, C_in = 3 (scalar gathers of w in dgrad, of x in wgrad)
+    dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
+    # C_out % 8 != 0 (scalar gathers of dy in both) and 1x1 with C_in % 8 != 0 (no GEMM)
+    dict(N=2, C_in=16, H=9, W=10, C_out=13, k=3, stride=1, padding=1, channels_last=True),
+    dict(N=2, C_in=12, H=9, W=10, C_out=24, k=1, stride=1, padding=0, channels_last=True),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V4_SHAPES,
+                         ids=lambda s: f"{s['C_in']}to{s['C_out']}_k{s['k']}s{s['stride']}_{s['H']}x{s['W']}")
+def test_v4_tensor_core_backward(dtype, training, shape, monkeypatch):
+    _passes(_args(shape, dtype, seed=shape["C_out"], training=training), 4, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_v4_misaligned_x_takes_the_gather_paths(training, monkeypatch):
+    # A channels_last x whose data starts 6 bytes into its buffer: the 1x1 GEMM (16-byte
+    # aligned rows) and every 16-byte copy of x must be refused for it, and the scalar
+    # gathers give the same answer.
+    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=1, stride=1, padding=0, channels_last=True)
+    args = _args(shape, torch.bfloat16, seed=8, training=training)
+    x = args["x"]
+    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
+    view = flat.as_strided(x.shape, x.stride())
+    view.copy_(x)
+    assert view.is_contiguous(memory_format=torch.channels_last) and view.data_ptr() % 16 != 0
+    args["x"] = view
+    _passes(args, 4, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_v4_backward_is_deterministic(training):
+    # The wgrad splits are fixed by the shape and the GPU, their partials added in order.
+    args = _args(dict(N=4, C_in=32, H=20, W=18, C_out=48, k=3, stride=2, padding=1,
+                      channels_last=True), torch.bfloat16, seed=5, training=training)
+    grads = []
+    for _ in range(2):
+        leaves = [args[n].detach().clone().requires_grad_(True) for n in ("x", "conv_weight")]
+        out = cb.conv_bn(leaves[0], leaves[1], args["conv_bias"], args["bn_weight"],
+                         args["bn_bias"], args["running_mean"].clone(), args["running_var"].clone(),
+                         (2, 2), (1, 1), 1e-5, 0.1, training, version=4)
+        grads.append(torch.autograd.grad(out.float().square().sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -3,15 +3,19 @@ backward, through the harness (float64 reference, NaN-poisoned allocations, both
 
 Each version has paths chosen by size and alignment (v3: a warp per row, a block per row
 with 8 or 32 elements a thread, a looped fallback by vectors or by elements; its backward:
-fused with 8 or 16 elements a thread, or v2's kernels), so the GPU tests pick widths that
-land on every path, widths that are no multiple of anything (1, 7, 1023, 4097), rows the
-persistent backward splits raggedly, and views that defeat 16-byte loads.
+fused with 8 or 16 elements a thread, or v2's kernels; v4: lane groups, a block, or a
+cluster per row, by 16-byte or element loads, each forcible), so the GPU tests pick widths
+that land on every path, widths that are no multiple of anything (1, 7, 1023, 4097), rows
+the persistent backward splits raggedly, and views that defeat 16-byte loads.
 
-On a CPU: the version plumbing, and (with nvcc) that the kernels that hold a row in
+On a CPU: the version plumbing, version 4's rule (cuda_kernels/layer_norm_plan.h compiled
+by g++: its choices, the guarantees its kernels rely on, and a Python mirror of the
+kernels' thread-to-column maps), and (with nvcc) that the kernels that hold a row in
 registers do not spill on sm_90a."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -66,6 +70,180 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     assert len(held) == 3 * 5, sorted(report)  # 3 dtypes x (3 forward + 2 backward) variants
     spilled = {k: v for k, v in held.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+    # version 4: every instantiation its launchers can pick, none spilling: forward rows 11
+    # (fp32) + 9 + 9 (16-bit: no 32 element loads), backward rows 10 a dtype, and the two
+    # split kernels x 2 load widths x 3 dtypes
+    v4 = {k: v for k, v in report.items() if "_v4_" in k}
+    assert len(v4) == 29 + 30 + 12, sorted(v4)
+    spilled = {k: v for k, v in v4.items() if v[1] or v[2]}
+    assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+
+
+# ------------------------------------------------------------------ version 4's rule --
+
+_PLAN_SHIM = r"""
+#include "layer_norm_plan.h"
+extern "C" void plan(int backward, long long M, long long N, int elem, int aligned, int clusters,
+                     int sms, int force, long long* out) {
+  const levels_layer_norm::LnPlan p = levels_layer_norm::ln_plan(
+      backward != 0, M, N, elem, aligned != 0, clusters != 0, sms, force);
+  const long long v[7] = {p.path, p.vec, p.E, p.G, p.R, p.C, p.seg};
+  for (int i = 0; i < 7; ++i) out[i] = v[i];
+}
+"""
+PLAN_FIELDS = ("path", "vec", "E", "G", "R", "C", "seg")
+ROWS, SPLIT, LOOP, NONE = 1, 2, 3, 0
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """layer_norm_plan.h's ln_plan, compiled by g++ for this CPU (the header is plain C++:
+    the launchers in layer_norm.cu call the same function)."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
+    d = tmp_path_factory.mktemp("ln-plan")
+    (d / "shim.cpp").write_text(_PLAN_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
+                    str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
+    lib = ctypes.CDLL(str(d / "plan.so"))
+    out = (ctypes.c_longlong * 7)()
+
+    def call(M, N, dtype, aligned=True, backward=False, clusters=True, sms=132, force=0):
+        lib.plan(int(backward), M, N, torch.empty((), dtype=dtype).element_size(), int(aligned),
+                 int(clusters), sms, force, out)
+        return dict(zip(PLAN_FIELDS, list(out)))
+    return call
+
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize("case,want", [
+    # narrow rows: a group of lanes per row, 256 / G rows a block, 32 bytes a thread
+    (dict(M=1 << 20, N=64, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=4, R=64)),
+    (dict(M=1 << 19, N=64, dtype=F32), dict(path=ROWS, vec=1, E=8, G=8, R=32)),
+    (dict(M=9, N=1, dtype=F32, aligned=False), dict(path=ROWS, vec=0, E=8, G=4, R=64)),
+    (dict(M=9, N=7, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=4, R=64)),
+    # 4096 x 1023, version 3's cliff: element loads, the row still in registers, a block each
+    (dict(M=4096, N=1023, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=64, R=1)),
+    (dict(M=4096, N=1023, dtype=F32, aligned=False), dict(path=ROWS, vec=0, E=8, G=128, R=1)),
+    # medium rows, aligned: a block of N / E threads, E the smallest that fits 512 threads
+    (dict(M=16384, N=4096, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=256, R=1)),
+    (dict(M=16384, N=4096, dtype=F32), dict(path=ROWS, vec=1, E=8, G=512, R=1)),
+    (dict(M=2048, N=16384, dtype=F32), dict(path=ROWS, vec=1, E=32, G=512, R=1)),
+    (dict(M=2048, N=4097, dtype=BF16, aligned=False), dict(path=ROWS, vec=0, E=16, G=288, R=1)),
+    # wider than a block holds: a cluster of blocks per row (sm_90), else v3's loop
+    (dict(M=2047, N=16385, dtype=F32, aligned=False), dict(path=SPLIT, vec=0, C=3, seg=5462, G=352)),
+    (dict(M=1024, N=65536, dtype=BF16), dict(path=SPLIT, vec=1, C=8, seg=8192, G=512)),
+    (dict(M=512, N=65536, dtype=F32), dict(path=SPLIT, vec=1, C=8, seg=8192, G=512)),
+    (dict(M=512, N=65537, dtype=F32, aligned=False), dict(path=LOOP, vec=0)),
+    (dict(M=2047, N=16385, dtype=F32, aligned=False, clusters=False), dict(path=LOOP, vec=0)),
+    # few rows: a split even where a block would hold the row, so that more SMs stream
+    (dict(M=8, N=4096, dtype=BF16), dict(path=SPLIT, vec=1, C=2, seg=2048, G=128)),
+    (dict(M=8, N=4096, dtype=BF16, clusters=False), dict(path=ROWS, vec=1, E=16, G=256)),
+    (dict(M=8, N=1024, dtype=BF16), dict(path=ROWS, vec=1, E=16, G=64)),
+    # backward: x, dy, w and two partial sums a column: 8 or 16 elements a thread
+    (dict(M=16384, N=4096, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=8, G=512, R=1)),
+    (dict(M=16384, N=768, dtype=F32, backward=True), dict(path=ROWS, vec=1, E=8, G=96, R=1)),
+    (dict(M=1 << 20, N=64, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=8, G=8, R=32)),
+    (dict(M=4096, N=8192, dtype=BF16, backward=True), dict(path=ROWS, vec=1, E=16, G=512)),
+    (dict(M=4096, N=8193, dtype=F32, backward=True, aligned=False),
+     dict(path=SPLIT, vec=0, C=2, seg=4097, G=288)),
+    (dict(M=512, N=65536, dtype=F32, backward=True), dict(path=SPLIT, vec=1, C=8, seg=8192)),
+    # forced paths: what can run, or NONE (an error at the op, never another path)
+    (dict(M=64, N=1024, dtype=F32, force=2), dict(path=SPLIT, vec=1, C=2, seg=512, G=32)),
+    (dict(M=64, N=1024, dtype=F32, force=3), dict(path=LOOP, vec=1)),
+    (dict(M=64, N=1024, dtype=F32, force=5), dict(path=ROWS, vec=0, E=8, G=128)),
+    (dict(M=64, N=1, dtype=F32, force=2), dict(path=NONE)),
+    (dict(M=64, N=65536, dtype=F32, force=1), dict(path=NONE)),
+    (dict(M=64, N=4096, dtype=F32, force=2, clusters=False), dict(path=NONE)),
+])
+def test_version4_rule_picks(plan, case, want):
+    got = plan(**case)
+    assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+# What each kernel of layer_norm.cu is instantiated for (its launcher's switches): a plan
+# outside these would be refused at the launch (LEVELS_UNSUPPORTED).
+def _row_widths(backward, elem, vec):
+    if backward:
+        return [8, 16]
+    return {(4, True): [8, 16, 32], (2, True): [16, 32], (4, False): [8, 16],
+            (2, False): [16]}[(elem, vec)]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_version4_plans_are_ones_the_kernels_can_run(plan, backward, dtype, aligned):
+    # every width 1..70000 (a stride through it) and row counts few and many: the
+    # guarantees the kernels' comments list, for whatever the rule picks
+    elem = torch.empty((), dtype=dtype).element_size()
+    vec_width = 16 // elem
+    widths = sorted(set(range(1, 600)) | set(range(600, 70000, 97)) | {16384, 16385, 32768, 65536})
+    for N in widths:
+        if aligned and N % vec_width:
+            continue  # 16-byte loads need whole vectors: the launcher never says aligned here
+        for M in (1, 7, 4096):
+            p = plan(M, N, dtype, aligned=aligned, backward=backward)
+            where = f"M={M} N={N} {dtype} aligned={aligned} backward={backward}: {p}"
+            assert p["vec"] == int(aligned), where
+            if p["path"] == ROWS:
+                widths_ = _row_widths(backward, elem, aligned)
+                assert p["E"] in widths_, where
+                assert p["G"] * p["E"] >= N and p["G"] <= 512, where
+                if p["G"] <= 32 and p["R"] > 1:  # lane groups: the first width, 256 threads
+                    assert p["E"] == widths_[0] and p["G"] in (4, 8, 16, 32), where
+                    assert p["G"] * p["R"] == 256 and p["G"] * p["E"] <= 512, where
+                else:
+                    assert p["R"] == 1 and p["G"] % 32 == 0 and p["G"] > 32, where
+            elif p["path"] == SPLIT:
+                C, seg, G = p["C"], p["seg"], p["G"]
+                assert 2 <= C <= 8 and (C - 1) * seg < N <= C * seg, where
+                assert G % 32 == 0 and G <= 512 and seg <= 16 * G, where
+                assert not aligned or seg % vec_width == 0, where
+            else:
+                assert p["path"] == LOOP and N > 8 * 8192, where  # wider than 8 blocks of 8192
+
+
+def _columns_of_row(p, N, elem):
+    """Every column the threads of one row (or, SPLIT, one block of the row per rank) load
+    and store, as layer_norm.cu's RowLanes / RowPart compute them: a Python mirror of the
+    kernels' index arithmetic (the part a GPU run would catch only as a wrong element)."""
+    VEC = 16 // elem if p["vec"] else 1
+    CH = p["E"] // VEC
+    group = p["path"] == ROWS and p["R"] > 1
+    S = p["G"] if group else 32
+    pieces = ([(r * p["seg"], min(p["seg"], N - r * p["seg"])) for r in range(p["C"])]
+              if p["path"] == SPLIT else [(0, N)])
+    cols = []
+    for col0, n in pieces:
+        for thread in range(p["G"]):  # the threads of one row (group g = 0 of the block)
+            first = thread % S if group else (thread >> 5) * 32 * CH + (thread & 31)
+            for c in range(CH):
+                start = (first + c * S) * VEC
+                if start < n:  # RowPart::in: a whole vector in or out
+                    assert start + VEC <= n, (p, N, thread, c)
+                    cols += [col0 + start + j for j in range(VEC)]
+    return cols
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_version4_threads_cover_each_column_once(plan, backward, dtype, aligned):
+    elem = torch.empty((), dtype=dtype).element_size()
+    for N in [1, 2, 3, 7, 8, 33, 64, 127, 255, 256, 257, 511, 513, 768, 1000, 1023, 1024, 4096,
+              4097, 8191, 8192, 8193, 12288, 16384, 16385, 32768, 65535, 65536]:
+        if aligned and N % (16 // elem):
+            continue
+        for M in (3, 4096):
+            p = plan(M, N, dtype, aligned=aligned, backward=backward)
+            if p["path"] == LOOP:
+                continue  # version 3's loop and version 2's kernels: their own tests
+            cols = _columns_of_row(p, N, elem)
+            assert sorted(cols) == list(range(N)), (M, N, dtype, aligned, backward, p)
 
 
 # ------------------------------------------------------------------------------ GPU --
@@ -249,3 +427,58 @@ def test_no_rows_give_torchs_result():
     assert y.shape == x.shape
     y.sum().backward()
     assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()
+
+
+# Version 4: every path forced at widths that land on every kernel shape (one element, a
+# lane group, a block, element loads at odd widths, a cluster split, the widest), on aligned
+# rows, on x[:, 1:] of a wider tensor (no 16-byte loads, odd row stride) and on rows of a
+# wider buffer (aligned, strided). A forced path that cannot run a size must be refused
+# with the op's error, and only where layer_norm_plan.h says so.
+V4_WIDTHS = [1, 7, 33, 1023, 1024, 4097, 16385, 65536]
+V4_PATHS = [0, 1, 2, 3, 5, 6]  # 0: the rule's choice; 5, 6: 1, 2 with element loads
+
+
+def _v4_layout(args: dict, layout: str) -> dict:
+    x = args["x"]
+    M, N = x.shape
+    if layout == "sliced":  # x[:, 1:] of an (M, N + 1) tensor: misaligned, odd row stride
+        buf = torch.full((M, N + 1), float("nan"), dtype=x.dtype, device=x.device)
+        buf[:, 1:] = x
+        args["x"] = buf[:, 1:]
+    elif layout == "row_padded":  # rows N + 8 apart: aligned, strided
+        buf = torch.full((M, N + 8), float("nan"), dtype=x.dtype, device=x.device)
+        buf[:, :N] = x
+        args["x"] = buf[:, :N]
+    return args
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout,dtype", [("contiguous", torch.float32),
+                                          ("contiguous", torch.bfloat16),
+                                          ("sliced", torch.float32), ("sliced", torch.bfloat16),
+                                          ("sliced", torch.float16),
+                                          ("row_padded", torch.bfloat16)])
+@pytest.mark.parametrize("N", V4_WIDTHS)
+@pytest.mark.parametrize("path", V4_PATHS)
+def test_version4_every_path(path, N, layout, dtype, plan):
+    import functools
+    rows = (513,) if N <= 1024 else ((37,) if N <= 16385 else (5,))
+    args = _v4_layout(_args(rows, N, dtype, seed=N + path), layout)
+    fn = functools.partial(ln.layer_norm, version=4, path=path)
+    x = args["x"]
+    aligned = (x.data_ptr() % 16 == 0 and N % (16 // x.element_size()) == 0
+               and x.stride(0) % (16 // x.element_size()) == 0)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    clusters = torch.cuda.get_device_capability(x.device)[0] >= 9
+    fwd_plan = plan(rows[0], N, dtype, aligned=aligned, clusters=clusters, sms=sms, force=path)
+    bwd_plan = plan(rows[0], N, dtype, aligned=aligned, backward=True, clusters=clusters,
+                    sms=sms, force=path)
+    if fwd_plan["path"] == NONE or bwd_plan["path"] == NONE:
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            # detach(), not clone(): a clone of a sliced x would be contiguous (realigned)
+            w = args["weight"].detach().requires_grad_(True)
+            fn(x.detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        return
+    r = check_args("layer_norm", args, fn=fn)
+    assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"

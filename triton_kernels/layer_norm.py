@@ -22,8 +22,8 @@ Measured (H100, 16384x4096, kernel time, reports/h100-bench.json): forward fp32 
 (0.83x copy, 1.17x compile). End to end the backward is the CPU's: Python and autograd
 need ~0.35-0.45 ms to enqueue its launches (three then; two now), longer than the kernels run.
 
-What it costs: a row must fit in registers. Up to 16384 columns it does (32768 forward);
-wider rows (to 65536, the limit shared with rms_norm) are walked in chunks by three kernels
+What it costs: a row must fit in registers. Up to 8192 columns it does (16384 forward
+for unaligned rows, 32768 for aligned ones); wider rows (to 65536, the limit shared with rms_norm) are walked in chunks by three kernels
 of their own (below: the statistics merged chunk by chunk, the backward's row dots first),
 which read x twice forward and x and dy twice backward. Wider still is refused with a
 ValueError.
@@ -142,10 +142,10 @@ def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N:
 # ---------------------------------------------------------------------------------------
 # Rows wider than registers hold (N > WIDE): the row in chunks
 # ---------------------------------------------------------------------------------------
-# Above 16384 columns a whole row per program means 64+ fp32 values per thread for each of
-# x, xc, w, b (and dy, xhat, the dweight/dbias accumulators in backward): the kernels above
-# spill, and the H100 sweep (reports/h100-sweep-layer-norm-before.json) measured the
-# backward at 0.02-0.07x of copy bandwidth at 16385-65536 columns. So wide rows are walked
+# Wide rows make a whole row per program 32+ fp32 values per thread for each of x, xc, w, b
+# (and dy, xhat, the dweight/dbias accumulators in backward): the kernels above spill, and
+# the H100 sweep (reports/h100-sweep-layer-norm-before.json) measured the backward at
+# 0.02-0.07x of copy bandwidth at 16385-65536 columns. So wide rows are walked
 # in CHUNK-column pieces instead: what stays in registers is one chunk and a few scalars.
 # What it costs: the forward reads each row twice (statistics, then the output: the second
 # read comes from L2 while the row is recent), and the backward becomes two kernels that
@@ -254,14 +254,18 @@ KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel,
            layer_norm_fwd_wide_kernel, layer_norm_row_dots_kernel, layer_norm_bwd_wide_kernel]
 # Above WIDE columns a row goes in CHUNK-column pieces (the kernels just above); the
 # interpreter's values are small so that the CPU tests walk that path at CPU sizes.
-WIDE = 256 if INTERPRETED else 16384
+# Thresholds read off the H100 (reports/h100-sweep-layer-norm-level4.json, kernel time):
+# the whole-row backward holds seven row-wide arrays and spills from 16384-wide tiles on
+# (8193-16384 columns: 0.05-0.45x copy, the chunked backward 0.57x), so it walks chunks
+# past 8192 columns. The forward holds fewer: its whole-row kernel still ran at 0.89-0.92x
+# at 32768 aligned columns where the chunked one ran at 0.66x (the second read of each row,
+# a short loop body), and spilled only at 65536; an unaligned row's 32768-wide tile ran at
+# 0.12-0.30x (16385 columns), so those go by chunks past 16384.
+WIDE = 256 if INTERPRETED else 8192
 CHUNK = 64 if INTERPRETED else 4096
-# The forward holds fewer arrays a row than the backward: its whole-row kernel still ran at
-# 0.92x copy at 32768 columns (bf16, H100) where the chunked one ran at 0.66x (its second
-# read and a short loop body), and spilled only at 65536 (0.55x). So it goes by chunks only
-# past 32768 columns, and in longer ones.
-FWD_WIDE = WIDE if INTERPRETED else 2 * WIDE
-FWD_CHUNK = CHUNK if INTERPRETED else 4 * CHUNK
+FWD_WIDE = WIDE if INTERPRETED else 32768
+FWD_WIDE_UNALIGNED = WIDE if INTERPRETED else 16384
+FWD_CHUNK = CHUNK if INTERPRETED else 16384
 WIDE_WARPS = 4 if INTERPRETED else 16  # 59-86 registers a thread, no spills (ptxas, sm_90)
 
 
@@ -280,7 +284,8 @@ def _tiling(N: int, tiling=None, aligned: bool = True):
     elements and a 16-byte aligned base: what Triton's specialization can prove). When they
     cannot (N = 4097, a slice), every element is its own 2- or 4-byte load; rows of 8192
     columns or more then go four rows (32K elements) to a program, 8 warps: more independent
-    loads in flight (up to 16384 columns; wider rows keep one row a program). H100, bf16, kernel time (reports/h100-sweep-layer-norm-level4.json):
+    loads in flight (up to 16384 columns). H100, bf16, kernel time
+    (reports/h100-sweep-layer-norm-level4.json):
     16380x4097 0.24x -> 0.40x copy, 8193x8191 0.35x -> 0.58x. Narrower unaligned rows keep
     the rule (1023 columns: 0.80x; no candidate did better). Still far from the aligned
     rows' 0.95x: Triton cannot peel a row's unaligned head to vectorize its body.
@@ -352,11 +357,12 @@ def _forward(x, weight, bias, eps, save: bool, tiling=None):
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
     if M == 0:
         return y, x2, stats  # no rows: nothing to launch (a grid of 0 programs is an error)
-    if N > FWD_WIDE and tiling is None:
+    aligned = _aligned(x2, stride_xm)
+    if tiling is None and (N > FWD_WIDE or (N > FWD_WIDE_UNALIGNED and not aligned)):
         layer_norm_fwd_wide_kernel[(M,)](x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
                                          CHUNK=FWD_CHUNK, STATS=save, num_warps=WIDE_WARPS)
         return y, x2, stats
-    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling, _aligned(x2, stride_xm))
+    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling, aligned)
     layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STATS=save, num_warps=num_warps)

@@ -167,8 +167,9 @@ def _cuda_eval_versions(kernels, card, shape, device, label, goal) -> list:
 
 
 def _cuda_train(kernels, card, device) -> list:
-    """Training mode at the bench shape, default version: forward, and forward+backward
-    (the backward's dgrad/wgrad are the v2 tiled kernels for every version)."""
+    """Training mode at the bench shape, every tensor-core version (their backwards differ:
+    version 3 runs the v2 tiled CUDA-core dgrad/wgrad, version 4 tensor-core ones) and the
+    default: forward, and forward+backward."""
     shape = card.sizes["bench"]
     dtype = torch.bfloat16
     a = card.module.make_args(shape, dtype, device, torch.Generator().manual_seed(0))
@@ -180,9 +181,10 @@ def _cuda_train(kernels, card, device) -> list:
     dy = torch.randn(shape["N"], shape["C_out"], shape["H"], shape["W"], device=device,
                      dtype=dtype).to(memory_format=torch.channels_last)
 
-    def fwd(p):
+    def fwd(p, v):
         return kernels.conv_bn(p["x"], p["conv_weight"], p["conv_bias"], p["bn_weight"],
-                               p["bn_bias"], rm, rv, stride, padding, a["eps"], a["momentum"], True)
+                               p["bn_bias"], rm, rv, stride, padding, a["eps"], a["momentum"], True,
+                               version=v)
 
     def eager(p):
         y = F.conv2d(p["x"], p["conv_weight"], p["conv_bias"], stride=stride, padding=padding)
@@ -194,20 +196,21 @@ def _cuda_train(kernels, card, device) -> list:
             torch.autograd.grad(fn(leaves), list(leaves.values()), dy)
         return go
 
-    v = kernels.DEFAULT_VERSION
+    chosen = sorted(set(getattr(kernels, "TENSOR_CORE_VERSIONS", ())) | {kernels.DEFAULT_VERSION})
     with torch.no_grad():
         base = figure("conv_bn", "forward train", "native", dtype, _shape_of(shape),
                       lambda: eager(a), device, flops=fl["fwd"], notes="eager cuDNN conv + BN")
         figs = [figure("conv_bn", "forward train", "cuda", dtype, _shape_of(shape) | {"version": v},
-                       lambda: fwd(a), device, flops=fl["fwd"],
+                       lambda v=v: fwd(a, v), device, flops=fl["fwd"],
                        baseline="eager Conv2d+BatchNorm2d (cuDNN)", baseline_ms=base.ms,
-                       notes=f"v{v}; fp32 y, two-stage statistics, affine pass"), base]
+                       notes=f"v{v}; fp32 y, two-stage statistics, affine pass") for v in chosen]
+        figs.append(base)
     base = figure("conv_bn", "forward+backward train", "native", dtype, _shape_of(shape),
                   step(eager), device, flops=fl["fwd"] + fl["bwd"],
                   notes="eager cuDNN conv + BN, autograd")
     figs += [figure("conv_bn", "forward+backward train", "cuda", dtype,
-                    _shape_of(shape) | {"version": v}, step(fwd), device,
+                    _shape_of(shape) | {"version": v}, step(lambda p, v=v: fwd(p, v)), device,
                     flops=fl["fwd"] + fl["bwd"], baseline="eager Conv2d+BatchNorm2d (cuDNN)",
-                    baseline_ms=base.ms,
-                    notes=f"v{v} forward; backward on the v2 tiled CUDA-core dgrad/wgrad"), base]
+                    baseline_ms=base.ms, notes=f"v{v}: {kernels.VERSIONS[v]}") for v in chosen]
+    figs.append(base)
     return figs

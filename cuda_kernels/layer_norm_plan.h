@@ -1,0 +1,125 @@
+// layer_norm_plan.h — which kernel layer_norm's version 4 runs, from the sizes and the layout
+// alone. Plain C++ (no CUDA): layer_norm.cu's launchers call it, and the CPU tests
+// (tests/test_cuda_layer_norm.py) compile it with g++ and check its choices, so the rule is
+// read and tested in one place.
+//
+// The rule (why each threshold is where it is: layer_norm.cu's header):
+//   * 16-byte loads (`vec`) when every row of every operand starts on a 16-byte boundary
+//     (the caller says so: `aligned`); otherwise element loads, the row STILL in registers.
+//   * ROWS: the row in the registers of G threads, E elements each, the smallest E of the
+//     list that fits the row in at most 512 threads. G <= 32 (narrow rows): G is a power of
+//     two >= 4, a group of lanes inside a warp, R = 256 / G rows per block, sums by shuffles
+//     (no barrier). G > 32: a block per row (R = 1), sums through shared memory.
+//   * SPLIT: a row wider than ROWS can hold (or few rows and a wide width: too few blocks to
+//     fill the GPU), split over a cluster of C <= 8 blocks (sm_90), seg columns each, the
+//     row sums exchanged through distributed shared memory.
+//   * LOOP: what is left (no clusters on this GPU and too wide for ROWS, or wider than 8
+//     blocks of 8192): version 3's looped forward, version 2's backward.
+#pragma once
+
+#include <cstdint>
+
+namespace levels_layer_norm {
+
+enum LnPath : int { LN_NONE = 0, LN_ROWS = 1, LN_SPLIT = 2, LN_LOOP = 3 };
+// `force`: 0 lets the rule choose; 1, 2, 3 force that path; + LN_FORCE_ELEMENTS forces element
+// loads where 16-byte ones would do. A forced path that cannot run these sizes is LN_NONE.
+constexpr int LN_FORCE_ELEMENTS = 4;
+
+struct LnPlan {
+  int path;     // LnPath
+  int vec;      // 1: 16-byte vector loads and stores; 0: one element per load
+  int E;        // row elements per thread
+  int G;        // threads per row (ROWS), or per block of the row (SPLIT)
+  int R;        // rows per block (ROWS; 1 for SPLIT and LOOP)
+  int C;        // blocks per row, one cluster (SPLIT; else 1)
+  int64_t seg;  // columns per block of a SPLIT row (a multiple of the vector width if vec)
+};
+
+constexpr int LN_GROUP_BLOCK = 256;  // threads of a ROWS block with several rows (G <= 32)
+constexpr int LN_MAX_THREADS = 512;  // threads of one row (ROWS, G > 32) or one SPLIT block
+constexpr int LN_MAX_CLUSTER = 8;    // the portable cluster size
+constexpr int LN_SPLIT_E = 16;       // elements per thread of a SPLIT block: 8192 columns a block
+constexpr int LN_SPLIT_MIN_COLS = 2048;  // a SPLIT for few rows gives each block >= this many
+
+inline int64_t ln_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The elements per thread the kernels are instantiated for, smallest first (0 ends a list).
+// A thread carries at least 32 bytes of the row in the forward (two 16-byte vectors: with
+// one a thread, version 3's bf16 forward reached 0.90x copy instead of 0.98x, twice the
+// barriers per byte); the backward holds x, dy and two fp32 partial sums a column, so it
+// stops at 16.
+inline const int* ln_row_widths(bool backward, int elem_size, bool vec) {
+  static const int fwd_vec32[] = {8, 16, 32, 0}, fwd_vec16[] = {16, 32, 0};
+  static const int fwd_el32[] = {8, 16, 0}, fwd_el16[] = {16, 0};
+  static const int bwd[] = {8, 16, 0};
+  if (backward) return bwd;
+  if (elem_size == 4) return vec ? fwd_vec32 : fwd_el32;
+  return vec ? fwd_vec16 : fwd_el16;
+}
+
+inline LnPlan ln_rows_plan(bool backward, int64_t N, int elem_size, bool vec) {
+  LnPlan p{LN_NONE, vec ? 1 : 0, 0, 0, 1, 1, 0};
+  for (const int* e = ln_row_widths(backward, elem_size, vec); *e; ++e) {
+    if (N > (int64_t)*e * LN_MAX_THREADS) continue;
+    p.path = LN_ROWS;
+    p.E = *e;
+    const int64_t threads = ln_cdiv(N, *e);
+    if (threads <= 32) {  // groups of 4 to 32 lanes (the kernels' compile-time strides)
+      int g = 4;
+      while (g < threads) g <<= 1;
+      p.G = g;
+      p.R = LN_GROUP_BLOCK / g;
+    } else {
+      p.G = (int)(ln_cdiv(threads, 32) * 32);
+      p.R = 1;
+    }
+    break;
+  }
+  return p;
+}
+
+// C blocks of seg columns each; every block gets at least one column.
+inline LnPlan ln_split_plan(int64_t N, int C, int vec_width, bool vec) {
+  LnPlan p{LN_NONE, vec ? 1 : 0, LN_SPLIT_E, 0, 1, C, 0};
+  if (C < 2 || C > LN_MAX_CLUSTER) return p;
+  const int64_t unit = vec ? vec_width : 1;
+  p.seg = ln_cdiv(ln_cdiv(N, C), unit) * unit;
+  if ((int64_t)(C - 1) * p.seg >= N || p.seg > (int64_t)LN_SPLIT_E * LN_MAX_THREADS) return p;
+  p.G = (int)(ln_cdiv(ln_cdiv(p.seg, LN_SPLIT_E), 32) * 32);
+  p.path = LN_SPLIT;
+  return p;
+}
+
+// M rows of N elements of elem_size bytes; aligned: 16-byte loads are possible (see above);
+// clusters: the GPU launches thread-block clusters (sm_90); sm_count: its multiprocessors.
+inline LnPlan ln_plan(bool backward, int64_t M, int64_t N, int elem_size, bool aligned,
+                      bool clusters, int sm_count, int force) {
+  const int vec_width = 16 / elem_size;
+  const bool vec = aligned && !(force & LN_FORCE_ELEMENTS);
+  const int forced = force & 3;
+  const LnPlan rows = ln_rows_plan(backward, N, elem_size, vec);
+  // A split row: the fewest blocks of <= 8192 columns; for few rows, more blocks (each of at
+  // least LN_SPLIT_MIN_COLS columns) so that M x C blocks come closer to filling the GPU.
+  int C = (int)ln_cdiv(N, (int64_t)LN_SPLIT_E * LN_MAX_THREADS);
+  const bool few_rows = M * 2 < sm_count && N >= 2 * LN_SPLIT_MIN_COLS;
+  if (few_rows || forced == LN_SPLIT) {
+    const int64_t more = N / LN_SPLIT_MIN_COLS;
+    if (more > C) C = (int)(more < LN_MAX_CLUSTER ? more : LN_MAX_CLUSTER);
+  }
+  if (C < 2) C = 2;
+  const LnPlan split = clusters ? ln_split_plan(N, C, vec_width, vec)
+                                : LnPlan{LN_NONE, 0, 0, 0, 1, 1, 0};
+  const LnPlan loop{LN_LOOP, vec ? 1 : 0, 0, 0, 1, 1, 0};
+  switch (forced) {
+    case LN_ROWS: return rows;
+    case LN_SPLIT: return split;
+    case LN_LOOP: return loop;
+    default: break;
+  }
+  if (rows.path == LN_ROWS && !(few_rows && split.path == LN_SPLIT)) return rows;
+  if (split.path == LN_SPLIT) return split;
+  return loop;
+}
+
+}  // namespace levels_layer_norm

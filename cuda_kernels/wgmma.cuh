@@ -1,0 +1,155 @@
+// wgmma.cuh — the Hopper warpgroup-MMA wrappers of Level 5 (gemm.cu versions 5-6 and
+// attention.cu version 6): one copy, so every wgmma kernel says it the same way. Pure CUDA,
+// no torch header; every instruction here exists on sm_90a only (LEVELS_HAS_WGMMA), and a
+// kernel that uses them compiles to nothing elsewhere (its launcher refuses other GPUs first).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LEVELS_HAS_WGMMA 1
+#endif
+
+namespace levels_wgmma {
+
+// The shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout,
+// starting at shared address `addr` (1024-byte aligned for the first k16 slice; the next
+// slices of the same rows start 32, 64, 96 bytes further, which the hardware's swizzle
+// — computed from the address bits — handles).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);  // start address, in 16-byte units
+  desc |= (uint64_t)(16 >> 4) << 16;                  // leading-dimension byte offset (unused when swizzled K-major)
+  desc |= (uint64_t)(1024 >> 4) << 32;                // stride byte offset: 8 rows x 128 B to the next 8 rows
+  desc |= (uint64_t)1 << 62;                          // swizzle mode 1 = 128-byte
+  return desc;
+}
+
+// The descriptor of an MN-major B operand (read with imm-trans-b = 1) in the same 128-byte
+// swizzle layout: the tile is stored [k][n], n contiguous, in "atoms" of 64 n-columns
+// (128 bytes) x k-rows, 16-byte chunk c of k-row r at chunk c ^ (r % 8) — byte for byte
+// what the K-major writer produces for a [rows][64] tile; only the meaning of the two
+// offsets changes (PTX ISA, "matrix descriptor": for MN-major swizzled layouts the
+// leading-dimension byte offset is the step from one 64-element group of n to the next,
+// the stride byte offset the step from one group of 8 k-rows to the next). addr: the
+// k-slice's first row, 1024-byte aligned; atom_bytes: bytes from n-columns 0-63 to
+// 64-127 (unused when N = 64).
+__device__ __forceinline__ uint64_t wgmma_desc_mn(uint32_t addr, uint32_t atom_bytes) {
+  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);
+  desc |= (uint64_t)((atom_bytes >> 4) & 0x3FFF) << 16;  // leading: next 64 columns of n
+  desc |= (uint64_t)(1024 >> 4) << 32;                    // stride: next 8 rows of k (8 x 128 B)
+  desc |= (uint64_t)1 << 62;                              // 128-byte swizzle
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes shared memory through the "generic proxy"; wgmma reads it through the
+// "async proxy": this fence orders the first before the second.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// An empty asm that "uses and redefines" an accumulator: keeps the compiler from reading
+// or moving it across the asynchronous MMA's issue and wait.
+__device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// The same for a register the MMA reads (an A fragment in registers): the compiler thinks
+// the asm consumed it at issue and could hand the register to something else before the
+// MMA has read it; "used" again after the wait, it stays put until then.
+__device__ __forceinline__ void keep(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// One instruction for both 16-bit input types (TYPE: bf16 or f16): 64 accumulator registers
+// in, 64 out ("+f"), the two descriptors, and scale-d as a predicate (1: D = A.B + D,
+// 0: D = A.B, the accumulators' old values ignored).
+#define LEVELS_WGMMA_M64N128K16(TYPE)                                                        \
+  asm volatile(                                                                           \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." #TYPE "." #TYPE " {"                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+// d[64] (+)= A(64x16, descriptor) . B(16x128, descriptor), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+#ifdef LEVELS_HAS_WGMMA
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    LEVELS_WGMMA_M64N128K16(bf16);
+  } else {
+    LEVELS_WGMMA_M64N128K16(f16);
+  }
+#endif
+}
+
+// The register-A form: A (64x16) from four 32-bit registers a thread (PTX ISA, "register
+// fragments" of wgmma .m64nNk16: warp w of the warpgroup holds rows 16w..16w+15, lane
+// (g = lane / 4, t = lane % 4) holds a0,a1 = (g, 2t..2t+1), a2,a3 = (g+8, 2t..),
+// a4,a5 = (g, 2t+8..), a6,a7 = (g+8, 2t+8..), two 16-bit values a register, low first —
+// mma.sync m16n8k16's A fragment, one per warp), B from an MN-major descriptor
+// (imm-trans-b = 1: the tile stored [k][n]); scale-d = 1, D = A.B + D.
+#define LEVELS_WGMMA_RS_M64N128K16(TYPE)                                                     \
+  asm volatile(                                                                           \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." #TYPE "." #TYPE " {"                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+#define LEVELS_WGMMA_RS_M64N64K16(TYPE)                                                      \
+  asm volatile(                                                                           \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." #TYPE "." #TYPE " {"                    \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+
+// d[N/2] += A(64x16, registers) . B(16xN, MN-major descriptor), N = 64 or 128.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs_m64nNk16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 64 || N == 128, "the widths attention.cu uses");
+#ifdef LEVELS_HAS_WGMMA
+  if constexpr (N == 128) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      LEVELS_WGMMA_RS_M64N128K16(bf16);
+    } else {
+      LEVELS_WGMMA_RS_M64N128K16(f16);
+    }
+  } else {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      LEVELS_WGMMA_RS_M64N64K16(bf16);
+    } else {
+      LEVELS_WGMMA_RS_M64N64K16(f16);
+    }
+  }
+#endif
+}
+
+}  // namespace levels_wgmma

@@ -1,0 +1,210 @@
+"""conv_bn.cu's version 4 (dgrad and wgrad on the tensor cores, 1x1 convolutions through
+gemm.cu's GEMM) on an H100, in one call, at the ResNet-50 shapes of the model suite
+(equivalence/cards/conv_bn.py MODEL_SHAPES):
+
+  1. check version 4 against the float64 reference through the harness (check_args: outputs,
+     every gradient, the running statistics) at each shape and each of its directions, full
+     size, bf16 channels_last; a failure is recorded and that case's version 4 is not timed;
+  2. time, in the same process, each shape's directions (eval fwd under no_grad; train
+     fwd+bwd with autograd, one upstream gradient): eager cuDNN F.conv2d + F.batch_norm,
+     Level 5 version 3 (the default before this version), version 4, and Level 4
+     (levels.triton); triton's do_bench, median and p20/p80 over its repetitions.
+
+    PYTHONPATH=. python3 scripts/device_conv_bn5.py OUT.json [--check-only] [--shapes a,b]
+
+Prints a table; writes OUT.json (GPU name, torch/triton/CUDA versions, date, every check and
+figure). ~1-2 min on an H100 (the first build of Level 5 included when it is cold).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ENV = "LEVELS_CUDA_VERSION_CONV_BN"
+NEW, OLD = 4, 3
+QUANTILES = [0.5, 0.2, 0.8]
+PARAMS = ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias")
+
+
+def _shapes(only):
+    from equivalence import cards
+    shapes = cards.get("conv_bn").model_shapes
+    return [s for s in shapes if not only or s.name in only]
+
+
+def _args(shape, training, seed=0):
+    from equivalence import cards
+    a = cards.get("conv_bn").module.make_args(shape.sizes, torch.bfloat16, torch.device("cuda"),
+                                              torch.Generator().manual_seed(seed))
+    a["training"] = training
+    return a
+
+
+def _check(shape, variant, version):
+    """One harness check of `version` at `shape`, as a JSON-able dict."""
+    from equivalence.check import check_args
+
+    os.environ[ENV] = str(version)
+    start = time.perf_counter()
+    try:
+        r = check_args("conv_bn", "cuda", _args(shape, variant == "train", seed=1))
+        entry = {"status": r.status, "summary": r.summary()}
+    except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+        entry = {"status": "error", "summary": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc(limit=4)}
+    finally:
+        os.environ.pop(ENV, None)
+    entry["seconds"] = round(time.perf_counter() - start, 2)
+    return entry
+
+
+def run_checks(shapes, report):
+    """Version 4 against float64 at every shape and direction; returns the failed (shape,
+    variant) pairs (not timed for version 4). Where version 4 fails, version 3 is checked
+    at the same case too: whether the case or the new kernels are at fault."""
+    failed = set()
+    for s in shapes:
+        for variant, _ in s.directions:
+            key = f"{s.name}/{variant}"
+            entry = _check(s, variant, NEW)
+            if entry["status"] != "pass":
+                failed.add((s.name, variant))
+                entry[f"v{OLD}_same_case"] = _check(s, variant, OLD)
+            report["checks"][key] = entry
+            print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{NEW} {key}: "
+                  f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
+            if f"v{OLD}_same_case" in entry:
+                old = entry[f"v{OLD}_same_case"]
+                print(f"       v{OLD} at the same case: {old['status']} {old['summary'][:120]}")
+    return failed
+
+
+def _bench(fn):
+    import triton
+    torch.cuda.synchronize()
+    med, p20, p80 = triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=QUANTILES)
+    return {"ms": med, "p20_ms": p20, "p80_ms": p80}
+
+
+def _callers(a):
+    """name -> f(params, running_mean, running_var, training) returning the NCHW output."""
+    import importlib
+
+    from cuda_kernels import conv_bn as cb
+
+    level4_module = importlib.import_module("levels.triton")
+
+    stride, padding = a["stride"], a["padding"]
+
+    def cudnn(p, rm, rv, training):
+        y = F.conv2d(p["x"], p["conv_weight"], p["conv_bias"], stride=stride, padding=padding)
+        return F.batch_norm(y, rm, rv, p["bn_weight"], p["bn_bias"], training=training,
+                            momentum=a["momentum"], eps=a["eps"])
+
+    def level5(version):
+        def call(p, rm, rv, training):
+            return cb.conv_bn(p["x"], p["conv_weight"], p["conv_bias"], p["bn_weight"],
+                              p["bn_bias"], rm, rv, (stride, stride), (padding, padding),
+                              a["eps"], a["momentum"], training, version=version)
+        return call
+
+    def level4(p, rm, rv, training):
+        return level4_module.conv_bn(p["x"], p["conv_weight"], p["conv_bias"], p["bn_weight"],
+                                     p["bn_bias"], rm, rv, stride, padding, a["eps"],
+                                     a["momentum"], training)
+
+    return {"cudnn": cudnn, f"level5_v{OLD}": level5(OLD), f"level5_v{NEW}": level5(NEW),
+            "level4": level4}
+
+
+def run_timings(shapes, failed, report):
+    for s in shapes:
+        for variant, direction in s.directions:
+            training = variant == "train"
+            a = _args(s, training)
+            rm, rv = a["running_mean"].clone(), a["running_var"].clone()
+            params = {k: a[k].detach().requires_grad_(training) for k in PARAMS}
+            row = {"shape": s.name, "describe": s.describe(), "variant": variant,
+                   "direction": direction, "figures": {}}
+            dy = None
+            for name, fn in _callers(a).items():
+                if name == f"level5_v{NEW}" and (s.name, variant) in failed:
+                    row["figures"][name] = {"skipped": "failed its check"}
+                    continue
+                try:
+                    if training:
+                        if dy is None:
+                            with torch.no_grad():
+                                dy = torch.randn_like(fn(params, rm, rv, True))
+
+                        def step(fn=fn):
+                            torch.autograd.grad(fn(params, rm, rv, True), list(params.values()), dy)
+                        row["figures"][name] = _bench(step)
+                    else:
+                        with torch.no_grad():
+                            fn(params, rm, rv, False)  # builds / compiles outside the timing
+                            row["figures"][name] = _bench(lambda fn=fn: fn(params, rm, rv, False))
+                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                    row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            base = row["figures"].get("cudnn", {}).get("ms")
+            for fig in row["figures"].values():
+                if base and "ms" in fig:
+                    fig["x_cudnn"] = base / fig["ms"]
+            report["timings"].append(row)
+            cells = []
+            for name, fig in row["figures"].items():
+                if "ms" in fig:
+                    cells.append(f"{name} {fig['ms']:.3f} ms [{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
+                                 + (f" {fig['x_cudnn']:.2f}x" if name != "cudnn" else ""))
+                else:
+                    cells.append(f"{name} {fig.get('skipped') or fig.get('error')}")
+            print(f"  {s.name:34s} {variant:5s} {direction:7s} | " + " | ".join(cells), flush=True)
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 1:
+        raise SystemExit(__doc__)
+    out = Path(args[0])
+    only = set()
+    if "--shapes" in sys.argv:
+        only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
+    import triton
+    from cuda_kernels import build
+    from cuda_kernels import conv_bn as cb
+
+    report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": {"old": OLD, "new": NEW, "ideas": {str(k): v for k, v in cb.VERSIONS.items()},
+                           "default": cb.DEFAULT_VERSION},
+              "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 ms): "
+              "median, p20, p80", "checks": {}, "timings": []}
+    start = time.perf_counter()
+    build.ops()
+    report["build"] = build.last_build()
+    shapes = _shapes(only)
+    print(f"[conv_bn5] {report['gpu']}: checks of version {NEW} (float64 reference, full size)")
+    failed = run_checks(shapes, report)
+    if "--check-only" not in sys.argv:
+        print("[conv_bn5] timings (bf16 channels_last; ms median [p20, p80], ratio to cuDNN)")
+        run_timings(shapes, failed, report)
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"[conv_bn5] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
