@@ -98,12 +98,19 @@
 //   (x = of a device copy's bandwidth, 2.96 TB/s fp32, 2.87 bf16; torch.compile in the same
 //   run: forward 2.96 / 2.52 TB/s, backward 2.51 / 2.02 TB/s, so v3 is 0.99x / 1.12x of it
 //   forward and 1.05x / 1.05x backward.)
+//   v4 across 20 widths (reports/h100-sweep-layer-norm.json, bf16, fraction of copy, forward /
+//   backward, v3 in the same run): the cliffs go (1023 columns 0.88 / 0.86, v3 0.29 / 0.41;
+//   64: 0.92 / 0.73, v3 0.32 / 0.27; 4097: 0.52 / 0.64, v3 0.36 / 0.28; 16384 backward 0.66,
+//   v3 0.30), but where v3 takes its fast path v4 is slower (8192 forward 0.41, v3 1.13:
+//   not profiled yet), so the Python side runs v3 for 16-byte-aligned rows of
+//   256-8192 columns and v4 elsewhere (layer_norm.py default_version). Still under 0.85x:
+//   odd and very wide rows (4097, 16385, 32768-65536 columns: 0.34-0.66).
 //
 // As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
 // solution regions marked below are the kernels version 3 runs (its register-row and loop
 // forwards, its fused backward, and v2's backward kernels, which v3 falls back to for rows
-// that are no whole number of 16-byte vectors) and the row math of version 4, the default
-// the grader runs (fwd_v4_stats, fwd_v4_out, bwd_v4_row: what a thread does with its share
+// that are no whole number of 16-byte vectors) and the row math of version 4, which the
+// default runs at the other widths (fwd_v4_stats, fwd_v4_out, bwd_v4_row: what a thread does with its share
 // of a row; v4's layouts, reductions and rule stay given). v1 and v2's forwards stay: the
 // steps below the ones to write.
 #include <cooperative_groups.h>
@@ -1312,7 +1319,11 @@ static int v4_bwd_resident(const LnPlan& p) {
 
 template <typename T>
 static int64_t bwd_v4_partials(int force, int64_t M, int64_t N) {
-  const LnPlan p = v4_plan<T>(true, M, N, true, force);  // the layout changes vec only
+  // The partial rows are counted before the launch knows the layout: plan as aligned rows,
+  // which needs N a whole number of 16-byte vectors (a forced cluster split of 7 bf16
+  // columns has no aligned plan, only an element-load one: the H100 tests found it refused).
+  const bool vec_width = N % (16 / (int64_t)sizeof(T)) == 0;
+  const LnPlan p = v4_plan<T>(true, M, N, vec_width, force);  // the layout changes vec only
   if (p.path == LN_NONE) return LEVELS_UNSUPPORTED;
   if (p.path == LN_LOOP) return v2_partials(M, N);
   int dev = 0;

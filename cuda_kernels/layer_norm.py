@@ -25,7 +25,8 @@ v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s 
 1.12x); backward 2.64 TB/s fp32 (0.89x copy, 1.05x compile), 2.11 TB/s bf16 (0.73x, 1.05x).
 v1 is 10-40x slower than v3, v2 2-3x.
 
-Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else DEFAULT_VERSION.
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else default_version(x)
+(version 3 for aligned rows of 256-8192 columns, version 4 elsewhere).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ VERSIONS = {
     3: "16-byte vector loads, the row in registers, a block per wide row; fused backward",
     4: "v3 at every width and alignment: lane groups / a block / a cluster per row, by a rule",
 }
-DEFAULT_VERSION = 4
+DEFAULT_VERSION = 3  # where default_version's rule does not pick version 4
 # Version 4's kernels, each forcible through the ops' `path` argument (the tests and
 # scripts/sweep_layer_norm.py time and check every one; layer_norm_plan.h's LnPath, + 4 for
 # element loads where 16-byte ones would do). A forced path that cannot run a size is an
@@ -62,9 +63,28 @@ def uses_tf32(device, dtype) -> bool:
     return False  # no dot products: fp32 math throughout
 
 
-def resolve_version(version=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_LAYER_NORM if set, else DEFAULT_VERSION (cuda_kernels/versions.py)."""
-    return versions.resolve("layer_norm", VERSIONS, DEFAULT_VERSION, version)
+def default_version(x=None) -> int:
+    """The version a call runs when nobody chose one: version 3 for rows of 256 to 8192
+    columns that load as 16-byte vectors, version 4 for every other width and alignment.
+    Measured on the H100 (bf16, fraction of copy bandwidth forward / backward,
+    reports/h100-sweep-layer-norm.json, both versions in one run): where version 3 takes its
+    fast path it is as fast or faster (8192 columns 1.13 / 0.78 against 0.41 / 0.81,
+    768: 0.99 / 0.81 against 0.80 / 0.79); everywhere else it falls to a loop that re-reads
+    the row and version 4 wins: 1023 columns 0.88 / 0.86 against 0.29 / 0.41, 64 columns
+    0.92 / 0.73 against 0.32 / 0.27, 4097: 0.52 / 0.64 against 0.36 / 0.28, and past 8192
+    its backward (16384: 0.66 against 0.30)."""
+    if x is None:
+        return DEFAULT_VERSION
+    N, vec = x.shape[-1], 16 // x.element_size()
+    rows_aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (
+        x.dim() == 1 or x.is_contiguous() or x.stride(-2) % vec == 0)
+    return DEFAULT_VERSION if rows_aligned and 256 <= N <= 8192 else 4
+
+
+def resolve_version(version=None, x=None) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_LAYER_NORM if set, else default_version(x)
+    (cuda_kernels/versions.py)."""
+    return versions.resolve("layer_norm", VERSIONS, default_version(x), version)
 
 
 # ------------------------------------------------------------------------ registration --
@@ -101,4 +121,4 @@ def layer_norm(x, weight, bias, eps=1e-5, version=None, path=0):
         from . import build
         build.load()  # a direct call (benches, tests): build on first use
     return torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),
-                                                    resolve_version(version), int(path))
+                                                    resolve_version(version, x), int(path))

@@ -482,3 +482,20 @@ def test_version4_every_path(path, N, layout, dtype, plan):
         return
     r = check_args("layer_norm", args, fn=fn)
     assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
+
+
+def test_default_version_is_3_for_aligned_rows_of_256_to_8192_columns_else_4(monkeypatch):
+    # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweep (version 3
+    # where its fast path runs, version 4 where version 3 falls to its loop); the environment
+    # still overrides it.
+    monkeypatch.delenv("LEVELS_CUDA_VERSION_LAYER_NORM", raising=False)
+    for N, dtype, want in [(768, torch.bfloat16, 3), (4096, torch.float32, 3), (8192, torch.bfloat16, 3),
+                           (64, torch.bfloat16, 4), (1023, torch.bfloat16, 4), (1023, torch.float32, 4),
+                           (4097, torch.bfloat16, 4), (16384, torch.bfloat16, 4), (65536, torch.float32, 4)]:
+        x = torch.empty(3, N, dtype=dtype)
+        assert ln.default_version(x) == ln.resolve_version(None, x) == want, (N, dtype)
+    wide = torch.empty(3, 4104, dtype=torch.bfloat16)
+    assert ln.default_version(wide[:, 1:4097]) == 4  # a slice one element in: unaligned rows
+    assert ln.default_version(wide[:, 8:4104]) == 3  # 16 bytes in, row stride 4104: aligned
+    monkeypatch.setenv("LEVELS_CUDA_VERSION_LAYER_NORM", "2")
+    assert ln.resolve_version(None, torch.empty(3, 1023)) == 2
