@@ -1,5 +1,5 @@
 // gemm.cu — C[M,N] (+)= A[M,K] · B[K,N] with a fused epilogue: Level 5's matrix product,
-// a ladder of seven versions (serves the MLP now, conv and the LSTM later).
+// a ladder of eight versions (serves the MLP now, conv and the LSTM later).
 //
 //   version 1  naive: one thread per output element, the K loop straight from global
 //              memory. Threads of a warp take consecutive columns n, so the B and C accesses
@@ -70,6 +70,20 @@
 //              M1000 768->3072; v6 0.69-0.89x). What the persistent grid alone buys is the
 //              loads under the epilogue, and those were not the bottleneck: the MMAs wait for
 //              the epilogue either way. The MLP's default stays version 6.
+//   version 8  ping-pong consumers (sm_90 only): version 7's persistent producer and ring, but
+//              the two consumer warpgroups no longer split a tile: each owns whole 128x128
+//              tiles (two m64n128 MMAs per k16 slice, the same 128 accumulators per thread),
+//              consumer 0 the block's even tiles, consumer 1 its odd ones, each skipping the
+//              other's k-iterations on the running counter. A "math order" (a pair of
+//              mbarriers) makes their mainloops alternate: tile i's MMAs start once tile
+//              i-1's are all issued, so one consumer's epilogue runs while the other's MMAs
+//              keep the tensor cores busy (version 7 hid only the loads). Costs: one tile
+//              shape (128x128: a third more operand traffic per MAC than 128x256), a whole
+//              tile's epilogue per warpgroup (hidden only while shorter than the other's
+//              mainloop: short K shows it), consumer 1 idle where a block has one tile; no
+//              batched kernel (Newton-Schulz keeps version 7).
+//              Hang trap: -DLEVELS_GEMM8_TIMEOUT=n.
+//              Measured: (to be filled by the lead).
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from
@@ -1129,9 +1143,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// The hang trap serves version 7 too (its waits are these): either name turns it on.
+// The hang trap serves versions 7 and 8 too (their waits are these): any of the names turns it on.
 #if defined(LEVELS_GEMM7_TIMEOUT) && !defined(LEVELS_GEMM6_TIMEOUT)
 #define LEVELS_GEMM6_TIMEOUT LEVELS_GEMM7_TIMEOUT
+#endif
+#if defined(LEVELS_GEMM8_TIMEOUT) && !defined(LEVELS_GEMM6_TIMEOUT)
+#define LEVELS_GEMM6_TIMEOUT LEVELS_GEMM8_TIMEOUT
 #endif
 // Wait until the phase of parity `parity` of the barrier has completed. try_wait may give
 // up after a system-dependent time: poll it in a loop.
@@ -1149,7 +1166,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
         : "memory");
 #ifdef LEVELS_GEMM6_TIMEOUT
     if (!done && ++polls > (uint64_t)(LEVELS_GEMM6_TIMEOUT) * 1000000ull) {
-      printf("gemm v6/v7: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
+      printf("gemm v6-v8: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
              threadIdx.x, parity);
       __trap();
     }
@@ -1376,8 +1393,9 @@ gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
 // not be whole: a block may do one tile more than another). A wrong parity hangs as in
 // version 6: -DLEVELS_GEMM7_TIMEOUT=n (or LEVELS_GEMM6_TIMEOUT) traps instead.
 // Not here yet (the next rungs): ping-pong consumers (the epilogue under the other
-// warpgroup's MMAs), the staged tile written by a TMA store (cp.async.bulk.tensor from shared
-// memory: 16-bit staging, fence.proxy.async), clusters with TMA multicast of the shared operand.
+// warpgroup's MMAs: version 8), the staged tile written by a TMA store (cp.async.bulk.tensor
+// from shared memory: 16-bit staging, fence.proxy.async), clusters with TMA multicast of the
+// shared operand.
 
 constexpr int V7_THREADS = 384;            // as version 6: consumer warpgroups 0, 1; producer 2
 constexpr int V7_SMEM_LIMIT = 227 * 1024;  // the most shared memory (static + dynamic) of a block, sm_90
@@ -1590,6 +1608,191 @@ gemm_v7_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
       store_transposed<T, SLAB, BN, 128>(slab, r0, n0, M, N, static_cast<T*>(ct), stn, stm, tid);
     }
     warpgroup_sync(wg);  // the slab is read before the next tile writes it
+  }
+#endif
+}
+
+// =====================================================================================
+// version 8: ping-pong consumers; one tile's epilogue under the other tile's MMAs — sm_90a
+// =====================================================================================
+// What changes from version 7 (the next rung of the public Hopper GEMMs: CUTLASS's
+// "warp-specialized ping-pong" schedule):
+//   * the two consumer warpgroups no longer split a tile: each owns whole 128 x 128 tiles,
+//     both 64-row halves of A against the same 128 rows of B (two m64n128k16 per k16 slice
+//     into acc[2][1][64]: the 128 fp32 accumulators per thread that version 7 held for its
+//     64 x 256 share). The block walks version 7's tiles (blockIdx.x, + gridDim.x, ...);
+//     numbering them i = 0, 1, 2, ... within the block, consumer 0 takes the even i,
+//     consumer 1 the odd ones;
+//   * the producer is version 7's, unchanged: tile 0's k-tiles, then tile 1's, ... on one
+//     running counter, so the ring carries the two consumers' k-tiles one tile after the
+//     other: tile i's k-iterations are i KT .. i KT + KT - 1. A consumer starts its counter
+//     at wg KT and, after each of its tiles, skips KT (the other consumer's tile); stage and
+//     parity then come from `it` exactly as in version 7. Each round of a stage is read by ONE
+//     warpgroup now, so its empty barrier counts 4 warp arrivals, not 8;
+//   * a "math order" between the consumers, two mbarriers of 4 arrivals: tile i's MMAs start
+//     once every MMA of tile i-1 has been issued. Consumer wg waits on order[wg] (phase
+//     (i-1)/2, the other consumer's previous tile) before its first k-tile; after issuing
+//     its last k-tile, before waiting for those MMAs, it arrives on order[1-wg]. So the
+//     mainloops alternate 0, 1, 0, 1, ... and while one consumer runs its tile's epilogue
+//     (its own slab, its own named barrier, version 7's code) the other's MMAs keep the
+//     tensor cores busy. (CUTLASS orders the two epilogues as well: they share its TMA-store
+//     pipeline; here the epilogues share nothing, so they need no order.) Without the order,
+//     both consumers' MMAs would share the tensor cores and their epilogues fall into the
+//     same gaps: version 7's timeline with two tiles in flight. The order is also what keeps
+//     the full barriers' parity waits exact: a consumer skips the other's rounds of a stage,
+//     and a parity wait cannot tell round r+1 from round r-1 not yet landed; with the order,
+//     every k-iteration before tile i has landed (its full phase completed: its consumer
+//     waited for it) before tile i's first wait, so no wait is ever two phases ahead.
+// Tile: 128 x 128 at every size (no 128 x 256: 256 accumulators per thread do not fit; 64 x 256
+// per consumer would load 40 KB per stage for the MMAs that 128 x 128 gets from 32 KB, and
+// leave the ring 4 stages). A block holds two tiles, one per consumer, as version 7 held one
+// 128 x 256; the ring is version 7's at BN = 128: 6 stages of 32 KB beside two 16-row slabs.
+// Costs and limits: version 7's, plus: a consumer's epilogue is a whole 128-row tile (8 slab
+// passes, 16 named-barrier waits), hidden only while it is shorter than the other consumer's
+// mainloop — at short K (a few k-tiles) the tensor cores wait again. One tile shape, smaller
+// than version 7's where tiles are plentiful: 32 KB of operands per 128x128x64 k-tile (1M
+// MACs) where 128x256x64 needs 48 KB per 2M, a third more L2 -> shared memory traffic per
+// MAC, which at large sizes (long K: little epilogue to hide) may cost more than the overlap
+// gains (2-SM clusters multicasting the shared operand would win it back). A block with an
+// odd number of tiles leaves consumer 1 idle during its last one, and with fewer tiles than
+// SMs every block runs consumer 0 alone (one warpgroup's MMAs on one tile per SM). Two more
+// barrier operations per tile. The batched kernel is not ported: Newton–Schulz version 4
+// stays on version 7. Hang trap as version 7's (-DLEVELS_GEMM8_TIMEOUT=n, or the GEMM6 /
+// GEMM7 names).
+// Not here yet (the next rungs): clusters with TMA multicast, the epilogue's stores by TMA,
+// a batched ping-pong kernel.
+// Measured: (to be filled by the lead).
+
+constexpr int V8_THREADS = 384;  // consumer warpgroups 0 and 1 (a tile each), producer 2
+constexpr int V8_BN = 128;       // every tile 128 x 128
+constexpr int V8_STAGES = v7_stages<V8_BN, V7_SLAB>();
+static_assert(V8_STAGES == 6 && v7_smem<V8_BN, V7_SLAB>() + V7_STATIC_SMEM <= V7_SMEM_LIMIT,
+              "6 ring stages of 32 KB and the two 16-row slabs fit in 227 KB (with 1 KB of barriers)");
+
+// Version 8's barriers, set up by thread 0 (the caller then syncs the block): the ring's,
+// with one consumer warpgroup per round of a stage, and the math order.
+template <int STAGES>
+__device__ __forceinline__ void v8_init(uint64_t* full, uint64_t* empty, uint64_t* order) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);   // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(&empty[s], 4);  // the 4 warps of the one consumer that read this round
+    }
+    mbar_init(&order[0], 4);    // consumer 1's warps: its tile's MMAs are issued, consumer 0 may go
+    mbar_init(&order[1], 4);    // consumer 0's warps, for consumer 1
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+}
+
+// A consumer warpgroup's MMAs on stage s for its whole 128 x 128 tile: both 64-row halves
+// of the stage's A (8 KB apart) against all 128 rows of B, 4 k16 slices, one commit group.
+template <typename T>
+__device__ __forceinline__ void wgmma_stage_tile(const T* sA, const T* sB, int s, float (&acc)[2][1][64]) {
+  constexpr int BM = 128, BN = V8_BN;
+  const uint32_t a_base = smem_addr(sA + s * BM * V4_BK);
+  const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < V4_BK / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      wgmma_m64n128k16<T>(acc[h][0], wgmma_desc(a_base + h * 64 * 128 + kk * 32), wgmma_desc(b_base + kk * 32));
+  wgmma_commit();
+}
+
+// One consumer's k-tiles of one of its tiles: acc = the whole tile. Version 7's loop (stage
+// and parity from the running counter `it`, which this advances by KT; every stage given back
+// exactly once, the last after the final wgmma_wait<0>), plus the math order's hand-over:
+// `done` (the other consumer's order barrier) is arrived on once every MMA of the tile is issued.
+template <typename T, int STAGES>
+__device__ __forceinline__ void v8_consume(const T* sA, const T* sB, uint64_t* full, uint64_t* empty,
+                                           uint64_t* done, int KT, int& it, float (&acc)[2][1][64]) {
+  const bool warp_leader = (threadIdx.x & 31) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[h][0][i] = 0.0f;
+  for (int kt = 0; kt < KT; ++kt, ++it) {
+    const int s = it % STAGES;
+    mbar_wait(&full[s], (it / STAGES) & 1);  // round it / STAGES of stage s has landed
+    wgmma_stage_tile<T>(sA, sB, s, acc);
+    wgmma_wait<1>();  // iteration it - 1's MMAs are done; this one's may still run
+    if (kt > 0) {
+      __syncwarp();
+      if (warp_leader) mbar_arrive(&empty[(it - 1) % STAGES]);
+    }
+  }
+  __syncwarp();
+  if (warp_leader) mbar_arrive(done);  // every MMA of the tile issued: the other consumer's turn
+  wgmma_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep(acc[h][0][i]);
+  if (KT > 0) {  // the tile's last stage (iteration it - 1: `it` has moved past it)
+    __syncwarp();
+    if (warp_leader) mbar_arrive(&empty[(it - 1) % STAGES]);
+  }
+}
+
+template <typename T, typename TC, bool DUAL = false>
+__global__ void __launch_bounds__(V8_THREADS, 1)
+gemm_v8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const __grid_constant__ CUtensorMap map_b2, int64_t M, int64_t N, int64_t K, EpiArgs ep) {
+#ifdef LEVELS_HAS_WGMMA
+  constexpr int BM = 128, BN = V8_BN, SLAB = V7_SLAB, STAGES = V8_STAGES, LD = BN + 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], order[2];
+  T *sA, *sB;
+  float* slabs;
+  v7_layout<T, BN, STAGES>(smem_raw, sA, sB, slabs);
+  const int64_t tiles = cdiv(M, BM) * cdiv(N, BN);
+  const int KT = (int)cdiv(K, V4_BK), wg = threadIdx.x / 128;
+  v8_init<STAGES>(full, empty, order);
+  __syncthreads();  // the only block-wide barrier
+  if (wg == 2) {
+    // ---- producer: version 7's, every tile of the block in order (both consumers') ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 256) {
+      int it = 0;
+      const V6Operands op{&map_a, &map_b, &map_b2, 0, 0};
+      LEVELS_V7_FOR_EACH_TILE(t, tiles) {
+        int64_t m0, n0;
+        grouped_tile_at<BM, BN>(t, M, N, m0, n0);
+        v7_produce<T, BN, STAGES, DUAL>(sA, sB, full, empty, op, m0, n0, KT, it);
+      }
+    }
+    return;
+  }
+  // ---- consumer wg: the block's tiles i = wg, wg + 2, ... (t: the same tile in the grid) ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  float* slab = slabs + wg * SLAB * LD;
+  const int tid = threadIdx.x % 128;  // the thread's index in its warpgroup: the epilogue's
+  float acc[2][1][64];                // [64-row half][the one n128 block][registers]
+  int it = wg * KT;                   // tile i's k-iterations start at i KT
+  const int64_t step = 2 * (int64_t)gridDim.x;
+  for (int64_t i = wg, t = blockIdx.x + wg * (int64_t)gridDim.x; t < tiles; i += 2, t += step) {
+    int64_t m0, n0;
+    grouped_tile_at<BM, BN>(t, M, N, m0, n0);
+    if (i > 0) mbar_wait(&order[wg], (int)((i - 1) / 2) & 1);  // tile i-1's MMAs are all issued
+    v8_consume<T, STAGES>(sA, sB, full, empty, &order[1 - wg], KT, it, acc);
+    it += KT;  // tile i+1 is the other consumer's
+    // The epilogue, while the other consumer's MMAs run: 128 rows, SLAB at a time.
+#pragma unroll 1
+    for (int pass = 0; pass < BM / SLAB; ++pass) {
+      const int sub = pass % (64 / SLAB);  // the pass within its 64-row half
+      if (pass < 64 / SLAB)                // acc's halves by compile-time index (no local memory)
+        v7_stage<BN, SLAB, false>(acc[0], slab, sub);
+      else
+        v7_stage<BN, SLAB, false>(acc[1], slab, sub);
+      warpgroup_sync(wg);
+      const int64_t r0 = m0 + pass * SLAB;  // the slab's first output row
+      if constexpr (DUAL)
+        store_swiglu<T, SLAB, BN, 128>(slab, LD, r0, n0, M, N, ep, tid);
+      else
+        store_tile<T, TC, SLAB, BN, 128>(slab, LD, r0, n0, M, N, ep, tid);
+      warpgroup_sync(wg);  // the slab is read before the next pass (or tile) writes it
+    }
   }
 #endif
 }
@@ -1852,14 +2055,14 @@ int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   return levels_launch_status();
 }
 
-// Version 7: as version 6, on min(tiles, SMs) persistent blocks (the SM count is queried
-// once per process: num_sms).
-template <typename T, typename TC, int BN, bool DUAL = false>
-int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+// Versions 7 and 8: 384 threads on min(tiles, SMs) persistent blocks (the SM count is queried
+// once per process: num_sms), 128 x BN tiles, version 7's shared memory (ring + slabs).
+// opted_in: the caller's flag, one per kernel.
+template <typename T, int BN, bool DUAL, typename Kernel>
+int launch_persistent(Kernel kernel, bool& opted_in, const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M,
+                      int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  static_assert(V7_THREADS == V8_THREADS, "one block shape for both");
   constexpr int smem = v7_smem<BN, V7_SLAB>();
-  auto kernel = gemm_v7_kernel<T, TC, BN, DUAL>;
-  static bool opted_in = false;
   int status = opt_in_smem(kernel, smem, opted_in);
   const int64_t tiles = cdiv(M, 128) * cdiv(N, BN);
   const int64_t blocks = tiles < num_sms() ? tiles : num_sms();
@@ -1870,16 +2073,37 @@ int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   return levels_launch_status();
 }
 
-// One tile shape of version VERSION (5, 6, 7) of the plain GEMM.
+// Version 7: as version 6, on persistent blocks.
+template <typename T, typename TC, int BN, bool DUAL = false>
+int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                     const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  static bool opted_in = false;
+  return launch_persistent<T, BN, DUAL>(gemm_v7_kernel<T, TC, BN, DUAL>, opted_in, A, lda, B, ldb, M, N, K, ep,
+                                        stream, B2);
+}
+
+// Version 8: 128 x 128 tiles whatever the size (its one tile shape), a block's tiles shared out
+// between the two ping-pong consumers.
+template <typename T, typename TC, bool DUAL = false>
+int launch_v8(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+              const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  static bool opted_in = false;
+  return launch_persistent<T, V8_BN, DUAL>(gemm_v8_kernel<T, TC, DUAL>, opted_in, A, lda, B, ldb, M, N, K, ep,
+                                           stream, B2);
+}
+
+// One tile shape of version VERSION (5, 6, 7) of the plain GEMM; version 8 has one shape of its
+// own (BN is not its choice: launch_v8).
 template <typename T, typename TC, int VERSION, int BN, bool DUAL = false>
 int launch_hopper_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
                          const EpiArgs& ep, cudaStream_t stream, const T* B2) {
+  if constexpr (VERSION == 8) return launch_v8<T, TC, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
   if constexpr (VERSION == 7) return launch_v7_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
   if constexpr (VERSION == 6) return launch_v6_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
   return launch_v5_config<T, TC, BN, DUAL>(A, lda, B, ldb, M, N, K, ep, stream, B2);
 }
 
-// Versions 5, 6 and 7 (VERSION): the same checks and the same tile choice, different kernels.
+// Versions 5-8 (VERSION): the same checks and (5-7) the same tile choice, different kernels.
 template <typename T, typename TC, int VERSION>
 int launch_hopper(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
                   int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
@@ -1995,6 +2219,7 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
     case 5: return launch_hopper<T, TC, 5>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     case 6: return launch_hopper<T, TC, 6>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     case 7: return launch_hopper<T, TC, 7>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
+    case 8: return launch_hopper<T, TC, 8>(A, sam, sak, B, sbk, sbn, M, N, K, ep, stream, B2);
     default: return LEVELS_BAD_VERSION;
   }
 }
@@ -2004,9 +2229,9 @@ int launch(int version, int v4_tile, const void* a, int64_t sam, int64_t sak, co
 // C[M,N] (+)= A[M,K] · B[K,N], then the epilogue (see the top of the file).
 // Element strides for every matrix; bias (N,) with its own stride; aux (M, N) is read or
 // written only by the GELU_SAVE / GELU_GRAD epilogues. c_fp32: C is float32 (else the input
-// dtype). accumulate: C += instead of C =. Versions 4-6 need stride_ak == stride_bk == 1, row
+// dtype). accumulate: C += instead of C =. Versions 4-8 need stride_ak == stride_bk == 1, row
 // strides (stride_am, stride_bn) multiples of 8 and 16-byte aligned A, B (cuda_kernels/mlp.py
-// makes them so), else LEVELS_UNSUPPORTED (version 6 also: fewer than 2**31 rows and K, and
+// makes them so), else LEVELS_UNSUPPORTED (versions 6-8 also: fewer than 2**31 rows and K, and
 // a row stride the TMA accepts — not 0). M, N or K may be 0. v4_tile pins version 4's
 // tile shape (1, 2, 3: see launch_v4; 0: chosen from the size); other versions ignore it.
 extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
@@ -2018,7 +2243,7 @@ extern "C" int levels_gemm_matmul(int dtype, int version, int v4_tile,
                                   int epilogue, int accumulate,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 8) return LEVELS_BAD_VERSION;
   if (epilogue < EPI_NONE || epilogue > EPI_GELU_GRAD) return LEVELS_UNSUPPORTED;
   if ((epilogue == EPI_GELU_SAVE || epilogue == EPI_GELU_GRAD) && aux == nullptr) return LEVELS_UNSUPPORTED;
   if (M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
@@ -2044,7 +2269,7 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
                                   void* aux, void* aux2, int64_t stride_xm, int64_t stride_xn,
                                   int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 8) return LEVELS_BAD_VERSION;
   if ((aux == nullptr) != (aux2 == nullptr) || (grad && (aux == nullptr || c2 == nullptr)) ||
       (!grad && b2 == nullptr))
     return LEVELS_UNSUPPORTED;
@@ -2058,12 +2283,12 @@ extern "C" int levels_gemm_swiglu(int dtype, int version, int grad,
 }
 
 // out[n] = sum over m of x[m, n], fp32 accumulation; out is (N,) contiguous, float32 when
-// out_fp32 else the input dtype. One kernel serves every version (1-7) of the GEMM.
+// out_fp32 else the input dtype. One kernel serves every version (1-8) of the GEMM.
 extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int64_t stride_xm,
                                       int64_t stride_xn, void* out, int out_fp32, int64_t M, int64_t N,
                                       cudaStream_t stream) {
   using namespace levels_gemm;
-  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 8) return LEVELS_BAD_VERSION;
   if (N <= 0) return LEVELS_OK;
   const int64_t blocks = levels_cdiv(N, 32);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;

@@ -19,16 +19,16 @@ dW1 = dH^T X, dW2 = dY^T G — and two column sums. No torch matmul anywhere.
 
 Versions (LEVELS_CUDA_VERSION_MLP=n, or version=n): see VERSIONS and the top of gemm.cu.
 Versions 1-3 take every operand with its strides as it comes (transposed views, slices: no
-copies). Versions 4-7 (tensor cores) read 16-byte chunks along K, so they need each operand
+copies). Versions 4-8 (tensor cores) read 16-byte chunks along K, so they need each operand
 as a K-major matrix with 16-byte aligned rows: A (M, K) and B as the (N, K) matrix, i.e.
 nn.Linear's weight itself for X W^T. `_k_major` makes that layout when an operand does not
 have it, with one copy: free for the forward of a contiguous input with K % 8 == 0, but
 backward's dgrad/wgrad GEMMs read W, dY, G, dH and X along their *other* dimension, so
-versions 4-7 transpose them: 6 copies, ~450M elements read and written at the bench shape
+versions 4-8 transpose them: 6 copies, ~450M elements read and written at the bench shape
 (M=8192, 4096 -> 16384 -> 4096), ~1.8 GB of traffic, ~0.6 ms at 3 TB/s next to ~10 ms of
 GEMMs. The rung that removes them is ldmatrix.trans for N-major tiles (not written yet).
 
-fp32 inputs: every version computes exact fp32 FMAs (versions 4-7 run version 3's kernel for
+fp32 inputs: every version computes exact fp32 FMAs (versions 4-8 run version 3's kernel for
 fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.
 """
 
@@ -53,6 +53,9 @@ VERSIONS = {
     7: "Hopper persistent + warp specialized: one block per SM walks the tiles, the producer "
        "runs ahead across tiles, each tile's epilogue (own shared memory) under the next "
        "tile's TMA loads (sm_90 only; fp32 runs version 3)",
+    8: "Hopper ping-pong consumers: version 7's persistent producer, each consumer warpgroup "
+       "owns whole 128x128 tiles and their mainloops alternate (a math-order barrier), so one "
+       "tile's epilogue runs under the other tile's MMAs (sm_90 only; fp32 runs version 3)",
 }
 DEFAULT_VERSION = 4  # every GPU with mma.sync (sm_80 on)
 # Version 4's tile shapes (gemm.cu launch_v4), for `tile=` of mlp_forward: 0 picks from the
@@ -60,7 +63,7 @@ DEFAULT_VERSION = 4  # every GPU with mma.sync (sm_80 on)
 # can time each beside the automatic choice.
 V4_TILES = {0: "auto", 1: "128x256 s3", 2: "128x256 s4", 3: "128x128 s3 (64x32 warps)"}
 HOPPER_VERSION = 6   # the default where wgmma and TMA exist (sm_90: H100, H200)
-TENSOR_CORE_VERSIONS = (4, 5, 6, 7)  # the versions with version 4's operand layout rules
+TENSOR_CORE_VERSIONS = (4, 5, 6, 7, 8)  # the versions with version 4's operand layout rules
 ENV_VERSION = "LEVELS_CUDA_VERSION_MLP"
 _registered = False  # set by _register(), once the library is loaded
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
@@ -193,7 +196,7 @@ def mlp(x, w1, b1, w2, b2, version=None):
         (always for a contiguous x), a copy otherwise;
       * b1, b2: contiguous (1-D, cheap);
       * versions 1-3: x, w1, w2 go in with their strides, no copy;
-      * versions 4-7, 16-bit: each GEMM operand that is not K-major with 16-byte aligned
+      * versions 4-8, 16-bit: each GEMM operand that is not K-major with 16-byte aligned
         rows is copied once by the GEMM op itself (mlp_binding.cpp's k_major; none is for
         contiguous inputs with K, hidden multiples of 8), and the (M, hidden) activations are
         stored with rows padded to 8 elements, so the second GEMM reads them in place.

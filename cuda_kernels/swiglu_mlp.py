@@ -15,7 +15,7 @@ derivative in its epilogue, writing dG and dU (`levels_cuda::swiglu_mlp_grad`); 
 dW_up = dU^T X, dW_down = dY^T A. No torch matmul anywhere.
 
 Versions (LEVELS_CUDA_VERSION_SWIGLU_MLP=n, or version=n): gemm.cu's ladder, the MLP's
-(cuda_kernels/mlp.py VERSIONS); the same layout rules and copies for versions 4-7 (the
+(cuda_kernels/mlp.py VERSIONS); the same layout rules and copies for versions 4-8 (the
 backward's operands read along their other dimension are transposed once each, as the
 MLP's are). fp32 runs version 3's exact FMAs at every version >= 3: uses_tf32 is False.
 """
@@ -91,7 +91,7 @@ class _SwiGLUMLP(torch.autograd.Function):
 def swiglu_mlp(x, w_gate, w_up, w_down, version=None):
     """Called by levels.cuda.swiglu_mlp after the shared validation (x float16/bfloat16/float32
     on CUDA). x (..., K) is viewed as (M, K) (a copy only if its strides do not allow it);
-    what versions 4-7 copy is said in swiglu_mlp_binding.cpp and cuda_kernels/mlp.py."""
+    what versions 4-8 copy is said in swiglu_mlp_binding.cpp and cuda_kernels/mlp.py."""
     v = resolve_version(version)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate, w_up, w_down)):
         return _SwiGLUMLP.apply(x, w_gate, w_up, w_down, v)

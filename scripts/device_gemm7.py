@@ -83,7 +83,9 @@ def _ns(G, version, steps=5):
     return newton_schulz.newton_schulz(G, steps, *COEFFS, 1e-7, version=version)
 
 
-def run_checks(report):
+def run_checks(report, V=V, shapes=CHECK_SHAPES, batched=True):
+    """V against float64 and version 6's bits on `shapes`; batched: also the gram and
+    Newton–Schulz version 4 (GEMM version 7's batched kernel)."""
     from cuda_kernels import mlp, newton_schulz, swiglu_mlp
     import levels
 
@@ -97,7 +99,7 @@ def run_checks(report):
         torch.full((64 << 20,), float("nan"), device="cuda")
 
     for dtype in (torch.bfloat16, torch.float16):
-        for (M, N, K) in CHECK_SHAPES:
+        for (M, N, K) in shapes:
             tag = f"{str(dtype)[6:]} {M}x{N}x{K}"
 
             def gemm_case(M=M, N=N, K=K, tag=tag):
@@ -143,6 +145,8 @@ def run_checks(report):
 
             ck.case(tag, gemm_case)
 
+        if not batched:
+            continue
         # the batched / symmetric launcher: X X^T through newton_schulz.gram at NS version 4
         for rows, cols in ((1, 8), (130, 72), (300, 1000), (1024, 2048), (4096, 136)):
             tag = f"{str(dtype)[6:]} gram v4 {rows}x{cols}"
@@ -173,7 +177,7 @@ def run_checks(report):
             ck.case(tag, ns_case)
     report["check_errors"] = ck.errors
     report["check_failures"] = ck.failures
-    print(f"[gemm7] checks: {len(ck.failures)} failure(s)", flush=True)
+    print(f"[gemm{V}] checks: {len(ck.failures)} failure(s)", flush=True)
     return ck.failures
 
 
@@ -202,13 +206,14 @@ def _time_row(row, fns, flops, baseline):
     print(f"  {row['name']:42s} " + "  ".join(parts) + " TFLOP/s  " + " ".join(ratios), flush=True)
 
 
-def run_timings(report):
+def run_timings(report, versions=(5, 6, 7), batched=True):
+    """cuBLAS beside each of `versions`: single GEMMs and the MLP forward; batched: also the
+    symmetric X X^T and Newton–Schulz (whose versions map to GEMM versions 5-7)."""
     from cuda_kernels import mlp, newton_schulz
     import levels
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     dt = torch.bfloat16
-    versions = (5, 6, 7)
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dt)
@@ -258,6 +263,8 @@ def run_timings(report):
             _time_row(row, fns, 4 * M * K * H, "cublas")
             mlps.append(row)
     report["mlp_forward"] = mlps
+    if not batched:
+        return
 
     # the batched symmetric product X X^T (Newton–Schulz's gram; NS versions 2, 3, 4 = GEMM
     # versions 5, 6, 7) against torch.matmul(X, X.T); TFLOP/s of the full product
@@ -290,9 +297,11 @@ def run_timings(report):
     report["newton_schulz"] = ns_rows
 
 
-def main():
+def main(V=V, versions=(5, 6, 7), batched=True, shapes=None, doc=__doc__):
+    """The run; scripts/device_gemm8.py calls it for version 8 (no batched kernel of its own).
+    shapes: None (CHECK_SHAPES) or a function of the GPU's SM count giving the (M, N, K) list."""
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        raise SystemExit(__doc__)
+        raise SystemExit(doc)
     out = Path(sys.argv[1])
     check_only = "--check-only" in sys.argv[2:]
     from cuda_kernels import build, mlp, newton_schulz
@@ -306,17 +315,19 @@ def main():
     try:
         build.load()
         report["build_s"] = time.perf_counter() - t0
-        print(f"[gemm7] {report['gpu']}: built in {report['build_s']:.0f} s; checks", flush=True)
+        print(f"[gemm{V}] {report['gpu']}: built in {report['build_s']:.0f} s; checks", flush=True)
         t1 = time.perf_counter()
-        failures = run_checks(report)
+        check_shapes = CHECK_SHAPES if shapes is None else shapes(report["sms"])
+        report["check_shapes"] = check_shapes
+        failures = run_checks(report, V, check_shapes, batched)
         report["checks_s"] = time.perf_counter() - t1
         if not check_only:
             if failures:
-                print("[gemm7] version 7 FAILED checks: timings follow but are of a wrong kernel", flush=True)
-            print("[gemm7] timings (bf16, triton do_bench median; ratios: baseline time / version time)",
+                print(f"[gemm{V}] version {V} FAILED checks: timings follow but are of a wrong kernel", flush=True)
+            print(f"[gemm{V}] timings (bf16, triton do_bench median; ratios: baseline time / version time)",
                   flush=True)
             t2 = time.perf_counter()
-            run_timings(report)
+            run_timings(report, versions, batched)
             report["timings_s"] = time.perf_counter() - t2
     except BaseException as exc:  # the report is written whatever happened
         report["fatal"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
@@ -324,9 +335,9 @@ def main():
     finally:
         report["total_s"] = time.perf_counter() - t0
         out.write_text(json.dumps(report, indent=1, default=str))
-        print(f"[gemm7] wrote {out} ({report['total_s']:.0f} s)", flush=True)
+        print(f"[gemm{V}] wrote {out} ({report['total_s']:.0f} s)", flush=True)
     if report.get("check_failures"):
-        raise SystemExit(f"version 7 failed {len(report['check_failures'])} check(s): see {out}")
+        raise SystemExit(f"version {V} failed {len(report['check_failures'])} check(s): see {out}")
 
 
 if __name__ == "__main__":

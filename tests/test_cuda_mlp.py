@@ -91,18 +91,19 @@ def test_tensor_core_kernels_do_not_spill():
     assert any("gemm_v5_kernel" in n for n in names), names
     assert any("gemm_v6_kernel" in n for n in names) and any("gemm_v6_batched_kernel" in n for n in names), names
     assert any("gemm_v7_kernel" in n for n in names) and any("gemm_v7_batched_kernel" in n for n in names), names
+    assert sum("gemm_v8_kernel" in n for n in names) == 6, names  # 2 dtypes x (2 outputs + SwiGLU)
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
         assert k.get("stack_bytes", 0) == 0, k  # an array indexed at run time would live in local memory
         if "gemm_v4_kernel" in k.get("name", k["mangled"]) or "gemm_v5_kernel" in k.get("name", k["mangled"]):
             assert k["registers"] <= 255, k
-        if "gemm_v6" in k.get("name", k["mangled"]) or "gemm_v7" in k.get("name", k["mangled"]):
+        if any(v in k.get("name", k["mangled"]) for v in ("gemm_v6", "gemm_v7", "gemm_v8")):
             # 384 threads, one block per SM: the register cap at entry that setmaxnreg needs
             # (65536 / 384 rounded down to 8); the consumers then grow to 232, the producer to 40
             assert k["registers"] <= 168, k
-        if "gemm_v7" in k.get("name", k["mangled"]):
-            # version 7's stage count (v7_stages) sets aside 1 KB for the static barriers;
-            # more would push ring + slabs past 227 KB and the launch would fail on the GPU
+        if "gemm_v7" in k.get("name", k["mangled"]) or "gemm_v8" in k.get("name", k["mangled"]):
+            # version 7's stage count (v7_stages, version 8's too) sets aside 1 KB for the static
+            # barriers; more would push ring + slabs past 227 KB and the launch would fail on the GPU
             assert k["shared_bytes"] <= 1024, k
 
 
@@ -147,6 +148,22 @@ def test_version_5_uses_wgmma_on_sm90a():
     v7_entries = re.findall(r"\.entry (\w*gemm_v7\w*)\(", ptx)
     assert len(v7_entries) == 14, v7_entries
     assert re.search(r"bar\.sync %r\d+, 128;", ptx)
+    # version 8's: one tile shape (2 dtypes x 2 outputs + SwiGLU 2), each consumer issuing both
+    # 64-row halves of its tile: two wgmma per k16 slice, i.e. 8 per k-tile in its main loop
+    v8_entries = re.findall(r"\.entry (\w*gemm_v8\w*)\(", ptx)
+    assert len(v8_entries) == 6, v8_entries
+
+    def body(name):  # a kernel's PTX, to the next kernel or the end
+        text = ptx[ptx.index(".entry " + name + "("):]
+        return text[:text.find("// .globl", 1) % (len(text) + 1)]
+
+    # the ring's barrier inits as version 7's at 128x128 (6 stages), and the math order's two
+    v7_inits = {body(n).count("mbarrier.init.shared::cta.b64") for n in v7_entries if "Li128ELb0" in n}
+    assert len(v7_inits) == 1, v7_inits
+    (ring_inits,) = v7_inits
+    for name in v8_entries:
+        assert body(name).count("wgmma.mma_async") % 8 == 0 and "wgmma.mma_async" in body(name), name
+        assert body(name).count("mbarrier.init.shared::cta.b64") == ring_inits + 2, name
 
 
 # ------------------------------------------------------------------------------ GPU ---
@@ -267,6 +284,23 @@ def test_version_7_gives_version_6_bits_and_the_float64_answer(dtype, M, K, N):
     _same_bits(6, 7, dtype, M, K, N)
 
 
+# Version 8 (ping-pong) computes each output element with the same m64n128k16 MMAs over the
+# same k16 slices as version 6 (a 128x256 tile of version 6 is two n128 instructions per slice,
+# version 8's 128x128 tile one per 64-row half), the same fp32 staging and epilogue code:
+# version 6's bits, though its tiles are 128x128 where version 6 picks 128x256. Its own risks
+# are the two consumers on one ring and the math order, so on 128x128 tiles (SMs: 132 on an
+# H100 SXM): (4096, 328, 4096) 1024 tiles, ~8 per block, KT = 6 (the ring: 6);
+# (4096, 200, 2048) 512 tiles, ~4 per block, KT = 4 (consumers' stages cross each round);
+# (3000, 136, 2100) 408 tiles, 3 per block mostly (consumer 0 one more), M and N tails;
+# (2048, 1000, 1536) 192 tiles: 1 or 2 per block, KT = 16; (8192, 64, 4096) KT = 1, 2048
+# tiles; (300, 2049, 264) 9 tiles (consumer 1 idle everywhere), KT = 33 > the ring.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("M,K,N", V7_SHAPES, ids=lambda v: str(v))
+def test_version_8_gives_version_6_bits_and_the_float64_answer(dtype, M, K, N):
+    _same_bits(6, 8, dtype, M, K, N)
+
+
 def _same_bits(lo, hi, dtype, M, K, N):
     """Every epilogue (and the SwiGLU pair) of version `hi` equals version `lo`'s bit for bit,
     into memory that held NaN, and the product is within the dtype's bound of float64."""
@@ -333,7 +367,7 @@ def test_an_op_that_refuses_raises_cleanly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [3, 4, 5, 6, 7])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 7, 8])
 def test_int64_offsets(version):
     """A over 2**31 elements: rows past the 32-bit range must be the right rows."""
     M, K, N = (2 ** 31) // 512 + 300, 512, 8

@@ -36,7 +36,7 @@ def test_versions_are_the_gemm_ladder_and_the_variable_picks_one(monkeypatch):
     monkeypatch.setenv(K5.ENV_VERSION, "2")
     assert K5.ENV_VERSION == "LEVELS_CUDA_VERSION_SWIGLU_MLP" and K5.resolve_version() == 2
     assert K5.resolve_version(3) == 3
-    monkeypatch.setenv(K5.ENV_VERSION, "8")
+    monkeypatch.setenv(K5.ENV_VERSION, "9")
     with pytest.raises(ValueError, match=r"\$LEVELS_CUDA_VERSION_SWIGLU_MLP must be one of"):
         K5.resolve_version()
 
