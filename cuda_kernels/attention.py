@@ -75,8 +75,8 @@ Version 6 (wgmma) runs on sm_90 (H100, H200) only, with D in HOPPER_HEAD_DIMS an
 RoPE. Asked for by argument it raises where it cannot run: a ValueError naming the head size
 or RoPE (`supported`), a RuntimeError from the launcher (LEVELS_BAD_ARCH) on another GPU.
 Picked by $LEVELS_CUDA_VERSION_ATTENTION (version=None) it hands such a call to version 5,
-or to version 2 where 5 cannot run it either (`pick_version`). Measured: to be filled by the
-lead (scripts/device_attention6.py).
+or to version 2 where 5 cannot run it either (`pick_version`). Measured on the H100
+(reports/h100-attention6.json): see `default_version`.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else default_version
 (version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION).

@@ -83,7 +83,14 @@
 //              mainloop: short K shows it), consumer 1 idle where a block has one tile; no
 //              batched kernel (Newton-Schulz keeps version 7).
 //              Hang trap: -DLEVELS_GEMM8_TIMEOUT=n.
-//              Measured: (to be filled by the lead).
+//              Measured on the H100 (bf16, reports/h100-gemm8.json, cuBLAS and v5-v7 in the
+//              same run): every check passed on the first run, bitwise version 6's results;
+//              and no faster: 0.84-0.90x cuBLAS at 8192^3, 4096^3 and the MLP's large GEMMs
+//              (v6 0.85-0.95x in that run), 0.77x / 0.68x at M4096 1024->4096 / M1000
+//              768->3072 (v6 0.76x / 0.69x). The 128x128 tiles' extra operand traffic costs
+//              at long K what the overlap gains, and at short K the epilogue was not what held
+//              it back. The next rung is clusters with TMA multicast (the shared operand read
+//              once for two SMs) on 128x256 tiles.
 //
 // Every version ends in the same epilogue, applied to the fp32 accumulator before the
 // single store — that is where fusion is free. Versions 1 and 2 apply it per element from
@@ -1661,7 +1668,7 @@ gemm_v7_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
 // GEMM7 names).
 // Not here yet (the next rungs): clusters with TMA multicast, the epilogue's stores by TMA,
 // a batched ping-pong kernel.
-// Measured: (to be filled by the lead).
+// Measured: see the ladder at the top of the file (no faster than version 6 on the H100).
 
 constexpr int V8_THREADS = 384;  // consumer warpgroups 0 and 1 (a tile each), producer 2
 constexpr int V8_BN = 128;       // every tile 128 x 128

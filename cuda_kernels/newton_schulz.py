@@ -24,7 +24,9 @@ and its transpose), a tall G is read transposed through its strides. One call is
         (version 2 in the same run: 0.98x, 0.91x): the default on sm_90
     v4  version 2's plan on gemm.cu's version-7 GEMM (persistent blocks walking (matrix, tile)
         pairs, each tile's epilogue under the next tile's TMA loads; 128x128 tiles). sm_90
-        only; fp32 as v2. Measured: (to be filled by the lead from reports/h100-gemm7.json)
+        only; fp32 as v2. H100, bf16 (reports/h100-gemm7.json): 1.31x native at 4096^2,
+        1.16x at 4096x11008 (version 3 in the same run: 1.34x, 1.18x): the GEMM's persistent
+        grid bought nothing, so version 3 stays the default
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
 default_version(): HOPPER_VERSION (3) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
