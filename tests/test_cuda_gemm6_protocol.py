@@ -64,6 +64,36 @@ class MBarrier:
         return (self.completed & 1) != parity
 
 
+
+def tma(in_flight, reading, smem, full, rng):
+    """The Tensor Memory Accelerator: lands the copies in flight in any order, each into its
+    stage (`smem[s] = what`) and completing that stage's `full` barrier; a copy landing
+    where MMAs still read fails the model (shared with the version 7 and 8 models)."""
+    while True:
+        if in_flight:
+            s, what = in_flight.pop(rng.randrange(len(in_flight)))
+            assert reading[s] == 0, f"{what} landed in stage {s} under running MMAs"
+            smem[s] = what
+            full[s].complete_tx(1)
+        yield
+
+
+def schedule(actors, copier, rng, max_steps, case):
+    """Run the warps (generators: one step per next()) and the copier in a random
+    interleaving until every warp has finished; a run that does not finish is a deadlock."""
+    steps = 0
+    while actors:
+        steps += 1
+        assert steps < max_steps, f"deadlock ({case})"
+        i = rng.randrange(len(actors) + 1)
+        if i == len(actors):
+            next(copier)
+            continue
+        try:
+            next(actors[i])
+        except StopIteration:
+            actors.pop(i)
+
 def run(KT, STAGES, seed, producer_parity=lambda kt, S: (kt // S - 1) & 1, release_lag=1):
     """One interleaving; producer_parity (the producer's wait on `empty`) and release_lag (a
     consumer gives back the stage of k-tile kt - release_lag) are the kernel's unless a test
@@ -106,29 +136,9 @@ def run(KT, STAGES, seed, producer_parity=lambda kt, S: (kt // S - 1) & 1, relea
             assert smem[gs] == gk
             reading[gs] -= 1
 
-    def tma():
-        while True:
-            if in_flight:
-                s, kt = in_flight.pop(rng.randrange(len(in_flight)))
-                assert reading[s] == 0, f"k-tile {kt} landed in stage {s} under running MMAs"
-                smem[s] = kt
-                full[s].complete_tx(1)
-            yield
-
     actors = [producer()] + [consumer() for _ in range(CONSUMER_WARPS)]
-    copier = tma()
-    steps = 0
-    while actors:
-        steps += 1
-        assert steps < 200_000, f"deadlock (KT={KT}, STAGES={STAGES}, seed={seed})"
-        i = rng.randrange(len(actors) + 1)
-        if i == len(actors):
-            next(copier)
-            continue
-        try:
-            next(actors[i])
-        except StopIteration:
-            actors.pop(i)
+    schedule(actors, tma(in_flight, reading, smem, full, rng), rng, 200_000,
+             f"KT={KT}, STAGES={STAGES}, seed={seed}")
     assert not in_flight and all(r == 0 for r in reading)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cuda_gemm6_protocol import CONSUMER_WARPS, STAGE_PARTS, MBarrier
+from tests.test_cuda_gemm6_protocol import CONSUMER_WARPS, STAGE_PARTS, MBarrier, schedule, tma
 
 GEMM_CU = Path(__file__).resolve().parents[1] / "cuda_kernels" / "gemm.cu"
 
@@ -98,29 +98,9 @@ def run(tiles, KT, STAGES, seed, reset_per_tile=False, release_last=True):
             for _ in range(rng.randrange(4)):  # the epilogue: its own shared memory, any length
                 yield
 
-    def tma():
-        while True:
-            if in_flight:
-                s, what = in_flight.pop(rng.randrange(len(in_flight)))
-                assert reading[s] == 0, f"{what} landed in stage {s} under running MMAs"
-                smem[s] = what
-                full[s].complete_tx(1)
-            yield
-
     actors = [producer()] + [consumer() for _ in range(CONSUMER_WARPS)]
-    copier = tma()
-    steps = 0
-    while actors:
-        steps += 1
-        assert steps < 400_000, f"deadlock (tiles={tiles}, KT={KT}, STAGES={STAGES}, seed={seed})"
-        i = rng.randrange(len(actors) + 1)
-        if i == len(actors):
-            next(copier)
-            continue
-        try:
-            next(actors[i])
-        except StopIteration:
-            actors.pop(i)
+    schedule(actors, tma(in_flight, reading, smem, full, rng), rng, 400_000,
+             f"tiles={tiles}, KT={KT}, STAGES={STAGES}, seed={seed}")
     assert not in_flight and all(r == 0 for r in reading)
     if release_last:  # every stage use given back by every consumer warp, exactly once
         assert released == {(t, kt): CONSUMER_WARPS for t in range(tiles) for kt in range(KT)}

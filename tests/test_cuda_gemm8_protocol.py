@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cuda_gemm6_protocol import STAGE_PARTS, MBarrier
+from tests.test_cuda_gemm6_protocol import STAGE_PARTS, MBarrier, schedule, tma
 
 GEMM_CU = Path(__file__).resolve().parents[1] / "cuda_kernels" / "gemm.cu"
 WARPS = 4  # per consumer warpgroup
@@ -149,29 +149,9 @@ def run(tiles, KT, STAGES, seed, math_order=True, skip_other=True, empty_count=W
             for _ in range(rng.randrange(6)):  # the epilogue: its own slab and barrier, any length
                 yield
 
-    def tma():
-        while True:
-            if in_flight:
-                s, what = in_flight.pop(rng.randrange(len(in_flight)))
-                assert reading[s] == 0, f"{what} landed in stage {s} under running MMAs"
-                smem[s] = what
-                full[s].complete_tx(1)
-            yield
-
     actors = [producer()] + [consumer(wg) for wg in (0, 1) for _ in range(WARPS)]
-    copier = tma()
-    steps = 0
-    while actors:
-        steps += 1
-        assert steps < 400_000, f"deadlock (tiles={tiles}, KT={KT}, STAGES={STAGES}, seed={seed})"
-        a = rng.randrange(len(actors) + 1)
-        if a == len(actors):
-            next(copier)
-            continue
-        try:
-            next(actors[a])
-        except StopIteration:
-            actors.pop(a)
+    schedule(actors, tma(in_flight, reading, smem, full, rng), rng, 400_000,
+             f"tiles={tiles}, KT={KT}, STAGES={STAGES}, seed={seed}")
     assert not in_flight and all(r == 0 for r in reading)
     assert computed == {i: [i % 2] * WARPS for i in range(tiles)}, computed
     # every stage use given back by the 4 warps that read it, exactly once
