@@ -259,15 +259,16 @@ KERNELS = [layer_norm_fwd_kernel, layer_norm_bwd_kernel, sum_partials_kernel,
 # (8193-16384 columns: 0.05-0.45x copy, the chunked backward 0.57x), so it walks chunks
 # past 8192 columns. The forward holds fewer: its whole-row kernel still ran at 0.89-0.92x
 # at 32768 aligned columns where the chunked one ran at 0.66x (the second read of each row),
-# and spilled only at 65536 (0.55x; chunked 0.68x, with 4096- or 16384-column chunks alike:
-# 4096 it is, where ptxas finds no spill); an unaligned row's 32768-wide tile ran at
-# 0.12-0.30x (16385 columns), so those go by chunks past 16384.
+# and spilled only at 65536 (0.55x; chunked 0.60x in 4096-column chunks, 0.68x in 16384-column
+# ones, which ptxas says spill 68 bytes at 16 warps: the longer loop body still won); an
+# unaligned row's 32768-wide tile ran at 0.12-0.30x (16385 columns), so those go by chunks
+# past 16384.
 WIDE = 256 if INTERPRETED else 8192
 CHUNK = 64 if INTERPRETED else 4096
 FWD_WIDE = WIDE if INTERPRETED else 32768
 FWD_WIDE_UNALIGNED = WIDE if INTERPRETED else 16384
-FWD_CHUNK = CHUNK
-WIDE_WARPS = 4 if INTERPRETED else 16  # 59-86 registers a thread, no spills (ptxas, sm_90)
+FWD_CHUNK = CHUNK if INTERPRETED else 16384
+WIDE_WARPS = 4 if INTERPRETED else 16  # 80-128 registers a thread (ptxas, sm_90)
 
 
 def uses_tf32(device, dtype) -> bool:
