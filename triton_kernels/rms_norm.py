@@ -29,7 +29,7 @@ import triton.language as tl
 
 from . import layer_norm
 from .launch import apply_ahead, cdiv, fast_launch, needs_grad
-from .layer_norm import (INTERPRETED, _aligned, _backward_tiling, _n_programs, _rows, _tiling,
+from .layer_norm import (INTERPRETED, _backward_tiling, _n_programs, _rows, _tiling,
                          sum_partials_kernel)
 
 
@@ -116,7 +116,8 @@ def _forward(x, weight, eps, save: bool, tiling=None):
     rstd = x.new_empty((M,), dtype=torch.float32) if save else y
     if M == 0:
         return y, x2, rstd  # no rows: nothing to launch (an empty y, as F.rms_norm's)
-    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling, _aligned(x2, x2.stride(0)))
+    # (aligned=True: layer_norm's unaligned-row rule was measured for layer_norm only)
+    BLOCK_M, BLOCK_N, num_warps = _tiling(N, tiling)
     rms_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
         x2, weight, y, rstd, M, N, x2.stride(0), N, eps,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STATS=save, num_warps=num_warps)
