@@ -75,10 +75,13 @@ def default_version(x=None) -> int:
     its backward (16384: 0.66 against 0.30)."""
     if x is None:
         return DEFAULT_VERSION
-    N, vec = x.shape[-1], 16 // x.element_size()
+    N = x.shape[-1]
+    if not 256 <= N <= 8192:  # decided by the width alone: no pointer or stride to read
+        return 4
+    vec = 16 // x.element_size()
     rows_aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (
         x.dim() == 1 or x.is_contiguous() or x.stride(-2) % vec == 0)
-    return DEFAULT_VERSION if rows_aligned and 256 <= N <= 8192 else 4
+    return DEFAULT_VERSION if rows_aligned else 4
 
 
 def resolve_version(version=None, x=None) -> int:

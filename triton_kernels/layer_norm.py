@@ -359,7 +359,8 @@ def _forward(x, weight, bias, eps, save: bool, tiling=None):
     stats = x.new_empty((2, M), dtype=torch.float32) if save else y
     if M == 0:
         return y, x2, stats  # no rows: nothing to launch (a grid of 0 programs is an error)
-    aligned = _aligned(x2, stride_xm)
+    # only rows of more than 4096 columns have tiles that depend on it: no work for the rest
+    aligned = N <= 4096 or _aligned(x2, stride_xm)
     if tiling is None and (N > FWD_WIDE or (N > FWD_WIDE_UNALIGNED and not aligned)):
         layer_norm_fwd_wide_kernel[(M,)](x2, weight, bias, y, stats, M, N, stride_xm, N, eps,
                                          CHUNK=FWD_CHUNK, STATS=save, num_warps=WIDE_WARPS)
