@@ -1045,23 +1045,39 @@ __global__ void chunks_finalize_kernel(const float* __restrict__ part, int64_t c
 }
 
 // Train backward: the gradient of the convolution's output,
-//   dy = gamma * invstd * (dOut - mean_p(dOut) - xhat * mean_p(dOut * xhat)).
+//   dy = gamma * invstd * (dOut - mean_p(dOut) - xhat * mean_p(dOut * xhat)),
+// written in T for the convolution's backward, and its per-chunk column sums taken in fp32
+// *before* that rounding (part, (chunks, C)): they are the conv bias's gradient, which is exactly
+// zero in training. Summed from the rounded dy it would be P roundings of 2^-8 relative each,
+// a random walk that grows with P and 1/sigma(y) (the stem measured 0.04 of the gradient's
+// scale in bf16); summed here it cancels to fp32 rounding. The tile walks the rows of a chunk
+// like bn_bwd_partial_kernel's: 32 neighbouring channels per warp, coalesced.
 template <typename T>
 __global__ void bn_bwd_apply_kernel(const T* __restrict__ dout, const float* __restrict__ y,
                                     const float* __restrict__ mean, const float* __restrict__ invstd,
                                     const T* __restrict__ gamma, const float* __restrict__ sums,
-                                    int64_t P, int64_t C, T* __restrict__ dy) {
-  const int64_t total = P * C, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+                                    int64_t P, int64_t C, int64_t rows_per_chunk,
+                                    T* __restrict__ dy, float* __restrict__ part) {  // (chunks, C)
+  __shared__ float buf[RED_R][RED_C + 1];
+  const int64_t chunk = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * RED_C + threadIdx.x;
+  const int64_t first = chunk * rows_per_chunk, last = min(P, first + rows_per_chunk);
   const float inv_p = 1.0f / static_cast<float>(P);
-  // ### BEGIN SOLUTION
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
-    const int64_t c = e % C;
-    const float is = invstd[c];
-    const float xhat = (y[e] - mean[c]) * is;
-    const float g = to_f32(dout[e]) - sums[c] * inv_p - xhat * sums[C + c] * inv_p;
-    dy[e] = from_f32<T>(to_f32(gamma[c]) * is * g);
+  float s = 0.0f;
+  if (c < C) {
+    // ### BEGIN SOLUTION
+    const float mu = mean[c], is = invstd[c], k = to_f32(gamma[c]) * is;
+    const float mean_dy = sums[c] * inv_p, mean_dyx = sums[C + c] * inv_p;
+    for (int64_t r = first + threadIdx.y; r < last; r += RED_R) {
+      const int64_t e = r * C + c;
+      const float xhat = (y[e] - mu) * is;
+      const float d = k * (to_f32(dout[e]) - mean_dy - xhat * mean_dyx);
+      dy[e] = from_f32<T>(d);
+      s += d;
+    }
+    // ### END SOLUTION
   }
-  // ### END SOLUTION
+  s = column_lanes_sum(s, buf);
+  if (threadIdx.y == 0 && c < C) part[chunk * C + c] = s;
 }
 
 // Block o adds the wgrad splits of channel o: G[o, k] = sum_s part[s, o, k].
@@ -1128,12 +1144,25 @@ static int64_t wgrad_splits(int64_t P) {
   return levels_cdiv(P, per);
 }
 
-static bool tensor_cores_available() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  return major >= 8;  // bf16 WMMA and cp.async
+// The current device's compute capability as 10 * major + minor (0 if the driver cannot say),
+// cached per device: the driver queries were host time every call paid for nothing (two first
+// calls racing write the same value, harmlessly).
+static int device_capability() {
+  constexpr int MAX_DEVICES = 64;
+  static int cached[MAX_DEVICES] = {};  // 0: not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  const bool cacheable = dev >= 0 && dev < MAX_DEVICES;
+  if (cacheable && cached[dev] != 0) return cached[dev];
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return 0;
+  if (cacheable) cached[dev] = 10 * major + minor;
+  return 10 * major + minor;
 }
+
+static bool tensor_cores_available() { return device_capability() >= 80; }  // bf16 WMMA and cp.async
 
 // Whether the tensor-core kernels run: 16-bit inputs on sm_80+, at sizes their 32-bit spatial
 // indices hold (offsets stay 64-bit). Elsewhere versions 3 and 4 run version 2's kernels.
@@ -1153,13 +1182,7 @@ static bool tensor_core_path(int version, const Geom& g) {
 // WMMA. Its rule: both operands K-major (contiguous along the reduction) with rows 16 bytes
 // apart a whole number of times and 16-byte aligned starts; where a layout breaks it, the
 // implicit-GEMM kernels run instead.
-static int gemm_version() {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return (major == 9 && minor == 0) ? 6 : 4;
-}
+static int gemm_version() { return device_capability() == 90 ? 6 : 4; }
 
 template <typename T> constexpr int dtype_code() { return std::is_same<T, __half>::value ? LEVELS_F16 : LEVELS_BF16; }
 
@@ -1446,10 +1469,12 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
       dout, y, mean, invstd, g.P, C, rows, chunks, ws.bn_part);
   chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
       ws.bn_part, chunks, C, 2, ws.sums, dbeta, dgamma);
-  bn_bwd_apply_kernel<T><<<elementwise_blocks(g.P * C), 256, 0, stream>>>(
-      dout, y, mean, invstd, gamma, ws.sums, g.P, C, dyc);
-  // Mathematically 0 (the batch mean absorbs the conv bias): computed, not assumed.
-  column_sum<T>(dyc, g.P, C, ws.col_part, ws.sum, dbias, stream);
+  // dbias is mathematically 0 (the batch mean absorbs the conv bias): computed, not assumed,
+  // from the fp32 dy the apply kernel sums per chunk before rounding it.
+  bn_bwd_apply_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
+      dout, y, mean, invstd, gamma, ws.sums, g.P, C, rows, dyc, ws.col_part);
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+      ws.col_part, chunks, C, 1, ws.sum, dbias, static_cast<T*>(nullptr));
   const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
