@@ -25,8 +25,9 @@ v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s 
 1.12x); backward 2.64 TB/s fp32 (0.89x copy, 1.05x compile), 2.11 TB/s bf16 (0.73x, 1.05x).
 v1 is 10-40x slower than v3, v2 2-3x.
 
-Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else default_version(x)
-(version 3 for aligned rows of 256-8192 columns, version 4 elsewhere).
+Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else the measured rule
+(version 3 for aligned rows of 256-8192 columns, version 4 elsewhere), which the op applies in
+C++ where x's address is known (Python reading data_ptr() would break torch.compile's trace).
 """
 
 from __future__ import annotations
@@ -63,20 +64,19 @@ def uses_tf32(device, dtype) -> bool:
     return False  # no dot products: fp32 math throughout
 
 
+RULE = 0  # the ops' version 0: the measured rule below, applied in C++ at the launch
+
+
 def default_version(x=None) -> int:
     """The version a call runs when nobody chose one: version 3 for rows of 256 to 8192
-    columns that load as 16-byte vectors, version 4 for every other width and alignment.
-    Measured on the H100 (bf16, fraction of copy bandwidth forward / backward,
-    reports/h100-sweep-layer-norm.json, both versions in one run): where version 3 takes its
-    fast path it is as fast or faster (8192 columns 1.13 / 0.78 against 0.41 / 0.81,
-    768: 0.99 / 0.81 against 0.80 / 0.79); everywhere else it falls to a loop that re-reads
-    the row and version 4 wins: 1023 columns 0.88 / 0.86 against 0.29 / 0.41, 64 columns
-    0.92 / 0.73 against 0.32 / 0.27, 4097: 0.52 / 0.64 against 0.36 / 0.28, and past 8192
-    its backward (16384: 0.66 against 0.30)."""
+    columns that load as 16-byte vectors, version 4 for every other width and alignment
+    (measured: layer_norm_plan.h ln_default_version has the figures). The ops apply the rule
+    themselves (version 0), where x's address is known: this is its mirror for the bench and
+    the tests, which check that both agree (tests/test_cuda_layer_norm.py)."""
     if x is None:
         return DEFAULT_VERSION
     N = x.shape[-1]
-    if not 256 <= N <= 8192:  # decided by the width alone: no pointer or stride to read
+    if not 256 <= N <= 8192:  # decided by the width alone
         return 4
     vec = 16 // x.element_size()
     rows_aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (
@@ -84,10 +84,10 @@ def default_version(x=None) -> int:
     return DEFAULT_VERSION if rows_aligned else 4
 
 
-def resolve_version(version=None, x=None) -> int:
-    """version=None: $LEVELS_CUDA_VERSION_LAYER_NORM if set, else default_version(x)
-    (cuda_kernels/versions.py)."""
-    return versions.resolve("layer_norm", VERSIONS, default_version(x), version)
+def resolve_version(version=None) -> int:
+    """version=None: $LEVELS_CUDA_VERSION_LAYER_NORM if set, else RULE (0), which the ops
+    resolve per call to default_version's choice (cuda_kernels/versions.py)."""
+    return versions.resolve("layer_norm", VERSIONS, RULE, version)
 
 
 # ------------------------------------------------------------------------ registration --
@@ -124,4 +124,4 @@ def layer_norm(x, weight, bias, eps=1e-5, version=None, path=0):
         from . import build
         build.load()  # a direct call (benches, tests): build on first use
     return torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),
-                                                    resolve_version(version, x), int(path))
+                                                    resolve_version(version), int(path))

@@ -6,9 +6,13 @@
 // hands over x as an (M, N) view with adjacent columns and weight/bias contiguous):
 //   layer_norm_fwd(x, weight, bias, eps, version, path=0) -> (y, mean, rstd)
 //   layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0) -> (dx, dweight, dbias)
+// version: 1-4, or 0 for the measured rule (version 3 or 4 by x's width and alignment,
+// layer_norm_plan.h ln_default_version), resolved here where x's address is known.
 // path: 0 lets version 4's rule choose its kernel; 1-7 force one (layer_norm_plan.h), for
 // the tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.
 
+extern "C" int levels_layer_norm_default_version(int dtype, const void* x, int64_t M, int64_t N,
+                                                 int64_t stride_x);
 extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const void* x,
                                      const void* weight, const void* bias, void* y, float* mean,
                                      float* rstd, int64_t M, int64_t N, int64_t stride_x,
@@ -22,6 +26,13 @@ extern "C" int levels_layer_norm_bwd(int dtype, int version, int force, const vo
                                      int64_t stride_dy, int64_t stride_x, cudaStream_t stream);
 
 namespace levels_cuda_layer_norm {
+
+// version 0: the rule's choice for this x (the forward and the backward see the same x).
+static int64_t resolved(int64_t version, const at::Tensor& x) {
+  if (version != 0) return version;
+  return levels_layer_norm_default_version(levels_cuda::dtype_code(x), x.data_ptr(), x.size(0),
+                                           x.size(1), x.stride(0));
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& bias, double eps,
@@ -37,6 +48,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const at::Tensor& x, const at
   at::Tensor mean = at::empty({M}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({M}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return {y, mean, rstd};
+  version = resolved(version, x);
   const int status = levels_layer_norm_fwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), static_cast<int>(path),
       levels_cuda::in(x),
@@ -73,6 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dy, const a
     return {dx, dweight, dbias};
   }
   const int dtype = levels_cuda::dtype_code(x);
+  version = resolved(version, x);
   const int64_t P = levels_layer_norm_bwd_partials(dtype, static_cast<int>(version),
                                                    static_cast<int>(path), M, N);
   if (P < 0) levels_cuda::check(static_cast<int>(P), "layer_norm_bwd", version);

@@ -83,8 +83,12 @@ def _version(op, version, known) -> None:
 
 
 # layer_norm.cu: x (M, N) with adjacent columns (any row stride); mean, rstd fp32 per row.
+# Version 0 (RULE): the binding picks the version for x; both compute the same function here.
+LN_VERSIONS = {k_layer_norm.RULE: "the measured rule", **k_layer_norm.VERSIONS}
+
+
 def layer_norm_fwd(x, weight, bias, eps, version, path=0):
-    _version("layer_norm_fwd", version, k_layer_norm.VERSIONS)
+    _version("layer_norm_fwd", version, LN_VERSIONS)
     _refuse(path == 0 or path in k_layer_norm.PATHS.get(version, {}), "layer_norm_fwd",
             f"version {version} has no path {path}")
     _refuse(x.size(1) == 1 or x.stride(1) == 1, "layer_norm_fwd", "'x': adjacent columns")
@@ -99,7 +103,7 @@ def layer_norm_fwd(x, weight, bias, eps, version, path=0):
 
 def layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0):
     op, (M, N) = "layer_norm_bwd", x.shape
-    _version(op, version, k_layer_norm.VERSIONS)
+    _version(op, version, LN_VERSIONS)
     _refuse(path == 0 or path in k_layer_norm.PATHS.get(version, {}), op,
             f"version {version} has no path {path}")
     _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,

@@ -486,16 +486,56 @@ def test_version4_every_path(path, N, layout, dtype, plan):
 
 def test_default_version_is_3_for_aligned_rows_of_256_to_8192_columns_else_4(monkeypatch):
     # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweep (version 3
-    # where its fast path runs, version 4 where version 3 falls to its loop); the environment
-    # still overrides it.
+    # where its fast path runs, version 4 where version 3 falls to its loop). A call that names
+    # no version hands the op version 0, which applies the rule in C++ (checked against this
+    # mirror below); the environment still overrides it.
     monkeypatch.delenv("LEVELS_CUDA_VERSION_LAYER_NORM", raising=False)
     for N, dtype, want in [(768, torch.bfloat16, 3), (4096, torch.float32, 3), (8192, torch.bfloat16, 3),
                            (64, torch.bfloat16, 4), (1023, torch.bfloat16, 4), (1023, torch.float32, 4),
                            (4097, torch.bfloat16, 4), (16384, torch.bfloat16, 4), (65536, torch.float32, 4)]:
         x = torch.empty(3, N, dtype=dtype)
-        assert ln.default_version(x) == ln.resolve_version(None, x) == want, (N, dtype)
+        assert ln.default_version(x) == want, (N, dtype)
     wide = torch.empty(3, 4104, dtype=torch.bfloat16)
     assert ln.default_version(wide[:, 1:4097]) == 4  # a slice one element in: unaligned rows
     assert ln.default_version(wide[:, 8:4104]) == 3  # 16 bytes in, row stride 4104: aligned
+    assert ln.resolve_version() == ln.RULE == 0
     monkeypatch.setenv("LEVELS_CUDA_VERSION_LAYER_NORM", "2")
-    assert ln.resolve_version(None, torch.empty(3, 1023)) == 2
+    assert ln.resolve_version() == 2
+
+
+_RULE_SHIM = r"""
+#include "layer_norm_plan.h"
+extern "C" int rule(unsigned long long x, long long M, long long N, long long stride, int elem) {
+  using namespace levels_layer_norm;
+  return ln_default_version(N, ln_rows_aligned(x, M, N, stride, elem));
+}
+"""
+
+
+def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
+    # The op applies layer_norm_plan.h's rule to the (M, N) row view it is handed (the address
+    # of its first element and its row stride); default_version reads the same off the tensor.
+    # Both must agree on every width, dtype and alignment, or the bench would time one version
+    # and call it the other.
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
+    (tmp_path / "shim.cpp").write_text(_RULE_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
+                    str(tmp_path / "shim.cpp"), "-o", str(tmp_path / "rule.so")], check=True,
+                   timeout=120)
+    rule = ctypes.CDLL(str(tmp_path / "rule.so")).rule
+    rule.argtypes = [ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
+                     ctypes.c_int]
+    seen = set()
+    for dtype in (torch.float32, torch.bfloat16):
+        base = torch.empty(5, 8200 + 8, dtype=dtype)
+        for N in (64, 255, 256, 768, 1000, 1023, 4096, 4097, 8192, 8200):
+            for start in (0, 1, 4, 8):
+                for view in (base[:, start:start + N], base.view(-1)[start:start + 5 * N].view(5, N),
+                             base[:1, start:start + N]):
+                    want = ln.default_version(view)
+                    got = rule(view.data_ptr(), view.shape[0], N, view.stride(0), view.element_size())
+                    assert got == want, (dtype, N, start, view.stride())
+                    seen.add(want)
+    assert seen == {3, 4}
