@@ -38,9 +38,12 @@ VERSIONS = {
        "pixels) on the tensor cores, 1x1 stride-1 convs through gemm.cu's GEMM (wgmma on "
        "sm_90); fp32 inputs run version 2",
 }
-# Version 4 is the default: on the H100 its training step (forward + backward) ran at
-# 0.90-1.19x cuDNN + BatchNorm at six ResNet-50 shapes where version 3 ran at 0.12-0.45x
-# (reports/h100-conv-bn5.json, scripts/device_conv_bn5.py).
+# Version 4 is the default: on the H100 its training step (forward + backward) runs 4-13x
+# faster than version 3's at the ResNet-50 shapes, 0.31-1.09x cuDNN + BatchNorm
+# (reports/h100-conv-bn-bias.json, scripts/device_conv_bn5.py: 1x1 1.08-1.09x, 3x3 0.32-0.80x,
+# the stem 0.31x). An earlier run's 0.90-1.19x (reports/h100-conv-bn5.json) compared against
+# cuDNN timings 1.3-3x slower and widely spread (layer4-3x3 0.51 ms, p20-p80 0.31-0.67):
+# version 4's own times agree between the runs to 2%.
 DEFAULT_VERSION = 4
 TENSOR_CORE_VERSIONS = (3, 4)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"

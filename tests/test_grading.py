@@ -465,20 +465,20 @@ CUDA_CHEATS = {
     # the real ops run (forward and backward) as a decoy, the value comes from Level 1
     "another level": (
         ("    y = torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
-         "                                                 resolve_version(version, x), int(path))\n"
+         "                                                 resolve_version(version), int(path))\n"
          "    import levels\n"
          "    return y + (levels.get('native').layer_norm(x, weight, bias, eps) - y).detach()\n"),
         "another level's code ran inside your forward (levels/native.py:layer_norm"),
     # the same decoy, the value from torch's fused layer_norm
     "F.layer_norm": (
         ("    y = torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
-         "                                                 resolve_version(version, x), int(path))\n"
+         "                                                 resolve_version(version), int(path))\n"
          "    ref = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n"
          "    return y + (ref - y).detach()\n"),
         "PyTorch computed the component for you in the forward (ATen native_layer_norm)"),
 }
 CUDA_ANSWER = ("    return torch.ops.levels_cuda.layer_norm.default(x, weight, bias, float(eps),\n"
-               "                                                    resolve_version(version, x), int(path))")
+               "                                                    resolve_version(version), int(path))")
 
 
 @pytest.mark.gpu
