@@ -19,7 +19,9 @@ something bigger is written through that view and nowhere else.
 The version ladder (LEVELS_CUDA_VERSION_CONV_BN or version=) picks the kernels: versions 1-3
 differ in the forward convolution and share version 2's tiled backward (dgrad, wgrad);
 version 4 keeps version 3's forward and runs the backward on the tensor cores too, and 1x1
-stride-1 convolutions through gemm.cu's GEMM (the top of conv_bn.cu says how and why).
+stride-1 convolutions through gemm.cu's GEMM; version 5 keeps version 4's backward and gives the
+forward mma.sync tiles fitted to the problem, split-K where even the smallest leaves SMs idle
+(the top of conv_bn.cu says how and why; $LEVELS_CONV_BN_V5_PLAN pins its plan for tests).
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ VERSIONS = {
     4: "version 3 plus dgrad (one implicit GEMM per stride phase) and wgrad (split over "
        "pixels) on the tensor cores, 1x1 stride-1 convs through gemm.cu's GEMM (wgmma on "
        "sm_90); fp32 inputs run version 2",
+    5: "version 4 with the forward on mma.sync m16n8k16 + ldmatrix (swizzled tiles, cp.async "
+       "pipeline) in a 128x128, 128x64 or 64x64 block tile chosen from the problem size "
+       "(conv_bn_plan.h), K split into slices whose fp32 partials a finish kernel adds when "
+       "even 64x64 leaves SMs idle; costs 12 more kernels to build and, when split, "
+       "splits x P x C_out fp32 partials of traffic; backward and fp32 as version 4",
 }
 # Version 4 is the default: on the H100 its training step (forward + backward) ran at
 # 0.90-1.19x cuDNN + BatchNorm at six ResNet-50 shapes where version 3 ran at 0.12-0.45x
 # (reports/h100-conv-bn5.json, scripts/device_conv_bn5.py).
 DEFAULT_VERSION = 4
-TENSOR_CORE_VERSIONS = (3, 4)  # what `levels bench` times in training mode
+TENSOR_CORE_VERSIONS = (3, 4, 5)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
 
 OPS = ("conv_bn_eval_fwd", "conv_bn_train_fwd", "conv_bn_eval_bwd", "conv_bn_train_bwd")
