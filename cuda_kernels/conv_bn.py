@@ -26,6 +26,8 @@ forward mma.sync tiles fitted to the problem, split-K where even the smallest le
 
 from __future__ import annotations
 
+import os
+import re
 
 import torch
 
@@ -51,6 +53,21 @@ VERSIONS = {
 DEFAULT_VERSION = 4
 TENSOR_CORE_VERSIONS = (3, 4, 5)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
+
+# Version 5's plan pinned for tests and sweeps (conv_bn.cu's v5_forced reads it at every call):
+# "TILE" or "TILE,SPLITS", TILE one of conv_bn_plan.h's tiles (0 128x128, 1 128x64, 2 64x64;
+# -1: the rule's) and SPLITS K slices (0: the rule's; clamped to the k-tiles).
+PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
+_PLAN_FORMAT = re.compile(r"(-1|[0-2])(,\d{1,4})?")
+
+
+def check_plan_env() -> None:
+    """A clear error for a $LEVELS_CONV_BN_V5_PLAN the kernels would refuse (version 5 only)."""
+    raw = os.environ.get(PLAN_ENV)
+    if raw and not (_PLAN_FORMAT.fullmatch(raw.strip()) and int(raw.strip().partition(",")[2] or 0) <= 1024):
+        raise ValueError(f"conv_bn: ${PLAN_ENV} must be 'TILE' or 'TILE,SPLITS' with TILE in -1..2 "
+                         f"(conv_bn_plan.h's tiles) and SPLITS in 0..1024; got {raw!r}")
+
 
 OPS = ("conv_bn_eval_fwd", "conv_bn_train_fwd", "conv_bn_eval_bwd", "conv_bn_train_bwd")
 
@@ -151,7 +168,9 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"conv_bn: argument 'x' must be float16, bfloat16 or float32 for the CUDA "
                         f"kernels; got {x.dtype}")
+    version = resolve_version(version)
+    if version == 5:
+        check_plan_env()
     return _ops().conv_bn.default(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                   running_var, [int(s) for s in stride], [int(p) for p in padding],
-                                  float(eps), float(momentum), bool(training),
-                                  resolve_version(version))
+                                  float(eps), float(momentum), bool(training), version)
