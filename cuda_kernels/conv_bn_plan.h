@@ -16,12 +16,22 @@
 // blocks fill at least 90% of its slots (a whole wave: once the GPU is full, the biggest tile
 // is the cheapest). No 64x128: it makes as many blocks as 128x64 (cdiv(P, 64) cdiv(C_out, 128)
 // against cdiv(P, 128) cdiv(C_out, 64)), so it would fill the GPU exactly when 128x64 does,
-// and it would be 4 more kernels to build. When even 64 x 64 does not (7x7 layers: P = 1568), the reduction K is
-// cut into `splits` slices, each block one (tile, slice) pair writing an fp32 partial; a
-// small finish kernel adds the slices in order (deterministic, no atomics) and applies the
-// bias. splits = the fewest that fill the slots, but every slice keeps at least
-// CB_MIN_SLICE_TILES k-tiles (the pipeline's fill and the partial's write amortized) and at
-// most CB_MAX_SPLITS slices (the partials are splits x P x C_out floats of traffic).
+// and it would be 4 more kernels to build.
+// When even 64 x 64 does not (7x7 layers: P = 1568), the reduction K can be cut into `splits`
+// slices, each block one (tile, slice) pair writing an fp32 partial; a small finish kernel
+// adds the slices in order (deterministic, no atomics) and applies the bias. How many: the s
+// with the least estimated time of the busiest SM (cb_split_cost), which weighs three things:
+//   * the busiest SM gets U = ceil(blocks * s / sms) units of ceil(k_tiles / s) k-tiles and
+//     runs them blocks_per_sm at a time; an SM with fewer blocks resident runs below its rate
+//     (CB_SM_RATE_PCT: one 4-warp block cannot hide ldmatrix and copy latencies alone), so
+//     finer units help where blocks are few per SM...
+//   * ...but a remainder costs: ResNet's 7x7 layer's 200 blocks in 2 slices are 400 units for
+//     132 SMs x 3, and 4 SMs run a fourth unit alone after the rest ("fill the slots", s =
+//     slots / blocks rounded up, is what not to do);
+//   * each slice's fp32 partial is written and read back (CB_OUTPUTS_PER_KTILE converts).
+// Ties go to fewer slices; every slice keeps at least CB_MIN_SLICE_TILES k-tiles (the
+// pipeline's fill amortized), and there are at most CB_MAX_SPLITS. The rates are estimates
+// for the H100; scripts/device_conv_bn6.py's sweep times the plans they choose between.
 #pragma once
 
 #include <cstdint>
@@ -53,8 +63,28 @@ constexpr CbTileShape cb_tile_shape(int tile) {
 constexpr int CB_BK = 64;               // k per pipeline stage: 64 16-bit values = 128 bytes
 constexpr int CB_MIN_SLICE_TILES = 8;   // k-tiles per K slice at least (512 of K)
 constexpr int CB_MAX_SPLITS = 8;
+// Outputs whose fp32 partial (4 bytes written, 4 read by the finish) take as long to move as an
+// SM takes for one k-tile of 3 resident 64x64 blocks (3 x 64 x 64 x 64 x 2 flops, ~0.56 us at
+// ~2.8 TFLOP/s an SM: about 60% of mma.sync's rate): 8 bytes each at ~3 TB/s.
+constexpr int64_t CB_OUTPUTS_PER_KTILE = 210000;
+// An SM's rate with b = 1, 2, 3 blocks of 4 warps resident, in % of its rate with 3.
+constexpr int CB_SM_RATE_PCT[4] = {0, 50, 85, 100};
 
 inline int64_t cb_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The estimated time of the busiest SM for `units` (tile, slice) units of k k-tiles each over
+// `sms` SMs, bps at a time, plus the partials of `splits` slices of P x C_out; in hundredths of
+// the time an SM takes for one k-tile of bps resident blocks.
+inline int64_t cb_split_cost(int64_t units, int64_t sms, int bps, int64_t k, int64_t splits,
+                             int64_t P, int64_t C_out) {
+  const int64_t U = cb_cdiv(units, sms), full = U / bps, rem = U % bps;
+  int64_t t = full * k * 100;  // whole batches of bps blocks: k k-tiles at the full rate
+  if (rem > 0) {
+    const int rate = bps <= 3 ? CB_SM_RATE_PCT[rem] : 100;
+    t += k * rem * 10000 / (bps * rate);  // rem blocks alone: rem/bps of the work at rate%
+  }
+  return t + (splits - 1) * P * C_out * 100 / CB_OUTPUTS_PER_KTILE;
+}
 
 struct CbPlan {
   int tile;          // CbTile
@@ -89,12 +119,18 @@ inline CbPlan cb_plan(int64_t P, int64_t C_out, int64_t K, int sms, int force_ti
   int64_t splits = 1;
   if (force_splits > 0) {
     splits = force_splits;
-  } else if (!chosen && plan.blocks > 0) {  // even 64 x 64 leaves slots empty: split K
-    const int64_t slots = static_cast<int64_t>(sms) * s.blocks_per_sm;
-    splits = cb_cdiv(slots, plan.blocks);
-    const int64_t most = k_tiles / CB_MIN_SLICE_TILES;
-    if (splits > most) splits = most;
-    if (splits > CB_MAX_SPLITS) splits = CB_MAX_SPLITS;
+  } else if (!chosen && plan.blocks > 0 && sms > 0) {  // even 64 x 64 leaves slots empty
+    int64_t most = k_tiles / CB_MIN_SLICE_TILES;
+    if (most > CB_MAX_SPLITS) most = CB_MAX_SPLITS;
+    int64_t best = 0;
+    for (int64_t sp = 1; sp <= (most > 1 ? most : 1); ++sp) {
+      const int64_t per = cb_cdiv(k_tiles, sp), slices = cb_cdiv(k_tiles, per);
+      const int64_t cost = cb_split_cost(plan.blocks * slices, sms, s.blocks_per_sm, per, slices, P, C_out);
+      if (sp == 1 || cost < best) {
+        best = cost;
+        splits = sp;
+      }
+    }
   }
   if (splits > k_tiles) splits = k_tiles;
   if (splits < 1) splits = 1;

@@ -40,7 +40,7 @@ import device_conv_bn5 as base  # noqa: E402  (the sys.path entry above)
 
 NEW, OLD = 5, 4
 PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
-SWEEP_PLANS = ("0", "1", "2", "2,2", "2,4")  # conv_bn_plan.h: 0 128x128, 1 128x64, 2 64x64
+SWEEP_PLANS = ("0", "1", "2", "2,2", "2,3", "2,4", "2,6")  # 0 128x128, 1 128x64, 2 64x64 (unsplit)
 
 
 def run_checks(shapes, report):

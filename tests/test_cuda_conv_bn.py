@@ -455,8 +455,12 @@ def _pck(N, H, W, C_in, C_out, k, stride, padding):
     (_pck(32, 56, 56, 128, 128, 3, 2, 1), dict(tile=T128x64, splits=1, blocks=392)),
     # layer3 3x3 256 -> 256 at 14x14: 98 / 196 blocks leave SMs idle, 392 of 64x64 do not
     (_pck(32, 14, 14, 256, 256, 3, 1, 1), dict(tile=T64x64, splits=1, blocks=392)),
-    # layer4 3x3 512 -> 512 at 7x7: 200 blocks of 64x64; K = 4608 (72 k-tiles) in 2 slices
-    (_pck(32, 7, 7, 512, 512, 3, 1, 1), dict(tile=T64x64, splits=2, tiles_per_split=36, blocks=200)),
+    # layer4 3x3 512 -> 512 at 7x7: 200 blocks of 64x64 (2 on most SMs); K = 4608 (72 k-tiles)
+    # in 3 slices of 24: 600 units, 5 on the busiest SM (3 + 2). Not 2 slices: 400 units for
+    # 396 slots leave 4 SMs a fourth unit to run alone
+    (_pck(32, 7, 7, 512, 512, 3, 1, 1), dict(tile=T64x64, splits=3, tiles_per_split=24, blocks=200)),
+    # the same at half the channels: 100 blocks leave 32 SMs idle; 3 slices of 12 k-tiles
+    (_pck(32, 7, 7, 256, 256, 3, 1, 1), dict(tile=T64x64, splits=3, tiles_per_split=12, blocks=100)),
     # layer1 1x1 256 -> 64 (the implicit kernel: C_out < 128 keeps it off the GEMM)
     (_pck(32, 56, 56, 256, 64, 1, 1, 0), dict(tile=T128x64, splits=1)),
     # the stride-2 1x1 shortcut at batch 8: 196 blocks of 128x128 too few, 392 of 128x64 fill
