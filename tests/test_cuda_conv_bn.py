@@ -410,13 +410,14 @@ extern "C" void plan(long long P, long long C_out, long long K, int sms, int til
                      long long* out) {
   const levels_conv_bn::CbPlan p = levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits);
   const levels_conv_bn::CbTileShape s = levels_conv_bn::cb_tile_shape(p.tile);
-  const long long v[9] = {p.tile, p.splits, p.tiles_per_split, p.blocks, s.bm, s.bn,
-                          s.warps_m * s.warps_n * 32, s.stages, s.blocks_per_sm};
-  for (int i = 0; i < 9; ++i) out[i] = v[i];
+  const long long v[11] = {p.tile, p.splits, p.tiles_per_split, p.blocks, s.bm, s.bn,
+                           s.warps_m * s.warps_n * 32, s.stages, s.blocks_per_sm, s.warps_m,
+                           s.warps_n};
+  for (int i = 0; i < 11; ++i) out[i] = v[i];
 }
 """
 PLAN_FIELDS = ("tile", "splits", "tiles_per_split", "blocks", "bm", "bn", "threads", "stages",
-               "blocks_per_sm")
+               "blocks_per_sm", "warps_m", "warps_n")
 T128x128, T128x64, T64x64 = 0, 1, 2
 BK = 64  # conv_bn_plan.h's CB_BK
 
@@ -674,3 +675,76 @@ def test_v5_forward_is_deterministic(plan, monkeypatch):
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
 
 
+
+
+def _swz(row, chunk):
+    return row * BK + ((chunk ^ (row & 7)) << 3)  # mma_conv::swz
+
+
+def _ldmatrix_x4(smem, addr):
+    """ldmatrix.x4 as PTX defines it: lanes 8i..8i+7 give the rows of matrix i (8 contiguous
+    16-bit values at addr[lane]); lane l receives row l // 4, columns 2 (l % 4) and +1 of each."""
+    regs = torch.zeros((32, 4, 2), dtype=torch.float64)
+    for i in range(4):
+        rows = [smem[addr[8 * i + j]:addr[8 * i + j] + 8] for j in range(8)]
+        for lane in range(32):
+            regs[lane, i] = rows[lane // 4][2 * (lane % 4):2 * (lane % 4) + 2]
+    return regs
+
+
+@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64])
+def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
+    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
+    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragment
+    # layout (PTX: A rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8;
+    # C rows g, g+8, columns 2t), staged to the fp32 tile as the epilogue does: A B^T, every
+    # element written once. The 8 rows an ldmatrix matrix reads sit in 8 different chunks.
+    p = v5_plan(1, 1, BK, tile=tile)
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    MT, NT = WTM // 16, WTN // 8
+    g = torch.Generator().manual_seed(tile)
+    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
+    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
+    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(src.shape[0]):
+            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
+            for c in range(8):
+                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+    C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
+    for warp in range(WM * WN):
+        wm, wn = warp // WN, warp % WN
+        acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
+        for kk in range(BK // 16):
+            a_addr = [[_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
+                      for mt in range(MT)]
+            for addr in a_addr:  # conflict-free: matrix i's 8 rows in 8 distinct chunks
+                for i in range(4):
+                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
+            af = [_ldmatrix_x4(sA, addr) for addr in a_addr]
+            bf = [None] * NT
+            for nt in range(0, NT, 2):
+                q = _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                           kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+                bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
+            for mt in range(MT):
+                for nt in range(NT):
+                    Af, Bf = torch.zeros((16, 16), dtype=torch.float64), torch.zeros((16, 8), dtype=torch.float64)
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        Af[r, 2 * t:2 * t + 2], Af[r + 8, 2 * t:2 * t + 2] = af[mt][lane, 0], af[mt][lane, 1]
+                        Af[r, 2 * t + 8:2 * t + 10], Af[r + 8, 2 * t + 8:2 * t + 10] = af[mt][lane, 2], af[mt][lane, 3]
+                        Bf[2 * t:2 * t + 2, r], Bf[2 * t + 8:2 * t + 10, r] = bf[nt][0][lane], bf[nt][1][lane]
+                    D = Af @ Bf
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        acc[lane, mt, nt] += torch.stack([D[r, 2 * t], D[r, 2 * t + 1], D[r + 8, 2 * t], D[r + 8, 2 * t + 1]])
+        for mt in range(MT):
+            for nt in range(NT):
+                for h in range(2):
+                    for lane in range(32):
+                        r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
+                        assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
+                        C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
+    torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
