@@ -889,16 +889,21 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 //     with a long K = 4608 to walk alone). conv_bn_plan.h picks the tile (128x128, 128x64,
 //     64x64) from P, C_out and the SM count, and cuts K into slices (split-K) when
 //     even 64x64 leaves SMs idle; slices write fp32 partials that splitk_finish_kernel adds.
-//   * WMMA: its fragments are loaded with ldmatrix underneath, but through a fixed layout
-//     (a padded pitch, 16x16x16 steps); mma.sync m16n8k16 fed by ldmatrix from an XOR-swizzled
-//     tile (gemm.cu's version 4 layout: 64-element rows, chunk c of row r at c ^ (r % 8)) issues
-//     half the instructions per multiply-add and reads shared memory conflict-free.
+//   * WMMA is an API over the same tensor-core instructions whose element layout is opaque:
+//     its tiles need a padded pitch (bank conflicts otherwise), every 16x16 fragment is its
+//     own load, and the epilogue must go through a per-warp scratch. mma.sync m16n8k16 with
+//     explicit ldmatrix.x4 (gemm.cu version 4's fragment code, mma.cuh) reads an XOR-swizzled
+//     tile conflict-free without padding (64-element rows, chunk c of row r at c ^ (r % 8)),
+//     gets two n8 fragments of B per load, and knows where each accumulator lives, so the
+//     epilogue stages the whole tile once and stores 16 bytes per thread.
 // The gather is v3's (16-byte cp.async copies of 8 channels of one tap; zeros at the padding),
 // now 64 k per stage: one 3x3 tap of a 64-channel input per stage.
 // Costs: 12 kernels (3 tiles x 2 dtypes x 2 output types) in the build; split-K writes and
-// reads splits x P x C_out fp32 partials (6.4 MB at 7x7 512 channels, batch 32) and one
-// more launch; only the 16-byte path (C_in % 8 == 0, aligned rows) runs here, the scalar
-// gathers (the stem's C_in = 3) keep version 3's kernel.
+// reads splits x P x C_out fp32 partials (9.6 MB in 3 slices at ResNet's 7x7 layer, batch 32)
+// and one more launch; only the 16-byte path (C_in % 8 == 0, aligned rows) runs here, the
+// scalar gathers (the stem's C_in = 3) keep version 3's kernel. $LEVELS_CONV_BN_V5_PLAN pins a
+// plan (tests, sweeps); tests/test_cuda_conv_bn.py mirrors the rule, the gather and slices,
+// and the swizzled fragment addressing on the CPU.
 namespace mma_conv {
 constexpr int BK = CB_BK;
 

@@ -8,8 +8,12 @@ shapes land on both paths: C_in 3, 5, 19 (gather), 16, 64 (cp.async), output cha
 pixels that are no multiple of any tile (5, 33, 130 channels; 1 to 12k pixels), non-square
 kernels, strides 1-3, padding larger than half the kernel, batch 1, a 1x1 image.
 
-On a CPU: the version plumbing, and (with nvcc) that v3 really is tensor-core and cp.async
-code (PTX for sm_80 and sm_90)."""
+v5 fits its forward's tiles to the problem (cuda_kernels/conv_bn_plan.h) and may split K; its
+GPU tests force every tile and split ($LEVELS_CONV_BN_V5_PLAN) on ragged shapes in both modes.
+
+On a CPU: the version plumbing, (with nvcc) that v3 really is tensor-core and cp.async code and
+v5 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), v5's tile/split rule (the header compiled
+by g++), and the index math of v4's backward and v5's forward emulated in float64."""
 
 from __future__ import annotations
 
