@@ -52,6 +52,24 @@
 //       (splits x C_out x K) for wgrad, the eval 1x1 bias rounded to the input dtype once
 //       (gemm.cu's bias operand), and the layout rules of v3 (C_in or C_out % 8 == 0 and
 //       aligned rows for the 16-byte copies; else scalar gathers fill the same tiles).
+//   v5  v4 with a forward whose tiles fit the problem. v3's one 128x128 tile wastes half its
+//       width on C_out = 64 and leaves most SMs idle on ResNet's 14x14 and 7x7 layers (98
+//       and 52 blocks on 132 SMs; H100: 0.57x, 0.48x, 0.22x cuDNN at 56x56 64ch, 14x14 and
+//       7x7). Two ideas (16-bit inputs on the 16-byte path; "Version 5" below):
+//       * the tile is chosen per call from P, C_out and the SM count (conv_bn_plan.h, one
+//         rule a CPU test checks): 128x128 when its blocks fill the GPU, else 128x64, else
+//         64x64; when even 64x64 does not, K is cut into slices (split-K), each block one
+//         (tile, slice) pair writing fp32 partials, added in order by a finish kernel that
+//         also applies the folded-BN bias (deterministic: no atomics);
+//       * the tensor cores are fed by mma.sync m16n8k16 + ldmatrix from XOR-swizzled tiles
+//         (gemm.cu version 4's layout and fragment code, mma.cuh), 64 k per stage: half
+//         WMMA's instructions per multiply-add, no bank conflicts, no padding.
+//       Costs: 12 more kernels in the build; with split-K, splits x P x C_out fp32 partials
+//       written and read back (and the workspace for them); the scalar-gather forward (C_in
+//       % 8 != 0, misaligned x: the stem's C_in = 3) stays v3's kernel, 1x1 stride-1 convs
+//       with C_out >= 128 stay gemm.cu's, the backward stays v4's. ptxas (sm_90a, -O3):
+//       128x128 126 registers, 128x64 168, 64x64 117, no spills; 96, 72, 64 KB of shared
+//       memory (2, 3, 3 blocks per SM).
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -93,6 +111,8 @@
 // shift), the train backward's dY and the eval backward's dgamma, dbeta, dbias. The
 // convolution's ladder stays.
 #include "common.cuh"
+#include "conv_bn_plan.h"
+#include "mma.cuh"
 
 #include <mma.h>
 
@@ -860,6 +880,222 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 }  // namespace wmma_conv
 
 // =========================================================================================
+// Version 5: the forward on mma.sync m16n8k16 + ldmatrix, with tiles fitted to the problem.
+// =========================================================================================
+// Versions 3 and 4 run every forward in one 128 x 128 x 32 WMMA tile. Two things cost them
+// half or more of cuDNN's speed at ResNet-50's 3x3 layers (reports/h100-conv-bn5.json):
+//   * the tile ignores the problem: C_out = 64 wastes half of every 128-wide tile, and at 14x14
+//     and 7x7 the grid is 98 and 52 blocks on 132 SMs (a third of the GPU idle, the 7x7 one
+//     with a long K = 4608 to walk alone). conv_bn_plan.h picks the tile (128x128, 128x64,
+//     64x64) from P, C_out and the SM count, and cuts K into slices (split-K) when
+//     even 64x64 leaves SMs idle; slices write fp32 partials that splitk_finish_kernel adds.
+//   * WMMA is an API over the same tensor-core instructions whose element layout is opaque:
+//     its tiles need a padded pitch (bank conflicts otherwise), every 16x16 fragment is its
+//     own load, and the epilogue must go through a per-warp scratch. mma.sync m16n8k16 with
+//     explicit ldmatrix.x4 (gemm.cu version 4's fragment code, mma.cuh) reads an XOR-swizzled
+//     tile conflict-free without padding (64-element rows, chunk c of row r at c ^ (r % 8)),
+//     gets two n8 fragments of B per load, and knows where each accumulator lives, so the
+//     epilogue stages the whole tile once and stores 16 bytes per thread.
+// The gather is v3's (16-byte cp.async copies of 8 channels of one tap; zeros at the padding),
+// now 64 k per stage: one 3x3 tap of a 64-channel input per stage.
+// Costs: 12 kernels (3 tiles x 2 dtypes x 2 output types) in the build; split-K writes and
+// reads splits x P x C_out fp32 partials (9.6 MB in 3 slices at ResNet's 7x7 layer, batch 32)
+// and one more launch; only the 16-byte path (C_in % 8 == 0, aligned rows) runs here, the
+// scalar gathers (the stem's C_in = 3) keep version 3's kernel. $LEVELS_CONV_BN_V5_PLAN pins a
+// plan (tests, sweeps); tests/test_cuda_conv_bn.py mirrors the rule, the gather and slices,
+// and the swizzled fragment addressing on the CPU.
+namespace mma_conv {
+constexpr int BK = CB_BK;
+
+// Row r, 16-byte chunk c of a (rows x 64) tile sits at chunk c ^ (r % 8) of its row (see
+// gemm.cu's swizzle): ldmatrix reads one chunk column of 8 consecutive rows, 8 distinct banks.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
+
+// The tile grid: blockIdx.x walks the (pixel tile, channel tile) pairs with the channel tiles
+// of one pixel tile adjacent (they read the same x slice at about the same time: once from
+// L2), blockIdx.y is the K slice [y * tiles_per_split, +tiles_per_split) k-tiles. Slice y of
+// a split writes the fp32 partial out + y * P * C_out (no bias: the finish adds it).
+template <typename T, typename TO, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+conv_kernel(Geom g, int tiles_per_split,
+            const T* __restrict__ x,         // (N, H, W, C_in), strides multiples of 8, sx_c = 1
+            const T* __restrict__ w,         // (C_out, kH, kW, C_in) contiguous, 16-byte aligned
+            const float* __restrict__ bias,  // (C_out,) fp32 or nullptr
+            TO* __restrict__ out) {          // (P, C_out) contiguous, or (splits, P, C_out)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
+  constexpr int MT = WTM / 16, NT = WTN / 8;             // m16 x n8 accumulators per warp
+  constexpr int PASS = THREADS / 8;                      // rows one pass of the block copies
+  constexpr int A_ROWS = BM / PASS, B_ROWS = BN / PASS;  // rows a thread copies per stage
+  static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
+  static_assert(BM % PASS == 0 && BN % PASS == 0 && PASS % 8 == 0, "whole passes, swizzle period");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sA = reinterpret_cast<T*>(smem_raw);  // [STAGES][BM][BK], swizzled
+  T* sB = sA + STAGES * BM * BK;           // [STAGES][BN][BK], swizzled
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int C_in = static_cast<int>(g.C_in), C_out = static_cast<int>(g.C_out);
+  const int K = static_cast<int>(g.K), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int n_tiles = (C_out + BN - 1) / BN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x / n_tiles) * BM;
+  const int o0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  const int kt_begin = static_cast<int>(blockIdx.y) * tiles_per_split;
+  const int KT = max(min(k_tiles - kt_begin, tiles_per_split), 0);
+  TO* dst = out + static_cast<int64_t>(blockIdx.y) * g.P * C_out;
+
+  // Thread t copies chunk t % 8 (k = 8 * (t % 8) .. +7 of the stage) of rows t / 8 + i * PASS
+  // of both tiles: its chunk, hence its tap (i, j, c), is the same for all its rows, and its
+  // rows' pixels are decoded once, here. A row past P gets h0 far below zero: every tap of it
+  // reads as padding (zeros), no extra test in the loop.
+  const int r0 = tid >> 3, ch = tid & 7;
+  int64_t x_off[A_ROWS];  // n * sx_n + h0 * sx_h + w0 * sx_w
+  int h0[A_ROWS], w0[A_ROWS];
+#pragma unroll
+  for (int r = 0; r < A_ROWS; ++r) {
+    const int64_t p = m0 + r0 + r * PASS;
+    const int64_t pp = p < g.P ? p : 0;
+    const int64_t n = pp / (g.H_out * g.W_out), hw = pp % (g.H_out * g.W_out);
+    const int hh = static_cast<int>((hw / g.W_out) * g.sh - g.ph);
+    const int ww = static_cast<int>((hw % g.W_out) * g.sw - g.pw);
+    x_off[r] = n * g.sx_n + static_cast<int64_t>(hh) * g.sx_h + static_cast<int64_t>(ww) * g.sx_w;
+    h0[r] = p < g.P ? hh : -(1 << 30);
+    w0[r] = ww;
+  }
+  const T* w_src = w + static_cast<int64_t>(o0 + r0) * K;  // row o0 + r0 of the weight
+  const int64_t w_pass = static_cast<int64_t>(PASS) * K;
+
+  auto load_stage = [&](int stage, int kt) {
+    const int k = kt * BK + ch * 8;
+    const bool k_ok = k < K;  // K % 8 == 0: a chunk is wholly in or out
+    const int ij = k / C_in, c = k - ij * C_in, i = ij / kW, j = ij - i * kW;
+    const int64_t tap = static_cast<int64_t>(i) * g.sx_h + static_cast<int64_t>(j) * g.sx_w + c;
+    const uint32_t a_dst = levels_mma::smem_addr(sA + stage * BM * BK + swz(r0, ch));
+#pragma unroll
+    for (int r = 0; r < A_ROWS; ++r) {
+      const int hi = h0[r] + i, wi = w0[r] + j;
+      const bool ok = k_ok && hi >= 0 && hi < H && wi >= 0 && wi < W;
+      // swz(r0 + r * PASS, ch) == swz(r0, ch) + r * PASS * BK: PASS is a multiple of 8
+      levels_mma::cp_async_16(a_dst + r * PASS * BK * static_cast<int>(sizeof(T)),
+                              ok ? x + x_off[r] + tap : x, ok ? 16 : 0);
+    }
+    const uint32_t b_dst = levels_mma::smem_addr(sB + stage * BN * BK + swz(r0, ch));
+#pragma unroll
+    for (int r = 0; r < B_ROWS; ++r) {
+      const bool ok = k_ok && o0 + r0 + r * PASS < C_out;
+      levels_mma::cp_async_16(b_dst + r * PASS * BK * static_cast<int>(sizeof(T)),
+                              ok ? w_src + r * w_pass + k : w, ok ? 16 : 0);
+    }
+  };
+
+  float acc[MT][NT][4] = {};
+  // Prologue: STAGES-1 tiles in flight; one commit group per step, empty or not, so that
+  // "at most STAGES-2 groups pending" always means "the tile about to be used has landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, kt_begin + s);
+    levels_mma::cp_async_commit();
+  }
+  for (int t = 0; t < KT; ++t) {
+    levels_mma::cp_async_wait<STAGES - 2>();
+    // tile t visible to every warp, and every warp done with tile t-1, whose stage the
+    // prefetch below overwrites
+    __syncthreads();
+    const int next = t + STAGES - 1;
+    if (next < KT) load_stage(next % STAGES, kt_begin + next);
+    levels_mma::cp_async_commit();
+
+    const T* a_s = sA + (t % STAGES) * BM * BK;
+    const T* b_s = sB + (t % STAGES) * BN * BK;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        // matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then the same rows at k 8-15
+        const int r = wm * WTM + mt * 16 + (lane & 15);
+        levels_mma::ldmatrix_x4(af[mt], levels_mma::smem_addr(a_s + swz(r, kk * 2 + (lane >> 4))));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        // matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15):
+        // b0, b1 of n8 tile nt, then of nt + 1
+        const int r = wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3);
+        uint32_t q[4];
+        levels_mma::ldmatrix_x4(q, levels_mma::smem_addr(b_s + swz(r, kk * 2 + ((lane >> 3) & 1))));
+        bf[nt][0] = q[0];
+        bf[nt][1] = q[1];
+        bf[nt + 1][0] = q[2];
+        bf[nt + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+    }
+  }
+  levels_mma::cp_async_wait<0>();
+  __syncthreads();  // every warp done with the pipeline: its shared memory is the epilogue's
+
+  // Epilogue: the accumulators go to shared memory as an fp32 BM x BN tile (lane: rows
+  // lane/4 and +8, columns 2 * (lane % 4) and +1 of each m16n8 tile; rows padded by 8 floats),
+  // then each thread takes 8 consecutive channels of one pixel (neighbouring threads the
+  // neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
+  constexpr int LD = BN + 8;
+  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
+  float* tile = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
+        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+  __syncthreads();
+  // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
+  const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&
+                       (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
+  constexpr int CHUNKS_PER_ROW = BN / 8;
+  for (int q = tid; q < BM * CHUNKS_PER_ROW; q += THREADS) {
+    const int row = q / CHUNKS_PER_ROW, col = (q % CHUNKS_PER_ROW) * 8;
+    const int64_t p = m0 + row;
+    const int o = o0 + col;
+    if (p >= g.P || o >= C_out) continue;
+    const float4 lo = *reinterpret_cast<const float4*>(tile + row * LD + col);
+    const float4 hi = *reinterpret_cast<const float4*>(tile + row * LD + col + 4);
+    float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    if (bias) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] += o + e < C_out ? bias[o + e] : 0.0f;
+    }
+    wmma_conv::store_row8<TO>(dst + p * C_out + o, v, C_out - o, aligned);
+  }
+#endif
+}
+
+// Split-K's finish: out[e] = sum_s part[s, e] (+ bias), the slices added in order (the same
+// sum every run: no atomics). Element-wise over P * C_out, coalesced.
+template <typename TO>
+__global__ void splitk_finish_kernel(const float* __restrict__ part, int splits, int64_t P,
+                                     int64_t C_out, const float* __restrict__ bias,  // nullable
+                                     TO* __restrict__ out) {
+  const int64_t total = P * C_out, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
+    float s = 0.0f;
+    for (int q = 0; q < splits; ++q) s += part[q * total + e];
+    if (bias) s += bias[e % C_out];
+    out[e] = from_f32<TO>(s);
+  }
+}
+}  // namespace mma_conv
+
+// =========================================================================================
 // BatchNorm around the convolution.
 // =========================================================================================
 
@@ -1164,6 +1400,20 @@ static int device_capability() {
 
 static bool tensor_cores_available() { return device_capability() >= 80; }  // bf16 WMMA and cp.async
 
+// The current device's SM count, cached per device as device_capability (version 5's tile
+// rule asks it on every call).
+static int device_sms() {
+  constexpr int MAX_DEVICES = 64;
+  static int cached[MAX_DEVICES] = {};  // 0: not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  const bool cacheable = dev >= 0 && dev < MAX_DEVICES;
+  if (cacheable && cached[dev] != 0) return cached[dev];
+  const int sms = levels_sm_count();
+  if (cacheable) cached[dev] = sms;
+  return sms;
+}
+
 // Whether the tensor-core kernels run: 16-bit inputs on sm_80+, at sizes their 32-bit spatial
 // indices hold (offsets stay 64-bit). Elsewhere versions 3 and 4 run version 2's kernels.
 template <typename T>
@@ -1210,16 +1460,101 @@ static bool k_major(const void* p, int64_t row_stride) {
   return row_stride > 0 && row_stride % 8 == 0 && levels_aligned16(p);
 }
 
+// ---- version 5's forward: the plan (conv_bn_plan.h) and its launch ----
+// $LEVELS_CONV_BN_V5_PLAN pins the plan for tests and sweeps: "TILE" or "TILE,SPLITS" with
+// TILE 0-2 (conv_bn_plan.h's CbTile: 128x128, 128x64, 64x64; -1 lets the rule choose)
+// and SPLITS >= 1 K slices (0 or absent: the rule's). Read at every call (a getenv: ~100 ns),
+// so a test can change it between calls. Returns false for a value it cannot parse.
+static unsigned elementwise_blocks(int64_t n);  // below, with the other grid helpers
+
+constexpr const char* V5_PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN";
+static bool v5_forced(int* tile, int* splits) {
+  *tile = -1, *splits = 0;
+  const char* s = getenv(V5_PLAN_ENV);
+  if (s == nullptr) return true;
+  while (*s == ' ') ++s;
+  if (*s == '\0') return true;
+  char* end = nullptr;
+  const long t = strtol(s, &end, 10);
+  if (end == s || t < -1 || t >= CB_TILES) return false;
+  *tile = static_cast<int>(t);
+  while (*end == ' ') ++end;
+  if (*end == '\0') return true;
+  if (*end != ',') return false;
+  const char* rest = end + 1;
+  const long sp = strtol(rest, &end, 10);
+  while (*end == ' ') ++end;
+  if (end == rest || *end != '\0' || sp < 0 || sp > 1024) return false;
+  *splits = static_cast<int>(sp);
+  return true;
+}
+
+static CbPlan v5_plan(int64_t P, int64_t C_out, int64_t K) {
+  int tile = -1, splits = 0;
+  v5_forced(&tile, &splits);  // a malformed value is refused by the launcher, not here
+  return cb_plan(P, C_out, K, device_sms(), tile, splits);
+}
+
+// fp32 floats of split-K partials version 5's forward may write (0 when it does not split).
+static int64_t v5_part_floats(int version, int64_t P, int64_t C_out, int64_t K) {
+  if (version < 5) return 0;
+  const CbPlan plan = v5_plan(P, C_out, K);
+  return plan.splits > 1 ? plan.splits * P * C_out : 0;
+}
+
+template <typename T, typename TO, int TILE>
+static int v5_launch_tile(const Geom& g, const CbPlan& plan, const T* x, const T* w,
+                          const float* bias, TO* out, cudaStream_t stream) {
+  constexpr CbTileShape S = cb_tile_shape(TILE);
+  constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
+  auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm>;
+  // Per device and kernel; cheap next to a convolution, so it is not cached (as version 3).
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out);
+  return levels_launch_status();
+}
+
+template <typename T, typename TO, typename TK>
+static int v5_launch(const Geom& g, const CbPlan& plan, const T* x, const T* w, const float* bias,
+                     TK* out, cudaStream_t stream) {
+  switch (plan.tile) {
+    case CB_128x128: return v5_launch_tile<T, TK, CB_128x128>(g, plan, x, w, bias, out, stream);
+    case CB_128x64: return v5_launch_tile<T, TK, CB_128x64>(g, plan, x, w, bias, out, stream);
+    default: return v5_launch_tile<T, TK, CB_64x64>(g, plan, x, w, bias, out, stream);
+  }
+}
+
+// out (P, C_out) = im2col(x) w^T (+ bias): one launch, or with split-K the slices into
+// `part` (v5_part_floats of them) and the finish.
+template <typename T, typename TO>
+static int conv_fwd_v5(const Geom& g, const T* x, const T* w, const float* bias, TO* out,
+                       float* part, cudaStream_t stream) {
+  int tile = 0, splits = 0;
+  if (!v5_forced(&tile, &splits)) return LEVELS_UNSUPPORTED;  // a malformed $LEVELS_CONV_BN_V5_PLAN
+  const CbPlan plan = v5_plan(g.P, g.C_out, g.K);
+  if (plan.blocks > 0x7fffffff || plan.splits > 65535) return LEVELS_UNSUPPORTED;
+  if (plan.splits == 1) return v5_launch<T, TO, TO>(g, plan, x, w, bias, out, stream);
+  if (part == nullptr) return LEVELS_UNSUPPORTED;  // the caller's workspace has no room
+  const int status = v5_launch<T, TO, float>(g, plan, x, w, nullptr, part, stream);
+  if (status != 0) return status;
+  mma_conv::splitk_finish_kernel<TO><<<elementwise_blocks(g.P * g.C_out), 256, 0, stream>>>(
+      part, plan.splits, g.P, g.C_out, bias, out);
+  return levels_launch_status();
+}
+
+// The forward convolution of every version. part: version 5's split-K partials
+// (v5_part_floats; nullptr when the caller has none).
 template <typename T, typename TO>
 static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const float* bias,
-                    const T* bias_t, TO* out, cudaStream_t stream) {
+                    const T* bias_t, TO* out, float* part, cudaStream_t stream) {
   if (tensor_core_path<T>(version, g)) {
     if constexpr (!is_f32<T>::value) {
       const int64_t ld = pixel_stride(g);
       // C_out >= 128: the GEMM's tiles are 128 or 256 columns wide, so a 64-channel output
       // wastes half of each (ResNet-50's 256 -> 64 1x1, eval, H100: 0.84x cuDNN through the
       // GEMM, 0.97x through the implicit kernel; reports/h100-conv-bn5.json).
-      if (version == 4 && is_pointwise(g) && g.C_out >= 128 && g.sx_c == 1 && k_major(x, ld) &&
+      if (version >= 4 && is_pointwise(g) && g.C_out >= 128 && g.sx_c == 1 && k_major(x, ld) &&
           k_major(w, g.C_in)) {
         // out = x . w^T: B[k=c, n=o] = w[o, c] is the (N, K) K-major w itself. Eval passes the
         // folded bias in T (gemm.cu's bias dtype: one more rounding of b', ~ the rounding of
@@ -1230,6 +1565,7 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
       }
       const bool vec = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
                        g.sx_w % 8 == 0 && levels_aligned16(x) && levels_aligned16(w);
+      if (version >= 5 && vec) return conv_fwd_v5<T, TO>(g, x, w, bias, out, part, stream);
       const int64_t blocks = levels_cdiv(g.P, wmma_conv::BM) * levels_cdiv(g.C_out, wmma_conv::BN);
       auto kernel = vec ? wmma_conv::conv_kernel<T, TO, true> : wmma_conv::conv_kernel<T, TO, false>;
       constexpr int smem = wmma_conv::smem_bytes<false, false>();
@@ -1258,7 +1594,7 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
 template <typename T>
 static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx, T* w_t,
                       cudaStream_t stream) {
-  if (version == 4 && tensor_core_path<T>(version, g)) {
+  if (version >= 4 && tensor_core_path<T>(version, g)) {
     if constexpr (!is_f32<T>::value) {
       if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t)) {
         // B[k=o, n=c] = w[o, c] must be K-major, i.e. (C_in, C_out) in memory: w^T.
@@ -1331,7 +1667,7 @@ template <typename T>
 static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, float* part,
                           cudaStream_t stream) {
   // wgrad_kernel decodes its pixels in 32 bits (every tile: a 64-bit division costs more)
-  if (version == 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
+  if (version >= 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
     if constexpr (!is_f32<T>::value) {
       const int64_t sms2 = 2 * static_cast<int64_t>(levels_sm_count());
       const int64_t s = tc_wgrad_max_splits(g.P, g.C_out, g.K, sms2 < TC_MAX_BLOCKS ? sms2 : TC_MAX_BLOCKS);
@@ -1370,6 +1706,11 @@ static unsigned elementwise_blocks(int64_t n) {
 // Every workspace region starts on a 32-byte boundary (the 16-byte copies and vector stores
 // of the tensor-core paths read and write some of them); sizes in floats.
 static int64_t align8(int64_t floats) { return levels_cdiv(floats, 8) * 8; }
+// The forward workspaces: their own regions, then (version 5) the split-K partials.
+static int64_t eval_fwd_head_floats(int64_t C_out) { return 2 * align8(C_out); }  // b' fp32 and T
+static int64_t train_fwd_head_floats(int64_t P, int64_t C_out) {
+  return align8((2 * chunk_count(P) + 2) * C_out);  // stats partials (2, chunks, C), scale, shift
+}
 // A (C_out, K) 16-bit matrix in floats: the 1x1 dgrad's transposed weight.
 static int64_t half_matrix_floats(int64_t C_out, int64_t K) { return align8(levels_cdiv(C_out * K, 2)); }
 
@@ -1379,9 +1720,10 @@ static int eval_fwd(int version, const Geom& g, const T* x, const T* w, const T*
                     T* w_folded, float* scale, float* invstd, float* work, cudaStream_t stream) {
   float* b_folded = work;                                      // (C_out,) fp32
   T* b_folded_t = reinterpret_cast<T*>(work + align8(g.C_out));  // (C_out,) T: the GEMM path's
+  float* part = work + eval_fwd_head_floats(g.C_out);           // version 5's split-K partials
   fold_bn_kernel<T><<<static_cast<unsigned>(g.C_out), 256, 0, stream>>>(
       w, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, b_folded_t, scale, invstd);
-  return conv_fwd<T, T>(version, g, x, w_folded, b_folded, b_folded_t, out, stream);
+  return conv_fwd<T, T>(version, g, x, w_folded, b_folded, b_folded_t, out, part, stream);
 }
 
 template <typename T>
@@ -1394,7 +1736,8 @@ static int train_fwd(int version, const Geom& g, const T* x, const T* w, const T
   float* part_m2 = work + chunks * C;  // (chunks, C)
   float* scale = part_m2 + chunks * C; // (C,)
   float* shift = scale + C;            // (C,)
-  const int status = conv_fwd<T, float>(version, g, x, w, nullptr, nullptr, y, stream);
+  float* part = work + train_fwd_head_floats(g.P, C);  // version 5's split-K partials
+  const int status = conv_fwd<T, float>(version, g, x, w, nullptr, nullptr, y, part, stream);
   if (status != 0) return status;
   stats_partial_kernel<<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       y, g.P, C, rows, part_mean, part_m2);
@@ -1483,7 +1826,7 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   return status != 0 ? status : levels_launch_status();
 }
 
-static bool known_version(int version) { return version >= 1 && version <= 4; }
+static bool known_version(int version) { return version >= 1 && version <= 5; }
 
 }  // namespace levels_conv_bn
 
@@ -1501,16 +1844,17 @@ static bool known_version(int version) { return version >= 1 && version <= 4; }
   levels_conv_bn::make_geom(N, H, W, C_in, C_out, kH, kW, stride_h, stride_w, pad_h, pad_w,  \
                             sx_n, sx_h, sx_w, sx_c)
 
-// fp32 workspace (in floats) that op `which` needs: 0 eval forward, 1 train forward,
-// 2 eval backward, 3 train backward (P output pixels, K = kH*kW*C_in; the train backward's
-// workspace also holds the (P, C_out) gradient of the convolution in the input dtype, which
-// is at most P*C_out floats).
-extern "C" int64_t levels_conv_bn_workspace_floats(int which, int64_t P, int64_t C_out, int64_t K) {
+// fp32 workspace (in floats) that op `which` of `version` needs: 0 eval forward, 1 train
+// forward, 2 eval backward, 3 train backward (P output pixels, K = kH*kW*C_in; the train
+// backward's workspace also holds the (P, C_out) gradient of the convolution in the input
+// dtype, which is at most P*C_out floats; version 5's forwards add room for their split-K
+// partials where its plan splits, on the current device).
+extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t P, int64_t C_out,
+                                                   int64_t K) {
   using namespace levels_conv_bn;
-  const int64_t chunks = chunk_count(P);
   switch (which) {
-    case 0: return 2 * align8(C_out);  // b' in fp32 and in the input dtype
-    case 1: return (2 * chunks + 2) * C_out;
+    case 0: return eval_fwd_head_floats(C_out) + v5_part_floats(version, P, C_out, K);
+    case 1: return train_fwd_head_floats(P, C_out) + v5_part_floats(version, P, C_out, K);
     case 2: return bwd_work_floats(false, P, C_out, K);
     case 3: return bwd_work_floats(true, P, C_out, K);
     default: return -1;

@@ -19,11 +19,15 @@ something bigger is written through that view and nowhere else.
 The version ladder (LEVELS_CUDA_VERSION_CONV_BN or version=) picks the kernels: versions 1-3
 differ in the forward convolution and share version 2's tiled backward (dgrad, wgrad);
 version 4 keeps version 3's forward and runs the backward on the tensor cores too, and 1x1
-stride-1 convolutions through gemm.cu's GEMM (the top of conv_bn.cu says how and why).
+stride-1 convolutions through gemm.cu's GEMM; version 5 keeps version 4's backward and gives the
+forward mma.sync tiles fitted to the problem, split-K where even the smallest leaves SMs idle
+(the top of conv_bn.cu says how and why; $LEVELS_CONV_BN_V5_PLAN pins its plan for tests).
 """
 
 from __future__ import annotations
 
+import os
+import re
 
 import torch
 
@@ -37,6 +41,11 @@ VERSIONS = {
     4: "version 3 plus dgrad (one implicit GEMM per stride phase) and wgrad (split over "
        "pixels) on the tensor cores, 1x1 stride-1 convs through gemm.cu's GEMM (wgmma on "
        "sm_90); fp32 inputs run version 2",
+    5: "version 4 with the forward on mma.sync m16n8k16 + ldmatrix (swizzled tiles, cp.async "
+       "pipeline) in a 128x128, 128x64 or 64x64 block tile chosen from the problem size "
+       "(conv_bn_plan.h), K split into slices whose fp32 partials a finish kernel adds when "
+       "even 64x64 leaves SMs idle; costs 12 more kernels to build and, when split, "
+       "splits x P x C_out fp32 partials of traffic; backward and fp32 as version 4",
 }
 # Version 4 is the default: on the H100 its training step (forward + backward) runs 4-13x
 # faster than version 3's at the ResNet-50 shapes, 0.31-1.09x cuDNN + BatchNorm
@@ -45,8 +54,23 @@ VERSIONS = {
 # cuDNN timings 1.3-3x slower and widely spread (layer4-3x3 0.51 ms, p20-p80 0.31-0.67):
 # version 4's own times agree between the runs to 2%.
 DEFAULT_VERSION = 4
-TENSOR_CORE_VERSIONS = (3, 4)  # what `levels bench` times in training mode
+TENSOR_CORE_VERSIONS = (3, 4, 5)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
+
+# Version 5's plan pinned for tests and sweeps (conv_bn.cu's v5_forced reads it at every call):
+# "TILE" or "TILE,SPLITS", TILE one of conv_bn_plan.h's tiles (0 128x128, 1 128x64, 2 64x64;
+# -1: the rule's) and SPLITS K slices (0: the rule's; clamped to the k-tiles).
+PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
+_PLAN_FORMAT = re.compile(r"(-1|[0-2])(,\d{1,4})?")
+
+
+def check_plan_env() -> None:
+    """A clear error for a $LEVELS_CONV_BN_V5_PLAN the kernels would refuse (version 5 only)."""
+    raw = os.environ.get(PLAN_ENV)
+    if raw and not (_PLAN_FORMAT.fullmatch(raw.strip()) and int(raw.strip().partition(",")[2] or 0) <= 1024):
+        raise ValueError(f"conv_bn: ${PLAN_ENV} must be 'TILE' or 'TILE,SPLITS' with TILE in -1..2 "
+                         f"(conv_bn_plan.h's tiles) and SPLITS in 0..1024; got {raw!r}")
+
 
 OPS = ("conv_bn_eval_fwd", "conv_bn_train_fwd", "conv_bn_eval_bwd", "conv_bn_train_bwd")
 
@@ -147,7 +171,9 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"conv_bn: argument 'x' must be float16, bfloat16 or float32 for the CUDA "
                         f"kernels; got {x.dtype}")
+    version = resolve_version(version)
+    if version == 5:
+        check_plan_env()
     return _ops().conv_bn.default(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                   running_var, [int(s) for s in stride], [int(p) for p in padding],
-                                  float(eps), float(momentum), bool(training),
-                                  resolve_version(version))
+                                  float(eps), float(momentum), bool(training), version)

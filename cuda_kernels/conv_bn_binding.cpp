@@ -10,7 +10,8 @@
 #include <tuple>
 
 extern "C" {
-int64_t levels_conv_bn_workspace_floats(int which, int64_t P, int64_t C_out, int64_t K);
+int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t P, int64_t C_out,
+                                        int64_t K);
 int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, const void* w,
                             const void* bias, const void* gamma, const void* beta,
                             const void* running_mean, const void* running_var, double eps,
@@ -69,8 +70,8 @@ inline Shape shape_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef 
   return s;
 }
 
-inline at::Tensor workspace(int which, const Shape& s, const at::Tensor& like) {
-  const int64_t n = levels_conv_bn_workspace_floats(which, s.P, s.C_out, s.K);
+inline at::Tensor workspace(int which, int64_t version, const Shape& s, const at::Tensor& like) {
+  const int64_t n = levels_conv_bn_workspace_floats(which, static_cast<int>(version), s.P, s.C_out, s.K);
   return at::empty({n}, like.options().dtype(at::kFloat));
 }
 
@@ -92,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_fwd(
   at::Tensor w_folded = at::empty({s.C_out, s.kH, s.kW, s.C_in}, w.options());
   at::Tensor scale = at::empty({s.C_out}, x.options().dtype(at::kFloat));
   at::Tensor invstd = at::empty({s.C_out}, x.options().dtype(at::kFloat));
-  at::Tensor work = workspace(0, s, x);
+  at::Tensor work = workspace(0, version, s, x);
   const int status = levels_conv_bn_eval_fwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(x),
       levels_cuda::in(w), maybe(bias), levels_cuda::in(gamma), levels_cuda::in(beta),
@@ -116,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor invstd = at::empty({s.C_out}, x.options().dtype(at::kFloat));
   at::Tensor new_mean = at::empty({s.C_out}, running_mean.options());
   at::Tensor new_var = at::empty({s.C_out}, running_var.options());
-  at::Tensor work = workspace(1, s, x);
+  at::Tensor work = workspace(1, version, s, x);
   const int status = levels_conv_bn_train_fwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(x),
       levels_cuda::in(w), maybe(bias), levels_cuda::in(gamma), levels_cuda::in(beta),
@@ -140,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
   at::Tensor dbeta = at::empty({s.C_out}, x.options());
-  at::Tensor work = workspace(2, s, x);
+  at::Tensor work = workspace(2, version, s, x);
   const int status = levels_conv_bn_eval_bwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
       levels_cuda::in(x), levels_cuda::in(w), levels_cuda::in(w_folded), maybe(bias),
@@ -162,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_bwd
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
   at::Tensor dbeta = at::empty({s.C_out}, x.options());
-  at::Tensor work = workspace(3, s, x);
+  at::Tensor work = workspace(3, version, s, x);
   const int status = levels_conv_bn_train_bwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
       levels_cuda::in(x), levels_cuda::in(w), y.const_data_ptr<float>(),

@@ -98,8 +98,10 @@ def _bench(fn):
     return {"ms": med, "p20_ms": p20, "p80_ms": p80}
 
 
-def _callers(a):
-    """name -> f(params, running_mean, running_var, training) returning the NCHW output."""
+def _callers(a, versions=None):
+    """name -> f(params, running_mean, running_var, training) returning the NCHW output.
+    versions: the (old, new) Level 5 pair to time (default OLD, NEW; device_conv_bn6 passes its own)."""
+    old, new = versions or (OLD, NEW)
     import importlib
 
     from cuda_kernels import conv_bn as cb
@@ -125,7 +127,7 @@ def _callers(a):
                                      p["bn_bias"], rm, rv, stride, padding, a["eps"],
                                      a["momentum"], training)
 
-    return {"cudnn": cudnn, f"level5_v{OLD}": level5(OLD), f"level5_v{NEW}": level5(NEW),
+    return {"cudnn": cudnn, f"level5_v{old}": level5(old), f"level5_v{new}": level5(new),
             "level4": level4}
 
 

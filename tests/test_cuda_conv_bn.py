@@ -8,8 +8,12 @@ shapes land on both paths: C_in 3, 5, 19 (gather), 16, 64 (cp.async), output cha
 pixels that are no multiple of any tile (5, 33, 130 channels; 1 to 12k pixels), non-square
 kernels, strides 1-3, padding larger than half the kernel, batch 1, a 1x1 image.
 
-On a CPU: the version plumbing, and (with nvcc) that v3 really is tensor-core and cp.async
-code (PTX for sm_80 and sm_90)."""
+v5 fits its forward's tiles to the problem (cuda_kernels/conv_bn_plan.h) and may split K; its
+GPU tests force every tile and split ($LEVELS_CONV_BN_V5_PLAN) on ragged shapes in both modes.
+
+On a CPU: the version plumbing, (with nvcc) that v3 really is tensor-core and cp.async code and
+v5 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), v5's tile/split rule (the header compiled
+by g++), and the index math of v4's backward and v5's forward emulated in float64."""
 
 from __future__ import annotations
 
@@ -54,6 +58,13 @@ def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
         assert name in ptx, f"{name} missing from the PTX"
     # version 4's wgrad reads pixel-major tiles: WMMA's col_major A / row_major B loads
     assert "wmma.load.a.sync.aligned.col" in ptx and "wmma.load.b.sync.aligned.row" in ptx
+    # version 5's forward: mma.sync m16n8k16 fed by ldmatrix, its three tiles, the split finish
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "splitk_finish_kernel" in ptx
+    for tile in ("Li128ELi128E", "Li128ELi64E", "Li64ELi64E"):  # BM, BN in the mangled names
+        assert any("mma_conv" in line and "conv_kernel" in line and tile in line
+                   for line in ptx.splitlines() if line.startswith(".visible .entry")), tile
 
 
 # The index math of version 4's backward, emulated in float64 on the CPU with the kernels'
@@ -374,3 +385,370 @@ def test_v4_backward_is_deterministic(training):
         grads.append(torch.autograd.grad(out.float().square().sum(), leaves))
     for a, b in zip(*grads):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+# ------------------------------------------------------------- version 5 (CPU) --
+
+@pytest.mark.parametrize("raw", ["big", "3", "1,", "1,2,3", "0,99999", "-2"])
+def test_v5_malformed_plan_is_refused_by_name(raw, monkeypatch):
+    # checked before the op (a CPU tensor never reaches a kernel here): the knob's name and form
+    monkeypatch.setenv(cb.PLAN_ENV, raw)
+    a = cards.get("conv_bn").module.make_args(cards.get("conv_bn").sizes["tiny"], torch.float32,
+                                              torch.device("cpu"), torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"\$LEVELS_CONV_BN_V5_PLAN must be 'TILE' or 'TILE,SPLITS'"):
+        cb.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                   a["running_mean"], a["running_var"], (1, 1), (0, 0), 1e-5, 0.1, False, version=5)
+
+
+@pytest.mark.parametrize("raw", ["", "2", "-1", "1,3", " 0,4 "])
+def test_v5_plan_forms_that_are_accepted(raw, monkeypatch):
+    monkeypatch.setenv(cb.PLAN_ENV, raw)
+    cb.check_plan_env()
+# conv_bn_plan.h's rule, compiled by g++ (the header is plain C++: conv_bn.cu's launcher calls
+# the same function), and the index math of version 5's forward emulated in float64 with the
+# kernel's formulas (mma_conv::conv_kernel's gather and K slices, splitk_finish_kernel's sum).
+
+_PLAN_SHIM = r"""
+#include "conv_bn_plan.h"
+extern "C" void plan(long long P, long long C_out, long long K, int sms, int tile, int splits,
+                     long long* out) {
+  const levels_conv_bn::CbPlan p = levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits);
+  const levels_conv_bn::CbTileShape s = levels_conv_bn::cb_tile_shape(p.tile);
+  const long long v[11] = {p.tile, p.splits, p.tiles_per_split, p.blocks, s.bm, s.bn,
+                           s.warps_m * s.warps_n * 32, s.stages, s.blocks_per_sm, s.warps_m,
+                           s.warps_n};
+  for (int i = 0; i < 11; ++i) out[i] = v[i];
+}
+"""
+PLAN_FIELDS = ("tile", "splits", "tiles_per_split", "blocks", "bm", "bn", "threads", "stages",
+               "blocks_per_sm", "warps_m", "warps_n")
+T128x128, T128x64, T64x64 = 0, 1, 2
+BK = 64  # conv_bn_plan.h's CB_BK
+
+
+@pytest.fixture(scope="module")
+def v5_plan(tmp_path_factory):
+    import ctypes
+    import shutil
+    import subprocess
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/conv_bn_plan.h")
+    d = tmp_path_factory.mktemp("conv-bn-plan")
+    (d / "shim.cpp").write_text(_PLAN_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
+                    str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
+    lib = ctypes.CDLL(str(d / "plan.so"))
+    out = (ctypes.c_longlong * len(PLAN_FIELDS))()
+
+    def call(P, C_out, K, sms=132, tile=-1, splits=0):
+        lib.plan(P, C_out, K, sms, tile, splits, out)
+        return dict(zip(PLAN_FIELDS, list(out)))
+    return call
+
+
+def _pck(N, H, W, C_in, C_out, k, stride, padding):
+    Ho, Wo = (H + 2 * padding - k) // stride + 1, (W + 2 * padding - k) // stride + 1
+    return N * Ho * Wo, C_out, k * k * C_in
+
+
+@pytest.mark.parametrize("case,want", [
+    # ResNet-50 at batch 32 on an H100 (132 SMs): equivalence/cards/conv_bn.py MODEL_SHAPES
+    # layer1 3x3 64 -> 64 at 56x56: no 128-wide tile for 64 channels; 784 blocks fill 396 slots
+    (_pck(32, 56, 56, 64, 64, 3, 1, 1), dict(tile=T128x64, splits=1, blocks=784)),
+    # layer2 3x3/2 128 -> 128: 196 blocks of 128x128 are 0.74 of 264 slots; 392 of 128x64 fill
+    (_pck(32, 56, 56, 128, 128, 3, 2, 1), dict(tile=T128x64, splits=1, blocks=392)),
+    # layer3 3x3 256 -> 256 at 14x14: 98 / 196 blocks leave SMs idle, 392 of 64x64 do not
+    (_pck(32, 14, 14, 256, 256, 3, 1, 1), dict(tile=T64x64, splits=1, blocks=392)),
+    # layer4 3x3 512 -> 512 at 7x7: 200 blocks of 64x64 (2 on most SMs); K = 4608 (72 k-tiles)
+    # in 3 slices of 24: 600 units, 5 on the busiest SM (3 + 2). Not 2 slices: 400 units for
+    # 396 slots leave 4 SMs a fourth unit to run alone
+    (_pck(32, 7, 7, 512, 512, 3, 1, 1), dict(tile=T64x64, splits=3, tiles_per_split=24, blocks=200)),
+    # the same at half the channels: 100 blocks leave 32 SMs idle; 3 slices of 12 k-tiles
+    (_pck(32, 7, 7, 256, 256, 3, 1, 1), dict(tile=T64x64, splits=3, tiles_per_split=12, blocks=100)),
+    # layer1 1x1 256 -> 64 (the implicit kernel: C_out < 128 keeps it off the GEMM)
+    (_pck(32, 56, 56, 256, 64, 1, 1, 0), dict(tile=T128x64, splits=1)),
+    # the stride-2 1x1 shortcut at batch 8: 196 blocks of 128x128 too few, 392 of 128x64 fill
+    (_pck(8, 56, 56, 256, 512, 1, 2, 0), dict(tile=T128x64, splits=1)),
+    # big enough for 128x128 everywhere
+    (_pck(32, 28, 28, 256, 256, 3, 1, 1), dict(tile=T128x128, splits=1, blocks=196 * 2)),
+    # a tiny problem: one block, one k-tile, nothing to split
+    (_pck(2, 9, 11, 16, 5, 3, 2, 1), dict(tile=T64x64, splits=1, tiles_per_split=3, blocks=1)),
+    # few blocks but a short K: slices of at least 8 k-tiles, so none here
+    ((64, 64, 7 * 64), dict(tile=T64x64, splits=1)),
+    ((64, 64, 16 * 64), dict(tile=T64x64, splits=2, tiles_per_split=8)),
+    # at most 8 slices however few the blocks
+    ((64, 64, 4608), dict(tile=T64x64, splits=8, tiles_per_split=9)),
+    # the SM count decides: on 20 SMs the 52 blocks of 128x128 already fill the GPU
+    (_pck(32, 7, 7, 512, 512, 3, 1, 1) + (20,), dict(tile=T128x128, splits=1, blocks=52)),
+    (_pck(32, 14, 14, 256, 256, 3, 1, 1) + (40,), dict(tile=T128x128, splits=1)),
+])
+def test_v5_rule_picks(v5_plan, case, want):
+    got = v5_plan(*case)
+    assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+@pytest.mark.parametrize("forced,want", [
+    (dict(tile=T128x128), dict(tile=T128x128, splits=1, blocks=1)),
+    (dict(tile=T128x64, splits=3), dict(tile=T128x64, splits=3, tiles_per_split=3)),
+    (dict(tile=T64x64, splits=4), dict(tile=T64x64, splits=3, tiles_per_split=3)),  # 9 = 3 x 3
+    (dict(tile=T64x64, splits=100), dict(tile=T64x64, splits=9, tiles_per_split=1)),  # <= k-tiles
+    (dict(tile=7), dict(tile=T64x64, splits=1)),  # no such tile: the rule's
+])
+def test_v5_forced_plans_are_clamped_to_what_runs(v5_plan, forced, want):
+    got = v5_plan(100, 40, 9 * 64, **forced)  # 9 k-tiles
+    assert {k: got[k] for k in want} == want, f"{forced}: {got}"
+
+
+def test_v5_plans_cover_k_with_nonempty_slices(v5_plan):
+    for P in (1, 63, 64, 65, 1568, 6272, 25088, 100352):
+        for C_out in (1, 5, 64, 65, 128, 512, 2048):
+            for K in (8, 72, 576, 1152, 4608, 25088):
+                for sms in (1, 20, 132):
+                    p = v5_plan(P, C_out, K, sms=sms)
+                    where = f"P={P} C_out={C_out} K={K} sms={sms}: {p}"
+                    k_tiles = -(-K // BK)
+                    assert p["tile"] in (T128x128, T128x64, T64x64), where
+                    assert p["blocks"] == -(-P // p["bm"]) * -(-C_out // p["bn"]), where
+                    assert 1 <= p["splits"] <= 8, where
+                    # every slice has k-tiles, together exactly the K axis
+                    assert (p["splits"] - 1) * p["tiles_per_split"] < k_tiles, where
+                    assert p["splits"] * p["tiles_per_split"] >= k_tiles, where
+                    if C_out <= 64:
+                        assert p["bn"] == 64, where  # never half a tile of zeros
+                    if p["splits"] > 1:  # split only where 64x64 leaves slots empty
+                        assert p["tile"] == T64x64, where
+                        assert 10 * p["blocks"] < 9 * sms * p["blocks_per_sm"], where
+                        assert p["tiles_per_split"] >= 8, where
+
+
+def _v5_forward_emulated(x, w, bias, stride, padding, plan):
+    """out (P, C_out) as version 5 computes it, block by block and slice by slice, in float64:
+    thread t copies chunk t % 8 of rows t / 8 + i * PASS, its tap decoded from k = kt * 64 +
+    8 * (t % 8), its pixel as x_off + tap with h0 = -2**30 past P; slices write partials
+    (no bias) that the finish adds in order with the bias; one slice: the bias in the kernel."""
+    N, H, W, C_in = x.shape
+    C_out, kH, kW, _ = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    Ho, Wo = (H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1
+    P, K = N * Ho * Wo, kH * kW * C_in
+    sx_n, sx_h, sx_w, _ = x.stride()
+    xf, wf = x.flatten(), w.reshape(C_out, K)
+    BM, BN, PASS = plan["bm"], plan["bn"], plan["threads"] // 8
+    k_tiles, splits, per = -(-K // BK), plan["splits"], plan["tiles_per_split"]
+    n_tiles = -(-C_out // BN)
+    part = torch.full((splits, P, C_out), float("nan"), dtype=torch.float64)
+    for block in range(plan["blocks"]):
+        m0, o0 = (block // n_tiles) * BM, (block % n_tiles) * BN
+        rows = torch.tensor([r0 + r * PASS for r in range(BM // PASS) for r0 in range(PASS)])
+        assert sorted(rows.tolist()) == list(range(BM))  # every row copied once
+        p = m0 + rows
+        pp = torch.where(p < P, p, torch.zeros_like(p))
+        n, hw = pp // (Ho * Wo), pp % (Ho * Wo)
+        hh, ww = (hw // Wo) * sh - ph, (hw % Wo) * sw - pw
+        x_off = n * sx_n + hh * sx_h + ww * sx_w
+        h0 = torch.where(p < P, hh, torch.full_like(hh, -(1 << 30)))
+        for y in range(splits):
+            kt_begin = y * per
+            acc = torch.zeros((BM, BN), dtype=torch.float64)
+            for kt in range(kt_begin, min(k_tiles, kt_begin + per)):
+                A = torch.zeros((BM, BK), dtype=torch.float64)
+                B = torch.zeros((BN, BK), dtype=torch.float64)
+                for ch in range(8):
+                    k = kt * BK + ch * 8
+                    if k >= K:
+                        continue
+                    ij, c = k // C_in, k % C_in
+                    i, j = ij // kW, ij % kW
+                    tap = i * sx_h + j * sx_w + c
+                    hi, wi = h0 + i, ww + j
+                    ok = (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+                    src = (x_off + tap).clamp(0, xf.numel() - 8)
+                    vals = xf[src[:, None] + torch.arange(8)[None, :]]
+                    A[rows, ch * 8:ch * 8 + 8] = torch.where(ok[:, None], vals, torch.zeros_like(vals))
+                    o = o0 + torch.arange(BN)
+                    okw = o < C_out
+                    B[:, ch * 8:ch * 8 + 8][okw] = wf[o[okw]][:, k:k + 8]
+                acc += A @ B.T
+            m_ok, n_ok = slice(0, max(0, min(BM, P - m0))), slice(0, max(0, min(BN, C_out - o0)))
+            part[y, m0:m0 + BM, o0:o0 + BN] = acc[m_ok, n_ok]
+    if splits == 1:
+        return part[0] + bias
+    return sum(part[y] for y in range(splits)) + bias  # splitk_finish_kernel, slices in order
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C_in, H, W, C_out, k, stride, padding, tile, splits)
+    (2, 16, 9, 11, 70, 3, 2, 1, T64x64, 1),     # two channel tiles, the second ragged
+    (1, 40, 13, 10, 40, 3, 1, 1, T128x64, 3),   # C_in = 40: a k-tile spans taps; 3 slices
+    (2, 8, 5, 4, 7, 3, 3, 3, T64x64, 2),        # padding above half the kernel, stride 3
+    (3, 64, 6, 7, 130, 3, 1, 1, T128x128, 5),   # one tap per k-tile, 9 in 5 slices (the last 1)
+    (1, 16, 7, 7, 9, 1, 2, 0, T64x64, 1),       # 1x1 stride 2
+])
+def test_v5_forward_index_math_matches_torch(v5_plan, case):
+    N, C_in, H, W, C_out, k, stride, padding, tile, splits = case
+    g = torch.Generator().manual_seed(sum(case))
+    x_nchw = torch.randn((N, C_in, H, W), generator=g, dtype=torch.float64)
+    w_oihw = torch.randn((C_out, C_in, k, k), generator=g, dtype=torch.float64)
+    bias = torch.randn((C_out,), generator=g, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x_nchw, w_oihw, bias, stride, padding)
+    want = want.permute(0, 2, 3, 1).reshape(-1, C_out)
+    # (N, H, W, C_in) with channels_last strides (sx_c = 1: the 16-byte path), as the kernel sees x
+    x = x_nchw.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    assert x.stride(3) == 1
+    w = w_oihw.permute(0, 2, 3, 1).contiguous()
+    Ho = (H + 2 * padding - k) // stride + 1
+    Wo = (W + 2 * padding - k) // stride + 1
+    plan = v5_plan(N * Ho * Wo, C_out, k * k * C_in, tile=tile, splits=splits)
+    assert plan["splits"] == splits, plan
+    got = _v5_forward_emulated(x, w, bias, (stride, stride), (padding, padding), plan)
+    assert not torch.isnan(got).any(), "an output no block wrote"
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------- version 5 (GPU) --
+# Every test above runs version 5 too (VERSIONS); these force each of its plans
+# ($LEVELS_CONV_BN_V5_PLAN: "TILE" or "TILE,SPLITS", conv_bn_plan.h's tiles 0 128x128,
+# 1 128x64, 2 64x64) on shapes whose pixels and channels are no multiple of any tile, in
+# both modes (train: the same kernels writing fp32 y), and the rule's own choice.
+PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
+V5_SHAPES = [
+    # C_in = 40: a 64-wide k-tile spans two taps; C_out 70: a ragged second channel tile
+    dict(N=2, C_in=40, H=13, W=11, C_out=70, k=3, stride=1, padding=1, channels_last=True),
+    # stride 2, odd sizes, NCHW x (copied to channels_last once), C_out = 136
+    dict(N=3, C_in=32, H=15, W=17, C_out=136, k=3, stride=2, padding=1),
+    # C_out % 8 != 0 (element stores in the epilogue) and a 1x1 stride-2 conv
+    dict(N=2, C_in=16, H=9, W=10, C_out=13, k=3, stride=1, padding=1, channels_last=True),
+    dict(N=2, C_in=64, H=13, W=11, C_out=40, k=1, stride=2, padding=0, channels_last=True),
+]
+V5_PLANS = ["", "0", "1", "2", "2,3", "1,2", "0,9"]  # "": the rule; 9 slices > k-tiles: clamped
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", V5_PLANS, ids=lambda p: f"plan{p.replace(',', 'x') or 'auto'}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V5_SHAPES,
+                         ids=lambda s: f"{s['C_in']}to{s['C_out']}_k{s['k']}s{s['stride']}_{s['H']}x{s['W']}")
+def test_v5_every_plan(plan, dtype, training, shape, monkeypatch):
+    monkeypatch.setenv(PLAN_ENV, plan)
+    _passes(_args(shape, dtype, seed=shape["C_out"] + len(plan), training=training), 5, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,4"])
+@pytest.mark.parametrize("training", [False, True])
+def test_v5_tensor_core_size(plan, training, monkeypatch):
+    # many tiles and the pipeline's steady state (K = 1152: 18 k-tiles of 64), bf16
+    # channels_last, the rule's plan and a forced split
+    monkeypatch.setenv(PLAN_ENV, plan)
+    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
+                      channels_last=True), torch.bfloat16, seed=12, training=training)
+    _passes(args, 5, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_v5_misaligned_x_takes_the_gather_path(training, monkeypatch):
+    # x 6 bytes into its buffer: no 16-byte copies; version 3's gather kernel runs for it
+    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=1, padding=1, channels_last=True)
+    args = _args(shape, torch.bfloat16, seed=9, training=training)
+    x = args["x"]
+    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
+    view = flat.as_strided(x.shape, x.stride())
+    view.copy_(x)
+    assert view.data_ptr() % 16 != 0
+    args["x"] = view
+    _passes(args, 5, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,3"])
+def test_v5_forward_is_deterministic(plan, monkeypatch):
+    # the split-K partials are added in a fixed order by the finish kernel: no atomics
+    monkeypatch.setenv(PLAN_ENV, plan)
+    a = _args(dict(N=4, C_in=64, H=14, W=14, C_out=96, k=3, stride=1, padding=1,
+                   channels_last=True), torch.bfloat16, seed=6)
+    outs = [cb.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                       a["running_mean"], a["running_var"], (1, 1), (1, 1), 1e-5, 0.1, False,
+                       version=5) for _ in range(2)]
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
+
+
+def _swz(row, chunk):
+    return row * BK + ((chunk ^ (row & 7)) << 3)  # mma_conv::swz
+
+
+def _ldmatrix_x4(smem, addr):
+    """ldmatrix.x4 as PTX defines it: lanes 8i..8i+7 give the rows of matrix i (8 contiguous
+    16-bit values at addr[lane]); lane l receives row l // 4, columns 2 (l % 4) and +1 of each."""
+    regs = torch.zeros((32, 4, 2), dtype=torch.float64)
+    for i in range(4):
+        rows = [smem[addr[8 * i + j]:addr[8 * i + j] + 8] for j in range(8)]
+        for lane in range(32):
+            regs[lane, i] = rows[lane // 4][2 * (lane % 4):2 * (lane % 4) + 2]
+    return regs
+
+
+@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64])
+def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
+    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
+    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragment
+    # layout (PTX: A rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8;
+    # C rows g, g+8, columns 2t), staged to the fp32 tile as the epilogue does: A B^T, every
+    # element written once. The 8 rows an ldmatrix matrix reads sit in 8 different chunks.
+    p = v5_plan(1, 1, BK, tile=tile)
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    MT, NT = WTM // 16, WTN // 8
+    g = torch.Generator().manual_seed(tile)
+    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
+    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
+    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(src.shape[0]):
+            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
+            for c in range(8):
+                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+    C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
+    for warp in range(WM * WN):
+        wm, wn = warp // WN, warp % WN
+        acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
+        for kk in range(BK // 16):
+            a_addr = [[_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
+                      for mt in range(MT)]
+            for addr in a_addr:  # conflict-free: matrix i's 8 rows in 8 distinct chunks
+                for i in range(4):
+                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
+            af = [_ldmatrix_x4(sA, addr) for addr in a_addr]
+            bf = [None] * NT
+            for nt in range(0, NT, 2):
+                q = _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                           kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+                bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
+            for mt in range(MT):
+                for nt in range(NT):
+                    Af, Bf = torch.zeros((16, 16), dtype=torch.float64), torch.zeros((16, 8), dtype=torch.float64)
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        Af[r, 2 * t:2 * t + 2], Af[r + 8, 2 * t:2 * t + 2] = af[mt][lane, 0], af[mt][lane, 1]
+                        Af[r, 2 * t + 8:2 * t + 10], Af[r + 8, 2 * t + 8:2 * t + 10] = af[mt][lane, 2], af[mt][lane, 3]
+                        Bf[2 * t:2 * t + 2, r], Bf[2 * t + 8:2 * t + 10, r] = bf[nt][0][lane], bf[nt][1][lane]
+                    D = Af @ Bf
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        acc[lane, mt, nt] += torch.stack([D[r, 2 * t], D[r, 2 * t + 1], D[r + 8, 2 * t], D[r + 8, 2 * t + 1]])
+        for mt in range(MT):
+            for nt in range(NT):
+                for h in range(2):
+                    for lane in range(32):
+                        r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
+                        assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
+                        C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
+    torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
