@@ -42,7 +42,8 @@ ROPE_VERSIONS = [v for v in VERSIONS if v != K5.HOPPER_VERSION]  # v6 does not f
 # ------------------------------------------------------------------------ CPU: Python --
 
 def test_versions_and_default():
-    assert VERSIONS == [1, 2, 3, 4, 5, 6] and K5.DEFAULT_VERSION == 5
+    assert VERSIONS == [1, 2, 3, 4, 5, 6, 7] and K5.DEFAULT_VERSION == 5
+    assert K5.ATOMIC_DQ_VERSIONS == (7,) and 7 in K5.TENSOR_CORE_VERSIONS
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
     opening = CU.read_text().split("#include")[0]
     for v in VERSIONS:
@@ -75,8 +76,8 @@ def test_version_from_argument_then_environment(monkeypatch):
     assert K5.resolve_version() == 5
     monkeypatch.setenv(ENV, "2")
     assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
-    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5, 6\]"):
-        K5.resolve_version(7)
+    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5, 6, 7\]"):
+        K5.resolve_version(8)
 
 
 @pytest.mark.parametrize("D", [8, 48, 96, 256])
@@ -284,6 +285,80 @@ def test_mirror_grouped_dkdv_steps_visit_every_head_and_tile_once():
         assert prefetched == seen[1:]
 
 
+
+# v7's fused backward (attention.cu, "v7's backward"): the staggered query-tile order, dS read
+# back transposed from its [keys][queries] tile, and the dQ jobs with their key bound.
+
+def test_mirror_v7_staggered_steps_visit_every_head_and_tile_once():
+    # attn_bwd_fused_kernel: step s is head bh0 + s / per_head, tile_of(s) = t_first +
+    # (s % per_head + rot) % per_head with rot = nb % per_head; the prefetch uses tile_of(s + 1).
+    for group, t_first, t_end in ((1, 0, 5), (3, 2, 7), (4, 0, 1), (6, 3, 4), (2, 0, 33)):
+        per_head = max(0, t_end - t_first)
+        for nb in range(40):
+            rot = nb % per_head
+            seen = [(s // per_head, t_first + (s % per_head + rot) % per_head) for s in range(group * per_head)]
+            assert sorted(seen) == [(h, t) for h in range(group) for t in range(t_first, t_end)]
+            assert seen[0][1] == t_first + rot  # neighbouring key blocks start at different tiles
+
+
+def _ldmatrix_x4_trans(tile, addr_of):
+    """PTX ldmatrix .x4 .trans: lanes 8i..8i+7 give the (row, col) starts of matrix i's 8 rows
+    (8 elements each); lane l's register i receives (M_i[2 (l % 4)][l / 4], M_i[2 (l % 4) + 1][l / 4])."""
+    starts = [addr_of(lane) for lane in range(32)]
+    regs = []
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        regs.append([tuple(tile[starts[8 * i + r][0]][starts[8 * i + r][1] + g] for r in (2 * t, 2 * t + 1))
+                     for i in range(4)])
+    return regs
+
+
+@pytest.mark.parametrize("QT", [32, 64])
+def test_mirror_v7_ds_tile_read_transposed_is_the_a_fragment(QT):
+    # fused_tile stores dSᵀ (rows: the block's keys, columns: the tile's queries); fused_dq
+    # reads it with ldmatrix.trans at b_addr<QT>'s lane pattern (row kc 16 + (l & 7) + 8 (l >> 4),
+    # column mt 16 + 8 ((l >> 3) & 1)): each lane must get the m16n8k16 A fragment of dS
+    # (queries x keys): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..).
+    block_n = 128
+    ds = [[(q, key) for key in range(block_n)] for q in range(QT)]  # dS[q][key], labelled
+    sds = [[ds[q][key] for q in range(QT)] for key in range(block_n)]  # the stored transpose
+    for kc in range(block_n // 16):
+        for mt in range(QT // 16):
+            regs = _ldmatrix_x4_trans(sds, lambda l: (kc * 16 + (l & 7) + ((l >> 4) << 3), mt * 16 + ((l >> 3) & 1) * 8))
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for i in range(4):
+                    m, k = mt * 16 + g + 8 * (i & 1), kc * 16 + 2 * t + 8 * (i >> 1)
+                    assert regs[lane][i] == (ds[m][k], ds[m][k + 1]), (kc, mt, lane, i)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_mirror_v7_dq_jobs_cover_the_tile_once_and_skip_only_unseen_keys(D, warps):
+    # fused_dq: QT = 32 at D 128, else 64; jobs of 16 queries x JW = min(D, 32) columns, warp w
+    # takes jobs w, w + warps, ...; a job visits keys [n0, n0 + 16 ceil(kend / 16)) with
+    # kend = min(block_n, end - n0, causal: q0 + 15 + shift - n0 + 1). Every (query, column)
+    # of the tile once; every key a job leaves out is unseen by all 16 of its queries.
+    QT, JW = (32 if D == 128 else 64), min(D, 32)
+    CJ, block_n = D // JW, 16 * warps
+    jobs = [(job // CJ, (job % CJ) * JW) for w in range(warps) for job in range(w, (QT // 16) * CJ, warps)]
+    cells = sorted((16 * mt + r, c0 + c) for mt, c0 in jobs for r in range(16) for c in range(JW))
+    assert cells == [(q, d) for q in range(QT) for d in range(D)]
+    for Nq, Nk, end, shift in ((300, 300, 300, 0), (130, 300, 171, 41), (257, 129, 0, -257), (77, 500, 500, 0)):
+        for causal in (0, 1):
+            for n0 in range(0, Nk, block_n):
+                if n0 >= end:
+                    continue  # no step: the block's keys are past the length
+                for m0 in range(0, Nq, QT):
+                    for mt, _ in jobs:
+                        q0 = m0 + 16 * mt
+                        kend = min(block_n, end - n0)
+                        if causal:
+                            kend = min(kend, q0 + 15 + shift - n0 + 1)
+                        visited = set(range(n0, n0 + 16 * -(-kend // 16))) if q0 < Nq and kend > 0 else set()
+                        for j in set(range(n0, n0 + block_n)) - visited:
+                            assert not any(_visible(i, j, end, shift, causal) for i in range(q0, min(q0 + 16, Nq)))
+
 # v6 (wgmma): the shared-memory layout its loader writes, read back the way the PTX ISA's
 # canonical 128-byte-swizzle layouts say the tensor cores read a descriptor, and the
 # accumulator -> A-fragment re-pack of P. Byte addresses are modelled; 2-byte elements.
@@ -382,6 +457,9 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
     assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * (4 + 2), names
     assert sum("attn_fwd_v6_kernel" in n for n in names) == 2 * 2, names  # fp16/bf16 x D 64, 128
+    # v7's fused backward (D 16..128, and 64, 128 with RoPE) and its dq conversion (x RoPE)
+    assert sum("attn_bwd_fused_kernel" in n for n in names) == 2 * (4 + 2), names
+    assert sum("attn_bwd_dq_convert_kernel" in n for n in names) == 2 * 2, names
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
         assert sum(kernel in n for n in names) == 3 * 6 * 2, kernel  # 3 dtypes x tiles 8..256 x rope
     for k in ptxas:
@@ -390,6 +468,18 @@ def test_no_kernel_spills_on_sm90a(ptxas):
 
 
 # ------------------------------------------------------------------------------ GPU ---
+
+def _agree(runs, version):
+    """Two runs' (dq, dk, dv[, out]) agree bit for bit; at a version that adds dq with atomics
+    (K5.ATOMIC_DQ_VERSIONS: the order of fp32 adds varies) dq agrees to its dtype's rounding
+    (a lost or doubled add would be a whole term off), everything else bit for bit."""
+    first, second = runs
+    for i, (x, y) in enumerate(zip(first, second)):
+        if i == 0 and version in K5.ATOMIC_DQ_VERSIONS:
+            torch.testing.assert_close(x, y, rtol=2 ** -7, atol=1e-3 * float(x.abs().max()))
+        else:
+            assert torch.equal(x, y), (version, i)
+
 
 def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0, H_kv=None, alignment=None,
           kv_lens=None):
@@ -561,8 +651,7 @@ def test_rope_backward_is_deterministic_and_tables_get_no_gradient(version):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         K5.attention(q, k, v, True, None, version=version, rope_cos=cos, rope_sin=sin).float().sum().backward()
         runs.append((q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+    _agree(runs, version)
     assert cos.grad is None and sin.grad is None
 
 
@@ -604,8 +693,7 @@ def test_grouped_backward_is_deterministic(version):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         K5.attention(q, k, v, True, None, version=version).float().sum().backward()
         runs.append((q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+    _agree(runs, version)
 
 
 @pytest.mark.gpu
@@ -673,16 +761,15 @@ def test_lse_is_the_base_2_log_sum_exp(version):
 def test_expanded_upstream_gradient_and_determinism(version):
     _hopper_or_skip(version)
     # `.sum().backward()` hands the backward a stride-0 gradient (copied by _operand); no
-    # atomics anywhere, so two runs agree bit for bit.
+    # atomics anywhere but in v7's dq, so two runs agree bit for bit (_agree).
     a = _args(2, 4, 300, 300, 64, torch.bfloat16, causal=True, seed=9)
     runs = []
     for _ in range(2):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         out = K5.attention(q, k, v, True, None, version=version)
         out.float().sum().backward()
-        runs.append((out.detach(), q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+        runs.append((q.grad, k.grad, v.grad, out.detach()))
+    _agree(runs, version)
 
 
 @pytest.mark.gpu
@@ -824,3 +911,59 @@ def test_version_6_asked_for_off_hopper_raises():
     q = torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"version 6.*wgmma: sm_90"):
         K5.attention(q, q, q, True, None, version=6)
+
+
+# ------------------------------------------------------------------- GPU: version 7 ---
+# The fused backward (one kernel per key block, dQ added into fp32 with atomics, then
+# converted) at every head size it takes, on v6's cases: lengths of no tile's multiple, both
+# diagonals, kv_lens (a length 0, rows that see no key), grouped and multi-query heads,
+# decoding, and the 8-warp blocks. The harness checks out, dq, dk and dv against float64 with
+# NaN-poisoned allocations (an unwritten row of dq or a missed atomic fails). Strided layouts,
+# odd N, RoPE, fp32 (the CUDA-core backward) and determinism of dk/dv run with every version
+# above (VERSIONS, ROPE_VERSIONS, TENSOR_CORE_VERSIONS include 7).
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("D", K5.HEAD_DIMS)
+@pytest.mark.parametrize("case", V6_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{c[6]}-{c[7]}")
+def test_version_7_forward_and_backward(dtype, D, case, monkeypatch):
+    B, H, H_kv, Nq, Nk, causal, alignment, lens = case
+    args = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + Nk + D + 1, H_kv=H_kv, alignment=alignment,
+                 kv_lens=lens)
+    monkeypatch.setenv(ENV, "7")
+    assert K5.pick_version(None, args["q"], args["k"], causal, args.get("kv_lens")) == 7  # no fallback
+    _passes(args, 7, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", K5.HEAD_DIMS)
+def test_version_7_forward_is_version_6_at_128_on_hopper_else_version_5(D):
+    # attention.cu's forward_with: v7 runs v6's forward on sm_90 at D = 128 without RoPE and
+    # v5's otherwise: the same kernel, so the same bits.
+    from cuda_kernels import versions
+    a = _args(2, 4, 300, 300, D, torch.bfloat16, seed=D)
+    ops = K5._ops()
+    want = 6 if D == 128 and versions.on_hopper() else 5
+    got = ops.attention_fwd(a["q"], a["k"], a["v"], True, 0.1, 7)
+    same = ops.attention_fwd(a["q"], a["k"], a["v"], True, 0.1, want)
+    assert torch.equal(got[0], same[0]) and torch.equal(got[1], same[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_version_7_gradients_match_the_deterministic_backward(causal):
+    # The same lse and out through v7's fused backward and v4's two kernels: dk and dv are the
+    # same sums in another order of query tiles (the staggered start), dq the same terms added
+    # by atomics; both within a few 16-bit roundings of each other at a shape with many key
+    # blocks adding into each dQ row (Nk / 128 = 9 atomic adds each, 8-warp blocks).
+    a = _args(2, 16, 1100, 1100, 128, torch.bfloat16, causal, seed=29)
+    ops = K5._ops()
+    q, k, v = a["q"], a["k"], a["v"]
+    out, lse = ops.attention_fwd(q, k, v, causal, 0.09, 4)
+    dout = torch.randn_like(out)
+    new = ops.attention_bwd(dout, q, k, v, out, lse, causal, 0.09, 7)
+    old = ops.attention_bwd(dout, q, k, v, out, lse, causal, 0.09, 4)
+    for name, x, y in zip(("dq", "dk", "dv"), new, old):
+        assert torch.isfinite(x).all(), name
+        err = float((x.double() - y.double()).norm() / y.double().norm())
+        assert err < 1e-2, (name, err)
