@@ -38,7 +38,7 @@ backward, v4, v5 and v6 (same lse, same outputs) with the mma.sync backward that
 double-buffers and skips causal blocks; v7 (16-bit) with the fused kernel above, whose dq
 is added up with atomics: the one backward whose dq can differ in its last bits between
 two runs (ATOMIC_DQ_VERSIONS; choose 4-6 for a bitwise reproducible dq).
-fp32 inputs take the declared exact path at v3-v6: v2's forward and the CUDA-core
+fp32 inputs take the declared exact path at v3-v7: v2's forward and the CUDA-core
 backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
 
 The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
