@@ -20,6 +20,7 @@ spills on sm_90a."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -358,6 +359,104 @@ def test_mirror_v7_dq_jobs_cover_the_tile_once_and_skip_only_unseen_keys(D, warp
                         visited = set(range(n0, n0 + 16 * -(-kend // 16))) if q0 < Nq and kend > 0 else set()
                         for j in set(range(n0, n0 + block_n)) - visited:
                             assert not any(_visible(i, j, end, shift, causal) for i in range(q0, min(q0 + 16, Nq)))
+
+
+def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT):
+    """attn_bwd_fused_kernel's loops in float64 (torch, CPU), transcribed: key blocks of 16
+    warps keys, the staggered (head, query tile) steps from t_first, each warp's "above" /
+    "needs_mask" choice (unmasked tiles run without the mask, as in the kernel), the dS tile,
+    the dQ jobs with their key bound and the row guard. Returns dq, dk, dv."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group, block_n = H // Hkv, 16 * warps
+    JW = min(D, 32)
+    CJ = D // JW
+    sl = scale * math.log2(math.e)
+    pad = lambda t, n, rows: torch.cat([t, t.new_zeros(max(0, n - t.shape[0]), t.shape[1])])[:rows]  # noqa: E731
+    dq_acc, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    s_all = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * sl
+    for b in range(B):
+        end, shift = ends[b], shifts[b]
+        j = torch.arange(Nk)
+        seen = (j[None, :] < end) & (~(j[None, :] > torch.arange(Nq)[:, None] + shift) if causal else True)
+        s = s_all[b].masked_fill(~seen, float("-inf"))
+        lse = torch.logsumexp(s * math.log(2), -1) / math.log(2)  # base 2, as the forward's
+        lse = torch.where(seen.any(-1), lse, torch.full_like(lse, float("inf")))  # no key: +inf
+        o = torch.nan_to_num(torch.softmax(s * math.log(2), -1)) @ v[b].repeat_interleave(group, 0)
+        delta = (dout[b] * o).sum(-1)
+        for hk in range(Hkv):
+            for nb in range(-(-Nk // block_n)):
+                n0 = nb * block_n
+                t_first = max(0, n0 - shift) // QT if causal else 0
+                t_end = -(-Nq // QT)
+                per_head = max(0, t_end - t_first) if n0 < end else 0
+                rot = nb % per_head if per_head else 0
+                kb, vb = pad(k[b, hk, n0:], block_n, block_n), pad(v[b, hk, n0:], block_n, block_n)
+                for step in range(group * per_head):
+                    h = hk * group + step // per_head
+                    m0 = (t_first + (step % per_head + rot) % per_head) * QT
+                    qt, dot = pad(q[b, h, m0:], QT, QT), pad(dout[b, h, m0:], QT, QT)
+                    lt = pad(lse[h, m0:, None], QT, QT)[:, 0]  # rows past Nq: 0, as cp.async's zero fill
+                    dt = pad(delta[h, m0:, None], QT, QT)[:, 0]
+                    ds = torch.zeros(block_n, QT, dtype=q.dtype)
+                    for w in range(warps):
+                        key0 = n0 + 16 * w
+                        above = key0 >= end or (causal and m0 + QT - 1 + shift < key0)
+                        needs_mask = m0 + QT > Nq or key0 + 15 >= end or (causal and m0 + shift < key0 + 15)
+                        if above:
+                            continue
+                        rows = slice(16 * w, 16 * w + 16)
+                        pt = torch.exp2(kb[rows] @ qt.T * sl - lt[None, :])
+                        if needs_mask:
+                            qi, key = torch.arange(m0, m0 + QT)[None, :], torch.arange(key0, key0 + 16)[:, None]
+                            pt = pt.masked_fill((qi >= Nq) | (key >= end) | ((qi + shift < key) if causal else False), 0)
+                        dst = pt * (vb[rows] @ dot.T - dt[None, :])  # dSᵀ
+                        n = max(0, min(16, Nk - key0))
+                        dv[b, hk, key0:key0 + n] += (pt @ dot)[:n]
+                        dk[b, hk, key0:key0 + n] += (dst @ qt)[:n]
+                        ds[rows] = dst
+                    for job in range((QT // 16) * CJ):
+                        mt, c0 = job // CJ, (job % CJ) * JW
+                        q0 = m0 + 16 * mt
+                        kend = min(block_n, end - n0)
+                        if causal:
+                            kend = min(kend, q0 + 15 + shift - n0 + 1)
+                        if q0 >= Nq or kend <= 0:
+                            continue
+                        kk = 16 * -(-kend // 16)
+                        part = ds[:kk, 16 * mt:16 * mt + 16].T @ kb[:kk, c0:c0 + JW]
+                        n = min(16, Nq - q0)
+                        dq_acc[b, h, q0:q0 + n, c0:c0 + JW] += part[:n]
+    return dq_acc * scale, dk * scale, dv
+
+
+@pytest.mark.parametrize("Nq,Nk,lens,causal,bottom_right,H,Hkv,warps,QT", [
+    (70, 70, None, False, False, 2, 2, 4, 64),
+    (70, 150, [150, 77], True, True, 4, 2, 4, 32),
+    (150, 70, None, True, False, 2, 1, 8, 32),
+    (100, 130, [0, 130], True, True, 2, 2, 4, 64),   # a length 0: no key block has a step
+    (33, 200, [120, 200], False, False, 3, 1, 8, 64)])
+def test_mirror_v7_fused_backward_tiles_give_the_gradients(Nq, Nk, lens, causal, bottom_right, H, Hkv, warps, QT):
+    # The fused kernel's tiling, skipping, masking, staggered steps and dQ jobs, run as float64
+    # matrix products: the gradients must be attention's (autograd of the float64 math).
+    g = torch.Generator().manual_seed(Nq + Nk)
+    B, D, scale = 2, 16, 0.3
+    q = torch.randn(B, H, Nq, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, Hkv, Nk, D, generator=g, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(B, H, Nq, D, generator=g, dtype=torch.float64)
+    ends = [Nk if lens is None else lens[b] for b in range(B)]
+    shifts = [ends[b] - Nq if bottom_right else 0 for b in range(B)]
+    dq, dk, dv = _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    s = leaves[0] @ leaves[1].repeat_interleave(H // Hkv, 1).transpose(-1, -2) * scale
+    i, j = torch.arange(Nq)[:, None], torch.arange(Nk)[None, :]
+    mask = torch.stack([(j >= ends[b]) | ((j > i + shifts[b]) if causal else torch.zeros_like(j, dtype=torch.bool))
+                        for b in range(B)])[:, None]
+    out = torch.nan_to_num(torch.softmax(s.masked_fill(mask, float("-inf")), -1)) @ leaves[2].repeat_interleave(
+        H // Hkv, 1)
+    out.backward(dout)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), (x.grad for x in leaves)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=name)
 
 # v6 (wgmma): the shared-memory layout its loader writes, read back the way the PTX ISA's
 # canonical 128-byte-swizzle layouts say the tensor cores read a descriptor, and the
