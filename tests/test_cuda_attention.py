@@ -325,7 +325,8 @@ def test_mirror_v7_ds_tile_read_transposed_is_the_a_fragment(QT):
     sds = [[ds[q][key] for q in range(QT)] for key in range(block_n)]  # the stored transpose
     for kc in range(block_n // 16):
         for mt in range(QT // 16):
-            regs = _ldmatrix_x4_trans(sds, lambda l: (kc * 16 + (l & 7) + ((l >> 4) << 3), mt * 16 + ((l >> 3) & 1) * 8))
+            regs = _ldmatrix_x4_trans(sds, lambda l: (kc * 16 + (l & 7) + ((l >> 4) << 3),
+                                                      mt * 16 + ((l >> 3) & 1) * 8))
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
                 for i in range(4):
@@ -361,6 +362,11 @@ def test_mirror_v7_dq_jobs_cover_the_tile_once_and_skip_only_unseen_keys(D, warp
                             assert not any(_visible(i, j, end, shift, causal) for i in range(q0, min(q0 + 16, Nq)))
 
 
+def _rows(t, n):
+    """Rows [0, n) of a 2-D slice, zeros past its end (the kernels' zero-filled tile rows)."""
+    return torch.cat([t, t.new_zeros(max(0, n - t.shape[0]), t.shape[1])])[:n]
+
+
 def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT):
     """attn_bwd_fused_kernel's loops in float64 (torch, CPU), transcribed: key blocks of 16
     warps keys, the staggered (head, query tile) steps from t_first, each warp's "above" /
@@ -372,7 +378,6 @@ def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT)
     JW = min(D, 32)
     CJ = D // JW
     sl = scale * math.log2(math.e)
-    pad = lambda t, n, rows: torch.cat([t, t.new_zeros(max(0, n - t.shape[0]), t.shape[1])])[:rows]  # noqa: E731
     dq_acc, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     s_all = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * sl
     for b in range(B):
@@ -391,13 +396,13 @@ def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT)
                 t_end = -(-Nq // QT)
                 per_head = max(0, t_end - t_first) if n0 < end else 0
                 rot = nb % per_head if per_head else 0
-                kb, vb = pad(k[b, hk, n0:], block_n, block_n), pad(v[b, hk, n0:], block_n, block_n)
+                kb, vb = _rows(k[b, hk, n0:], block_n), _rows(v[b, hk, n0:], block_n)
                 for step in range(group * per_head):
                     h = hk * group + step // per_head
                     m0 = (t_first + (step % per_head + rot) % per_head) * QT
-                    qt, dot = pad(q[b, h, m0:], QT, QT), pad(dout[b, h, m0:], QT, QT)
-                    lt = pad(lse[h, m0:, None], QT, QT)[:, 0]  # rows past Nq: 0, as cp.async's zero fill
-                    dt = pad(delta[h, m0:, None], QT, QT)[:, 0]
+                    qt, dot = _rows(q[b, h, m0:], QT), _rows(dout[b, h, m0:], QT)
+                    lt = _rows(lse[h, m0:, None], QT)[:, 0]  # rows past Nq: 0, as cp.async's zero fill
+                    dt = _rows(delta[h, m0:, None], QT)[:, 0]
                     ds = torch.zeros(block_n, QT, dtype=q.dtype)
                     for w in range(warps):
                         key0 = n0 + 16 * w
@@ -409,7 +414,8 @@ def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT)
                         pt = torch.exp2(kb[rows] @ qt.T * sl - lt[None, :])
                         if needs_mask:
                             qi, key = torch.arange(m0, m0 + QT)[None, :], torch.arange(key0, key0 + 16)[:, None]
-                            pt = pt.masked_fill((qi >= Nq) | (key >= end) | ((qi + shift < key) if causal else False), 0)
+                            hidden = (qi >= Nq) | (key >= end) | ((qi + shift < key) if causal else False)
+                            pt = pt.masked_fill(hidden, 0)
                         dst = pt * (vb[rows] @ dot.T - dt[None, :])  # dSᵀ
                         n = max(0, min(16, Nk - key0))
                         dv[b, hk, key0:key0 + n] += (pt @ dot)[:n]
