@@ -15,7 +15,9 @@ backward 2.5x that, half of both when causal); ratios to FLASH and cuDNN. "bwd" 
 torch.autograd.grad on a graph kept from one forward (retain_graph), "fwd+bwd" both.
 A failing check or a candidate that raises is recorded in OUT.json and printed, not fatal
 (the timings of a version that failed its check are marked). ~1-2 min on an H100 after the
-build (build_s in OUT.json).
+build (build_s in OUT.json). The fused kernel's ncu counters (beside v4's two kernels, as in
+reports/h100-level5-ncu-attention.json): PYTHONPATH=. python3 scripts/device_level5.py --out DIR
+--skip ptxas,harness,opcheck,pytest_gpu,bench --ncu "attention bwd v7,attention bwd v4,attention bwd dq v4".
 """
 
 from __future__ import annotations
