@@ -13,10 +13,13 @@ Grown: grouped-query heads, causal with Nq != Nk in both alignments, kv_lens and
 (ROPE_API.md) at every version; head sizes 1-256 (the tiles of 8..256) at v1, v2 and the
 CUDA-core backward (v3-v5 hand other sizes to v2 unless asked for by argument); empty inputs.
 
+Version 7's backward adds dQ with atomics: its dq is checked against float64 like every
+gradient, and for repeatability to its dtype's rounding only (`_agree`); dk and dv bit for bit.
+
 On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
 tensors), mirrors of the kernels' index math (tile skipping around a shifted diagonal, the
-un-rotation of mma fragments, the grouped dK/dV steps), and (with nvcc) that no kernel
-spills on sm_90a."""
+un-rotation of mma fragments, the grouped dK/dV steps, v7's transposed dS read, dQ jobs and a
+float64 model of its whole fused backward), and (with nvcc) that no kernel spills on sm_90a."""
 
 from __future__ import annotations
 
