@@ -41,15 +41,34 @@
 //       B1 H32 N2048 D128 causal 0.96x (v5 0.71x); at D = 64 no gain (N1000-1024 1.25-1.46x
 //       FLASH, v5 1.33-1.46x) and a loss at short sequences (N197 0.52x, v5 0.87x), so the
 //       Python side's default is v6 on sm_90 for D = 128 only (attention.py default_version).
+//   v7  a faster backward; forward: v6's on sm_90 at D = 128 without RoPE, v5's otherwise
+//       (the measured best, so v7 runs every case v5 runs). ONE fused backward kernel per
+//       key block (FlashAttention-2's own design): the dK/dV block, which holds dSᵀ for its
+//       keys anyway, also computes its share of dQ = dS K (dS through a shared tile, read
+//       back transposed by ldmatrix.trans) and adds it into an fp32 workspace with 8-byte
+//       atomics; a small kernel turns the workspace into dq (x scale, RoPE turned back).
+//       Removes the dQ kernel's recompute of S, P, dP and dS: 5 products instead of 7.
+//       Costs: dq is NOT bitwise deterministic (the order of the fp32 atomic adds varies;
+//       dk and dv still are: grouped heads summed in a loop, as v4); a workspace of 4 bytes
+//       per element of q (134 MB at B4 H16 N4096 D128) zeroed per call; Nk/128 atomic adds
+//       per dQ element; one more barrier a query tile. Versions 4-6 remain the deterministic
+//       backward. ptxas (sm_90a, CUDA 13.0): 245 registers at D = 128, 206 at 64, 166 at 32,
+//       128 at 16, no spills (v4's dK/dV kernel: 248 / 204 / 160 / 111); shared memory
+//       115,200 bytes at D = 128 and 8 warps (v4's dK/dV kernel: 104,960): one block an SM,
+//       as v4's. Section "v7's backward".
 //
 // Backward (FlashAttention-2: P is recomputed from the stored log-sum-exp, never stored):
 //   preprocess delta_i = rowsum(dO_i · O_i), then a dK/dV kernel (one block per key block,
 //   looping over query blocks) and a dQ kernel (one block per query block, looping over key
 //   blocks): no atomics, every gradient element written once by one thread: deterministic.
+//   (v7 trades that determinism of dq for the second kernel: see v7 above.)
 //   forward v1, v2 (and fp32 at v3/v4)  ->  CUDA-core backward (exact fp32, v2's layout)
 //   forward v3                           ->  mma.sync backward, synchronous loads, masking
 //   forward v4, v5, v6                   ->  mma.sync backward, cp.async double buffering
 //                                            and causal block skipping
+//   v7 (16-bit)                          ->  the fused kernel (v4's dK/dV kernel + dQ by
+//                                            atomics into fp32) and a dq conversion: dq
+//                                            not deterministic, dk and dv are
 //
 // The log-sum-exp the forward stores is in base 2 of the scaled scores:
 //   lse_i = log2 sum_j 2^(scale·log2(e)·q_i·k_j)   (= natural lse · log2(e))
@@ -87,12 +106,12 @@
 //
 // Layout: q, k, v, dO and O come with element strides for batch, head and row; the last
 // dimension must have stride 1 (the Python side, cuda_kernels/attention.py, copies a tensor
-// whose last dimension is strided). v3-v6 read 16-byte chunks, so for them every stride
+// whose last dimension is strided). v3-v7 read 16-byte chunks, so for them every stride
 // of a dimension of size > 1 must be a multiple of 8 elements and the base 16-byte aligned
 // (else LEVELS_UNSUPPORTED; the Python side copies). Outputs out, lse, dq, dk, dv are
 // contiguous, written only inside their own extent. Offsets are int64.
-// Head dims D in {16, 32, 64, 128} at v2-v5 (one register tile spans D), {64, 128} at v6; v1
-// takes any D.
+// Head dims D in {16, 32, 64, 128} at v2-v5 and v7 (one register tile spans D), {64, 128}
+// at v6; v1 takes any D.
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -129,6 +148,8 @@ struct Params {
   void* dq;               // (B, H, Nq, D) contiguous
   void* dk;               // (B, H, Nk, D) contiguous
   void* dv;               // (B, H, Nk, D) contiguous
+  float* dq_accum;        // v7's backward: (B, H, Nq, D) fp32, zeroed by the binding; dQ is
+                          // added into it by every key block (atomics), then converted to dq
   int64_t H, BH, Nq, Nk;
   int64_t Hkv, group;     // K/V heads, and H / Hkv query heads reading each (1: multi-head)
   const int* kv_lens;     // (B,) int32 valid keys per batch element, or null (all Nk)
@@ -1795,6 +1816,254 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_mma_kernel(Params p) {
 }
 
 // =====================================================================================
+// v7's backward: one fused kernel per key block, dQ added into an fp32 workspace
+// =====================================================================================
+// What the profile of v4's backward said (reports/h100-level5-ncu-attention.json, bf16,
+// B4 H16 N4096 D128): the dK/dV kernel took 4.96 ms and the dQ kernel 3.01 ms, both at
+// 12.5% occupancy (one 256-thread block an SM: 244-246 registers a thread), issue slots
+// 29-31% busy, L1/shared 61-63% busy (ldmatrix), no spills. The dQ kernel spends its time
+// recomputing what the dK/dV kernel already had: S = Q Kᵀ, P, dP = dO Vᵀ and dS — two of
+// its three products. 7 matrix products run where the backward's FLOP count has 5.
+// v7 removes the second kernel (FlashAttention-2's own design): the dK/dV block, which has
+// dSᵀ for its keys x the query tile in registers anyway, also computes that tile's share of
+// dQ = dS K and adds it into a (B, H, Nq, D) fp32 workspace with atomics. Per query tile:
+//   1. Sᵀ, Pᵀ, dV += Pᵀ dO, dPᵀ, dSᵀ, dK += dSᵀ Q         (v4's dK/dV tile, unchanged)
+//   2. every warp writes its 16 keys' dSᵀ (16-bit: the same rounding dK used) into a shared
+//      [keys][queries] tile; one barrier
+//   3. dQ_tile (QT x D) = dS (QT x keys) K (keys x D): the warps split it into 16 x 32
+//      jobs; dS arrives as the A operand by ldmatrix.trans from the [keys][queries] tile
+//      (b_addr's lane pattern: the transpose of an A tile is a B tile), K as the B operand
+//      by ldmatrix.trans as in dK's product. Keys past the length or the diagonal of the
+//      job's 16 queries are not visited.
+//   4. red.global.add of the job's fp32 results (two adjacent columns at a time: sm_90's
+//      8-byte float2 atomicAdd) into the workspace row of the query.
+// Then a small kernel turns the workspace into dq: times the scale, (RoPE) turned back by
+// minus the query's angle, rounded to the dtype.
+// Key blocks of one head start their query loop at different tiles (block nb at tile
+// nb mod the tile count): blocks running side by side add into different dQ rows instead of
+// queueing on the same addresses at L2.
+// Costs: NOT DETERMINISTIC in dq — the fp32 additions of the key blocks happen in whatever
+// order the blocks reach them, so dq can differ in its last bits from run to run (dk and
+// dv are still one block's own sums: deterministic, grouped heads included). Versions 4-6
+// keep the deterministic two-kernel backward. Also: the workspace (4 bytes per element of
+// q, 134 MB at the bench shape) and its zeroing; Nk/block_n atomic adds per dQ element
+// (32 at the bench shape); one more barrier and a dS tile (block_n x (QT + 8) 16-bit) of
+// shared memory per block.
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void fused_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], T* sds, const T* sk,
+                                           const T* sv, const T* sq, const T* sdo, const float* slse,
+                                           const float* sdelta, int warp, int m0, int key_g, int Nq, int end,
+                                           int shift, int causal, float sl, int lane) {
+  constexpr int QN = bwd_tile<D>() / 8, LDS = ld_of<bwd_tile<D>()>();
+  // ### BEGIN SOLUTION
+  float st[QN][4];  // Sᵀ, then Pᵀ
+  warp_xyt<T, D, QN>(st, sk, sq, warp, lane);
+#pragma unroll
+  for (int j = 0; j < QN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * (lane & 3) + (e & 1);  // query m0 + col; key key_g + 8 (e >> 1)
+      float pr = exp2_approx(fmaf(st[j][e], sl, -slse[col]));
+      if constexpr (MASK) {
+        const int qi = m0 + col, key = key_g + (e >> 1) * 8;
+        if (qi >= Nq || key >= end || (causal && qi + shift < key)) pr = 0.0f;
+      }
+      st[j][e] = pr;
+    }
+  warp_acc_py<T, D, QN>(dv, st, sdo, lane);  // dV += Pᵀ dO
+  float dst[QN][4];
+  warp_xyt<T, D, QN>(dst, sv, sdo, warp, lane);  // dPᵀ = V dOᵀ
+#pragma unroll
+  for (int j = 0; j < QN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[j][e] = st[j][e] * (dst[j][e] - sdelta[j * 8 + 2 * (lane & 3) + (e & 1)]);
+  warp_acc_py<T, D, QN>(dk, dst, sq, lane);  // dK += dSᵀ Q (scale applied once, at the end)
+  // dSᵀ rows of this warp's keys, queries along the row: 32-bit stores of a lane's pairs
+  const int r = warp * 16 + (lane >> 2), c = 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < QN; ++j) {
+    *reinterpret_cast<uint32_t*>(sds + r * LDS + j * 8 + c) = pack2<T>(dst[j][0], dst[j][1]);
+    *reinterpret_cast<uint32_t*>(sds + (r + 8) * LDS + j * 8 + c) = pack2<T>(dst[j][2], dst[j][3]);
+  }
+  // ### END SOLUTION
+}
+
+// A warp's rows of the dS tile for keys no query of the tile sees: zeros (step 3 reads
+// every key row of the block up to the job's bound).
+template <typename T, int D>
+__device__ __forceinline__ void fused_zero_ds(T* sds, int warp, int lane) {
+  constexpr int LDS = ld_of<bwd_tile<D>()>();
+  for (int e = lane; e < 16 * bwd_tile<D>() / 2; e += 32) {
+    const int r = e / (bwd_tile<D>() / 2), c = 2 * (e % (bwd_tile<D>() / 2));
+    *reinterpret_cast<uint32_t*>(sds + (warp * 16 + r) * LDS + c) = 0u;
+  }
+}
+
+// Two adjacent fp32 values added into global memory: one 8-byte red on sm_90, two elsewhere.
+__device__ __forceinline__ void add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// Step 3 and 4 for query tile m0 of head bh: dQ_tile += dS K over this block's keys
+// [n0, n0 + block_n), the warps taking 16-query x JW-column jobs in turn.
+template <typename T, int D>
+__device__ __forceinline__ void fused_dq(const T* sds, const T* sk, float* __restrict__ dq_head, int m0, int n0,
+                                         int block_n, int Nq, int end, int shift, int causal, int warp,
+                                         int warps, int lane) {
+  constexpr int QT = bwd_tile<D>(), JW = D < 32 ? D : 32, NJ = JW / 8, CJ = D / JW, JOBS = (QT / 16) * CJ;
+  static_assert(NJ % 2 == 0, "K's ldmatrix.trans gives two n8 tiles at a time");
+  for (int job = warp; job < JOBS; job += warps) {
+    const int mt = job / CJ, c0 = (job % CJ) * JW, q0 = m0 + mt * 16;
+    // the keys these 16 queries can see, of the block's: [n0, n0 + kend)
+    int kend = min(block_n, end - n0);
+    if (causal) kend = min(kend, q0 + 15 + shift - n0 + 1);
+    if (q0 >= Nq || kend <= 0) continue;
+    float acc[NJ][4];
+#pragma unroll
+    for (int nj = 0; nj < NJ; ++nj) acc[nj][0] = acc[nj][1] = acc[nj][2] = acc[nj][3] = 0.0f;
+#pragma unroll 1
+    for (int kc = 0; kc < (kend + 15) / 16; ++kc) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, b_addr<QT>(sds, kc * 16, mt * 16, lane));  // dS (queries x keys) as A
+#pragma unroll
+      for (int nj = 0; nj < NJ; nj += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, a_addr<D>(sk, kc * 16, c0 + nj * 8, lane));  // K (keys x D) as B
+        mma_16816<T>(acc[nj], a, b[0], b[1]);
+        mma_16816<T>(acc[nj + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + (lane >> 2) + 8 * h;
+      if (row < Nq) {
+#pragma unroll
+        for (int nj = 0; nj < NJ; ++nj)
+          add2(dq_head + (int64_t)row * D + c0 + nj * 8 + 2 * (lane & 3), acc[nj][2 * h], acc[nj][2 * h + 1]);
+      }
+    }
+  }
+}
+
+// Block: W warps (4 or 8), 16 W keys: v4's dK/dV kernel (ASYNC) plus steps 2-4 above.
+// Shared: K, V [16 W][D+8]; 2 x (Q, dO [QT][D+8]); 2 x (lse, delta [QT]) fp32; then the dS
+// tile [16 W][QT+8].
+template <typename T, int D, bool ROPE>
+__global__ void __launch_bounds__(256) attn_bwd_fused_kernel(Params p) {
+  constexpr int LD = ld_of<D>(), QT = bwd_tile<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x >> 5, block_n = warps * 16;
+  T* sk = reinterpret_cast<T*>(smem_raw);
+  T* sv = sk + block_n * LD;
+  T* sq = sv + block_n * LD;           // [2][QT][LD]
+  T* sdo = sq + 2 * QT * LD;           // [2][QT][LD]
+  float* slse = reinterpret_cast<float*>(sdo + 2 * QT * LD);  // [2][QT]
+  float* sdelta = slse + 2 * QT;                               // [2][QT]
+  T* sds = reinterpret_cast<T*>(sdelta + 2 * QT);              // [block_n][QT + 8]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Nq = (int)p.Nq, Nk = (int)p.Nk, causal = p.causal;
+  const float sl = p.scale_log2;
+  int64_t bhk, nb;  // bhk: batch x K/V head
+  block_coords(cdiv(Nk, block_n), false, bhk, nb);
+  const int n0 = (int)nb * block_n;
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, bh0 = b * p.H + hk * p.group;
+  const Keys keys = keys_of(p, b);
+  const int end = (int)keys.end, shift = (int)keys.shift;
+  const int t_first = causal ? max(0, n0 - shift) / QT : 0;
+  const int t_end = (Nq + QT - 1) / QT;
+  const int per_head = n0 < end ? max(0, t_end - t_first) : 0, steps = (int)p.group * per_head;
+  // step s: head s / per_head, tile t_first + (s + rot) % per_head (the staggered start)
+  const int rot = per_head > 0 ? (int)(nb % per_head) : 0;
+  auto tile_of = [&](int s) { return t_first + (s % per_head + rot) % per_head; };
+
+  const int64_t k_off = b * p.k.sb + hk * p.k.sh, v_off = b * p.v.sb + hk * p.v.sh;
+  load_tile<T, D, 128, true>(sk, static_cast<const T*>(p.k.ptr) + k_off, p.k.sn, n0, Nk, block_n);
+  load_tile<T, D, 128, true>(sv, static_cast<const T*>(p.v.ptr) + v_off, p.v.sn, n0, Nk, block_n);
+  if (steps > 0)
+    dkdv_load_queries<T, D, true>(sq, sdo, slse, sdelta, head_of<T>(p.q, bh0, p.H), head_of<T>(p.dout, bh0, p.H),
+                                  bh0, tile_of(0) * QT, p);
+  cp_async_commit();  // group: K, V and the first query tile
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  const int warp_key0 = n0 + warp * 16, key_g = warp_key0 + (lane >> 2);
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    const int64_t bh = bh0 + step / per_head;
+    const int m0 = tile_of(step) * QT;
+    if (step + 1 < steps) {
+      const int ns = stage ^ 1;
+      const int64_t nbh = bh0 + (step + 1) / per_head;
+      dkdv_load_queries<T, D, true>(sq + ns * QT * LD, sdo + ns * QT * LD, slse + ns * QT, sdelta + ns * QT,
+                                    head_of<T>(p.q, nbh, p.H), head_of<T>(p.dout, nbh, p.H), nbh,
+                                    tile_of(step + 1) * QT, p);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if constexpr (ROPE) {  // K once (it landed with the first step), and each Q tile
+      if (step == 0) rope_tile<T, D>(sk, n0, Nk, block_n, 0, p);
+      rope_tile<T, D>(sq + stage * QT * LD, m0, Nq, QT, p.rope_qoff, p);
+      __syncthreads();
+    }
+    const T* sqt = sq + stage * QT * LD;
+    const T* sdot = sdo + stage * QT * LD;
+    const float* slt = slse + stage * QT;
+    const float* sdt = sdelta + stage * QT;
+    const bool above = warp_key0 >= end || (causal && m0 + QT - 1 + shift < warp_key0);
+    const bool needs_mask = m0 + QT > Nq || warp_key0 + 15 >= end || (causal && m0 + shift < warp_key0 + 15);
+    if (above)
+      fused_zero_ds<T, D>(sds, warp, lane);
+    else if (needs_mask)
+      fused_tile<T, D, true>(dk, dv, sds, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl,
+                             lane);
+    else
+      fused_tile<T, D, false>(dk, dv, sds, sk, sv, sqt, sdot, slt, sdt, warp, m0, key_g, Nq, end, shift, causal, sl,
+                              lane);
+    __syncthreads();  // the dS tile is whole
+    fused_dq<T, D>(sds, sk, p.dq_accum + bh * p.Nq * D, m0, n0, block_n, Nq, end, shift, causal, warp, warps, lane);
+    __syncthreads();  // the stage and the dS tile are free again
+  }
+  cp_async_wait<0>();
+  if (steps == 0) __syncthreads();  // K's loads by other threads landed before it is staged over
+  const int64_t out0 = bhk * p.Nk * D;
+  if constexpr (ROPE) rope_unrotate_acc<T, D>(dk, key_g, Nk, 0, p, lane);
+  store_rows<T, D>(sk + warp * 16 * LD, dk, p.scale, p.scale, static_cast<T*>(p.dk) + out0, warp_key0, Nk, lane);
+  store_rows<T, D>(sv + warp * 16 * LD, dv, 1.0f, 1.0f, static_cast<T*>(p.dv) + out0, warp_key0, Nk, lane);
+}
+
+// dq = scale · dq_accum, (RoPE) turned back by minus the query's angle, rounded to T: one
+// thread per pair of features (the pair RoPE turns together; without RoPE two adjacent ones).
+template <typename T, bool ROPE>
+__global__ void attn_bwd_dq_convert_kernel(Params p) {
+  const int half = p.D >> 1;
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (idx >= p.BH * p.Nq * half) return;
+  const int64_t row = idx / half;
+  const int i = (int)(idx % half);
+  const float* acc = p.dq_accum + row * p.D;
+  T* dq = static_cast<T*>(p.dq) + row * p.D;
+  if constexpr (ROPE) {
+    const int f1 = p.rope_interleaved ? 2 * i : i, f2 = p.rope_interleaved ? 2 * i + 1 : i + half;
+    const float2 cs = rope_cs<T>(p, row % p.Nq + p.rope_qoff, i);
+    const float a = acc[f1], b = acc[f2];
+    dq[f1] = from_f32<T>((a * cs.x + b * cs.y) * p.scale);
+    dq[f2] = from_f32<T>((b * cs.x - a * cs.y) * p.scale);
+  } else {
+    const float2 a = reinterpret_cast<const float2*>(acc)[i];
+    reinterpret_cast<uint32_t*>(dq)[i] = pack2<T>(a.x * p.scale, a.y * p.scale);
+  }
+}
+
+// =====================================================================================
 // launchers
 // =====================================================================================
 inline int num_sms() {
@@ -1869,12 +2138,16 @@ template <int D> constexpr int v6_smem(int block_m) {
   return (block_m + 2 * V6_STAGES * V6_BN) * D * 2 + 1024;  // + the 1 KB alignment slack
 }
 
-template <typename T, int D>
-int launch_fwd_v6(const Params& p, cudaStream_t stream) {
+inline bool on_sm90() {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
+  return major == 9;
+}
+
+template <typename T, int D>
+int launch_fwd_v6(const Params& p, cudaStream_t stream) {
+  if (!on_sm90()) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
   const int wgs = v6_warpgroups(p.BH, p.Nq), block_m = wgs * 64;
   static_assert(v6_smem<128>(128) <= 227 * 1024, "the 3-stage ring fits an H100's shared memory");
   static bool opted = false;
@@ -1912,6 +2185,26 @@ int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
   attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
   attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)qblocks, wq * 32, smem_q, stream>>>(p);
+  return levels_launch_status();
+}
+
+// v7's backward: the fused kernel over key blocks (warps as v4's dK/dV kernel), then the
+// workspace -> dq conversion. The binding hands over dq_accum zeroed.
+template <typename T, int D, bool ROPE>
+int launch_bwd_fused(const Params& p, cudaStream_t stream) {
+  constexpr int LD = ld_of<D>(), QT = bwd_tile<D>();
+  if (p.dq_accum == nullptr) return LEVELS_UNSUPPORTED;
+  const int64_t BHkv = p.BH / p.group;
+  const int wk = mma_warps(BHkv, p.Nk);
+  auto smem_of = [](int block_n) {
+    return (2 * block_n + 4 * QT) * LD * (int)sizeof(T) + 4 * QT * 4 + block_n * ld_of<QT>() * (int)sizeof(T);
+  };
+  static bool opted = false;
+  if (int err = opt_in(attn_bwd_fused_kernel<T, D, ROPE>, smem_of(128), opted)) return err;
+  const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), pairs = p.BH * p.Nq * (p.D / 2);
+  if (!grid_ok(kblocks) || !grid_ok(cdiv(pairs, 256))) return LEVELS_UNSUPPORTED;
+  attn_bwd_fused_kernel<T, D, ROPE><<<(unsigned)kblocks, wk * 32, smem_of(wk * 16), stream>>>(p);
+  attn_bwd_dq_convert_kernel<T, ROPE><<<(unsigned)cdiv(pairs, 256), 256, 0, stream>>>(p);
   return levels_launch_status();
 }
 
@@ -1977,6 +2270,12 @@ int forward_with(int version, const Params& p, int64_t B, cudaStream_t stream) {
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_mma<T, D, false, ROPE>(p, stream)); }
     if (version == 5) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream)); }
+    // v7's forward is the fastest measured one (attention.py default_version): v6's on sm_90
+    // at D = 128 without RoPE, v5's for everything else (v7 adds a backward, not a forward)
+    if (version == 7) {
+      if (!ROPE && p.D == 128 && on_sm90()) return launch_fwd_v6<T, 128>(p, stream);
+      LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_fwd_v5<T, D, ROPE>(p, stream));
+    }
     if (version == 6) {  // no RoPE and D in {64, 128} (the top of v6's section says why)
       if constexpr (ROPE) return LEVELS_UNSUPPORTED;
       if (p.D == 64) return launch_fwd_v6<T, 64>(p, stream);
@@ -2010,6 +2309,7 @@ int backward_with(int version, const Params& p, int64_t B, cudaStream_t stream) 
         !chunks_ok(p.dout, B, p.H, p.Nq))
       return LEVELS_UNSUPPORTED;
     if (version == 3) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, false, ROPE>(p, stream)); }
+    if (version == 7) { LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_fused<T, D, ROPE>(p, stream)); }
     // v4, v5 and v6 (same lse and outputs): the double-buffered, causal-skipping mma backward
     LEVELS_ATTN_TC_HEAD_DIM(ROPE, p.D, D, return launch_bwd_mma<T, D, true, ROPE>(p, stream));
   }
@@ -2059,7 +2359,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
                                     int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
   // Nothing to compute (the binding fills an output with no key to see): no empty grid.
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;
   // Positions inside a head are int in the tensor-core kernels: sequences below 2**30.
@@ -2093,14 +2393,16 @@ extern "C" int levels_attention_fwd(int dtype, int version,
 // Backward: dq (B, H, Nq, D), dk and dv (B, H, Nk, D), contiguous. dout and out (B, H,
 // Nq, D) with strides like q; lse from the forward; delta a (B*H*Nq) fp32 scratch.
 // Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4, 5 and 6: mma.sync +
-// cp.async + causal block skipping. Returns a LevelsStatus.
+// cp.async + causal block skipping; 7 (16-bit): the fused kernel, which adds dQ into
+// dq_accum, a zeroed (B, H, Nq, D) fp32 workspace (null for the others: LEVELS_UNSUPPORTED
+// at 7). Returns a LevelsStatus.
 extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* dout, int64_t sdb, int64_t sdh, int64_t sdn,
                                     const void* q, int64_t sqb, int64_t sqh, int64_t sqn,
                                     const void* k, int64_t skb, int64_t skh, int64_t skn,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     const void* out, int64_t sob, int64_t soh, int64_t son,
-                                    const float* lse, float* delta, void* dq, void* dk, void* dv,
+                                    const float* lse, float* delta, void* dq, void* dk, void* dv, float* dq_accum,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
                                     const void* rope_cos, int64_t scr, int64_t scc,
@@ -2108,7 +2410,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     int64_t rope_qoff, int rope_interleaved,
                                     cudaStream_t stream) {
   using namespace levels_attention;
-  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 7) return LEVELS_BAD_VERSION;
   if (B <= 0 || H <= 0 || Nq <= 0 || Nk <= 0) return LEVELS_OK;  // the binding zeroes the gradients
   if (Hkv <= 0 || H % Hkv != 0 || D <= 0 || D > 256 || Nq >= (1 << 30) || Nk >= (1 << 30))
     return LEVELS_UNSUPPORTED;
@@ -2123,6 +2425,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;
+  p.dq_accum = dq_accum;  // v7 (16-bit): zeroed (B, H, Nq, D) fp32; null otherwise
   p.H = H;
   p.BH = B * H;
   p.Hkv = Hkv;

@@ -23,13 +23,22 @@ adds is what Triton decided for us, written out one rung at a time, each selecta
         shared memory, O += P V with P from registers and     ping-pong softmax are the next
         V read N-major (imm-trans-b); cp.async 3-stage ring.  rung). D 64/128, no RoPE.
         Backward: v4's.
+    v7  a faster backward (forward: v6's on sm_90 at D 128  (FlashAttention-2's backward:
+        without RoPE, else v5's): ONE fused kernel per key    the dQ kernel's recompute of
+        block computes dK, dV and its share of dQ = dS K,     S, P, dP and dS is gone; 5
+        added into an fp32 workspace with atomics, then        products instead of 7.
+        converted to dq. dq is NOT bitwise deterministic        Costs: a workspace of 4 bytes
+        (atomic order); dk, dv are. Versions 4-6 keep the      per element of q, Nk/128
+        deterministic two-kernel backward.                     atomic adds per dQ element)
 
 Backward (recomputes P from the stored log-sum-exp; preprocess delta = rowsum(dO * O), a
 dK/dV kernel over key blocks, a dQ kernel over query blocks; no atomics: deterministic):
 forward v1 and v2 pair with the CUDA-core backward (exact fp32), v3 with the mma.sync
 backward, v4, v5 and v6 (same lse, same outputs) with the mma.sync backward that also
-double-buffers and skips causal blocks.
-fp32 inputs take the declared exact path at v3-v6: v2's forward and the CUDA-core
+double-buffers and skips causal blocks; v7 (16-bit) with the fused kernel above, whose dq
+is added up with atomics: the one backward whose dq can differ in its last bits between
+two runs (ATOMIC_DQ_VERSIONS; choose 4-6 for a bitwise reproducible dq).
+fp32 inputs take the declared exact path at v3-v7: v2's forward and the CUDA-core
 backward (no TF32: uses_tf32 is False and the fp32 bound 1e-5 applies).
 
 The log-sum-exp the forward returns is in base 2: lse = log2 sum_j 2^(scale log2(e) q.k_j)
@@ -79,7 +88,10 @@ or to version 2 where 5 cannot run it either (`pick_version`). Measured on the H
 (reports/h100-attention6.json): see `default_version`.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else default_version
-(version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION).
+(version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION). Version 7
+is not a default yet: it is chosen by argument or $LEVELS_CUDA_VERSION_ATTENTION=7 until the
+H100 has timed it (scripts/device_attention7.py) and the lead has weighed its speed against
+its non-deterministic dq.
 """
 
 from __future__ import annotations
@@ -102,6 +114,10 @@ VERSIONS = {
     6: "Hopper wgmma (sm_90 only): a warpgroup of 64 query rows, S = Q K^T from swizzled shared "
        "memory, O += P V with P from registers and V read N-major; cp.async 3-stage ring; D 64 "
        "or 128, no RoPE; backward: version 4's (fp32 runs version 2)",
+    7: "faster backward: one fused kernel per key block computes dK, dV and its share of dQ "
+       "(added into an fp32 workspace with atomics: dq not bitwise deterministic, dk/dv are; "
+       "versions 4-6 are the deterministic backward); forward: version 6's on sm_90 at D 128 "
+       "without RoPE, else version 5's (fp32 runs version 2)",
 }
 DEFAULT_VERSION = 5  # the fastest measured on the H100 (reports/h100-level5-attention-lstm.json)
 ENV_VERSION = "LEVELS_CUDA_VERSION_ATTENTION"
@@ -109,7 +125,8 @@ HEAD_DIMS = (16, 32, 64, 128)  # the tensor-core versions' templates
 ROPE_HEAD_DIMS = (64, 128)  # ... instantiated with RoPE fused (the sizes models rotate: build time)
 MAX_HEAD_DIM = 256  # the CUDA-core kernels' widest tile (any D up to it)
 GROWN_VERSION = 2  # the version a call the tensor-core versions cannot do runs
-TENSOR_CORE_VERSIONS = (3, 4, 5, 6)
+TENSOR_CORE_VERSIONS = (3, 4, 5, 6, 7)
+ATOMIC_DQ_VERSIONS = (7,)  # 16-bit backward adds dQ with atomics: dq not bitwise reproducible
 HOPPER_VERSION = 6  # wgmma: sm_90 only, D in HOPPER_HEAD_DIMS, no RoPE
 HOPPER_HEAD_DIMS = (64, 128)  # a 128-byte swizzled row is 64 elements: D is one or two of them
 HOPPER_FALLBACK = 5  # what version=None runs where version 6 cannot (else GROWN_VERSION)
@@ -153,7 +170,7 @@ def check_head_dim(q: torch.Tensor) -> None:
 
 
 def beyond_tensor_cores(q, k, causal, kv_lens, rope=False) -> str:
-    """What of this call versions 3-5 (the tensor cores) do not do, or "" if they do it."""
+    """What of this call versions 3-5 and 7 (the tensor cores) do not do, or "" if they do it."""
     D = q.shape[-1]
     if D not in HEAD_DIMS:
         return f"head dimension D={D} (they take D in {', '.join(map(str, HEAD_DIMS))})"
@@ -175,8 +192,9 @@ def beyond_hopper(q, rope=False) -> str:
 
 def supported(version: int, q, k, causal, kv_lens, rope=False) -> str:
     """Why `version` cannot run this call ("" if it can): fp32 and versions 1-2 run the
-    CUDA-core kernels, which do everything; 16-bit inputs at 3-6 run the tensor cores. (The
-    GPU version 6 needs, sm_90, is the launcher's check: LEVELS_BAD_ARCH.)"""
+    CUDA-core kernels, which do everything; 16-bit inputs at 3-7 run the tensor cores. (The
+    GPU version 6 needs, sm_90, is the launcher's check: LEVELS_BAD_ARCH. Version 7 takes
+    what 3-5 take: its forward is version 5's wherever version 6's cannot run.)"""
     if version <= GROWN_VERSION or q.dtype == torch.float32:
         return ""
     why = beyond_tensor_cores(q, k, causal, kv_lens, rope)
@@ -210,7 +228,7 @@ def pick_version(version, q, k, causal, kv_lens, rope=False) -> int:
 # What the kernels of a version read, and what is copied otherwise, is decided in C++
 # (autograd_binding.cpp's attention_operand):
 # every version needs stride 1 along D (a transposed q, or an expanded upstream gradient with
-# stride 0, is copied); versions 3-6 in 16 bits read rows as 16-byte chunks. The packed qkv
+# stride 0, is copied); versions 3-7 in 16 bits read rows as 16-byte chunks. The packed qkv
 # layout of a fused projection ((B, N, 3, H, D) viewed as three (B, H, N, D) tensors) already
 # is; a view starting at an odd element is copied. Batch, head and row strides are otherwise
 # free (slices, the packed layout, stride 0 from expand): no copy.

@@ -3,7 +3,7 @@
 // levels_cuda::{stream, dtype_code, check, in, out} exist).
 //
 // Ops (validated in Python first: levels/contract.py, then cuda_kernels/attention.py, which
-// hands over q, k, v with stride 1 along D and, for versions 3-6 in 16 bits, 16-byte
+// hands over q, k, v with stride 1 along D and, for versions 3-7 in 16 bits, 16-byte
 // aligned rows):
 //   attention_fwd(q, k, v, causal, scale, version, bottom_right, kv_lens,
 //                 rope_cos, rope_sin, rope_interleaved, rope_offset) -> (out, lse)
@@ -17,7 +17,7 @@
 // k and v may have H_kv heads, H_kv dividing H (grouped-query attention); kv_lens is None or
 // a contiguous (B,) int32 tensor (cuda_kernels/autograd.cpp converts it).
 // The checks below refuse what the kernels cannot read (they never read outside a view):
-// a strided last dimension, or (versions 3-6, 16-bit) rows that are not 16-byte chunks.
+// a strided last dimension, or (versions 3-7, 16-bit) rows that are not 16-byte chunks.
 
 #include <algorithm>
 #include <limits>
@@ -40,7 +40,7 @@ extern "C" int levels_attention_bwd(int dtype, int version,
                                     const void* k, int64_t skb, int64_t skh, int64_t skn,
                                     const void* v, int64_t svb, int64_t svh, int64_t svn,
                                     const void* out, int64_t sob, int64_t soh, int64_t son,
-                                    const float* lse, float* delta, void* dq, void* dk, void* dv,
+                                    const float* lse, float* delta, void* dq, void* dk, void* dv, float* dq_accum,
                                     int64_t B, int64_t H, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
                                     int causal, int bottom_right, const int* kv_lens, float scale,
                                     const void* rope_cos, int64_t scr, int64_t scc,
@@ -72,10 +72,17 @@ inline void check_operand(const at::Tensor& t, const at::Tensor& q, const char* 
     LEVELS_CHECK(t.stride(d) >= 0, what(op, name) + " has a negative stride");
 }
 
-// Versions 3-6 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
+// Versions 3-7 on 16-bit inputs read rows in 16-byte chunks (cp.async / uint4): the base
 // 16-byte aligned and the stride of every dimension longer than 1 a multiple of 8 elements.
 inline bool tensor_cores(const at::Tensor& q, int64_t version) {
-  return version >= 3 && version <= 6 && q.scalar_type() != at::kFloat;
+  return version >= 3 && version <= 7 && q.scalar_type() != at::kFloat;
+}
+
+// Version 7's backward adds dQ into an fp32 workspace with atomics (attention.cu, "v7's
+// backward"): where it runs its fused kernel (16-bit, a head size the tensor cores take).
+inline bool fused_backward(const at::Tensor& q, int64_t version) {
+  const int64_t D = q.size(3);
+  return version == 7 && q.scalar_type() != at::kFloat && (D == 16 || D == 32 || D == 64 || D == 128);
 }
 
 inline void check_chunks(const at::Tensor& t, const char* op, const char* name, int64_t version) {
@@ -234,6 +241,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     return {dq, dk, dv};
   }
   at::Tensor delta = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));  // rowsum(dO * O)
+  // v7: every key block adds its share of dQ into this (zeros first; 4 bytes per element of q)
+  at::Tensor dq_accum;
+  if (fused_backward(q, version)) dq_accum = at::zeros({B, H, Nq, D}, q.options().dtype(at::kFloat));
   const int status = levels_attention_bwd(
       levels_cuda::dtype_code(q), static_cast<int>(version),
       levels_cuda::in(dout), dout.stride(0), dout.stride(1), dout.stride(2),
@@ -243,6 +253,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       levels_cuda::in(out), out.stride(0), out.stride(1), out.stride(2),
       static_cast<const float*>(levels_cuda::in(lse)), static_cast<float*>(levels_cuda::out(delta)),
       levels_cuda::out(dq), levels_cuda::out(dk), levels_cuda::out(dv),
+      dq_accum.defined() ? static_cast<float*>(levels_cuda::out(dq_accum)) : nullptr,
       B, H, Hkv, Nq, Nk, D, causal ? 1 : 0, bottom_right ? 1 : 0, lens, static_cast<float>(scale),
       rope.cos, rope.csr, rope.csc, rope.sin, rope.ssr, rope.ssc, rope_offset, rope_interleaved ? 1 : 0,
       levels_cuda::stream());

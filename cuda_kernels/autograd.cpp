@@ -113,12 +113,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // ------------------------------------------------------------------------- attention --
 
 // What the kernels of `version` read (cuda_kernels/attention.py's _operand): stride 1 along D;
-// versions 3-6 in 16 bits also 16-byte chunks (batch, head and row strides multiples of 8,
+// versions 3-7 in 16 bits also 16-byte chunks (batch, head and row strides multiples of 8,
 // the first element 16-byte aligned). Anything else is copied, once.
 // (sym_*: under torch.compile with dynamic shapes these are symbols, and the rule a guard.)
 inline Tensor attention_operand(const Tensor& t, int64_t version) {
   bool ok = t.sym_stride(-1) == 1;
-  if (ok && version >= 3 && version <= 6 && t.scalar_type() != at::kFloat) {
+  if (ok && version >= 3 && version <= 7 && t.scalar_type() != at::kFloat) {
     for (int d = 0; d < 3; ++d) ok = ok && (t.sym_size(d) == 1 || t.sym_stride(d) % 8 == 0);
     ok = ok && (t.sym_storage_offset() * static_cast<int64_t>(t.element_size())) % 16 == 0;
   }

@@ -188,6 +188,7 @@ NCU_KERNELS = {  # label: (component, kernel-name regex, version)
     "attention v5": ("attention", "attn_fwd_v5_kernel", 5),
     "attention bwd v4": ("attention_bwd", "attn_bwd_dkdv_mma_kernel", 4),
     "attention bwd dq v4": ("attention_bwd", "attn_bwd_dq_mma_kernel", 4),
+    "attention bwd v7": ("attention_bwd", "attn_bwd_fused_kernel", 7),
     "lstm v2": ("lstm", "lstm_fwd_persistent_v2", 2)}
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
                 "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")

@@ -13,13 +13,17 @@ Grown: grouped-query heads, causal with Nq != Nk in both alignments, kv_lens and
 (ROPE_API.md) at every version; head sizes 1-256 (the tiles of 8..256) at v1, v2 and the
 CUDA-core backward (v3-v5 hand other sizes to v2 unless asked for by argument); empty inputs.
 
+Version 7's backward adds dQ with atomics: its dq is checked against float64 like every
+gradient, and for repeatability to its dtype's rounding only (`_agree`); dk and dv bit for bit.
+
 On a CPU: the version plumbing, the head-dim refusal, the operand layouts (made on CPU
 tensors), mirrors of the kernels' index math (tile skipping around a shifted diagonal, the
-un-rotation of mma fragments, the grouped dK/dV steps), and (with nvcc) that no kernel
-spills on sm_90a."""
+un-rotation of mma fragments, the grouped dK/dV steps, v7's transposed dS read, dQ jobs and a
+float64 model of its whole fused backward), and (with nvcc) that no kernel spills on sm_90a."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -42,7 +46,8 @@ ROPE_VERSIONS = [v for v in VERSIONS if v != K5.HOPPER_VERSION]  # v6 does not f
 # ------------------------------------------------------------------------ CPU: Python --
 
 def test_versions_and_default():
-    assert VERSIONS == [1, 2, 3, 4, 5, 6] and K5.DEFAULT_VERSION == 5
+    assert VERSIONS == [1, 2, 3, 4, 5, 6, 7] and K5.DEFAULT_VERSION == 5
+    assert K5.ATOMIC_DQ_VERSIONS == (7,) and 7 in K5.TENSOR_CORE_VERSIONS
     assert K5.uses_tf32(torch.device("cuda"), torch.float32) is False
     opening = CU.read_text().split("#include")[0]
     for v in VERSIONS:
@@ -75,8 +80,8 @@ def test_version_from_argument_then_environment(monkeypatch):
     assert K5.resolve_version() == 5
     monkeypatch.setenv(ENV, "2")
     assert K5.resolve_version() == 2 and K5.resolve_version(3) == 3
-    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5, 6\]"):
-        K5.resolve_version(7)
+    with pytest.raises(ValueError, match=r"attention: argument 'version' must be one of \[1, 2, 3, 4, 5, 6, 7\]"):
+        K5.resolve_version(8)
 
 
 @pytest.mark.parametrize("D", [8, 48, 96, 256])
@@ -284,6 +289,184 @@ def test_mirror_grouped_dkdv_steps_visit_every_head_and_tile_once():
         assert prefetched == seen[1:]
 
 
+
+# v7's fused backward (attention.cu, "v7's backward"): the staggered query-tile order, dS read
+# back transposed from its [keys][queries] tile, and the dQ jobs with their key bound.
+
+def test_mirror_v7_staggered_steps_visit_every_head_and_tile_once():
+    # attn_bwd_fused_kernel: step s is head bh0 + s / per_head, tile_of(s) = t_first +
+    # (s % per_head + rot) % per_head with rot = nb % per_head; the prefetch uses tile_of(s + 1).
+    for group, t_first, t_end in ((1, 0, 5), (3, 2, 7), (4, 0, 1), (6, 3, 4), (2, 0, 33)):
+        per_head = max(0, t_end - t_first)
+        for nb in range(40):
+            rot = nb % per_head
+            seen = [(s // per_head, t_first + (s % per_head + rot) % per_head) for s in range(group * per_head)]
+            assert sorted(seen) == [(h, t) for h in range(group) for t in range(t_first, t_end)]
+            assert seen[0][1] == t_first + rot  # neighbouring key blocks start at different tiles
+
+
+def _ldmatrix_x4_trans(tile, addr_of):
+    """PTX ldmatrix .x4 .trans: lanes 8i..8i+7 give the (row, col) starts of matrix i's 8 rows
+    (8 elements each); lane l's register i receives (M_i[2 (l % 4)][l / 4], M_i[2 (l % 4) + 1][l / 4])."""
+    starts = [addr_of(lane) for lane in range(32)]
+    regs = []
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        regs.append([tuple(tile[starts[8 * i + r][0]][starts[8 * i + r][1] + g] for r in (2 * t, 2 * t + 1))
+                     for i in range(4)])
+    return regs
+
+
+@pytest.mark.parametrize("QT", [32, 64])
+def test_mirror_v7_ds_tile_read_transposed_is_the_a_fragment(QT):
+    # fused_tile stores dSᵀ (rows: the block's keys, columns: the tile's queries); fused_dq
+    # reads it with ldmatrix.trans at b_addr<QT>'s lane pattern (row kc 16 + (l & 7) + 8 (l >> 4),
+    # column mt 16 + 8 ((l >> 3) & 1)): each lane must get the m16n8k16 A fragment of dS
+    # (queries x keys): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..).
+    block_n = 128
+    ds = [[(q, key) for key in range(block_n)] for q in range(QT)]  # dS[q][key], labelled
+    sds = [[ds[q][key] for q in range(QT)] for key in range(block_n)]  # the stored transpose
+    for kc in range(block_n // 16):
+        for mt in range(QT // 16):
+            regs = _ldmatrix_x4_trans(sds, lambda l: (kc * 16 + (l & 7) + ((l >> 4) << 3),
+                                                      mt * 16 + ((l >> 3) & 1) * 8))
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for i in range(4):
+                    m, k = mt * 16 + g + 8 * (i & 1), kc * 16 + 2 * t + 8 * (i >> 1)
+                    assert regs[lane][i] == (ds[m][k], ds[m][k + 1]), (kc, mt, lane, i)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_mirror_v7_dq_jobs_cover_the_tile_once_and_skip_only_unseen_keys(D, warps):
+    # fused_dq: QT = 32 at D 128, else 64; jobs of 16 queries x JW = min(D, 32) columns, warp w
+    # takes jobs w, w + warps, ...; a job visits keys [n0, n0 + 16 ceil(kend / 16)) with
+    # kend = min(block_n, end - n0, causal: q0 + 15 + shift - n0 + 1). Every (query, column)
+    # of the tile once; every key a job leaves out is unseen by all 16 of its queries.
+    QT, JW = (32 if D == 128 else 64), min(D, 32)
+    CJ, block_n = D // JW, 16 * warps
+    jobs = [(job // CJ, (job % CJ) * JW) for w in range(warps) for job in range(w, (QT // 16) * CJ, warps)]
+    cells = sorted((16 * mt + r, c0 + c) for mt, c0 in jobs for r in range(16) for c in range(JW))
+    assert cells == [(q, d) for q in range(QT) for d in range(D)]
+    for Nq, Nk, end, shift in ((300, 300, 300, 0), (130, 300, 171, 41), (257, 129, 0, -257), (77, 500, 500, 0)):
+        for causal in (0, 1):
+            for n0 in range(0, Nk, block_n):
+                if n0 >= end:
+                    continue  # no step: the block's keys are past the length
+                for m0 in range(0, Nq, QT):
+                    for mt, _ in jobs:
+                        q0 = m0 + 16 * mt
+                        kend = min(block_n, end - n0)
+                        if causal:
+                            kend = min(kend, q0 + 15 + shift - n0 + 1)
+                        visited = set(range(n0, n0 + 16 * -(-kend // 16))) if q0 < Nq and kend > 0 else set()
+                        for j in set(range(n0, n0 + block_n)) - visited:
+                            assert not any(_visible(i, j, end, shift, causal) for i in range(q0, min(q0 + 16, Nq)))
+
+
+def _rows(t, n):
+    """Rows [0, n) of a 2-D slice, zeros past its end (the kernels' zero-filled tile rows)."""
+    return torch.cat([t, t.new_zeros(max(0, n - t.shape[0]), t.shape[1])])[:n]
+
+
+def _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT):
+    """attn_bwd_fused_kernel's loops in float64 (torch, CPU), transcribed: key blocks of 16
+    warps keys, the staggered (head, query tile) steps from t_first, each warp's "above" /
+    "needs_mask" choice (unmasked tiles run without the mask, as in the kernel), the dS tile,
+    the dQ jobs with their key bound and the row guard. Returns dq, dk, dv."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group, block_n = H // Hkv, 16 * warps
+    JW = min(D, 32)
+    CJ = D // JW
+    sl = scale * math.log2(math.e)
+    dq_acc, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    s_all = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * sl
+    for b in range(B):
+        end, shift = ends[b], shifts[b]
+        j = torch.arange(Nk)
+        seen = (j[None, :] < end) & (~(j[None, :] > torch.arange(Nq)[:, None] + shift) if causal else True)
+        s = s_all[b].masked_fill(~seen, float("-inf"))
+        lse = torch.logsumexp(s * math.log(2), -1) / math.log(2)  # base 2, as the forward's
+        lse = torch.where(seen.any(-1), lse, torch.full_like(lse, float("inf")))  # no key: +inf
+        o = torch.nan_to_num(torch.softmax(s * math.log(2), -1)) @ v[b].repeat_interleave(group, 0)
+        delta = (dout[b] * o).sum(-1)
+        for hk in range(Hkv):
+            for nb in range(-(-Nk // block_n)):
+                n0 = nb * block_n
+                t_first = max(0, n0 - shift) // QT if causal else 0
+                t_end = -(-Nq // QT)
+                per_head = max(0, t_end - t_first) if n0 < end else 0
+                rot = nb % per_head if per_head else 0
+                kb, vb = _rows(k[b, hk, n0:], block_n), _rows(v[b, hk, n0:], block_n)
+                for step in range(group * per_head):
+                    h = hk * group + step // per_head
+                    m0 = (t_first + (step % per_head + rot) % per_head) * QT
+                    qt, dot = _rows(q[b, h, m0:], QT), _rows(dout[b, h, m0:], QT)
+                    lt = _rows(lse[h, m0:, None], QT)[:, 0]  # rows past Nq: 0, as cp.async's zero fill
+                    dt = _rows(delta[h, m0:, None], QT)[:, 0]
+                    ds = torch.zeros(block_n, QT, dtype=q.dtype)
+                    for w in range(warps):
+                        key0 = n0 + 16 * w
+                        above = key0 >= end or (causal and m0 + QT - 1 + shift < key0)
+                        needs_mask = m0 + QT > Nq or key0 + 15 >= end or (causal and m0 + shift < key0 + 15)
+                        if above:
+                            continue
+                        rows = slice(16 * w, 16 * w + 16)
+                        pt = torch.exp2(kb[rows] @ qt.T * sl - lt[None, :])
+                        if needs_mask:
+                            qi, key = torch.arange(m0, m0 + QT)[None, :], torch.arange(key0, key0 + 16)[:, None]
+                            hidden = (qi >= Nq) | (key >= end) | ((qi + shift < key) if causal else False)
+                            pt = pt.masked_fill(hidden, 0)
+                        dst = pt * (vb[rows] @ dot.T - dt[None, :])  # dSᵀ
+                        n = max(0, min(16, Nk - key0))
+                        dv[b, hk, key0:key0 + n] += (pt @ dot)[:n]
+                        dk[b, hk, key0:key0 + n] += (dst @ qt)[:n]
+                        ds[rows] = dst
+                    for job in range((QT // 16) * CJ):
+                        mt, c0 = job // CJ, (job % CJ) * JW
+                        q0 = m0 + 16 * mt
+                        kend = min(block_n, end - n0)
+                        if causal:
+                            kend = min(kend, q0 + 15 + shift - n0 + 1)
+                        if q0 >= Nq or kend <= 0:
+                            continue
+                        kk = 16 * -(-kend // 16)
+                        part = ds[:kk, 16 * mt:16 * mt + 16].T @ kb[:kk, c0:c0 + JW]
+                        n = min(16, Nq - q0)
+                        dq_acc[b, h, q0:q0 + n, c0:c0 + JW] += part[:n]
+    return dq_acc * scale, dk * scale, dv
+
+
+@pytest.mark.parametrize("Nq,Nk,lens,causal,bottom_right,H,Hkv,warps,QT", [
+    (70, 70, None, False, False, 2, 2, 4, 64),
+    (70, 150, [150, 77], True, True, 4, 2, 4, 32),
+    (150, 70, None, True, False, 2, 1, 8, 32),
+    (100, 130, [0, 130], True, True, 2, 2, 4, 64),   # a length 0: no key block has a step
+    (33, 200, [120, 200], False, False, 3, 1, 8, 64)])
+def test_mirror_v7_fused_backward_tiles_give_the_gradients(Nq, Nk, lens, causal, bottom_right, H, Hkv, warps, QT):
+    # The fused kernel's tiling, skipping, masking, staggered steps and dQ jobs, run as float64
+    # matrix products: the gradients must be attention's (autograd of the float64 math).
+    g = torch.Generator().manual_seed(Nq + Nk)
+    B, D, scale = 2, 16, 0.3
+    q = torch.randn(B, H, Nq, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, Hkv, Nk, D, generator=g, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(B, H, Nq, D, generator=g, dtype=torch.float64)
+    ends = [Nk if lens is None else lens[b] for b in range(B)]
+    shifts = [ends[b] - Nq if bottom_right else 0 for b in range(B)]
+    dq, dk, dv = _fused_backward_model(q, k, v, dout, scale, causal, ends, shifts, warps, QT)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    s = leaves[0] @ leaves[1].repeat_interleave(H // Hkv, 1).transpose(-1, -2) * scale
+    i, j = torch.arange(Nq)[:, None], torch.arange(Nk)[None, :]
+    mask = torch.stack([(j >= ends[b]) | ((j > i + shifts[b]) if causal else torch.zeros_like(j, dtype=torch.bool))
+                        for b in range(B)])[:, None]
+    out = torch.nan_to_num(torch.softmax(s.masked_fill(mask, float("-inf")), -1)) @ leaves[2].repeat_interleave(
+        H // Hkv, 1)
+    out.backward(dout)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), (x.grad for x in leaves)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=name)
+
 # v6 (wgmma): the shared-memory layout its loader writes, read back the way the PTX ISA's
 # canonical 128-byte-swizzle layouts say the tensor cores read a descriptor, and the
 # accumulator -> A-fragment re-pack of P. Byte addresses are modelled; 2-byte elements.
@@ -382,6 +565,9 @@ def test_no_kernel_spills_on_sm90a(ptxas):
     # v5's forward (v5 runs v4's backward kernels: no instantiation of its own)
     assert sum("attn_fwd_v5_kernel" in n for n in names) == 2 * (4 + 2), names
     assert sum("attn_fwd_v6_kernel" in n for n in names) == 2 * 2, names  # fp16/bf16 x D 64, 128
+    # v7's fused backward (D 16..128, and 64, 128 with RoPE) and its dq conversion (x RoPE)
+    assert sum("attn_bwd_fused_kernel" in n for n in names) == 2 * (4 + 2), names
+    assert sum("attn_bwd_dq_convert_kernel" in n for n in names) == 2 * 2, names
     for kernel in ("attn_fwd_v2_kernel", "attn_bwd_dkdv_cc_kernel", "attn_bwd_dq_cc_kernel"):
         assert sum(kernel in n for n in names) == 3 * 6 * 2, kernel  # 3 dtypes x tiles 8..256 x rope
     for k in ptxas:
@@ -390,6 +576,18 @@ def test_no_kernel_spills_on_sm90a(ptxas):
 
 
 # ------------------------------------------------------------------------------ GPU ---
+
+def _agree(runs, version):
+    """Two runs' (dq, dk, dv[, out]) agree bit for bit; at a version that adds dq with atomics
+    (K5.ATOMIC_DQ_VERSIONS: the order of fp32 adds varies) dq agrees to its dtype's rounding
+    (a lost or doubled add would be a whole term off), everything else bit for bit."""
+    first, second = runs
+    for i, (x, y) in enumerate(zip(first, second)):
+        if i == 0 and version in K5.ATOMIC_DQ_VERSIONS:
+            torch.testing.assert_close(x, y, rtol=2 ** -7, atol=1e-3 * float(x.abs().max()))
+        else:
+            assert torch.equal(x, y), (version, i)
+
 
 def _args(B, H, Nq, Nk, D, dtype, causal=False, scale=None, seed=0, H_kv=None, alignment=None,
           kv_lens=None):
@@ -561,8 +759,7 @@ def test_rope_backward_is_deterministic_and_tables_get_no_gradient(version):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         K5.attention(q, k, v, True, None, version=version, rope_cos=cos, rope_sin=sin).float().sum().backward()
         runs.append((q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+    _agree(runs, version)
     assert cos.grad is None and sin.grad is None
 
 
@@ -604,8 +801,7 @@ def test_grouped_backward_is_deterministic(version):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         K5.attention(q, k, v, True, None, version=version).float().sum().backward()
         runs.append((q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+    _agree(runs, version)
 
 
 @pytest.mark.gpu
@@ -673,16 +869,15 @@ def test_lse_is_the_base_2_log_sum_exp(version):
 def test_expanded_upstream_gradient_and_determinism(version):
     _hopper_or_skip(version)
     # `.sum().backward()` hands the backward a stride-0 gradient (copied by _operand); no
-    # atomics anywhere, so two runs agree bit for bit.
+    # atomics anywhere but in v7's dq, so two runs agree bit for bit (_agree).
     a = _args(2, 4, 300, 300, 64, torch.bfloat16, causal=True, seed=9)
     runs = []
     for _ in range(2):
         q, k, v = (a[n].detach().clone().requires_grad_(True) for n in "qkv")
         out = K5.attention(q, k, v, True, None, version=version)
         out.float().sum().backward()
-        runs.append((out.detach(), q.grad, k.grad, v.grad))
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
+        runs.append((q.grad, k.grad, v.grad, out.detach()))
+    _agree(runs, version)
 
 
 @pytest.mark.gpu
@@ -824,3 +1019,59 @@ def test_version_6_asked_for_off_hopper_raises():
     q = torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"version 6.*wgmma: sm_90"):
         K5.attention(q, q, q, True, None, version=6)
+
+
+# ------------------------------------------------------------------- GPU: version 7 ---
+# The fused backward (one kernel per key block, dQ added into fp32 with atomics, then
+# converted) at every head size it takes, on v6's cases: lengths of no tile's multiple, both
+# diagonals, kv_lens (a length 0, rows that see no key), grouped and multi-query heads,
+# decoding, and the 8-warp blocks. The harness checks out, dq, dk and dv against float64 with
+# NaN-poisoned allocations (an unwritten row of dq or a missed atomic fails). Strided layouts,
+# odd N, RoPE, fp32 (the CUDA-core backward) and determinism of dk/dv run with every version
+# above (VERSIONS, ROPE_VERSIONS, TENSOR_CORE_VERSIONS include 7).
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("D", K5.HEAD_DIMS)
+@pytest.mark.parametrize("case", V6_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{c[6]}-{c[7]}")
+def test_version_7_forward_and_backward(dtype, D, case, monkeypatch):
+    B, H, H_kv, Nq, Nk, causal, alignment, lens = case
+    args = _args(B, H, Nq, Nk, D, dtype, causal, seed=Nq + Nk + D + 1, H_kv=H_kv, alignment=alignment,
+                 kv_lens=lens)
+    monkeypatch.setenv(ENV, "7")
+    assert K5.pick_version(None, args["q"], args["k"], causal, args.get("kv_lens")) == 7  # no fallback
+    _passes(args, 7, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", K5.HEAD_DIMS)
+def test_version_7_forward_is_version_6_at_128_on_hopper_else_version_5(D):
+    # attention.cu's forward_with: v7 runs v6's forward on sm_90 at D = 128 without RoPE and
+    # v5's otherwise: the same kernel, so the same bits.
+    from cuda_kernels import versions
+    a = _args(2, 4, 300, 300, D, torch.bfloat16, seed=D)
+    ops = K5._ops()
+    want = 6 if D == 128 and versions.on_hopper() else 5
+    got = ops.attention_fwd(a["q"], a["k"], a["v"], True, 0.1, 7)
+    same = ops.attention_fwd(a["q"], a["k"], a["v"], True, 0.1, want)
+    assert torch.equal(got[0], same[0]) and torch.equal(got[1], same[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_version_7_gradients_match_the_deterministic_backward(causal):
+    # The same lse and out through v7's fused backward and v4's two kernels: dk and dv are the
+    # same sums in another order of query tiles (the staggered start), dq the same terms added
+    # by atomics; both within a few 16-bit roundings of each other at a shape with many key
+    # blocks adding into each dQ row (Nk / 128 = 9 atomic adds each, 8-warp blocks).
+    a = _args(2, 16, 1100, 1100, 128, torch.bfloat16, causal, seed=29)
+    ops = K5._ops()
+    q, k, v = a["q"], a["k"], a["v"]
+    out, lse = ops.attention_fwd(q, k, v, causal, 0.09, 4)
+    dout = torch.randn_like(out)
+    new = ops.attention_bwd(dout, q, k, v, out, lse, causal, 0.09, 7)
+    old = ops.attention_bwd(dout, q, k, v, out, lse, causal, 0.09, 4)
+    for name, x, y in zip(("dq", "dk", "dv"), new, old):
+        assert torch.isfinite(x).all(), name
+        err = float((x.double() - y.double()).norm() / y.double().norm())
+        assert err < 1e-2, (name, err)
