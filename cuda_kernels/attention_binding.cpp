@@ -243,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   at::Tensor delta = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));  // rowsum(dO * O)
   // v7: every key block adds its share of dQ into this (zeros first; 4 bytes per element of q)
   at::Tensor dq_accum;
-  if (fused_backward(q, version)) dq_accum = at::zeros({B, H, Nq, D}, q.options().dtype(at::kFloat));
+  if (fused_backward(q, version)) dq_accum = at::empty({B, H, Nq, D}, q.options().dtype(at::kFloat)).zero_();
   const int status = levels_attention_bwd(
       levels_cuda::dtype_code(q), static_cast<int>(version),
       levels_cuda::in(dout), dout.stride(0), dout.stride(1), dout.stride(2),

@@ -47,13 +47,15 @@ VERSIONS = {
        "even 64x64 leaves SMs idle; costs 12 more kernels to build and, when split, "
        "splits x P x C_out fp32 partials of traffic; backward and fp32 as version 4",
 }
-# Version 4 is the default: on the H100 its training step (forward + backward) runs 4-13x
-# faster than version 3's at the ResNet-50 shapes, 0.31-1.09x cuDNN + BatchNorm
-# (reports/h100-conv-bn-bias.json, scripts/device_conv_bn5.py: 1x1 1.08-1.09x, 3x3 0.32-0.80x,
-# the stem 0.31x). An earlier run's 0.90-1.19x (reports/h100-conv-bn5.json) compared against
-# cuDNN timings 1.3-3x slower and widely spread (layer4-3x3 0.51 ms, p20-p80 0.31-0.67):
-# version 4's own times agree between the runs to 2%.
-DEFAULT_VERSION = 4
+# Version 5 is the default. On the H100 (reports/h100-conv-bn6.json, scripts/device_conv_bn6.py,
+# bf16 channels_last, kernel time, cuDNN + BatchNorm in the same run) its eval forward is
+# 1.16-1.99x cuDNN at five ResNet-50 shapes, 0.86x at layer3's 3x3 and 0.62x at layer4's (version
+# 4: 0.24-0.64x at the 3x3s), and its training step is as fast as version 4's or faster at
+# every shape (0.31-1.83x cuDNN: 3x3 0.47-1.54x, the stem 0.31x on version 3's gather path).
+# Version 4 ran 4-13x faster than version 3 in training (reports/h100-conv-bn-bias.json).
+# cuDNN's training times move between runs (layer2's 3x3 0.21 ms in one, 0.69 ms in the next,
+# each tightly spread), ours by 2-10%: compare ratios within one run.
+DEFAULT_VERSION = 5
 TENSOR_CORE_VERSIONS = (3, 4, 5)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
 
