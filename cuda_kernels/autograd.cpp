@@ -406,10 +406,10 @@ using ConvBnTrainFwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor
     const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef, double, double, int64_t);
 using ConvBnEvalBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&,
-    const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t);
+    const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t, bool);
 using ConvBnTrainBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-    const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t);
+    const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t, bool);
 
 inline bool b_defined(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -513,19 +513,21 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     const int64_t version = ctx->saved_data["version"].toInt();
     // the kernels read dout as a (P, C_out) matrix: a copy only if it is not NHWC already
     const Tensor dout = grads[0].contiguous();
+    // x that needs no gradient (a network's input images) costs no dgrad: the op skips it
+    const bool need_dx = ctx->needs_input_grad(0);
     Tensor dx, dw, db, dgamma, dbeta;
     if (ctx->saved_data["training"].toBool()) {
-      std::tie(dx, dw, db, dgamma, dbeta) =
-          train_bwd.call(dout, s[0], s[1], s[2], s[3], s[4], s[5], stride, padding, version);
+      std::tie(dx, dw, db, dgamma, dbeta) = train_bwd.call(dout, s[0], s[1], s[2], s[3], s[4],
+                                                           s[5], stride, padding, version, need_dx);
     } else {
       const std::optional<Tensor> b = s[3].defined() ? std::optional<Tensor>(s[3]) : std::nullopt;
-      std::tie(dx, dw, db, dgamma, dbeta) =
-          eval_bwd.call(dout, s[0], s[1], s[2], b, s[4], s[5], s[6], stride, padding, version);
+      std::tie(dx, dw, db, dgamma, dbeta) = eval_bwd.call(
+          dout, s[0], s[1], s[2], b, s[4], s[5], s[6], stride, padding, version, need_dx);
     }
     // back from NHWC and (C_out, kH, kW, C_in) to the caller's dimension order, and the
     // BatchNorm weights' gradients to their dtype (float32 beside a 16-bit x)
     const auto bn_dtype = static_cast<at::ScalarType>(ctx->saved_data["bn_dtype"].toInt());
-    return {dx.permute({0, 3, 1, 2}), dw.permute({0, 3, 1, 2}),
+    return {need_dx ? dx.permute({0, 3, 1, 2}) : Tensor(), dw.permute({0, 3, 1, 2}),
             ctx->saved_data["has_bias"].toBool() ? db : Tensor(), as_dtype(dgamma, bn_dtype),
             as_dtype(dbeta, bn_dtype), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};

@@ -1796,7 +1796,9 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
       dgamma, dbeta, dbias);
-  const int status = conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), stream);
+  // dx == nullptr: x needs no gradient (a network's input images): no dgrad at all
+  const int status =
+      dx ? conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
@@ -1822,7 +1824,8 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);
-  const int status = conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), stream);
+  const int status =
+      dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
@@ -1911,7 +1914,8 @@ extern "C" int levels_conv_bn_train_fwd(int dtype, int version, const void* x, c
 
 // Eval backward from dout (P, C_out) contiguous: dx (N, H, W, C_in) contiguous, dw (C_out, K),
 // dbias, dgamma, dbeta (C_out,), all in the input dtype. Versions 1-3 run the tiled
-// (version 2) dgrad/wgrad, version 4 the tensor-core ones (16-bit, sm_80+).
+// (version 2) dgrad/wgrad, versions 4-5 the tensor-core ones (16-bit, sm_80+). dx may be null:
+// x needs no gradient, and the dgrad (the transposed convolution) is skipped.
 // workspace: levels_conv_bn_workspace_floats(2, ...) floats.
 extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout, const void* x,
                                        const void* w, const void* w_folded, const void* bias,
@@ -1933,8 +1937,8 @@ extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout,
   return LEVELS_OK;
 }
 
-// Train backward from dout (P, C_out) contiguous, y/mean/invstd of the forward: dx, dw, dbias,
-// dgamma, dbeta as above. workspace: levels_conv_bn_workspace_floats(3, ...) floats.
+// Train backward from dout (P, C_out) contiguous, y/mean/invstd of the forward: dx (nullable),
+// dw, dbias, dgamma, dbeta as above. workspace: levels_conv_bn_workspace_floats(3, ...) floats.
 extern "C" int levels_conv_bn_train_bwd(int dtype, int version, const void* dout, const void* x,
                                         const void* w, const float* y, const float* mean,
                                         const float* invstd, const void* gamma,

@@ -7,6 +7,8 @@ Four custom ops, all functional (they return new tensors, never write their inpu
     conv_bn_train_fwd  convolution (fp32 y), batch statistics, BN -> out, y, mean, invstd,
                                                                      new running_mean, new running_var
     conv_bn_eval_bwd / conv_bn_train_bwd                          -> dx, dw, dbias, dgamma, dbeta
+        (their last argument need_dx=False: x needs no gradient, dx comes back empty (0,) and
+        no dgrad runs: a network's input images)
 
 `_register()` (called by build.load() once the library is loaded) gives every op a fake
 implementation (shapes only: torch.compile and opcheck trace through it). A call is one
@@ -129,19 +131,20 @@ def _fake_train_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, 
             running_mean.new_empty((C_out,)), running_var.new_empty((C_out,)))
 
 
-def _fake_bwd(x, w):
+def _fake_bwd(x, w, need_dx):
     C_out = w.shape[0]
-    return (x.new_empty(x.shape), w.new_empty(w.shape), x.new_empty((C_out,)),
-            x.new_empty((C_out,)), x.new_empty((C_out,)))
+    dx = x.new_empty(x.shape) if need_dx else x.new_empty((0,))  # (0,): no dgrad ran
+    return (dx, w.new_empty(w.shape), x.new_empty((C_out,)), x.new_empty((C_out,)),
+            x.new_empty((C_out,)))
 
 
 def _fake_eval_bwd(dout, x, w, w_folded, bias, running_mean, scale, invstd, stride, padding,
-                   version):
-    return _fake_bwd(x, w)
+                   version, need_dx=True):
+    return _fake_bwd(x, w, need_dx)
 
 
-def _fake_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version):
-    return _fake_bwd(x, w)
+def _fake_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version, need_dx=True):
+    return _fake_bwd(x, w, need_dx)
 
 
 def _register() -> None:

@@ -130,13 +130,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return {out, y, mean, invstd, new_mean, new_var};
 }
 
+// dx of the backward ops: (N, H, W, C_in), or, when x needs no gradient (a network's input
+// images: the stem's dgrad is the most expensive one, C_in = 3 wide), an empty (0,) tensor
+// and no dgrad launched (the launchers take a null dx).
+static at::Tensor input_grad(bool need_dx, const Shape& s, const at::Tensor& x) {
+  return need_dx ? at::empty({s.N, s.H, s.W, s.C_in}, x.options()) : at::empty({0}, x.options());
+}
+static void* dx_ptr(const at::Tensor& dx) { return dx.numel() > 0 ? levels_cuda::out(dx) : nullptr; }
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_folded,
     const std::optional<at::Tensor>& bias, const at::Tensor& running_mean,
     const at::Tensor& scale, const at::Tensor& invstd, at::IntArrayRef stride,
-    at::IntArrayRef padding, int64_t version) {
+    at::IntArrayRef padding, int64_t version, bool need_dx) {
   const Shape s = shape_of(x, w, stride, padding);
-  at::Tensor dx = at::empty({s.N, s.H, s.W, s.C_in}, x.options());
+  at::Tensor dx = input_grad(need_dx, s, x);
   at::Tensor dw = at::empty({s.C_out, s.kH, s.kW, s.C_in}, w.options());
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
@@ -146,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
       levels_cuda::in(x), levels_cuda::in(w), levels_cuda::in(w_folded), maybe(bias),
       levels_cuda::in(running_mean), scale.const_data_ptr<float>(),
-      invstd.const_data_ptr<float>(), LEVELS_CONV_BN_SHAPE(s, x), levels_cuda::out(dx),
+      invstd.const_data_ptr<float>(), LEVELS_CONV_BN_SHAPE(s, x), dx_ptr(dx),
       levels_cuda::out(dw), levels_cuda::out(dbias), levels_cuda::out(dgamma),
       levels_cuda::out(dbeta), work.mutable_data_ptr<float>(), levels_cuda::stream());
   levels_cuda::check(status, "conv_bn_eval_bwd", version);
@@ -156,9 +164,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_bwd(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& y,
     const at::Tensor& mean, const at::Tensor& invstd, const at::Tensor& gamma,
-    at::IntArrayRef stride, at::IntArrayRef padding, int64_t version) {
+    at::IntArrayRef stride, at::IntArrayRef padding, int64_t version, bool need_dx) {
   const Shape s = shape_of(x, w, stride, padding);
-  at::Tensor dx = at::empty({s.N, s.H, s.W, s.C_in}, x.options());
+  at::Tensor dx = input_grad(need_dx, s, x);
   at::Tensor dw = at::empty({s.C_out, s.kH, s.kW, s.C_in}, w.options());
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
@@ -168,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_bwd
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
       levels_cuda::in(x), levels_cuda::in(w), y.const_data_ptr<float>(),
       mean.const_data_ptr<float>(), invstd.const_data_ptr<float>(), levels_cuda::in(gamma),
-      LEVELS_CONV_BN_SHAPE(s, x), levels_cuda::out(dx), levels_cuda::out(dw),
+      LEVELS_CONV_BN_SHAPE(s, x), dx_ptr(dx), levels_cuda::out(dw),
       levels_cuda::out(dbias), levels_cuda::out(dgamma), levels_cuda::out(dbeta),
       work.mutable_data_ptr<float>(), levels_cuda::stream());
   levels_cuda::check(status, "conv_bn_train_bwd", version);
@@ -188,10 +196,10 @@ TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
         "float momentum, int version) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv_bn_eval_bwd(Tensor dout, Tensor x, Tensor w, Tensor w_folded, Tensor? bias, "
         "Tensor running_mean, Tensor scale, Tensor invstd, int[2] stride, int[2] padding, "
-        "int version) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int version, bool need_dx=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv_bn_train_bwd(Tensor dout, Tensor x, Tensor w, Tensor y, Tensor mean, "
-        "Tensor invstd, Tensor gamma, int[2] stride, int[2] padding, int version) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "Tensor invstd, Tensor gamma, int[2] stride, int[2] padding, int version, "
+        "bool need_dx=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(levels_cuda, CUDA, m) {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import math
 import os
 import shutil
@@ -422,18 +423,24 @@ def conv_bn_train_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride
 
 
 def conv_bn_eval_bwd(dout, x, w, w_folded, bias, running_mean, scale, invstd, stride, padding,
-                     version):
+                     version, need_dx=True):
     _conv_args("conv_bn_eval_bwd", x, w, version, dout, bias=bias, running_mean=running_mean)
     dx, G = _conv_grads(dout, x, w_folded, stride, padding)  # G: the folded weight's dW
     sum_dy = dout.float().sum((0, 1, 2))
     shift = (0 if bias is None else bias.float()) - running_mean.float()
     dgamma = invstd * ((w.float() * G).sum((1, 2, 3)) + shift * sum_dy)
     dt = x.dtype
-    return (dx.to(dt).contiguous(), (G * scale[:, None, None, None]).to(dt).contiguous(),
+    return (_dx_out(dx, dt, need_dx), (G * scale[:, None, None, None]).to(dt).contiguous(),
             (scale * sum_dy).to(dt), dgamma.to(dt), sum_dy.to(dt))
 
 
-def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version):
+def _dx_out(dx, dtype, need_dx):
+    # as conv_bn_binding.cpp: dx empty (0,) when x needs no gradient
+    return dx.to(dtype).contiguous() if need_dx else dx.new_empty((0,), dtype=dtype)
+
+
+def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version,
+                      need_dx=True):
     op, dt = "conv_bn_train_bwd", x.dtype
     _conv_args(op, x, w, version, dout, gamma=gamma)
     _expect(op, "y", y, dout.shape, F32, dense=True)
@@ -444,7 +451,7 @@ def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, versi
     # the convolution's output gradient, stored in x's dtype (its backward GEMMs read it so)
     dyc = (gamma.float() * invstd * (d - s_dy / P - xhat * s_dyx / P)).to(dt)
     dx, dw = _conv_grads(dyc.reshape(dout.shape), x, w, stride, padding)
-    return (dx.to(dt).contiguous(), dw.to(dt).contiguous(), dyc.float().sum(0).to(dt),
+    return (_dx_out(dx, dt, need_dx), dw.to(dt).contiguous(), dyc.float().sum(0).to(dt),
             s_dyx.to(dt), s_dy.to(dt))
 
 
@@ -610,6 +617,44 @@ def test_cpp_op_passes_the_harness(cpp_ops, component, dtype):
     # and the forward again under no_grad
     results = check(component, fn=CALLS[component], dtype=dtype, size="tiny", seed=SEED)
     assert results and all(r.passed for r in results), "\n".join(r.summary() for r in results)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_conv_bn_skips_dgrad_when_x_needs_no_gradient(cpp_ops, training, monkeypatch):
+    # a network's input images need no gradient: autograd.cpp asks the backward op for no dx
+    # (need_dx=False), so no dgrad runs (the stem's is the most expensive one); the parameters'
+    # gradients are the ones a call with x requiring grad gets, bit for bit
+    name = "conv_bn_train_bwd" if training else "conv_bn_eval_bwd"
+    seen = []
+    twin = TWINS[name]
+
+    default = inspect.signature(twin).parameters["need_dx"].default
+    position = list(inspect.signature(twin).parameters).index("need_dx")
+
+    def spy(*args, **kwargs):  # the dispatcher leaves out an argument equal to its default
+        seen.append(args[position] if len(args) > position else kwargs.get("need_dx", default))
+        return twin(*args, **kwargs)
+    lib = torch.library.Library(build.OP_NAMESPACE, "IMPL")
+    lib.impl(name, spy, "CPU", allow_override=True)
+    try:
+        g = torch.Generator().manual_seed(SEED)
+        x = torch.randn(2, 8, 9, 7, generator=g)
+        params = [torch.randn(12, 8, 3, 3, generator=g), torch.randn(12, generator=g),
+                  torch.rand(12, generator=g) + 0.5, torch.randn(12, generator=g)]
+        stats = (torch.randn(12, generator=g), torch.rand(12, generator=g) + 0.5)
+        grads = []
+        for x_grad in (True, False):
+            leaves = [t.clone().requires_grad_(True) for t in params]
+            xi = x.clone().requires_grad_(x_grad)
+            out = conv_bn_op(xi, *leaves, *(t.clone() for t in stats), 1, 1, training=training)
+            out.backward(torch.ones_like(out))
+            assert (xi.grad is not None) == x_grad
+            grads.append([t.grad for t in leaves])
+        assert seen == [True, False]
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    finally:
+        lib.impl(name, twin, "CPU", allow_override=True)
 
 
 @pytest.mark.parametrize("variant", ["train", "eval"])

@@ -752,3 +752,29 @@ def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
                         assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
                         C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
     torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("version", [2, 4, 5])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_input_that_needs_no_gradient_runs_no_dgrad(version, training, monkeypatch):
+    # a network's input images (the stem, C_in = 3, and a 16-bit 3x3): the backward op is asked
+    # for no dx, and the parameters' gradients are the ones a call whose x needs grad gets
+    import levels
+
+    conv = levels.get("cuda").conv_bn
+    monkeypatch.setenv(ENV, str(version))
+    for C_in in (3, 16):
+        a = _args(dict(N=2, C_in=C_in, H=11, W=9, C_out=24, k=3, stride=2, padding=1,
+                       channels_last=True), torch.bfloat16, seed=8)
+        grads = []
+        for x_grad in (True, False):
+            leaves = [a[n].detach().clone().requires_grad_(True)
+                      for n in ("conv_weight", "conv_bias", "bn_weight", "bn_bias")]
+            x = a["x"].detach().clone().requires_grad_(x_grad)
+            out = conv(x, *leaves, a["running_mean"].clone(), a["running_var"].clone(),
+                       stride=2, padding=1, training=training)
+            out.backward(torch.ones_like(out))
+            assert (x.grad is not None) == x_grad
+            grads.append([t.grad for t in leaves])
+        for got, want in zip(grads[1], grads[0]):
+            assert torch.isfinite(got).all() and torch.equal(got, want), (C_in, version)
