@@ -126,52 +126,78 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
 # ---------------------------------------------------------------------------------------
 # dX: a transposed convolution. dx[n, c, h, w] = sum_{i,j,o} dy[n, o, ho, wo] w[o, c, i, j]
 # where h = ho*sh - ph + i, i.e. ho = (h + ph - i) / sh when that divides exactly.
+#
+# One implicit GEMM per *stride phase*. With stride s, an input row h receives only from
+# the taps i with i = (h + ph) mod s (mod s): for any other tap (h + ph - i) / s is not an
+# integer. Gathering every tap and masking the wrong ones (the first version of this
+# kernel) makes a stride-2 3x3 spend 3/4 of its loads and MMAs on zeros, the stem's 7x7/2
+# about 3/4 too. So the input pixels are split by (h mod sh, w mod sw): each phase is a
+# dense GEMM of its own pixels against only its own taps (ceil(KH / sh) x ceil(KW / sw) of
+# them, or none: a 1x1 stride-2 conv's odd rows get no gradient, and their programs write
+# zeros). The phases are the grid's second axis, one launch for all of them. Stride 1 is
+# one phase with every tap: the plain transposed convolution.
+# Cost: a division per pixel more (the phase's pixel -> (n, h, w)), and the grid covers the
+# largest phase, so with odd H the smaller phases' last programs are partly masked.
 # ---------------------------------------------------------------------------------------
 
 @fast_launch
 @triton.jit
 def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
-                      Q, C_in, H, W, C_out, H_out, W_out,
+                      N, C_in, H, W, C_out, H_out, W_out,
                       sdp, sdo, swo, swc, swi, swj, sxn, sxc, sxh, sxw,
                       sh, sw, ph, pw,
                       KH: tl.constexpr, KW: tl.constexpr,
                       UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # input pixels (n, h, w)
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr):
+    phase = tl.program_id(1)
+    rh = phase // sw  # this phase's input rows are h = rh + sh * t, columns w = rw + sw * v
+    rw = phase % sw
+    Ht = tl.cdiv(H - rh, sh)
+    Wt = tl.cdiv(W - rw, sw)
+    Q = N * Ht * Wt  # pixels of this phase (0 when rh >= H)
+    # Its taps: i = i0 + sh * u for u < TH, with ho = t + bh - u (exact: no remainder to test).
+    i0 = (rh + ph) % sh
+    j0 = (rw + pw) % sw
+    TH = tl.cdiv(KH - i0, sh)
+    TW = tl.cdiv(KW - j0, sw)
+    bh = (rh + ph - i0) // sh
+    bw = (rw + pw - j0) // sw
+
+    pid_m, pid_n = grouped_tile(N * tl.cdiv(H, sh) * tl.cdiv(W, sw), C_in,
+                                BLOCK_M, BLOCK_N, GROUP_M)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this phase's input pixels (n, t, v)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels
     offs_o = tl.arange(0, BLOCK_K)
     q_ok = offs_q < Q
     c_ok = offs_c < C_in
-    n = offs_q // (H * W)
-    hw = offs_q % (H * W)
-    h = hw // W
-    w = hw % W
+    n = offs_q // tl.maximum(Ht * Wt, 1)
+    tv = offs_q % tl.maximum(Ht * Wt, 1)
+    t = tv // tl.maximum(Wt, 1)
+    v = tv % tl.maximum(Wt, 1)
+    dy_row = dy_ptr + n * (H_out * W_out * sdp)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     o_blocks = tl.cdiv(C_out, BLOCK_K)
-    for t in range(0, KH * KW * o_blocks):
-        ij = t // o_blocks
-        o = (t % o_blocks) * BLOCK_K + offs_o
-        i = ij // KW
-        j = ij % KW
-        hn = h + ph - i
-        wn = w + pw - j
-        ho = hn // sh
-        wo = wn // sw
-        # Only exact multiples of the stride map back to an output pixel.
-        ok = q_ok & (hn >= 0) & (wn >= 0) & (hn % sh == 0) & (wn % sw == 0) \
-            & (ho < H_out) & (wo < W_out)
-        p = (n * H_out + ho) * W_out + wo
+    for step in range(0, TH * TW * o_blocks):
+        uv = step // o_blocks
+        o = (step % o_blocks) * BLOCK_K + offs_o
+        u = uv // TW
+        vv = uv % TW
+        ho = t + (bh - u)
+        wo = v + (bw - vv)
+        ok = q_ok & (ho >= 0) & (ho < H_out) & (wo >= 0) & (wo < W_out)
         o_ok = o < C_out
-        a = tl.load(dy_ptr + p[:, None] * sdp + o[None, :] * sdo,
+        a = tl.load((dy_row + (ho * W_out + wo) * sdp)[:, None] + o[None, :] * sdo,
                     mask=ok[:, None] & o_ok[None, :], other=0.0)
-        b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc + i * swi + j * swj,
+        b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc
+                    + (i0 + sh * u) * swi + (j0 + sw * vv) * swj,
                     mask=o_ok[:, None] & c_ok[None, :], other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    h = rh + sh * t
+    w = rw + sw * v
     dx_ptrs = dx_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + offs_c[None, :] * sxc
     tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
 
@@ -179,7 +205,11 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 # ---------------------------------------------------------------------------------------
 # dW: G[o, (i, j, c)] = sum_p dy[p, o] * x[n, c, ho*sh-ph+i, wo*sw-pw+j], split over chunks
 # of p (P is large, C_out x K small: without the split only a handful of programs run).
-# Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them.
+# Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them in a fixed
+# order (deterministic, no atomics). The split count comes from the GPU (_wgrad_plan): just
+# enough programs to fill every SM twice, no more, since each split costs an fp32 copy of
+# G written and read again. When the tiles alone fill the GPU there is one split and the
+# kernel writes dW itself (DIRECT): no partials, no finish launch.
 # ---------------------------------------------------------------------------------------
 
 @fast_launch
@@ -187,10 +217,11 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
                       P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
                       sdp, sdo, sxn, sxc, sxh, sxw,
-                      sh, sw, ph, pw,
+                      sh, sw, ph, pw, sdwo, sdwc, sdwi, sdwj,
                       KW: tl.constexpr,
                       UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DIRECT: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -221,8 +252,12 @@ def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    part = part_ptr + split * C_out * K_total + offs_o[:, None] * K_total + offs_k[None, :]
-    tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
+    if DIRECT:  # one split: part_ptr is dW itself, (o, c, i, j) through its strides
+        dw = part_ptr + offs_o[:, None] * sdwo + (c * sdwc + i * sdwi + j * sdwj)[None, :]
+        tl.store(dw, acc.to(part_ptr.dtype.element_ty), mask=o_ok[:, None] & k_ok[None, :])
+    else:
+        part = part_ptr + split * C_out * K_total + offs_o[:, None] * K_total + offs_k[None, :]
+        tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
 
 
 @fast_launch
@@ -233,13 +268,16 @@ def wgrad_finish_kernel(part_ptr, splits, C_out, K_total, C_in,
                         dgamma_ptr, dbeta_ptr, dbias_ptr,
                         KW: tl.constexpr, EVAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK: tl.constexpr):
-    """One program per output channel o: G[o, :] = sum of the split partials, then
-    train: dW = G.  eval (conv ran on w' = w * scale): dW = scale * G, and the BN grads."""
+    """Program (o, b): G[o, k] = sum of the split partials for the k of block b, b + (grid's
+    second axis), ..., then train: dW = G.  eval (conv ran on w' = w * scale): dW = scale * G,
+    and the BN grads, which need all of row o: eval launches one program per row. (Train
+    launches one per BLOCK of the row: with one per row, ResNet's 64-channel layers ran 64
+    programs over the partials, half the SMs idle.)"""
     o = tl.program_id(0)
     if EVAL:
         scale = tl.load(scale_ptr + o)
     wdot = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K_total, BLOCK):
+    for k0 in range(tl.program_id(1) * BLOCK, K_total, BLOCK * tl.num_programs(1)):
         k = k0 + tl.arange(0, BLOCK)
         k_ok = k < K_total
         g = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -430,25 +468,40 @@ def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
 @fast_launch
 @triton.jit
 def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, sums_ptr,
-                        dyc_ptr, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+                        dyc_ptr, dbias_part_ptr, P, C, rows_per_chunk,
+                        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (chunk, column block): dyc over the chunk's rows (bn_bwd_partial_kernel's
+    chunks), stored in the input's dtype for the dgrad and wgrad GEMMs. With a conv bias
+    it also sums dyc per channel *before* that rounding: grad conv_bias = sum_p dyc is
+    mathematically 0 (the batch mean absorbs the bias), so what is computed is rounding
+    noise, and summing the bf16-rounded dyc would make that noise several times larger
+    than the fp32 sum's (at the stem's P = 401408 it failed the check)."""
+    chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    mask = (rows < P)[:, None] & c_ok[None, :]
-    dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
-                 other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
     mean = tl.load(mean_ptr + cols, mask=c_ok, other=0.0)
     invstd = tl.load(invstd_ptr + cols, mask=c_ok, other=0.0)
     gamma = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     m_dy = tl.load(sums_ptr + cols, mask=c_ok, other=0.0) / P
     m_dyx = tl.load(sums_ptr + C + cols, mask=c_ok, other=0.0) / P
-    ### BEGIN SOLUTION
-    xhat = (y - mean[None, :]) * invstd[None, :]
-    dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
-    ### END SOLUTION
-    tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
-             mask=mask)
+    s_dyc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    first = chunk * rows_per_chunk
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
+                     other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        ### BEGIN SOLUTION
+        xhat = (y - mean[None, :]) * invstd[None, :]
+        dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
+        ### END SOLUTION
+        if HAS_BIAS:
+            s_dyc += tl.where(mask, dyc, 0.0)
+        tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
+                 mask=mask)
+    if HAS_BIAS:
+        tl.store(dbias_part_ptr + chunk * C + cols, tl.sum(s_dyc, axis=0), mask=c_ok)
 
 
 KERNELS = [conv_fwd_kernel, conv_dgrad_kernel, conv_wgrad_kernel, wgrad_finish_kernel,
@@ -556,39 +609,76 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
+    """dx = the transposed convolution of dy2d, one implicit GEMM per stride phase (see
+    conv_dgrad_kernel), all phases in one launch. Its tile is the forward's size rule
+    (_fwd_tile) read for this GEMM: output Q x C_in, reduction over taps of C_out channels,
+    so the channels of one step follow C_out and the tile's width follows C_in (16 at the
+    stem's C_in = 3, not 128: a fixed 128-wide tile there was 125 masked columns of 128)."""
     N, C_in, H, W = x_like.shape
+    C_out = dy2d.shape[1]
     dx = torch.empty_like(x_like)  # keeps x's memory format
+    (sh, sw), (ph, pw) = s["stride"], s["padding"]
+    Q = N * cdiv(H, sh) * cdiv(W, sw)  # pixels of the largest phase (the grid covers it)
     precision, cfg = _dot_cfg(x_like.dtype)
-    Q = N * H * W
-    grid = (cdiv(Q, cfg["BLOCK_M"]), cdiv(C_in, cfg["BLOCK_N"]))
-    conv_dgrad_kernel[grid](dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"],
-                            s["W_out"], dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
-                            *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
+    if not INTERPRETED and x_like.dtype != torch.float32:
+        cfg = _fwd_tile(Q * sh * sw, C_out, C_in, x_like.device)
+    grid = (cdiv(Q, cfg["BLOCK_M"]) * cdiv(C_in, cfg["BLOCK_N"]), sh * sw)
+    conv_dgrad_kernel[grid](dy2d, w_t, dx, N, C_in, H, W, C_out, s["H_out"], s["W_out"],
+                            dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
+                            sh, sw, ph, pw, KH=kH, KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **_with_group(cfg))
     return dx
 
 
-def _conv_wgrad_partials(dy2d, x, s, kH, kW):
-    """fp32 partials (splits, C_out, kH*kW*C_in) of G = dY^T im2col(x), and their count."""
-    N, C_in, H, W = x.shape
-    P, C_out = dy2d.shape
-    K_total = kH * kW * C_in
-    precision, cfg = _dot_cfg(x.dtype)
+def _with_group(cfg: dict) -> dict:
+    return cfg if "GROUP_M" in cfg else dict(cfg, GROUP_M=8)
+
+
+def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> tuple[dict, int]:
+    """(tile, splits) of the weight-gradient GEMM G (C_out x K_total) = dY^T im2col(x),
+    reduced over the P pixels, from the problem's size:
+
+    - the tile's rows follow C_out (64 for C_out <= 64: a 128-row tile would be half masked
+      rows at ResNet's 64-channel layers), its columns K_total (64 below 256 columns: the
+      stem's 147 = 7x7x3 fills three 64-wide tiles to 77%, two 128-wide ones to 57%);
+    - the split over P gives the (C_out x K_total) tiles enough programs to fill every SM
+      twice (two 128x128 programs fit an SM's shared memory), each at least 512 pixels: a
+      split costs an fp32 copy of G, written and read back by the finish kernel."""
+    precision, cfg = _dot_cfg(dtype)
+    if not INTERPRETED and dtype != torch.float32:
+        bm = 64 if C_out <= 64 else 128
+        bn = 64 if K_total < 256 else 128
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=8 if bm * bn >= 128 * 128 else 4,
+                   num_stages=3)
     tiles = cdiv(C_out, cfg["BLOCK_M"]) * cdiv(K_total, cfg["BLOCK_N"])
     if INTERPRETED:
         splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
-        sms = sm_count(x.device)
-        splits = max(1, min(cdiv(P, 1024), cdiv(2 * sms, tiles)))
+        splits = max(1, min(cdiv(P, 512), cdiv(2 * sm_count(device), tiles)))
     per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-    splits = cdiv(P, per_split)
-    part = torch.empty((splits, C_out, K_total), device=x.device, dtype=torch.float32)
+    return dict(cfg, precision=precision, per_split=per_split), cdiv(P, per_split)
+
+
+def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
+    """fp32 partials (splits, C_out, kH*kW*C_in) of G = dY^T im2col(x), and their count.
+    Given dw (train: dW = G) and a plan of one split, G goes straight into dw instead and
+    the partials returned are None."""
+    N, C_in, H, W = x.shape
+    P, C_out = dy2d.shape
+    K_total = kH * kW * C_in
+    plan, splits = _wgrad_plan(P, C_in, C_out, K_total, x.dtype, x.device)
+    cfg = {k: v for k, v in plan.items() if k not in ("precision", "per_split")}
+    direct = dw is not None and splits == 1
+    part = dw if direct else torch.empty((splits, C_out, K_total), device=x.device,
+                                         dtype=torch.float32)
+    dws = dw.stride() if direct else (0, 0, 0, 0)
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
     conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
-                            K_total, per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
-                            *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
-    return part, splits
+                            K_total, plan["per_split"], dy2d.stride(0), dy2d.stride(1),
+                            *x.stride(), *s["stride"], *s["padding"], *dws, KW=kW,
+                            UPCAST=INTERPRETED, DOT_PRECISION=plan["precision"], DIRECT=direct,
+                            **cfg)
+    return (None if direct else part), splits
 
 
 def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
@@ -727,19 +817,24 @@ class _ConvBN(torch.autograd.Function):
         bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
                                             BLOCK_C=_RED["BLOCK_C"])
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
-        bn_bwd_apply_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
-            **_RED)
+        db_part = torch.empty((chunks, C_out), device=dev, dtype=torch.float32) if has_bias \
+            else sums
+        bn_bwd_apply_kernel[(chunks, c_blocks)](
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, db_part,
+            P, C_out, rows, HAS_BIAS=has_bias, **_RED)
         if has_bias:
-            # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not assumed.
-            db = column_sum(dyc, out_dtype=dt)
-        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW)
+            # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not
+            # assumed, from the fp32 dyc (bn_bwd_apply_kernel's per-chunk sums).
+            db = column_sum(db_part, out_dtype=dt)
         dw = torch.empty_like(w)
-        wgrad_finish_kernel[(C_out,)](part_w, splits, C_out, part_w.shape[2], x.shape[1],
-                                      dw, *dw.stride(), w, *_w_strides(w),
-                                      sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
-                                      KW=kW, EVAL=False, HAS_BIAS=False,
-                                      BLOCK=256 if INTERPRETED else 1024)
+        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW, dw=dw)
+        if part_w is not None:
+            K_total = part_w.shape[2]
+            block = 256 if INTERPRETED else 512
+            wgrad_finish_kernel[(C_out, cdiv(K_total, block))](
+                part_w, splits, C_out, K_total, x.shape[1], dw, *dw.stride(), w,
+                *_w_strides(w), sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
+                KW=kW, EVAL=False, HAS_BIAS=False, BLOCK=block)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
