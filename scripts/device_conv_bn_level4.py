@@ -10,9 +10,10 @@ suite (equivalence/cards/conv_bn.py MODEL_SHAPES), in one call:
      do_bench, median and p20/p80 over its repetitions (kernel time plus whatever host time
      the GPU waits for: at the small layer3/layer4 shapes a step's launches are part of it);
   3. with --profile, Level 4's train step under torch.profiler: each kernel's GPU time per
-     step, to see which pass a shape's time goes to.
+     step, to see which pass a shape's time goes to; with --host-profile, the step's host
+     time under cProfile (what the GPU waits for at the small shapes).
 
-    PYTHONPATH=. python3 scripts/device_conv_bn_level4.py OUT.json [--check-only] [--profile]
+    PYTHONPATH=. python3 scripts/device_conv_bn_level4.py OUT.json [--check-only] [--profile] [--host-profile]
         [--no-level5] [--shapes a,b]
 
 Prints a table; writes OUT.json (GPU, versions, date, every check and figure). The shapes'
@@ -106,6 +107,41 @@ def _profile(s, report):
         print(f"      {us:9.1f} us  x{n:<3d} {k}")
 
 
+def _host_profile(s, report):
+    """cProfile of 200 Level 4 train steps at shape s: where a step's host time goes (at the
+    small shapes the GPU waits for it)."""
+    import cProfile
+    import io
+    import pstats
+
+    a = _args(s, True)
+    rm, rv = a["running_mean"].clone(), a["running_var"].clone()
+    params = {k: a[k].detach().requires_grad_(True) for k in PARAMS}
+    fn = _callers(a)["level4"]
+    with torch.no_grad():
+        dy = torch.randn_like(fn(params, rm, rv, True))
+    step = _step(fn, params, rm, rv, dy)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(200):
+        step()
+    torch.cuda.synchronize()
+    us = (time.perf_counter() - start) / 200 * 1e6
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    report["host_profiles"][s.name] = {"us_per_step": us, "cprofile": text.getvalue()}
+    print(f"  {s.name}: {us:.0f} us of wall time per train step (no profiler)")
+    print(text.getvalue()[-6000:])
+
+
 def run_timings(shapes, failed, report, with_level5):
     for s in shapes:
         for variant, direction in s.directions:
@@ -167,7 +203,8 @@ def main():
               "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 "
-              "ms): median, p20, p80", "checks": {}, "timings": [], "profiles": {}}
+              "ms): median, p20, p80", "checks": {}, "timings": [], "profiles": {},
+              "host_profiles": {}}
     start = time.perf_counter()
     with_level5 = "--no-level5" not in sys.argv and "--check-only" not in sys.argv
     if with_level5:
@@ -188,6 +225,11 @@ def main():
         for s in shapes:
             if any(v == "train" for v, _ in s.directions):
                 _profile(s, report)
+    if "--host-profile" in sys.argv:
+        print("[conv_bn level4] Level 4 train step, host time (cProfile)")
+        for s in shapes:
+            if any(v == "train" for v, _ in s.directions):
+                _host_profile(s, report)
     report["seconds"] = round(time.perf_counter() - start, 1)
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(f"[conv_bn level4] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")

@@ -370,53 +370,65 @@ def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk
 
 @fast_launch
 @triton.jit
-def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
-                          gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr,
-                          mean_ptr, invstd_ptr, scale_ptr, shift_ptr, eps, momentum,
-                          BLOCK_C: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def bn_fwd_apply_kernel(y_ptr, part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
+                        gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr, mean_ptr, invstd_ptr,
+                        out_ptr, sop, soo, eps, momentum,
+                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (chunk, column block): merge every chunk's (mean, M2) of its columns with
+    Chan's formula, then out = y * scale + shift over its own chunk of rows; chunk 0 also
+    stores mean and 1/std for the backward and updates the running statistics.
+
+    Finalizing and applying were two launches (a finalize kernel over the columns, then an
+    elementwise one); here each program redoes the small merge itself (chunks x BLOCK_C
+    partials, read BLOCK_S chunks a step as 2-D tiles) instead. What that buys: one launch
+    less per training step, whose host time is most of a step at ResNet's small layers (H100,
+    layer4 3x3: 146 us of kernels, ~650 us of host per train step). What it costs: the
+    partials are read once per chunk instead of once (chunks = one per SM, so ~130 x 32
+    floats a program, from L2)."""
+    chunk = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    total = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
-        total += n_s * tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0)
-    mean = total / P
-    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
-        d = tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0) - mean
-        m2 += tl.load(part_m2_ptr + s * C + cols, mask=c_ok, other=0.0) + n_s * d * d
+    total = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
+        total += n_s[:, None] * tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                        other=0.0)
+    mean = tl.sum(total, axis=0) / P
+    m2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
+        d = tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0) \
+            - mean[None, :]
+        m2 += tl.where(ok, tl.load(part_m2_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                   other=0.0) + n_s[:, None] * d * d, 0.0)
+    m2 = tl.sum(m2, axis=0)
     ### BEGIN SOLUTION
     invstd = 1.0 / tl.sqrt(m2 / P + eps)  # normalize with the biased variance
     scale = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) * invstd
     shift = tl.load(beta_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) - mean * scale
-    tl.store(mean_ptr + cols, mean, mask=c_ok)
-    tl.store(invstd_ptr + cols, invstd, mask=c_ok)
-    tl.store(scale_ptr + cols, scale, mask=c_ok)
-    tl.store(shift_ptr + cols, shift, mask=c_ok)
     # ...but track the unbiased variance, exactly as BatchNorm2d does.
     rm = tl.load(run_mean_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     rv = tl.load(run_var_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     rm = (1.0 - momentum) * rm + momentum * mean
     rv = (1.0 - momentum) * rv + momentum * (m2 / (P - 1))
     ### END SOLUTION
-    tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
-    tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
-
-
-@fast_launch
-@triton.jit
-def channel_affine_kernel(y_ptr, scale_ptr, shift_ptr, out_ptr, P, C, sop, soo,
-                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (rows < P)[:, None] & (cols < C)[None, :]
-    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + cols, mask=cols < C, other=0.0)
-    shift = tl.load(shift_ptr + cols, mask=cols < C, other=0.0)
-    out = y * scale[None, :] + shift[None, :]
-    tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo, out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    if chunk == 0:  # one program per column writes the per-channel results
+        tl.store(mean_ptr + cols, mean, mask=c_ok)
+        tl.store(invstd_ptr + cols, invstd, mask=c_ok)
+        tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
+    first = chunk * rows_per_chunk
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        out = y * scale[None, :] + shift[None, :]
+        tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo,
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -450,40 +462,41 @@ def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_pt
 
 @fast_launch
 @triton.jit
-def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
-                           BLOCK_C: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = cols < C
-    s_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    s_dyx = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        s_dy += tl.load(part_ptr + s * C + cols, mask=c_ok, other=0.0)
-        s_dyx += tl.load(part_ptr + (chunks + s) * C + cols, mask=c_ok, other=0.0)
-    tl.store(sums_ptr + cols, s_dy, mask=c_ok)
-    tl.store(sums_ptr + C + cols, s_dyx, mask=c_ok)
-    tl.store(dbeta_ptr + cols, s_dy.to(dbeta_ptr.dtype.element_ty), mask=c_ok)
-    tl.store(dgamma_ptr + cols, s_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
+def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, part_ptr,
+                        chunks, dgamma_ptr, dbeta_ptr, dyc_ptr, dbias_part_ptr, P, C,
+                        rows_per_chunk,
+                        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_S: tl.constexpr):
+    """Program (chunk, column block): sum_p dY and sum_p dY xhat of its columns from every
+    chunk's partials (bn_bwd_partial_kernel's; chunk 0 stores them as dbeta and dgamma), then
+    dyc over its own chunk of rows, stored in the input's dtype for the dgrad and wgrad GEMMs.
+    The merge is redone by every program instead of by a finalize launch of its own
+    (bn_fwd_apply_kernel says what that buys and costs).
 
-
-@fast_launch
-@triton.jit
-def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, sums_ptr,
-                        dyc_ptr, dbias_part_ptr, P, C, rows_per_chunk,
-                        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Program (chunk, column block): dyc over the chunk's rows (bn_bwd_partial_kernel's
-    chunks), stored in the input's dtype for the dgrad and wgrad GEMMs. With a conv bias
-    it also sums dyc per channel *before* that rounding: grad conv_bias = sum_p dyc is
-    mathematically 0 (the batch mean absorbs the bias), so what is computed is rounding
-    noise, and summing the bf16-rounded dyc would make that noise several times larger
-    than the fp32 sum's (at the stem's P = 401408 it failed the check)."""
+    With a conv bias it also sums dyc per channel *before* that rounding: grad conv_bias =
+    sum_p dyc is mathematically 0 (the batch mean absorbs the bias), so what is computed is
+    rounding noise, and summing the bf16-rounded dyc would make that noise several times
+    larger than the fp32 sum's (at the stem's P = 401408 it failed the check)."""
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
+    t_dy = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    t_dyx = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        t_dy += tl.load(part_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0)
+        t_dyx += tl.load(part_ptr + (chunks + s)[:, None] * C + cols[None, :], mask=ok, other=0.0)
+    sum_dy = tl.sum(t_dy, axis=0)
+    sum_dyx = tl.sum(t_dyx, axis=0)
+    if chunk == 0:
+        tl.store(dbeta_ptr + cols, sum_dy.to(dbeta_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(dgamma_ptr + cols, sum_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
     mean = tl.load(mean_ptr + cols, mask=c_ok, other=0.0)
     invstd = tl.load(invstd_ptr + cols, mask=c_ok, other=0.0)
     gamma = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
-    m_dy = tl.load(sums_ptr + cols, mask=c_ok, other=0.0) / P
-    m_dyx = tl.load(sums_ptr + C + cols, mask=c_ok, other=0.0) / P
+    m_dy = sum_dy / P
+    m_dyx = sum_dyx / P
     s_dyc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     first = chunk * rows_per_chunk
     for r in range(0, rows_per_chunk, BLOCK_P):
@@ -505,8 +518,8 @@ def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr
 
 
 KERNELS = [conv_fwd_kernel, conv_dgrad_kernel, conv_wgrad_kernel, wgrad_finish_kernel,
-           fold_bn_kernel, stats_partial_kernel, stats_finalize_kernel, channel_affine_kernel,
-           bn_bwd_partial_kernel, bn_bwd_finalize_kernel, bn_bwd_apply_kernel]
+           fold_bn_kernel, stats_partial_kernel, bn_fwd_apply_kernel, bn_bwd_partial_kernel,
+           bn_bwd_apply_kernel]
 
 
 def uses_tf32(device, dtype) -> bool:
@@ -622,6 +635,12 @@ def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
     precision, cfg = _dot_cfg(x_like.dtype)
     if not INTERPRETED and x_like.dtype != torch.float32:
         cfg = _fwd_tile(Q * sh * sw, C_out, C_in, x_like.device)
+        if C_in < 64:
+            # The forward never has fewer than 64 output channels in a CNN; this GEMM's
+            # output has the *input's* channels, 3 at the stem, where the 64-wide tile would
+            # be 61 masked columns of 64. tl.dot's narrowest is 16 (H100 profile of the
+            # stem's dgrad: 1162 us with 64 columns).
+            cfg = dict(cfg, BLOCK_N=max(16, next_power_of_2(C_in)), num_warps=4)
     grid = (cdiv(Q, cfg["BLOCK_M"]) * cdiv(C_in, cfg["BLOCK_N"]), sh * sw)
     conv_dgrad_kernel[grid](dy2d, w_t, dx, N, C_in, H, W, C_out, s["H_out"], s["W_out"],
                             dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
@@ -682,8 +701,11 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
 
 
 def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
-    """(rows per chunk, chunks) for the per-channel reductions over P."""
-    target = 2 if INTERPRETED else 4 * sm_count(device)
+    """(rows per chunk, chunks) for the per-channel reductions over P: two chunks per SM.
+    More chunks would give the partial kernels more loads in flight, but every program of
+    bn_fwd_apply_kernel and bn_bwd_apply_kernel merges all the chunks of its columns, so
+    that work grows with the square of the count."""
+    target = 3 if INTERPRETED else 2 * sm_count(device)
     rows = cdiv(cdiv(P, target), BLOCK_P) * BLOCK_P
     return rows, cdiv(P, rows)
 
@@ -708,7 +730,11 @@ class _NoBackward:
         pass
 
 
-_RED = dict(BLOCK_P=32, BLOCK_C=32)  # tiles of the per-channel reduction/elementwise kernels
+# Tiles of the per-channel reduction/elementwise kernels (16 rows in the interpreter, so
+# its small tests run several steps of each chunk's loop)
+_RED = dict(BLOCK_P=16 if INTERPRETED else 64, BLOCK_C=32)
+_FIN_S = 2 if INTERPRETED else 64  # chunks per step of the finalize kernels (the interpreter
+# runs 3 chunks: two steps, the second masked)
 
 
 class _ConvBN(torch.autograd.Function):
@@ -756,17 +782,15 @@ class _ConvBN(torch.autograd.Function):
         y = torch.empty((P, C_out), **f32)
         _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW)
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
-        part_mean = torch.empty((chunks, C_out), **f32)
-        part_m2 = torch.empty((chunks, C_out), **f32)
+        part_mean, part_m2 = torch.empty((2, chunks, C_out), **f32).unbind(0)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
         stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows,
                                                  **_RED)
-        mean, invstd, scale, shift = (torch.empty((C_out,), **f32) for _ in range(4))
-        stats_finalize_kernel[(c_blocks,)](
-            part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean, running_var,
-            mean, invstd, scale, shift, eps, momentum, BLOCK_C=_RED["BLOCK_C"])
-        channel_affine_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
+        mean, invstd = torch.empty((2, C_out), **f32).unbind(0)
+        bn_fwd_apply_kernel[(chunks, c_blocks)](
+            y, part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean,
+            running_var, mean, invstd, out2d, out2d.stride(0), out2d.stride(1), eps, momentum,
+            BLOCK_S=_FIN_S, **_RED)
         ctx.save_for_backward(x, w, y, mean, invstd, gamma)
         return out
 
@@ -811,17 +835,14 @@ class _ConvBN(torch.autograd.Function):
         bn_bwd_partial_kernel[(chunks, c_blocks)](
             dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, part, P, C_out, rows, chunks,
             **_RED)
-        sums = torch.empty((2, C_out), device=dev, dtype=torch.float32)
-        dgamma = torch.empty((C_out,), device=dev, dtype=dt)
-        dbeta = torch.empty((C_out,), device=dev, dtype=dt)
-        bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
-                                            BLOCK_C=_RED["BLOCK_C"])
+        dgamma = torch.empty((C_out,), device=dev, dtype=dt)  # two tensors: each becomes
+        dbeta = torch.empty((C_out,), device=dev, dtype=dt)   # a parameter's .grad
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
         db_part = torch.empty((chunks, C_out), device=dev, dtype=torch.float32) if has_bias \
-            else sums
+            else part
         bn_bwd_apply_kernel[(chunks, c_blocks)](
-            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, db_part,
-            P, C_out, rows, HAS_BIAS=has_bias, **_RED)
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, part, chunks, dgamma,
+            dbeta, dyc, db_part, P, C_out, rows, HAS_BIAS=has_bias, BLOCK_S=_FIN_S, **_RED)
         if has_bias:
             # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not
             # assumed, from the fp32 dyc (bn_bwd_apply_kernel's per-chunk sums).
@@ -833,7 +854,7 @@ class _ConvBN(torch.autograd.Function):
             block = 256 if INTERPRETED else 512
             wgrad_finish_kernel[(C_out, cdiv(K_total, block))](
                 part_w, splits, C_out, K_total, x.shape[1], dw, *dw.stride(), w,
-                *_w_strides(w), sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
+                *_w_strides(w), part_w, part_w, part_w, part_w, part_w, dgamma, dbeta, dbeta,
                 KW=kW, EVAL=False, HAS_BIAS=False, BLOCK=block)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
