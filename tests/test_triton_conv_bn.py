@@ -152,3 +152,11 @@ def test_conv_bn_train_wgrad_single_split_writes_dw_directly(weight_layout):
     plan, splits = K._wgrad_plan(P, 6, 7, 3 * 3 * 6, torch.float32, torch.device(DEVICE))
     assert splits == 1
     _passes("conv_bn", args)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_channel_blocks_past_eight_input_channels(training):
+    # Up to 8 input channels the forward walks k = (i, j, c) flat (FLAT_K: the stem's 3);
+    # from 9 on, one channel block per tap: 20 channels are two blocks, the second masked.
+    shape = dict(N=1, C_in=20, H=5, W=6, C_out=5, k=3, stride=1, padding=1, channels_last=True)
+    _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=9, training=training))

@@ -76,7 +76,8 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
                     KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False):
+                    GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False,
+                    FLAT_K: tl.constexpr = False):
     pid_m, pid_n = grouped_tile(P, C_out, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -92,26 +93,54 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
     w_col = w_ptr + offs_o * swo
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    c_blocks = tl.cdiv(C_in, BLOCK_K)
-    # One flat loop over (kernel offset, channel block): a single loop the compiler can
-    # software-pipeline, instead of a short inner loop restarted kH*kW times.
-    for t in range(0, KH * KW * c_blocks):
-        ij = t // c_blocks
-        c = (t % c_blocks) * BLOCK_K + offs_c
-        i = ij // KW
-        j = ij % KW
-        hi = h0 + i
-        wi = w0 + j
-        in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-        c_ok = c < C_in
-        a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
-                    mask=in_img[:, None] & c_ok[None, :], other=0.0)
-        b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
-                    mask=c_ok[:, None] & o_ok[None, :], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if FLAT_K:
+        # Few input channels (the stem's 3): the reduction index k = (i, j, c) is walked as
+        # one flat range, BLOCK_K at a time, instead of one channel block per tap. Per tap a
+        # 16-wide channel block (tl.dot's narrowest) would be 13 masked zeros for 3 channels:
+        # 49 steps over 784 columns for 147 real ones at the 7x7 stem, against 5 steps of 32
+        # here. With channels_last x one kernel row's (j, c) are adjacent addresses, so the
+        # gather still reads runs of KW * C_in elements. Cost: the tap and channel of every
+        # column are computed per step (a division and two modulos on a BLOCK_K vector) and
+        # the bounds mask is 2-D.
+        K_total = KH * KW * C_in
+        for k0 in range(0, K_total, BLOCK_K):
+            k = k0 + offs_c
+            k_ok = k < K_total
+            i = k // (KW * C_in)
+            j = (k // C_in) % KW
+            c = k % C_in
+            hi = h0[:, None] + i[None, :]
+            wi = w0[:, None] + j[None, :]
+            in_img = p_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            a = tl.load(x_row[:, None] + hi * sxh + wi * sxw + (c * sxc)[None, :], mask=in_img,
+                        other=0.0)
+            b = tl.load(w_col[None, :] + (c * swc + i * swi + j * swj)[:, None],
+                        mask=k_ok[:, None] & o_ok[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        c_blocks = tl.cdiv(C_in, BLOCK_K)
+        # One flat loop over (kernel offset, channel block): a single loop the compiler can
+        # software-pipeline, instead of a short inner loop restarted kH*kW times.
+        for t in range(0, KH * KW * c_blocks):
+            ij = t // c_blocks
+            c = (t % c_blocks) * BLOCK_K + offs_c
+            i = ij // KW
+            j = ij % KW
+            hi = h0 + i
+            wi = w0 + j
+            in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            c_ok = c < C_in
+            a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
+                        mask=in_img[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
+                        mask=c_ok[:, None] & o_ok[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
@@ -605,13 +634,16 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
             P, C_in, H, W, C_out, s["H_out"], s["W_out"], *x.stride(), *w_strides,
             out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"], eps)
     # BN_EPILOGUE given even when False: Inductor's wrapper counts the arguments (gemm.py)
+    # FLAT_K for C_in <= 8: a channel block per tap would be at least half masked
     common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
-                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None)
+                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None, FLAT_K=C_in <= 8)
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
         conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
     else:
         cfg = _fwd_tile(P, C_in, C_out, x.device)
+        if C_in <= 8:  # flat k: 32 columns a step (the stem's 147 in 5 steps, 9% masked)
+            cfg = dict(cfg, BLOCK_K=32)
         if autotuning():  # the rule's tile and the fixed ones, timed once per shape bucket
             key = (str(x.dtype).removeprefix("torch."), tuning.bucket(P), tuning.bucket(C_in),
                    tuning.bucket(C_out), kH, kW, *s["stride"], x.stride(1) == 1,
