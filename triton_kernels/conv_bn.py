@@ -58,7 +58,7 @@ import triton.language as tl
 
 from . import tuning
 from .launch import apply_ahead, autotuning, cdiv, fast_launch, needs_grad, next_power_of_2
-from .gemm import column_sum, grouped_tile, sm_count
+from .gemm import column_sum, column_sum_kernel, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -871,22 +871,27 @@ class _ConvBN(torch.autograd.Function):
         dev, dt = x.device, x.dtype
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
-        part = torch.empty((2, chunks, C_out), device=dev, dtype=torch.float32)
+        # sum dY and sum dY xhat per chunk, and (with a bias) sum dyc: one allocation
+        part = torch.empty((2 + has_bias, chunks, C_out), device=dev, dtype=torch.float32)
         bn_bwd_partial_kernel[(chunks, c_blocks)](
             dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, part, P, C_out, rows, chunks,
             **_RED)
         dgamma = torch.empty((C_out,), device=dev, dtype=dt)  # two tensors: each becomes
         dbeta = torch.empty((C_out,), device=dev, dtype=dt)   # a parameter's .grad
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
-        db_part = torch.empty((chunks, C_out), device=dev, dtype=torch.float32) if has_bias \
-            else part
+        db_part = part[2] if has_bias else part
         bn_bwd_apply_kernel[(chunks, c_blocks)](
             dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, part, chunks, dgamma,
             dbeta, dyc, db_part, P, C_out, rows, HAS_BIAS=has_bias, BLOCK_S=_FIN_S, **_RED)
         if has_bias:
             # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not
             # assumed, from the fp32 dyc (bn_bwd_apply_kernel's per-chunk sums).
-            db = column_sum(db_part, out_dtype=dt)
+            # One program per 128 columns sums the chunks' partials (column_sum would take two
+            # launches past 256 rows).
+            db = torch.empty((C_out,), device=dev, dtype=dt)
+            bm, bn = (16, 32) if INTERPRETED else (32, 128)
+            column_sum_kernel[(1, cdiv(C_out, bn))](db_part, db, chunks, C_out, C_out, 1,
+                                                    cdiv(chunks, bm) * bm, BLOCK_M=bm, BLOCK_N=bn)
         dw = torch.empty_like(w)
         part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW, dw=dw)
         if part_w is not None:
