@@ -32,11 +32,13 @@ _fwd_tile now does without timing them); train forward
 0.63-0.76x, train forward+backward 0.43-0.60x (the statistics and BN-backward passes over
 y are separate kernels).
 
-Train forward+backward at ResNet-50's shapes (reports/h100-conv-bn-level4.json, bf16
-channels_last, scripts/device_conv_bn_level4.py): the stem 1.44 ms against cuDNN's 1.35
-(9.9 ms before the dgrad's stride phases and 16-wide tiles), the other shapes ~0.5 ms
-(1.0-1.2 ms before) against cuDNN's 0.18-0.30: there the kernels take 88-200 us a step
-and the rest is host time (9-10 launches, autograd, allocations), the next thing to cut.
+ResNet-50's shapes (reports/h100-conv-bn-level4.json, bf16 channels_last, N=32,
+scripts/device_conv_bn_level4.py): the stem's train forward+backward 1.23 ms against
+cuDNN's 1.38 (9.9 ms before the dgrad's stride phases and narrow tiles and the forward's
+flat k), its eval forward 0.23 ms against 0.39. At the other shapes the kernels take
+88-201 us a train step (torch.profiler) and the step ~0.5-1.2 ms: host time (9-10
+launches, autograd, allocations; noisy on a shared host) is what is left to cut there,
+against cuDNN's 0.26-0.64 ms in the same run.
 
 What it costs: our own tiling and tuning instead of cuDNN's; the batch statistics need a
 pass over y between the convolution and the output (train mode is not the fast path).
