@@ -13,12 +13,13 @@ suite (equivalence/cards/conv_bn.py MODEL_SHAPES), in one call:
      step, to see which pass a shape's time goes to; with --host-profile, the step's host
      time under cProfile (what the GPU waits for at the small shapes).
 
-    PYTHONPATH=. python3 scripts/device_conv_bn_level4.py OUT.json [--check-only] [--profile] [--host-profile]
-        [--no-level5] [--shapes a,b]
+    PYTHONPATH=. python3 scripts/device_conv_bn_level4.py OUT.json [--check-only] [--profile]
+        [--host-profile] [--no-level5] [--shapes a,b]
 
 Prints a table; writes OUT.json (GPU, versions, date, every check and figure). The shapes'
 helpers (argument making, timing, the callers) are scripts/device_conv_bn5.py's. About 1-2 min
-on an H100 with Level 5 built warm (its cold build adds a minute or two; --no-level5 skips it).
+on an H100 (79 s measured with a cold Triton cache and Level 5's 37 s build; --no-level5
+skips Level 5).
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ def run_timings(shapes, failed, report, with_level5):
             cells = []
             for name, fig in row["figures"].items():
                 if "ms" in fig:
-                    cells.append(f"{name} {fig['ms']:.3f} [{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
+                    spread = f"[{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
+                    cells.append(f"{name} {fig['ms']:.3f} {spread}"
                                  + (f" {fig['x_cudnn']:.2f}x" if name != "cudnn" else ""))
                 else:
                     cells.append(f"{name} {fig.get('skipped') or fig.get('error')}")
