@@ -109,3 +109,65 @@ def test_conv_bn_train_updates_running_stats_once():
 ])
 def test_conv_bn_gpu(dtype, training, shape):
     _passes("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"], training=training))
+
+
+def _misaligned_channels_last(t):
+    """t's values in channels_last, starting one element past a 16-byte boundary (a view cut
+    out of a bigger buffer): the kernels may assume neither alignment nor NCHW strides."""
+    N, C, H, W = t.shape
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    view = flat.view(N, H, W, C).permute(0, 3, 1, 2)
+    view.copy_(t)
+    assert view.stride(1) == 1 and view.data_ptr() % 16 != 0
+    return view
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [
+    # stride 2 down, 3 across, odd sizes: six phases, one tap across in each
+    dict(N=2, C_in=5, H=9, W=11, C_out=6, k=3, stride=(2, 3), padding=(1, 0)),
+    # 1x1 stride 2: the odd rows and columns belong to no output; their phases have no tap
+    # and must write zeros to dx
+    dict(N=2, C_in=4, H=7, W=6, C_out=5, k=1, stride=2, padding=0),
+    # 2x2 stride 3, padding 1: one phase of three per axis has no tap, the others one each
+    dict(N=1, C_in=3, H=8, W=10, C_out=4, k=2, stride=3, padding=1),
+])
+def test_conv_bn_dgrad_stride_phases(shape, training):
+    # dx is one implicit GEMM per stride phase (conv_dgrad_kernel); the harness checks it,
+    # with x misaligned and channels_last, against the float64 reference.
+    args = _args("conv_bn", shape, torch.float32, seed=7, training=training)
+    args["x"] = _misaligned_channels_last(args["x"])
+    _passes("conv_bn", args)
+
+
+@pytest.mark.parametrize("weight_layout", ["contiguous", "channels_last"])
+def test_conv_bn_train_wgrad_single_split_writes_dw_directly(weight_layout):
+    # At most one BLOCK_K of pixels (here 1 x 3 x 4 = 12 outputs) gives one split: the wgrad
+    # kernel stores dW itself, through dW's own strides (DIRECT), with no finish kernel.
+    shape = dict(N=1, C_in=6, H=6, W=8, C_out=7, k=3, stride=2, padding=0,
+                 channels_last=weight_layout == "channels_last")
+    args = _args("conv_bn", shape, torch.float32, seed=8, training=True)
+    from triton_kernels import conv_bn as K
+    P = 1 * 2 * 3
+    plan, splits = K._wgrad_plan(P, 6, 7, 3 * 3 * 6, torch.float32, torch.device(DEVICE))
+    assert splits == 1
+    _passes("conv_bn", args)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_channel_blocks_past_eight_input_channels(training):
+    # Up to 8 input channels the forward walks k = (i, j, c) flat (FLAT_K: the stem's 3);
+    # from 9 on, one channel block per tap: 20 channels are two blocks, the second masked.
+    shape = dict(N=1, C_in=20, H=5, W=6, C_out=5, k=3, stride=1, padding=1, channels_last=True)
+    _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=9, training=training))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_bn_gpu_resnet_stem_full_size(training):
+    # The stem at full size, bf16 channels_last: the forward's flat k (3 channels), the dgrad's
+    # four stride phases on 16-wide tiles, and in training the conv bias's gradient (exactly 0)
+    # summed from the fp32 dyc over P = 401408 pixels (the bf16-rounded sum failed here).
+    stem = next(s for s in cards.get("conv_bn").model_shapes if s.name == "resnet50-stem")
+    _passes("conv_bn", _args("conv_bn", stem.sizes, torch.bfloat16, seed=3, training=training))

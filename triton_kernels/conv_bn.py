@@ -12,13 +12,15 @@ What it adds over torch.compile / cuDNN + a BN kernel:
   im2col buffer. k is ordered (i, j, c) so that with channels_last x consecutive k are
   consecutive addresses (wide, coalesced loads).
 - Train: the convolution writes y in fp32; a chunked kernel computes per-channel mean and
-  M2 (sum of squared deviations) per chunk of rows, and a finalize kernel merges the
-  chunks with Chan's formula (exact, no E[y^2] - E[y]^2 cancellation), updates
-  running_mean / running_var in place (unbiased variance, as BatchNorm2d) and produces
-  the per-channel scale/shift that one elementwise kernel applies.
-- Backward, all with this file's kernels: dX is a transposed convolution (implicit GEMM
-  gathering dY), dW an implicit GEMM over the p axis (split over chunks of p for
-  parallelism, partial sums reduced by a second kernel, no atomics). In eval mode
+  M2 (sum of squared deviations) per chunk of rows, and the apply kernel's programs each
+  merge the chunks with Chan's formula (exact, no E[y^2] - E[y]^2 cancellation), apply
+  the per-channel scale/shift to their own rows, and one of them per channel updates
+  running_mean / running_var in place (unbiased variance, as BatchNorm2d).
+- Backward, all with this file's kernels: dX is a transposed convolution, one implicit
+  GEMM per stride phase (gathering dY at only the taps that reach each input pixel), dW
+  an implicit GEMM over the p axis (split over chunks of p, as many as fill the GPU,
+  partial sums reduced by a second kernel, no atomics; one split writes dW itself). Tiles
+  follow the problem's channels (_fwd_tile, _wgrad_plan). In eval mode
   dgamma = rstd * (sum_k w[o,k] G[o,k] + (b - mean) sum_p dY[p,o]) with G = dY^T im2col(x),
   the same G that gives dW: y is never recomputed or stored.
 
@@ -29,6 +31,14 @@ reports/h100-bench.json and h100-triton-layer-norm-mlp-conv-bn.json): eval forwa
 _fwd_tile now does without timing them); train forward
 0.63-0.76x, train forward+backward 0.43-0.60x (the statistics and BN-backward passes over
 y are separate kernels).
+
+ResNet-50's shapes (reports/h100-conv-bn-level4.json, bf16 channels_last, N=32,
+scripts/device_conv_bn_level4.py): the stem's train forward+backward 1.23 ms against
+cuDNN's 1.38 (9.9 ms before the dgrad's stride phases and narrow tiles and the forward's
+flat k), its eval forward 0.23 ms against 0.39. At the other shapes the kernels take
+88-201 us a train step (torch.profiler) and the step ~0.5-1.2 ms: host time (9-10
+launches, autograd, allocations; noisy on a shared host) is what is left to cut there,
+against cuDNN's 0.26-0.64 ms in the same run.
 
 What it costs: our own tiling and tuning instead of cuDNN's; the batch statistics need a
 pass over y between the convolution and the output (train mode is not the fast path).
@@ -50,7 +60,7 @@ import triton.language as tl
 
 from . import tuning
 from .launch import apply_ahead, autotuning, cdiv, fast_launch, needs_grad, next_power_of_2
-from .gemm import column_sum, grouped_tile, sm_count
+from .gemm import column_sum, column_sum_kernel, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -68,7 +78,8 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
                     KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False):
+                    GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False,
+                    FLAT_K: tl.constexpr = False):
     pid_m, pid_n = grouped_tile(P, C_out, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -84,26 +95,54 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
     w_col = w_ptr + offs_o * swo
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    c_blocks = tl.cdiv(C_in, BLOCK_K)
-    # One flat loop over (kernel offset, channel block): a single loop the compiler can
-    # software-pipeline, instead of a short inner loop restarted kH*kW times.
-    for t in range(0, KH * KW * c_blocks):
-        ij = t // c_blocks
-        c = (t % c_blocks) * BLOCK_K + offs_c
-        i = ij // KW
-        j = ij % KW
-        hi = h0 + i
-        wi = w0 + j
-        in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-        c_ok = c < C_in
-        a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
-                    mask=in_img[:, None] & c_ok[None, :], other=0.0)
-        b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
-                    mask=c_ok[:, None] & o_ok[None, :], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if FLAT_K:
+        # Few input channels (the stem's 3): the reduction index k = (i, j, c) is walked as
+        # one flat range, BLOCK_K at a time, instead of one channel block per tap. Per tap a
+        # 16-wide channel block (tl.dot's narrowest) would be 13 masked zeros for 3 channels:
+        # 49 steps over 784 columns for 147 real ones at the 7x7 stem, against 5 steps of 32
+        # here. With channels_last x one kernel row's (j, c) are adjacent addresses, so the
+        # gather still reads runs of KW * C_in elements. Cost: the tap and channel of every
+        # column are computed per step (a division and two modulos on a BLOCK_K vector) and
+        # the bounds mask is 2-D.
+        K_total = KH * KW * C_in
+        for k0 in range(0, K_total, BLOCK_K):
+            k = k0 + offs_c
+            k_ok = k < K_total
+            i = k // (KW * C_in)
+            j = (k // C_in) % KW
+            c = k % C_in
+            hi = h0[:, None] + i[None, :]
+            wi = w0[:, None] + j[None, :]
+            in_img = p_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            a = tl.load(x_row[:, None] + hi * sxh + wi * sxw + (c * sxc)[None, :], mask=in_img,
+                        other=0.0)
+            b = tl.load(w_col[None, :] + (c * swc + i * swi + j * swj)[:, None],
+                        mask=k_ok[:, None] & o_ok[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        c_blocks = tl.cdiv(C_in, BLOCK_K)
+        # One flat loop over (kernel offset, channel block): a single loop the compiler can
+        # software-pipeline, instead of a short inner loop restarted kH*kW times.
+        for t in range(0, KH * KW * c_blocks):
+            ij = t // c_blocks
+            c = (t % c_blocks) * BLOCK_K + offs_c
+            i = ij // KW
+            j = ij % KW
+            hi = h0 + i
+            wi = w0 + j
+            in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            c_ok = c < C_in
+            a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
+                        mask=in_img[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
+                        mask=c_ok[:, None] & o_ok[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
@@ -126,52 +165,78 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
 # ---------------------------------------------------------------------------------------
 # dX: a transposed convolution. dx[n, c, h, w] = sum_{i,j,o} dy[n, o, ho, wo] w[o, c, i, j]
 # where h = ho*sh - ph + i, i.e. ho = (h + ph - i) / sh when that divides exactly.
+#
+# One implicit GEMM per *stride phase*. With stride s, an input row h receives only from
+# the taps i with i = (h + ph) mod s (mod s): for any other tap (h + ph - i) / s is not an
+# integer. Gathering every tap and masking the wrong ones (the first version of this
+# kernel) makes a stride-2 3x3 spend 3/4 of its loads and MMAs on zeros, the stem's 7x7/2
+# about 3/4 too. So the input pixels are split by (h mod sh, w mod sw): each phase is a
+# dense GEMM of its own pixels against only its own taps (ceil(KH / sh) x ceil(KW / sw) of
+# them, or none: a 1x1 stride-2 conv's odd rows get no gradient, and their programs write
+# zeros). The phases are the grid's second axis, one launch for all of them. Stride 1 is
+# one phase with every tap: the plain transposed convolution.
+# Cost: a division per pixel more (the phase's pixel -> (n, h, w)), and the grid covers the
+# largest phase, so with odd H the smaller phases' last programs are partly masked.
 # ---------------------------------------------------------------------------------------
 
 @fast_launch
 @triton.jit
 def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
-                      Q, C_in, H, W, C_out, H_out, W_out,
+                      N, C_in, H, W, C_out, H_out, W_out,
                       sdp, sdo, swo, swc, swi, swj, sxn, sxc, sxh, sxw,
                       sh, sw, ph, pw,
                       KH: tl.constexpr, KW: tl.constexpr,
                       UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # input pixels (n, h, w)
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr):
+    phase = tl.program_id(1)
+    rh = phase // sw  # this phase's input rows are h = rh + sh * t, columns w = rw + sw * v
+    rw = phase % sw
+    Ht = tl.cdiv(H - rh, sh)
+    Wt = tl.cdiv(W - rw, sw)
+    Q = N * Ht * Wt  # pixels of this phase (0 when rh >= H)
+    # Its taps: i = i0 + sh * u for u < TH, with ho = t + bh - u (exact: no remainder to test).
+    i0 = (rh + ph) % sh
+    j0 = (rw + pw) % sw
+    TH = tl.cdiv(KH - i0, sh)
+    TW = tl.cdiv(KW - j0, sw)
+    bh = (rh + ph - i0) // sh
+    bw = (rw + pw - j0) // sw
+
+    pid_m, pid_n = grouped_tile(N * tl.cdiv(H, sh) * tl.cdiv(W, sw), C_in,
+                                BLOCK_M, BLOCK_N, GROUP_M)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this phase's input pixels (n, t, v)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels
     offs_o = tl.arange(0, BLOCK_K)
     q_ok = offs_q < Q
     c_ok = offs_c < C_in
-    n = offs_q // (H * W)
-    hw = offs_q % (H * W)
-    h = hw // W
-    w = hw % W
+    n = offs_q // tl.maximum(Ht * Wt, 1)
+    tv = offs_q % tl.maximum(Ht * Wt, 1)
+    t = tv // tl.maximum(Wt, 1)
+    v = tv % tl.maximum(Wt, 1)
+    dy_row = dy_ptr + n * (H_out * W_out * sdp)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     o_blocks = tl.cdiv(C_out, BLOCK_K)
-    for t in range(0, KH * KW * o_blocks):
-        ij = t // o_blocks
-        o = (t % o_blocks) * BLOCK_K + offs_o
-        i = ij // KW
-        j = ij % KW
-        hn = h + ph - i
-        wn = w + pw - j
-        ho = hn // sh
-        wo = wn // sw
-        # Only exact multiples of the stride map back to an output pixel.
-        ok = q_ok & (hn >= 0) & (wn >= 0) & (hn % sh == 0) & (wn % sw == 0) \
-            & (ho < H_out) & (wo < W_out)
-        p = (n * H_out + ho) * W_out + wo
+    for step in range(0, TH * TW * o_blocks):
+        uv = step // o_blocks
+        o = (step % o_blocks) * BLOCK_K + offs_o
+        u = uv // TW
+        vv = uv % TW
+        ho = t + (bh - u)
+        wo = v + (bw - vv)
+        ok = q_ok & (ho >= 0) & (ho < H_out) & (wo >= 0) & (wo < W_out)
         o_ok = o < C_out
-        a = tl.load(dy_ptr + p[:, None] * sdp + o[None, :] * sdo,
+        a = tl.load((dy_row + (ho * W_out + wo) * sdp)[:, None] + o[None, :] * sdo,
                     mask=ok[:, None] & o_ok[None, :], other=0.0)
-        b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc + i * swi + j * swj,
+        b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc
+                    + (i0 + sh * u) * swi + (j0 + sw * vv) * swj,
                     mask=o_ok[:, None] & c_ok[None, :], other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    h = rh + sh * t
+    w = rw + sw * v
     dx_ptrs = dx_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + offs_c[None, :] * sxc
     tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
 
@@ -179,7 +244,11 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 # ---------------------------------------------------------------------------------------
 # dW: G[o, (i, j, c)] = sum_p dy[p, o] * x[n, c, ho*sh-ph+i, wo*sw-pw+j], split over chunks
 # of p (P is large, C_out x K small: without the split only a handful of programs run).
-# Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them.
+# Each split writes its own fp32 slice of `part`; wgrad_finish_kernel sums them in a fixed
+# order (deterministic, no atomics). The split count comes from the GPU (_wgrad_plan): just
+# enough programs to fill every SM twice, no more, since each split costs an fp32 copy of
+# G written and read again. When the tiles alone fill the GPU there is one split and the
+# kernel writes dW itself (DIRECT): no partials, no finish launch.
 # ---------------------------------------------------------------------------------------
 
 @fast_launch
@@ -187,10 +256,11 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
                       P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
                       sdp, sdo, sxn, sxc, sxh, sxw,
-                      sh, sw, ph, pw,
+                      sh, sw, ph, pw, sdwo, sdwc, sdwi, sdwj,
                       KW: tl.constexpr,
                       UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DIRECT: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -221,8 +291,12 @@ def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    part = part_ptr + split * C_out * K_total + offs_o[:, None] * K_total + offs_k[None, :]
-    tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
+    if DIRECT:  # one split: part_ptr is dW itself, (o, c, i, j) through its strides
+        dw = part_ptr + offs_o[:, None] * sdwo + (c * sdwc + i * sdwi + j * sdwj)[None, :]
+        tl.store(dw, acc.to(part_ptr.dtype.element_ty), mask=o_ok[:, None] & k_ok[None, :])
+    else:
+        part = part_ptr + split * C_out * K_total + offs_o[:, None] * K_total + offs_k[None, :]
+        tl.store(part, acc, mask=o_ok[:, None] & k_ok[None, :])
 
 
 @fast_launch
@@ -233,13 +307,16 @@ def wgrad_finish_kernel(part_ptr, splits, C_out, K_total, C_in,
                         dgamma_ptr, dbeta_ptr, dbias_ptr,
                         KW: tl.constexpr, EVAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK: tl.constexpr):
-    """One program per output channel o: G[o, :] = sum of the split partials, then
-    train: dW = G.  eval (conv ran on w' = w * scale): dW = scale * G, and the BN grads."""
+    """Program (o, b): G[o, k] = sum of the split partials for the k of block b, b + (grid's
+    second axis), ..., then train: dW = G.  eval (conv ran on w' = w * scale): dW = scale * G,
+    and the BN grads, which need all of row o: eval launches one program per row. (Train
+    launches one per BLOCK of the row: with one per row, ResNet's 64-channel layers ran 64
+    programs over the partials, half the SMs idle.)"""
     o = tl.program_id(0)
     if EVAL:
         scale = tl.load(scale_ptr + o)
     wdot = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K_total, BLOCK):
+    for k0 in range(tl.program_id(1) * BLOCK, K_total, BLOCK * tl.num_programs(1)):
         k = k0 + tl.arange(0, BLOCK)
         k_ok = k < K_total
         g = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -332,53 +409,65 @@ def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk
 
 @fast_launch
 @triton.jit
-def stats_finalize_kernel(part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
-                          gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr,
-                          mean_ptr, invstd_ptr, scale_ptr, shift_ptr, eps, momentum,
-                          BLOCK_C: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def bn_fwd_apply_kernel(y_ptr, part_mean_ptr, part_m2_ptr, chunks, rows_per_chunk, P, C,
+                        gamma_ptr, beta_ptr, run_mean_ptr, run_var_ptr, mean_ptr, invstd_ptr,
+                        out_ptr, sop, soo, eps, momentum,
+                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (chunk, column block): merge every chunk's (mean, M2) of its columns with
+    Chan's formula, then out = y * scale + shift over its own chunk of rows; chunk 0 also
+    stores mean and 1/std for the backward and updates the running statistics.
+
+    Finalizing and applying were two launches (a finalize kernel over the columns, then an
+    elementwise one); here each program redoes the small merge itself (chunks x BLOCK_C
+    partials, read BLOCK_S chunks a step as 2-D tiles) instead. What that buys: one launch
+    less per training step, whose host time is most of a step at ResNet's small layers (H100,
+    layer4 3x3: 146 us of kernels, ~650 us of host per train step). What it costs: the
+    partials are read once per chunk instead of once (chunks = one per SM, so ~130 x 32
+    floats a program, from L2)."""
+    chunk = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    total = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
-        total += n_s * tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0)
-    mean = total / P
-    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        n_s = tl.minimum(rows_per_chunk, P - s * rows_per_chunk).to(tl.float32)
-        d = tl.load(part_mean_ptr + s * C + cols, mask=c_ok, other=0.0) - mean
-        m2 += tl.load(part_m2_ptr + s * C + cols, mask=c_ok, other=0.0) + n_s * d * d
+    total = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
+        total += n_s[:, None] * tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                        other=0.0)
+    mean = tl.sum(total, axis=0) / P
+    m2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
+        d = tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0) \
+            - mean[None, :]
+        m2 += tl.where(ok, tl.load(part_m2_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                   other=0.0) + n_s[:, None] * d * d, 0.0)
+    m2 = tl.sum(m2, axis=0)
     ### BEGIN SOLUTION
     invstd = 1.0 / tl.sqrt(m2 / P + eps)  # normalize with the biased variance
     scale = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) * invstd
     shift = tl.load(beta_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) - mean * scale
-    tl.store(mean_ptr + cols, mean, mask=c_ok)
-    tl.store(invstd_ptr + cols, invstd, mask=c_ok)
-    tl.store(scale_ptr + cols, scale, mask=c_ok)
-    tl.store(shift_ptr + cols, shift, mask=c_ok)
     # ...but track the unbiased variance, exactly as BatchNorm2d does.
     rm = tl.load(run_mean_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     rv = tl.load(run_var_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
     rm = (1.0 - momentum) * rm + momentum * mean
     rv = (1.0 - momentum) * rv + momentum * (m2 / (P - 1))
     ### END SOLUTION
-    tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
-    tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
-
-
-@fast_launch
-@triton.jit
-def channel_affine_kernel(y_ptr, scale_ptr, shift_ptr, out_ptr, P, C, sop, soo,
-                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (rows < P)[:, None] & (cols < C)[None, :]
-    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + cols, mask=cols < C, other=0.0)
-    shift = tl.load(shift_ptr + cols, mask=cols < C, other=0.0)
-    out = y * scale[None, :] + shift[None, :]
-    tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo, out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    if chunk == 0:  # one program per column writes the per-channel results
+        tl.store(mean_ptr + cols, mean, mask=c_ok)
+        tl.store(invstd_ptr + cols, invstd, mask=c_ok)
+        tl.store(run_mean_ptr + cols, rm.to(run_mean_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(run_var_ptr + cols, rv.to(run_var_ptr.dtype.element_ty), mask=c_ok)
+    first = chunk * rows_per_chunk
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        out = y * scale[None, :] + shift[None, :]
+        tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo,
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -412,48 +501,64 @@ def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_pt
 
 @fast_launch
 @triton.jit
-def bn_bwd_finalize_kernel(part_ptr, chunks, C, sums_ptr, dgamma_ptr, dbeta_ptr,
-                           BLOCK_C: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = cols < C
-    s_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    s_dyx = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, chunks):
-        s_dy += tl.load(part_ptr + s * C + cols, mask=c_ok, other=0.0)
-        s_dyx += tl.load(part_ptr + (chunks + s) * C + cols, mask=c_ok, other=0.0)
-    tl.store(sums_ptr + cols, s_dy, mask=c_ok)
-    tl.store(sums_ptr + C + cols, s_dyx, mask=c_ok)
-    tl.store(dbeta_ptr + cols, s_dy.to(dbeta_ptr.dtype.element_ty), mask=c_ok)
-    tl.store(dgamma_ptr + cols, s_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
+def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, part_ptr,
+                        chunks, dgamma_ptr, dbeta_ptr, dyc_ptr, dbias_part_ptr, P, C,
+                        rows_per_chunk,
+                        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_S: tl.constexpr):
+    """Program (chunk, column block): sum_p dY and sum_p dY xhat of its columns from every
+    chunk's partials (bn_bwd_partial_kernel's; chunk 0 stores them as dbeta and dgamma), then
+    dyc over its own chunk of rows, stored in the input's dtype for the dgrad and wgrad GEMMs.
+    The merge is redone by every program instead of by a finalize launch of its own
+    (bn_fwd_apply_kernel says what that buys and costs).
 
-
-@fast_launch
-@triton.jit
-def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr, sums_ptr,
-                        dyc_ptr, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    With a conv bias it also sums dyc per channel *before* that rounding: grad conv_bias =
+    sum_p dyc is mathematically 0 (the batch mean absorbs the bias), so what is computed is
+    rounding noise, and summing the bf16-rounded dyc would make that noise several times
+    larger than the fp32 sum's (at the stem's P = 401408 it failed the check)."""
+    chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    mask = (rows < P)[:, None] & c_ok[None, :]
-    dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
-                 other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+    t_dy = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    t_dyx = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < chunks)[:, None] & c_ok[None, :]
+        t_dy += tl.load(part_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0)
+        t_dyx += tl.load(part_ptr + (chunks + s)[:, None] * C + cols[None, :], mask=ok, other=0.0)
+    sum_dy = tl.sum(t_dy, axis=0)
+    sum_dyx = tl.sum(t_dyx, axis=0)
+    if chunk == 0:
+        tl.store(dbeta_ptr + cols, sum_dy.to(dbeta_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(dgamma_ptr + cols, sum_dyx.to(dgamma_ptr.dtype.element_ty), mask=c_ok)
     mean = tl.load(mean_ptr + cols, mask=c_ok, other=0.0)
     invstd = tl.load(invstd_ptr + cols, mask=c_ok, other=0.0)
     gamma = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
-    m_dy = tl.load(sums_ptr + cols, mask=c_ok, other=0.0) / P
-    m_dyx = tl.load(sums_ptr + C + cols, mask=c_ok, other=0.0) / P
-    ### BEGIN SOLUTION
-    xhat = (y - mean[None, :]) * invstd[None, :]
-    dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
-    ### END SOLUTION
-    tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
-             mask=mask)
+    m_dy = sum_dy / P
+    m_dyx = sum_dyx / P
+    s_dyc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    first = chunk * rows_per_chunk
+    for r in range(0, rows_per_chunk, BLOCK_P):
+        rows = first + r + tl.arange(0, BLOCK_P)
+        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
+                     other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        ### BEGIN SOLUTION
+        xhat = (y - mean[None, :]) * invstd[None, :]
+        dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
+        ### END SOLUTION
+        if HAS_BIAS:
+            s_dyc += tl.where(mask, dyc, 0.0)
+        tl.store(dyc_ptr + rows[:, None] * C + cols[None, :], dyc.to(dyc_ptr.dtype.element_ty),
+                 mask=mask)
+    if HAS_BIAS:
+        tl.store(dbias_part_ptr + chunk * C + cols, tl.sum(s_dyc, axis=0), mask=c_ok)
 
 
 KERNELS = [conv_fwd_kernel, conv_dgrad_kernel, conv_wgrad_kernel, wgrad_finish_kernel,
-           fold_bn_kernel, stats_partial_kernel, stats_finalize_kernel, channel_affine_kernel,
-           bn_bwd_partial_kernel, bn_bwd_finalize_kernel, bn_bwd_apply_kernel]
+           fold_bn_kernel, stats_partial_kernel, bn_fwd_apply_kernel, bn_bwd_partial_kernel,
+           bn_bwd_apply_kernel]
 
 
 def uses_tf32(device, dtype) -> bool:
@@ -531,13 +636,16 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
             P, C_in, H, W, C_out, s["H_out"], s["W_out"], *x.stride(), *w_strides,
             out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"], eps)
     # BN_EPILOGUE given even when False: Inductor's wrapper counts the arguments (gemm.py)
+    # FLAT_K for C_in <= 8: a channel block per tap would be at least half masked
     common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
-                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None)
+                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None, FLAT_K=C_in <= 8)
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
         conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
     else:
         cfg = _fwd_tile(P, C_in, C_out, x.device)
+        if C_in <= 8:  # flat k: 32 columns a step (the stem's 147 in 5 steps, 9% masked)
+            cfg = dict(cfg, BLOCK_K=32)
         if autotuning():  # the rule's tile and the fixed ones, timed once per shape bucket
             key = (str(x.dtype).removeprefix("torch."), tuning.bucket(P), tuning.bucket(C_in),
                    tuning.bucket(C_out), kH, kW, *s["stride"], x.stride(1) == 1,
@@ -556,44 +664,90 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
+    """dx = the transposed convolution of dy2d, one implicit GEMM per stride phase (see
+    conv_dgrad_kernel), all phases in one launch. Its tile is the forward's size rule
+    (_fwd_tile) read for this GEMM: output Q x C_in, reduction over taps of C_out channels,
+    so the channels of one step follow C_out and the tile's width follows C_in (16 at the
+    stem's C_in = 3, not 128: a fixed 128-wide tile there was 125 masked columns of 128)."""
     N, C_in, H, W = x_like.shape
+    C_out = dy2d.shape[1]
     dx = torch.empty_like(x_like)  # keeps x's memory format
+    (sh, sw), (ph, pw) = s["stride"], s["padding"]
+    Q = N * cdiv(H, sh) * cdiv(W, sw)  # pixels of the largest phase (the grid covers it)
     precision, cfg = _dot_cfg(x_like.dtype)
-    Q = N * H * W
-    grid = (cdiv(Q, cfg["BLOCK_M"]), cdiv(C_in, cfg["BLOCK_N"]))
-    conv_dgrad_kernel[grid](dy2d, w_t, dx, Q, C_in, H, W, dy2d.shape[1], s["H_out"],
-                            s["W_out"], dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
-                            *s["stride"], *s["padding"], KH=kH, KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
+    if not INTERPRETED and x_like.dtype != torch.float32:
+        cfg = _fwd_tile(Q * sh * sw, C_out, C_in, x_like.device)
+        if C_in < 64:
+            # The forward never has fewer than 64 output channels in a CNN; this GEMM's
+            # output has the *input's* channels, 3 at the stem, where the 64-wide tile would
+            # be 61 masked columns of 64. tl.dot's narrowest is 16 (H100 profile of the
+            # stem's dgrad: 1162 us with 64 columns).
+            cfg = dict(cfg, BLOCK_N=max(16, next_power_of_2(C_in)), num_warps=4)
+    grid = (cdiv(Q, cfg["BLOCK_M"]) * cdiv(C_in, cfg["BLOCK_N"]), sh * sw)
+    conv_dgrad_kernel[grid](dy2d, w_t, dx, N, C_in, H, W, C_out, s["H_out"], s["W_out"],
+                            dy2d.stride(0), dy2d.stride(1), *w_strides, *dx.stride(),
+                            sh, sw, ph, pw, KH=kH, KW=kW, UPCAST=INTERPRETED,
+                            DOT_PRECISION=precision, **_with_group(cfg))
     return dx
 
 
-def _conv_wgrad_partials(dy2d, x, s, kH, kW):
-    """fp32 partials (splits, C_out, kH*kW*C_in) of G = dY^T im2col(x), and their count."""
-    N, C_in, H, W = x.shape
-    P, C_out = dy2d.shape
-    K_total = kH * kW * C_in
-    precision, cfg = _dot_cfg(x.dtype)
+def _with_group(cfg: dict) -> dict:
+    return cfg if "GROUP_M" in cfg else dict(cfg, GROUP_M=8)
+
+
+def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> tuple[dict, int]:
+    """(tile, splits) of the weight-gradient GEMM G (C_out x K_total) = dY^T im2col(x),
+    reduced over the P pixels, from the problem's size:
+
+    - the tile's rows follow C_out (64 for C_out <= 64: a 128-row tile would be half masked
+      rows at ResNet's 64-channel layers), its columns K_total (64 below 256 columns: the
+      stem's 147 = 7x7x3 fills three 64-wide tiles to 77%, two 128-wide ones to 57%);
+    - the split over P gives the (C_out x K_total) tiles enough programs to fill every SM
+      twice (two 128x128 programs fit an SM's shared memory), each at least 512 pixels: a
+      split costs an fp32 copy of G, written and read back by the finish kernel."""
+    precision, cfg = _dot_cfg(dtype)
+    if not INTERPRETED and dtype != torch.float32:
+        bm = 64 if C_out <= 64 else 128
+        bn = 64 if K_total < 256 else 128
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=8 if bm * bn >= 128 * 128 else 4,
+                   num_stages=3)
     tiles = cdiv(C_out, cfg["BLOCK_M"]) * cdiv(K_total, cfg["BLOCK_N"])
     if INTERPRETED:
         splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
-        sms = sm_count(x.device)
-        splits = max(1, min(cdiv(P, 1024), cdiv(2 * sms, tiles)))
+        splits = max(1, min(cdiv(P, 512), cdiv(2 * sm_count(device), tiles)))
     per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-    splits = cdiv(P, per_split)
-    part = torch.empty((splits, C_out, K_total), device=x.device, dtype=torch.float32)
+    return dict(cfg, precision=precision, per_split=per_split), cdiv(P, per_split)
+
+
+def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
+    """fp32 partials (splits, C_out, kH*kW*C_in) of G = dY^T im2col(x), and their count.
+    Given dw (train: dW = G) and a plan of one split, G goes straight into dw instead and
+    the partials returned are None."""
+    N, C_in, H, W = x.shape
+    P, C_out = dy2d.shape
+    K_total = kH * kW * C_in
+    plan, splits = _wgrad_plan(P, C_in, C_out, K_total, x.dtype, x.device)
+    cfg = {k: v for k, v in plan.items() if k not in ("precision", "per_split")}
+    direct = dw is not None and splits == 1
+    part = dw if direct else torch.empty((splits, C_out, K_total), device=x.device,
+                                         dtype=torch.float32)
+    dws = dw.stride() if direct else (0, 0, 0, 0)
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
     conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
-                            K_total, per_split, dy2d.stride(0), dy2d.stride(1), *x.stride(),
-                            *s["stride"], *s["padding"], KW=kW, UPCAST=INTERPRETED,
-                            DOT_PRECISION=precision, **cfg)
-    return part, splits
+                            K_total, plan["per_split"], dy2d.stride(0), dy2d.stride(1),
+                            *x.stride(), *s["stride"], *s["padding"], *dws, KW=kW,
+                            UPCAST=INTERPRETED, DOT_PRECISION=plan["precision"], DIRECT=direct,
+                            **cfg)
+    return (None if direct else part), splits
 
 
 def _chunks(P: int, BLOCK_P: int, device) -> tuple[int, int]:
-    """(rows per chunk, chunks) for the per-channel reductions over P."""
-    target = 2 if INTERPRETED else 4 * sm_count(device)
+    """(rows per chunk, chunks) for the per-channel reductions over P: two chunks per SM.
+    More chunks would give the partial kernels more loads in flight, but every program of
+    bn_fwd_apply_kernel and bn_bwd_apply_kernel merges all the chunks of its columns, so
+    that work grows with the square of the count."""
+    target = 3 if INTERPRETED else 2 * sm_count(device)
     rows = cdiv(cdiv(P, target), BLOCK_P) * BLOCK_P
     return rows, cdiv(P, rows)
 
@@ -618,7 +772,11 @@ class _NoBackward:
         pass
 
 
-_RED = dict(BLOCK_P=32, BLOCK_C=32)  # tiles of the per-channel reduction/elementwise kernels
+# Tiles of the per-channel reduction/elementwise kernels (16 rows in the interpreter, so
+# its small tests run several steps of each chunk's loop)
+_RED = dict(BLOCK_P=16 if INTERPRETED else 64, BLOCK_C=32)
+_FIN_S = 2 if INTERPRETED else 64  # chunks per step of the finalize kernels (the interpreter
+# runs 3 chunks: two steps, the second masked)
 
 
 class _ConvBN(torch.autograd.Function):
@@ -666,17 +824,15 @@ class _ConvBN(torch.autograd.Function):
         y = torch.empty((P, C_out), **f32)
         _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW)
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
-        part_mean = torch.empty((chunks, C_out), **f32)
-        part_m2 = torch.empty((chunks, C_out), **f32)
+        part_mean, part_m2 = torch.empty((2, chunks, C_out), **f32).unbind(0)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
         stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows,
                                                  **_RED)
-        mean, invstd, scale, shift = (torch.empty((C_out,), **f32) for _ in range(4))
-        stats_finalize_kernel[(c_blocks,)](
-            part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean, running_var,
-            mean, invstd, scale, shift, eps, momentum, BLOCK_C=_RED["BLOCK_C"])
-        channel_affine_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            y, scale, shift, out2d, P, C_out, out2d.stride(0), out2d.stride(1), **_RED)
+        mean, invstd = torch.empty((2, C_out), **f32).unbind(0)
+        bn_fwd_apply_kernel[(chunks, c_blocks)](
+            y, part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean,
+            running_var, mean, invstd, out2d, out2d.stride(0), out2d.stride(1), eps, momentum,
+            BLOCK_S=_FIN_S, **_RED)
         ctx.save_for_backward(x, w, y, mean, invstd, gamma)
         return out
 
@@ -717,29 +873,36 @@ class _ConvBN(torch.autograd.Function):
         dev, dt = x.device, x.dtype
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
-        part = torch.empty((2, chunks, C_out), device=dev, dtype=torch.float32)
+        # sum dY and sum dY xhat per chunk, and (with a bias) sum dyc: one allocation
+        part = torch.empty((2 + has_bias, chunks, C_out), device=dev, dtype=torch.float32)
         bn_bwd_partial_kernel[(chunks, c_blocks)](
             dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, part, P, C_out, rows, chunks,
             **_RED)
-        sums = torch.empty((2, C_out), device=dev, dtype=torch.float32)
-        dgamma = torch.empty((C_out,), device=dev, dtype=dt)
-        dbeta = torch.empty((C_out,), device=dev, dtype=dt)
-        bn_bwd_finalize_kernel[(c_blocks,)](part, chunks, C_out, sums, dgamma, dbeta,
-                                            BLOCK_C=_RED["BLOCK_C"])
+        dgamma = torch.empty((C_out,), device=dev, dtype=dt)  # two tensors: each becomes
+        dbeta = torch.empty((C_out,), device=dev, dtype=dt)   # a parameter's .grad
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
-        bn_bwd_apply_kernel[(cdiv(P, _RED["BLOCK_P"]), c_blocks)](
-            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, sums, dyc, P, C_out,
-            **_RED)
+        db_part = part[2] if has_bias else part
+        bn_bwd_apply_kernel[(chunks, c_blocks)](
+            dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, gamma, part, chunks, dgamma,
+            dbeta, dyc, db_part, P, C_out, rows, HAS_BIAS=has_bias, BLOCK_S=_FIN_S, **_RED)
         if has_bias:
-            # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not assumed.
-            db = column_sum(dyc, out_dtype=dt)
-        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW)
+            # Mathematically exactly 0 (the batch mean absorbs the bias); computed, not
+            # assumed, from the fp32 dyc (bn_bwd_apply_kernel's per-chunk sums).
+            # One program per 128 columns sums the chunks' partials (column_sum would take two
+            # launches past 256 rows).
+            db = torch.empty((C_out,), device=dev, dtype=dt)
+            bm, bn = (16, 32) if INTERPRETED else (32, 128)
+            column_sum_kernel[(1, cdiv(C_out, bn))](db_part, db, chunks, C_out, C_out, 1,
+                                                    cdiv(chunks, bm) * bm, BLOCK_M=bm, BLOCK_N=bn)
         dw = torch.empty_like(w)
-        wgrad_finish_kernel[(C_out,)](part_w, splits, C_out, part_w.shape[2], x.shape[1],
-                                      dw, *dw.stride(), w, *_w_strides(w),
-                                      sums, sums, sums, sums, sums, dgamma, dbeta, dbeta,
-                                      KW=kW, EVAL=False, HAS_BIAS=False,
-                                      BLOCK=256 if INTERPRETED else 1024)
+        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW, dw=dw)
+        if part_w is not None:
+            K_total = part_w.shape[2]
+            block = 256 if INTERPRETED else 512
+            wgrad_finish_kernel[(C_out, cdiv(K_total, block))](
+                part_w, splits, C_out, K_total, x.shape[1], dw, *dw.stride(), w,
+                *_w_strides(w), part_w, part_w, part_w, part_w, part_w, dgamma, dbeta, dbeta,
+                KW=kW, EVAL=False, HAS_BIAS=False, BLOCK=block)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
