@@ -1526,10 +1526,11 @@ __global__ void __launch_bounds__(CC_THREADS) attn_bwd_dq_cc_kernel(Params p) {
 template <int D> constexpr int bwd_tile() { return D == 128 ? 32 : 64; }
 
 template <typename T, int D, bool MASK>
-__device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], const T* sk, const T* sv,
-                                          const T* sq, const T* sdo, const float* slse, const float* sdelta,
-                                          int warp, int m0, int key_g, int Nq, int end, int shift, int causal,
-                                          float sl, int lane) {
+__device__ __forceinline__ void dkdv_tile_ds(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
+                                             float (&dpt)[bwd_tile<D>() / 8][4], const T* sk, const T* sv,
+                                             const T* sq, const T* sdo, const float* slse,
+                                             const float* sdelta, int warp, int m0, int key_g, int Nq,
+                                             int end, int shift, int causal, float sl, int lane) {
   constexpr int QN = bwd_tile<D>() / 8;
   // ### BEGIN SOLUTION
   float st[QN][4];  // Sᵀ, then Pᵀ
@@ -1547,14 +1548,24 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D /
       st[j][e] = pr;
     }
   warp_acc_py<T, D, QN>(dv, st, sdo, lane);  // dV += Pᵀ dO
-  float dpt[QN][4];
-  warp_xyt<T, D, QN>(dpt, sv, sdo, warp, lane);  // dPᵀ = V dOᵀ
+  warp_xyt<T, D, QN>(dpt, sv, sdo, warp, lane);  // dPᵀ = V dOᵀ, then dSᵀ in place
 #pragma unroll
   for (int j = 0; j < QN; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sdelta[j * 8 + 2 * (lane & 3) + (e & 1)]);
   warp_acc_py<T, D, QN>(dk, dpt, sq, lane);  // dK += dSᵀ Q (scale applied once, at the end)
   // ### END SOLUTION
+}
+
+// Version 4's step: dS is used for dK only and dropped (version 7's fused_tile keeps it).
+template <typename T, int D, bool MASK>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], const T* sk, const T* sv,
+                                          const T* sq, const T* sdo, const float* slse, const float* sdelta,
+                                          int warp, int m0, int key_g, int Nq, int end, int shift, int causal,
+                                          float sl, int lane) {
+  float ds[bwd_tile<D>() / 8][4];
+  dkdv_tile_ds<T, D, MASK>(dk, dv, ds, sk, sv, sq, sdo, slse, sdelta, warp, m0, key_g, Nq, end,
+                           shift, causal, sl, lane);
 }
 
 // Stage `stage` gets query tile m0: Q and dO rows (16-byte chunks) and the tile's lse and
@@ -1855,29 +1866,10 @@ __device__ __forceinline__ void fused_tile(float (&dk)[D / 8][4], float (&dv)[D 
                                            const float* sdelta, int warp, int m0, int key_g, int Nq, int end,
                                            int shift, int causal, float sl, int lane) {
   constexpr int QN = bwd_tile<D>() / 8, LDS = ld_of<bwd_tile<D>()>();
+  float dst[QN][4];  // dSᵀ: version 4's step, which this one extends by storing it for dQ
+  dkdv_tile_ds<T, D, MASK>(dk, dv, dst, sk, sv, sq, sdo, slse, sdelta, warp, m0, key_g, Nq, end,
+                           shift, causal, sl, lane);
   // ### BEGIN SOLUTION
-  float st[QN][4];  // Sᵀ, then Pᵀ
-  warp_xyt<T, D, QN>(st, sk, sq, warp, lane);
-#pragma unroll
-  for (int j = 0; j < QN; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = j * 8 + 2 * (lane & 3) + (e & 1);  // query m0 + col; key key_g + 8 (e >> 1)
-      float pr = exp2_approx(fmaf(st[j][e], sl, -slse[col]));
-      if constexpr (MASK) {
-        const int qi = m0 + col, key = key_g + (e >> 1) * 8;
-        if (qi >= Nq || key >= end || (causal && qi + shift < key)) pr = 0.0f;
-      }
-      st[j][e] = pr;
-    }
-  warp_acc_py<T, D, QN>(dv, st, sdo, lane);  // dV += Pᵀ dO
-  float dst[QN][4];
-  warp_xyt<T, D, QN>(dst, sv, sdo, warp, lane);  // dPᵀ = V dOᵀ
-#pragma unroll
-  for (int j = 0; j < QN; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[j][e] = st[j][e] * (dst[j][e] - sdelta[j * 8 + 2 * (lane & 3) + (e & 1)]);
-  warp_acc_py<T, D, QN>(dk, dst, sq, lane);  // dK += dSᵀ Q (scale applied once, at the end)
   // dSᵀ rows of this warp's keys, queries along the row: 32-bit stores of a lane's pairs
   const int r = warp * 16 + (lane >> 2), c = 2 * (lane & 3);
 #pragma unroll
