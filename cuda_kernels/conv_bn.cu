@@ -1047,16 +1047,7 @@ conv_kernel(Geom g, int tiles_per_split,
   constexpr int LD = BN + 8;
   static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
   float* tile = reinterpret_cast<float*>(smem_raw);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
-        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-      }
+  levels_mma::stage_acc<MT, NT>(tile, LD, acc, wm * WTM, wn * WTN, lane);
   __syncthreads();
   // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
   const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&

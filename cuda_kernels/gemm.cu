@@ -730,16 +730,7 @@ gemm_v4_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict__ B, in
   constexpr int LD = BN + 8;
   static_assert(BM * LD * 4 <= STAGES * (BM + BN) * V4_BK * (int)sizeof(T), "staged tile fits");
   float* tile = reinterpret_cast<float*>(smem_raw);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
-        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-      }
+  levels_mma::stage_acc<MT, NT>(tile, LD, acc, wm * WTM, wn * WTN, lane);
   __syncthreads();
   if constexpr (DUAL)
     store_swiglu<T, BM, BN, THREADS>(tile, LD, m0, n0, M, N, ep, threadIdx.x);

@@ -97,4 +97,24 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// A warp's MT x NT m16n8 accumulator tiles into an fp32 tile in shared memory (rows ld floats
+// apart), its corner at (row0, col0): lane l holds rows l/4 and l/4 + 8 and columns 2 (l % 4)
+// and +1 of each m16n8 tile, stored as float2. An epilogue then reads the tile back by rows
+// (bias, activation, 16-byte stores) in whatever order coalesces; ld = BN + 8 floats puts a
+// half-warp's float2 stores (rows g..g+3) in distinct banks.
+template <int MT, int NT>
+__device__ __forceinline__ void stage_acc(float* tile, int ld, const float (&acc)[MT][NT][4], int row0,
+                                          int col0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + mt * 16 + (lane >> 2) + h * 8;
+        const int col = col0 + nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(tile + r * ld + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+}
+
 }  // namespace levels_mma
