@@ -131,6 +131,26 @@ def _callers(a, versions=None):
             "level4": level4}
 
 
+def cells(figures):
+    """One printed row: each candidate's median [p20, p80] and its ratio to cuDNN."""
+    out = []
+    for name, fig in figures.items():
+        if "ms" in fig:
+            out.append(f"{name} {fig['ms']:.3f} ms [{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
+                       + (f" {fig['x_cudnn']:.2f}x" if "x_cudnn" in fig else ""))
+        else:
+            out.append(f"{name} {fig.get('skipped') or fig.get('error')}")
+    return " | ".join(out)
+
+
+def ratios(figures, base_name="cudnn"):
+    """x_cudnn of every timed candidate but the baseline: its speed relative to cuDNN's."""
+    ref = figures.get(base_name, {}).get("ms")
+    for name, fig in figures.items():
+        if ref and "ms" in fig and name != base_name:
+            fig["x_cudnn"] = ref / fig["ms"]
+
+
 def run_timings(shapes, failed, report):
     for s in shapes:
         for variant, direction in s.directions:
@@ -160,19 +180,9 @@ def run_timings(shapes, failed, report):
                             row["figures"][name] = _bench(lambda fn=fn: fn(params, rm, rv, False))
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            base = row["figures"].get("cudnn", {}).get("ms")
-            for fig in row["figures"].values():
-                if base and "ms" in fig:
-                    fig["x_cudnn"] = base / fig["ms"]
+            ratios(row["figures"])
             report["timings"].append(row)
-            cells = []
-            for name, fig in row["figures"].items():
-                if "ms" in fig:
-                    cells.append(f"{name} {fig['ms']:.3f} ms [{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
-                                 + (f" {fig['x_cudnn']:.2f}x" if name != "cudnn" else ""))
-                else:
-                    cells.append(f"{name} {fig.get('skipped') or fig.get('error')}")
-            print(f"  {s.name:34s} {variant:5s} {direction:7s} | " + " | ".join(cells), flush=True)
+            print(f"  {s.name:34s} {variant:5s} {direction:7s} | {cells(row['figures'])}", flush=True)
 
 
 def main():

@@ -73,22 +73,7 @@ def _time(fn, params, rm, rv, training, dy):
         return base._bench(lambda: fn(params, rm, rv, False))
 
 
-def _cells(figures):
-    cells = []
-    for name, fig in figures.items():
-        if "ms" in fig:
-            cells.append(f"{name} {fig['ms']:.3f} ms [{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
-                         + (f" {fig['x_cudnn']:.2f}x" if "x_cudnn" in fig else ""))
-        else:
-            cells.append(f"{name} {fig.get('skipped') or fig.get('error')}")
-    return " | ".join(cells)
-
-
-def _ratios(figures, base_name="cudnn"):
-    ref = figures.get(base_name, {}).get("ms")
-    for name, fig in figures.items():
-        if ref and "ms" in fig and name != base_name:
-            fig["x_cudnn"] = ref / fig["ms"]
+_cells, _ratios = base.cells, base.ratios  # (device_conv_bn5.py's)
 
 
 def run_timings(shapes, failed, report):

@@ -36,7 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.device_conv_bn5 import PARAMS, _args, _bench, _callers, _shapes  # noqa: E402
+from scripts.device_conv_bn5 import (  # noqa: E402
+    PARAMS, _args, _bench, _callers, _shapes, cells, ratios)
 
 LEVEL5 = "level5_v4"
 
@@ -75,11 +76,8 @@ def _step(fn, params, rm, rv, dy):
     return step
 
 
-def _profile(s, report):
-    """Level 4's train step at shape s under torch.profiler: GPU microseconds per step of
-    each kernel (summed over its launches in the step)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _level4_step(s, warm):
+    """Level 4's train step (forward + backward) at shape s, run `warm` times."""
     a = _args(s, True)
     rm, rv = a["running_mean"].clone(), a["running_var"].clone()
     params = {k: a[k].detach().requires_grad_(True) for k in PARAMS}
@@ -87,9 +85,18 @@ def _profile(s, report):
     with torch.no_grad():
         dy = torch.randn_like(fn(params, rm, rv, True))
     step = _step(fn, params, rm, rv, dy)
-    for _ in range(3):
+    for _ in range(warm):
         step()
     torch.cuda.synchronize()
+    return step
+
+
+def _profile(s, report):
+    """Level 4's train step at shape s under torch.profiler: GPU microseconds per step of
+    each kernel (summed over its launches in the step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = _level4_step(s, 3)
     steps = 5
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -115,16 +122,7 @@ def _host_profile(s, report):
     import io
     import pstats
 
-    a = _args(s, True)
-    rm, rv = a["running_mean"].clone(), a["running_var"].clone()
-    params = {k: a[k].detach().requires_grad_(True) for k in PARAMS}
-    fn = _callers(a)["level4"]
-    with torch.no_grad():
-        dy = torch.randn_like(fn(params, rm, rv, True))
-    step = _step(fn, params, rm, rv, dy)
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
+    step = _level4_step(s, 5)
     start = time.perf_counter()
     for _ in range(200):
         step()
@@ -173,20 +171,9 @@ def run_timings(shapes, failed, report, with_level5):
                             row["figures"][name] = _bench(lambda fn=fn: fn(params, rm, rv, False))
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            base = row["figures"].get("cudnn", {}).get("ms")
-            for fig in row["figures"].values():
-                if base and "ms" in fig:
-                    fig["x_cudnn"] = base / fig["ms"]
+            ratios(row["figures"])
             report["timings"].append(row)
-            cells = []
-            for name, fig in row["figures"].items():
-                if "ms" in fig:
-                    spread = f"[{fig['p20_ms']:.3f}, {fig['p80_ms']:.3f}]"
-                    cells.append(f"{name} {fig['ms']:.3f} {spread}"
-                                 + (f" {fig['x_cudnn']:.2f}x" if name != "cudnn" else ""))
-                else:
-                    cells.append(f"{name} {fig.get('skipped') or fig.get('error')}")
-            print(f"  {s.name:34s} {variant:5s} | " + " | ".join(cells), flush=True)
+            print(f"  {s.name:34s} {variant:5s} | {cells(row['figures'])}", flush=True)
 
 
 def main():
