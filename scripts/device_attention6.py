@@ -167,7 +167,7 @@ def main():
     out = Path(sys.argv[1])
     check_only = "--check-only" in sys.argv[2:]
     import cuda_kernels.attention as K5
-    from cuda_kernels import build, versions
+    from cuda_kernels import versions
 
     report = {"what": "attention.cu version 6 (wgmma): checks vs float64, forward timings (bf16)",
               "command": "PYTHONPATH=. python3 scripts/device_attention6.py OUT.json" + (" --check-only" if check_only else ""),
@@ -175,25 +175,33 @@ def main():
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": K5.VERSIONS, "default_version": K5.DEFAULT_VERSION,
               "timing": "CUDA events, L2 flushed before each call, >= 25 calls: median [p20, p80] ms"}
+    run_and_write(report, out, "attention6", 6, run_checks, run_timings, check_only,
+                  "forward timings (bf16)")
+
+
+def run_and_write(report, out, tag, version, checks, timings, check_only, what):
+    """Builds Level 5, runs `checks` then (unless check_only) `timings` on `report`, and writes
+    it to `out` even when one raises; a version that failed a check has its timings marked."""
+    from cuda_kernels import build
+
     t0 = time.perf_counter()
     build.load()
     report["build_s"] = time.perf_counter() - t0
-    print(f"[attention6] {report['gpu']}: built in {report['build_s']:.0f} s; checks")
+    print(f"[{tag}] {report['gpu']}: built in {report['build_s']:.0f} s; checks", flush=True)
     try:
-        run_checks(report)
+        checks(report)
         if not check_only:
-            print("[attention6] forward timings (bf16)")
-            run_timings(report)
+            print(f"[{tag}] {what}", flush=True)
+            timings(report)
             if report["check_failures"]:
-                report["note"] = "version 6 FAILED checks: its timings are of a wrong kernel"
+                report["note"] = f"version {version} FAILED checks: its timings are of a wrong kernel"
     finally:
         report["total_s"] = time.perf_counter() - t0
         out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"[attention6] wrote {out} ({report['total_s']:.0f} s); "
+    print(f"[{tag}] wrote {out} ({report['total_s']:.0f} s); "
           f"{len(report.get('check_failures', []))} check failure(s)")
     if report.get("check_failures"):
         print("  " + "\n  ".join(report["check_failures"]))
-
 
 if __name__ == "__main__":
     main()

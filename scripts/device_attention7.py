@@ -23,9 +23,7 @@ reports/h100-level5-ncu-attention.json): PYTHONPATH=. python3 scripts/device_lev
 from __future__ import annotations
 
 import datetime
-import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.device_attention6 import BOUND, reference, rel  # noqa: E402
+from scripts.device_attention6 import BOUND, reference, rel, run_and_write  # noqa: E402
 
 V = 7
 # (B, H, H_kv, Nq, Nk, D, causal, bottom_right, kv_lens): every head size, a length of no
@@ -192,7 +190,7 @@ def main():
     out = Path(sys.argv[1])
     check_only = "--check-only" in sys.argv[2:]
     import cuda_kernels.attention as K5
-    from cuda_kernels import build, versions
+    from cuda_kernels import versions
 
     report = {"what": f"attention.cu version {V} (fused backward, dQ by atomics): checks vs float64, "
                       "fwd+bwd and bwd timings (bf16)",
@@ -203,25 +201,8 @@ def main():
               "versions": K5.VERSIONS, "default_version": K5.DEFAULT_VERSION,
               "timing": "triton do_bench (warmup 25 ms, rep 100 ms, L2 flushed): median [p20, p80] ms; "
                         "FLOPs: fwd 4BHN^2D, bwd 2.5x fwd, halved when causal"}
-    t0 = time.perf_counter()
-    build.load()
-    report["build_s"] = time.perf_counter() - t0
-    print(f"[attention{V}] {report['gpu']}: built in {report['build_s']:.0f} s; checks", flush=True)
-    try:
-        run_checks(report)
-        if not check_only:
-            print(f"[attention{V}] fwd+bwd and bwd timings (bf16)", flush=True)
-            run_timings(report)
-            if report["check_failures"]:
-                report["note"] = f"version {V} FAILED checks: its timings are of a wrong kernel"
-    finally:
-        report["total_s"] = time.perf_counter() - t0
-        out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"[attention{V}] wrote {out} ({report['total_s']:.0f} s); "
-          f"{len(report.get('check_failures', []))} check failure(s)")
-    if report.get("check_failures"):
-        print("  " + "\n  ".join(report["check_failures"]))
-
+    run_and_write(report, out, f"attention{V}", V, run_checks, run_timings, check_only,
+                  "fwd+bwd and bwd timings (bf16)")
 
 if __name__ == "__main__":
     main()
