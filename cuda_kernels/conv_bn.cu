@@ -1371,38 +1371,39 @@ static int64_t wgrad_splits(int64_t P) {
   return levels_cdiv(P, per);
 }
 
-// The current device's compute capability as 10 * major + minor (0 if the driver cannot say),
-// cached per device: the driver queries were host time every call paid for nothing (two first
-// calls racing write the same value, harmlessly).
-static int device_capability() {
-  constexpr int MAX_DEVICES = 64;
-  static int cached[MAX_DEVICES] = {};  // 0: not asked yet
+// A per-device fact the launchers need on every call, asked of the driver once per device: the
+// queries were host time every call paid for nothing. `ask` returns 0 when the driver cannot
+// say (not cached then); two first calls racing write the same value, harmlessly.
+template <typename Ask>
+static int per_device(int (&cache)[64], Ask ask) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  const bool cacheable = dev >= 0 && dev < MAX_DEVICES;
-  if (cacheable && cached[dev] != 0) return cached[dev];
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return 0;
-  if (cacheable) cached[dev] = 10 * major + minor;
-  return 10 * major + minor;
+  const bool cacheable = dev >= 0 && dev < 64;
+  if (cacheable && cache[dev] != 0) return cache[dev];
+  const int value = ask(dev);
+  if (cacheable) cache[dev] = value;
+  return value;
+}
+
+// The current device's compute capability as 10 * major + minor (0 if the driver cannot say).
+static int device_capability() {
+  static int cache[64] = {};
+  return per_device(cache, [](int dev) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return 0;
+    return 10 * major + minor;
+  });
 }
 
 static bool tensor_cores_available() { return device_capability() >= 80; }  // bf16 WMMA and cp.async
 
-// The current device's SM count, cached per device as device_capability (version 5's tile
-// rule asks it on every call).
+// The current device's SM count (version 5's tile rule asks it on every call).
 static int device_sms() {
-  constexpr int MAX_DEVICES = 64;
-  static int cached[MAX_DEVICES] = {};  // 0: not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
-  const bool cacheable = dev >= 0 && dev < MAX_DEVICES;
-  if (cacheable && cached[dev] != 0) return cached[dev];
-  const int sms = levels_sm_count();
-  if (cacheable) cached[dev] = sms;
-  return sms;
+  static int cache[64] = {};
+  const int sms = per_device(cache, [](int) { return levels_sm_count(); });
+  return sms > 0 ? sms : 1;
 }
 
 // Whether the tensor-core kernels run: 16-bit inputs on sm_80+, at sizes their 32-bit spatial
