@@ -70,6 +70,29 @@
 //       with C_out >= 128 stay gemm.cu's, the backward stays v4's. ptxas (sm_90a, -O3):
 //       128x128 126 registers, 128x64 168, 64x64 117, no spills; 96, 72, 64 KB of shared
 //       memory (2, 3, 3 blocks per SM).
+//   v6  v5 with the dgrad on version 5's kernels (16-bit inputs, C_out % 8 == 0, aligned dy).
+//       v4's dgrad is one fixed 128x128 WMMA tile per stride phase: C_in = 64 wastes half of
+//       it, ResNet's 7x7 layer gives it 52 blocks for 132 SMs, and the stem's C_in = 3 uses 3
+//       of its 128 columns (H100, training: 0.47x, 0.57x and 0.31x cuDNN there). The idea:
+//       a stride phase of a transposed convolution *is* a forward convolution. Within phase
+//       (a, b), dx[n, a + sh t, b + sw u, :] sums dy[n, t + base_h - ti, u + base_w - tj, :]
+//       against the phase's taps; flipping the taps (ti' = nti - 1 - ti) makes that a stride-1
+//       convolution of dy with padding nti - 1 - base_h (negative: the window may start inside
+//       dy) and the weight w' (C_in, nti, ntj, C_out) = those taps transposed ("Version 6's
+//       dgrad" below). So the phase runs v5's mma_conv::conv_kernel unchanged, its rows
+//       scattered into dx (a template flag: the forward's kernels are untouched), with v5's
+//       rule for tile and K slices (conv_bn_plan.h's cb_dgrad_plan, GEMM M = the phase's
+//       pixels, N = C_in, K = taps x C_out) plus one tile for N <= 16, 128x16: the stem's dx
+//       then wastes 13 of 16 columns instead of 125 of 128 (its cost is gathering dy, the same
+//       bytes for any tile width; a CUDA-core direct kernel would re-read dy as often per
+//       multiply-add and run on ~1/15 of the tensor cores' rate: not worth a third code path).
+//       1x1 stride-1 dgrads keep gemm.cu's GEMM only for C_in >= 128 (the forward's rule).
+//       Costs: w' written once per backward (C_out x K 16-bit, in the workspace that held the
+//       1x1 path's w^T), fp32 partials for split phases (their largest one's room in the
+//       workspace, which is therefore sized from the whole geometry), 14 more kernels in the
+//       build. wgrad stays v4's. ptxas (sm_90a, -O2): the scattering conv_kernel 128x128 128
+//       registers, 128x64 167, 64x64 120; 128x16 112 (108 writing fp32 partials), no spills;
+//       128x16 uses 72 KB of shared memory (3 blocks per SM).
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -85,7 +108,7 @@
 //          The conv bias is left out of y because the batch mean absorbs it exactly: it only
 //          enters the running mean (added in stats_finalize_kernel).
 //   backward (both modes; version 2's tiled kernels for versions 1-3, the tensor-core ones of
-//          version 4 for 16-bit inputs)
+//          version 4 for 16-bit inputs, version 6's dgrad on version 5's kernels)
 //          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
 //          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
 //          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
@@ -650,9 +673,28 @@ struct DgradPhase {
   int i0, j0;          // its first tap
   int nti, ntj;        // its taps: i = i0 + sh*ti (ti < nti), j = j0 + sw*tj (tj < ntj)
   int base_h, base_w;  // ho = t - ti + base_h, wo = u - tj + base_w
-  int64_t M;           // N * Ha * Wb pixels: the GEMM's rows
+  int64_t M;           // N * Ha * Wb pixels: the GEMM's rows (0: no pixel in this phase)
   int Kp;              // nti * ntj * C_out: the GEMM's reduction, ordered (ti, tj, o)
 };
+
+// Phase (a, b) of g's dgrad (versions 4 and 6).
+inline DgradPhase dgrad_phase(const Geom& g, int a, int b) {
+  const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
+  const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
+  const int kH = static_cast<int>(g.kH), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  DgradPhase p{};
+  p.a = a, p.b = b;
+  p.Ha = a < H ? (H - a + sh - 1) / sh : 0;
+  p.Wb = b < W ? (W - b + sw - 1) / sw : 0;
+  p.i0 = (a + ph) % sh, p.j0 = (b + pw) % sw;
+  p.nti = p.i0 < kH ? (kH - p.i0 + sh - 1) / sh : 0;
+  p.ntj = p.j0 < kW ? (kW - p.j0 + sw - 1) / sw : 0;
+  p.base_h = (a + ph) / sh, p.base_w = (b + pw) / sw;
+  p.M = g.N * p.Ha * p.Wb;
+  p.Kp = p.nti * p.ntj * static_cast<int>(g.C_out);
+  return p;
+}
 
 // A = the dy gather [q][(ti, tj, o)] (k inner: 8 consecutive o of one output pixel are 16
 // contiguous bytes of dy), B = the weight [(ti, tj, o)][c] (k outer: for one (o, i, j), 8
@@ -907,6 +949,19 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 namespace mma_conv {
 constexpr int BK = CB_BK;
 
+// Where row p of a GEMM's output goes. The forward writes rows contiguously (p * C_out); version
+// 6's dgrad runs this kernel on one stride phase of dx, whose row p = (n, t, u) is input pixel
+// (n, a + sh*t, b + sw*u) of dx (N, H, W, C_in): a scatter with stride (sh, sw) in the image.
+struct RowMap {
+  int64_t phase_pixels;  // Ha * Wb: the phase's pixels per image
+  int64_t H, W;          // dx's image
+  int Wb, a, b, sh, sw;
+};
+__device__ __forceinline__ int64_t scatter_row(const RowMap& m, int64_t p) {
+  const int64_t n = p / m.phase_pixels, tu = p % m.phase_pixels;
+  return (n * m.H + m.a + m.sh * (tu / m.Wb)) * m.W + m.b + m.sw * (tu % m.Wb);
+}
+
 // Row r, 16-byte chunk c of a (rows x 64) tile sits at chunk c ^ (r % 8) of its row (see
 // gemm.cu's swizzle): ldmatrix reads one chunk column of 8 consecutive rows, 8 distinct banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
@@ -915,13 +970,16 @@ __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chu
 // of one pixel tile adjacent (they read the same x slice at about the same time: once from
 // L2), blockIdx.y is the K slice [y * tiles_per_split, +tiles_per_split) k-tiles. Slice y of
 // a split writes the fp32 partial out + y * P * C_out (no bias: the finish adds it).
-template <typename T, typename TO, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS>
+// SCATTER (version 6's dgrad, one slice): row p goes to row scatter_row(rows, p) of out.
+template <typename T, typename TO, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS,
+          bool SCATTER = false>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
 conv_kernel(Geom g, int tiles_per_split,
             const T* __restrict__ x,         // (N, H, W, C_in), strides multiples of 8, sx_c = 1
             const T* __restrict__ w,         // (C_out, kH, kW, C_in) contiguous, 16-byte aligned
             const float* __restrict__ bias,  // (C_out,) fp32 or nullptr
-            TO* __restrict__ out) {          // (P, C_out) contiguous, or (splits, P, C_out)
+            TO* __restrict__ out,            // (P, C_out) contiguous, or (splits, P, C_out)
+            RowMap rows) {                   // SCATTER only
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
   constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
@@ -1074,23 +1132,55 @@ conv_kernel(Geom g, int tiles_per_split,
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += o + e < C_out ? bias[o + e] : 0.0f;
     }
-    wmma_conv::store_row8<TO>(dst + p * C_out + o, v, C_out - o, aligned);
+    const int64_t to = SCATTER ? scatter_row(rows, p) : p;  // SCATTER: a multiple of C_out still
+    wmma_conv::store_row8<TO>(dst + to * C_out + o, v, C_out - o, aligned);
   }
 #endif
 }
 
 // Split-K's finish: out[e] = sum_s part[s, e] (+ bias), the slices added in order (the same
-// sum every run: no atomics). Element-wise over P * C_out, coalesced.
-template <typename TO>
+// sum every run: no atomics). Element-wise over P * C_out, coalesced. SCATTER: row p of the
+// sum goes to row scatter_row(rows, p) of out (version 6's dgrad phases).
+template <typename TO, bool SCATTER = false>
 __global__ void splitk_finish_kernel(const float* __restrict__ part, int splits, int64_t P,
                                      int64_t C_out, const float* __restrict__ bias,  // nullable
-                                     TO* __restrict__ out) {
+                                     TO* __restrict__ out, RowMap rows) {
   const int64_t total = P * C_out, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
     float s = 0.0f;
     for (int q = 0; q < splits; ++q) s += part[q * total + e];
     if (bias) s += bias[e % C_out];
-    out[e] = from_f32<TO>(s);
+    if constexpr (SCATTER) out[scatter_row(rows, e / C_out) * C_out + e % C_out] = from_f32<TO>(s);
+    else out[e] = from_f32<TO>(s);
+  }
+}
+
+// Version 6's dgrad weight for one stride phase: w'[c][ti'][tj'][o] = w[o][i][j][c] with
+// i = i0 + sh (nti-1-ti'), j = j0 + sw (ntj-1-tj') (the phase's taps, flipped), so that the
+// phase's transposed convolution is a forward convolution of dy with w' (conv_dgrad_v6 says
+// why): its reduction (ti', tj', o) runs along w' rows, 8 consecutive o in 16 bytes, as the
+// forward kernel's B operand needs. blockIdx.z is the tap (ti', tj'); each block transposes a
+// 32 x 32 (o, c) tile of that tap through shared memory (both sides coalesced; the +1 column
+// keeps the column reads off a single bank).
+template <typename T>
+__global__ void dgrad_weight_kernel(const T* __restrict__ w, int64_t C_out, int64_t C_in, int64_t K,
+                                    int kW, int i0, int j0, int nti, int ntj, int sh, int sw,
+                                    T* __restrict__ wt) {  // (C_in, nti, ntj, C_out)
+  __shared__ T tile[32][33];
+  const int tap = blockIdx.z, ti = tap / ntj, tj = tap % ntj;
+  const int i = i0 + sh * (nti - 1 - ti), j = j0 + sw * (ntj - 1 - tj);
+  const T* src = w + static_cast<int64_t>(i * kW + j) * C_in;  // + o * K + c
+  T* dst = wt + static_cast<int64_t>(tap) * C_out;               // + c * (nti ntj C_out) + o
+  const int64_t dst_ld = static_cast<int64_t>(nti) * ntj * C_out;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * 32, c0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int d = threadIdx.y; d < 32; d += blockDim.y) {
+    const int64_t o = o0 + d, c = c0 + threadIdx.x;
+    if (o < C_out && c < C_in) tile[d][threadIdx.x] = src[o * K + c];
+  }
+  __syncthreads();
+  for (int d = threadIdx.y; d < 32; d += blockDim.y) {
+    const int64_t c = c0 + d, o = o0 + threadIdx.x;
+    if (o < C_out && c < C_in) dst[c * dst_ld + o] = tile[threadIdx.x][d];
   }
 }
 }  // namespace mma_conv
@@ -1467,16 +1557,19 @@ static bool k_major(const void* p, int64_t row_stride) {
 // so a test can change it between calls. Returns false for a value it cannot parse.
 static unsigned elementwise_blocks(int64_t n);  // below, with the other grid helpers
 
+// $LEVELS_CONV_BN_V6_DGRAD_PLAN does the same for version 6's dgrad (every phase), with TILE
+// 0-3 (3: CB_128x16).
 constexpr const char* V5_PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN";
-static bool v5_forced(int* tile, int* splits) {
+constexpr const char* V6_DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN";
+static bool plan_forced(const char* env, int n_tiles, int* tile, int* splits) {
   *tile = -1, *splits = 0;
-  const char* s = getenv(V5_PLAN_ENV);
+  const char* s = getenv(env);
   if (s == nullptr) return true;
   while (*s == ' ') ++s;
   if (*s == '\0') return true;
   char* end = nullptr;
   const long t = strtol(s, &end, 10);
-  if (end == s || t < -1 || t >= CB_TILES) return false;
+  if (end == s || t < -1 || t >= n_tiles) return false;
   *tile = static_cast<int>(t);
   while (*end == ' ') ++end;
   if (*end == '\0') return true;
@@ -1487,6 +1580,11 @@ static bool v5_forced(int* tile, int* splits) {
   if (end == rest || *end != '\0' || sp < 0 || sp > 1024) return false;
   *splits = static_cast<int>(sp);
   return true;
+}
+
+static bool v5_forced(int* tile, int* splits) { return plan_forced(V5_PLAN_ENV, CB_TILES, tile, splits); }
+static bool v6_dgrad_forced(int* tile, int* splits) {
+  return plan_forced(V6_DGRAD_PLAN_ENV, CB_DGRAD_TILES, tile, splits);
 }
 
 static CbPlan v5_plan(int64_t P, int64_t C_out, int64_t K) {
@@ -1502,26 +1600,34 @@ static int64_t v5_part_floats(int version, int64_t P, int64_t C_out, int64_t K) 
   return plan.splits > 1 ? plan.splits * P * C_out : 0;
 }
 
-template <typename T, typename TO, int TILE>
+template <typename T, typename TO, int TILE, bool SCATTER = false>
 static int v5_launch_tile(const Geom& g, const CbPlan& plan, const T* x, const T* w,
-                          const float* bias, TO* out, cudaStream_t stream) {
+                          const float* bias, TO* out, cudaStream_t stream,
+                          mma_conv::RowMap rows = {}) {
   constexpr CbTileShape S = cb_tile_shape(TILE);
   constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
-  auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm>;
+  auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, SCATTER>;
   // Per device and kernel; cheap next to a convolution, so it is not cached (as version 3).
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out);
+  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out, rows);
   return levels_launch_status();
 }
 
-template <typename T, typename TO, typename TK>
+// DGRAD (version 6's dgrad): the narrow tile too, and rows scattered into dx unless the
+// output is split-K's fp32 partials (contiguous; the finish scatters them). The forward's
+// calls (DGRAD false) instantiate exactly version 5's kernels.
+template <typename T, typename TO, typename TK, bool DGRAD = false>
 static int v5_launch(const Geom& g, const CbPlan& plan, const T* x, const T* w, const float* bias,
-                     TK* out, cudaStream_t stream) {
+                     TK* out, cudaStream_t stream, mma_conv::RowMap rows = {}) {
+  constexpr bool SC = DGRAD && !std::is_same<TK, float>::value;
+  if constexpr (DGRAD) {
+    if (plan.tile == CB_128x16) return v5_launch_tile<T, TK, CB_128x16, SC>(g, plan, x, w, bias, out, stream, rows);
+  }
   switch (plan.tile) {
-    case CB_128x128: return v5_launch_tile<T, TK, CB_128x128>(g, plan, x, w, bias, out, stream);
-    case CB_128x64: return v5_launch_tile<T, TK, CB_128x64>(g, plan, x, w, bias, out, stream);
-    default: return v5_launch_tile<T, TK, CB_64x64>(g, plan, x, w, bias, out, stream);
+    case CB_128x128: return v5_launch_tile<T, TK, CB_128x128, SC>(g, plan, x, w, bias, out, stream, rows);
+    case CB_128x64: return v5_launch_tile<T, TK, CB_128x64, SC>(g, plan, x, w, bias, out, stream, rows);
+    default: return v5_launch_tile<T, TK, CB_64x64, SC>(g, plan, x, w, bias, out, stream, rows);
   }
 }
 
@@ -1539,7 +1645,7 @@ static int conv_fwd_v5(const Geom& g, const T* x, const T* w, const float* bias,
   const int status = v5_launch<T, TO, float>(g, plan, x, w, nullptr, part, stream);
   if (status != 0) return status;
   mma_conv::splitk_finish_kernel<TO><<<elementwise_blocks(g.P * g.C_out), 256, 0, stream>>>(
-      part, plan.splits, g.P, g.C_out, bias, out);
+      part, plan.splits, g.P, g.C_out, bias, out, mma_conv::RowMap{});
   return levels_launch_status();
 }
 
@@ -1588,15 +1694,107 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
   return levels_launch_status();
 }
 
+// ---- version 6's dgrad: each stride phase as a forward convolution on version 5's kernels ----
+// Within phase (a, b) (wmma_conv::DgradPhase), dx[n, a + sh t, b + sw u, c] =
+// sum_{ti, tj, o} dy[n, t + base_h - ti, u + base_w - tj, o] w[o, i0 + sh ti, j0 + sw tj, c].
+// With the taps flipped, ti' = nti - 1 - ti, the dy row is t - (nti - 1 - base_h) + ti': this
+// is a stride-1 *forward* convolution of dy (N, H_out, W_out, C_out) by w' (C_in, nti, ntj,
+// C_out) = the phase's taps of w, transposed and flipped (dgrad_weight_kernel), with padding
+// nti - 1 - base_h (negative where the window starts inside dy), Ha x Wb outputs whose rows
+// scatter into dx (mma_conv::RowMap). So version 5's whole machinery serves it unchanged: the
+// swizzled mma.sync tiles, the 16-byte gather of 8 channels of one tap, the tile and split
+// rule (conv_bn_plan.h's cb_dgrad_plan, with its narrow 128x16 tile for C_in <= 16), the
+// ordered split-K finish. Costs: w' is written once per call (C_out x K elements, ~5 us at
+// ResNet's 512-channel 3x3), and split phases write fp32 partials (workspace: their largest).
+static Geom dgrad_phase_geom(const Geom& g, const wmma_conv::DgradPhase& p) {
+  Geom q{};
+  q.N = g.N, q.H = g.H_out, q.W = g.W_out, q.C_in = g.C_out, q.C_out = g.C_in;
+  q.kH = p.nti, q.kW = p.ntj > 0 ? p.ntj : 1;  // a phase without taps has K = 0: never gathers
+  q.sh = 1, q.sw = 1, q.ph = p.nti - 1 - p.base_h, q.pw = p.ntj - 1 - p.base_w;
+  q.sx_n = g.H_out * g.W_out * g.C_out, q.sx_h = g.W_out * g.C_out, q.sx_w = g.C_out, q.sx_c = 1;
+  q.H_out = p.Ha, q.W_out = p.Wb, q.P = p.M, q.K = p.Kp;
+  return q;
+}
+
+static CbPlan v6_dgrad_plan(const Geom& q) {
+  int tile = -1, splits = 0;
+  v6_dgrad_forced(&tile, &splits);  // a malformed value is refused by the launcher, not here
+  return cb_dgrad_plan(q.P, q.C_out, q.K, device_sms(), tile, splits);
+}
+
+// fp32 floats of split-K partials version 6's dgrad may write: its phases run one after
+// another on the stream, so the largest one's.
+static int64_t v6_dgrad_part_floats(int version, const Geom& g) {
+  int64_t most = 0;
+  for (int a = 0; version >= 6 && a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+      if (p.M == 0) continue;
+      const Geom q = dgrad_phase_geom(g, p);
+      const CbPlan plan = v6_dgrad_plan(q);
+      if (plan.splits > 1 && plan.splits * q.P * q.C_out > most) most = plan.splits * q.P * q.C_out;
+    }
+  return most;
+}
+
+// dx (N, H, W, C_in) contiguous; w_t: room for C_out * K elements, 16-byte aligned (every
+// phase's w', one after another: the phases' taps are the kernel's taps, each once); part:
+// v6_dgrad_part_floats. C_out % 8 == 0 and dy 16-byte aligned (the caller checks).
+template <typename T>
+static int conv_dgrad_v6(const Geom& g, const T* dy, const T* w, T* dx, T* w_t, float* part,
+                         cudaStream_t stream) {
+  int tile = 0, splits = 0;
+  if (!v6_dgrad_forced(&tile, &splits)) return LEVELS_UNSUPPORTED;  // a malformed knob
+  int64_t taps_before = 0;
+  for (int a = 0; a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+      if (p.M == 0) continue;  // no input pixel in this phase
+      T* wp = w_t + taps_before * g.C_in * g.C_out;  // a multiple of 8 elements: C_out % 8 == 0
+      taps_before += p.nti * p.ntj;
+      if (p.Kp > 0) {
+        const dim3 wgrid(static_cast<unsigned>(levels_cdiv(g.C_in, 32)),
+                         static_cast<unsigned>(levels_cdiv(g.C_out, 32)),
+                         static_cast<unsigned>(p.nti * p.ntj));
+        mma_conv::dgrad_weight_kernel<T><<<wgrid, dim3(32, 8), 0, stream>>>(
+            w, g.C_out, g.C_in, g.K, static_cast<int>(g.kW), p.i0, p.j0, p.nti, p.ntj,
+            static_cast<int>(g.sh), static_cast<int>(g.sw), wp);
+      }
+      const Geom q = dgrad_phase_geom(g, p);
+      const mma_conv::RowMap rows{static_cast<int64_t>(p.Ha) * p.Wb, g.H, g.W, p.Wb, a, b,
+                                  static_cast<int>(g.sh), static_cast<int>(g.sw)};
+      const CbPlan plan = v6_dgrad_plan(q);
+      if (plan.blocks > 0x7fffffff || plan.splits > 65535) return LEVELS_UNSUPPORTED;
+      int status = 0;
+      if (plan.splits == 1) {
+        status = v5_launch<T, T, T, true>(q, plan, dy, wp, nullptr, dx, stream, rows);
+      } else {
+        if (part == nullptr) return LEVELS_UNSUPPORTED;  // the caller's workspace has no room
+        status = v5_launch<T, float, float, true>(q, plan, dy, wp, nullptr, part, stream, rows);
+        if (status == 0) {
+          mma_conv::splitk_finish_kernel<T, true><<<elementwise_blocks(q.P * q.C_out), 256, 0, stream>>>(
+              part, plan.splits, q.P, q.C_out, nullptr, dx, rows);
+          status = levels_launch_status();
+        }
+      }
+      if (status != 0) return status;
+    }
+  return levels_launch_status();
+}
+
 // dX: version 4 on the tensor cores (a 1x1 stride-1 convolution as dX = dY . w, one GEMM;
 // anything else as one implicit GEMM per stride phase, dgrad_kernel), else version 2's
-// tiled kernel. w_t: room for C_in * C_out elements (the 1x1 path's transposed weight).
+// tiled kernel; version 6 runs the phases on version 5's kernels (conv_dgrad_v6), and the
+// 1x1 GEMM only where C_in >= 128 (the forward's rule for its C_out: the GEMM's tiles are 128
+// or 256 wide). w_t: room for C_in * C_out elements (the 1x1 path's transposed weight,
+// version 6's phase weights). part: version 6's split-K partials (v6_dgrad_part_floats).
 template <typename T>
 static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx, T* w_t,
-                      cudaStream_t stream) {
+                      float* part, cudaStream_t stream) {
   if (version >= 4 && tensor_core_path<T>(version, g)) {
     if constexpr (!is_f32<T>::value) {
-      if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t)) {
+      if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t) &&
+          (version < 6 || g.C_in >= 128)) {
         // B[k=o, n=c] = w[o, c] must be K-major, i.e. (C_in, C_out) in memory: w^T.
         const dim3 tgrid(static_cast<unsigned>(levels_cdiv(g.C_in, 32)),
                          static_cast<unsigned>(levels_cdiv(g.C_out, 32)));
@@ -1605,29 +1803,18 @@ static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx
                                   g.C_out, dx, g.C_in, 1, 0, nullptr, 0, nullptr, 0, 0, 0, 0, g.P,
                                   g.C_in, g.C_out, stream);
       }
+      if (version >= 6 && g.C_out % 8 == 0 && levels_aligned16(dy) && levels_aligned16(w_t))
+        return conv_dgrad_v6<T>(g, dy, w, dx, w_t, part, stream);
       const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
       const bool vec_w = g.C_in % 8 == 0 && levels_aligned16(w);
       auto kernel = vec_dy ? (vec_w ? wmma_conv::dgrad_kernel<T, true, true> : wmma_conv::dgrad_kernel<T, true, false>)
                            : (vec_w ? wmma_conv::dgrad_kernel<T, false, true> : wmma_conv::dgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<false, true>();
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
-      const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
-      const int kH = static_cast<int>(g.kH), kW = static_cast<int>(g.kW);
-      const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
-      for (int a = 0; a < sh; ++a)
-        for (int b = 0; b < sw; ++b) {
-          wmma_conv::DgradPhase p{};
-          p.a = a, p.b = b;
-          p.Ha = a < H ? (H - a + sh - 1) / sh : 0;
-          p.Wb = b < W ? (W - b + sw - 1) / sw : 0;
-          if (p.Ha == 0 || p.Wb == 0) continue;  // no input pixel in this phase
-          p.i0 = (a + ph) % sh, p.j0 = (b + pw) % sw;
-          p.nti = p.i0 < kH ? (kH - p.i0 + sh - 1) / sh : 0;
-          p.ntj = p.j0 < kW ? (kW - p.j0 + sw - 1) / sw : 0;
-          p.base_h = (a + ph) / sh, p.base_w = (b + pw) / sw;
-          p.M = g.N * p.Ha * p.Wb;
-          p.Kp = p.nti * p.ntj * static_cast<int>(g.C_out);
+      for (int a = 0; a < g.sh; ++a)
+        for (int b = 0; b < g.sw; ++b) {
+          const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+          if (p.M == 0) continue;  // no input pixel in this phase
           const int64_t blocks = levels_cdiv(p.M, wmma_conv::BM) * levels_cdiv(g.C_in, wmma_conv::BN);
           kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, smem, stream>>>(g, p, dy, w, dx);
         }
@@ -1761,24 +1948,29 @@ static void column_sum(const T* m, int64_t P, int64_t C, float* part, float* sum
 
 // The backward's workspace, in this order (train_bwd's first two regions only in training):
 //   [train] sums (2, C), bn_part (2, chunks, C);  col_part (chunks, C), sum (C,),
-//   w_part (splits, C_out, K), w_t (the 1x1 dgrad's w^T, C_out*K 16-bit), [train] dyc (P, C) T.
+//   w_part (splits, C_out, K), w_t (the 1x1 dgrad's w^T or version 6's phase weights, C_out*K
+//   16-bit), [train] dyc (P, C) T, [version 6] d_part (its dgrad's split-K partials).
 struct BwdWork {
   float *sums, *bn_part, *col_part, *sum, *w_part;
   void *w_t, *dyc;
+  float* d_part;
 };
-static int64_t bwd_work_floats(bool training, int64_t P, int64_t C, int64_t K, BwdWork* at = nullptr,
+static int64_t bwd_work_floats(bool training, int version, const Geom& g, BwdWork* at = nullptr,
                                float* base = nullptr) {
-  const int64_t chunks = chunk_count(P);
-  const int64_t sizes[7] = {training ? align8(2 * C) : 0, training ? align8(2 * chunks * C) : 0,
+  const int64_t P = g.P, C = g.C_out, K = g.K, chunks = chunk_count(P);
+  const int64_t sizes[8] = {training ? align8(2 * C) : 0, training ? align8(2 * chunks * C) : 0,
                             align8(chunks * C), align8(C), align8(wgrad_part_floats(P, C, K)),
-                            half_matrix_floats(C, K), training ? align8(P * C) : 0};
-  float* regions[7];
+                            half_matrix_floats(C, K), training ? align8(P * C) : 0,
+                            align8(v6_dgrad_part_floats(version, g))};
+  float* regions[8];
   int64_t total = 0;
-  for (int r = 0; r < 7; ++r) {
+  for (int r = 0; r < 8; ++r) {
     regions[r] = base ? base + total : nullptr;
     total += sizes[r];
   }
-  if (at) *at = BwdWork{regions[0], regions[1], regions[2], regions[3], regions[4], regions[5], regions[6]};
+  if (at)
+    *at = BwdWork{regions[0], regions[1], regions[2], regions[3], regions[4], regions[5], regions[6],
+                  sizes[7] > 0 ? regions[7] : nullptr};
   return total;
 }
 
@@ -1789,7 +1981,7 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
                     cudaStream_t stream) {
   const int64_t C = g.C_out;
   BwdWork ws;
-  bwd_work_floats(false, g.P, C, g.K, &ws, work);
+  bwd_work_floats(false, version, g, &ws, work);
   float* sum_dy = ws.sum;
   column_sum<T>(dout, g.P, C, ws.col_part, sum_dy, static_cast<T*>(nullptr), stream);
   const int64_t splits = conv_wgrad<T>(version, g, dout, x, ws.w_part, stream);
@@ -1798,7 +1990,7 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
       dgamma, dbeta, dbias);
   // dx == nullptr: x needs no gradient (a network's input images): no dgrad at all
   const int status =
-      dx ? conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), stream) : 0;
+      dx ? conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), ws.d_part, stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
@@ -1808,7 +2000,7 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
                      T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
   const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
   BwdWork ws;
-  bwd_work_floats(true, g.P, C, g.K, &ws, work);
+  bwd_work_floats(true, version, g, &ws, work);
   T* dyc = static_cast<T*>(ws.dyc);  // (P, C) in T: the gradient of the convolution's output
   bn_bwd_partial_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       dout, y, mean, invstd, g.P, C, rows, chunks, ws.bn_part);
@@ -1825,11 +2017,11 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
       ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);
   const int status =
-      dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), stream) : 0;
+      dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), ws.d_part, stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
-static bool known_version(int version) { return version >= 1 && version <= 5; }
+static bool known_version(int version) { return version >= 1 && version <= 6; }
 
 }  // namespace levels_conv_bn
 
@@ -1847,19 +2039,20 @@ static bool known_version(int version) { return version >= 1 && version <= 5; }
   levels_conv_bn::make_geom(N, H, W, C_in, C_out, kH, kW, stride_h, stride_w, pad_h, pad_w,  \
                             sx_n, sx_h, sx_w, sx_c)
 
-// fp32 workspace (in floats) that op `which` of `version` needs: 0 eval forward, 1 train
-// forward, 2 eval backward, 3 train backward (P output pixels, K = kH*kW*C_in; the train
-// backward's workspace also holds the (P, C_out) gradient of the convolution in the input
-// dtype, which is at most P*C_out floats; version 5's forwards add room for their split-K
-// partials where its plan splits, on the current device).
-extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t P, int64_t C_out,
-                                                   int64_t K) {
+// fp32 workspace (in floats) that op `which` of `version` needs for this geometry: 0 eval
+// forward, 1 train forward, 2 eval backward, 3 train backward (the train backward's workspace
+// also holds the (P, C_out) gradient of the convolution in the input dtype, which is at most
+// P*C_out floats; version 5's forwards and version 6's dgrad add room for their split-K
+// partials where their plans split, on the current device: the dgrad's phases need the whole
+// geometry, hence all of it here).
+extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, LEVELS_CONV_BN_GEOM_ARGS) {
   using namespace levels_conv_bn;
+  const Geom g = LEVELS_CONV_BN_GEOM;
   switch (which) {
-    case 0: return eval_fwd_head_floats(C_out) + v5_part_floats(version, P, C_out, K);
-    case 1: return train_fwd_head_floats(P, C_out) + v5_part_floats(version, P, C_out, K);
-    case 2: return bwd_work_floats(false, P, C_out, K);
-    case 3: return bwd_work_floats(true, P, C_out, K);
+    case 0: return eval_fwd_head_floats(g.C_out) + v5_part_floats(version, g.P, g.C_out, g.K);
+    case 1: return train_fwd_head_floats(g.P, g.C_out) + v5_part_floats(version, g.P, g.C_out, g.K);
+    case 2: return bwd_work_floats(false, version, g);
+    case 3: return bwd_work_floats(true, version, g);
     default: return -1;
   }
 }

@@ -65,6 +65,12 @@ def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
     for tile in ("Li128ELi128E", "Li128ELi64E", "Li64ELi64E"):  # BM, BN in the mangled names
         assert any("mma_conv" in line and "conv_kernel" in line and tile in line
                    for line in ptx.splitlines() if line.startswith(".visible .entry")), tile
+    # version 6's dgrad: the same kernel scattering rows (last template argument true: Lb1E),
+    # its narrow tile, the phase weights
+    entries = [line for line in ptx.splitlines() if line.startswith(".visible .entry")]
+    for tile in ("Li128ELi128E", "Li128ELi64E", "Li64ELi64E", "Li128ELi16E"):
+        assert any("conv_kernel" in e and tile in e and "Lb1E" in e for e in entries), tile
+    assert any("dgrad_weight_kernel" in e for e in entries)
 
 
 # The index math of version 4's backward, emulated in float64 on the CPU with the kernels'
@@ -410,24 +416,30 @@ def test_v5_plan_forms_that_are_accepted(raw, monkeypatch):
 
 _PLAN_SHIM = r"""
 #include "conv_bn_plan.h"
-extern "C" void plan(long long P, long long C_out, long long K, int sms, int tile, int splits,
-                     long long* out) {
-  const levels_conv_bn::CbPlan p = levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits);
+static void put(const levels_conv_bn::CbPlan& p, long long* out) {
   const levels_conv_bn::CbTileShape s = levels_conv_bn::cb_tile_shape(p.tile);
   const long long v[11] = {p.tile, p.splits, p.tiles_per_split, p.blocks, s.bm, s.bn,
                            s.warps_m * s.warps_n * 32, s.stages, s.blocks_per_sm, s.warps_m,
                            s.warps_n};
   for (int i = 0; i < 11; ++i) out[i] = v[i];
 }
+extern "C" void plan(long long P, long long C_out, long long K, int sms, int tile, int splits,
+                     long long* out) {
+  put(levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits), out);
+}
+extern "C" void dgrad_plan(long long M, long long C_in, long long Kp, int sms, int tile,
+                           int splits, long long* out) {
+  put(levels_conv_bn::cb_dgrad_plan(M, C_in, Kp, sms, tile, splits), out);
+}
 """
 PLAN_FIELDS = ("tile", "splits", "tiles_per_split", "blocks", "bm", "bn", "threads", "stages",
                "blocks_per_sm", "warps_m", "warps_n")
-T128x128, T128x64, T64x64 = 0, 1, 2
+T128x128, T128x64, T64x64, T128x16 = 0, 1, 2, 3
 BK = 64  # conv_bn_plan.h's CB_BK
 
 
 @pytest.fixture(scope="module")
-def v5_plan(tmp_path_factory):
+def plan_lib(tmp_path_factory):
     import ctypes
     import shutil
     import subprocess
@@ -438,13 +450,29 @@ def v5_plan(tmp_path_factory):
     (d / "shim.cpp").write_text(_PLAN_SHIM)
     subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
                     str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
-    lib = ctypes.CDLL(str(d / "plan.so"))
+    return ctypes.CDLL(str(d / "plan.so"))
+
+
+def _plan_caller(fn):
+    import ctypes
     out = (ctypes.c_longlong * len(PLAN_FIELDS))()
 
     def call(P, C_out, K, sms=132, tile=-1, splits=0):
-        lib.plan(P, C_out, K, sms, tile, splits, out)
+        fn(P, C_out, K, sms, tile, splits, out)
         return dict(zip(PLAN_FIELDS, list(out)))
     return call
+
+
+@pytest.fixture(scope="module")
+def v5_plan(plan_lib):
+    """conv_bn_plan.h's cb_plan (version 5's forward): (P, C_out, K, sms, tile, splits)."""
+    return _plan_caller(plan_lib.plan)
+
+
+@pytest.fixture(scope="module")
+def v6_dgrad_plan(plan_lib):
+    """conv_bn_plan.h's cb_dgrad_plan (version 6's dgrad, one phase): (M, C_in, Kp, sms, ...)."""
+    return _plan_caller(plan_lib.dgrad_plan)
 
 
 def _pck(N, H, W, C_in, C_out, k, stride, padding):
@@ -522,15 +550,17 @@ def test_v5_plans_cover_k_with_nonempty_slices(v5_plan):
                         assert p["tiles_per_split"] >= 8, where
 
 
-def _v5_forward_emulated(x, w, bias, stride, padding, plan):
+def _v5_forward_emulated(x, w, bias, stride, padding, plan, out_hw=None):
     """out (P, C_out) as version 5 computes it, block by block and slice by slice, in float64:
     thread t copies chunk t % 8 of rows t / 8 + i * PASS, its tap decoded from k = kt * 64 +
     8 * (t % 8), its pixel as x_off + tap with h0 = -2**30 past P; slices write partials
-    (no bias) that the finish adds in order with the bias; one slice: the bias in the kernel."""
+    (no bias) that the finish adds in order with the bias; one slice: the bias in the kernel.
+    out_hw: the output's (H_out, W_out) where the geometry sets them (version 6's dgrad
+    phases), else the convolution's formula."""
     N, H, W, C_in = x.shape
     C_out, kH, kW, _ = w.shape
     (sh, sw), (ph, pw) = stride, padding
-    Ho, Wo = (H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1
+    Ho, Wo = out_hw or ((H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1)
     P, K = N * Ho * Wo, kH * kW * C_in
     sx_n, sx_h, sx_w, _ = x.stride()
     xf, wf = x.flatten(), w.reshape(C_out, K)
@@ -696,14 +726,15 @@ def _ldmatrix_x4(smem, addr):
     return regs
 
 
-@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64])
-def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
+@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64, T128x16])
+def test_v5_swizzled_fragments_compose_to_the_tile_product(v6_dgrad_plan, tile):
     # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
     # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragment
     # layout (PTX: A rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8;
     # C rows g, g+8, columns 2t), staged to the fp32 tile as the epilogue does: A B^T, every
     # element written once. The 8 rows an ldmatrix matrix reads sit in 8 different chunks.
-    p = v5_plan(1, 1, BK, tile=tile)
+    p = v6_dgrad_plan(1, 1, BK, tile=tile)  # the dgrad's rule knows every tile (128x16: its own)
+    assert p["tile"] == tile
     BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
     WTM, WTN = BM // WM, BN // WN
     MT, NT = WTM // 16, WTN // 8
@@ -754,7 +785,7 @@ def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
     torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("version", [2, 4, 5])
+@pytest.mark.parametrize("version", [2, 4, 5, 6])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_input_that_needs_no_gradient_runs_no_dgrad(version, training, monkeypatch):
     # a network's input images (the stem, C_in = 3, and a 16-bit 3x3): the backward op is asked
@@ -778,3 +809,250 @@ def test_input_that_needs_no_gradient_runs_no_dgrad(version, training, monkeypat
             grads.append([t.grad for t in leaves])
         for got, want in zip(grads[1], grads[0]):
             assert torch.isfinite(got).all() and torch.equal(got, want), (C_in, version)
+
+
+# ------------------------------------------------------------- version 6 (CPU) --
+# Version 6's dgrad runs each stride phase of dx as a stride-1 forward convolution of dy on
+# version 5's kernels (conv_bn.cu: conv_dgrad_v6): the rule that picks its tile and slices
+# (cb_dgrad_plan, g++ as above), and the whole index chain emulated in float64 with the
+# kernels' formulas: dgrad_weight_kernel's flipped, transposed phase weight, dgrad_phase_geom's
+# pseudo-geometry (negative padding included), version 5's block/slice gather, scatter_row.
+
+@pytest.mark.parametrize("raw", ["4", "-2", "3,", "big"])
+def test_v6_malformed_dgrad_plan_is_refused_by_name(raw, monkeypatch):
+    monkeypatch.setenv(cb.DGRAD_PLAN_ENV, raw)
+    a = cards.get("conv_bn").module.make_args(cards.get("conv_bn").sizes["tiny"], torch.float32,
+                                              torch.device("cpu"), torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"\$LEVELS_CONV_BN_V6_DGRAD_PLAN must be 'TILE' or"):
+        cb.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                   a["running_mean"], a["running_var"], (1, 1), (0, 0), 1e-5, 0.1, False, version=6)
+
+
+def test_v6_dgrad_plan_knob_forms(monkeypatch):
+    monkeypatch.setenv(cb.DGRAD_PLAN_ENV, "3,2")
+    cb.check_plan_env(6)  # the narrow tile is the dgrad's
+    cb.check_plan_env(5)  # version 5 has no dgrad plan: not read
+    monkeypatch.setenv(cb.PLAN_ENV, "3")  # the forward has no narrow tile
+    with pytest.raises(ValueError, match=r"\$LEVELS_CONV_BN_V5_PLAN must be"):
+        cb.check_plan_env(6)
+
+
+def _phases(N, H, W, C_in, C_out, k, stride, padding):
+    """(M, C_in, Kp) of each stride phase with pixels, as conv_bn.cu's dgrad_phase counts them."""
+    out = []
+    for a in range(stride):
+        for b in range(stride):
+            Ha, Wb = -(-(H - a) // stride) if a < H else 0, -(-(W - b) // stride) if b < W else 0
+            i0, j0 = (a + padding) % stride, (b + padding) % stride
+            nti = -(-(k - i0) // stride) if i0 < k else 0
+            ntj = -(-(k - j0) // stride) if j0 < k else 0
+            if N * Ha * Wb:
+                out.append((N * Ha * Wb, C_in, nti * ntj * C_out))
+    return out
+
+
+@pytest.mark.parametrize("case,want", [
+    # the stem, batch 32: 4 phases of 112x112 pixels, 3x3 .. 4x4 taps of 64 channels, N = 3:
+    # the narrow tile, 3136 blocks each (a 64-wide tile would be 61/64 zeros)
+    (_phases(32, 224, 224, 3, 64, 7, 2, 3), [dict(tile=T128x16, splits=1, blocks=3136)] * 4),
+    # layer1 3x3 64 -> 64 at 56x56: one phase, the forward's own GEMM shape and choice
+    (_phases(32, 56, 56, 64, 64, 3, 1, 1), [dict(tile=T128x64, splits=1, blocks=784)]),
+    # layer4 3x3 512 -> 512 at 7x7: 200 blocks of 64x64, K = 4608 in 3 slices (the forward's)
+    (_phases(32, 7, 7, 512, 512, 3, 1, 1), [dict(tile=T64x64, splits=3, tiles_per_split=24)]),
+    # layer2's 3x3/2 128 -> 128 from 56x56: 4 phases of 28x28 (1, 2, 2, 4 taps); 196 blocks of
+    # 128x128 are too few for 264 slots, 392 of 128x64 fill them
+    (_phases(32, 56, 56, 128, 128, 3, 2, 1), [dict(tile=T128x64, splits=1, blocks=392)] * 4),
+    # the narrow tile up to 16 channels, not beyond
+    ([(100352, 16, 576)], [dict(tile=T128x16, splits=1, blocks=784)]),
+    ([(100352, 17, 576)], [dict(tile=T128x64, splits=1)]),
+])
+def test_v6_dgrad_rule_picks(v6_dgrad_plan, case, want):
+    got = [v6_dgrad_plan(*phase) for phase in case]
+    assert [{k: g[k] for k in w} for g, w in zip(got, want)] == want, f"{case}: {got}"
+
+
+def test_v6_dgrad_plans_cover_k_and_keep_the_forward_rule(v5_plan, v6_dgrad_plan):
+    for M in (1, 100, 1568, 25088, 401408):
+        for C_in in (1, 3, 16, 17, 64, 512):
+            for Kp in (0, 8, 576, 4608):
+                for sms in (20, 132):
+                    p = v6_dgrad_plan(M, C_in, Kp, sms=sms)
+                    where = f"M={M} C_in={C_in} Kp={Kp} sms={sms}: {p}"
+                    k_tiles = -(-Kp // BK)
+                    assert (p["tile"] == T128x16) == (C_in <= 16), where
+                    assert p["blocks"] == -(-M // p["bm"]) * -(-C_in // p["bn"]), where
+                    assert 1 <= p["splits"] <= 8, where
+                    if k_tiles:  # slices cover K, none empty
+                        assert (p["splits"] - 1) * p["tiles_per_split"] < k_tiles <= p["splits"] * p["tiles_per_split"], where
+                    else:  # a phase without taps: one launch writing zeros
+                        assert p["splits"] == 1 and p["tiles_per_split"] == 0, where
+                    if C_in > 16:  # the forward's rule for the same GEMM
+                        assert p == v5_plan(M, C_in, Kp, sms=sms), where
+    # forced: the narrow tile is the dgrad's only; the forward's rule ignores it
+    assert v6_dgrad_plan(1000, 64, 576, tile=T128x16, splits=2)["tile"] == T128x16
+    assert v6_dgrad_plan(1000, 64, 576, tile=T128x16, splits=2)["splits"] == 2
+    assert v5_plan(1000, 64, 576, tile=T128x16)["tile"] != T128x16
+    # few narrow blocks and a long K: split like the forward's 64x64
+    assert v6_dgrad_plan(1000, 3, 64 * 64)["splits"] > 1
+
+
+def _v6_dgrad_emulated(dy_nhwc, w, H, W, stride, padding, v6_dgrad_plan, force=(-1, 0)):
+    """dx (N, H, W, C_in) as conv_dgrad_v6 computes it: per phase w' = the phase's taps of w
+    transposed and flipped (dgrad_weight_kernel), the pseudo-geometry of dgrad_phase_geom, the
+    phase's plan, version 5's forward emulated on it, rows scattered by scatter_row."""
+    N, H_out, W_out, C_out = dy_nhwc.shape
+    _, kH, kW, C_in = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    dx = torch.full((N * H * W, C_in), float("nan"), dtype=torch.float64)
+    taps = 0
+    for a in range(sh):
+        for b in range(sw):
+            Ha = -(-(H - a) // sh) if a < H else 0
+            Wb = -(-(W - b) // sw) if b < W else 0
+            if N * Ha * Wb == 0:
+                continue
+            i0, j0 = (a + ph) % sh, (b + pw) % sw
+            nti = -(-(kH - i0) // sh) if i0 < kH else 0
+            ntj = -(-(kW - j0) // sw) if j0 < kW else 0
+            base_h, base_w = (a + ph) // sh, (b + pw) // sw
+            wp = torch.full((C_in, nti, ntj, C_out), float("nan"), dtype=torch.float64)
+            for tap in range(nti * ntj):  # dgrad_weight_kernel's blockIdx.z
+                ti, tj = tap // ntj, tap % ntj
+                i, j = i0 + sh * (nti - 1 - ti), j0 + sw * (ntj - 1 - tj)
+                wp[:, ti, tj, :] = w[:, i, j, :].T
+            taps += nti * ntj
+            assert not torch.isnan(wp).any()
+            plan = v6_dgrad_plan(N * Ha * Wb, C_in, nti * ntj * C_out, tile=force[0], splits=force[1])
+            rows = _v5_forward_emulated(dy_nhwc, wp, torch.zeros(C_in, dtype=torch.float64), (1, 1),
+                                        (nti - 1 - base_h, ntj - 1 - base_w), plan, out_hw=(Ha, Wb))
+            p = torch.arange(N * Ha * Wb)
+            n, tu = p // (Ha * Wb), p % (Ha * Wb)  # scatter_row
+            to = (n * H + a + sh * (tu // Wb)) * W + b + sw * (tu % Wb)
+            assert torch.isnan(dx[to]).all(), "a pixel of dx in two phases"
+            dx[to] = rows
+    # each tap is in one phase's w' (none where a phase has no pixels): C_out x K is room enough
+    assert taps == kH * kW or (H < sh or W < sw) and taps < kH * kW
+    return dx.reshape(N, H, W, C_in)
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C_in, H, W, C_out, k, stride, padding, forced (tile, splits))
+    (2, 3, 11, 9, 8, 3, 2, 1, (-1, 0)),       # 3x3 stride 2, odd sizes, C_in = 3: 128x16
+    (1, 3, 15, 13, 16, 7, 2, 3, (-1, 0)),     # the stem's 7x7 stride 2 pad 3
+    (2, 4, 7, 6, 8, 1, 2, 0, (-1, 0)),        # 1x1 stride 2: three phases without a tap
+    (2, 5, 5, 4, 8, 3, 3, 3, (2, 2)),         # stride 3, padding above half the kernel: negative
+    (1, 2, 1, 2, 8, 3, 3, 1, (-1, 0)),        # H = 1 < stride: phases without rows
+    (2, 20, 6, 5, 24, 3, 1, 1, (1, 3)),       # stride 1: one phase; 3 slices, 2 channel tiles
+    (1, 70, 5, 6, 16, 3, 1, 0, (0, 0)),       # no padding: dy's window reaches outside it
+])
+def test_v6_dgrad_index_math_matches_torch(v6_dgrad_plan, case):
+    N, C_in, H, W, C_out, k, s, pad, force = case
+    g = torch.Generator().manual_seed(sum(case[:8]))
+    w_oihw = torch.randn((C_out, C_in, k, k), generator=g, dtype=torch.float64)
+    Ho, Wo = (H + 2 * pad - k) // s + 1, (W + 2 * pad - k) // s + 1
+    dy = torch.randn((N, C_out, Ho, Wo), generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_input((N, C_in, H, W), w_oihw, dy, (s, s), (pad, pad))
+    # dy (P, C_out) contiguous as the kernels read it, viewed (N, H_out, W_out, C_out)
+    dy_nhwc = dy.permute(0, 2, 3, 1).contiguous()
+    got = _v6_dgrad_emulated(dy_nhwc, w_oihw.permute(0, 2, 3, 1).contiguous(), H, W, (s, s),
+                             (pad, pad), v6_dgrad_plan, force)
+    assert not torch.isnan(got).any(), "a pixel of dx no phase wrote"
+    torch.testing.assert_close(got.permute(0, 3, 1, 2), want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------- version 6 (GPU) --
+# Every test above with VERSIONS runs version 6 too; these force each dgrad plan
+# ($LEVELS_CONV_BN_V6_DGRAD_PLAN: tiles 0-2 as version 5's, 3 the narrow 128x16) on shapes
+# covering every phase case, in both modes, and the paths around it (1x1 GEMM for C_in >= 128,
+# version 4's WMMA dgrad for C_out % 8 != 0).
+DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN"
+V6_SHAPES = [
+    # stride 2, odd sizes, padding 1: four phases of 1, 2, 2, 4 taps; NCHW x copied once
+    dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1),
+    # the stem: 7x7 stride 2 pad 3, C_in = 3 (the narrow tile; scalar x gathers elsewhere)
+    dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
+    # stride 1, C_in = 70: a ragged second channel tile; C_out = 64: one tap per k-tile
+    dict(N=2, C_in=70, H=13, W=11, C_out=64, k=3, stride=1, padding=1, channels_last=True),
+    # 1x1 stride 2 (three phases without a tap: zeros) and stride 3 with padding 2
+    dict(N=2, C_in=16, H=13, W=11, C_out=32, k=1, stride=2, padding=0, channels_last=True),
+    dict(N=2, C_in=24, H=10, W=11, C_out=16, k=3, stride=3, padding=2, channels_last=True),
+    # 1x1 stride 1: C_in = 64 takes version 6's kernels, C_in = 128 gemm.cu's GEMM
+    dict(N=2, C_in=64, H=9, W=10, C_out=48, k=1, stride=1, padding=0, channels_last=True),
+    dict(N=2, C_in=128, H=9, W=10, C_out=48, k=1, stride=1, padding=0, channels_last=True),
+    # C_out % 8 != 0: version 4's dgrad (scalar dy gathers)
+    dict(N=2, C_in=16, H=9, W=10, C_out=13, k=3, stride=1, padding=1, channels_last=True),
+]
+V6_PLANS = ["", "0", "1", "2", "3", "2,3", "3,2", "0,9"]  # "": the rule; 9 > k-tiles: clamped
+
+
+def _shape_id(s):
+    return f"{s['C_in']}to{s['C_out']}_k{s['k']}s{s['stride']}_{s['H']}x{s['W']}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", V6_PLANS, ids=lambda p: f"dplan{p.replace(',', 'x') or 'auto'}")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_SHAPES, ids=_shape_id)
+def test_v6_every_dgrad_plan(plan, training, shape, monkeypatch):
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
+    _passes(_args(shape, torch.bfloat16, seed=shape["C_in"] + len(plan), training=training), 6,
+            monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_SHAPES, ids=_shape_id)
+def test_v6_fp16(training, shape, monkeypatch):
+    _passes(_args(shape, torch.float16, seed=shape["C_out"], training=training), 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,4"])
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_tensor_core_size(plan, training, monkeypatch):
+    # many tiles and the pipeline's steady state (K = 1728: 27 k-tiles), the rule's dgrad plan
+    # and a forced split
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
+    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
+                      channels_last=True), torch.bfloat16, seed=13, training=training)
+    _passes(args, 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_misaligned_x(training, monkeypatch):
+    # x 6 bytes into its buffer: the forward and wgrad take their gather paths; the dgrad
+    # reads dy and w only, and still runs version 6's kernels
+    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=2, padding=1, channels_last=True)
+    args = _args(shape, torch.bfloat16, seed=10, training=training)
+    x = args["x"]
+    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
+    view = flat.as_strided(x.shape, x.stride())
+    view.copy_(x)
+    assert view.data_ptr() % 16 != 0
+    args["x"] = view
+    _passes(args, 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,3", "3,2"])
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_backward_is_deterministic(plan, training, monkeypatch):
+    # split phases' partials are added in a fixed order by the finish kernel: no atomics
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
+    args = _args(dict(N=4, C_in=32, H=20, W=18, C_out=48, k=3, stride=2, padding=1,
+                      channels_last=True), torch.bfloat16, seed=5, training=training)
+    grads = []
+    for _ in range(2):
+        leaves = [args[n].detach().clone().requires_grad_(True) for n in ("x", "conv_weight")]
+        out = cb.conv_bn(leaves[0], leaves[1], args["conv_bias"], args["bn_weight"],
+                         args["bn_bias"], args["running_mean"].clone(), args["running_var"].clone(),
+                         (2, 2), (1, 1), 1e-5, 0.1, training, version=6)
+        grads.append(torch.autograd.grad(out.float().square().sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
