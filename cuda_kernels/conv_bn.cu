@@ -70,29 +70,37 @@
 //       with C_out >= 128 stay gemm.cu's, the backward stays v4's. ptxas (sm_90a, -O3):
 //       128x128 126 registers, 128x64 168, 64x64 117, no spills; 96, 72, 64 KB of shared
 //       memory (2, 3, 3 blocks per SM).
-//   v6  v5 with the dgrad on version 5's kernels (16-bit inputs, C_out % 8 == 0, aligned dy).
-//       v4's dgrad is one fixed 128x128 WMMA tile per stride phase: C_in = 64 wastes half of
-//       it, ResNet's 7x7 layer gives it 52 blocks for 132 SMs, and the stem's C_in = 3 uses 3
-//       of its 128 columns (H100, training: 0.47x, 0.57x and 0.31x cuDNN there). The idea:
-//       a stride phase of a transposed convolution *is* a forward convolution. Within phase
-//       (a, b), dx[n, a + sh t, b + sw u, :] sums dy[n, t + base_h - ti, u + base_w - tj, :]
-//       against the phase's taps; flipping the taps (ti' = nti - 1 - ti) makes that a stride-1
-//       convolution of dy with padding nti - 1 - base_h (negative: the window may start inside
-//       dy) and the weight w' (C_in, nti, ntj, C_out) = those taps transposed ("Version 6's
-//       dgrad" below). So the phase runs v5's mma_conv::conv_kernel unchanged, its rows
-//       scattered into dx (a template flag: the forward's kernels are untouched), with v5's
-//       rule for tile and K slices (conv_bn_plan.h's cb_dgrad_plan, GEMM M = the phase's
-//       pixels, N = C_in, K = taps x C_out) plus one tile for N <= 16, 128x16: the stem's dx
-//       then wastes 13 of 16 columns instead of 125 of 128 (its cost is gathering dy, the same
-//       bytes for any tile width; a CUDA-core direct kernel would re-read dy as often per
-//       multiply-add and run on ~1/15 of the tensor cores' rate: not worth a third code path).
-//       1x1 stride-1 dgrads keep gemm.cu's GEMM only for C_in >= 128 (the forward's rule).
+//   v6  v5 with the backward on mma.sync + ldmatrix too, its tiles fitted to the problem
+//       (16-bit inputs, C_out % 8 == 0, aligned dy; conv_dgrad_v6, mma_conv::wgrad_kernel).
+//       v4's backward runs one fixed 128x128 WMMA tile: C_in or C_out = 64 wastes half of it,
+//       ResNet's 7x7 layer gives its dgrad 52 blocks for 132 SMs, the stem's C_in = 3 uses 3
+//       of its 128 dgrad columns (H100, training: 0.47x, 0.57x and 0.31x cuDNN). Two ideas:
+//       * dgrad: a stride phase of a transposed convolution *is* a forward convolution.
+//         Within phase (a, b), dx[n, a + sh t, b + sw u, :] sums dy[n, t + base_h - ti,
+//         u + base_w - tj, :] against the phase's taps; flipping them (ti' = nti - 1 - ti)
+//         makes that a stride-1 convolution of dy with padding nti - 1 - base_h (negative: the
+//         window may start inside dy) and the weight w' (C_in, nti, ntj, C_out) = those taps
+//         transposed. So each phase runs v5's mma_conv::conv_kernel unchanged, its rows
+//         scattered into dx (a template flag: the forward's kernels are untouched), with v5's
+//         rule for tile and K slices (conv_bn_plan.h's cb_dgrad_plan: M = the phase's pixels,
+//         N = C_in, K = taps x C_out) plus one tile for N <= 16, 128x16: the stem's dx then
+//         wastes 13 of 16 columns instead of 125 of 128 (its cost is gathering dy, the same
+//         bytes for any tile width; a CUDA-core direct kernel would re-read dy as often per
+//         multiply-add at ~1/15 of the tensor cores' rate: not worth a third code path).
+//         1x1 stride-1 dgrads keep gemm.cu's GEMM only for C_in >= 128 (the forward's rule).
+//       * wgrad (mma_conv::wgrad_kernel): v4's pixel-major tiles, read by ldmatrix.trans
+//         from 64-column swizzled panels; 128x64 where C_out > 64, else 64x64, and as many
+//         pixel splits as the forward's cost model prefers (cb_wgrad_plan: a small GEMM with
+//         a long reduction, e.g. 9 tiles and 100352 pixels at layer1's 3x3, gets its
+//         parallelism from the splits); each thread steps its rows' pixels 64 at a time
+//         instead of dividing; the element-gather variant serves C_in % 8 != 0 (the stem).
 //       Costs: w' written once per backward (C_out x K 16-bit, in the workspace that held the
-//       1x1 path's w^T), fp32 partials for split phases (their largest one's room in the
-//       workspace, which is therefore sized from the whole geometry), 14 more kernels in the
-//       build. wgrad stays v4's. ptxas (sm_90a, -O2): the scattering conv_kernel 128x128 128
-//       registers, 128x64 167, 64x64 120; 128x16 112 (108 writing fp32 partials), no spills;
-//       128x16 uses 72 KB of shared memory (3 blocks per SM).
+//       1x1 path's w^T), fp32 partials for split dgrad phases (their largest one's room in
+//       the workspace, which is therefore sized from the whole geometry), 22 more kernels in
+//       the build. ptxas (sm_90a, -O2), no spills: the scattering conv_kernel 128x128 128
+//       registers, 128x64 167, 64x64 120, 128x16 112 (108 writing fp32 partials; 72 KB of
+//       shared memory, 3 blocks per SM); wgrad_kernel 128x64 166 (168 gathering elements),
+//       64x64 140 (164). No 128x128 wgrad: at 2 blocks per SM it spilled 48-336 bytes.
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -108,7 +116,7 @@
 //          The conv bias is left out of y because the batch mean absorbs it exactly: it only
 //          enters the running mean (added in stats_finalize_kernel).
 //   backward (both modes; version 2's tiled kernels for versions 1-3, the tensor-core ones of
-//          version 4 for 16-bit inputs, version 6's dgrad on version 5's kernels)
+//          version 4 for 16-bit inputs, version 6's on mma.sync)
 //          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
 //          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
 //          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
@@ -922,7 +930,8 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 }  // namespace wmma_conv
 
 // =========================================================================================
-// Version 5: the forward on mma.sync m16n8k16 + ldmatrix, with tiles fitted to the problem.
+// Version 5: the forward on mma.sync m16n8k16 + ldmatrix, with tiles fitted to the problem
+// (and version 6's backward pieces on the same machinery: the scattering dgrad, wgrad_kernel).
 // =========================================================================================
 // Versions 3 and 4 run every forward in one 128 x 128 x 32 WMMA tile. Two things cost them
 // half or more of cuDNN's speed at ResNet-50's 3x3 layers (reports/h100-conv-bn5.json):
@@ -965,6 +974,51 @@ __device__ __forceinline__ int64_t scatter_row(const RowMap& m, int64_t p) {
 // Row r, 16-byte chunk c of a (rows x 64) tile sits at chunk c ^ (r % 8) of its row (see
 // gemm.cu's swizzle): ldmatrix reads one chunk column of 8 consecutive rows, 8 distinct banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
+
+// The cp.async pipeline of version 5's and 6's kernels, KT k-tiles: load_stage(stage, t) issues
+// the copies of k-tile t into a stage (and may store elements itself: scalar gathers), in order
+// t = 0, 1, ...; compute(stage) runs the tensor cores on one. STAGES-1 tiles in flight; one
+// commit group per step, empty or not, so that "at most STAGES-2 groups pending" always means
+// "the tile about to be used has landed". Ends with every copy landed and a barrier: the
+// shared memory is the epilogue's.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void pipeline(int KT, Load& load_stage, Compute& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    levels_mma::cp_async_commit();
+  }
+  for (int t = 0; t < KT; ++t) {
+    levels_mma::cp_async_wait<STAGES - 2>();
+    // tile t visible to every warp, and every warp done with tile t-1, whose stage the
+    // prefetch below overwrites
+    __syncthreads();
+    const int next = t + STAGES - 1;
+    if (next < KT) load_stage(next % STAGES, next);
+    levels_mma::cp_async_commit();
+    compute(t % STAGES);
+  }
+  levels_mma::cp_async_wait<0>();
+  __syncthreads();
+}
+
+// The accumulators of a warp's MT x NT m16n8 tiles into the block's fp32 tile (pitch LD) in
+// shared memory: lane l holds rows l/4 and +8, columns 2 (l % 4) and +1 of each (mma.sync's
+// C layout). The caller synchronizes before reading the tile back.
+template <int MT, int NT, int WTM, int WTN, int LD>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[MT][NT][4], float* tile, int wm,
+                                                   int wn, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
+        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+}
 
 // The tile grid: blockIdx.x walks the (pixel tile, channel tile) pairs with the channel tiles
 // of one pixel tile adjacent (they read the same x slice at about the same time: once from
@@ -1050,24 +1104,10 @@ conv_kernel(Geom g, int tiles_per_split,
   };
 
   float acc[MT][NT][4] = {};
-  // Prologue: STAGES-1 tiles in flight; one commit group per step, empty or not, so that
-  // "at most STAGES-2 groups pending" always means "the tile about to be used has landed".
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_stage(s, kt_begin + s);
-    levels_mma::cp_async_commit();
-  }
-  for (int t = 0; t < KT; ++t) {
-    levels_mma::cp_async_wait<STAGES - 2>();
-    // tile t visible to every warp, and every warp done with tile t-1, whose stage the
-    // prefetch below overwrites
-    __syncthreads();
-    const int next = t + STAGES - 1;
-    if (next < KT) load_stage(next % STAGES, kt_begin + next);
-    levels_mma::cp_async_commit();
-
-    const T* a_s = sA + (t % STAGES) * BM * BK;
-    const T* b_s = sB + (t % STAGES) * BN * BK;
+  auto load_slice = [&](int stage, int t) { load_stage(stage, kt_begin + t); };
+  auto compute = [&](int stage) {
+    const T* a_s = sA + stage * BM * BK;
+    const T* b_s = sB + stage * BN * BK;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t af[MT][4], bf[NT][2];
@@ -1094,27 +1134,16 @@ conv_kernel(Geom g, int tiles_per_split,
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
     }
-  }
-  levels_mma::cp_async_wait<0>();
-  __syncthreads();  // every warp done with the pipeline: its shared memory is the epilogue's
+  };
+  pipeline<STAGES>(KT, load_slice, compute);
 
-  // Epilogue: the accumulators go to shared memory as an fp32 BM x BN tile (lane: rows
-  // lane/4 and +8, columns 2 * (lane % 4) and +1 of each m16n8 tile; rows padded by 8 floats),
-  // then each thread takes 8 consecutive channels of one pixel (neighbouring threads the
-  // neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
+  // Epilogue: the accumulators go to shared memory as an fp32 BM x BN tile (rows padded by 8
+  // floats), then each thread takes 8 consecutive channels of one pixel (neighbouring threads
+  // the neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
   constexpr int LD = BN + 8;
   static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
   float* tile = reinterpret_cast<float*>(smem_raw);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * WTM + mt * 16 + (lane >> 2) + h * 8;
-        const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-      }
+  stage_accumulators<MT, NT, WTM, WTN, LD>(acc, tile, wm, wn, lane);
   __syncthreads();
   // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
   const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&
@@ -1182,6 +1211,189 @@ __global__ void dgrad_weight_kernel(const T* __restrict__ w, int64_t C_out, int6
     const int64_t c = c0 + d, o = o0 + threadIdx.x;
     if (o < C_out && c < C_in) dst[c * dst_ld + o] = tile[threadIdx.x][d];
   }
+}
+
+// ---- wgrad (version 6) ------------------------------------------------------------------
+// G[o, k] = sum_p dy[p, o] im2col(x)[p, k] (M = C_out, N = K, the reduction over pixels), as
+// version 4's wgrad_kernel, on mma.sync. Both operands run along their non-reduction axis in
+// memory (dy along o, x along c), so a stage holds BK = 64 *pixels* as rows, BM (BN) columns
+// each: [pixel][o] and [pixel][k], 16-byte copies along the columns. A row of 64 columns is
+// swizzled as the forward's tiles (swz); a 128-column tile is two such 64-column panels
+// (pswz). ldmatrix .trans turns the pixel-major 8x8 matrices into mma.sync's fragments (the
+// transposition on the way into registers, as attention.cu's P.V): A (m16 x k16, "row") from
+// [k][m] and B (k16 x n8, "col") from [k][n].
+// Pixels change every stage and the im2col decode p -> (n, ho, wo) is a chain of divisions, so
+// each thread keeps the (n, ho, wo) of its rows and steps it by 64 pixels per stage (one
+// compare-and-carry per axis); its columns never change, so their taps (i, j, c) are decoded
+// once. blockIdx.x: the (o tile, k tile) pair, blockIdx.y: the pixel split, which writes the
+// fp32 partial part[y] (C_out, K); wgrad_finish_kernel adds the splits in order (deterministic).
+// VEC_X: 16-byte copies of x (C_in % 8 == 0, aligned rows, sx_c = 1); else each element is
+// gathered on its own into the same swizzled tile (the stem's C_in = 3). dy: C_out % 8 == 0 and
+// 16-byte aligned (the launcher checks). P < 2**30: 32-bit pixel indices.
+__device__ __forceinline__ int pswz(int row, int chunk) { return (chunk >> 3) * BK * BK + swz(row, chunk & 7); }
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS, bool VEC_X>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+wgrad_kernel(Geom g, int tiles_per_split,
+             const T* __restrict__ x,     // (N, H, W, C_in), strided
+             const T* __restrict__ dy,    // (P, C_out) contiguous, 16-byte aligned
+             float* __restrict__ part) {  // (splits, C_out, K)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
+  constexpr int MT = WTM / 16, NT = WTN / 8;             // m16 x n8 accumulators per warp
+  constexpr int A_CPR = BM / 8, B_CPR = BN / 8;          // 16-byte chunks per pixel row
+  constexpr int A_PASS = THREADS / A_CPR, B_PASS = THREADS / B_CPR;  // rows per pass
+  constexpr int A_ROWS = BK / A_PASS, B_ROWS = BK / B_PASS;          // rows a thread copies
+  static_assert(THREADS % A_CPR == 0 && THREADS % B_CPR == 0, "whole rows per pass");
+  static_assert(BK % A_PASS == 0 && BK % B_PASS == 0, "whole passes per stage");
+  static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BM % 64 == 0 && BN % 64 == 0, "panels, pairs of n8");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sA = reinterpret_cast<T*>(smem_raw);  // [STAGES][BK pixels][BM] as BM/64 panels
+  T* sB = sA + STAGES * BK * BM;           // [STAGES][BK pixels][BN] as BN/64 panels
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int C_in = static_cast<int>(g.C_in), C_out = static_cast<int>(g.C_out);
+  const int K = static_cast<int>(g.K), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int H_out = static_cast<int>(g.H_out), W_out = static_cast<int>(g.W_out);
+  const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
+  const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
+  const int P = static_cast<int>(g.P);
+  const int n_tiles = (K + BN - 1) / BN;
+  const int o0 = static_cast<int>(blockIdx.x / n_tiles) * BM;
+  const int k0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int p_begin = static_cast<int>(blockIdx.y) * tiles_per_split * BK;
+  const int p_end = min(P, p_begin + tiles_per_split * BK);
+  const int KT = p_end > p_begin ? (p_end - p_begin + BK - 1) / BK : 0;
+  const T zero = from_f32<T>(0.0f);
+
+  // A: chunk ca of rows ra + r * A_PASS; B: chunk cb of rows rb + r * B_PASS.
+  const int ca = tid % A_CPR, ra = tid / A_CPR, cb = tid % B_CPR, rb = tid / B_CPR;
+  const int oa = o0 + ca * 8, kb = k0 + cb * 8;
+  const bool oa_ok = oa < C_out;  // C_out % 8 == 0: a chunk is wholly in or out
+  // B's columns: VEC_X one tap (i, j, c) for the chunk; else one per element (any C_in).
+  constexpr int TAPS = VEC_X ? 1 : 8;
+  int ti[TAPS], tj[TAPS];
+  int64_t toff[TAPS];
+#pragma unroll
+  for (int e = 0; e < TAPS; ++e) {
+    const int k = kb + e;
+    const int ij = k / C_in, c = k - ij * C_in, i = ij / kW, j = ij - i * kW;
+    ti[e] = k < K ? i : -(1 << 29);  // a column past K reads as padding: never in the image
+    tj[e] = j;
+    toff[e] = static_cast<int64_t>(i) * g.sx_h + static_cast<int64_t>(j) * g.sx_w + c * g.sx_c;
+  }
+  // B's rows: (n, ho, wo) of pixel p_begin + rb + r * B_PASS, stepped by BK pixels per stage.
+  const int hw_out = H_out * W_out;
+  const int step_w = BK % W_out, step_h = (BK / W_out) % H_out, step_n = BK / hw_out;
+  int pn[B_ROWS], pho[B_ROWS], pwo[B_ROWS];
+#pragma unroll
+  for (int r = 0; r < B_ROWS; ++r) {
+    const int p = min(p_begin + rb + r * B_PASS, P - 1);  // past P: never valid, any pixel
+    pn[r] = p / hw_out;
+    const int hw = p - pn[r] * hw_out;
+    pho[r] = hw / W_out;
+    pwo[r] = hw - pho[r] * W_out;
+  }
+
+  auto load_stage = [&](int stage, int t) {  // called for t = 0, 1, ... in order
+    const int p0 = p_begin + t * BK;
+    T* a_s = sA + stage * BK * BM;
+    const uint32_t a_dst = levels_mma::smem_addr(a_s + pswz(ra, ca));
+#pragma unroll
+    for (int r = 0; r < A_ROWS; ++r) {
+      const int p = p0 + ra + r * A_PASS;
+      const bool ok = oa_ok && p < p_end;
+      // pswz(ra + r * A_PASS, ca) == pswz(ra, ca) + r * A_PASS * BK: A_PASS is a multiple of 8
+      levels_mma::cp_async_16(a_dst + r * A_PASS * BK * static_cast<int>(sizeof(T)),
+                              ok ? dy + static_cast<int64_t>(p) * C_out + oa : dy, ok ? 16 : 0);
+    }
+    T* b_s = sB + stage * BK * BN;
+#pragma unroll
+    for (int r = 0; r < B_ROWS; ++r) {
+      const int row = rb + r * B_PASS;
+      const bool p_ok = p0 + row < p_end;
+      const int hb = pho[r] * sh - ph, wb = pwo[r] * sw - pw;
+      const T* x_img = x + static_cast<int64_t>(pn[r]) * g.sx_n + static_cast<int64_t>(hb) * g.sx_h +
+                       static_cast<int64_t>(wb) * g.sx_w;
+      if constexpr (VEC_X) {
+        const int hi = hb + ti[0], wi = wb + tj[0];
+        const bool ok = p_ok && hi >= 0 && hi < H && wi >= 0 && wi < W;
+        levels_mma::cp_async_16(levels_mma::smem_addr(b_s + pswz(row, cb)), ok ? x_img + toff[0] : x,
+                                ok ? 16 : 0);
+      } else {
+        T* dst = b_s + pswz(row, cb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int hi = hb + ti[e], wi = wb + tj[e];
+          const bool ok = p_ok && hi >= 0 && hi < H && wi >= 0 && wi < W;
+          dst[e] = ok ? x_img[toff[e]] : zero;
+        }
+      }
+      // the next stage's pixel: + BK = step_n images + step_h rows + step_w columns, carried
+      pwo[r] += step_w;
+      if (pwo[r] >= W_out) pwo[r] -= W_out, ++pho[r];
+      pho[r] += step_h;
+      if (pho[r] >= H_out) pho[r] -= H_out, ++pn[r];
+      pn[r] += step_n;
+    }
+  };
+
+  float acc[MT][NT][4] = {};
+  auto compute = [&](int stage) {
+    const T* a_s = sA + stage * BK * BM;
+    const T* b_s = sB + stage * BK * BN;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        // matrices (transposed from [pixel][o]): (m 0-7, k 0-7), (m 8-15, k 0-7),
+        // (m 0-7, k 8-15), (m 8-15, k 8-15): a0..a3
+        const int m = wm * WTM + mt * 16;
+        const int row = kk * 16 + ((lane >> 4) << 3) + (lane & 7);
+        levels_mma::ldmatrix_x4_trans(af[mt], levels_mma::smem_addr(a_s + pswz(row, (m >> 3) + ((lane >> 3) & 1))));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15):
+        // b0, b1 of n8 tile nt, then of nt + 1
+        const int n = wn * WTN + nt * 8;
+        uint32_t q[4];
+        levels_mma::ldmatrix_x4_trans(q, levels_mma::smem_addr(b_s + pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4))));
+        bf[nt][0] = q[0];
+        bf[nt][1] = q[1];
+        bf[nt + 1][0] = q[2];
+        bf[nt + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+    }
+  };
+  pipeline<STAGES>(KT, load_stage, compute);
+
+  // Epilogue: the fp32 tile through shared memory, then 8 consecutive k of one o per thread
+  // into this split's partial (16-byte stores when K keeps the rows aligned).
+  constexpr int LD = BN + 8;
+  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
+  float* tile = reinterpret_cast<float*>(smem_raw);
+  stage_accumulators<MT, NT, WTM, WTN, LD>(acc, tile, wm, wn, lane);
+  __syncthreads();
+  float* dst = part + static_cast<int64_t>(blockIdx.y) * C_out * K;
+  const bool aligned = K % 4 == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0;
+  constexpr int CHUNKS_PER_ROW = BN / 8;
+  for (int q = tid; q < BM * CHUNKS_PER_ROW; q += THREADS) {
+    const int row = q / CHUNKS_PER_ROW, col = (q % CHUNKS_PER_ROW) * 8;
+    const int o = o0 + row, k = k0 + col;
+    if (o >= C_out || k >= K) continue;
+    const float* v = tile + row * LD + col;
+    wmma_conv::store_row8<float>(dst + static_cast<int64_t>(o) * K + k, v, K - k, aligned);
+  }
+#endif
 }
 }  // namespace mma_conv
 
@@ -1558,9 +1770,12 @@ static bool k_major(const void* p, int64_t row_stride) {
 static unsigned elementwise_blocks(int64_t n);  // below, with the other grid helpers
 
 // $LEVELS_CONV_BN_V6_DGRAD_PLAN does the same for version 6's dgrad (every phase), with TILE
-// 0-3 (3: CB_128x16).
+// 0-3 (3: CB_128x16); $LEVELS_CONV_BN_V6_WGRAD_PLAN for its wgrad (TILE 1 or 2, 0 taken as
+// the rule's: cb_wgrad_plan has no 128x128; SPLITS the pixel splits, at most what the
+// workspace holds).
 constexpr const char* V5_PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN";
 constexpr const char* V6_DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN";
+constexpr const char* V6_WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN";
 static bool plan_forced(const char* env, int n_tiles, int* tile, int* splits) {
   *tile = -1, *splits = 0;
   const char* s = getenv(env);
@@ -1849,21 +2064,60 @@ static int64_t wgrad_part_floats(int64_t P, int64_t C_out, int64_t K) {
   return (tc > v2 ? tc : v2) * C_out * K;
 }
 
-// G^T partials into part (splits, C_out, K); returns the number of splits.
+// ---- version 6's wgrad: mma_conv::wgrad_kernel, tile and pixel splits from cb_wgrad_plan ----
+// $LEVELS_CONV_BN_V6_WGRAD_PLAN pins them ("TILE[,SPLITS]", TILE 0-2 as version 5's); the
+// splits never exceed what the workspace holds (wgrad_part_floats, version 4's bound).
+static CbPlan v6_wgrad_plan(const Geom& g) {
+  int tile = -1, splits = 0;
+  plan_forced(V6_WGRAD_PLAN_ENV, CB_TILES, &tile, &splits);  // malformed: refused by the launcher
+  const int64_t most = wgrad_part_floats(g.P, g.C_out, g.K) / (g.C_out * g.K);
+  return cb_wgrad_plan(g.C_out, g.K, g.P, device_sms(), most > 1 ? most : 1, tile, splits);
+}
+
+template <typename T, int TILE, bool VEC_X>
+static void v6_wgrad_launch(const Geom& g, const CbPlan& plan, const T* x, const T* dy, float* part,
+                            cudaStream_t stream) {
+  constexpr CbTileShape S = cb_tile_shape(TILE);
+  constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
+  auto kernel = mma_conv::wgrad_kernel<T, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, VEC_X>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, dy, part);
+}
+
+template <typename T, bool VEC_X>
+static void v6_wgrad_tile(const Geom& g, const CbPlan& plan, const T* x, const T* dy, float* part,
+                          cudaStream_t stream) {
+  if (plan.tile == CB_128x64) return v6_wgrad_launch<T, CB_128x64, VEC_X>(g, plan, x, dy, part, stream);
+  return v6_wgrad_launch<T, CB_64x64, VEC_X>(g, plan, x, dy, part, stream);  // cb_wgrad_plan's two
+}
+
+// G^T partials into part (splits, C_out, K); returns the number of splits, or -1 for a
+// malformed $LEVELS_CONV_BN_V6_WGRAD_PLAN.
 template <typename T>
 static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, float* part,
                           cudaStream_t stream) {
   // wgrad_kernel decodes its pixels in 32 bits (every tile: a 64-bit division costs more)
   if (version >= 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
     if constexpr (!is_f32<T>::value) {
+      const bool x_vec = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
+                         g.sx_w % 8 == 0 && levels_aligned16(x);
+      if (version >= 6 && g.C_out % 8 == 0 && levels_aligned16(dy)) {
+        int tile = 0, splits = 0;
+        if (!plan_forced(V6_WGRAD_PLAN_ENV, CB_TILES, &tile, &splits)) return -1;
+        const CbPlan plan = v6_wgrad_plan(g);
+        if (plan.blocks > 0x7fffffff || plan.splits > 65535) return -1;
+        if (x_vec) v6_wgrad_tile<T, true>(g, plan, x, dy, part, stream);
+        else v6_wgrad_tile<T, false>(g, plan, x, dy, part, stream);
+        return plan.splits;
+      }
       const int64_t sms2 = 2 * static_cast<int64_t>(levels_sm_count());
       const int64_t s = tc_wgrad_max_splits(g.P, g.C_out, g.K, sms2 < TC_MAX_BLOCKS ? sms2 : TC_MAX_BLOCKS);
       // whole k-tiles of pixels per split; recounted so that no split is empty
       const int64_t per = levels_cdiv(levels_cdiv(g.P, s), wmma_conv::BK) * wmma_conv::BK;
       const int64_t splits = levels_cdiv(g.P, per);
       const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
-      const bool vec_x = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
-                         g.sx_w % 8 == 0 && levels_aligned16(x);
+      const bool vec_x = x_vec;
       auto kernel = vec_dy ? (vec_x ? wmma_conv::wgrad_kernel<T, true, true> : wmma_conv::wgrad_kernel<T, true, false>)
                            : (vec_x ? wmma_conv::wgrad_kernel<T, false, true> : wmma_conv::wgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<true, true>();
@@ -1985,6 +2239,7 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
   float* sum_dy = ws.sum;
   column_sum<T>(dout, g.P, C, ws.col_part, sum_dy, static_cast<T*>(nullptr), stream);
   const int64_t splits = conv_wgrad<T>(version, g, dout, x, ws.w_part, stream);
+  if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
       dgamma, dbeta, dbias);
@@ -2013,6 +2268,7 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
       ws.col_part, chunks, C, 1, ws.sum, dbias, static_cast<T*>(nullptr));
   const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
+  if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);

@@ -175,4 +175,44 @@ inline CbPlan cb_dgrad_plan(int64_t M, int64_t C_in, int64_t Kp, int sms, int fo
                        narrow ? CB_128x16 : CB_64x64, CB_DGRAD_TILES);
 }
 
+// Version 6's wgrad: G (C_out, K) = dy^T im2col(x), the reduction over the P pixels (64 a
+// k-tile), cut into pixel splits whose fp32 partials wgrad_finish_kernel adds in order. The
+// GEMM is small (C_out x K: 9 64x64 tiles at ResNet's 64-channel 3x3) and its reduction long
+// (100352 pixels there), so the splits fill the GPU, not the tile: the tile is 128x64 where
+// C_out > 64, else 64x64 (128 rows would be half zeros), and the splits the s <= max_splits
+// (the caller's workspace) with the least cb_split_cost, each split at least
+// CB_MIN_SLICE_TILES k-tiles (512 pixels): the forward's cost model, whose partial term
+// (s - 1) C_out K is what stops the splitting. No 128x128: the wgrad kernel keeps each copied
+// row's pixel in registers, and at 2 blocks per SM (128 registers) its 64 accumulators spill.
+inline CbPlan cb_wgrad_plan(int64_t C_out, int64_t K, int64_t P, int sms, int64_t max_splits,
+                            int force_tile = -1, int force_splits = 0) {
+  const int64_t k_tiles = cb_cdiv(P, CB_BK);
+  int tile = C_out > 64 ? CB_128x64 : CB_64x64;
+  if (force_tile == CB_128x64 || force_tile == CB_64x64) tile = force_tile;
+  const CbTileShape s = cb_tile_shape(tile);
+  CbPlan plan{tile, 1, static_cast<int>(k_tiles), cb_cdiv(C_out, s.bm) * cb_cdiv(K, s.bn)};
+  int64_t splits = 1;
+  if (force_splits > 0) {
+    splits = force_splits;
+  } else if (plan.blocks > 0 && sms > 0 && k_tiles > 0) {
+    int64_t most = k_tiles / CB_MIN_SLICE_TILES;
+    if (most > max_splits) most = max_splits;
+    int64_t best = 0;
+    for (int64_t sp = 1; sp <= (most > 1 ? most : 1); ++sp) {
+      const int64_t per = cb_cdiv(k_tiles, sp), slices = cb_cdiv(k_tiles, per);
+      const int64_t cost = cb_split_cost(plan.blocks * slices, sms, s.blocks_per_sm, per, slices, C_out, K);
+      if (sp == 1 || cost < best) {
+        best = cost;
+        splits = sp;
+      }
+    }
+  }
+  if (splits > max_splits) splits = max_splits;  // the workspace holds no more partials
+  if (splits > k_tiles) splits = k_tiles;
+  if (splits < 1) splits = 1;
+  plan.tiles_per_split = static_cast<int>(k_tiles > 0 ? cb_cdiv(k_tiles, splits) : 0);
+  plan.splits = plan.tiles_per_split > 0 ? static_cast<int>(cb_cdiv(k_tiles, plan.tiles_per_split)) : 1;
+  return plan;
+}
+
 }  // namespace levels_conv_bn

@@ -1,7 +1,8 @@
-"""conv_bn.cu's version 6 (version 5 plus a dgrad whose stride phases run as forward
-convolutions on version 5's mma.sync kernels, with tiles and K slices from conv_bn_plan.h's
-cb_dgrad_plan and a 128x16 tile for C_in <= 16) on an H100, in one call, at the ResNet-50
-shapes of the model suite (equivalence/cards/conv_bn.py MODEL_SHAPES):
+"""conv_bn.cu's version 6 (version 5 plus a backward on mma.sync: a dgrad whose stride phases
+run as forward convolutions on version 5's kernels, with tiles and K slices from conv_bn_plan.h's
+cb_dgrad_plan and a 128x16 tile for C_in <= 16, and a wgrad with ldmatrix.trans tiles and pixel
+splits from cb_wgrad_plan) on an H100, in one call, at the ResNet-50 shapes of the model suite
+(equivalence/cards/conv_bn.py MODEL_SHAPES):
 
   1. check version 6 against the float64 reference through the harness at each shape in eval
      and in train mode (scripts/device_conv_bn6.py's run_checks: a failure is recorded with
@@ -10,8 +11,8 @@ shapes of the model suite (equivalence/cards/conv_bn.py MODEL_SHAPES):
      Level 5 version 5 (the default), version 6, and Level 4 (device_conv_bn6's run_timings);
   3. the backward alone, per shape: torch.ops.levels_cuda.conv_bn_train_bwd for versions 5 and
      6 with need_dx True and False (the same y, mean, invstd, dout), so that the dgrad's share
-     (the difference) and what version 6 changes in it are visible; the rest is the BN
-     backward and wgrad, the same kernels in both versions.
+     (the difference) is visible, and the wgrad's change too: without dx, versions 5 and 6
+     differ only in the wgrad (the BN backward kernels are the same).
 
     PYTHONPATH=. python3 scripts/device_conv_bn7.py OUT.json [--check-only] [--shapes a,b]
 

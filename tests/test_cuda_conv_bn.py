@@ -431,6 +431,10 @@ extern "C" void dgrad_plan(long long M, long long C_in, long long Kp, int sms, i
                            int splits, long long* out) {
   put(levels_conv_bn::cb_dgrad_plan(M, C_in, Kp, sms, tile, splits), out);
 }
+extern "C" void wgrad_plan(long long C_out, long long K, long long P, int sms, long long most,
+                           int tile, int splits, long long* out) {
+  put(levels_conv_bn::cb_wgrad_plan(C_out, K, P, sms, most, tile, splits), out);
+}
 """
 PLAN_FIELDS = ("tile", "splits", "tiles_per_split", "blocks", "bm", "bn", "threads", "stages",
                "blocks_per_sm", "warps_m", "warps_n")
@@ -467,6 +471,19 @@ def _plan_caller(fn):
 def v5_plan(plan_lib):
     """conv_bn_plan.h's cb_plan (version 5's forward): (P, C_out, K, sms, tile, splits)."""
     return _plan_caller(plan_lib.plan)
+
+
+@pytest.fixture(scope="module")
+def v6_wgrad_plan(plan_lib):
+    """conv_bn_plan.h's cb_wgrad_plan: (C_out, K, P, sms, max_splits, tile, splits)."""
+    import ctypes
+    out = (ctypes.c_longlong * len(PLAN_FIELDS))()
+
+    def call(C_out, K, P, sms=132, most=64, tile=-1, splits=0):
+        plan_lib.wgrad_plan(ctypes.c_longlong(C_out), ctypes.c_longlong(K), ctypes.c_longlong(P),
+                            sms, ctypes.c_longlong(most), tile, splits, out)
+        return dict(zip(PLAN_FIELDS, list(out)))
+    return call
 
 
 @pytest.fixture(scope="module")
@@ -1056,3 +1073,239 @@ def test_v6_backward_is_deterministic(plan, training, monkeypatch):
         grads.append(torch.autograd.grad(out.float().square().sum(), leaves))
     for a, b in zip(*grads):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+# Version 6's wgrad (mma_conv::wgrad_kernel): the rule (cb_wgrad_plan), the gather of its
+# pixel-major tiles with each thread's pixels stepped 64 at a time, the pixel splits and their
+# ordered sum, emulated in float64; and the ldmatrix.trans fragments from the panel-swizzled
+# tiles composing to A^T B.
+
+@pytest.mark.parametrize("case,want", [
+    # layer1 3x3 64 -> 64 at 56x56, batch 32: 9 tiles of 64x64; the pixel splits fill the
+    # 396 slots (44 x 9 = 396), 36 k-tiles of 64 pixels each
+    ((64, 576, 100352, 132, 98), dict(tile=T64x64, blocks=9, splits=44, tiles_per_split=36)),
+    # layer4 3x3 512 -> 512 at 7x7: 4 x 72 tiles of 128x64 already fill the GPU (288 for
+    # 396 slots; 2 splits would cost 2.4M partials): no split
+    ((512, 4608, 1568, 132, 1), dict(tile=T128x64, blocks=288, splits=1)),
+    ((512, 4608, 1568, 132, 8), dict(tile=T128x64, blocks=288, splits=1)),
+    # the stem (C_out 64, K = 147): 3 tiles, ~132 splits of 48 k-tiles
+    ((64, 147, 401408, 132, 256), dict(tile=T64x64, blocks=3, splits=131, tiles_per_split=48)),
+    # the workspace bound caps the splits; within it the model still weighs the remainder:
+    # 14 splits are 126 units, one per SM; 16 would be 144, 12 SMs running a second
+    ((64, 576, 100352, 132, 16), dict(tile=T64x64, splits=14)),
+])
+def test_v6_wgrad_rule_picks(v6_wgrad_plan, case, want):
+    got = v6_wgrad_plan(*case)
+    assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+def test_v6_wgrad_plans_cover_the_pixels(v6_wgrad_plan):
+    for C_out in (8, 64, 72, 512):
+        for K in (27, 147, 576, 4608):
+            for P in (1, 63, 1568, 100352):
+                for most in (1, 7, 98):
+                    p = v6_wgrad_plan(C_out, K, P, most=most)
+                    where = f"C_out={C_out} K={K} P={P} most={most}: {p}"
+                    k_tiles = -(-P // BK)
+                    assert p["tile"] == (T128x64 if C_out > 64 else T64x64), where
+                    assert p["blocks"] == -(-C_out // p["bm"]) * -(-K // p["bn"]), where
+                    assert 1 <= p["splits"] <= most, where
+                    assert (p["splits"] - 1) * p["tiles_per_split"] < k_tiles <= p["splits"] * p["tiles_per_split"], where
+                    if p["splits"] > 1:
+                        assert p["tiles_per_split"] >= 8, where
+    # forced: 128x64 / 64x64 and the splits (clamped to the workspace's); 128x128: the rule's
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x64, splits=3)["tile"] == T128x64
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x64, splits=3)["splits"] == 3
+    assert v6_wgrad_plan(64, 576, 6400, most=2, splits=3)["splits"] == 2
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x128)["tile"] == T64x64
+
+
+def _v6_wgrad_emulated(x, dy2, kH, kW, stride, padding, plan):
+    """G (C_out, K) as mma_conv::wgrad_kernel computes it: per (tile, split) block, stage by
+    stage, A = dy rows p0 + row (row = ra + r * A_PASS, thread chunk ca) and B = im2col(x) rows
+    whose pixels each thread keeps as (n, ho, wo) and steps by 64 (step_w, step_h, step_n with
+    one carry each), its columns' taps decoded once (past K: ti = -2**29, never in the image);
+    each split's fp32 partial, then their sum in order (wgrad_finish_kernel)."""
+    N, H, W, C_in = x.shape
+    P, C_out = dy2.shape
+    (sh, sw), (ph, pw) = stride, padding
+    Ho, Wo = (H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1
+    K = kH * kW * C_in
+    sx_n, sx_h, sx_w, sx_c = x.stride()
+    xf = x.flatten()
+    BM, BN, threads = plan["bm"], plan["bn"], plan["threads"]
+    B_CPR = BN // 8
+    B_PASS = threads // B_CPR
+    B_ROWS = BK // B_PASS
+    tid = torch.arange(threads)
+    cb_, rb = tid % B_CPR, tid // B_CPR
+    n_tiles = -(-K // BN)
+    hw = Ho * Wo
+    step_w, step_h, step_n = BK % Wo, (BK // Wo) % Ho, BK // hw
+    part = torch.full((plan["splits"], C_out, K), float("nan"), dtype=torch.float64)
+    for block in range(plan["blocks"]):
+        o0, k0 = (block // n_tiles) * BM, (block % n_tiles) * BN
+        # each thread's 8 columns: taps (i, j, c) decoded once
+        k = k0 + cb_[:, None] * 8 + torch.arange(8)[None, :]  # (threads, 8)
+        ij, c = k // C_in, k % C_in
+        ti = torch.where(k < K, ij // kW, torch.full_like(k, -(1 << 29)))
+        tj = ij % kW
+        toff = (ij // kW) * sx_h + tj * sx_w + c * sx_c
+        for y in range(plan["splits"]):
+            p_begin = y * plan["tiles_per_split"] * BK
+            p_end = min(P, p_begin + plan["tiles_per_split"] * BK)
+            KT = -(-(p_end - p_begin) // BK) if p_end > p_begin else 0
+            rows = rb[:, None] + torch.arange(B_ROWS)[None, :] * B_PASS  # (threads, B_ROWS)
+            p = (p_begin + rows).clamp(max=P - 1)
+            pn, pho, pwo = p // hw, (p % hw) // Wo, (p % hw) % Wo
+            acc = torch.zeros((BM, BN), dtype=torch.float64)
+            for t in range(KT):
+                p0 = p_begin + t * BK
+                A = torch.zeros((BK, BM), dtype=torch.float64)
+                pa = p0 + torch.arange(BK)
+                oa = o0 + torch.arange(BM)
+                ok = (pa < p_end)[:, None] & (oa < C_out)[None, :]
+                A[ok] = dy2[pa.clamp(max=P - 1)][:, oa.clamp(max=C_out - 1)][ok]
+                B = torch.full((BK, BN), float("nan"), dtype=torch.float64)
+                for r in range(B_ROWS):
+                    row = rows[:, r]
+                    p_ok = p0 + row < p_end
+                    hb, wb = pho[:, r] * sh - ph, pwo[:, r] * sw - pw
+                    hi, wi = hb[:, None] + ti, wb[:, None] + tj
+                    okx = p_ok[:, None] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+                    src = pn[:, r, None] * sx_n + hb[:, None] * sx_h + wb[:, None] * sx_w + toff
+                    vals = torch.where(okx, xf[src.clamp(0, xf.numel() - 1)], torch.zeros((), dtype=torch.float64))
+                    for e in range(8):
+                        B[row, cb_ * 8 + e] = vals[:, e]
+                    # the next stage's pixel, carried
+                    pwo[:, r] += step_w
+                    carry = pwo[:, r] >= Wo
+                    pwo[:, r] -= torch.where(carry, Wo, 0)
+                    pho[:, r] += carry.long() + step_h
+                    carry = pho[:, r] >= Ho
+                    pho[:, r] -= torch.where(carry, Ho, 0)
+                    pn[:, r] += carry.long() + step_n
+                assert not torch.isnan(B).any(), "an element of the B stage no thread wrote"
+                acc += A.T @ B
+            m_ok, n_ok = slice(0, max(0, min(BM, C_out - o0))), slice(0, max(0, min(BN, K - k0)))
+            part[y, o0:o0 + BM, k0:k0 + BN] = acc[m_ok, n_ok]
+    return sum(part[y] for y in range(plan["splits"]))
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C_in, H, W, C_out, k, stride, padding, tile, splits)
+    (4, 8, 17, 19, 16, 3, 2, 1, T64x64, 3),     # stride 2, odd sizes: 360 pixels, 3 splits
+    (3, 3, 31, 29, 72, 7, 2, 3, T128x64, 2),    # the stem's gather (C_in = 3), K = 147
+    (3, 16, 5, 4, 8, 3, 1, 1, T64x64, 1),       # 20 pixels an image: 3 images in one stage
+    (6, 24, 25, 22, 8, 1, 3, 0, T64x64, 2),     # 1x1 stride 3, K = 24; 7 k-tiles as 4 + 3
+])
+def test_v6_wgrad_index_math_matches_torch(v6_wgrad_plan, case):
+    N, C_in, H, W, C_out, k, s, pad, tile, splits = case
+    g = torch.Generator().manual_seed(sum(case))
+    x_nchw = torch.randn((N, C_in, H, W), generator=g, dtype=torch.float64)
+    Ho, Wo = (H + 2 * pad - k) // s + 1, (W + 2 * pad - k) // s + 1
+    dy = torch.randn((N, C_out, Ho, Wo), generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_weight(x_nchw, (C_out, C_in, k, k), dy, (s, s), (pad, pad))
+    x = x_nchw.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    dy2 = dy.permute(0, 2, 3, 1).reshape(-1, C_out)
+    plan = v6_wgrad_plan(C_out, k * k * C_in, N * Ho * Wo, tile=tile, splits=splits, most=64)
+    assert plan["splits"] == splits, plan
+    G = _v6_wgrad_emulated(x, dy2, k, k, (s, s), (pad, pad), plan)
+    assert not torch.isnan(G).any()
+    torch.testing.assert_close(G.reshape(C_out, k, k, C_in).permute(0, 3, 1, 2), want,
+                               rtol=1e-12, atol=1e-12)
+
+
+def _ldmatrix_x4_trans(smem, addr):
+    """ldmatrix.x4.trans: matrix i's rows from lanes 8i..8i+7, each transposed: lane l
+    receives rows 2 (l % 4) and +1 of column l // 4."""
+    regs = torch.zeros((32, 4, 2), dtype=torch.float64)
+    for i in range(4):
+        rows = [smem[addr[8 * i + j]:addr[8 * i + j] + 8] for j in range(8)]
+        for lane in range(32):
+            regs[lane, i] = torch.stack([rows[2 * (lane % 4)][lane // 4], rows[2 * (lane % 4) + 1][lane // 4]])
+    return regs
+
+
+def _pswz(row, chunk):
+    return (chunk >> 3) * BK * BK + _swz(row, chunk & 7)  # mma_conv::pswz
+
+
+@pytest.mark.parametrize("tile", [T128x64, T64x64])
+def test_v6_wgrad_transposed_fragments_compose_to_the_tile_product(v6_wgrad_plan, tile):
+    # One stage of wgrad_kernel: A (64 pixels x BM) and B (64 x BN) stored pixel-major in
+    # 64-column swizzled panels, read by its ldmatrix.x4.trans lane addresses into mma.sync's
+    # A (m16 x k16) and B (k16 x n8) fragments, staged as the epilogue does: A^T B.
+    p = v6_wgrad_plan(64, 64, 64, tile=tile)
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    MT, NT = WTM // 16, WTN // 8
+    g = torch.Generator().manual_seed(tile + 7)
+    A = torch.randn((BK, BM), generator=g, dtype=torch.float64)
+    B = torch.randn((BK, BN), generator=g, dtype=torch.float64)
+    sA, sB = torch.full((BK * BM,), float("nan"), dtype=torch.float64), torch.full((BK * BN,), float("nan"), dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(BK):
+            for c in range(src.shape[1] // 8):
+                dst[_pswz(r, c):_pswz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+        assert not torch.isnan(dst).any()
+    C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
+    for warp in range(WM * WN):
+        wm, wn = warp // WN, warp % WN
+        acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
+        for kk in range(BK // 16):
+            af = []
+            for mt in range(MT):
+                m = wm * WTM + mt * 16
+                addr = [_pswz(kk * 16 + ((lane >> 4) << 3) + (lane & 7), (m >> 3) + ((lane >> 3) & 1))
+                        for lane in range(32)]
+                for i in range(4):  # conflict-free: matrix i's 8 rows in 8 distinct chunks
+                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
+                af.append(_ldmatrix_x4_trans(sA, addr))
+            bf = [None] * NT
+            for nt in range(0, NT, 2):
+                n = wn * WTN + nt * 8
+                q = _ldmatrix_x4_trans(sB, [_pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4)) for lane in range(32)])
+                bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
+            for mt in range(MT):
+                for nt in range(NT):
+                    Af, Bf = torch.zeros((16, 16), dtype=torch.float64), torch.zeros((16, 8), dtype=torch.float64)
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        Af[r, 2 * t:2 * t + 2], Af[r + 8, 2 * t:2 * t + 2] = af[mt][lane, 0], af[mt][lane, 1]
+                        Af[r, 2 * t + 8:2 * t + 10], Af[r + 8, 2 * t + 8:2 * t + 10] = af[mt][lane, 2], af[mt][lane, 3]
+                        Bf[2 * t:2 * t + 2, r], Bf[2 * t + 8:2 * t + 10, r] = bf[nt][0][lane], bf[nt][1][lane]
+                    D = Af @ Bf
+                    for lane in range(32):
+                        r, t = lane // 4, lane % 4
+                        acc[lane, mt, nt] += torch.stack([D[r, 2 * t], D[r, 2 * t + 1], D[r + 8, 2 * t], D[r + 8, 2 * t + 1]])
+        for mt in range(MT):
+            for nt in range(NT):
+                for h in range(2):
+                    for lane in range(32):
+                        r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
+                        assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
+                        C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
+    torch.testing.assert_close(C, A.T @ B, rtol=1e-12, atol=1e-12)
+
+
+# version 6's wgrad on the GPU: each plan forced ($LEVELS_CONV_BN_V6_WGRAD_PLAN) on the
+# 16-byte path and the element gathers (C_in = 3, misaligned x), both modes.
+WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN"
+V6_WGRAD_SHAPES = [
+    dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1, channels_last=True),
+    dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
+    dict(N=4, C_in=24, H=33, W=31, C_out=16, k=3, stride=1, padding=1, channels_last=True),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "1", "2", "1,3", "2,1", "2,64"],
+                         ids=lambda p: f"wplan{p.replace(',', 'x') or 'auto'}")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_WGRAD_SHAPES, ids=_shape_id)
+def test_v6_every_wgrad_plan(plan, training, shape, monkeypatch):
+    monkeypatch.setenv(WGRAD_PLAN_ENV, plan)
+    _passes(_args(shape, torch.bfloat16, seed=shape["C_in"] + 2 * len(plan), training=training), 6,
+            monkeypatch)
