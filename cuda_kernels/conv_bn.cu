@@ -1002,6 +1002,32 @@ __device__ __forceinline__ void pipeline(int KT, Load& load_stage, Compute& comp
   __syncthreads();
 }
 
+// One stage of a warp's tensor-core work, BK / 16 steps of k16: load_a(af, mt, kk) fills the A
+// fragment of m16 tile mt, load_b(q, nt, kk) b0, b1 of n8 tiles nt and nt + 1 (one
+// ldmatrix.x4), then every m16n8 product. The kernels differ only in where their fragments sit.
+template <typename T, int MT, int NT, typename LoadA, typename LoadB>
+__device__ __forceinline__ void mma_stage(float (&acc)[MT][NT][4], LoadA& load_a, LoadB& load_b) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a(af[mt], mt, kk);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t q[4];
+      load_b(q, nt, kk);
+      bf[nt][0] = q[0];
+      bf[nt][1] = q[1];
+      bf[nt + 1][0] = q[2];
+      bf[nt + 1][1] = q[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+  }
+}
+
 // The accumulators of a warp's MT x NT m16n8 tiles into the block's fp32 tile (pitch LD) in
 // shared memory: lane l holds rows l/4 and +8, columns 2 (l % 4) and +1 of each (mma.sync's
 // C layout). The caller synchronizes before reading the tile back.
@@ -1018,6 +1044,18 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[MT][NT][4]
         const int col = wn * WTN + nt * 8 + (lane & 3) * 2;
         *reinterpret_cast<float2*>(tile + r * LD + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
+}
+
+// After the pipeline: the block's BM x BN fp32 tile in the pipeline's shared memory (pitch
+// BN + 8 floats), every warp's accumulators written and visible to all.
+template <int BM, int BN, int STAGES, int WTM, int WTN, int MT, int NT>
+__device__ __forceinline__ float* accumulators_to_smem(const float (&acc)[MT][NT][4],
+                                                       unsigned char* smem_raw, int wm, int wn, int lane) {
+  static_assert(BM * (BN + 8) * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
+  float* tile = reinterpret_cast<float*>(smem_raw);
+  stage_accumulators<MT, NT, WTM, WTN, BN + 8>(acc, tile, wm, wn, lane);
+  __syncthreads();
+  return tile;
 }
 
 // The tile grid: blockIdx.x walks the (pixel tile, channel tile) pairs with the channel tiles
@@ -1108,32 +1146,17 @@ conv_kernel(Geom g, int tiles_per_split,
   auto compute = [&](int stage) {
     const T* a_s = sA + stage * BM * BK;
     const T* b_s = sB + stage * BN * BK;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t af[MT][4], bf[NT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        // matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then the same rows at k 8-15
-        const int r = wm * WTM + mt * 16 + (lane & 15);
-        levels_mma::ldmatrix_x4(af[mt], levels_mma::smem_addr(a_s + swz(r, kk * 2 + (lane >> 4))));
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; nt += 2) {
-        // matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15):
-        // b0, b1 of n8 tile nt, then of nt + 1
-        const int r = wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3);
-        uint32_t q[4];
-        levels_mma::ldmatrix_x4(q, levels_mma::smem_addr(b_s + swz(r, kk * 2 + ((lane >> 3) & 1))));
-        bf[nt][0] = q[0];
-        bf[nt][1] = q[1];
-        bf[nt + 1][0] = q[2];
-        bf[nt + 1][1] = q[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
-    }
+    auto load_a = [&](uint32_t (&a)[4], int mt, int kk) {
+      // matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then the same rows at k 8-15
+      const int r = wm * WTM + mt * 16 + (lane & 15);
+      levels_mma::ldmatrix_x4(a, levels_mma::smem_addr(a_s + swz(r, kk * 2 + (lane >> 4))));
+    };
+    auto load_b = [&](uint32_t (&q)[4], int nt, int kk) {
+      // matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+      const int r = wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3);
+      levels_mma::ldmatrix_x4(q, levels_mma::smem_addr(b_s + swz(r, kk * 2 + ((lane >> 3) & 1))));
+    };
+    mma_stage<T>(acc, load_a, load_b);
   };
   pipeline<STAGES>(KT, load_slice, compute);
 
@@ -1141,10 +1164,7 @@ conv_kernel(Geom g, int tiles_per_split,
   // floats), then each thread takes 8 consecutive channels of one pixel (neighbouring threads
   // the neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
   constexpr int LD = BN + 8;
-  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
-  float* tile = reinterpret_cast<float*>(smem_raw);
-  stage_accumulators<MT, NT, WTM, WTN, LD>(acc, tile, wm, wn, lane);
-  __syncthreads();
+  const float* tile = accumulators_to_smem<BM, BN, STAGES, WTM, WTN>(acc, smem_raw, wm, wn, lane);
   // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
   const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&
                        (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
@@ -1345,44 +1365,26 @@ wgrad_kernel(Geom g, int tiles_per_split,
   auto compute = [&](int stage) {
     const T* a_s = sA + stage * BK * BM;
     const T* b_s = sB + stage * BK * BN;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t af[MT][4], bf[NT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        // matrices (transposed from [pixel][o]): (m 0-7, k 0-7), (m 8-15, k 0-7),
-        // (m 0-7, k 8-15), (m 8-15, k 8-15): a0..a3
-        const int m = wm * WTM + mt * 16;
-        const int row = kk * 16 + ((lane >> 4) << 3) + (lane & 7);
-        levels_mma::ldmatrix_x4_trans(af[mt], levels_mma::smem_addr(a_s + pswz(row, (m >> 3) + ((lane >> 3) & 1))));
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; nt += 2) {
-        // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15):
-        // b0, b1 of n8 tile nt, then of nt + 1
-        const int n = wn * WTN + nt * 8;
-        uint32_t q[4];
-        levels_mma::ldmatrix_x4_trans(q, levels_mma::smem_addr(b_s + pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4))));
-        bf[nt][0] = q[0];
-        bf[nt][1] = q[1];
-        bf[nt + 1][0] = q[2];
-        bf[nt + 1][1] = q[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
-    }
+    auto load_a = [&](uint32_t (&a)[4], int mt, int kk) {
+      // matrices (transposed from [pixel][o]): (m 0-7, k 0-7), (m 8-15, k 0-7),
+      // (m 0-7, k 8-15), (m 8-15, k 8-15): a0..a3
+      const int m = wm * WTM + mt * 16;
+      const int row = kk * 16 + ((lane >> 4) << 3) + (lane & 7);
+      levels_mma::ldmatrix_x4_trans(a, levels_mma::smem_addr(a_s + pswz(row, (m >> 3) + ((lane >> 3) & 1))));
+    };
+    auto load_b = [&](uint32_t (&q)[4], int nt, int kk) {
+      // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+      const int n = wn * WTN + nt * 8;
+      levels_mma::ldmatrix_x4_trans(q, levels_mma::smem_addr(b_s + pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4))));
+    };
+    mma_stage<T>(acc, load_a, load_b);
   };
   pipeline<STAGES>(KT, load_stage, compute);
 
   // Epilogue: the fp32 tile through shared memory, then 8 consecutive k of one o per thread
   // into this split's partial (16-byte stores when K keeps the rows aligned).
   constexpr int LD = BN + 8;
-  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
-  float* tile = reinterpret_cast<float*>(smem_raw);
-  stage_accumulators<MT, NT, WTM, WTN, LD>(acc, tile, wm, wn, lane);
-  __syncthreads();
+  const float* tile = accumulators_to_smem<BM, BN, STAGES, WTM, WTN>(acc, smem_raw, wm, wn, lane);
   float* dst = part + static_cast<int64_t>(blockIdx.y) * C_out * K;
   const bool aligned = K % 4 == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0;
   constexpr int CHUNKS_PER_ROW = BN / 8;

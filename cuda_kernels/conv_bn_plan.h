@@ -97,6 +97,23 @@ inline int64_t cb_split_cost(int64_t units, int64_t sms, int bps, int64_t k, int
   return t + (splits - 1) * P * C_out * 100 / CB_OUTPUTS_PER_KTILE;
 }
 
+// The slices s in [1, most] (most >= 1) with the least cb_split_cost for `blocks` tiles of
+// shape `shape` over a reduction of k_tiles, whose partials are P x C_out each; ties go to
+// fewer slices.
+inline int64_t cb_best_splits(int64_t blocks, int sms, const CbTileShape& shape, int64_t k_tiles,
+                              int64_t most, int64_t P, int64_t C_out) {
+  int64_t best = 0, splits = 1;
+  for (int64_t sp = 1; sp <= most; ++sp) {
+    const int64_t per = cb_cdiv(k_tiles, sp), slices = cb_cdiv(k_tiles, per);
+    const int64_t cost = cb_split_cost(blocks * slices, sms, shape.blocks_per_sm, per, slices, P, C_out);
+    if (sp == 1 || cost < best) {
+      best = cost;
+      splits = sp;
+    }
+  }
+  return splits;
+}
+
 struct CbPlan {
   int tile;          // CbTile
   int splits;        // K slices (1: no split, the kernel applies the bias itself)
@@ -136,15 +153,7 @@ inline CbPlan cb_plan_among(int64_t P, int64_t C_out, int64_t K, int sms, int fo
     // slots empty (and there is a K to split: a dgrad phase without taps has none)
     int64_t most = k_tiles / CB_MIN_SLICE_TILES;
     if (most > CB_MAX_SPLITS) most = CB_MAX_SPLITS;
-    int64_t best = 0;
-    for (int64_t sp = 1; sp <= (most > 1 ? most : 1); ++sp) {
-      const int64_t per = cb_cdiv(k_tiles, sp), slices = cb_cdiv(k_tiles, per);
-      const int64_t cost = cb_split_cost(plan.blocks * slices, sms, s.blocks_per_sm, per, slices, P, C_out);
-      if (sp == 1 || cost < best) {
-        best = cost;
-        splits = sp;
-      }
-    }
+    splits = cb_best_splits(plan.blocks, sms, s, k_tiles, most > 1 ? most : 1, P, C_out);
   }
   if (splits > k_tiles) splits = k_tiles;
   if (splits < 1) splits = 1;
@@ -197,15 +206,7 @@ inline CbPlan cb_wgrad_plan(int64_t C_out, int64_t K, int64_t P, int sms, int64_
   } else if (plan.blocks > 0 && sms > 0 && k_tiles > 0) {
     int64_t most = k_tiles / CB_MIN_SLICE_TILES;
     if (most > max_splits) most = max_splits;
-    int64_t best = 0;
-    for (int64_t sp = 1; sp <= (most > 1 ? most : 1); ++sp) {
-      const int64_t per = cb_cdiv(k_tiles, sp), slices = cb_cdiv(k_tiles, per);
-      const int64_t cost = cb_split_cost(plan.blocks * slices, sms, s.blocks_per_sm, per, slices, C_out, K);
-      if (sp == 1 || cost < best) {
-        best = cost;
-        splits = sp;
-      }
-    }
+    splits = cb_best_splits(plan.blocks, sms, s, k_tiles, most > 1 ? most : 1, C_out, K);
   }
   if (splits > max_splits) splits = max_splits;  // the workspace holds no more partials
   if (splits > k_tiles) splits = k_tiles;

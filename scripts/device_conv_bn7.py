@@ -23,8 +23,6 @@ device_conv_bn6.py's. Aims at < 3 min on an H100 with a cold build.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 import time
@@ -41,6 +39,7 @@ import device_conv_bn6 as mid  # noqa: E402
 
 NEW, OLD = 6, 5
 DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN"
+WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN"
 
 
 def _bwd_inputs(s):
@@ -96,29 +95,13 @@ def run_backward_breakdown(shapes, failed, report):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    only = set()
-    if "--shapes" in sys.argv:
-        only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
-        args = [a for a in args if a != sys.argv[sys.argv.index("--shapes") + 1]]
-    if len(args) != 1:
-        raise SystemExit(__doc__)
-    out = Path(args[0])
-    import triton
+    out, only = mid.parse_args(__doc__)
     from cuda_kernels import build
-    from cuda_kernels import conv_bn as cb
 
-    mid.NEW, mid.OLD = NEW, OLD  # device_conv_bn6's checks and timings, for this pair
-    for env in (mid.PLAN_ENV, DGRAD_PLAN_ENV):
+    mid.NEW, mid.OLD = NEW, OLD  # device_conv_bn6's checks, timings and report, for this pair
+    for env in (mid.PLAN_ENV, DGRAD_PLAN_ENV, WGRAD_PLAN_ENV):
         os.environ.pop(env, None)  # the rules' plans
-    report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
-              "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-              "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": {"old": OLD, "new": NEW, "ideas": {str(k): v for k, v in cb.VERSIONS.items()},
-                           "default": cb.DEFAULT_VERSION},
-              "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 ms): "
-              "median, p20, p80", "checks": {}, "timings": [], "backward": []}
+    report = mid.new_report(("timings", "backward"))
     start = time.perf_counter()
     build.ops()
     report["build"] = build.last_build()
@@ -131,9 +114,7 @@ def main():
         mid.run_timings(shapes, failed, report)
         print("[conv_bn7] train backward op alone (ms median; dgrad = with dx - without)")
         run_backward_breakdown(shapes, failed, report)
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"[conv_bn7] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+    mid.finish(report, out, start, failed, "conv_bn7")
 
 
 if __name__ == "__main__":

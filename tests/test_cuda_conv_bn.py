@@ -11,9 +11,16 @@ kernels, strides 1-3, padding larger than half the kernel, batch 1, a 1x1 image.
 v5 fits its forward's tiles to the problem (cuda_kernels/conv_bn_plan.h) and may split K; its
 GPU tests force every tile and split ($LEVELS_CONV_BN_V5_PLAN) on ragged shapes in both modes.
 
+v6 runs the backward on mma.sync too: the dgrad's stride phases as forward convolutions on v5's
+kernels (a narrow 128x16 tile for C_in <= 16), the wgrad with ldmatrix.trans; its GPU tests
+force every dgrad and wgrad plan ($LEVELS_CONV_BN_V6_DGRAD_PLAN, _WGRAD_PLAN) on shapes with
+every phase case, C_in = 3, misaligned x, and check that the backward is deterministic.
+
 On a CPU: the version plumbing, (with nvcc) that v3 really is tensor-core and cp.async code and
-v5 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), v5's tile/split rule (the header compiled
-by g++), and the index math of v4's backward and v5's forward emulated in float64."""
+v5/v6 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), the tile/split rules (the header
+compiled by g++), and the index math of v4's backward, v5's forward and v6's dgrad (phase
+weights, pseudo-geometry, scatter) and wgrad (pixel stepping, splits, transposed fragments)
+emulated in float64."""
 
 from __future__ import annotations
 
@@ -176,6 +183,22 @@ def _passes(args, version, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     r = check_args("conv_bn", "cuda", args)
     assert r.passed, f"v{version}: {r.summary()}"
+
+
+def _misaligned(x):
+    """x's values in a channels_last view whose data starts 6 bytes into its buffer (NaN
+    around it): no 16-byte copy of x may be taken."""
+    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
+    view = flat.as_strided(x.shape, x.stride())
+    view.copy_(x)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+def _tensor_core_size_args(seed, training):
+    # many tiles and the pipelines' steady state (K = 1152: 18 k-tiles of 64), bf16 channels_last
+    return _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
+                      channels_last=True), torch.bfloat16, seed=seed, training=training)
 
 
 @pytest.mark.gpu
@@ -688,12 +711,8 @@ def test_v5_every_plan(plan, dtype, training, shape, monkeypatch):
 @pytest.mark.parametrize("plan", ["", "2,4"])
 @pytest.mark.parametrize("training", [False, True])
 def test_v5_tensor_core_size(plan, training, monkeypatch):
-    # many tiles and the pipeline's steady state (K = 1152: 18 k-tiles of 64), bf16
-    # channels_last, the rule's plan and a forced split
-    monkeypatch.setenv(PLAN_ENV, plan)
-    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
-                      channels_last=True), torch.bfloat16, seed=12, training=training)
-    _passes(args, 5, monkeypatch)
+    monkeypatch.setenv(PLAN_ENV, plan)  # the rule's plan and a forced split
+    _passes(_tensor_core_size_args(12, training), 5, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -703,12 +722,7 @@ def test_v5_misaligned_x_takes_the_gather_path(training, monkeypatch):
     # x 6 bytes into its buffer: no 16-byte copies; version 3's gather kernel runs for it
     shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=1, padding=1, channels_last=True)
     args = _args(shape, torch.bfloat16, seed=9, training=training)
-    x = args["x"]
-    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
-    view = flat.as_strided(x.shape, x.stride())
-    view.copy_(x)
-    assert view.data_ptr() % 16 != 0
-    args["x"] = view
+    args["x"] = _misaligned(args["x"])
     _passes(args, 5, monkeypatch)
 
 
@@ -743,42 +757,29 @@ def _ldmatrix_x4(smem, addr):
     return regs
 
 
-@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64, T128x16])
-def test_v5_swizzled_fragments_compose_to_the_tile_product(v6_dgrad_plan, tile):
-    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
-    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragment
-    # layout (PTX: A rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8;
-    # C rows g, g+8, columns 2t), staged to the fp32 tile as the epilogue does: A B^T, every
-    # element written once. The 8 rows an ldmatrix matrix reads sit in 8 different chunks.
-    p = v6_dgrad_plan(1, 1, BK, tile=tile)  # the dgrad's rule knows every tile (128x16: its own)
-    assert p["tile"] == tile
-    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+def _assert_conflict_free(addr):
+    for i in range(4):  # matrix i's 8 rows in 8 distinct 16-byte chunks of their 128-byte rows
+        assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
+
+
+def _compose_warp_tiles(plan, a_regs, b_regs):
+    """The block's fp32 tile as mma.sync m16n8k16 computes it from fragment registers (PTX: A
+    rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8; C rows g, g+8,
+    columns 2t), staged as stage_accumulators does, every element written once.
+    a_regs(wm, mt, kk) / b_regs(wn, nt, kk): the (32, 4, 2) registers of an ldmatrix.x4 (for
+    B: b0, b1 of n8 tiles nt and nt + 1)."""
+    BM, BN, WM, WN = plan["bm"], plan["bn"], plan["warps_m"], plan["warps_n"]
     WTM, WTN = BM // WM, BN // WN
     MT, NT = WTM // 16, WTN // 8
-    g = torch.Generator().manual_seed(tile)
-    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
-    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
-    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
-    for src, dst in ((A, sA), (B, sB)):
-        for r in range(src.shape[0]):
-            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
-            for c in range(8):
-                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
     C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
     for warp in range(WM * WN):
         wm, wn = warp // WN, warp % WN
         acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
         for kk in range(BK // 16):
-            a_addr = [[_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
-                      for mt in range(MT)]
-            for addr in a_addr:  # conflict-free: matrix i's 8 rows in 8 distinct chunks
-                for i in range(4):
-                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
-            af = [_ldmatrix_x4(sA, addr) for addr in a_addr]
+            af = [a_regs(wm, mt, kk) for mt in range(MT)]
             bf = [None] * NT
             for nt in range(0, NT, 2):
-                q = _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
-                                           kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+                q = b_regs(wn, nt, kk)
                 bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
             for mt in range(MT):
                 for nt in range(NT):
@@ -799,7 +800,39 @@ def test_v5_swizzled_fragments_compose_to_the_tile_product(v6_dgrad_plan, tile):
                         r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
                         assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
                         C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
-    torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
+    return C
+
+
+@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64, T128x16])
+def test_v5_swizzled_fragments_compose_to_the_tile_product(v6_dgrad_plan, tile):
+    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
+    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragments,
+    # composed to the fp32 tile: A B^T. The 8 rows an ldmatrix matrix reads sit in 8 chunks.
+    p = v6_dgrad_plan(1, 1, BK, tile=tile)  # the dgrad's rule knows every tile (128x16: its own)
+    assert p["tile"] == tile
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    g = torch.Generator().manual_seed(tile)
+    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
+    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
+    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(src.shape[0]):
+            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
+            for c in range(8):
+                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+
+    def a_regs(wm, mt, kk):
+        addr = [_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4(sA, addr)
+
+    def b_regs(wn, nt, kk):
+        return _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                      kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+    torch.testing.assert_close(_compose_warp_tiles(p, a_regs, b_regs), A @ B.T, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("version", [2, 4, 5, 6])
@@ -1030,12 +1063,8 @@ def test_v6_fp16(training, shape, monkeypatch):
 @pytest.mark.parametrize("plan", ["", "2,4"])
 @pytest.mark.parametrize("training", [False, True])
 def test_v6_tensor_core_size(plan, training, monkeypatch):
-    # many tiles and the pipeline's steady state (K = 1728: 27 k-tiles), the rule's dgrad plan
-    # and a forced split
-    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
-    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
-                      channels_last=True), torch.bfloat16, seed=13, training=training)
-    _passes(args, 6, monkeypatch)
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)  # the rule's dgrad plan and a forced split
+    _passes(_tensor_core_size_args(13, training), 6, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -1046,12 +1075,7 @@ def test_v6_misaligned_x(training, monkeypatch):
     # reads dy and w only, and still runs version 6's kernels
     shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=2, padding=1, channels_last=True)
     args = _args(shape, torch.bfloat16, seed=10, training=training)
-    x = args["x"]
-    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
-    view = flat.as_strided(x.shape, x.stride())
-    view.copy_(x)
-    assert view.data_ptr() % 16 != 0
-    args["x"] = view
+    args["x"] = _misaligned(args["x"])
     _passes(args, 6, monkeypatch)
 
 
@@ -1235,11 +1259,10 @@ def _pswz(row, chunk):
 def test_v6_wgrad_transposed_fragments_compose_to_the_tile_product(v6_wgrad_plan, tile):
     # One stage of wgrad_kernel: A (64 pixels x BM) and B (64 x BN) stored pixel-major in
     # 64-column swizzled panels, read by its ldmatrix.x4.trans lane addresses into mma.sync's
-    # A (m16 x k16) and B (k16 x n8) fragments, staged as the epilogue does: A^T B.
+    # A (m16 x k16) and B (k16 x n8) fragments, composed to the fp32 tile: A^T B.
     p = v6_wgrad_plan(64, 64, 64, tile=tile)
     BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
     WTM, WTN = BM // WM, BN // WN
-    MT, NT = WTM // 16, WTN // 8
     g = torch.Generator().manual_seed(tile + 7)
     A = torch.randn((BK, BM), generator=g, dtype=torch.float64)
     B = torch.randn((BK, BN), generator=g, dtype=torch.float64)
@@ -1249,44 +1272,18 @@ def test_v6_wgrad_transposed_fragments_compose_to_the_tile_product(v6_wgrad_plan
             for c in range(src.shape[1] // 8):
                 dst[_pswz(r, c):_pswz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
         assert not torch.isnan(dst).any()
-    C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
-    for warp in range(WM * WN):
-        wm, wn = warp // WN, warp % WN
-        acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
-        for kk in range(BK // 16):
-            af = []
-            for mt in range(MT):
-                m = wm * WTM + mt * 16
-                addr = [_pswz(kk * 16 + ((lane >> 4) << 3) + (lane & 7), (m >> 3) + ((lane >> 3) & 1))
-                        for lane in range(32)]
-                for i in range(4):  # conflict-free: matrix i's 8 rows in 8 distinct chunks
-                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
-                af.append(_ldmatrix_x4_trans(sA, addr))
-            bf = [None] * NT
-            for nt in range(0, NT, 2):
-                n = wn * WTN + nt * 8
-                q = _ldmatrix_x4_trans(sB, [_pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4)) for lane in range(32)])
-                bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
-            for mt in range(MT):
-                for nt in range(NT):
-                    Af, Bf = torch.zeros((16, 16), dtype=torch.float64), torch.zeros((16, 8), dtype=torch.float64)
-                    for lane in range(32):
-                        r, t = lane // 4, lane % 4
-                        Af[r, 2 * t:2 * t + 2], Af[r + 8, 2 * t:2 * t + 2] = af[mt][lane, 0], af[mt][lane, 1]
-                        Af[r, 2 * t + 8:2 * t + 10], Af[r + 8, 2 * t + 8:2 * t + 10] = af[mt][lane, 2], af[mt][lane, 3]
-                        Bf[2 * t:2 * t + 2, r], Bf[2 * t + 8:2 * t + 10, r] = bf[nt][0][lane], bf[nt][1][lane]
-                    D = Af @ Bf
-                    for lane in range(32):
-                        r, t = lane // 4, lane % 4
-                        acc[lane, mt, nt] += torch.stack([D[r, 2 * t], D[r, 2 * t + 1], D[r + 8, 2 * t], D[r + 8, 2 * t + 1]])
-        for mt in range(MT):
-            for nt in range(NT):
-                for h in range(2):
-                    for lane in range(32):
-                        r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
-                        assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
-                        C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
-    torch.testing.assert_close(C, A.T @ B, rtol=1e-12, atol=1e-12)
+
+    def a_regs(wm, mt, kk):
+        m = wm * WTM + mt * 16
+        addr = [_pswz(kk * 16 + ((lane >> 4) << 3) + (lane & 7), (m >> 3) + ((lane >> 3) & 1)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4_trans(sA, addr)
+
+    def b_regs(wn, nt, kk):
+        addr = [_pswz(kk * 16 + (lane & 15), ((wn * WTN + nt * 8) >> 3) + (lane >> 4)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4_trans(sB, addr)
+    torch.testing.assert_close(_compose_warp_tiles(p, a_regs, b_regs), A.T @ B, rtol=1e-12, atol=1e-12)
 
 
 # version 6's wgrad on the GPU: each plan forced ($LEVELS_CONV_BN_V6_WGRAD_PLAN) on the
