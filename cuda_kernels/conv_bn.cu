@@ -98,7 +98,7 @@
 //       1x1 path's w^T), fp32 partials for split dgrad phases (their largest one's room in
 //       the workspace, which is therefore sized from the whole geometry), 22 more kernels in
 //       the build. ptxas (sm_90a, -O2), no spills: the scattering conv_kernel 128x128 128
-//       registers, 128x64 167, 64x64 120, 128x16 112 (108 writing fp32 partials; 72 KB of
+//       registers, 128x64 168, 64x64 118, 128x16 110 (108 writing fp32 partials; 72 KB of
 //       shared memory, 3 blocks per SM); wgrad_kernel 128x64 166 (168 gathering elements),
 //       64x64 140 (164). No 128x128 wgrad: at 2 blocks per SM it spilled 48-336 bytes.
 //
@@ -966,9 +966,21 @@ struct RowMap {
   int64_t H, W;          // dx's image
   int Wb, a, b, sh, sw;
 };
+// 32-bit divisions where the values allow (a 64-bit one is a long software routine); tu is
+// below Ha * Wb < 2**30 always (the launcher's 32-bit spatial sizes).
 __device__ __forceinline__ int64_t scatter_row(const RowMap& m, int64_t p) {
-  const int64_t n = p / m.phase_pixels, tu = p % m.phase_pixels;
-  return (n * m.H + m.a + m.sh * (tu / m.Wb)) * m.W + m.b + m.sw * (tu % m.Wb);
+  int64_t n;
+  uint32_t tu;
+  if (p <= 0x7fffffff && m.phase_pixels <= 0x7fffffff) {
+    const uint32_t pp = static_cast<uint32_t>(p), pix = static_cast<uint32_t>(m.phase_pixels);
+    n = pp / pix;
+    tu = pp - static_cast<uint32_t>(n) * pix;
+  } else {
+    n = p / m.phase_pixels;
+    tu = static_cast<uint32_t>(p - n * m.phase_pixels);
+  }
+  const uint32_t t = tu / static_cast<uint32_t>(m.Wb), u = tu - t * static_cast<uint32_t>(m.Wb);
+  return (n * m.H + m.a + m.sh * static_cast<int64_t>(t)) * m.W + m.b + m.sw * static_cast<int64_t>(u);
 }
 
 // Row r, 16-byte chunk c of a (rows x 64) tile sits at chunk c ^ (r % 8) of its row (see
@@ -1164,6 +1176,14 @@ conv_kernel(Geom g, int tiles_per_split,
   // floats), then each thread takes 8 consecutive channels of one pixel (neighbouring threads
   // the neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
   constexpr int LD = BN + 8;
+  // SCATTER: each row's destination decoded once (a chain of divisions), by one thread, into
+  // shared memory after the fp32 tile; the stores below read it (the barrier in
+  // accumulators_to_smem makes it visible).
+  int64_t* row_to = reinterpret_cast<int64_t*>(reinterpret_cast<float*>(smem_raw) + BM * LD);
+  if constexpr (SCATTER) {
+    static_assert(BM * LD * 4 + BM * 8 <= STAGES * (BM + BN) * BK * 2, "row offsets fit after the tile");
+    for (int r = tid; r < BM; r += THREADS) row_to[r] = m0 + r < g.P ? scatter_row(rows, m0 + r) : 0;
+  }
   const float* tile = accumulators_to_smem<BM, BN, STAGES, WTM, WTN>(acc, smem_raw, wm, wn, lane);
   // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
   const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&
@@ -1181,7 +1201,7 @@ conv_kernel(Geom g, int tiles_per_split,
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += o + e < C_out ? bias[o + e] : 0.0f;
     }
-    const int64_t to = SCATTER ? scatter_row(rows, p) : p;  // SCATTER: a multiple of C_out still
+    const int64_t to = SCATTER ? row_to[row] : p;  // SCATTER: a multiple of C_out still
     wmma_conv::store_row8<TO>(dst + to * C_out + o, v, C_out - o, aligned);
   }
 #endif
@@ -1199,8 +1219,12 @@ __global__ void splitk_finish_kernel(const float* __restrict__ part, int splits,
     float s = 0.0f;
     for (int q = 0; q < splits; ++q) s += part[q * total + e];
     if (bias) s += bias[e % C_out];
-    if constexpr (SCATTER) out[scatter_row(rows, e / C_out) * C_out + e % C_out] = from_f32<TO>(s);
-    else out[e] = from_f32<TO>(s);
+    if constexpr (SCATTER) {
+      const int64_t row = total <= 0x7fffffff ? static_cast<uint32_t>(e) / static_cast<uint32_t>(C_out) : e / C_out;
+      out[scatter_row(rows, row) * C_out + (e - row * C_out)] = from_f32<TO>(s);
+    } else {
+      out[e] = from_f32<TO>(s);
+    }
   }
 }
 
