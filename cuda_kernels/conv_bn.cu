@@ -70,6 +70,37 @@
 //       with C_out >= 128 stay gemm.cu's, the backward stays v4's. ptxas (sm_90a, -O3):
 //       128x128 126 registers, 128x64 168, 64x64 117, no spills; 96, 72, 64 KB of shared
 //       memory (2, 3, 3 blocks per SM).
+//   v6  v5 with the backward on mma.sync + ldmatrix too, its tiles fitted to the problem
+//       (16-bit inputs, C_out % 8 == 0, aligned dy; conv_dgrad_v6, mma_conv::wgrad_kernel).
+//       v4's backward runs one fixed 128x128 WMMA tile: C_in or C_out = 64 wastes half of it,
+//       ResNet's 7x7 layer gives its dgrad 52 blocks for 132 SMs, the stem's C_in = 3 uses 3
+//       of its 128 dgrad columns (H100, training: 0.47x, 0.57x and 0.31x cuDNN). Two ideas:
+//       * dgrad: a stride phase of a transposed convolution *is* a forward convolution.
+//         Within phase (a, b), dx[n, a + sh t, b + sw u, :] sums dy[n, t + base_h - ti,
+//         u + base_w - tj, :] against the phase's taps; flipping them (ti' = nti - 1 - ti)
+//         makes that a stride-1 convolution of dy with padding nti - 1 - base_h (negative: the
+//         window may start inside dy) and the weight w' (C_in, nti, ntj, C_out) = those taps
+//         transposed. So each phase runs v5's mma_conv::conv_kernel unchanged, its rows
+//         scattered into dx (a template flag: the forward's kernels are untouched), with v5's
+//         rule for tile and K slices (conv_bn_plan.h's cb_dgrad_plan: M = the phase's pixels,
+//         N = C_in, K = taps x C_out) plus one tile for N <= 16, 128x16: the stem's dx then
+//         wastes 13 of 16 columns instead of 125 of 128 (its cost is gathering dy, the same
+//         bytes for any tile width; a CUDA-core direct kernel would re-read dy as often per
+//         multiply-add at ~1/15 of the tensor cores' rate: not worth a third code path).
+//         1x1 stride-1 dgrads keep gemm.cu's GEMM only for C_in >= 128 (the forward's rule).
+//       * wgrad (mma_conv::wgrad_kernel): v4's pixel-major tiles, read by ldmatrix.trans
+//         from 64-column swizzled panels; 128x64 where C_out > 64, else 64x64, and as many
+//         pixel splits as the forward's cost model prefers (cb_wgrad_plan: a small GEMM with
+//         a long reduction, e.g. 9 tiles and 100352 pixels at layer1's 3x3, gets its
+//         parallelism from the splits); each thread steps its rows' pixels 64 at a time
+//         instead of dividing; the element-gather variant serves C_in % 8 != 0 (the stem).
+//       Costs: w' written once per backward (C_out x K 16-bit, in the workspace that held the
+//       1x1 path's w^T), fp32 partials for split dgrad phases (their largest one's room in
+//       the workspace, which is therefore sized from the whole geometry), 22 more kernels in
+//       the build. ptxas (sm_90a, -O2), no spills: the scattering conv_kernel 128x128 128
+//       registers, 128x64 168, 64x64 118, 128x16 110 (108 writing fp32 partials; 72 KB of
+//       shared memory, 3 blocks per SM); wgrad_kernel 128x64 166 (168 gathering elements),
+//       64x64 140 (164). No 128x128 wgrad: at 2 blocks per SM it spilled 48-336 bytes.
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
@@ -85,7 +116,7 @@
 //          The conv bias is left out of y because the batch mean absorbs it exactly: it only
 //          enters the running mean (added in stats_finalize_kernel).
 //   backward (both modes; version 2's tiled kernels for versions 1-3, the tensor-core ones of
-//          version 4 for 16-bit inputs)
+//          version 4 for 16-bit inputs, version 6's on mma.sync)
 //          dX is a transposed convolution (dgrad: an implicit GEMM gathering dY), dW an implicit
 //          GEMM over the pixels (wgrad, split over chunks of pixels for parallelism, partial
 //          sums added by wgrad_finish_kernel: no atomics, deterministic). In eval,
@@ -650,9 +681,28 @@ struct DgradPhase {
   int i0, j0;          // its first tap
   int nti, ntj;        // its taps: i = i0 + sh*ti (ti < nti), j = j0 + sw*tj (tj < ntj)
   int base_h, base_w;  // ho = t - ti + base_h, wo = u - tj + base_w
-  int64_t M;           // N * Ha * Wb pixels: the GEMM's rows
+  int64_t M;           // N * Ha * Wb pixels: the GEMM's rows (0: no pixel in this phase)
   int Kp;              // nti * ntj * C_out: the GEMM's reduction, ordered (ti, tj, o)
 };
+
+// Phase (a, b) of g's dgrad (versions 4 and 6).
+inline DgradPhase dgrad_phase(const Geom& g, int a, int b) {
+  const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
+  const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
+  const int kH = static_cast<int>(g.kH), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  DgradPhase p{};
+  p.a = a, p.b = b;
+  p.Ha = a < H ? (H - a + sh - 1) / sh : 0;
+  p.Wb = b < W ? (W - b + sw - 1) / sw : 0;
+  p.i0 = (a + ph) % sh, p.j0 = (b + pw) % sw;
+  p.nti = p.i0 < kH ? (kH - p.i0 + sh - 1) / sh : 0;
+  p.ntj = p.j0 < kW ? (kW - p.j0 + sw - 1) / sw : 0;
+  p.base_h = (a + ph) / sh, p.base_w = (b + pw) / sw;
+  p.M = g.N * p.Ha * p.Wb;
+  p.Kp = p.nti * p.ntj * static_cast<int>(g.C_out);
+  return p;
+}
 
 // A = the dy gather [q][(ti, tj, o)] (k inner: 8 consecutive o of one output pixel are 16
 // contiguous bytes of dy), B = the weight [(ti, tj, o)][c] (k outer: for one (o, i, j), 8
@@ -880,7 +930,8 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 }  // namespace wmma_conv
 
 // =========================================================================================
-// Version 5: the forward on mma.sync m16n8k16 + ldmatrix, with tiles fitted to the problem.
+// Version 5: the forward on mma.sync m16n8k16 + ldmatrix, with tiles fitted to the problem
+// (and version 6's backward pieces on the same machinery: the scattering dgrad, wgrad_kernel).
 // =========================================================================================
 // Versions 3 and 4 run every forward in one 128 x 128 x 32 WMMA tile. Two things cost them
 // half or more of cuDNN's speed at ResNet-50's 3x3 layers (reports/h100-conv-bn5.json):
@@ -907,21 +958,114 @@ __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_
 namespace mma_conv {
 constexpr int BK = CB_BK;
 
+// Where row p of a GEMM's output goes. The forward writes rows contiguously (p * C_out); version
+// 6's dgrad runs this kernel on one stride phase of dx, whose row p = (n, t, u) is input pixel
+// (n, a + sh*t, b + sw*u) of dx (N, H, W, C_in): a scatter with stride (sh, sw) in the image.
+struct RowMap {
+  int64_t phase_pixels;  // Ha * Wb: the phase's pixels per image
+  int64_t H, W;          // dx's image
+  int Wb, a, b, sh, sw;
+};
+// 32-bit divisions where the values allow (a 64-bit one is a long software routine); tu is
+// below Ha * Wb < 2**30 always (the launcher's 32-bit spatial sizes).
+__device__ __forceinline__ int64_t scatter_row(const RowMap& m, int64_t p) {
+  int64_t n;
+  uint32_t tu;
+  if (p <= 0x7fffffff && m.phase_pixels <= 0x7fffffff) {
+    const uint32_t pp = static_cast<uint32_t>(p), pix = static_cast<uint32_t>(m.phase_pixels);
+    n = pp / pix;
+    tu = pp - static_cast<uint32_t>(n) * pix;
+  } else {
+    n = p / m.phase_pixels;
+    tu = static_cast<uint32_t>(p - n * m.phase_pixels);
+  }
+  const uint32_t t = tu / static_cast<uint32_t>(m.Wb), u = tu - t * static_cast<uint32_t>(m.Wb);
+  return (n * m.H + m.a + m.sh * static_cast<int64_t>(t)) * m.W + m.b + m.sw * static_cast<int64_t>(u);
+}
+
 // Row r, 16-byte chunk c of a (rows x 64) tile sits at chunk c ^ (r % 8) of its row (see
 // gemm.cu's swizzle): ldmatrix reads one chunk column of 8 consecutive rows, 8 distinct banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
+
+// The cp.async pipeline of version 5's and 6's kernels, KT k-tiles: load_stage(stage, t) issues
+// the copies of k-tile t into a stage (and may store elements itself: scalar gathers), in order
+// t = 0, 1, ...; compute(stage) runs the tensor cores on one. STAGES-1 tiles in flight; one
+// commit group per step, empty or not, so that "at most STAGES-2 groups pending" always means
+// "the tile about to be used has landed". Ends with every copy landed and a barrier: the
+// shared memory is the epilogue's.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void pipeline(int KT, Load& load_stage, Compute& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    levels_mma::cp_async_commit();
+  }
+  for (int t = 0; t < KT; ++t) {
+    levels_mma::cp_async_wait<STAGES - 2>();
+    // tile t visible to every warp, and every warp done with tile t-1, whose stage the
+    // prefetch below overwrites
+    __syncthreads();
+    const int next = t + STAGES - 1;
+    if (next < KT) load_stage(next % STAGES, next);
+    levels_mma::cp_async_commit();
+    compute(t % STAGES);
+  }
+  levels_mma::cp_async_wait<0>();
+  __syncthreads();
+}
+
+// One stage of a warp's tensor-core work, BK / 16 steps of k16: load_a(af, mt, kk) fills the A
+// fragment of m16 tile mt, load_b(q, nt, kk) b0, b1 of n8 tiles nt and nt + 1 (one
+// ldmatrix.x4), then every m16n8 product. The kernels differ only in where their fragments sit.
+template <typename T, int MT, int NT, typename LoadA, typename LoadB>
+__device__ __forceinline__ void mma_stage(float (&acc)[MT][NT][4], LoadA& load_a, LoadB& load_b) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a(af[mt], mt, kk);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t q[4];
+      load_b(q, nt, kk);
+      bf[nt][0] = q[0];
+      bf[nt][1] = q[1];
+      bf[nt + 1][0] = q[2];
+      bf[nt + 1][1] = q[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+  }
+}
+
+// After the pipeline: the block's BM x BN fp32 tile in the pipeline's shared memory (pitch
+// BN + 8 floats), every warp's accumulators written and visible to all.
+template <int BM, int BN, int STAGES, int WTM, int WTN, int MT, int NT>
+__device__ __forceinline__ float* accumulators_to_smem(const float (&acc)[MT][NT][4],
+                                                       unsigned char* smem_raw, int wm, int wn, int lane) {
+  static_assert(BM * (BN + 8) * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
+  float* tile = reinterpret_cast<float*>(smem_raw);
+  levels_mma::stage_acc<MT, NT>(tile, BN + 8, acc, wm * WTM, wn * WTN, lane);
+  __syncthreads();
+  return tile;
+}
 
 // The tile grid: blockIdx.x walks the (pixel tile, channel tile) pairs with the channel tiles
 // of one pixel tile adjacent (they read the same x slice at about the same time: once from
 // L2), blockIdx.y is the K slice [y * tiles_per_split, +tiles_per_split) k-tiles. Slice y of
 // a split writes the fp32 partial out + y * P * C_out (no bias: the finish adds it).
-template <typename T, typename TO, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS>
+// SCATTER (version 6's dgrad, one slice): row p goes to row scatter_row(rows, p) of out.
+template <typename T, typename TO, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS,
+          bool SCATTER = false>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
 conv_kernel(Geom g, int tiles_per_split,
             const T* __restrict__ x,         // (N, H, W, C_in), strides multiples of 8, sx_c = 1
             const T* __restrict__ w,         // (C_out, kH, kW, C_in) contiguous, 16-byte aligned
             const float* __restrict__ bias,  // (C_out,) fp32 or nullptr
-            TO* __restrict__ out) {          // (P, C_out) contiguous, or (splits, P, C_out)
+            TO* __restrict__ out,            // (P, C_out) contiguous, or (splits, P, C_out)
+            RowMap rows) {                   // SCATTER only
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
   constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
@@ -992,63 +1136,37 @@ conv_kernel(Geom g, int tiles_per_split,
   };
 
   float acc[MT][NT][4] = {};
-  // Prologue: STAGES-1 tiles in flight; one commit group per step, empty or not, so that
-  // "at most STAGES-2 groups pending" always means "the tile about to be used has landed".
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_stage(s, kt_begin + s);
-    levels_mma::cp_async_commit();
-  }
-  for (int t = 0; t < KT; ++t) {
-    levels_mma::cp_async_wait<STAGES - 2>();
-    // tile t visible to every warp, and every warp done with tile t-1, whose stage the
-    // prefetch below overwrites
-    __syncthreads();
-    const int next = t + STAGES - 1;
-    if (next < KT) load_stage(next % STAGES, kt_begin + next);
-    levels_mma::cp_async_commit();
+  auto load_slice = [&](int stage, int t) { load_stage(stage, kt_begin + t); };
+  auto compute = [&](int stage) {
+    const T* a_s = sA + stage * BM * BK;
+    const T* b_s = sB + stage * BN * BK;
+    auto load_a = [&](uint32_t (&a)[4], int mt, int kk) {
+      // matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then the same rows at k 8-15
+      const int r = wm * WTM + mt * 16 + (lane & 15);
+      levels_mma::ldmatrix_x4(a, levels_mma::smem_addr(a_s + swz(r, kk * 2 + (lane >> 4))));
+    };
+    auto load_b = [&](uint32_t (&q)[4], int nt, int kk) {
+      // matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+      const int r = wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3);
+      levels_mma::ldmatrix_x4(q, levels_mma::smem_addr(b_s + swz(r, kk * 2 + ((lane >> 3) & 1))));
+    };
+    mma_stage<T>(acc, load_a, load_b);
+  };
+  pipeline<STAGES>(KT, load_slice, compute);
 
-    const T* a_s = sA + (t % STAGES) * BM * BK;
-    const T* b_s = sB + (t % STAGES) * BN * BK;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t af[MT][4], bf[NT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        // matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then the same rows at k 8-15
-        const int r = wm * WTM + mt * 16 + (lane & 15);
-        levels_mma::ldmatrix_x4(af[mt], levels_mma::smem_addr(a_s + swz(r, kk * 2 + (lane >> 4))));
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; nt += 2) {
-        // matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15):
-        // b0, b1 of n8 tile nt, then of nt + 1
-        const int r = wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3);
-        uint32_t q[4];
-        levels_mma::ldmatrix_x4(q, levels_mma::smem_addr(b_s + swz(r, kk * 2 + ((lane >> 3) & 1))));
-        bf[nt][0] = q[0];
-        bf[nt][1] = q[1];
-        bf[nt + 1][0] = q[2];
-        bf[nt + 1][1] = q[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) levels_mma::mma_16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
-    }
-  }
-  levels_mma::cp_async_wait<0>();
-  __syncthreads();  // every warp done with the pipeline: its shared memory is the epilogue's
-
-  // Epilogue: the accumulators go to shared memory as an fp32 BM x BN tile (lane: rows
-  // lane/4 and +8, columns 2 * (lane % 4) and +1 of each m16n8 tile; rows padded by 8 floats),
-  // then each thread takes 8 consecutive channels of one pixel (neighbouring threads the
-  // neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
+  // Epilogue: the accumulators go to shared memory as an fp32 BM x BN tile (rows padded by 8
+  // floats), then each thread takes 8 consecutive channels of one pixel (neighbouring threads
+  // the neighbouring 8: coalesced), adds the bias and stores them (16-byte stores when aligned).
   constexpr int LD = BN + 8;
-  static_assert(BM * LD * 4 <= STAGES * (BM + BN) * BK * 2, "the fp32 tile fits in the pipeline's smem");
-  float* tile = reinterpret_cast<float*>(smem_raw);
-  levels_mma::stage_acc<MT, NT>(tile, LD, acc, wm * WTM, wn * WTN, lane);
-  __syncthreads();
+  // SCATTER: each row's destination decoded once (a chain of divisions), by one thread, into
+  // shared memory after the fp32 tile; the stores below read it (the barrier in
+  // accumulators_to_smem makes it visible).
+  int64_t* row_to = reinterpret_cast<int64_t*>(reinterpret_cast<float*>(smem_raw) + BM * LD);
+  if constexpr (SCATTER) {
+    static_assert(BM * LD * 4 + BM * 8 <= STAGES * (BM + BN) * BK * 2, "row offsets fit after the tile");
+    for (int r = tid; r < BM; r += THREADS) row_to[r] = m0 + r < g.P ? scatter_row(rows, m0 + r) : 0;
+  }
+  const float* tile = accumulators_to_smem<BM, BN, STAGES, WTM, WTN>(acc, smem_raw, wm, wn, lane);
   // p * C_out + o is a multiple of 16 bytes when C_out is a multiple of 16 / sizeof(TO)
   const bool aligned = C_out % (16 / static_cast<int>(sizeof(TO))) == 0 &&
                        (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
@@ -1065,24 +1183,225 @@ conv_kernel(Geom g, int tiles_per_split,
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += o + e < C_out ? bias[o + e] : 0.0f;
     }
-    wmma_conv::store_row8<TO>(dst + p * C_out + o, v, C_out - o, aligned);
+    const int64_t to = SCATTER ? row_to[row] : p;  // SCATTER: a multiple of C_out still
+    wmma_conv::store_row8<TO>(dst + to * C_out + o, v, C_out - o, aligned);
   }
 #endif
 }
 
 // Split-K's finish: out[e] = sum_s part[s, e] (+ bias), the slices added in order (the same
-// sum every run: no atomics). Element-wise over P * C_out, coalesced.
-template <typename TO>
+// sum every run: no atomics). Element-wise over P * C_out, coalesced. SCATTER: row p of the
+// sum goes to row scatter_row(rows, p) of out (version 6's dgrad phases).
+template <typename TO, bool SCATTER = false>
 __global__ void splitk_finish_kernel(const float* __restrict__ part, int splits, int64_t P,
                                      int64_t C_out, const float* __restrict__ bias,  // nullable
-                                     TO* __restrict__ out) {
+                                     TO* __restrict__ out, RowMap rows) {
   const int64_t total = P * C_out, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
     float s = 0.0f;
     for (int q = 0; q < splits; ++q) s += part[q * total + e];
     if (bias) s += bias[e % C_out];
-    out[e] = from_f32<TO>(s);
+    if constexpr (SCATTER) {
+      const int64_t row = total <= 0x7fffffff ? static_cast<uint32_t>(e) / static_cast<uint32_t>(C_out) : e / C_out;
+      out[scatter_row(rows, row) * C_out + (e - row * C_out)] = from_f32<TO>(s);
+    } else {
+      out[e] = from_f32<TO>(s);
+    }
   }
+}
+
+// Version 6's dgrad weight for one stride phase: w'[c][ti'][tj'][o] = w[o][i][j][c] with
+// i = i0 + sh (nti-1-ti'), j = j0 + sw (ntj-1-tj') (the phase's taps, flipped), so that the
+// phase's transposed convolution is a forward convolution of dy with w' (conv_dgrad_v6 says
+// why): its reduction (ti', tj', o) runs along w' rows, 8 consecutive o in 16 bytes, as the
+// forward kernel's B operand needs. blockIdx.z is the tap (ti', tj'); each block transposes a
+// 32 x 32 (o, c) tile of that tap through shared memory (both sides coalesced; the +1 column
+// keeps the column reads off a single bank).
+template <typename T>
+__global__ void dgrad_weight_kernel(const T* __restrict__ w, int64_t C_out, int64_t C_in, int64_t K,
+                                    int kW, int i0, int j0, int nti, int ntj, int sh, int sw,
+                                    T* __restrict__ wt) {  // (C_in, nti, ntj, C_out)
+  __shared__ T tile[32][33];
+  const int tap = blockIdx.z, ti = tap / ntj, tj = tap % ntj;
+  const int i = i0 + sh * (nti - 1 - ti), j = j0 + sw * (ntj - 1 - tj);
+  const T* src = w + static_cast<int64_t>(i * kW + j) * C_in;  // + o * K + c
+  T* dst = wt + static_cast<int64_t>(tap) * C_out;               // + c * (nti ntj C_out) + o
+  const int64_t dst_ld = static_cast<int64_t>(nti) * ntj * C_out;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * 32, c0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int d = threadIdx.y; d < 32; d += blockDim.y) {
+    const int64_t o = o0 + d, c = c0 + threadIdx.x;
+    if (o < C_out && c < C_in) tile[d][threadIdx.x] = src[o * K + c];
+  }
+  __syncthreads();
+  for (int d = threadIdx.y; d < 32; d += blockDim.y) {
+    const int64_t c = c0 + d, o = o0 + threadIdx.x;
+    if (o < C_out && c < C_in) dst[c * dst_ld + o] = tile[threadIdx.x][d];
+  }
+}
+
+// ---- wgrad (version 6) ------------------------------------------------------------------
+// G[o, k] = sum_p dy[p, o] im2col(x)[p, k] (M = C_out, N = K, the reduction over pixels), as
+// version 4's wgrad_kernel, on mma.sync. Both operands run along their non-reduction axis in
+// memory (dy along o, x along c), so a stage holds BK = 64 *pixels* as rows, BM (BN) columns
+// each: [pixel][o] and [pixel][k], 16-byte copies along the columns. A row of 64 columns is
+// swizzled as the forward's tiles (swz); a 128-column tile is two such 64-column panels
+// (pswz). ldmatrix .trans turns the pixel-major 8x8 matrices into mma.sync's fragments (the
+// transposition on the way into registers, as attention.cu's P.V): A (m16 x k16, "row") from
+// [k][m] and B (k16 x n8, "col") from [k][n].
+// Pixels change every stage and the im2col decode p -> (n, ho, wo) is a chain of divisions, so
+// each thread keeps the (n, ho, wo) of its rows and steps it by 64 pixels per stage (one
+// compare-and-carry per axis); its columns never change, so their taps (i, j, c) are decoded
+// once. blockIdx.x: the (o tile, k tile) pair, blockIdx.y: the pixel split, which writes the
+// fp32 partial part[y] (C_out, K); wgrad_finish_kernel adds the splits in order (deterministic).
+// VEC_X: 16-byte copies of x (C_in % 8 == 0, aligned rows, sx_c = 1); else each element is
+// gathered on its own into the same swizzled tile (the stem's C_in = 3). dy: C_out % 8 == 0 and
+// 16-byte aligned (the launcher checks). P < 2**30: 32-bit pixel indices.
+__device__ __forceinline__ int pswz(int row, int chunk) { return (chunk >> 3) * BK * BK + swz(row, chunk & 7); }
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS, bool VEC_X>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+wgrad_kernel(Geom g, int tiles_per_split,
+             const T* __restrict__ x,     // (N, H, W, C_in), strided
+             const T* __restrict__ dy,    // (P, C_out) contiguous, 16-byte aligned
+             float* __restrict__ part) {  // (splits, C_out, K)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
+  constexpr int MT = WTM / 16, NT = WTN / 8;             // m16 x n8 accumulators per warp
+  constexpr int A_CPR = BM / 8, B_CPR = BN / 8;          // 16-byte chunks per pixel row
+  constexpr int A_PASS = THREADS / A_CPR, B_PASS = THREADS / B_CPR;  // rows per pass
+  constexpr int A_ROWS = BK / A_PASS, B_ROWS = BK / B_PASS;          // rows a thread copies
+  static_assert(THREADS % A_CPR == 0 && THREADS % B_CPR == 0, "whole rows per pass");
+  static_assert(BK % A_PASS == 0 && BK % B_PASS == 0, "whole passes per stage");
+  static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BM % 64 == 0 && BN % 64 == 0, "panels, pairs of n8");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sA = reinterpret_cast<T*>(smem_raw);  // [STAGES][BK pixels][BM] as BM/64 panels
+  T* sB = sA + STAGES * BK * BM;           // [STAGES][BK pixels][BN] as BN/64 panels
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int C_in = static_cast<int>(g.C_in), C_out = static_cast<int>(g.C_out);
+  const int K = static_cast<int>(g.K), kW = static_cast<int>(g.kW);
+  const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int H_out = static_cast<int>(g.H_out), W_out = static_cast<int>(g.W_out);
+  const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
+  const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
+  const int P = static_cast<int>(g.P);
+  const int n_tiles = (K + BN - 1) / BN;
+  const int o0 = static_cast<int>(blockIdx.x / n_tiles) * BM;
+  const int k0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int p_begin = static_cast<int>(blockIdx.y) * tiles_per_split * BK;
+  const int p_end = min(P, p_begin + tiles_per_split * BK);
+  const int KT = p_end > p_begin ? (p_end - p_begin + BK - 1) / BK : 0;
+  const T zero = from_f32<T>(0.0f);
+
+  // A: chunk ca of rows ra + r * A_PASS; B: chunk cb of rows rb + r * B_PASS.
+  const int ca = tid % A_CPR, ra = tid / A_CPR, cb = tid % B_CPR, rb = tid / B_CPR;
+  const int oa = o0 + ca * 8, kb = k0 + cb * 8;
+  const bool oa_ok = oa < C_out;  // C_out % 8 == 0: a chunk is wholly in or out
+  // B's columns: VEC_X one tap (i, j, c) for the chunk; else one per element (any C_in).
+  constexpr int TAPS = VEC_X ? 1 : 8;
+  int ti[TAPS], tj[TAPS];
+  int64_t toff[TAPS];
+#pragma unroll
+  for (int e = 0; e < TAPS; ++e) {
+    const int k = kb + e;
+    const int ij = k / C_in, c = k - ij * C_in, i = ij / kW, j = ij - i * kW;
+    ti[e] = k < K ? i : -(1 << 29);  // a column past K reads as padding: never in the image
+    tj[e] = j;
+    toff[e] = static_cast<int64_t>(i) * g.sx_h + static_cast<int64_t>(j) * g.sx_w + c * g.sx_c;
+  }
+  // B's rows: (n, ho, wo) of pixel p_begin + rb + r * B_PASS, stepped by BK pixels per stage.
+  const int hw_out = H_out * W_out;
+  const int step_w = BK % W_out, step_h = (BK / W_out) % H_out, step_n = BK / hw_out;
+  int pn[B_ROWS], pho[B_ROWS], pwo[B_ROWS];
+#pragma unroll
+  for (int r = 0; r < B_ROWS; ++r) {
+    const int p = min(p_begin + rb + r * B_PASS, P - 1);  // past P: never valid, any pixel
+    pn[r] = p / hw_out;
+    const int hw = p - pn[r] * hw_out;
+    pho[r] = hw / W_out;
+    pwo[r] = hw - pho[r] * W_out;
+  }
+
+  auto load_stage = [&](int stage, int t) {  // called for t = 0, 1, ... in order
+    const int p0 = p_begin + t * BK;
+    T* a_s = sA + stage * BK * BM;
+    const uint32_t a_dst = levels_mma::smem_addr(a_s + pswz(ra, ca));
+#pragma unroll
+    for (int r = 0; r < A_ROWS; ++r) {
+      const int p = p0 + ra + r * A_PASS;
+      const bool ok = oa_ok && p < p_end;
+      // pswz(ra + r * A_PASS, ca) == pswz(ra, ca) + r * A_PASS * BK: A_PASS is a multiple of 8
+      levels_mma::cp_async_16(a_dst + r * A_PASS * BK * static_cast<int>(sizeof(T)),
+                              ok ? dy + static_cast<int64_t>(p) * C_out + oa : dy, ok ? 16 : 0);
+    }
+    T* b_s = sB + stage * BK * BN;
+#pragma unroll
+    for (int r = 0; r < B_ROWS; ++r) {
+      const int row = rb + r * B_PASS;
+      const bool p_ok = p0 + row < p_end;
+      const int hb = pho[r] * sh - ph, wb = pwo[r] * sw - pw;
+      const T* x_img = x + static_cast<int64_t>(pn[r]) * g.sx_n + static_cast<int64_t>(hb) * g.sx_h +
+                       static_cast<int64_t>(wb) * g.sx_w;
+      if constexpr (VEC_X) {
+        const int hi = hb + ti[0], wi = wb + tj[0];
+        const bool ok = p_ok && hi >= 0 && hi < H && wi >= 0 && wi < W;
+        levels_mma::cp_async_16(levels_mma::smem_addr(b_s + pswz(row, cb)), ok ? x_img + toff[0] : x,
+                                ok ? 16 : 0);
+      } else {
+        T* dst = b_s + pswz(row, cb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int hi = hb + ti[e], wi = wb + tj[e];
+          const bool ok = p_ok && hi >= 0 && hi < H && wi >= 0 && wi < W;
+          dst[e] = ok ? x_img[toff[e]] : zero;
+        }
+      }
+      // the next stage's pixel: + BK = step_n images + step_h rows + step_w columns, carried
+      pwo[r] += step_w;
+      if (pwo[r] >= W_out) pwo[r] -= W_out, ++pho[r];
+      pho[r] += step_h;
+      if (pho[r] >= H_out) pho[r] -= H_out, ++pn[r];
+      pn[r] += step_n;
+    }
+  };
+
+  float acc[MT][NT][4] = {};
+  auto compute = [&](int stage) {
+    const T* a_s = sA + stage * BK * BM;
+    const T* b_s = sB + stage * BK * BN;
+    auto load_a = [&](uint32_t (&a)[4], int mt, int kk) {
+      // matrices (transposed from [pixel][o]): (m 0-7, k 0-7), (m 8-15, k 0-7),
+      // (m 0-7, k 8-15), (m 8-15, k 8-15): a0..a3
+      const int m = wm * WTM + mt * 16;
+      const int row = kk * 16 + ((lane >> 4) << 3) + (lane & 7);
+      levels_mma::ldmatrix_x4_trans(a, levels_mma::smem_addr(a_s + pswz(row, (m >> 3) + ((lane >> 3) & 1))));
+    };
+    auto load_b = [&](uint32_t (&q)[4], int nt, int kk) {
+      // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+      const int n = wn * WTN + nt * 8;
+      levels_mma::ldmatrix_x4_trans(q, levels_mma::smem_addr(b_s + pswz(kk * 16 + (lane & 15), (n >> 3) + (lane >> 4))));
+    };
+    mma_stage<T>(acc, load_a, load_b);
+  };
+  pipeline<STAGES>(KT, load_stage, compute);
+
+  // Epilogue: the fp32 tile through shared memory, then 8 consecutive k of one o per thread
+  // into this split's partial (16-byte stores when K keeps the rows aligned).
+  constexpr int LD = BN + 8;
+  const float* tile = accumulators_to_smem<BM, BN, STAGES, WTM, WTN>(acc, smem_raw, wm, wn, lane);
+  float* dst = part + static_cast<int64_t>(blockIdx.y) * C_out * K;
+  const bool aligned = K % 4 == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0;
+  constexpr int CHUNKS_PER_ROW = BN / 8;
+  for (int q = tid; q < BM * CHUNKS_PER_ROW; q += THREADS) {
+    const int row = q / CHUNKS_PER_ROW, col = (q % CHUNKS_PER_ROW) * 8;
+    const int o = o0 + row, k = k0 + col;
+    if (o >= C_out || k >= K) continue;
+    const float* v = tile + row * LD + col;
+    wmma_conv::store_row8<float>(dst + static_cast<int64_t>(o) * K + k, v, K - k, aligned);
+  }
+#endif
 }
 }  // namespace mma_conv
 
@@ -1459,16 +1778,22 @@ static bool k_major(const void* p, int64_t row_stride) {
 // so a test can change it between calls. Returns false for a value it cannot parse.
 static unsigned elementwise_blocks(int64_t n);  // below, with the other grid helpers
 
+// $LEVELS_CONV_BN_V6_DGRAD_PLAN does the same for version 6's dgrad (every phase), with TILE
+// 0-3 (3: CB_128x16); $LEVELS_CONV_BN_V6_WGRAD_PLAN for its wgrad (TILE 1 or 2, 0 taken as
+// the rule's: cb_wgrad_plan has no 128x128; SPLITS the pixel splits, at most what the
+// workspace holds).
 constexpr const char* V5_PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN";
-static bool v5_forced(int* tile, int* splits) {
+constexpr const char* V6_DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN";
+constexpr const char* V6_WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN";
+static bool plan_forced(const char* env, int n_tiles, int* tile, int* splits) {
   *tile = -1, *splits = 0;
-  const char* s = getenv(V5_PLAN_ENV);
+  const char* s = getenv(env);
   if (s == nullptr) return true;
   while (*s == ' ') ++s;
   if (*s == '\0') return true;
   char* end = nullptr;
   const long t = strtol(s, &end, 10);
-  if (end == s || t < -1 || t >= CB_TILES) return false;
+  if (end == s || t < -1 || t >= n_tiles) return false;
   *tile = static_cast<int>(t);
   while (*end == ' ') ++end;
   if (*end == '\0') return true;
@@ -1479,6 +1804,11 @@ static bool v5_forced(int* tile, int* splits) {
   if (end == rest || *end != '\0' || sp < 0 || sp > 1024) return false;
   *splits = static_cast<int>(sp);
   return true;
+}
+
+static bool v5_forced(int* tile, int* splits) { return plan_forced(V5_PLAN_ENV, CB_TILES, tile, splits); }
+static bool v6_dgrad_forced(int* tile, int* splits) {
+  return plan_forced(V6_DGRAD_PLAN_ENV, CB_DGRAD_TILES, tile, splits);
 }
 
 static CbPlan v5_plan(int64_t P, int64_t C_out, int64_t K) {
@@ -1494,26 +1824,34 @@ static int64_t v5_part_floats(int version, int64_t P, int64_t C_out, int64_t K) 
   return plan.splits > 1 ? plan.splits * P * C_out : 0;
 }
 
-template <typename T, typename TO, int TILE>
+template <typename T, typename TO, int TILE, bool SCATTER = false>
 static int v5_launch_tile(const Geom& g, const CbPlan& plan, const T* x, const T* w,
-                          const float* bias, TO* out, cudaStream_t stream) {
+                          const float* bias, TO* out, cudaStream_t stream,
+                          mma_conv::RowMap rows = {}) {
   constexpr CbTileShape S = cb_tile_shape(TILE);
   constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
-  auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm>;
+  auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, SCATTER>;
   // Per device and kernel; cheap next to a convolution, so it is not cached (as version 3).
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out);
+  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out, rows);
   return levels_launch_status();
 }
 
-template <typename T, typename TO, typename TK>
+// DGRAD (version 6's dgrad): the narrow tile too, and rows scattered into dx unless the
+// output is split-K's fp32 partials (contiguous; the finish scatters them). The forward's
+// calls (DGRAD false) instantiate exactly version 5's kernels.
+template <typename T, typename TO, typename TK, bool DGRAD = false>
 static int v5_launch(const Geom& g, const CbPlan& plan, const T* x, const T* w, const float* bias,
-                     TK* out, cudaStream_t stream) {
+                     TK* out, cudaStream_t stream, mma_conv::RowMap rows = {}) {
+  constexpr bool SC = DGRAD && !std::is_same<TK, float>::value;
+  if constexpr (DGRAD) {
+    if (plan.tile == CB_128x16) return v5_launch_tile<T, TK, CB_128x16, SC>(g, plan, x, w, bias, out, stream, rows);
+  }
   switch (plan.tile) {
-    case CB_128x128: return v5_launch_tile<T, TK, CB_128x128>(g, plan, x, w, bias, out, stream);
-    case CB_128x64: return v5_launch_tile<T, TK, CB_128x64>(g, plan, x, w, bias, out, stream);
-    default: return v5_launch_tile<T, TK, CB_64x64>(g, plan, x, w, bias, out, stream);
+    case CB_128x128: return v5_launch_tile<T, TK, CB_128x128, SC>(g, plan, x, w, bias, out, stream, rows);
+    case CB_128x64: return v5_launch_tile<T, TK, CB_128x64, SC>(g, plan, x, w, bias, out, stream, rows);
+    default: return v5_launch_tile<T, TK, CB_64x64, SC>(g, plan, x, w, bias, out, stream, rows);
   }
 }
 
@@ -1531,7 +1869,7 @@ static int conv_fwd_v5(const Geom& g, const T* x, const T* w, const float* bias,
   const int status = v5_launch<T, TO, float>(g, plan, x, w, nullptr, part, stream);
   if (status != 0) return status;
   mma_conv::splitk_finish_kernel<TO><<<elementwise_blocks(g.P * g.C_out), 256, 0, stream>>>(
-      part, plan.splits, g.P, g.C_out, bias, out);
+      part, plan.splits, g.P, g.C_out, bias, out, mma_conv::RowMap{});
   return levels_launch_status();
 }
 
@@ -1580,15 +1918,107 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
   return levels_launch_status();
 }
 
+// ---- version 6's dgrad: each stride phase as a forward convolution on version 5's kernels ----
+// Within phase (a, b) (wmma_conv::DgradPhase), dx[n, a + sh t, b + sw u, c] =
+// sum_{ti, tj, o} dy[n, t + base_h - ti, u + base_w - tj, o] w[o, i0 + sh ti, j0 + sw tj, c].
+// With the taps flipped, ti' = nti - 1 - ti, the dy row is t - (nti - 1 - base_h) + ti': this
+// is a stride-1 *forward* convolution of dy (N, H_out, W_out, C_out) by w' (C_in, nti, ntj,
+// C_out) = the phase's taps of w, transposed and flipped (dgrad_weight_kernel), with padding
+// nti - 1 - base_h (negative where the window starts inside dy), Ha x Wb outputs whose rows
+// scatter into dx (mma_conv::RowMap). So version 5's whole machinery serves it unchanged: the
+// swizzled mma.sync tiles, the 16-byte gather of 8 channels of one tap, the tile and split
+// rule (conv_bn_plan.h's cb_dgrad_plan, with its narrow 128x16 tile for C_in <= 16), the
+// ordered split-K finish. Costs: w' is written once per call (C_out x K elements, ~5 us at
+// ResNet's 512-channel 3x3), and split phases write fp32 partials (workspace: their largest).
+static Geom dgrad_phase_geom(const Geom& g, const wmma_conv::DgradPhase& p) {
+  Geom q{};
+  q.N = g.N, q.H = g.H_out, q.W = g.W_out, q.C_in = g.C_out, q.C_out = g.C_in;
+  q.kH = p.nti, q.kW = p.ntj > 0 ? p.ntj : 1;  // a phase without taps has K = 0: never gathers
+  q.sh = 1, q.sw = 1, q.ph = p.nti - 1 - p.base_h, q.pw = p.ntj - 1 - p.base_w;
+  q.sx_n = g.H_out * g.W_out * g.C_out, q.sx_h = g.W_out * g.C_out, q.sx_w = g.C_out, q.sx_c = 1;
+  q.H_out = p.Ha, q.W_out = p.Wb, q.P = p.M, q.K = p.Kp;
+  return q;
+}
+
+static CbPlan v6_dgrad_plan(const Geom& q) {
+  int tile = -1, splits = 0;
+  v6_dgrad_forced(&tile, &splits);  // a malformed value is refused by the launcher, not here
+  return cb_dgrad_plan(q.P, q.C_out, q.K, device_sms(), tile, splits);
+}
+
+// fp32 floats of split-K partials version 6's dgrad may write: its phases run one after
+// another on the stream, so the largest one's.
+static int64_t v6_dgrad_part_floats(int version, const Geom& g) {
+  int64_t most = 0;
+  for (int a = 0; version >= 6 && a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+      if (p.M == 0) continue;
+      const Geom q = dgrad_phase_geom(g, p);
+      const CbPlan plan = v6_dgrad_plan(q);
+      if (plan.splits > 1 && plan.splits * q.P * q.C_out > most) most = plan.splits * q.P * q.C_out;
+    }
+  return most;
+}
+
+// dx (N, H, W, C_in) contiguous; w_t: room for C_out * K elements, 16-byte aligned (every
+// phase's w', one after another: the phases' taps are the kernel's taps, each once); part:
+// v6_dgrad_part_floats. C_out % 8 == 0 and dy 16-byte aligned (the caller checks).
+template <typename T>
+static int conv_dgrad_v6(const Geom& g, const T* dy, const T* w, T* dx, T* w_t, float* part,
+                         cudaStream_t stream) {
+  int tile = 0, splits = 0;
+  if (!v6_dgrad_forced(&tile, &splits)) return LEVELS_UNSUPPORTED;  // a malformed knob
+  int64_t taps_before = 0;
+  for (int a = 0; a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+      if (p.M == 0) continue;  // no input pixel in this phase
+      T* wp = w_t + taps_before * g.C_in * g.C_out;  // a multiple of 8 elements: C_out % 8 == 0
+      taps_before += p.nti * p.ntj;
+      if (p.Kp > 0) {
+        const dim3 wgrid(static_cast<unsigned>(levels_cdiv(g.C_in, 32)),
+                         static_cast<unsigned>(levels_cdiv(g.C_out, 32)),
+                         static_cast<unsigned>(p.nti * p.ntj));
+        mma_conv::dgrad_weight_kernel<T><<<wgrid, dim3(32, 8), 0, stream>>>(
+            w, g.C_out, g.C_in, g.K, static_cast<int>(g.kW), p.i0, p.j0, p.nti, p.ntj,
+            static_cast<int>(g.sh), static_cast<int>(g.sw), wp);
+      }
+      const Geom q = dgrad_phase_geom(g, p);
+      const mma_conv::RowMap rows{static_cast<int64_t>(p.Ha) * p.Wb, g.H, g.W, p.Wb, a, b,
+                                  static_cast<int>(g.sh), static_cast<int>(g.sw)};
+      const CbPlan plan = v6_dgrad_plan(q);
+      if (plan.blocks > 0x7fffffff || plan.splits > 65535) return LEVELS_UNSUPPORTED;
+      int status = 0;
+      if (plan.splits == 1) {
+        status = v5_launch<T, T, T, true>(q, plan, dy, wp, nullptr, dx, stream, rows);
+      } else {
+        if (part == nullptr) return LEVELS_UNSUPPORTED;  // the caller's workspace has no room
+        status = v5_launch<T, float, float, true>(q, plan, dy, wp, nullptr, part, stream, rows);
+        if (status == 0) {
+          mma_conv::splitk_finish_kernel<T, true><<<elementwise_blocks(q.P * q.C_out), 256, 0, stream>>>(
+              part, plan.splits, q.P, q.C_out, nullptr, dx, rows);
+          status = levels_launch_status();
+        }
+      }
+      if (status != 0) return status;
+    }
+  return levels_launch_status();
+}
+
 // dX: version 4 on the tensor cores (a 1x1 stride-1 convolution as dX = dY . w, one GEMM;
 // anything else as one implicit GEMM per stride phase, dgrad_kernel), else version 2's
-// tiled kernel. w_t: room for C_in * C_out elements (the 1x1 path's transposed weight).
+// tiled kernel; version 6 runs the phases on version 5's kernels (conv_dgrad_v6), and the
+// 1x1 GEMM only where C_in >= 128 (the forward's rule for its C_out: the GEMM's tiles are 128
+// or 256 wide). w_t: room for C_in * C_out elements (the 1x1 path's transposed weight,
+// version 6's phase weights). part: version 6's split-K partials (v6_dgrad_part_floats).
 template <typename T>
 static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx, T* w_t,
-                      cudaStream_t stream) {
+                      float* part, cudaStream_t stream) {
   if (version >= 4 && tensor_core_path<T>(version, g)) {
     if constexpr (!is_f32<T>::value) {
-      if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t)) {
+      if (is_pointwise(g) && k_major(dy, g.C_out) && g.C_in % 8 == 0 && levels_aligned16(w_t) &&
+          (version < 6 || g.C_in >= 128)) {
         // B[k=o, n=c] = w[o, c] must be K-major, i.e. (C_in, C_out) in memory: w^T.
         const dim3 tgrid(static_cast<unsigned>(levels_cdiv(g.C_in, 32)),
                          static_cast<unsigned>(levels_cdiv(g.C_out, 32)));
@@ -1597,29 +2027,18 @@ static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx
                                   g.C_out, dx, g.C_in, 1, 0, nullptr, 0, nullptr, 0, 0, 0, 0, g.P,
                                   g.C_in, g.C_out, stream);
       }
+      if (version >= 6 && g.C_out % 8 == 0 && levels_aligned16(dy) && levels_aligned16(w_t))
+        return conv_dgrad_v6<T>(g, dy, w, dx, w_t, part, stream);
       const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
       const bool vec_w = g.C_in % 8 == 0 && levels_aligned16(w);
       auto kernel = vec_dy ? (vec_w ? wmma_conv::dgrad_kernel<T, true, true> : wmma_conv::dgrad_kernel<T, true, false>)
                            : (vec_w ? wmma_conv::dgrad_kernel<T, false, true> : wmma_conv::dgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<false, true>();
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      const int sh = static_cast<int>(g.sh), sw = static_cast<int>(g.sw);
-      const int ph = static_cast<int>(g.ph), pw = static_cast<int>(g.pw);
-      const int kH = static_cast<int>(g.kH), kW = static_cast<int>(g.kW);
-      const int H = static_cast<int>(g.H), W = static_cast<int>(g.W);
-      for (int a = 0; a < sh; ++a)
-        for (int b = 0; b < sw; ++b) {
-          wmma_conv::DgradPhase p{};
-          p.a = a, p.b = b;
-          p.Ha = a < H ? (H - a + sh - 1) / sh : 0;
-          p.Wb = b < W ? (W - b + sw - 1) / sw : 0;
-          if (p.Ha == 0 || p.Wb == 0) continue;  // no input pixel in this phase
-          p.i0 = (a + ph) % sh, p.j0 = (b + pw) % sw;
-          p.nti = p.i0 < kH ? (kH - p.i0 + sh - 1) / sh : 0;
-          p.ntj = p.j0 < kW ? (kW - p.j0 + sw - 1) / sw : 0;
-          p.base_h = (a + ph) / sh, p.base_w = (b + pw) / sw;
-          p.M = g.N * p.Ha * p.Wb;
-          p.Kp = p.nti * p.ntj * static_cast<int>(g.C_out);
+      for (int a = 0; a < g.sh; ++a)
+        for (int b = 0; b < g.sw; ++b) {
+          const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
+          if (p.M == 0) continue;  // no input pixel in this phase
           const int64_t blocks = levels_cdiv(p.M, wmma_conv::BM) * levels_cdiv(g.C_in, wmma_conv::BN);
           kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, smem, stream>>>(g, p, dy, w, dx);
         }
@@ -1654,21 +2073,60 @@ static int64_t wgrad_part_floats(int64_t P, int64_t C_out, int64_t K) {
   return (tc > v2 ? tc : v2) * C_out * K;
 }
 
-// G^T partials into part (splits, C_out, K); returns the number of splits.
+// ---- version 6's wgrad: mma_conv::wgrad_kernel, tile and pixel splits from cb_wgrad_plan ----
+// $LEVELS_CONV_BN_V6_WGRAD_PLAN pins them ("TILE[,SPLITS]", TILE 0-2 as version 5's); the
+// splits never exceed what the workspace holds (wgrad_part_floats, version 4's bound).
+static CbPlan v6_wgrad_plan(const Geom& g) {
+  int tile = -1, splits = 0;
+  plan_forced(V6_WGRAD_PLAN_ENV, CB_TILES, &tile, &splits);  // malformed: refused by the launcher
+  const int64_t most = wgrad_part_floats(g.P, g.C_out, g.K) / (g.C_out * g.K);
+  return cb_wgrad_plan(g.C_out, g.K, g.P, device_sms(), most > 1 ? most : 1, tile, splits);
+}
+
+template <typename T, int TILE, bool VEC_X>
+static void v6_wgrad_launch(const Geom& g, const CbPlan& plan, const T* x, const T* dy, float* part,
+                            cudaStream_t stream) {
+  constexpr CbTileShape S = cb_tile_shape(TILE);
+  constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
+  auto kernel = mma_conv::wgrad_kernel<T, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, VEC_X>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, dy, part);
+}
+
+template <typename T, bool VEC_X>
+static void v6_wgrad_tile(const Geom& g, const CbPlan& plan, const T* x, const T* dy, float* part,
+                          cudaStream_t stream) {
+  if (plan.tile == CB_128x64) return v6_wgrad_launch<T, CB_128x64, VEC_X>(g, plan, x, dy, part, stream);
+  return v6_wgrad_launch<T, CB_64x64, VEC_X>(g, plan, x, dy, part, stream);  // cb_wgrad_plan's two
+}
+
+// G^T partials into part (splits, C_out, K); returns the number of splits, or -1 for a
+// malformed $LEVELS_CONV_BN_V6_WGRAD_PLAN.
 template <typename T>
 static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, float* part,
                           cudaStream_t stream) {
   // wgrad_kernel decodes its pixels in 32 bits (every tile: a 64-bit division costs more)
   if (version >= 4 && tensor_core_path<T>(version, g) && g.P < (int64_t{1} << 30)) {
     if constexpr (!is_f32<T>::value) {
+      const bool x_vec = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
+                         g.sx_w % 8 == 0 && levels_aligned16(x);
+      if (version >= 6 && g.C_out % 8 == 0 && levels_aligned16(dy)) {
+        int tile = 0, splits = 0;
+        if (!plan_forced(V6_WGRAD_PLAN_ENV, CB_TILES, &tile, &splits)) return -1;
+        const CbPlan plan = v6_wgrad_plan(g);
+        if (plan.blocks > 0x7fffffff || plan.splits > 65535) return -1;
+        if (x_vec) v6_wgrad_tile<T, true>(g, plan, x, dy, part, stream);
+        else v6_wgrad_tile<T, false>(g, plan, x, dy, part, stream);
+        return plan.splits;
+      }
       const int64_t sms2 = 2 * static_cast<int64_t>(levels_sm_count());
       const int64_t s = tc_wgrad_max_splits(g.P, g.C_out, g.K, sms2 < TC_MAX_BLOCKS ? sms2 : TC_MAX_BLOCKS);
       // whole k-tiles of pixels per split; recounted so that no split is empty
       const int64_t per = levels_cdiv(levels_cdiv(g.P, s), wmma_conv::BK) * wmma_conv::BK;
       const int64_t splits = levels_cdiv(g.P, per);
       const bool vec_dy = g.C_out % 8 == 0 && levels_aligned16(dy);
-      const bool vec_x = g.C_in % 8 == 0 && g.sx_c == 1 && g.sx_n % 8 == 0 && g.sx_h % 8 == 0 &&
-                         g.sx_w % 8 == 0 && levels_aligned16(x);
+      const bool vec_x = x_vec;
       auto kernel = vec_dy ? (vec_x ? wmma_conv::wgrad_kernel<T, true, true> : wmma_conv::wgrad_kernel<T, true, false>)
                            : (vec_x ? wmma_conv::wgrad_kernel<T, false, true> : wmma_conv::wgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<true, true>();
@@ -1753,24 +2211,29 @@ static void column_sum(const T* m, int64_t P, int64_t C, float* part, float* sum
 
 // The backward's workspace, in this order (train_bwd's first two regions only in training):
 //   [train] sums (2, C), bn_part (2, chunks, C);  col_part (chunks, C), sum (C,),
-//   w_part (splits, C_out, K), w_t (the 1x1 dgrad's w^T, C_out*K 16-bit), [train] dyc (P, C) T.
+//   w_part (splits, C_out, K), w_t (the 1x1 dgrad's w^T or version 6's phase weights, C_out*K
+//   16-bit), [train] dyc (P, C) T, [version 6] d_part (its dgrad's split-K partials).
 struct BwdWork {
   float *sums, *bn_part, *col_part, *sum, *w_part;
   void *w_t, *dyc;
+  float* d_part;
 };
-static int64_t bwd_work_floats(bool training, int64_t P, int64_t C, int64_t K, BwdWork* at = nullptr,
+static int64_t bwd_work_floats(bool training, int version, const Geom& g, BwdWork* at = nullptr,
                                float* base = nullptr) {
-  const int64_t chunks = chunk_count(P);
-  const int64_t sizes[7] = {training ? align8(2 * C) : 0, training ? align8(2 * chunks * C) : 0,
+  const int64_t P = g.P, C = g.C_out, K = g.K, chunks = chunk_count(P);
+  const int64_t sizes[8] = {training ? align8(2 * C) : 0, training ? align8(2 * chunks * C) : 0,
                             align8(chunks * C), align8(C), align8(wgrad_part_floats(P, C, K)),
-                            half_matrix_floats(C, K), training ? align8(P * C) : 0};
-  float* regions[7];
+                            half_matrix_floats(C, K), training ? align8(P * C) : 0,
+                            align8(v6_dgrad_part_floats(version, g))};
+  float* regions[8];
   int64_t total = 0;
-  for (int r = 0; r < 7; ++r) {
+  for (int r = 0; r < 8; ++r) {
     regions[r] = base ? base + total : nullptr;
     total += sizes[r];
   }
-  if (at) *at = BwdWork{regions[0], regions[1], regions[2], regions[3], regions[4], regions[5], regions[6]};
+  if (at)
+    *at = BwdWork{regions[0], regions[1], regions[2], regions[3], regions[4], regions[5], regions[6],
+                  sizes[7] > 0 ? regions[7] : nullptr};
   return total;
 }
 
@@ -1781,16 +2244,17 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
                     cudaStream_t stream) {
   const int64_t C = g.C_out;
   BwdWork ws;
-  bwd_work_floats(false, g.P, C, g.K, &ws, work);
+  bwd_work_floats(false, version, g, &ws, work);
   float* sum_dy = ws.sum;
   column_sum<T>(dout, g.P, C, ws.col_part, sum_dy, static_cast<T*>(nullptr), stream);
   const int64_t splits = conv_wgrad<T>(version, g, dout, x, ws.w_part, stream);
+  if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
       dgamma, dbeta, dbias);
   // dx == nullptr: x needs no gradient (a network's input images): no dgrad at all
   const int status =
-      dx ? conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), stream) : 0;
+      dx ? conv_dgrad<T>(version, g, dout, w_folded, dx, static_cast<T*>(ws.w_t), ws.d_part, stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
@@ -1800,7 +2264,7 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
                      T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
   const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
   BwdWork ws;
-  bwd_work_floats(true, g.P, C, g.K, &ws, work);
+  bwd_work_floats(true, version, g, &ws, work);
   T* dyc = static_cast<T*>(ws.dyc);  // (P, C) in T: the gradient of the convolution's output
   bn_bwd_partial_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       dout, y, mean, invstd, g.P, C, rows, chunks, ws.bn_part);
@@ -1813,15 +2277,16 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
       ws.col_part, chunks, C, 1, ws.sum, dbias, static_cast<T*>(nullptr));
   const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
+  if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
       ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);
   const int status =
-      dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), stream) : 0;
+      dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), ws.d_part, stream) : 0;
   return status != 0 ? status : levels_launch_status();
 }
 
-static bool known_version(int version) { return version >= 1 && version <= 5; }
+static bool known_version(int version) { return version >= 1 && version <= 6; }
 
 }  // namespace levels_conv_bn
 
@@ -1839,19 +2304,20 @@ static bool known_version(int version) { return version >= 1 && version <= 5; }
   levels_conv_bn::make_geom(N, H, W, C_in, C_out, kH, kW, stride_h, stride_w, pad_h, pad_w,  \
                             sx_n, sx_h, sx_w, sx_c)
 
-// fp32 workspace (in floats) that op `which` of `version` needs: 0 eval forward, 1 train
-// forward, 2 eval backward, 3 train backward (P output pixels, K = kH*kW*C_in; the train
-// backward's workspace also holds the (P, C_out) gradient of the convolution in the input
-// dtype, which is at most P*C_out floats; version 5's forwards add room for their split-K
-// partials where its plan splits, on the current device).
-extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t P, int64_t C_out,
-                                                   int64_t K) {
+// fp32 workspace (in floats) that op `which` of `version` needs for this geometry: 0 eval
+// forward, 1 train forward, 2 eval backward, 3 train backward (the train backward's workspace
+// also holds the (P, C_out) gradient of the convolution in the input dtype, which is at most
+// P*C_out floats; version 5's forwards and version 6's dgrad add room for their split-K
+// partials where their plans split, on the current device: the dgrad's phases need the whole
+// geometry, hence all of it here).
+extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, LEVELS_CONV_BN_GEOM_ARGS) {
   using namespace levels_conv_bn;
+  const Geom g = LEVELS_CONV_BN_GEOM;
   switch (which) {
-    case 0: return eval_fwd_head_floats(C_out) + v5_part_floats(version, P, C_out, K);
-    case 1: return train_fwd_head_floats(P, C_out) + v5_part_floats(version, P, C_out, K);
-    case 2: return bwd_work_floats(false, P, C_out, K);
-    case 3: return bwd_work_floats(true, P, C_out, K);
+    case 0: return eval_fwd_head_floats(g.C_out) + v5_part_floats(version, g.P, g.C_out, g.K);
+    case 1: return train_fwd_head_floats(g.P, g.C_out) + v5_part_floats(version, g.P, g.C_out, g.K);
+    case 2: return bwd_work_floats(false, version, g);
+    case 3: return bwd_work_floats(true, version, g);
     default: return -1;
   }
 }

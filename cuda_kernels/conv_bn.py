@@ -23,7 +23,11 @@ differ in the forward convolution and share version 2's tiled backward (dgrad, w
 version 4 keeps version 3's forward and runs the backward on the tensor cores too, and 1x1
 stride-1 convolutions through gemm.cu's GEMM; version 5 keeps version 4's backward and gives the
 forward mma.sync tiles fitted to the problem, split-K where even the smallest leaves SMs idle
-(the top of conv_bn.cu says how and why; $LEVELS_CONV_BN_V5_PLAN pins its plan for tests).
+(the top of conv_bn.cu says how and why; $LEVELS_CONV_BN_V5_PLAN pins its plan for tests);
+version 6 keeps version 5's forward and runs the backward on mma.sync too: the dgrad's stride
+phases on version 5's kernels and plan rule, with a narrow 128x16 tile for C_in <= 16, and the
+wgrad in tiles with pixel splits fitted to the problem ($LEVELS_CONV_BN_V6_DGRAD_PLAN and
+$LEVELS_CONV_BN_V6_WGRAD_PLAN pin their plans).
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ VERSIONS = {
        "(conv_bn_plan.h), K split into slices whose fp32 partials a finish kernel adds when "
        "even 64x64 leaves SMs idle; costs 12 more kernels to build and, when split, "
        "splits x P x C_out fp32 partials of traffic; backward and fp32 as version 4",
+    6: "version 5 with the backward on mma.sync + ldmatrix: each stride phase of dx is a "
+       "stride-1 forward convolution of dy by the phase's flipped, transposed taps of w, run on "
+       "version 5's kernels with their fitted tiles and split-K (plus a 128x16 tile for "
+       "C_in <= 16, the stem; 1x1 dgrads take the GEMM only for C_in >= 128), and wgrad reads "
+       "its pixel-major tiles with ldmatrix.trans, 128x64 or 64x64 by C_out, pixel splits "
+       "from the same cost model; costs a pass writing w' (C_out x K) per backward, split "
+       "phases' fp32 partials, 22 more kernels to build; fp32 as version 2",
 }
 # Version 5 is the default. On the H100 (reports/h100-conv-bn6.json, scripts/device_conv_bn6.py,
 # bf16 channels_last, kernel time, cuDNN + BatchNorm in the same run) its eval forward is
@@ -58,22 +69,34 @@ VERSIONS = {
 # cuDNN's training times move between runs (layer2's 3x3 0.21 ms in one, 0.69 ms in the next,
 # each tightly spread), ours by 2-10%: compare ratios within one run.
 DEFAULT_VERSION = 5
-TENSOR_CORE_VERSIONS = (3, 4, 5)  # what `levels bench` times in training mode
+TENSOR_CORE_VERSIONS = (3, 4, 5, 6)  # what `levels bench` times in training mode
 ENV_VERSION = "LEVELS_CUDA_VERSION_CONV_BN"
 
 # Version 5's plan pinned for tests and sweeps (conv_bn.cu's v5_forced reads it at every call):
 # "TILE" or "TILE,SPLITS", TILE one of conv_bn_plan.h's tiles (0 128x128, 1 128x64, 2 64x64;
 # -1: the rule's) and SPLITS K slices (0: the rule's; clamped to the k-tiles).
+# Version 6's dgrad plan, the same form, TILE also 3 (128x16): every stride phase takes it; its
+# wgrad plan, TILE 1 or 2 (0: the rule's; no 128x128 wgrad is built) and SPLITS pixel splits.
 PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
-_PLAN_FORMAT = re.compile(r"(-1|[0-2])(,\d{1,4})?")
+DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN"
+WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN"
 
 
-def check_plan_env() -> None:
-    """A clear error for a $LEVELS_CONV_BN_V5_PLAN the kernels would refuse (version 5 only)."""
-    raw = os.environ.get(PLAN_ENV)
-    if raw and not (_PLAN_FORMAT.fullmatch(raw.strip()) and int(raw.strip().partition(",")[2] or 0) <= 1024):
-        raise ValueError(f"conv_bn: ${PLAN_ENV} must be 'TILE' or 'TILE,SPLITS' with TILE in -1..2 "
-                         f"(conv_bn_plan.h's tiles) and SPLITS in 0..1024; got {raw!r}")
+def _check_plan(name: str, top_tile: int) -> None:
+    raw = os.environ.get(name)
+    form = re.compile(rf"(-1|[0-{top_tile}])(,\d{{1,4}})?")
+    if raw and not (form.fullmatch(raw.strip()) and int(raw.strip().partition(",")[2] or 0) <= 1024):
+        raise ValueError(f"conv_bn: ${name} must be 'TILE' or 'TILE,SPLITS' with TILE in "
+                         f"-1..{top_tile} (conv_bn_plan.h's tiles) and SPLITS in 0..1024; got {raw!r}")
+
+
+def check_plan_env(version: int = 5) -> None:
+    """A clear error for a $LEVELS_CONV_BN_V5_PLAN (versions 5 and 6: their forward) or a
+    $LEVELS_CONV_BN_V6_DGRAD_PLAN / _WGRAD_PLAN (version 6) the kernels would refuse."""
+    _check_plan(PLAN_ENV, 2)
+    if version >= 6:
+        _check_plan(DGRAD_PLAN_ENV, 3)
+        _check_plan(WGRAD_PLAN_ENV, 2)
 
 
 OPS = ("conv_bn_eval_fwd", "conv_bn_train_fwd", "conv_bn_eval_bwd", "conv_bn_train_bwd")
@@ -177,8 +200,8 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
         raise TypeError(f"conv_bn: argument 'x' must be float16, bfloat16 or float32 for the CUDA "
                         f"kernels; got {x.dtype}")
     version = resolve_version(version)
-    if version == 5:
-        check_plan_env()
+    if version >= 5:
+        check_plan_env(version)
     return _ops().conv_bn.default(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
                                   running_var, [int(s) for s in stride], [int(p) for p in padding],
                                   float(eps), float(momentum), bool(training), version)

@@ -10,8 +10,11 @@
 #include <tuple>
 
 extern "C" {
-int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t P, int64_t C_out,
-                                        int64_t K);
+int64_t levels_conv_bn_workspace_floats(int which, int version, int64_t N, int64_t H, int64_t W,
+                                        int64_t C_in, int64_t C_out, int64_t kH, int64_t kW,
+                                        int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                                        int64_t pad_w, int64_t sx_n, int64_t sx_h, int64_t sx_w,
+                                        int64_t sx_c);
 int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, const void* w,
                             const void* bias, const void* gamma, const void* beta,
                             const void* running_mean, const void* running_var, double eps,
@@ -70,10 +73,6 @@ inline Shape shape_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef 
   return s;
 }
 
-inline at::Tensor workspace(int which, int64_t version, const Shape& s, const at::Tensor& like) {
-  const int64_t n = levels_conv_bn_workspace_floats(which, static_cast<int>(version), s.P, s.C_out, s.K);
-  return at::empty({n}, like.options().dtype(at::kFloat));
-}
 
 inline const void* maybe(const std::optional<at::Tensor>& t) {
   return t.has_value() ? levels_cuda::in(*t) : nullptr;
@@ -82,6 +81,14 @@ inline const void* maybe(const std::optional<at::Tensor>& t) {
 #define LEVELS_CONV_BN_SHAPE(s, x)                                                        \
   s.N, s.H, s.W, s.C_in, s.C_out, s.kH, s.kW, s.sh, s.sw, s.ph, s.pw, x.stride(0),        \
       x.stride(1), x.stride(2), x.stride(3)
+
+// The fp32 workspace of op `which` (conv_bn.cu's levels_conv_bn_workspace_floats: the version
+// and the whole geometry decide it; version 6's dgrad phases need all of it).
+inline at::Tensor workspace(int which, int64_t version, const Shape& s, const at::Tensor& x) {
+  const int64_t n = levels_conv_bn_workspace_floats(which, static_cast<int>(version),
+                                                    LEVELS_CONV_BN_SHAPE(s, x));
+  return at::empty({n}, x.options().dtype(at::kFloat));
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_fwd(
     const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,

@@ -140,20 +140,23 @@ def run_sweep(shapes, failed, report):
                                               if "ms" in f) + f"  (best {best[1]})", flush=True)
 
 
-def main():
+def parse_args(doc):
+    """(OUT path, the --shapes names) from the command line; the usage (doc) otherwise."""
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     only = set()
     if "--shapes" in sys.argv:
         only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
         args = [a for a in args if a != sys.argv[sys.argv.index("--shapes") + 1]]
     if len(args) != 1:
-        raise SystemExit(__doc__)
-    out = Path(args[0])
-    import triton
-    from cuda_kernels import build
-    from cuda_kernels import conv_bn as cb
+        raise SystemExit(doc)
+    return Path(args[0]), only
 
-    os.environ.pop(PLAN_ENV, None)  # the rule's plans unless the sweep pins one
+
+def new_report(sections):
+    """The report's header (GPU, software, date, the pair of versions and their ideas) and an
+    empty list per name in sections, after checks."""
+    import triton
+    from cuda_kernels import conv_bn as cb
     report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
               "sms": torch.cuda.get_device_properties(0).multi_processor_count,
               "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
@@ -161,7 +164,23 @@ def main():
               "versions": {"old": OLD, "new": NEW, "ideas": {str(k): v for k, v in cb.VERSIONS.items()},
                            "default": cb.DEFAULT_VERSION},
               "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 ms): "
-              "median, p20, p80", "checks": {}, "timings": [], "sweep": []}
+              "median, p20, p80", "checks": {}}
+    report.update({name: [] for name in sections})
+    return report
+
+
+def finish(report, out, start, failed, tag):
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"[{tag}] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+
+
+def main():
+    out, only = parse_args(__doc__)
+    from cuda_kernels import build
+
+    os.environ.pop(PLAN_ENV, None)  # the rule's plans unless the sweep pins one
+    report = new_report(("timings", "sweep"))
     start = time.perf_counter()
     build.ops()
     report["build"] = build.last_build()
@@ -174,9 +193,7 @@ def main():
         if "--no-sweep" not in sys.argv:
             print(f"[conv_bn6] version {NEW} eval forward, each plan forced (${PLAN_ENV}; ms median)")
             run_sweep(shapes, failed, report)
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"[conv_bn6] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+    finish(report, out, start, failed, "conv_bn6")
 
 
 if __name__ == "__main__":

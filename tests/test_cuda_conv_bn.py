@@ -11,9 +11,16 @@ kernels, strides 1-3, padding larger than half the kernel, batch 1, a 1x1 image.
 v5 fits its forward's tiles to the problem (cuda_kernels/conv_bn_plan.h) and may split K; its
 GPU tests force every tile and split ($LEVELS_CONV_BN_V5_PLAN) on ragged shapes in both modes.
 
+v6 runs the backward on mma.sync too: the dgrad's stride phases as forward convolutions on v5's
+kernels (a narrow 128x16 tile for C_in <= 16), the wgrad with ldmatrix.trans; its GPU tests
+force every dgrad and wgrad plan ($LEVELS_CONV_BN_V6_DGRAD_PLAN, _WGRAD_PLAN) on shapes with
+every phase case, C_in = 3, misaligned x, and check that the backward is deterministic.
+
 On a CPU: the version plumbing, (with nvcc) that v3 really is tensor-core and cp.async code and
-v5 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), v5's tile/split rule (the header compiled
-by g++), and the index math of v4's backward and v5's forward emulated in float64."""
+v5/v6 mma.sync + ldmatrix code (PTX for sm_80 and sm_90), the tile/split rules (the header
+compiled by g++), and the index math of v4's backward, v5's forward and v6's dgrad (phase
+weights, pseudo-geometry, scatter) and wgrad (pixel stepping, splits, transposed fragments)
+emulated in float64."""
 
 from __future__ import annotations
 
@@ -65,6 +72,12 @@ def test_v3_compiles_to_tensor_core_and_cp_async_code(arch):
     for tile in ("Li128ELi128E", "Li128ELi64E", "Li64ELi64E"):  # BM, BN in the mangled names
         assert any("mma_conv" in line and "conv_kernel" in line and tile in line
                    for line in ptx.splitlines() if line.startswith(".visible .entry")), tile
+    # version 6's dgrad: the same kernel scattering rows (last template argument true: Lb1E),
+    # its narrow tile, the phase weights
+    entries = [line for line in ptx.splitlines() if line.startswith(".visible .entry")]
+    for tile in ("Li128ELi128E", "Li128ELi64E", "Li64ELi64E", "Li128ELi16E"):
+        assert any("conv_kernel" in e and tile in e and "Lb1E" in e for e in entries), tile
+    assert any("dgrad_weight_kernel" in e for e in entries)
 
 
 # The index math of version 4's backward, emulated in float64 on the CPU with the kernels'
@@ -170,6 +183,22 @@ def _passes(args, version, monkeypatch):
     monkeypatch.setenv(ENV, str(version))
     r = check_args("conv_bn", "cuda", args)
     assert r.passed, f"v{version}: {r.summary()}"
+
+
+def _misaligned(x):
+    """x's values in a channels_last view whose data starts 6 bytes into its buffer (NaN
+    around it): no 16-byte copy of x may be taken."""
+    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
+    view = flat.as_strided(x.shape, x.stride())
+    view.copy_(x)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+def _tensor_core_size_args(seed, training):
+    # many tiles and the pipelines' steady state (K = 1152: 18 k-tiles of 64), bf16 channels_last
+    return _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
+                      channels_last=True), torch.bfloat16, seed=seed, training=training)
 
 
 @pytest.mark.gpu
@@ -410,24 +439,34 @@ def test_v5_plan_forms_that_are_accepted(raw, monkeypatch):
 
 _PLAN_SHIM = r"""
 #include "conv_bn_plan.h"
-extern "C" void plan(long long P, long long C_out, long long K, int sms, int tile, int splits,
-                     long long* out) {
-  const levels_conv_bn::CbPlan p = levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits);
+static void put(const levels_conv_bn::CbPlan& p, long long* out) {
   const levels_conv_bn::CbTileShape s = levels_conv_bn::cb_tile_shape(p.tile);
   const long long v[11] = {p.tile, p.splits, p.tiles_per_split, p.blocks, s.bm, s.bn,
                            s.warps_m * s.warps_n * 32, s.stages, s.blocks_per_sm, s.warps_m,
                            s.warps_n};
   for (int i = 0; i < 11; ++i) out[i] = v[i];
 }
+extern "C" void plan(long long P, long long C_out, long long K, int sms, int tile, int splits,
+                     long long* out) {
+  put(levels_conv_bn::cb_plan(P, C_out, K, sms, tile, splits), out);
+}
+extern "C" void dgrad_plan(long long M, long long C_in, long long Kp, int sms, int tile,
+                           int splits, long long* out) {
+  put(levels_conv_bn::cb_dgrad_plan(M, C_in, Kp, sms, tile, splits), out);
+}
+extern "C" void wgrad_plan(long long C_out, long long K, long long P, int sms, long long most,
+                           int tile, int splits, long long* out) {
+  put(levels_conv_bn::cb_wgrad_plan(C_out, K, P, sms, most, tile, splits), out);
+}
 """
 PLAN_FIELDS = ("tile", "splits", "tiles_per_split", "blocks", "bm", "bn", "threads", "stages",
                "blocks_per_sm", "warps_m", "warps_n")
-T128x128, T128x64, T64x64 = 0, 1, 2
+T128x128, T128x64, T64x64, T128x16 = 0, 1, 2, 3
 BK = 64  # conv_bn_plan.h's CB_BK
 
 
 @pytest.fixture(scope="module")
-def v5_plan(tmp_path_factory):
+def plan_lib(tmp_path_factory):
     import ctypes
     import shutil
     import subprocess
@@ -438,13 +477,42 @@ def v5_plan(tmp_path_factory):
     (d / "shim.cpp").write_text(_PLAN_SHIM)
     subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
                     str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
-    lib = ctypes.CDLL(str(d / "plan.so"))
+    return ctypes.CDLL(str(d / "plan.so"))
+
+
+def _plan_caller(fn):
+    import ctypes
     out = (ctypes.c_longlong * len(PLAN_FIELDS))()
 
     def call(P, C_out, K, sms=132, tile=-1, splits=0):
-        lib.plan(P, C_out, K, sms, tile, splits, out)
+        fn(P, C_out, K, sms, tile, splits, out)
         return dict(zip(PLAN_FIELDS, list(out)))
     return call
+
+
+@pytest.fixture(scope="module")
+def v5_plan(plan_lib):
+    """conv_bn_plan.h's cb_plan (version 5's forward): (P, C_out, K, sms, tile, splits)."""
+    return _plan_caller(plan_lib.plan)
+
+
+@pytest.fixture(scope="module")
+def v6_wgrad_plan(plan_lib):
+    """conv_bn_plan.h's cb_wgrad_plan: (C_out, K, P, sms, max_splits, tile, splits)."""
+    import ctypes
+    out = (ctypes.c_longlong * len(PLAN_FIELDS))()
+
+    def call(C_out, K, P, sms=132, most=64, tile=-1, splits=0):
+        plan_lib.wgrad_plan(ctypes.c_longlong(C_out), ctypes.c_longlong(K), ctypes.c_longlong(P),
+                            sms, ctypes.c_longlong(most), tile, splits, out)
+        return dict(zip(PLAN_FIELDS, list(out)))
+    return call
+
+
+@pytest.fixture(scope="module")
+def v6_dgrad_plan(plan_lib):
+    """conv_bn_plan.h's cb_dgrad_plan (version 6's dgrad, one phase): (M, C_in, Kp, sms, ...)."""
+    return _plan_caller(plan_lib.dgrad_plan)
 
 
 def _pck(N, H, W, C_in, C_out, k, stride, padding):
@@ -522,15 +590,17 @@ def test_v5_plans_cover_k_with_nonempty_slices(v5_plan):
                         assert p["tiles_per_split"] >= 8, where
 
 
-def _v5_forward_emulated(x, w, bias, stride, padding, plan):
+def _v5_forward_emulated(x, w, bias, stride, padding, plan, out_hw=None):
     """out (P, C_out) as version 5 computes it, block by block and slice by slice, in float64:
     thread t copies chunk t % 8 of rows t / 8 + i * PASS, its tap decoded from k = kt * 64 +
     8 * (t % 8), its pixel as x_off + tap with h0 = -2**30 past P; slices write partials
-    (no bias) that the finish adds in order with the bias; one slice: the bias in the kernel."""
+    (no bias) that the finish adds in order with the bias; one slice: the bias in the kernel.
+    out_hw: the output's (H_out, W_out) where the geometry sets them (version 6's dgrad
+    phases), else the convolution's formula."""
     N, H, W, C_in = x.shape
     C_out, kH, kW, _ = w.shape
     (sh, sw), (ph, pw) = stride, padding
-    Ho, Wo = (H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1
+    Ho, Wo = out_hw or ((H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1)
     P, K = N * Ho * Wo, kH * kW * C_in
     sx_n, sx_h, sx_w, _ = x.stride()
     xf, wf = x.flatten(), w.reshape(C_out, K)
@@ -641,12 +711,8 @@ def test_v5_every_plan(plan, dtype, training, shape, monkeypatch):
 @pytest.mark.parametrize("plan", ["", "2,4"])
 @pytest.mark.parametrize("training", [False, True])
 def test_v5_tensor_core_size(plan, training, monkeypatch):
-    # many tiles and the pipeline's steady state (K = 1152: 18 k-tiles of 64), bf16
-    # channels_last, the rule's plan and a forced split
-    monkeypatch.setenv(PLAN_ENV, plan)
-    args = _args(dict(N=4, C_in=128, H=24, W=20, C_out=192, k=3, stride=1, padding=1,
-                      channels_last=True), torch.bfloat16, seed=12, training=training)
-    _passes(args, 5, monkeypatch)
+    monkeypatch.setenv(PLAN_ENV, plan)  # the rule's plan and a forced split
+    _passes(_tensor_core_size_args(12, training), 5, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -656,12 +722,7 @@ def test_v5_misaligned_x_takes_the_gather_path(training, monkeypatch):
     # x 6 bytes into its buffer: no 16-byte copies; version 3's gather kernel runs for it
     shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=1, padding=1, channels_last=True)
     args = _args(shape, torch.bfloat16, seed=9, training=training)
-    x = args["x"]
-    flat = torch.full((x.numel() + 3,), float("nan"), device="cuda", dtype=x.dtype)[3:]
-    view = flat.as_strided(x.shape, x.stride())
-    view.copy_(x)
-    assert view.data_ptr() % 16 != 0
-    args["x"] = view
+    args["x"] = _misaligned(args["x"])
     _passes(args, 5, monkeypatch)
 
 
@@ -696,41 +757,29 @@ def _ldmatrix_x4(smem, addr):
     return regs
 
 
-@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64])
-def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
-    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
-    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragment
-    # layout (PTX: A rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8;
-    # C rows g, g+8, columns 2t), staged to the fp32 tile as the epilogue does: A B^T, every
-    # element written once. The 8 rows an ldmatrix matrix reads sit in 8 different chunks.
-    p = v5_plan(1, 1, BK, tile=tile)
-    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+def _assert_conflict_free(addr):
+    for i in range(4):  # matrix i's 8 rows in 8 distinct 16-byte chunks of their 128-byte rows
+        assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
+
+
+def _compose_warp_tiles(plan, a_regs, b_regs):
+    """The block's fp32 tile as mma.sync m16n8k16 computes it from fragment registers (PTX: A
+    rows g, g+8 and columns 2t, 2t+8 of lane 4g+t; B columns g, rows 2t, 2t+8; C rows g, g+8,
+    columns 2t), staged as stage_accumulators does, every element written once.
+    a_regs(wm, mt, kk) / b_regs(wn, nt, kk): the (32, 4, 2) registers of an ldmatrix.x4 (for
+    B: b0, b1 of n8 tiles nt and nt + 1)."""
+    BM, BN, WM, WN = plan["bm"], plan["bn"], plan["warps_m"], plan["warps_n"]
     WTM, WTN = BM // WM, BN // WN
     MT, NT = WTM // 16, WTN // 8
-    g = torch.Generator().manual_seed(tile)
-    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
-    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
-    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
-    for src, dst in ((A, sA), (B, sB)):
-        for r in range(src.shape[0]):
-            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
-            for c in range(8):
-                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
     C = torch.full((BM, BN), float("nan"), dtype=torch.float64)
     for warp in range(WM * WN):
         wm, wn = warp // WN, warp % WN
         acc = torch.zeros((32, MT, NT, 4), dtype=torch.float64)
         for kk in range(BK // 16):
-            a_addr = [[_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
-                      for mt in range(MT)]
-            for addr in a_addr:  # conflict-free: matrix i's 8 rows in 8 distinct chunks
-                for i in range(4):
-                    assert len({(a % BK) // 8 for a in addr[8 * i:8 * i + 8]}) == 8
-            af = [_ldmatrix_x4(sA, addr) for addr in a_addr]
+            af = [a_regs(wm, mt, kk) for mt in range(MT)]
             bf = [None] * NT
             for nt in range(0, NT, 2):
-                q = _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
-                                           kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+                q = b_regs(wn, nt, kk)
                 bf[nt], bf[nt + 1] = (q[:, 0], q[:, 1]), (q[:, 2], q[:, 3])
             for mt in range(MT):
                 for nt in range(NT):
@@ -751,10 +800,42 @@ def test_v5_swizzled_fragments_compose_to_the_tile_product(v5_plan, tile):
                         r, col = wm * WTM + mt * 16 + (lane >> 2) + h * 8, wn * WTN + nt * 8 + (lane & 3) * 2
                         assert torch.isnan(C[r, col:col + 2]).all(), "an element written twice"
                         C[r, col:col + 2] = acc[lane, mt, nt, 2 * h:2 * h + 2]
-    torch.testing.assert_close(C, A @ B.T, rtol=1e-12, atol=1e-12)
+    return C
+
+
+@pytest.mark.parametrize("tile", [T128x128, T128x64, T64x64, T128x16])
+def test_v5_swizzled_fragments_compose_to_the_tile_product(v6_dgrad_plan, tile):
+    # One stage of conv_kernel's main loop with its addresses: each row's 16-byte chunks stored
+    # swizzled, read by its ldmatrix_x4 lane addresses into mma.sync m16n8k16's fragments,
+    # composed to the fp32 tile: A B^T. The 8 rows an ldmatrix matrix reads sit in 8 chunks.
+    p = v6_dgrad_plan(1, 1, BK, tile=tile)  # the dgrad's rule knows every tile (128x16: its own)
+    assert p["tile"] == tile
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    g = torch.Generator().manual_seed(tile)
+    A = torch.randn((BM, BK), generator=g, dtype=torch.float64)
+    B = torch.randn((BN, BK), generator=g, dtype=torch.float64)
+    sA, sB = torch.zeros(BM * BK, dtype=torch.float64), torch.zeros(BN * BK, dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(src.shape[0]):
+            assert sorted((_swz(r, c) - r * BK) // 8 for c in range(8)) == list(range(8))
+            for c in range(8):
+                dst[_swz(r, c):_swz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+
+    def a_regs(wm, mt, kk):
+        addr = [_swz(wm * WTM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4(sA, addr)
+
+    def b_regs(wn, nt, kk):
+        return _ldmatrix_x4(sB, [_swz(wn * WTN + nt * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                      kk * 2 + ((lane >> 3) & 1)) for lane in range(32)])
+    torch.testing.assert_close(_compose_warp_tiles(p, a_regs, b_regs), A @ B.T, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("version", [2, 4, 5])
+@pytest.mark.parametrize("version", [2, 4, 5, 6])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_input_that_needs_no_gradient_runs_no_dgrad(version, training, monkeypatch):
     # a network's input images (the stem, C_in = 3, and a 16-bit 3x3): the backward op is asked
@@ -778,3 +859,450 @@ def test_input_that_needs_no_gradient_runs_no_dgrad(version, training, monkeypat
             grads.append([t.grad for t in leaves])
         for got, want in zip(grads[1], grads[0]):
             assert torch.isfinite(got).all() and torch.equal(got, want), (C_in, version)
+
+
+# ------------------------------------------------------------- version 6 (CPU) --
+# Version 6's dgrad runs each stride phase of dx as a stride-1 forward convolution of dy on
+# version 5's kernels (conv_bn.cu: conv_dgrad_v6): the rule that picks its tile and slices
+# (cb_dgrad_plan, g++ as above), and the whole index chain emulated in float64 with the
+# kernels' formulas: dgrad_weight_kernel's flipped, transposed phase weight, dgrad_phase_geom's
+# pseudo-geometry (negative padding included), version 5's block/slice gather, scatter_row.
+
+@pytest.mark.parametrize("raw", ["4", "-2", "3,", "big"])
+def test_v6_malformed_dgrad_plan_is_refused_by_name(raw, monkeypatch):
+    monkeypatch.setenv(cb.DGRAD_PLAN_ENV, raw)
+    a = cards.get("conv_bn").module.make_args(cards.get("conv_bn").sizes["tiny"], torch.float32,
+                                              torch.device("cpu"), torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"\$LEVELS_CONV_BN_V6_DGRAD_PLAN must be 'TILE' or"):
+        cb.conv_bn(a["x"], a["conv_weight"], a["conv_bias"], a["bn_weight"], a["bn_bias"],
+                   a["running_mean"], a["running_var"], (1, 1), (0, 0), 1e-5, 0.1, False, version=6)
+
+
+def test_v6_dgrad_plan_knob_forms(monkeypatch):
+    monkeypatch.setenv(cb.DGRAD_PLAN_ENV, "3,2")
+    cb.check_plan_env(6)  # the narrow tile is the dgrad's
+    cb.check_plan_env(5)  # version 5 has no dgrad plan: not read
+    monkeypatch.setenv(cb.PLAN_ENV, "3")  # the forward has no narrow tile
+    with pytest.raises(ValueError, match=r"\$LEVELS_CONV_BN_V5_PLAN must be"):
+        cb.check_plan_env(6)
+
+
+def _phases(N, H, W, C_in, C_out, k, stride, padding):
+    """(M, C_in, Kp) of each stride phase with pixels, as conv_bn.cu's dgrad_phase counts them."""
+    out = []
+    for a in range(stride):
+        for b in range(stride):
+            Ha, Wb = -(-(H - a) // stride) if a < H else 0, -(-(W - b) // stride) if b < W else 0
+            i0, j0 = (a + padding) % stride, (b + padding) % stride
+            nti = -(-(k - i0) // stride) if i0 < k else 0
+            ntj = -(-(k - j0) // stride) if j0 < k else 0
+            if N * Ha * Wb:
+                out.append((N * Ha * Wb, C_in, nti * ntj * C_out))
+    return out
+
+
+@pytest.mark.parametrize("case,want", [
+    # the stem, batch 32: 4 phases of 112x112 pixels, 3x3 .. 4x4 taps of 64 channels, N = 3:
+    # the narrow tile, 3136 blocks each (a 64-wide tile would be 61/64 zeros)
+    (_phases(32, 224, 224, 3, 64, 7, 2, 3), [dict(tile=T128x16, splits=1, blocks=3136)] * 4),
+    # layer1 3x3 64 -> 64 at 56x56: one phase, the forward's own GEMM shape and choice
+    (_phases(32, 56, 56, 64, 64, 3, 1, 1), [dict(tile=T128x64, splits=1, blocks=784)]),
+    # layer4 3x3 512 -> 512 at 7x7: 200 blocks of 64x64, K = 4608 in 3 slices (the forward's)
+    (_phases(32, 7, 7, 512, 512, 3, 1, 1), [dict(tile=T64x64, splits=3, tiles_per_split=24)]),
+    # layer2's 3x3/2 128 -> 128 from 56x56: 4 phases of 28x28 (1, 2, 2, 4 taps); 196 blocks of
+    # 128x128 are too few for 264 slots, 392 of 128x64 fill them
+    (_phases(32, 56, 56, 128, 128, 3, 2, 1), [dict(tile=T128x64, splits=1, blocks=392)] * 4),
+    # the narrow tile up to 16 channels, not beyond
+    ([(100352, 16, 576)], [dict(tile=T128x16, splits=1, blocks=784)]),
+    ([(100352, 17, 576)], [dict(tile=T128x64, splits=1)]),
+])
+def test_v6_dgrad_rule_picks(v6_dgrad_plan, case, want):
+    got = [v6_dgrad_plan(*phase) for phase in case]
+    assert [{k: g[k] for k in w} for g, w in zip(got, want)] == want, f"{case}: {got}"
+
+
+def test_v6_dgrad_plans_cover_k_and_keep_the_forward_rule(v5_plan, v6_dgrad_plan):
+    for M in (1, 100, 1568, 25088, 401408):
+        for C_in in (1, 3, 16, 17, 64, 512):
+            for Kp in (0, 8, 576, 4608):
+                for sms in (20, 132):
+                    p = v6_dgrad_plan(M, C_in, Kp, sms=sms)
+                    where = f"M={M} C_in={C_in} Kp={Kp} sms={sms}: {p}"
+                    k_tiles = -(-Kp // BK)
+                    assert (p["tile"] == T128x16) == (C_in <= 16), where
+                    assert p["blocks"] == -(-M // p["bm"]) * -(-C_in // p["bn"]), where
+                    assert 1 <= p["splits"] <= 8, where
+                    if k_tiles:  # slices cover K, none empty
+                        assert (p["splits"] - 1) * p["tiles_per_split"] < k_tiles <= p["splits"] * p["tiles_per_split"], where
+                    else:  # a phase without taps: one launch writing zeros
+                        assert p["splits"] == 1 and p["tiles_per_split"] == 0, where
+                    if C_in > 16:  # the forward's rule for the same GEMM
+                        assert p == v5_plan(M, C_in, Kp, sms=sms), where
+    # forced: the narrow tile is the dgrad's only; the forward's rule ignores it
+    assert v6_dgrad_plan(1000, 64, 576, tile=T128x16, splits=2)["tile"] == T128x16
+    assert v6_dgrad_plan(1000, 64, 576, tile=T128x16, splits=2)["splits"] == 2
+    assert v5_plan(1000, 64, 576, tile=T128x16)["tile"] != T128x16
+    # few narrow blocks and a long K: split like the forward's 64x64
+    assert v6_dgrad_plan(1000, 3, 64 * 64)["splits"] > 1
+
+
+def _v6_dgrad_emulated(dy_nhwc, w, H, W, stride, padding, v6_dgrad_plan, force=(-1, 0)):
+    """dx (N, H, W, C_in) as conv_dgrad_v6 computes it: per phase w' = the phase's taps of w
+    transposed and flipped (dgrad_weight_kernel), the pseudo-geometry of dgrad_phase_geom, the
+    phase's plan, version 5's forward emulated on it, rows scattered by scatter_row."""
+    N, H_out, W_out, C_out = dy_nhwc.shape
+    _, kH, kW, C_in = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    dx = torch.full((N * H * W, C_in), float("nan"), dtype=torch.float64)
+    taps = 0
+    for a in range(sh):
+        for b in range(sw):
+            Ha = -(-(H - a) // sh) if a < H else 0
+            Wb = -(-(W - b) // sw) if b < W else 0
+            if N * Ha * Wb == 0:
+                continue
+            i0, j0 = (a + ph) % sh, (b + pw) % sw
+            nti = -(-(kH - i0) // sh) if i0 < kH else 0
+            ntj = -(-(kW - j0) // sw) if j0 < kW else 0
+            base_h, base_w = (a + ph) // sh, (b + pw) // sw
+            wp = torch.full((C_in, nti, ntj, C_out), float("nan"), dtype=torch.float64)
+            for tap in range(nti * ntj):  # dgrad_weight_kernel's blockIdx.z
+                ti, tj = tap // ntj, tap % ntj
+                i, j = i0 + sh * (nti - 1 - ti), j0 + sw * (ntj - 1 - tj)
+                wp[:, ti, tj, :] = w[:, i, j, :].T
+            taps += nti * ntj
+            assert not torch.isnan(wp).any()
+            plan = v6_dgrad_plan(N * Ha * Wb, C_in, nti * ntj * C_out, tile=force[0], splits=force[1])
+            rows = _v5_forward_emulated(dy_nhwc, wp, torch.zeros(C_in, dtype=torch.float64), (1, 1),
+                                        (nti - 1 - base_h, ntj - 1 - base_w), plan, out_hw=(Ha, Wb))
+            p = torch.arange(N * Ha * Wb)
+            n, tu = p // (Ha * Wb), p % (Ha * Wb)  # scatter_row
+            to = (n * H + a + sh * (tu // Wb)) * W + b + sw * (tu % Wb)
+            assert torch.isnan(dx[to]).all(), "a pixel of dx in two phases"
+            dx[to] = rows
+    # each tap is in one phase's w' (none where a phase has no pixels): C_out x K is room enough
+    assert taps == kH * kW or (H < sh or W < sw) and taps < kH * kW
+    return dx.reshape(N, H, W, C_in)
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C_in, H, W, C_out, k, stride, padding, forced (tile, splits))
+    (2, 3, 11, 9, 8, 3, 2, 1, (-1, 0)),       # 3x3 stride 2, odd sizes, C_in = 3: 128x16
+    (1, 3, 15, 13, 16, 7, 2, 3, (-1, 0)),     # the stem's 7x7 stride 2 pad 3
+    (2, 4, 7, 6, 8, 1, 2, 0, (-1, 0)),        # 1x1 stride 2: three phases without a tap
+    (2, 5, 5, 4, 8, 3, 3, 3, (2, 2)),         # stride 3, padding above half the kernel: negative
+    (1, 2, 1, 2, 8, 3, 3, 1, (-1, 0)),        # H = 1 < stride: phases without rows
+    (2, 20, 6, 5, 24, 3, 1, 1, (1, 3)),       # stride 1: one phase; 3 slices, 2 channel tiles
+    (1, 70, 5, 6, 16, 3, 1, 0, (0, 0)),       # no padding: dy's window reaches outside it
+])
+def test_v6_dgrad_index_math_matches_torch(v6_dgrad_plan, case):
+    N, C_in, H, W, C_out, k, s, pad, force = case
+    g = torch.Generator().manual_seed(sum(case[:8]))
+    w_oihw = torch.randn((C_out, C_in, k, k), generator=g, dtype=torch.float64)
+    Ho, Wo = (H + 2 * pad - k) // s + 1, (W + 2 * pad - k) // s + 1
+    dy = torch.randn((N, C_out, Ho, Wo), generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_input((N, C_in, H, W), w_oihw, dy, (s, s), (pad, pad))
+    # dy (P, C_out) contiguous as the kernels read it, viewed (N, H_out, W_out, C_out)
+    dy_nhwc = dy.permute(0, 2, 3, 1).contiguous()
+    got = _v6_dgrad_emulated(dy_nhwc, w_oihw.permute(0, 2, 3, 1).contiguous(), H, W, (s, s),
+                             (pad, pad), v6_dgrad_plan, force)
+    assert not torch.isnan(got).any(), "a pixel of dx no phase wrote"
+    torch.testing.assert_close(got.permute(0, 3, 1, 2), want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------- version 6 (GPU) --
+# Every test above with VERSIONS runs version 6 too; these force each dgrad plan
+# ($LEVELS_CONV_BN_V6_DGRAD_PLAN: tiles 0-2 as version 5's, 3 the narrow 128x16) on shapes
+# covering every phase case, in both modes, and the paths around it (1x1 GEMM for C_in >= 128,
+# version 4's WMMA dgrad for C_out % 8 != 0).
+DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN"
+V6_SHAPES = [
+    # stride 2, odd sizes, padding 1: four phases of 1, 2, 2, 4 taps; NCHW x copied once
+    dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1),
+    # the stem: 7x7 stride 2 pad 3, C_in = 3 (the narrow tile; scalar x gathers elsewhere)
+    dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
+    # stride 1, C_in = 70: a ragged second channel tile; C_out = 64: one tap per k-tile
+    dict(N=2, C_in=70, H=13, W=11, C_out=64, k=3, stride=1, padding=1, channels_last=True),
+    # 1x1 stride 2 (three phases without a tap: zeros) and stride 3 with padding 2
+    dict(N=2, C_in=16, H=13, W=11, C_out=32, k=1, stride=2, padding=0, channels_last=True),
+    dict(N=2, C_in=24, H=10, W=11, C_out=16, k=3, stride=3, padding=2, channels_last=True),
+    # 1x1 stride 1: C_in = 64 takes version 6's kernels, C_in = 128 gemm.cu's GEMM
+    dict(N=2, C_in=64, H=9, W=10, C_out=48, k=1, stride=1, padding=0, channels_last=True),
+    dict(N=2, C_in=128, H=9, W=10, C_out=48, k=1, stride=1, padding=0, channels_last=True),
+    # C_out % 8 != 0: version 4's dgrad (scalar dy gathers)
+    dict(N=2, C_in=16, H=9, W=10, C_out=13, k=3, stride=1, padding=1, channels_last=True),
+]
+V6_PLANS = ["", "0", "1", "2", "3", "2,3", "3,2", "0,9"]  # "": the rule; 9 > k-tiles: clamped
+
+
+def _shape_id(s):
+    return f"{s['C_in']}to{s['C_out']}_k{s['k']}s{s['stride']}_{s['H']}x{s['W']}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", V6_PLANS, ids=lambda p: f"dplan{p.replace(',', 'x') or 'auto'}")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_SHAPES, ids=_shape_id)
+def test_v6_every_dgrad_plan(plan, training, shape, monkeypatch):
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
+    _passes(_args(shape, torch.bfloat16, seed=shape["C_in"] + len(plan), training=training), 6,
+            monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_SHAPES, ids=_shape_id)
+def test_v6_fp16(training, shape, monkeypatch):
+    _passes(_args(shape, torch.float16, seed=shape["C_out"], training=training), 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,4"])
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_tensor_core_size(plan, training, monkeypatch):
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)  # the rule's dgrad plan and a forced split
+    _passes(_tensor_core_size_args(13, training), 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_misaligned_x(training, monkeypatch):
+    # x 6 bytes into its buffer: the forward and wgrad take their gather paths; the dgrad
+    # reads dy and w only, and still runs version 6's kernels
+    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=2, padding=1, channels_last=True)
+    args = _args(shape, torch.bfloat16, seed=10, training=training)
+    args["x"] = _misaligned(args["x"])
+    _passes(args, 6, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "2,3", "3,2"])
+@pytest.mark.parametrize("training", [False, True])
+def test_v6_backward_is_deterministic(plan, training, monkeypatch):
+    # split phases' partials are added in a fixed order by the finish kernel: no atomics
+    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)
+    args = _args(dict(N=4, C_in=32, H=20, W=18, C_out=48, k=3, stride=2, padding=1,
+                      channels_last=True), torch.bfloat16, seed=5, training=training)
+    grads = []
+    for _ in range(2):
+        leaves = [args[n].detach().clone().requires_grad_(True) for n in ("x", "conv_weight")]
+        out = cb.conv_bn(leaves[0], leaves[1], args["conv_bias"], args["bn_weight"],
+                         args["bn_bias"], args["running_mean"].clone(), args["running_var"].clone(),
+                         (2, 2), (1, 1), 1e-5, 0.1, training, version=6)
+        grads.append(torch.autograd.grad(out.float().square().sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+# Version 6's wgrad (mma_conv::wgrad_kernel): the rule (cb_wgrad_plan), the gather of its
+# pixel-major tiles with each thread's pixels stepped 64 at a time, the pixel splits and their
+# ordered sum, emulated in float64; and the ldmatrix.trans fragments from the panel-swizzled
+# tiles composing to A^T B.
+
+@pytest.mark.parametrize("case,want", [
+    # layer1 3x3 64 -> 64 at 56x56, batch 32: 9 tiles of 64x64; the pixel splits fill the
+    # 396 slots (44 x 9 = 396), 36 k-tiles of 64 pixels each
+    ((64, 576, 100352, 132, 98), dict(tile=T64x64, blocks=9, splits=44, tiles_per_split=36)),
+    # layer4 3x3 512 -> 512 at 7x7: 4 x 72 tiles of 128x64 already fill the GPU (288 for
+    # 396 slots; 2 splits would cost 2.4M partials): no split
+    ((512, 4608, 1568, 132, 1), dict(tile=T128x64, blocks=288, splits=1)),
+    ((512, 4608, 1568, 132, 8), dict(tile=T128x64, blocks=288, splits=1)),
+    # the stem (C_out 64, K = 147): 3 tiles, ~132 splits of 48 k-tiles
+    ((64, 147, 401408, 132, 256), dict(tile=T64x64, blocks=3, splits=131, tiles_per_split=48)),
+    # the workspace bound caps the splits; within it the model still weighs the remainder:
+    # 14 splits are 126 units, one per SM; 16 would be 144, 12 SMs running a second
+    ((64, 576, 100352, 132, 16), dict(tile=T64x64, splits=14)),
+])
+def test_v6_wgrad_rule_picks(v6_wgrad_plan, case, want):
+    got = v6_wgrad_plan(*case)
+    assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+def test_v6_wgrad_plans_cover_the_pixels(v6_wgrad_plan):
+    for C_out in (8, 64, 72, 512):
+        for K in (27, 147, 576, 4608):
+            for P in (1, 63, 1568, 100352):
+                for most in (1, 7, 98):
+                    p = v6_wgrad_plan(C_out, K, P, most=most)
+                    where = f"C_out={C_out} K={K} P={P} most={most}: {p}"
+                    k_tiles = -(-P // BK)
+                    assert p["tile"] == (T128x64 if C_out > 64 else T64x64), where
+                    assert p["blocks"] == -(-C_out // p["bm"]) * -(-K // p["bn"]), where
+                    assert 1 <= p["splits"] <= most, where
+                    assert (p["splits"] - 1) * p["tiles_per_split"] < k_tiles <= p["splits"] * p["tiles_per_split"], where
+                    if p["splits"] > 1:
+                        assert p["tiles_per_split"] >= 8, where
+    # forced: 128x64 / 64x64 and the splits (clamped to the workspace's); 128x128: the rule's
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x64, splits=3)["tile"] == T128x64
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x64, splits=3)["splits"] == 3
+    assert v6_wgrad_plan(64, 576, 6400, most=2, splits=3)["splits"] == 2
+    assert v6_wgrad_plan(64, 576, 6400, tile=T128x128)["tile"] == T64x64
+
+
+def _v6_wgrad_emulated(x, dy2, kH, kW, stride, padding, plan):
+    """G (C_out, K) as mma_conv::wgrad_kernel computes it: per (tile, split) block, stage by
+    stage, A = dy rows p0 + row (row = ra + r * A_PASS, thread chunk ca) and B = im2col(x) rows
+    whose pixels each thread keeps as (n, ho, wo) and steps by 64 (step_w, step_h, step_n with
+    one carry each), its columns' taps decoded once (past K: ti = -2**29, never in the image);
+    each split's fp32 partial, then their sum in order (wgrad_finish_kernel)."""
+    N, H, W, C_in = x.shape
+    P, C_out = dy2.shape
+    (sh, sw), (ph, pw) = stride, padding
+    Ho, Wo = (H + 2 * ph - kH) // sh + 1, (W + 2 * pw - kW) // sw + 1
+    K = kH * kW * C_in
+    sx_n, sx_h, sx_w, sx_c = x.stride()
+    xf = x.flatten()
+    BM, BN, threads = plan["bm"], plan["bn"], plan["threads"]
+    B_CPR = BN // 8
+    B_PASS = threads // B_CPR
+    B_ROWS = BK // B_PASS
+    tid = torch.arange(threads)
+    cb_, rb = tid % B_CPR, tid // B_CPR
+    n_tiles = -(-K // BN)
+    hw = Ho * Wo
+    step_w, step_h, step_n = BK % Wo, (BK // Wo) % Ho, BK // hw
+    part = torch.full((plan["splits"], C_out, K), float("nan"), dtype=torch.float64)
+    for block in range(plan["blocks"]):
+        o0, k0 = (block // n_tiles) * BM, (block % n_tiles) * BN
+        # each thread's 8 columns: taps (i, j, c) decoded once
+        k = k0 + cb_[:, None] * 8 + torch.arange(8)[None, :]  # (threads, 8)
+        ij, c = k // C_in, k % C_in
+        ti = torch.where(k < K, ij // kW, torch.full_like(k, -(1 << 29)))
+        tj = ij % kW
+        toff = (ij // kW) * sx_h + tj * sx_w + c * sx_c
+        for y in range(plan["splits"]):
+            p_begin = y * plan["tiles_per_split"] * BK
+            p_end = min(P, p_begin + plan["tiles_per_split"] * BK)
+            KT = -(-(p_end - p_begin) // BK) if p_end > p_begin else 0
+            rows = rb[:, None] + torch.arange(B_ROWS)[None, :] * B_PASS  # (threads, B_ROWS)
+            p = (p_begin + rows).clamp(max=P - 1)
+            pn, pho, pwo = p // hw, (p % hw) // Wo, (p % hw) % Wo
+            acc = torch.zeros((BM, BN), dtype=torch.float64)
+            for t in range(KT):
+                p0 = p_begin + t * BK
+                A = torch.zeros((BK, BM), dtype=torch.float64)
+                pa = p0 + torch.arange(BK)
+                oa = o0 + torch.arange(BM)
+                ok = (pa < p_end)[:, None] & (oa < C_out)[None, :]
+                A[ok] = dy2[pa.clamp(max=P - 1)][:, oa.clamp(max=C_out - 1)][ok]
+                B = torch.full((BK, BN), float("nan"), dtype=torch.float64)
+                for r in range(B_ROWS):
+                    row = rows[:, r]
+                    p_ok = p0 + row < p_end
+                    hb, wb = pho[:, r] * sh - ph, pwo[:, r] * sw - pw
+                    hi, wi = hb[:, None] + ti, wb[:, None] + tj
+                    okx = p_ok[:, None] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+                    src = pn[:, r, None] * sx_n + hb[:, None] * sx_h + wb[:, None] * sx_w + toff
+                    vals = torch.where(okx, xf[src.clamp(0, xf.numel() - 1)], torch.zeros((), dtype=torch.float64))
+                    for e in range(8):
+                        B[row, cb_ * 8 + e] = vals[:, e]
+                    # the next stage's pixel, carried
+                    pwo[:, r] += step_w
+                    carry = pwo[:, r] >= Wo
+                    pwo[:, r] -= torch.where(carry, Wo, 0)
+                    pho[:, r] += carry.long() + step_h
+                    carry = pho[:, r] >= Ho
+                    pho[:, r] -= torch.where(carry, Ho, 0)
+                    pn[:, r] += carry.long() + step_n
+                assert not torch.isnan(B).any(), "an element of the B stage no thread wrote"
+                acc += A.T @ B
+            m_ok, n_ok = slice(0, max(0, min(BM, C_out - o0))), slice(0, max(0, min(BN, K - k0)))
+            part[y, o0:o0 + BM, k0:k0 + BN] = acc[m_ok, n_ok]
+    return sum(part[y] for y in range(plan["splits"]))
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C_in, H, W, C_out, k, stride, padding, tile, splits)
+    (4, 8, 17, 19, 16, 3, 2, 1, T64x64, 3),     # stride 2, odd sizes: 360 pixels, 3 splits
+    (3, 3, 31, 29, 72, 7, 2, 3, T128x64, 2),    # the stem's gather (C_in = 3), K = 147
+    (3, 16, 5, 4, 8, 3, 1, 1, T64x64, 1),       # 20 pixels an image: 3 images in one stage
+    (6, 24, 25, 22, 8, 1, 3, 0, T64x64, 2),     # 1x1 stride 3, K = 24; 7 k-tiles as 4 + 3
+])
+def test_v6_wgrad_index_math_matches_torch(v6_wgrad_plan, case):
+    N, C_in, H, W, C_out, k, s, pad, tile, splits = case
+    g = torch.Generator().manual_seed(sum(case))
+    x_nchw = torch.randn((N, C_in, H, W), generator=g, dtype=torch.float64)
+    Ho, Wo = (H + 2 * pad - k) // s + 1, (W + 2 * pad - k) // s + 1
+    dy = torch.randn((N, C_out, Ho, Wo), generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_weight(x_nchw, (C_out, C_in, k, k), dy, (s, s), (pad, pad))
+    x = x_nchw.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    dy2 = dy.permute(0, 2, 3, 1).reshape(-1, C_out)
+    plan = v6_wgrad_plan(C_out, k * k * C_in, N * Ho * Wo, tile=tile, splits=splits, most=64)
+    assert plan["splits"] == splits, plan
+    G = _v6_wgrad_emulated(x, dy2, k, k, (s, s), (pad, pad), plan)
+    assert not torch.isnan(G).any()
+    torch.testing.assert_close(G.reshape(C_out, k, k, C_in).permute(0, 3, 1, 2), want,
+                               rtol=1e-12, atol=1e-12)
+
+
+def _ldmatrix_x4_trans(smem, addr):
+    """ldmatrix.x4.trans: matrix i's rows from lanes 8i..8i+7, each transposed: lane l
+    receives rows 2 (l % 4) and +1 of column l // 4."""
+    regs = torch.zeros((32, 4, 2), dtype=torch.float64)
+    for i in range(4):
+        rows = [smem[addr[8 * i + j]:addr[8 * i + j] + 8] for j in range(8)]
+        for lane in range(32):
+            regs[lane, i] = torch.stack([rows[2 * (lane % 4)][lane // 4], rows[2 * (lane % 4) + 1][lane // 4]])
+    return regs
+
+
+def _pswz(row, chunk):
+    return (chunk >> 3) * BK * BK + _swz(row, chunk & 7)  # mma_conv::pswz
+
+
+@pytest.mark.parametrize("tile", [T128x64, T64x64])
+def test_v6_wgrad_transposed_fragments_compose_to_the_tile_product(v6_wgrad_plan, tile):
+    # One stage of wgrad_kernel: A (64 pixels x BM) and B (64 x BN) stored pixel-major in
+    # 64-column swizzled panels, read by its ldmatrix.x4.trans lane addresses into mma.sync's
+    # A (m16 x k16) and B (k16 x n8) fragments, composed to the fp32 tile: A^T B.
+    p = v6_wgrad_plan(64, 64, 64, tile=tile)
+    BM, BN, WM, WN = p["bm"], p["bn"], p["warps_m"], p["warps_n"]
+    WTM, WTN = BM // WM, BN // WN
+    g = torch.Generator().manual_seed(tile + 7)
+    A = torch.randn((BK, BM), generator=g, dtype=torch.float64)
+    B = torch.randn((BK, BN), generator=g, dtype=torch.float64)
+    sA, sB = torch.full((BK * BM,), float("nan"), dtype=torch.float64), torch.full((BK * BN,), float("nan"), dtype=torch.float64)
+    for src, dst in ((A, sA), (B, sB)):
+        for r in range(BK):
+            for c in range(src.shape[1] // 8):
+                dst[_pswz(r, c):_pswz(r, c) + 8] = src[r, 8 * c:8 * c + 8]
+        assert not torch.isnan(dst).any()
+
+    def a_regs(wm, mt, kk):
+        m = wm * WTM + mt * 16
+        addr = [_pswz(kk * 16 + ((lane >> 4) << 3) + (lane & 7), (m >> 3) + ((lane >> 3) & 1)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4_trans(sA, addr)
+
+    def b_regs(wn, nt, kk):
+        addr = [_pswz(kk * 16 + (lane & 15), ((wn * WTN + nt * 8) >> 3) + (lane >> 4)) for lane in range(32)]
+        _assert_conflict_free(addr)
+        return _ldmatrix_x4_trans(sB, addr)
+    torch.testing.assert_close(_compose_warp_tiles(p, a_regs, b_regs), A.T @ B, rtol=1e-12, atol=1e-12)
+
+
+# version 6's wgrad on the GPU: each plan forced ($LEVELS_CONV_BN_V6_WGRAD_PLAN) on the
+# 16-byte path and the element gathers (C_in = 3, misaligned x), both modes.
+WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN"
+V6_WGRAD_SHAPES = [
+    dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1, channels_last=True),
+    dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
+    dict(N=4, C_in=24, H=33, W=31, C_out=16, k=3, stride=1, padding=1, channels_last=True),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("plan", ["", "1", "2", "1,3", "2,1", "2,64"],
+                         ids=lambda p: f"wplan{p.replace(',', 'x') or 'auto'}")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", V6_WGRAD_SHAPES, ids=_shape_id)
+def test_v6_every_wgrad_plan(plan, training, shape, monkeypatch):
+    monkeypatch.setenv(WGRAD_PLAN_ENV, plan)
+    _passes(_args(shape, torch.bfloat16, seed=shape["C_in"] + 2 * len(plan), training=training), 6,
+            monkeypatch)
