@@ -100,7 +100,7 @@ def main(path: str) -> None:
     with open(path, "w") as f:
         json.dump(dict(what="Levels 4 and 5 attention at short key sequences: Level 4's one-pass "
                        "backward vs split, Level 5's default, SDPA (kernel time, bf16)", command="python scripts/probe_attention_short.py OUT.json",
-                       environment=describe(), rows=rows), f, indent=1)
+                       environment=describe("cuda"), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
