@@ -77,18 +77,25 @@ def run_checks(shapes, report):
     failed = set()
     for s in shapes:
         for variant, _ in s.directions:
-            key = f"{s.name}/{variant}"
-            entry = _check(s, variant, NEW)
-            if entry["status"] != "pass":
-                failed.add((s.name, variant))
-                entry[f"v{OLD}_same_case"] = _check(s, variant, OLD)
-            report["checks"][key] = entry
-            print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{NEW} {key}: "
-                  f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
-            if f"v{OLD}_same_case" in entry:
-                old = entry[f"v{OLD}_same_case"]
-                print(f"       v{OLD} at the same case: {old['status']} {old['summary'][:120]}")
+            check_case(s, variant, NEW, OLD, report, failed)
     return failed
+
+
+def check_case(s, variant, new, old, report, failed):
+    """Version `new` at shape s in `variant` against float64, into report["checks"]; a
+    failure goes into `failed` with version `old` checked at the same case beside it (whether
+    the case or the new kernels are at fault)."""
+    key = f"{s.name}/{variant}"
+    entry = _check(s, variant, new)
+    if entry["status"] != "pass":
+        failed.add((s.name, variant))
+        entry[f"v{old}_same_case"] = _check(s, variant, old)
+    report["checks"][key] = entry
+    print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{new} {key}: "
+          f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
+    if f"v{old}_same_case" in entry:
+        same = entry[f"v{old}_same_case"]
+        print(f"       v{old} at the same case: {same['status']} {same['summary'][:120]}")
 
 
 def _bench(fn):

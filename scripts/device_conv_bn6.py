@@ -44,22 +44,13 @@ SWEEP_PLANS = ("0", "1", "2", "2,2", "2,3", "2,4", "2,6")  # 0 128x128, 1 128x64
 
 
 def run_checks(shapes, report):
-    """Version 5 against float64 at every shape, eval and train (also where the card times
-    only inference: the same kernels, one more case); returns the failed (shape, variant)."""
+    """Version NEW (5; device_conv_bn7.py sets 6) against float64 at every shape, eval and
+    train (also where the card times only inference: the same kernels, one more case);
+    returns the failed (shape, variant)."""
     failed = set()
     for s in shapes:
         for variant in ("eval", "train"):
-            key = f"{s.name}/{variant}"
-            entry = base._check(s, variant, NEW)
-            if entry["status"] != "pass":
-                failed.add((s.name, variant))
-                entry[f"v{OLD}_same_case"] = base._check(s, variant, OLD)
-            report["checks"][key] = entry
-            print(f"  {'ok  ' if entry['status'] == 'pass' else 'FAIL'} v{NEW} {key}: "
-                  f"{entry['summary'][:150]} ({entry['seconds']} s)", flush=True)
-            if f"v{OLD}_same_case" in entry:
-                old = entry[f"v{OLD}_same_case"]
-                print(f"       v{OLD} at the same case: {old['status']} {old['summary'][:120]}")
+            base.check_case(s, variant, NEW, OLD, report, failed)
     return failed
 
 
