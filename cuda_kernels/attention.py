@@ -89,9 +89,10 @@ or to version 2 where 5 cannot run it either (`pick_version`). Measured on the H
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_ATTENTION, else default_version
 (version 6 on sm_90 for 16-bit heads of 128 without RoPE, else DEFAULT_VERSION). Version 7
-is not a default yet: it is chosen by argument or $LEVELS_CUDA_VERSION_ATTENTION=7 until the
-H100 has timed it (scripts/device_attention7.py) and the lead has weighed its speed against
-its non-deterministic dq.
+is not a default: chosen by argument or $LEVELS_CUDA_VERSION_ATTENTION=7. The H100 measured its
+backward 4-7% faster than the two-kernel one (reports/h100-attention7.json, forward+backward
+0.63x FLASH at B4 H16 N4096 D128 against 0.61x): too little to give up a bitwise reproducible
+dq by default.
 """
 
 from __future__ import annotations

@@ -70,6 +70,10 @@
 //       with C_out >= 128 stay gemm.cu's, the backward stays v4's. ptxas (sm_90a, -O3):
 //       128x128 126 registers, 128x64 168, 64x64 117, no spills; 96, 72, 64 KB of shared
 //       memory (2, 3, 3 blocks per SM).
+//       Measured (H100, bf16 channels_last, eval forward, reports/h100-conv-bn6.json): 1.33x,
+//       1.16x, 0.86x, 0.62x cuDNN at the 3x3s of 56x56, 56x56/2, 14x14, 7x7 (v4: 0.58x, 0.64x,
+//       0.45x, 0.24x); 1x1 64-channel 1.52x (0.98x). Level 4 (Triton, whose tl.dot is wgmma on
+//       sm_90) is 1.12x and 0.86x at 14x14 and 7x7: wgmma is the next rung.
 //   v6  v5 with the backward on mma.sync + ldmatrix too, its tiles fitted to the problem
 //       (16-bit inputs, C_out % 8 == 0, aligned dy; conv_dgrad_v6, mma_conv::wgrad_kernel).
 //       v4's backward runs one fixed 128x128 WMMA tile: C_in or C_out = 64 wastes half of it,
@@ -101,6 +105,9 @@
 //       registers, 128x64 168, 64x64 118, 128x16 110 (108 writing fp32 partials; 72 KB of
 //       shared memory, 3 blocks per SM); wgrad_kernel 128x64 166 (168 gathering elements),
 //       64x64 140 (164). No 128x128 wgrad: at 2 blocks per SM it spilled 48-336 bytes.
+//       Measured (H100, training forward+backward, reports/h100-conv-bn7.json, v5 in the same
+//       run): 1.05-2.9x v5, 0.45-1.03x cuDNN + BatchNorm: the stem 0.90x (v5 0.31x: its dgrad
+//       2.95 -> 0.46 ms), 3x3s 0.45x, 0.60x, 0.87x, 0.69x (v5 0.35x, 0.53x, 0.62x, 0.42x).
 //
 // Around the convolution (the same kernels for every version):
 //   eval   BatchNorm is an affine map per output channel, so it folds into the convolution:
