@@ -158,7 +158,26 @@ def ratios(figures, base_name="cudnn"):
             fig["x_cudnn"] = ref / fig["ms"]
 
 
-def run_timings(shapes, failed, report):
+def time_candidate(fn, params, rm, rv, training, dy):
+    """One candidate's figures: a train step (forward + backward through autograd with one
+    upstream gradient dy) or an eval forward under no_grad, each run once first so that builds
+    and compiles stay outside the timing."""
+    if training:
+        def step():
+            torch.autograd.grad(fn(params, rm, rv, True), list(params.values()), dy)
+        step()
+        return _bench(step)
+    with torch.no_grad():
+        fn(params, rm, rv, False)
+        return _bench(lambda: fn(params, rm, rv, False))
+
+
+def run_timings(shapes, failed, report, pick=None, checked=None):
+    """Every shape's directions, each candidate of pick(args) (default: _callers(args), cuDNN
+    and the version pair) timed in the same process, ratios to cuDNN, a table row printed. The
+    candidate named `checked` (default: version NEW) is not timed where its check failed."""
+    pick = pick or _callers
+    checked = checked or f"level5_v{NEW}"
     for s in shapes:
         for variant, direction in s.directions:
             training = variant == "train"
@@ -168,23 +187,15 @@ def run_timings(shapes, failed, report):
             row = {"shape": s.name, "describe": s.describe(), "variant": variant,
                    "direction": direction, "figures": {}}
             dy = None
-            for name, fn in _callers(a).items():
-                if name == f"level5_v{NEW}" and (s.name, variant) in failed:
+            for name, fn in pick(a).items():
+                if name == checked and (s.name, variant) in failed:
                     row["figures"][name] = {"skipped": "failed its check"}
                     continue
                 try:
-                    if training:
-                        if dy is None:
-                            with torch.no_grad():
-                                dy = torch.randn_like(fn(params, rm, rv, True))
-
-                        def step(fn=fn):
-                            torch.autograd.grad(fn(params, rm, rv, True), list(params.values()), dy)
-                        row["figures"][name] = _bench(step)
-                    else:
+                    if training and dy is None:
                         with torch.no_grad():
-                            fn(params, rm, rv, False)  # builds / compiles outside the timing
-                            row["figures"][name] = _bench(lambda fn=fn: fn(params, rm, rv, False))
+                            dy = torch.randn_like(fn(params, rm, rv, True))
+                    row["figures"][name] = time_candidate(fn, params, rm, rv, training, dy)
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             ratios(row["figures"])
@@ -192,25 +203,47 @@ def run_timings(shapes, failed, report):
             print(f"  {s.name:34s} {variant:5s} {direction:7s} | {cells(row['figures'])}", flush=True)
 
 
-def main():
+def parse_args(doc):
+    """(OUT path, the --shapes names) from the command line; the usage (doc) otherwise."""
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 1:
-        raise SystemExit(__doc__)
-    out = Path(args[0])
     only = set()
     if "--shapes" in sys.argv:
         only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
-    import triton
-    from cuda_kernels import build
-    from cuda_kernels import conv_bn as cb
+        args = [a for a in args if a != sys.argv[sys.argv.index("--shapes") + 1]]
+    if len(args) != 1:
+        raise SystemExit(doc)
+    return Path(args[0]), only
 
+
+def new_report(sections, versions=(OLD, NEW)):
+    """The report's header (GPU, software, date, the pair of versions and their ideas, unless
+    versions is None) and an empty list per name in sections, after checks."""
+    import triton
+    from cuda_kernels import conv_bn as cb
     report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
+              "sms": torch.cuda.get_device_properties(0).multi_processor_count,
               "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": {"old": OLD, "new": NEW, "ideas": {str(k): v for k, v in cb.VERSIONS.items()},
-                           "default": cb.DEFAULT_VERSION},
-              "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 ms): "
-              "median, p20, p80", "checks": {}, "timings": []}
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if versions is not None:
+        report["versions"] = {"old": versions[0], "new": versions[1], "default": cb.DEFAULT_VERSION,
+                              "ideas": {str(k): v for k, v in cb.VERSIONS.items()}}
+    report.update({"dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, "
+                   "rep 60 ms): median, p20, p80", "checks": {}})
+    report.update({name: [] for name in sections})
+    return report
+
+
+def finish(report, out, start, failed, tag):
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"[{tag}] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+
+
+def main():
+    out, only = parse_args(__doc__)
+    from cuda_kernels import build
+
+    report = new_report(("timings",))
     start = time.perf_counter()
     build.ops()
     report["build"] = build.last_build()
@@ -220,10 +253,7 @@ def main():
     if "--check-only" not in sys.argv:
         print("[conv_bn5] timings (bf16 channels_last; ms median [p20, p80], ratio to cuDNN)")
         run_timings(shapes, failed, report)
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"[conv_bn5] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
-
+    finish(report, out, start, failed, "conv_bn5")
 
 if __name__ == "__main__":
     main()

@@ -23,8 +23,6 @@ Aims at < 4 min on an H100 with a cold build (version 4's run took 77 s).
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 import time
@@ -54,43 +52,11 @@ def run_checks(shapes, report):
     return failed
 
 
-def _time(fn, params, rm, rv, training, dy):
-    if training:
-        def step():
-            torch.autograd.grad(fn(params, rm, rv, True), list(params.values()), dy)
-        return base._bench(step)
-    with torch.no_grad():
-        fn(params, rm, rv, False)  # builds / compiles outside the timing
-        return base._bench(lambda: fn(params, rm, rv, False))
-
-
-_cells, _ratios = base.cells, base.ratios  # (device_conv_bn5.py's)
-
-
 def run_timings(shapes, failed, report):
-    for s in shapes:
-        for variant, direction in s.directions:
-            training = variant == "train"
-            a = base._args(s, training)
-            rm, rv = a["running_mean"].clone(), a["running_var"].clone()
-            params = {k: a[k].detach().requires_grad_(training) for k in base.PARAMS}
-            row = {"shape": s.name, "describe": s.describe(), "variant": variant,
-                   "direction": direction, "figures": {}}
-            dy = None
-            for name, fn in base._callers(a, (OLD, NEW)).items():
-                if name == f"level5_v{NEW}" and (s.name, variant) in failed:
-                    row["figures"][name] = {"skipped": "failed its check"}
-                    continue
-                try:
-                    if training and dy is None:
-                        with torch.no_grad():
-                            dy = torch.randn_like(fn(params, rm, rv, True))
-                    row["figures"][name] = _time(fn, params, rm, rv, training, dy)
-                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                    row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            _ratios(row["figures"])
-            report["timings"].append(row)
-            print(f"  {s.name:34s} {variant:5s} {direction:7s} | {_cells(row['figures'])}", flush=True)
+    """device_conv_bn5's timings for this module's pair (OLD, NEW: read at the call, so
+    device_conv_bn7.py's pair when it sets them)."""
+    base.run_timings(shapes, failed, report, lambda a: base._callers(a, (OLD, NEW)),
+                     f"level5_v{NEW}")
 
 
 def _v5_runs_own_kernel(s):
@@ -131,39 +97,11 @@ def run_sweep(shapes, failed, report):
                                               if "ms" in f) + f"  (best {best[1]})", flush=True)
 
 
-def parse_args(doc):
-    """(OUT path, the --shapes names) from the command line; the usage (doc) otherwise."""
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    only = set()
-    if "--shapes" in sys.argv:
-        only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
-        args = [a for a in args if a != sys.argv[sys.argv.index("--shapes") + 1]]
-    if len(args) != 1:
-        raise SystemExit(doc)
-    return Path(args[0]), only
+parse_args, finish = base.parse_args, base.finish
 
 
 def new_report(sections):
-    """The report's header (GPU, software, date, the pair of versions and their ideas) and an
-    empty list per name in sections, after checks."""
-    import triton
-    from cuda_kernels import conv_bn as cb
-    report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
-              "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-              "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": {"old": OLD, "new": NEW, "ideas": {str(k): v for k, v in cb.VERSIONS.items()},
-                           "default": cb.DEFAULT_VERSION},
-              "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 ms): "
-              "median, p20, p80", "checks": {}}
-    report.update({name: [] for name in sections})
-    return report
-
-
-def finish(report, out, start, failed, tag):
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"[{tag}] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+    return base.new_report(sections, (OLD, NEW))
 
 
 def main():

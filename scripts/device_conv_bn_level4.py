@@ -24,8 +24,6 @@ skips Level 5).
 
 from __future__ import annotations
 
-import datetime
-import json
 import sys
 import time
 import traceback
@@ -37,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.device_conv_bn5 import (  # noqa: E402
-    PARAMS, _args, _bench, _callers, _shapes, cells, ratios)
+    PARAMS, _args, _callers, _shapes, finish, new_report, parse_args)
+from scripts.device_conv_bn5 import run_timings as base_timings  # noqa: E402
 
 LEVEL5 = "level5_v4"
 
@@ -142,58 +141,16 @@ def _host_profile(s, report):
 
 
 def run_timings(shapes, failed, report, with_level5):
-    for s in shapes:
-        for variant, direction in s.directions:
-            training = variant == "train"
-            a = _args(s, training)
-            rm, rv = a["running_mean"].clone(), a["running_var"].clone()
-            params = {k: a[k].detach().requires_grad_(training) for k in PARAMS}
-            row = {"shape": s.name, "describe": s.describe(), "variant": variant,
-                   "direction": direction, "figures": {}}
-            callers = {k: v for k, v in _callers(a).items()
-                       if k in ("cudnn", "level4") or (with_level5 and k == LEVEL5)}
-            dy = None
-            for name, fn in callers.items():
-                if name == "level4" and (s.name, variant) in failed:
-                    row["figures"][name] = {"skipped": "failed its check"}
-                    continue
-                try:
-                    if training:
-                        if dy is None:
-                            with torch.no_grad():
-                                dy = torch.randn_like(fn(params, rm, rv, True))
-                        step = _step(fn, params, rm, rv, dy)
-                        step()  # compiles outside the timing
-                        row["figures"][name] = _bench(step)
-                    else:
-                        with torch.no_grad():
-                            fn(params, rm, rv, False)
-                            row["figures"][name] = _bench(lambda fn=fn: fn(params, rm, rv, False))
-                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                    row["figures"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            ratios(row["figures"])
-            report["timings"].append(row)
-            print(f"  {s.name:34s} {variant:5s} | {cells(row['figures'])}", flush=True)
+    def pick(a):
+        return {k: v for k, v in _callers(a).items()
+                if k in ("cudnn", "level4") or (with_level5 and k == LEVEL5)}
+    base_timings(shapes, failed, report, pick, "level4")
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--shapes" in sys.argv:
-        args.remove(sys.argv[sys.argv.index("--shapes") + 1])
-    if len(args) != 1:
-        raise SystemExit(__doc__)
-    out = Path(args[0])
-    only = set()
-    if "--shapes" in sys.argv:
-        only = set(sys.argv[sys.argv.index("--shapes") + 1].split(","))
-    import triton
-
-    report = {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "dtype": "bfloat16, channels_last", "timing": "triton do_bench (warmup 10, rep 60 "
-              "ms): median, p20, p80", "checks": {}, "timings": [], "profiles": {},
-              "host_profiles": {}}
+    out, only = parse_args(__doc__)
+    report = new_report(("timings",), versions=None)
+    report.update(profiles={}, host_profiles={})
     start = time.perf_counter()
     with_level5 = "--no-level5" not in sys.argv and "--check-only" not in sys.argv
     if with_level5:
@@ -219,9 +176,7 @@ def main():
         for s in shapes:
             if any(v == "train" for v, _ in s.directions):
                 _host_profile(s, report)
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"[conv_bn level4] {len(failed)} failed check(s); {report['seconds']} s; wrote {out}")
+    finish(report, out, start, failed, "conv_bn level4")
 
 
 if __name__ == "__main__":
