@@ -152,13 +152,18 @@ def run_timings(report):
         rows.append(row)
         print(f"B{B} H{H} N{N} D{D} {'causal' if causal else 'full'}:", flush=True)
         for name, t in row["ms"].items():
-            if "median" in t:
-                print(f"  {name:10s} {t['median'] * 1e3:9.1f} us [{t['p20'] * 1e3:.1f}, {t['p80'] * 1e3:.1f}] "
-                      f"{t['tflops']:6.0f} TFLOP/s  {t.get('vs_FLASH', 0):.2f}x FLASH  {t.get('vs_cuDNN', 0):.2f}x cuDNN")
-            else:
-                print(f"  {name:10s} {t['error']}")
+            print(timing_line(f"{name:10s}", t))
         del q, k, v
     report["timings"] = rows
+
+
+def timing_line(label, t):
+    """One candidate's row: median [p20, p80] in us, TFLOP/s, ratios to FLASH and cuDNN."""
+    if "median" not in t:
+        return f"  {label} {t['error']}"
+    return (f"  {label} {t['median'] * 1e3:9.1f} us [{t['p20'] * 1e3:.1f}, {t['p80'] * 1e3:.1f}] "
+            f"{t['tflops']:6.0f} TFLOP/s  {t.get('vs_FLASH', 0):.2f}x FLASH  "
+            f"{t.get('vs_cuDNN', 0):.2f}x cuDNN")
 
 
 def main():

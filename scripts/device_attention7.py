@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.device_attention6 import BOUND, reference, rel, run_and_write  # noqa: E402
+from scripts.device_attention6 import (  # noqa: E402
+    BOUND, reference, rel, run_and_write, timing_line)
 
 V = 7
 # (B, H, H_kv, Nq, Nk, D, causal, bottom_right, kv_lens): every head size, a length of no
@@ -175,12 +176,7 @@ def run_timings(report):
         print(f"B{B} H{H} N{N} D{D} {'causal' if causal else 'full'}:", flush=True)
         for mode in ("fwd+bwd", "bwd"):
             for name, t in row["ms"][mode].items():
-                if "median" in t:
-                    print(f"  {mode:7s} {name:10s} {t['median'] * 1e3:9.1f} us [{t['p20'] * 1e3:.1f}, "
-                          f"{t['p80'] * 1e3:.1f}] {t['tflops']:6.0f} TFLOP/s  {t.get('vs_FLASH', 0):.2f}x FLASH  "
-                          f"{t.get('vs_cuDNN', 0):.2f}x cuDNN", flush=True)
-                else:
-                    print(f"  {mode:7s} {name:10s} {t['error']}", flush=True)
+                print(timing_line(f"{mode:7s} {name:10s}", t), flush=True)
     report["timings"] = rows
 
 
