@@ -681,7 +681,7 @@ def test_v5_forward_index_math_matches_torch(v5_plan, case):
 # ($LEVELS_CONV_BN_V5_PLAN: "TILE" or "TILE,SPLITS", conv_bn_plan.h's tiles 0 128x128,
 # 1 128x64, 2 64x64) on shapes whose pixels and channels are no multiple of any tile, in
 # both modes (train: the same kernels writing fp32 y), and the rule's own choice.
-PLAN_ENV = "LEVELS_CONV_BN_V5_PLAN"
+PLAN_ENV = cb.PLAN_ENV
 V5_SHAPES = [
     # C_in = 40: a 64-wide k-tile spans two taps; C_out 70: a ragged second channel tile
     dict(N=2, C_in=40, H=13, W=11, C_out=70, k=3, stride=1, padding=1, channels_last=True),
@@ -706,24 +706,34 @@ def test_v5_every_plan(plan, dtype, training, shape, monkeypatch):
     _passes(_args(shape, dtype, seed=shape["C_out"] + len(plan), training=training), 5, monkeypatch)
 
 
+# Versions 5 and 6 alike: the plan's knob (5: the forward's, 6: the dgrad's) at the rule's
+# choice and a forced split, on a size the tensor cores take; and x misaligned, where the forward
+# (and version 6's wgrad) take their gather paths while version 6's dgrad, reading only dy and
+# w, still runs its own kernels (stride 2 there: every phase).
+V5_V6 = [pytest.param(5, cb.PLAN_ENV, 12, 1, 9, id="v5"),
+         pytest.param(6, cb.DGRAD_PLAN_ENV, 13, 2, 10, id="v6")]
+
+
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("version,knob,seed,stride,misaligned_seed", V5_V6)
 @pytest.mark.parametrize("plan", ["", "2,4"])
 @pytest.mark.parametrize("training", [False, True])
-def test_v5_tensor_core_size(plan, training, monkeypatch):
-    monkeypatch.setenv(PLAN_ENV, plan)  # the rule's plan and a forced split
-    _passes(_tensor_core_size_args(12, training), 5, monkeypatch)
+def test_v5_v6_tensor_core_size(version, knob, seed, stride, misaligned_seed, plan, training, monkeypatch):
+    monkeypatch.setenv(knob, plan)  # the rule's plan and a forced split
+    _passes(_tensor_core_size_args(seed, training), version, monkeypatch)
 
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("version,knob,seed,stride,misaligned_seed", V5_V6)
 @pytest.mark.parametrize("training", [False, True])
-def test_v5_misaligned_x_takes_the_gather_path(training, monkeypatch):
-    # x 6 bytes into its buffer: no 16-byte copies; version 3's gather kernel runs for it
-    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=1, padding=1, channels_last=True)
-    args = _args(shape, torch.bfloat16, seed=9, training=training)
+def test_v5_v6_misaligned_x(version, knob, seed, stride, misaligned_seed, training, monkeypatch):
+    # x 6 bytes into its buffer: no 16-byte copies of x
+    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=stride, padding=1, channels_last=True)
+    args = _args(shape, torch.bfloat16, seed=misaligned_seed, training=training)
     args["x"] = _misaligned(args["x"])
-    _passes(args, 5, monkeypatch)
+    _passes(args, version, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -1015,7 +1025,7 @@ def test_v6_dgrad_index_math_matches_torch(v6_dgrad_plan, case):
 # ($LEVELS_CONV_BN_V6_DGRAD_PLAN: tiles 0-2 as version 5's, 3 the narrow 128x16) on shapes
 # covering every phase case, in both modes, and the paths around it (1x1 GEMM for C_in >= 128,
 # version 4's WMMA dgrad for C_out % 8 != 0).
-DGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_DGRAD_PLAN"
+DGRAD_PLAN_ENV = cb.DGRAD_PLAN_ENV
 V6_SHAPES = [
     # stride 2, odd sizes, padding 1: four phases of 1, 2, 2, 4 taps; NCHW x copied once
     dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1),
@@ -1056,27 +1066,6 @@ def test_v6_every_dgrad_plan(plan, training, shape, monkeypatch):
 @pytest.mark.parametrize("shape", V6_SHAPES, ids=_shape_id)
 def test_v6_fp16(training, shape, monkeypatch):
     _passes(_args(shape, torch.float16, seed=shape["C_out"], training=training), 6, monkeypatch)
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("plan", ["", "2,4"])
-@pytest.mark.parametrize("training", [False, True])
-def test_v6_tensor_core_size(plan, training, monkeypatch):
-    monkeypatch.setenv(DGRAD_PLAN_ENV, plan)  # the rule's dgrad plan and a forced split
-    _passes(_tensor_core_size_args(13, training), 6, monkeypatch)
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("training", [False, True])
-def test_v6_misaligned_x(training, monkeypatch):
-    # x 6 bytes into its buffer: the forward and wgrad take their gather paths; the dgrad
-    # reads dy and w only, and still runs version 6's kernels
-    shape = dict(N=2, C_in=16, H=7, W=9, C_out=24, k=3, stride=2, padding=1, channels_last=True)
-    args = _args(shape, torch.bfloat16, seed=10, training=training)
-    args["x"] = _misaligned(args["x"])
-    _passes(args, 6, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -1288,7 +1277,7 @@ def test_v6_wgrad_transposed_fragments_compose_to_the_tile_product(v6_wgrad_plan
 
 # version 6's wgrad on the GPU: each plan forced ($LEVELS_CONV_BN_V6_WGRAD_PLAN) on the
 # 16-byte path and the element gathers (C_in = 3, misaligned x), both modes.
-WGRAD_PLAN_ENV = "LEVELS_CONV_BN_V6_WGRAD_PLAN"
+WGRAD_PLAN_ENV = cb.WGRAD_PLAN_ENV
 V6_WGRAD_SHAPES = [
     dict(N=3, C_in=40, H=15, W=17, C_out=72, k=3, stride=2, padding=1, channels_last=True),
     dict(N=2, C_in=3, H=23, W=21, C_out=16, k=7, stride=2, padding=3, channels_last=True),
