@@ -78,6 +78,45 @@ def tma(in_flight, reading, smem, full, rng):
         yield
 
 
+def consume_tile(tile, KT, it, stages, who):
+    """One consumer warp's k-loop over `tile` (gemm.cu v7's and v8's consume): each stage
+    waited full and read, one wgmma group left in flight (wgmma_wait<1>), the stage before
+    given back. `stages`: dict of full, empty, smem, reading, released, STAGES. Yields wherever
+    another actor may run; returns (the iteration counter, the groups still in flight)."""
+    full, empty, smem, reading = stages["full"], stages["empty"], stages["smem"], stages["reading"]
+    released, STAGES = stages["released"], stages["STAGES"]
+    groups = []
+    for kt in range(KT):
+        s = it % STAGES
+        while not full[s].try_wait_parity((it // STAGES) & 1):
+            yield
+        assert smem[s] == (tile, kt), f"{who} read stage {s} for {(tile, kt)}, it holds {smem[s]}"
+        reading[s] += 1
+        groups.append((s, (tile, kt)))
+        yield  # the MMAs run; anything may happen meanwhile
+        while len(groups) > 1:  # wgmma_wait<1>
+            gs, gk = groups.pop(0)
+            assert smem[gs] == gk, f"stage {gs} overwritten under the MMAs of {gk}"
+            reading[gs] -= 1
+        if kt > 0:
+            empty[(it - 1) % STAGES].arrive()
+            released[(tile, kt - 1)] = released.get((tile, kt - 1), 0) + 1
+        it += 1
+        yield
+    return it, groups
+
+
+def finish_tile(tile, KT, it, groups, stages, release_last):
+    """After a tile's k-loop: wgmma_wait<0> (the last groups' stages checked intact), then,
+    if release_last, its last stage given back."""
+    for gs, gk in groups:
+        assert stages["smem"][gs] == gk, f"stage {gs} overwritten under the MMAs of {gk}"
+        stages["reading"][gs] -= 1
+    if KT > 0 and release_last:
+        stages["empty"][(it - 1) % stages["STAGES"]].arrive()
+        stages["released"][(tile, KT - 1)] = stages["released"].get((tile, KT - 1), 0) + 1
+
+
 def schedule(actors, copier, rng, max_steps, case):
     """Run the warps (generators: one step per next()) and the copier in a random
     interleaving until every warp has finished; a run that does not finish is a deadlock."""

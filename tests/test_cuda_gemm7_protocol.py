@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cuda_gemm6_protocol import CONSUMER_WARPS, STAGE_PARTS, MBarrier, schedule, tma
+from tests.test_cuda_gemm6_protocol import (CONSUMER_WARPS, STAGE_PARTS, MBarrier, consume_tile,
+                                            finish_tile, schedule, tma)
 
 GEMM_CU = Path(__file__).resolve().parents[1] / "cuda_kernels" / "gemm.cu"
 
@@ -66,35 +67,16 @@ def run(tiles, KT, STAGES, seed, reset_per_tile=False, release_last=True):
                 it += 1
                 yield
 
+    stages = dict(full=full, empty=empty, smem=smem, reading=reading, released=released,
+                  STAGES=STAGES)
+
     def consumer():
         it = 0
         for t in range(tiles):
             if reset_per_tile:
                 it = 0
-            groups = []
-            for kt in range(KT):
-                s = it % STAGES
-                while not full[s].try_wait_parity((it // STAGES) & 1):
-                    yield
-                assert smem[s] == (t, kt), f"read stage {s} for {(t, kt)}, it holds {smem[s]}"
-                reading[s] += 1
-                groups.append((s, (t, kt)))
-                yield
-                while len(groups) > 1:  # wgmma_wait<1>
-                    gs, gk = groups.pop(0)
-                    assert smem[gs] == gk, f"stage {gs} overwritten under the MMAs of {gk}"
-                    reading[gs] -= 1
-                if kt > 0:
-                    empty[(it - 1) % STAGES].arrive()
-                    released[(t, kt - 1)] = released.get((t, kt - 1), 0) + 1
-                it += 1
-                yield
-            for gs, gk in groups:  # wgmma_wait<0>
-                assert smem[gs] == gk
-                reading[gs] -= 1
-            if KT > 0 and release_last:
-                empty[(it - 1) % STAGES].arrive()
-                released[(t, KT - 1)] = released.get((t, KT - 1), 0) + 1
+            it, groups = yield from consume_tile(t, KT, it, stages, "consumer")
+            finish_tile(t, KT, it, groups, stages, release_last)
             for _ in range(rng.randrange(4)):  # the epilogue: its own shared memory, any length
                 yield
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cuda_gemm6_protocol import STAGE_PARTS, MBarrier, schedule, tma
+from tests.test_cuda_gemm6_protocol import STAGE_PARTS, MBarrier, consume_tile, finish_tile, schedule, tma
 
 GEMM_CU = Path(__file__).resolve().parents[1] / "cuda_kernels" / "gemm.cu"
 WARPS = 4  # per consumer warpgroup
@@ -104,6 +104,9 @@ def run(tiles, KT, STAGES, seed, math_order=True, skip_other=True, empty_count=W
                 it += 1
                 yield
 
+    stages = dict(full=full, empty=empty, smem=smem, reading=reading, released=released,
+                  STAGES=STAGES)
+
     def consumer(wg):  # one warp of consumer warpgroup wg
         it = wg * KT
         for i in range(wg, tiles, 2):
@@ -115,34 +118,12 @@ def run(tiles, KT, STAGES, seed, math_order=True, skip_other=True, empty_count=W
                 assert i == 0 or issued.get(i - 1, 0) == WARPS, f"tile {i} before tile {i - 1} is issued"
             issuing[wg] += 1
             # v8_consume
-            groups = []
-            for kt in range(KT):
-                s = it % STAGES
-                while not full[s].try_wait_parity((it // STAGES) & 1):
-                    yield
-                assert smem[s] == (i, kt), f"consumer {wg} read stage {s} for {(i, kt)}, it holds {smem[s]}"
-                reading[s] += 1
-                groups.append((s, (i, kt)))
-                yield  # the MMAs run; anything may happen meanwhile
-                while len(groups) > 1:  # wgmma_wait<1>
-                    gs, gk = groups.pop(0)
-                    assert smem[gs] == gk, f"stage {gs} overwritten under the MMAs of {gk}"
-                    reading[gs] -= 1
-                if kt > 0:
-                    empty[(it - 1) % STAGES].arrive()
-                    released[(i, kt - 1)] = released.get((i, kt - 1), 0) + 1
-                it += 1
-                yield
+            it, groups = yield from consume_tile(i, KT, it, stages, f"consumer {wg}")
             issuing[wg] -= 1
             issued[i] = issued.get(i, 0) + 1
             order[1 - wg].arrive()  # mbar_arrive(done): the other consumer's turn
             yield  # this tile's last MMAs may still run under the other's first ones
-            for gs, gk in groups:  # wgmma_wait<0>
-                assert smem[gs] == gk, f"stage {gs} overwritten under the MMAs of {gk}"
-                reading[gs] -= 1
-            if KT > 0 and release_last:
-                empty[(it - 1) % STAGES].arrive()
-                released[(i, KT - 1)] = released.get((i, KT - 1), 0) + 1
+            finish_tile(i, KT, it, groups, stages, release_last)
             if skip_other:
                 it += KT  # tile i+1 is the other consumer's
             computed.setdefault(i, []).append(wg)
