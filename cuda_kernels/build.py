@@ -622,11 +622,17 @@ def _read_record(directory: Path) -> dict:
 
 
 def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: float | None = None,
-              verbose: bool = False, log=_say, library: Path | None = None) -> dict:
+              verbose: bool = False, log=_say, library: Path | None = None,
+              what: str | None = None) -> dict:
     """Build (or find built) and load the library in `directory`, under the lock. A cached
     library that is damaged (checked before loading: a truncated one would crash dlopen) or
     that fails to load is rebuilt once from scratch. `builder(directory, verbose)` does the
-    work and returns the library path (tests pass a fake one). Returns last_build()'s dict."""
+    work and returns the library path (tests pass a fake one). Returns last_build()'s dict.
+    what: the library's name in messages (default: Level 5's CUDA kernels; Level 4's C++
+    host path, triton_kernels/replay.py, is built here too)."""
+    name = what or "Level 5"
+    starting = (f"levels: building {what} (first time only, ~40 s)..." if what else
+                f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~20 s on 16 cores)...")
     directory = private_dir(directory)
     so = Path(library) if library is not None else _library_file(directory)
     start = time.perf_counter()
@@ -634,19 +640,19 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
         waited = time.perf_counter() - start
         record = _read_record(directory)
         if so.exists() and (not elf_intact(so) or record.get("sha256") not in (None, _sha256(so))):
-            log(f"levels: the cached Level 5 library {so} is damaged (truncated or changed since it "
+            log(f"levels: the cached {name} library {so} is damaged (truncated or changed since it "
                 f"was built); rebuilding it from scratch")
             _wipe(directory)
             record = {}
         before = so.stat().st_mtime_ns if so.exists() else None
         expected_warm = before is not None and record.get("stamp") == stamp
         if not expected_warm:
-            log(f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~20 s on 16 cores)...")
+            log(starting)
         t0 = time.perf_counter()
         try:
             path = builder(directory, verbose)
         except _LoadFailed as exc:
-            log(f"levels: the Level 5 library in {directory} does not load ({exc}); "
+            log(f"levels: the {name} library in {directory} does not load ({exc}); "
                 f"rebuilding it from scratch")
             _wipe(directory)
             before = None
@@ -657,7 +663,7 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
                 if "undefined symbol" in str(again):
                     hint = ("\n(an undefined symbol: a launcher declared in a *_binding.cpp fragment "
                             "has no definition in any .cu file, or its name or signature differ)")
-                raise BuildError(f"the Level 5 library built in {directory} does not load: "
+                raise BuildError(f"the {name} library built in {directory} does not load: "
                                  f"{again}{hint}") from None
         seconds = time.perf_counter() - t0
         path = Path(path)

@@ -12,7 +12,9 @@ forward and backward kernels at once, in threads: triton_kernels/launch.py).
 
 This module is thin on purpose: it validates with the shared contract, then calls the
 launcher in `triton_kernels/<component>.py`, which picks the grid and runs the kernels
-through an autograd.Function.
+through an autograd.Function. On a GPU, the first call of each argument signature also
+records its launches, and later calls replay them from C++ with a C++ autograd node
+(triton_kernels/replay.py): Python decides once per signature, not once per call.
 
 Without a GPU, Level 4 runs in Triton's CPU interpreter (TRITON_INTERPRET=1), switched on by
 `levels` itself before any kernel is defined. It is slow (use the `tiny` sizes) and it does not emulate
@@ -358,6 +360,7 @@ def explain(component: str, device: str | torch.device = "cpu") -> str:
     for k in kernels:
         fn = getattr(k, "fn", k)
         parts += [f"# ---- {fn.__name__} " + "-" * 40, inspect.getsource(fn)]
+    parts.append(_host_path())
     if device.type == "cuda" and not INTERPRETED:
         parts.append(f"# ---- compiled on {torch.cuda.get_device_name(device)} " + "-" * 20)
         for k in kernels:
@@ -370,6 +373,19 @@ def explain(component: str, device: str | torch.device = "cpu") -> str:
     else:
         parts.append("(compiled-code summary: run on a CUDA GPU without TRITON_INTERPRET)")
     return "\n".join(parts)
+
+
+def _host_path() -> str:
+    """One paragraph: whether calls replay from C++ in this process, and what stays on Python."""
+    from triton_kernels import replay
+
+    why = replay.unavailable()
+    counts = replay.stats()
+    lines = [f"# ---- host path: C++ replay of each signature's recorded launches "
+             f"(triton_kernels/replay.py): {'off, ' + why if why else 'on'}; in this process "
+             f"{counts['replayed']} signature(s) replay, {counts['python']} stay on the Python path"]
+    lines += [f"  {name}: {reason}" for name, reason in replay.reasons().items()]
+    return "\n".join(lines)
 
 
 @autocasts("newton_schulz")

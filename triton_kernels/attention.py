@@ -76,7 +76,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -1135,5 +1135,13 @@ def attention(q, k, v, causal: bool, scale: float, config=None, backward_config=
     if needs_grad(q, k, v):
         return apply_ahead(_FlashAttention, q, k, v, causal, scale, config, backward_config,
                            bottom_right, kv_lens, *(rope if rope is not None else (None, None)))
+    return forward_ahead(_inference, q, k, v, causal, scale, config, bottom_right, kv_lens,
+                         *(rope if rope is not None else (None, None, False, 0)))
+
+
+def _inference(q, k, v, causal, scale, config, bottom_right, kv_lens, rope_cos, rope_sin,
+               rope_interleaved, rope_offset):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
+    rope = None if rope_cos is None else (rope_cos, rope_sin, rope_interleaved, rope_offset)
     return _forward(_unit_last(q), _unit_last(k), _unit_last(v), causal, scale, save=False,
                     config=config, bottom_right=bottom_right, kv_lens=kv_lens, rope=rope)[0]

@@ -59,7 +59,8 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .launch import apply_ahead, autotuning, cdiv, fast_launch, needs_grad, next_power_of_2
+from .launch import (apply_ahead, autotuning, cdiv, fast_launch, forward_ahead, needs_grad,
+                     next_power_of_2)
 from .gemm import column_sum, column_sum_kernel, grouped_tile, sm_count
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -908,6 +909,11 @@ class _ConvBN(torch.autograd.Function):
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
 
 
+def _inference(*args):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
+    return _ConvBN.forward(_NoBackward(), *args)
+
+
 def check(x, conv_weight) -> None:
     """What only these kernels refuse (levels.triton runs it once per argument signature,
     after the contract): float64, and tensors too long for their 32-bit offsets."""
@@ -940,7 +946,7 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
     if needs_grad(*(t for t in args[:5] if t is not None)):
         out = apply_ahead(_ConvBN, *args)
     else:  # nothing to differentiate: the forward alone, without autograd's apply
-        out = _ConvBN.forward(_NoBackward(), *args)
+        out = forward_ahead(_inference, *args)
     if training:
         for buffer, updated in ((running_mean, run_mean), (running_var, run_var)):
             if updated is not buffer:  # .contiguous() made a copy: write it back through the view

@@ -1,5 +1,8 @@
 """Launching a Triton kernel with less Python: where a small call's microseconds go.
 
+(Since the C++ replay, replay.py, this path serves a signature's first call and whatever
+cannot be replayed; every later call of a replayable signature skips Python altogether.)
+
 `kernel[grid](*args)` is convenient, and at a small problem the host's part of a call is
 most of its time. Each launch, Triton's JIT binds every argument to the signature, asks
 its specializer about each one (a pointer's 16-byte alignment, whether an integer is 1 or
@@ -141,7 +144,10 @@ def launch(kernel, grid, *args, **kwargs):
     and nothing runs (returns None)."""
     jobs = _RECORDER.jobs
     if jobs is not None:
-        jobs.append(_job(kernel, args, kwargs))
+        # replay.py keeps the launch as it is (it locates every tensor); compile_ahead
+        # keeps stand-ins (it needs only what Triton specializes on)
+        jobs.append(("launch", kernel, grid, args, kwargs) if _RECORDER.keep
+                    else _job(kernel, args, kwargs))
         return None
     if _BROKEN or not ENABLED or INTERPRETED or torch.compiler.is_compiling():
         if _PENDING:
@@ -259,10 +265,21 @@ COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 class _Recorder(threading.local):
     jobs: list | None = None  # this thread's recorded launches, during a dry pass
+    keep: bool = False  # record the launches' own arguments (replay.py), not stand-ins
+    refused: list | None = None  # why replay.py's recording cannot be replayed
     call: tuple | None = None  # (Function, args) of the apply_ahead call under way
 
 
 _RECORDER = _Recorder()
+
+
+def refuse_replay(reason: str) -> None:
+    """Called by a launcher, in a dry pass, where it does host work that a replay of its
+    launches would leave out (the LSTM's watch of its barrier's error word): replay.py then
+    keeps the call's signature on the Python path, with this reason."""
+    if _RECORDER.refused is not None:
+        _RECORDER.refused.append(reason)
+
 _LOCK = threading.Lock()
 _PENDING: dict = {}  # kernel -> futures of its compiles in flight
 _POOL: list = []
@@ -329,9 +346,30 @@ class _DryContext:
 
 
 def apply_ahead(function, *args):
-    """`function.apply(*args)` for an autograd.Function of Level 4, compiling ahead: if a
-    launch of this call finds a key its table has not seen (a new shape, almost always),
-    `compile_ahead` runs first. What it costs per call: two thread-local writes."""
+    """`function.apply(*args)` for an autograd.Function of Level 4: replayed from C++ once
+    its argument signature has been recorded (replay.py), else run in Python, compiling
+    ahead: if a launch of this call finds a key its table has not seen (a new shape, almost
+    always), `compile_ahead` runs first. What that costs per call: two thread-local writes."""
+    if _replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
+        out = _replay.call(function, args)
+        if out is not None:
+            return out
+    return apply_python(function, args)
+
+
+def forward_ahead(fn, *args):
+    """`fn(*args)`, a launcher's forward for a call that computes no gradient (inference,
+    no_grad): replayed from C++ once its signature has been recorded, as apply_ahead's
+    calls are (replay.py), without an autograd node."""
+    if _replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
+        out = _replay.call_forward(fn, args)
+        if out is not None:
+            return out
+    return fn(*args)
+
+
+def apply_python(function, args: tuple):
+    """`function.apply(*args)` the Python way, compiling ahead (see apply_ahead)."""
     rec = _RECORDER
     outer, rec.call = rec.call, (function, args)
     try:
@@ -429,3 +467,8 @@ def wait_compiles() -> None:
                 return
             kernel = next(iter(_PENDING))
         _wait_for(kernel)
+
+
+# Last: replay.py uses this module's recorder and launch table (a circular import that
+# resolves because everything above is defined by now).
+from . import replay as _replay  # noqa: E402

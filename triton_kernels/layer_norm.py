@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .gemm import sm_count
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_WIDTH = 65536
@@ -464,4 +464,9 @@ def layer_norm(x, weight, bias, eps=1e-5, tiling=None, backward_tiling=None):
     if needs_grad(x, weight, bias):
         return apply_ahead(_LayerNorm, x, weight, bias, eps, tiling, backward_tiling)
     # Nothing to differentiate: autograd.Function.apply would only cost microseconds
+    return forward_ahead(_inference, x, weight, bias, eps, tiling)
+
+
+def _inference(x, weight, bias, eps, tiling):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
     return _forward(x, weight, bias, eps, save=False, tiling=tiling)[0]

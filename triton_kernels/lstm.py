@@ -56,7 +56,8 @@ import triton.language as tl
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, sm_count
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2, recording
+from .launch import (apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2,
+                     recording, refuse_replay)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -404,6 +405,9 @@ def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch
 
 
 def _watch(err: torch.Tensor) -> None:
+    if err.device.type == "cuda" and recording():
+        # a replay of the launches would not watch: this call stays on the Python path
+        refuse_replay("the persistent recurrence's barrier error word is watched from the host")
     if err.device.type != "cuda" or recording() or torch.cuda.is_current_stream_capturing():
         return
     host = torch.empty(1, dtype=torch.int32, pin_memory=True)
@@ -572,6 +576,12 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=None, fp32_dot=None, num_warps=
         out, h_t, c_t = apply_ahead(_LSTM, True, *inputs, (mode, fp32_dot, num_warps))
         return out, (h_t, c_t)
     # Nothing to differentiate: no activations saved, and no autograd.Function.apply
-    out, c_t, _, _ = _forward(*inputs, save=False, mode=mode, fp32_dot=fp32_dot,
-                              num_warps=num_warps)
-    return out, (out[:, -1].unsqueeze(0).clone(), c_t.unsqueeze(0))
+    out, h_t, c_t = forward_ahead(_inference, *inputs, mode, fp32_dot, num_warps)
+    return out, (h_t, c_t)
+
+
+def _inference(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, fp32_dot, num_warps):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
+    out, c_t, _, _ = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save=False, mode=mode,
+                              fp32_dot=fp32_dot, num_warps=num_warps)
+    return out, out[:, -1].unsqueeze(0).clone(), c_t.unsqueeze(0)

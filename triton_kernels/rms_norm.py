@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import layer_norm
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad
 from .layer_norm import (INTERPRETED, _backward_tiling, _n_programs, _rows, _tiling,
                          sum_partials_kernel)
 
@@ -181,4 +181,9 @@ def rms_norm(x, weight, eps=1e-6, tiling=None, backward_tiling=None):
     weight = weight.contiguous()
     if needs_grad(x, weight):
         return apply_ahead(_RMSNorm, x, weight, eps, tiling, backward_tiling)
+    return forward_ahead(_inference, x, weight, eps, tiling)
+
+
+def _inference(x, weight, eps, tiling):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
     return _forward(x, weight, eps, save=False, tiling=tiling)[0]

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad, next_power_of_2
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -169,4 +169,4 @@ def rope(x, cos, sin, interleaved=False):
     (B, H, N, D) tensor; every input is read through its own strides."""
     if needs_grad(x):
         return apply_ahead(_Rope, x, cos, sin, bool(interleaved))
-    return rotate(x, cos, sin, bool(interleaved), 1.0)
+    return forward_ahead(rotate, x, cos, sin, bool(interleaved), 1.0)

@@ -40,7 +40,7 @@ import triton.language as tl
 from .gemm import (_FIXED_GPU_FP32, _FIXED_INTERPRETED, _TILE_ARGS, INTERPRETED, SMALL_M, gemm,
                    grouped_tile, sm_count, small_m_tile, tile_for)
 from .gemm import KERNELS as _GEMM_KERNELS
-from .launch import apply_ahead, cdiv, fast_launch, needs_grad
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad
 
 # What the fused kernel computes (constexpr: one compiled kernel per mode).
 GATE_UP, SWIGLU_GRAD, SUM_OF_TWO = 0, 1, 2
@@ -323,4 +323,9 @@ def swiglu_mlp(x, w_gate, w_up, w_down, config=None):
     None (every launch's tile from its size) or one tile for all of them, as gemm's."""
     if needs_grad(x, w_gate, w_up, w_down):
         return apply_ahead(_SwiGLUMLP, x, w_gate, w_up, w_down, config)
+    return forward_ahead(_inference, x, w_gate, w_up, w_down, config)
+
+
+def _inference(x, w_gate, w_up, w_down, config):
+    """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
     return _forward(x, w_gate, w_up, w_down, save=False, config=config)[0]

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Level 4's C++ host path (triton_kernels/replay.py) on the GPU, in one device call:
+#   STEPS="tests overhead" (default), or any of: tests tests-all overhead train-gpt train-cnn
+# Every output lands in $OUT (one tarball, replay.tar.gz, plus the JSON reports).
+set -u
+OUT=${OUT:-/tmp/replay-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD
+STEPS=${STEPS:-"tests overhead"}
+py=python3
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
+  $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  > "$OUT/env.txt" 2>&1
+step() {  # name, limit in seconds, command...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
+}
+for s in $STEPS; do
+  case $s in
+    tests)  # one process per component: a crash names its component
+      for c in layer_norm rms_norm attention mlp swiglu_mlp rope conv_bn lstm; do
+        step "tests-$c" 120 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+          tests/test_replay.py -k "dtype0-$c"
+      done
+      step tests-launch 120 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_launch.py ;;
+    tests-all) step tests-all 300 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/test_replay.py ;;
+    tests-level4)  # every Level 4 GPU test, with the replay on (the default)
+      step tests-level4 400 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_layer_norm.py \
+        tests/test_triton_attention.py tests/test_triton_attention_short.py tests/test_triton_mlp.py \
+        tests/test_triton_conv_bn.py tests/test_triton_lstm.py tests/test_triton_rms_norm.py \
+        tests/test_triton_rope.py tests/test_triton_swiglu_mlp.py tests/test_launch.py ;;
+    probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
+    overhead)
+      step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \
+        --out "$OUT/overhead-replay.json"
+      LEVELS_TRITON_REPLAY=0 step overhead-python 200 $py -m equivalence bench --overhead \
+        --device cuda --level triton --out "$OUT/overhead-python.json" ;;
+    train-gpt)
+      step train-gpt 200 $py -m equivalence train --model gpt --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --out "$OUT/train-gpt"
+      LEVELS_TRITON_REPLAY=0 step train-gpt-python 110 $py -m equivalence train --model gpt \
+        --preset gpu --level 4 --steps 20 --out "$OUT/train-gpt-python" ;;
+    train-cnn)
+      step train-cnn 170 $py -m equivalence train --model cnn --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --out "$OUT/train-cnn"
+      LEVELS_TRITON_REPLAY=0 step train-cnn-python 90 $py -m equivalence train --model cnn \
+        --preset gpu --level 4 --steps 20 --out "$OUT/train-cnn-python" ;;
+  esac
+done
+tar czf "$OUT/replay.tar.gz" -C "$OUT" --exclude replay.tar.gz . 2>/dev/null

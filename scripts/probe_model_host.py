@@ -1,0 +1,127 @@
+"""Is a whole model's training step host-bound? Wall time vs GPU time per step, and where the
+host's time goes (cProfile), for Level 4 with and without the C++ replay and for the
+torch-modules twin.
+
+    python scripts/probe_model_host.py OUT.json [--model gpt] [--steps 10]
+
+Per run: the wall time of a step (the device synchronized after each), the GPU's busy
+time in a step (torch.profiler: the sum of its kernels' durations, overlaps counted once
+per kernel), and for Level 4 the 25 Python functions that take the most host time of a step
+(cProfile, own time). A step whose wall time is close to its GPU time is GPU-bound; the
+difference is the time the GPU waits for the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from equivalence.commands import training as T  # noqa: E402
+from equivalence.commands.steps import loss_of  # noqa: E402
+from triton_kernels import replay  # noqa: E402
+
+
+def _step_fn(net, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(net(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(net.parameters()), 1.0)
+        opt.step()
+        return loss
+    return step
+
+
+def _gpu_ms_per_step(step, batches) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for x, y in batches:
+            step(x, y)
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / 1e3 / len(batches)
+
+
+def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool) -> dict:
+    p = T.preset(model, "gpu")
+    torch.manual_seed(0)
+    train, _, items, unit, _, vocab = T.make_data(model, p, 0)
+    twin = T.build_twin(model, p["config"], vocab)
+    device = torch.device("cuda")
+    dtype = T.DTYPES[p["dtype"]]
+    twin = twin.to(device=device, dtype=dtype)
+    run = T.Run(name=name, kind="baseline" if name == "torch" else "level")
+    net, _ = T.prepare_model(model, twin, run, device, "default")
+    opt = torch.optim.Adam(list(net.parameters()), lr=p["lr"])
+    step = _step_fn(net, opt)
+    batches = [(x.to(device), y.to(device)) for x, y in list(train)[:4]]
+    replay.ENABLED = replay_on
+    for x, y in batches[:3]:  # first calls: compiles, records
+        step(x, y)
+    torch.cuda.synchronize()
+    wall = []
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        step(x, y)
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+    # host time alone: steps back to back, no synchronize until the end
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(*batches[i % len(batches)])
+    enqueue_ms = (time.perf_counter() - t0) * 1e3 / steps
+    torch.cuda.synchronize()
+    out = {"run": name, "replay": replay_on, "wall_ms_median": statistics.median(wall),
+           "wall_ms": wall, "gpu_ms_per_step": _gpu_ms_per_step(step, batches[:3]),
+           "items_per_step": items, "unit": unit, "back_to_back_ms": enqueue_ms,
+           "replay_stats": replay.stats(), "replay_reasons": replay.reasons()}
+    if profile_host:
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(5):
+            step(*batches[i % len(batches)])
+        torch.cuda.synchronize()
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        out["cprofile_top25_5steps"] = text.getvalue()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", default="gpt")
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    rows = []
+    for name, on, prof in (("triton", True, True), ("triton", False, True), ("torch", True, False)):
+        r = probe(a.model, name, on, a.steps, prof)
+        rows.append(r)
+        print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  gpu {r['gpu_ms_per_step']:.1f} ms "
+              f" back-to-back {r['back_to_back_ms']:.1f} ms  {r['replay_stats']} {r['replay_reasons']}",
+              flush=True)
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "rows": rows}, indent=1))
+    for r in rows:
+        if "cprofile_top25_5steps" in r:
+            print(f"==== {r['run']} replay={r['replay']}\n{r['cprofile_top25_5steps'][:5000]}")
+
+
+if __name__ == "__main__":
+    main()
