@@ -31,6 +31,15 @@ for s in $STEPS; do
         tests/test_triton_attention.py tests/test_triton_attention_short.py tests/test_triton_mlp.py \
         tests/test_triton_conv_bn.py tests/test_triton_lstm.py tests/test_triton_rms_norm.py \
         tests/test_triton_rope.py tests/test_triton_swiglu_mlp.py tests/test_launch.py ;;
+    tables)  # the training tables with the replay on (the default), baselines in the same run
+      step table-gpt 200 $py -m equivalence train --model gpt --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --breakdown --out "$OUT/train-gpt"
+      step table-cnn 120 $py -m equivalence train --model cnn --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --out "$OUT/train-cnn"
+      step table-lstm 120 $py -m equivalence train --model lstm --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --out "$OUT/train-lstm"
+      step table-gpt-amp 150 $py -m equivalence train --model gpt --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 --amp bf16 --out "$OUT/train-gpt-amp" ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \
