@@ -40,6 +40,12 @@ for s in $STEPS; do
         --baseline torch --steps 20 --out "$OUT/train-lstm"
       step table-gpt-amp 150 $py -m equivalence train --model gpt --preset gpu --level 1,4,5 \
         --baseline torch --steps 20 --amp bf16 --out "$OUT/train-gpt-amp" ;;
+    overhead-45)  # Levels 4 and 5 in one run, eager beside them
+      step overhead-45 300 $py -m equivalence bench --overhead --device cuda --level triton,cuda \
+        --out "$OUT/overhead-levels-4-5.json" ;;
+    suite)  # the model-shape suite at Level 4: end to end vs kernel time
+      step suite 420 $py -m equivalence bench --suite models --device cuda --level triton \
+        --out "$OUT/suite-models-level4.json" ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \
