@@ -59,10 +59,17 @@ def _fake_compiled(kernel, grid, args, kwargs):
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
+    """The library, built with g++ (once per process: replay._build never loads twice), in
+    a directory of the test's unless LEVELS_CUDA_CACHE names one."""
     import os
 
+    saved = os.environ.get("LEVELS_CUDA_CACHE")
     os.environ.setdefault("LEVELS_CUDA_CACHE", str(tmp_path_factory.mktemp("cache")))
-    return R._build()
+    try:
+        return R._build()
+    finally:
+        if saved is None:
+            os.environ.pop("LEVELS_CUDA_CACHE")
 
 
 def _launches(log: list) -> list[dict]:
@@ -280,6 +287,31 @@ def test_every_level4_inference_forward_plans_and_replays(ops, component, varian
     assert len(_launches(ops.take_fake_log())) == len(launches) >= 1
     assert [o.shape for o in outs] == [o.shape for o in rec.outs]
     assert not any(o.requires_grad for o in outs)
+
+
+def test_describe_names_where_each_pointer_points():
+    from triton_kernels.layer_norm import _LayerNorm
+
+    x = torch.randn(6, 32, requires_grad=True)
+    w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
+    text = R.describe(_LayerNorm, (x, w, b, 1e-5, None, None))
+    forward, backward = text.split("backward:")
+    assert "x_ptr=x," in forward and "y_ptr=fwd_buffer" in forward and "M=6" in forward
+    assert "x_ptr=saved x" in backward and "dy_ptr=grad_output0" in backward
+    stats = forward.split("stats_ptr=")[1].split(",")[0]
+    assert f"stats_ptr=saved {stats}" in backward  # the forward's statistics, kept by the node
+    assert R.describe(_Sums, (torch.randn(3, 4),)).startswith("stays on the Python path")
+
+
+def test_cpu_tensors_never_record_nor_build_the_library(monkeypatch):
+    """Tests that stand CPU tensors in for the GPU (INTERPRETED patched off, as
+    tests/test_compile_ahead.py does) take the Python path: no dry pass, no library."""
+    recorded = []
+    monkeypatch.setattr(L, "INTERPRETED", False)
+    monkeypatch.setattr(R, "_record", lambda *a: recorded.append(a))
+    x = torch.randn(4, requires_grad=True)
+    assert R.call(_Fills, (x,)) is None and R.call_forward(_Fills.forward, (None, x)) is None
+    assert not recorded
 
 
 def test_empty_tensors_stay_on_the_python_path():

@@ -98,7 +98,7 @@ class Refused(Exception):
 # ---------------------------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_STATE: dict = {"ops": None, "error": None}
+_STATE: dict = {"ops": None, "error": None, "loaded": None}
 
 
 def cache_dir() -> Path:
@@ -137,6 +137,10 @@ def unavailable() -> str | None:
 
 
 def _build():
+    """Build (or find built) and load the library; once per process: a second library
+    registering the same torch.ops namespace would abort the process."""
+    if _STATE["loaded"] is not None:
+        return torch.ops.levels_triton
     import logging
 
     from torch.utils import cpp_extension
@@ -168,6 +172,7 @@ def _build():
     stamp = hashlib.sha256(text.encode()).hexdigest()[:16]
     build.run_build(directory, builder, stamp=stamp, what="Level 4's C++ host path",
                     library=directory / f"{EXT_NAME}.so")
+    _STATE["loaded"] = str(directory)
     return torch.ops.levels_triton
 
 
@@ -533,6 +538,52 @@ def plan_words(rec: _Recording, compiled=_compiled_kernel) -> list[int]:
     return _Planner(rec, compiled).words()
 
 
+def describe(function, args: tuple) -> str:
+    """What a replay of `function.apply(*args)` would do, in words: each launch of the dry
+    pass with its arguments located (an argument of the call, a buffer the plan allocates, a
+    saved buffer, an output's gradient) and its scalars, as the plan fixes them. Works
+    wherever the dry pass does (in Triton's CPU interpreter too: its tiles are smaller)."""
+    rec = _record(function, args)
+    if rec.refused:
+        return "stays on the Python path: " + "; ".join(dict.fromkeys(rec.refused))
+    planner = _Planner(rec, compiled=None)
+    arg_names = [n for n, a in zip(list(inspect.signature(function.forward).parameters)[1:], args)
+                 if isinstance(a, torch.Tensor)]
+
+    def label(bases: _Bases, base: int) -> str:
+        kind, index, nbytes = bases.words[base][:3]
+        if kind == INPUT:
+            return arg_names[index]
+        if kind == GRAD:
+            return f"grad_output{index}"
+        if kind == SAVED:
+            return "saved " + label(planner.fwd, planner.saved[index])
+        return f"{'fwd' if bases is planner.fwd else 'bwd'}_buffer{base}[{nbytes} B]"
+
+    lines = []
+    for phase, events, locate, bases in (
+            ("forward", rec.events[:rec.boundary], planner._fwd_base, planner.fwd),
+            ("backward", rec.events[rec.boundary:], planner._bwd_base, planner.bwd)):
+        lines.append(f"{phase}:")
+        for event in events:
+            if event[0] != "launch":
+                target = locate(event[1])
+                lines.append(f"  {event[0]} into {label(bases, target[0])}+{target[1]}")
+                continue
+            _, kernel, grid, a, kw = event
+            fn = _launch.jit_of(kernel).fn
+            parts = []
+            for name, value in zip(inspect.signature(fn).parameters, a):
+                if isinstance(value, torch.Tensor):
+                    base, offset = locate(value)
+                    parts.append(f"{name}={label(bases, base)}" + (f"+{offset}" if offset else ""))
+                elif value is not None:
+                    parts.append(f"{name}={value}")
+            parts += [f"{k}={v}" for k, v in kw.items()]
+            lines.append(f"  {fn.__name__}[grid={tuple(grid)}]({', '.join(parts)})")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------
 # Calls
 # ---------------------------------------------------------------------------------------
@@ -564,7 +615,7 @@ def call(function, args: tuple):
             return None
         outs = _OPS[0].replay.default(entry, [a for a in args if isinstance(a, torch.Tensor)])
         return outs[0] if _SINGLE[entry] else tuple(outs)
-    if entry is not None or not _recordable():
+    if entry is not None or not _recordable(args):
         return None  # refused (the reason is in _TABLE), or not to be recorded now
     rec = _record(function, args)
     out = _launch.apply_python(function, args)  # the real first call: it compiles
@@ -586,7 +637,7 @@ def call_forward(fn, args: tuple):
             return None
         outs = _OPS[0].replay_forward.default(entry, [a for a in args if isinstance(a, torch.Tensor)])
         return outs[0] if _SINGLE[entry] else tuple(outs)
-    if entry is not None or not _recordable():
+    if entry is not None or not _recordable(args):
         return None
     rec = _record_forward(fn, args)
     out = fn(*args)  # the real first call: it compiles
@@ -594,8 +645,12 @@ def call_forward(fn, args: tuple):
     return out
 
 
-def _recordable() -> bool:
-    """Whether a new signature may be recorded now (see the module docstring)."""
+def _recordable(args: tuple) -> bool:
+    """Whether a new signature may be recorded now (see the module docstring): CUDA tensors
+    only (a CPU tensor here is a test standing in for the GPU; it never needs the library)."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None or not first.is_cuda:
+        return False
     if torch.compiler.is_compiling() or _launch.autotuning() or _hooked():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
@@ -621,6 +676,12 @@ def _finish(function, rec: _Recording):
     except Refused as exc:
         _REASONS[_name(function)] = str(exc)
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a planner bug must not fail the user's call
+        reason = f"the plan could not be built ({type(exc).__name__}: {exc})"
+        _REASONS[_name(function)] = reason
+        warnings.warn(f"levels: {_name(function)} stays on Level 4's Python path: {reason}",
+                      RuntimeWarning, stacklevel=4)
+        return reason
     try:
         plan = ops.add_plan(words, False)
     except RuntimeError as exc:  # the kernel's parameters are not the plan's (replay.cpp)
