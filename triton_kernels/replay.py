@@ -29,7 +29,8 @@ the kernels, the backward's included, which the plan needs loaded), then the pla
 every later call replays. A call that computes no gradient is recorded and replayed the same
 way without a node (`call_forward`, from launch.forward_ahead). Measured on an H200 host
 (reports/host-path-replay/, `levels bench --overhead` with and without): forward+backward of
-a tiny call 266-837 us -> 116-302 us, within eager's + 40 us for every component; the GPT of
+a tiny call 247-837 us -> 116-302 us, at most eager's + 22 us in that run (rms_norm + 65 us
+on another host); the GPT of
 `levels train --preset gpu` 28.6 -> 24.9 ms a step for 21-22 ms of GPU work.
 
 What it costs and what it does not cover: a C++ library built once per torch version (g++
