@@ -48,6 +48,7 @@ compare.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -59,6 +60,8 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from levels.contract import signature as _signature
 
 from . import launch as _launch
 
@@ -220,57 +223,59 @@ class _OpLog(TorchDispatchMode):
 
 
 class _Recording:
-    """What a dry pass of one Function call saw."""
+    """What a dry pass of one call saw."""
 
     def __init__(self, args: tuple):
         self.args = args
-        self.events: list = []   # ("launch", kernel, grid, args, kwargs) | ("fill", tensor, value)
-        self.refused: list = []
+        self.events: list = []   # ("launch", kernel, grid, args, kwargs) | ("fill", t, value)
+        self.refused: list = []  # | ("copy", target, source), in the order they happened
         self.boundary = 0        # events[:boundary] are the forward's
         self.outs: tuple = ()
         self.single = True
         self.grads: list = []
         self.grads_out: tuple = ()
 
+    def forward_returned(self, outs) -> None:
+        self.single = not isinstance(outs, tuple)
+        self.outs = (outs,) if self.single else tuple(outs)
+        self.boundary = len(self.events)
+
+
+@contextlib.contextmanager
+def _dry(rec: _Recording):
+    """The dry pass's setting: launches noted, not run (launch.py keeps their arguments),
+    torch operations noted by _OpLog, no autograd. An exception of the pass is noted as the
+    reason to refuse (the real call that follows raises it, with its own traceback)."""
+    recorder = _launch._RECORDER
+    recorder.jobs, recorder.keep, recorder.refused = rec.events, True, rec.refused
+    try:
+        inputs = [a for a in rec.args if isinstance(a, torch.Tensor)]
+        with torch.no_grad(), _OpLog(rec.events, rec.refused, inputs):
+            yield
+    except Exception as exc:  # noqa: BLE001 - see above
+        rec.refused.append(f"the dry pass raised {type(exc).__name__}: {exc}")
+    finally:
+        recorder.jobs, recorder.keep, recorder.refused = None, False, None
+
 
 def _record_forward(fn, args: tuple) -> _Recording:
     """A dry pass of `fn(*args)`, a forward that computes no gradient (no backward)."""
     rec = _Recording(args)
-    recorder = _launch._RECORDER
-    recorder.jobs, recorder.keep, recorder.refused = rec.events, True, rec.refused
-    try:
-        inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        with torch.no_grad(), _OpLog(rec.events, rec.refused, inputs):
-            outs = fn(*args)
-            rec.single = not isinstance(outs, tuple)
-            rec.outs = (outs,) if rec.single else tuple(outs)
-            rec.boundary = len(rec.events)
-    except Exception as exc:  # noqa: BLE001 - the real call raises it, with its own traceback
-        rec.refused.append(f"the dry pass raised {type(exc).__name__}: {exc}")
-    finally:
-        recorder.jobs, recorder.keep, recorder.refused = None, False, None
+    with _dry(rec):
+        rec.forward_returned(fn(*args))
     return rec
 
 
 def _record(function, args: tuple) -> _Recording:
+    """A dry pass of an autograd.Function's forward, then of its backward on gradients
+    shaped like its outputs."""
     rec = _Recording(args)
     ctx = _launch._DryContext(args)
-    recorder = _launch._RECORDER
-    recorder.jobs, recorder.keep, recorder.refused = rec.events, True, rec.refused
-    try:
-        inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        with torch.no_grad(), _OpLog(rec.events, rec.refused, inputs):
-            outs = function.forward(ctx, *args)
-            rec.single = not isinstance(outs, tuple)
-            rec.outs = (outs,) if rec.single else tuple(outs)
-            rec.boundary = len(rec.events)
-            rec.grads = [torch.empty_like(o) for o in rec.outs]
-            grads_out = function.backward(ctx, *rec.grads)
-            rec.grads_out = grads_out if isinstance(grads_out, tuple) else (grads_out,)
-    except Exception as exc:  # noqa: BLE001 - the real call raises it, with its own traceback
-        rec.refused.append(f"the dry pass raised {type(exc).__name__}: {exc}")
-    finally:
-        recorder.jobs, recorder.keep, recorder.refused = None, False, None
+    with _dry(rec):
+        rec.forward_returned(function.forward(ctx, *args))
+        rec.grads = [torch.empty_like(o) for o in rec.outs]
+        grads_out = function.backward(ctx, *rec.grads)
+        rec.grads_out = grads_out if isinstance(grads_out, tuple) else (grads_out,)
     return rec
 
 
@@ -593,7 +598,9 @@ _TABLE: dict = {}    # (Function, signature) -> plan id | why it stays on Python
 _REASONS: dict = {}  # "module.Function" -> why its last refused signature was refused
 _SINGLE: dict = {}   # plan id -> whether the Function returns one tensor (not a tuple)
 _OPS: list = []      # torch.ops.levels_triton, once loaded
-_MAX_PLANS = 4096    # a process that sees ever new shapes starts the table over
+_MAX_PLANS = 4096    # a process that sees ever new shapes starts the table over (the C++
+# plans themselves stay, a few KB each: an autograd node of an earlier call may still run
+# its backward from one)
 
 
 def reasons() -> dict:
@@ -693,14 +700,6 @@ def _finish(function, rec: _Recording):
     if not _OPS:
         _OPS.append(ops)
     return plan
-
-
-def _signature(args):
-    from levels.contract import signature
-
-    global _signature
-    _signature = signature  # bound once: levels.contract imports triton_kernels lazily
-    return signature(args)
 
 
 def _hooked() -> bool:
