@@ -29,7 +29,7 @@ import os
 import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
-                       require_device, validate_attention, validate_conv_bn, validate_layer_norm,
+                       require_device, signature, validate_attention, validate_conv_bn, validate_layer_norm,
                        validate_lstm, validate_mlp, validate_newton_schulz, validate_rms_norm,
                        validate_rope, validate_swiglu_mlp)
 
@@ -49,6 +49,8 @@ def _kernels(component: str):
     graph), but it traces a dict lookup; the first eager call or `load_kernels` fills it."""
     module = _MODULES.get(component)
     if module is None:
+        if not _MODULES:  # the first kernels: Level 4's host path replays calls from now on
+            importlib.import_module("triton_kernels.replay").install(signature)
         module = _MODULES[component] = importlib.import_module(f"triton_kernels.{component}")
     return module
 

@@ -22,8 +22,11 @@ import torch
 
 import levels  # noqa: F401 - switches Triton's interpreter on where there is no GPU
 import levels.triton as level4
+from levels.contract import signature
 from triton_kernels import launch as L
 from triton_kernels import replay as R
+
+R.install(signature)  # what levels.triton does when it loads its first kernels
 
 _FUNCTIONS: dict = {}
 COMPONENTS = ("layer_norm", "rms_norm", "attention", "mlp", "swiglu_mlp", "rope", "conv_bn", "lstm")
@@ -327,6 +330,7 @@ def test_the_interpreter_never_replays_and_says_why():
     w, b = torch.ones(8, requires_grad=True), torch.zeros(8, requires_grad=True)
     level4.layer_norm(x, w, b).sum().backward()
     assert R.stats() == {"replayed": 0, "python": 0}
+    assert L._replay is R and R._signature is signature  # installed by levels.triton
 
 
 # ---------------------------------------------------------------------------------------

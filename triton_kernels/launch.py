@@ -109,6 +109,10 @@ def needs_grad(*tensors) -> bool:
 # Read once, at import: the grader sets it in its child process's environment.
 ENABLED = os.environ.get("LEVELS_TRITON_FAST_LAUNCH", "1") != "0"
 
+# replay.py, once installed (replay.install, called by levels.triton): later calls of a
+# recorded signature replay from C++. None: every call takes the Python path.
+_replay = None
+
 
 class _Plan:
     """Per kernel: the parameter order and defaults, and by our key the compiled kernel with
@@ -350,8 +354,9 @@ def apply_ahead(function, *args):
     its argument signature has been recorded (replay.py), else run in Python, compiling
     ahead: if a launch of this call finds a key its table has not seen (a new shape, almost
     always), `compile_ahead` runs first. What that costs per call: two thread-local writes."""
-    if _replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
-        out = _replay.call(function, args)
+    replay = _replay
+    if replay is not None and replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
+        out = replay.call(function, args)
         if out is not None:
             return out
     return apply_python(function, args)
@@ -361,8 +366,9 @@ def forward_ahead(fn, *args):
     """`fn(*args)`, a launcher's forward for a call that computes no gradient (inference,
     no_grad): replayed from C++ once its signature has been recorded, as apply_ahead's
     calls are (replay.py), without an autograd node."""
-    if _replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
-        out = _replay.call_forward(fn, args)
+    replay = _replay
+    if replay is not None and replay.ENABLED and not INTERPRETED and ENABLED and not _BROKEN:
+        out = replay.call_forward(fn, args)
         if out is not None:
             return out
     return fn(*args)
@@ -468,7 +474,3 @@ def wait_compiles() -> None:
             kernel = next(iter(_PENDING))
         _wait_for(kernel)
 
-
-# Last: replay.py uses this module's recorder and launch table (a circular import that
-# resolves because everything above is defined by now).
-from . import replay as _replay  # noqa: E402

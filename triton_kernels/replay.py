@@ -61,8 +61,6 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from levels.contract import signature as _signature
-
 from . import launch as _launch
 
 ENABLED = os.environ.get("LEVELS_TRITON_REPLAY", "1") != "0"
@@ -95,6 +93,24 @@ METADATA_PREFIXES = ("sym_", "is_", "size", "stride", "dim", "numel", "storage_o
 
 class Refused(Exception):
     """Why a signature cannot be replayed (it runs on the Python path, as before)."""
+
+
+def _no_signature(args) -> None:
+    return None  # nothing replays until a level installs its signature
+
+
+_signature = _no_signature
+
+
+def install(signature) -> None:
+    """Switch the replay on in this process. `signature(args)` is a call's key: levels.triton
+    installs the contract's (levels.contract.signature: each tensor's shape, strides, dtype,
+    device, requires_grad and 16-byte alignment, every other argument by value; None for a
+    call that must not be served from a table). The kernels do not import the levels layer:
+    the level hands it down when it loads its first kernels."""
+    global _signature
+    _signature = signature
+    _launch._replay = sys.modules[__name__]
 
 
 # ---------------------------------------------------------------------------------------
