@@ -209,6 +209,16 @@ using ColumnSum = Tensor(const Tensor&, bool, int64_t);
 using MlpFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                  const Tensor&, const Tensor&, int64_t, int64_t);
 
+// t (..., K) as the (M, K) matrix a GEMM takes: a view whenever the strides allow it.
+inline Tensor matrix(const Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// A GEMM's (M, N) output as x's leading dimensions (..., N).
+inline Tensor with_leading_dims_of(const Tensor& x, const Tensor& out) {
+  std::vector<int64_t> shape = sizes_of(x);
+  shape.back() = out.size(-1);
+  return at::_unsafe_view(out, shape);
+}
+
 inline Tensor gemm(const Tensor& a, const Tensor& b, int64_t version) {  // a @ b
   static auto matmul = op<Matmul>("levels_cuda::gemm_matmul");
   return matmul.call(a, b, std::nullopt, false, false, version);
@@ -224,16 +234,14 @@ struct Mlp : public torch::autograd::Function<Mlp> {
                         const Tensor& w2, const Tensor& b2, int64_t version) {
     static auto fwd = op<MlpFwd>("levels_cuda::mlp_fwd");
     BelowAutograd guard;
-    const Tensor x2 = x.reshape({-1, x.size(-1)});
+    const Tensor x2 = matrix(x);
     // tile 0: each GEMM's tile from its size (only the bench's sweep pins one, calling
     // mlp_fwd itself: cuda_kernels/mlp.py mlp_forward)
     auto [out, pre, act] = fwd.call(x2, w1, b1.contiguous(), w2, b2.contiguous(), version, 0);
     ctx->save_for_backward({x2, w1, w2, pre, act});
     ctx->saved_data["version"] = version;
     ctx->saved_data["shape"] = sizes_of(x);
-    std::vector<int64_t> shape = sizes_of(x);
-    shape.back() = w2.size(0);
-    return at::_unsafe_view(out, shape);
+    return with_leading_dims_of(x, out);
   }
 
   // dW2 = dYᵀ G, db2 = Σ dY, dH = (dY W2) ⊙ GELU'(H) (the derivative in the GEMM's epilogue),
@@ -244,7 +252,7 @@ struct Mlp : public torch::autograd::Function<Mlp> {
     const auto s = ctx->get_saved_variables();
     const Tensor &x2 = s[0], &w1 = s[1], &w2 = s[2], &pre = s[3], &act = s[4];
     const int64_t v = ctx->saved_data["version"].toInt();
-    const Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});
+    const Tensor dy = matrix(grads[0]);
     Tensor dx, dw1, db1, dw2, db2;
     if (ctx->needs_input_grad(3)) dw2 = gemm(dy.t(), act, v);
     if (ctx->needs_input_grad(4)) db2 = column_sum(dy, v);

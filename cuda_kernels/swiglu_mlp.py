@@ -12,7 +12,14 @@ pairs column j with j + BN/2; versions 1 and 2 keep two accumulators per thread 
 then the down GEMM (mlp's `gemm_matmul`). Backward: dA = dY W_down with the SiLU-mul
 derivative in its epilogue, writing dG and dU (`levels_cuda::swiglu_mlp_grad`); dX = dG W_gate
 + dU W_up (a GEMM and an accumulating GEMM into the same output); dW_gate = dG^T X,
-dW_up = dU^T X, dW_down = dY^T A. No torch matmul anywhere.
+dW_up = dU^T X, dW_down = dY^T A, each only if its input needs it. No torch matmul anywhere.
+
+A call is one op, `levels_cuda::swiglu_mlp` (swiglu_mlp_autograd.cpp): the forward's two
+kernel ops and one C++ autograd node whose backward runs the GEMMs above in C++. It used to
+be a Python torch.autograd.Function around the same ops; on an H200's host (`levels bench
+--overhead`, tiny size) that cost 120 us forward and 841 us forward+backward against eager
+PyTorch's 74 / 668 us (Python frames per call, a Python node, a backward that re-entered
+Python for every GEMM), while the components with C++ nodes were near eager.
 
 Versions (LEVELS_CUDA_VERSION_SWIGLU_MLP=n, or version=n): gemm.cu's ladder, the MLP's
 (cuda_kernels/mlp.py VERSIONS); the same layout rules and copies for versions 4-8 (the
@@ -57,47 +64,13 @@ def gate_up(x2, w_gate, w_up, save=False, version=None):
     return _ops().swiglu_mlp_gate_up(x2, w_gate, w_up, save, resolve_version(version))
 
 
-class _SwiGLUMLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, version):
-        x2 = x.reshape(-1, x.shape[-1])  # a view whenever the strides allow it
-        act, g, u = gate_up(x2, w_gate, w_up, save=True, version=version)
-        out = _mlp.gemm(act, w_down.t(), version=version)
-        ctx.save_for_backward(x2, w_gate, w_up, w_down, act, g, u)
-        ctx.x_shape, ctx.version = x.shape, version
-        return out.view(*x.shape[:-1], w_down.shape[0])
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x2, w_gate, w_up, w_down, act, g, u = ctx.saved_tensors
-        v = ctx.version
-        dy = grad_out.reshape(-1, grad_out.shape[-1])
-        needs = ctx.needs_input_grad
-        dx = dwg = dwu = dwd = None
-        if needs[3]:
-            dwd = _mlp.gemm(dy.t(), act, version=v)  # dW_down = dY^T A
-        if needs[0] or needs[1] or needs[2]:
-            dg, du = _ops().swiglu_mlp_grad(dy, w_down, g, u, v)
-            if needs[0]:
-                dx = _mlp.gemm(dg, w_gate, version=v)  # dX = dG W_gate + dU W_up
-                dx = _mlp.gemm_accumulate(dx, du, w_up, version=v).reshape(ctx.x_shape)
-            if needs[1]:
-                dwg = _mlp.gemm(dg.t(), x2, version=v)  # dW_gate = dG^T X
-            if needs[2]:
-                dwu = _mlp.gemm(du.t(), x2, version=v)  # dW_up = dU^T X
-        return dx, dwg, dwu, dwd, None
-
-
 def swiglu_mlp(x, w_gate, w_up, w_down, version=None):
     """Called by levels.cuda.swiglu_mlp after the shared validation (x float16/bfloat16/float32
-    on CUDA). x (..., K) is viewed as (M, K) (a copy only if its strides do not allow it);
-    what versions 4-8 copy is said in swiglu_mlp_binding.cpp and cuda_kernels/mlp.py."""
-    v = resolve_version(version)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate, w_up, w_down)):
-        return _SwiGLUMLP.apply(x, w_gate, w_up, w_down, v)
-    x2 = x.reshape(-1, x.shape[-1])
-    act = gate_up(x2, w_gate, w_up, save=False, version=v)[0]
-    return _mlp.gemm(act, w_down.t(), version=v).view(*x.shape[:-1], w_down.shape[0])
+    on CUDA): one op, `levels_cuda::swiglu_mlp` (swiglu_mlp_autograd.cpp). x (..., K) is viewed
+    as (M, K) there (a copy only if its strides do not allow it); what versions 4-8 copy is
+    said in swiglu_mlp_binding.cpp and cuda_kernels/mlp.py. Without autograd (no_grad,
+    inference mode, nothing requiring grad) no node is recorded and G, U are not written."""
+    return _ops().swiglu_mlp.default(x, w_gate, w_up, w_down, resolve_version(version))
 
 
 def _register():

@@ -1,7 +1,7 @@
 // swiglu_mlp_binding.cpp — fragment appended to binding.cpp's prelude after mlp_binding.cpp
 // (fragments are joined in name order; this one uses its k_major and padded_rows): the
 // SwiGLU MLP's two fused GEMMs of gemm.cu (levels_gemm_swiglu). The other GEMMs of its
-// backward are mlp_binding.cpp's gemm_* ops, called from cuda_kernels/swiglu_mlp.py.
+// backward are mlp_binding.cpp's gemm_* ops, called from swiglu_mlp_autograd.cpp.
 
 extern "C" int levels_gemm_swiglu(int dtype, int version, int grad, const void* a, int64_t stride_am,
                                   int64_t stride_ak, const void* b, const void* b2, int64_t stride_bk,

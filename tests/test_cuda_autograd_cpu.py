@@ -13,6 +13,7 @@ tests/test_cuda_<component>.py's business, on a GPU, where this module skips.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -34,6 +35,7 @@ from cuda_kernels import layer_norm as k_layer_norm, lstm as k_lstm, mlp as k_ml
 from cuda_kernels import newton_schulz as k_newton_schulz
 from cuda_kernels import rms_norm as k_rms_norm, rope as k_rope, swiglu_mlp as k_swiglu_mlp
 from equivalence import specs
+from equivalence.cards import as_view
 from equivalence.check import check, check_args, clone_layout, compare, flatten
 from equivalence.tolerances import tolerance
 from levels import native
@@ -530,14 +532,7 @@ def cpp_ops(pytestconfig, tmp_path_factory):
         lib.impl(name, TWINS[name], "CPU")
     cpp_extension.load(name="levels_cuda_autograd_cpu", sources=[str(copy)], extra_cflags=["-O1"],
                        build_directory=str(directory), with_cuda=False, is_python_module=False)
-    # A component whose autograd is Python (cuda_kernels/swiglu_mlp.py) reaches the ops through
-    # its module's _ops(), which builds the real library unless told the ops are registered.
-    python_sides = {module: module._registered for module in (k_mlp, k_swiglu_mlp)}
-    for module in python_sides:
-        module._registered = True
     yield getattr(torch.ops, build.OP_NAMESPACE)
-    for module, was in python_sides.items():
-        module._registered = was
     lib._destroy()
 
 
@@ -589,7 +584,7 @@ def rope_op(x, cos, sin, interleaved=False):
 
 
 def swiglu_mlp_op(x, w_gate, w_up, w_down):
-    return k_swiglu_mlp.swiglu_mlp(x, w_gate, w_up, w_down)  # its autograd is Python
+    return OPS.swiglu_mlp(x, w_gate, w_up, w_down, k_swiglu_mlp.resolve_version())
 
 
 def newton_schulz_op(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
@@ -620,26 +615,38 @@ def test_cpp_op_passes_the_harness(cpp_ops, component, dtype):
     assert results and all(r.passed for r in results), "\n".join(r.summary() for r in results)
 
 
+@contextlib.contextmanager
+def _spying(*names):
+    """Each named kernel op's twin, wrapped: yields the list of (name, args) of every call
+    made while in the block, in order. The spies are registered over the twins by a library
+    of their own, whose destruction afterwards leaves the twins in place again."""
+    calls = []
+
+    def spy(name):
+        def kernel(*args, **kwargs):
+            calls.append((name, args))
+            return TWINS[name](*args, **kwargs)
+        return kernel
+    lib = torch.library.Library(build.OP_NAMESPACE, "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore", UserWarning)
+        for name in names:
+            lib.impl(name, spy(name), "CPU", allow_override=True)
+    try:
+        yield calls
+    finally:
+        lib._destroy()
+
+
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_conv_bn_skips_dgrad_when_x_needs_no_gradient(cpp_ops, training, monkeypatch):
+def test_conv_bn_skips_dgrad_when_x_needs_no_gradient(cpp_ops, training):
     # a network's input images need no gradient: autograd.cpp asks the backward op for no dx
     # (need_dx=False), so no dgrad runs (the stem's is the most expensive one); the parameters'
     # gradients are the ones a call with x requiring grad gets, bit for bit
     name = "conv_bn_train_bwd" if training else "conv_bn_eval_bwd"
-    seen = []
-    twin = TWINS[name]
-
-    default = inspect.signature(twin).parameters["need_dx"].default
-    position = list(inspect.signature(twin).parameters).index("need_dx")
-
-    def spy(*args, **kwargs):  # the dispatcher leaves out an argument equal to its default
-        seen.append(args[position] if len(args) > position else kwargs.get("need_dx", default))
-        return twin(*args, **kwargs)
-    lib = torch.library.Library(build.OP_NAMESPACE, "IMPL")
-    with warnings.catch_warnings():  # "overriding a previously registered kernel": meant
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl(name, spy, "CPU", allow_override=True)
-    try:
+    parameters = inspect.signature(TWINS[name]).parameters
+    position = list(parameters).index("need_dx")
+    with _spying(name) as calls:
         g = torch.Generator().manual_seed(SEED)
         x = torch.randn(2, 8, 9, 7, generator=g)
         params = [torch.randn(12, 8, 3, 3, generator=g), torch.randn(12, generator=g),
@@ -653,13 +660,68 @@ def test_conv_bn_skips_dgrad_when_x_needs_no_gradient(cpp_ops, training, monkeyp
             out.backward(torch.ones_like(out))
             assert (xi.grad is not None) == x_grad
             grads.append([t.grad for t in leaves])
-        assert seen == [True, False]
-        for a, b in zip(*grads):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            lib.impl(name, twin, "CPU", allow_override=True)
+    # the dispatcher leaves out an argument equal to its default
+    default = parameters["need_dx"].default
+    assert [a[position] if len(a) > position else default for _, a in calls] == [True, False]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+SWIGLU_INPUTS = ("x", "w_gate", "w_up", "w_down")
+SWIGLU_BACKWARD_OPS = ("swiglu_mlp_grad", "gemm_matmul", "gemm_matmul_accumulate")
+
+
+def _swiglu_args(flat=False):
+    """The tiny case's fresh arguments: x (2, 9, 24), or its (18, 24) matrix when flat."""
+    args = specs.get("swiglu_mlp").case("tiny", "default", F32, "cpu", SEED).args
+    return dict(args, x=args["x"].flatten(0, -2)) if flat else args
+
+
+@pytest.mark.parametrize("wanted", [("x",), ("w_gate",), ("w_up",), ("w_down",), ("x", "w_down"),
+                                    SWIGLU_INPUTS], ids="+".join)
+def test_swiglu_mlp_backward_runs_only_the_gemms_needed(cpp_ops, wanted):
+    # needs_input_grad: dW_down is one GEMM; the others share the SiLU-mul derivative's GEMM
+    # (dG, dU), then dX is a GEMM and an accumulating one, dW_gate and dW_up a GEMM each.
+    # The gradients computed are the ones of a call where every input requires grad, bit for bit.
+    args = _swiglu_args()
+    every = {k: t.clone().requires_grad_(True) for k, t in args.items()}
+    out = swiglu_mlp_op(**every)
+    out.backward(torch.ones_like(out))
+    leaves = {k: t.clone().requires_grad_(k in wanted) for k, t in args.items()}
+    out = swiglu_mlp_op(**leaves)
+    with _spying(*SWIGLU_BACKWARD_OPS) as calls:
+        out.backward(torch.ones_like(out))
+    gemms = ("w_down" in wanted) + ("x" in wanted) + ("w_gate" in wanted) + ("w_up" in wanted)
+    expected = {"swiglu_mlp_grad": int(any(k in wanted for k in ("x", "w_gate", "w_up"))),
+                "gemm_matmul": gemms, "gemm_matmul_accumulate": int("x" in wanted)}
+    assert {n: sum(c == n for c, _ in calls) for n in SWIGLU_BACKWARD_OPS} == expected
+    for k in SWIGLU_INPUTS:
+        assert (leaves[k].grad is not None) == (k in wanted), k
+        if k in wanted:
+            torch.testing.assert_close(leaves[k].grad, every[k].grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_swiglu_mlp_saves_g_and_u_only_for_a_backward(cpp_ops, grad):
+    # Without autograd the gate/up GEMM writes act alone (save=False): no (M, hidden) G and U
+    # that no backward would read; with it, x's (M, K) view (no copy) goes to the op.
+    args = {k: t.requires_grad_(grad and k == "w_up") for k, t in _swiglu_args().items()}
+    with _spying("swiglu_mlp_gate_up") as calls:
+        out = swiglu_mlp_op(**args)
+    [(_, (x2, _, _, save, _))] = calls
+    assert save == grad and out.requires_grad == grad
+    assert x2.shape == (18, 24) and x2.data_ptr() == args["x"].data_ptr()
+    assert out.shape == (2, 9, args["w_down"].shape[0])
+
+
+@pytest.mark.parametrize("kind", ["time_major", "last_every_other", "transposed"])
+def test_swiglu_mlp_takes_x_in_any_layout(cpp_ops, kind):
+    # time_major: the leading dimensions do not flatten, so x's (M, K) view is a copy;
+    # last_every_other and a transposed 2-D x: views with K strided, as the GEMM ops take them
+    args = _swiglu_args(flat=kind == "transposed")
+    args["x"] = as_view(args["x"], kind)
+    result = check_args("swiglu_mlp", args, fn=swiglu_mlp_op, seed=SEED)
+    assert result.passed, result.summary()
 
 
 @pytest.mark.parametrize("variant", ["train", "eval"])

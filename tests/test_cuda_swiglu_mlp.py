@@ -2,14 +2,15 @@
 
 CPU (CI): the version table and its environment variable; gemm.cu through nvcc alone: the
 fused gate/up ("DUAL") kernels exist at every version, without spills or local memory, and
-version 5's still issue wgmma. The C++ binding's contract and the Python autograd run on a
-CPU against torch twins in tests/test_cuda_autograd_cpu.py. Skipped with the reason where
+version 5's still issue wgmma. The C++ binding's contract and the C++ autograd
+(swiglu_mlp_autograd.cpp) run on a CPU against torch twins in tests/test_cuda_autograd_cpu.py. Skipped with the reason where
 nvcc is missing.
 
 GPU (@pytest.mark.gpu): every version at fp32/fp16/bf16 through the harness (float64
 reference, NaN-poisoned allocations, forward and every gradient) at the tiny preset, odd
 sizes (K not a multiple of 8, hidden not a multiple of any tile), 3-D inputs, strided views
-and weights in two different layouts; the two fused ops directly against float64; opcheck.
+and weights in two different layouts; the two fused ops directly against float64; opcheck of
+both and of the op a call is; torch.compile through the call, forward and backward.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def test_fused_ops_against_float64(version, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
-def test_opcheck_both_ops(version):
+def test_opcheck_kernel_ops_and_the_call(version):
     ops = K5._ops()
     dt = torch.bfloat16 if version >= 4 else torch.float32
     x = torch.randn(33, 40, device="cuda", dtype=dt)
@@ -142,6 +143,9 @@ def test_opcheck_both_ops(version):
                                                True, version)),
                      (ops.swiglu_mlp_grad, (dy, wd, g, u, version))):
         torch.library.opcheck(op, args)
+    # the op a call is (swiglu_mlp_autograd.cpp): its C++ autograd traced by AOT autograd
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, wg, wu, wd)]
+    torch.library.opcheck(ops.swiglu_mlp, (*leaves, version))
 
 
 @pytest.mark.gpu
@@ -153,3 +157,28 @@ def test_compiled_module_calls_the_level_5_swiglu_mlp():
     t = [args[n] for n in ("x", "w_gate", "w_up", "w_down")]
     fn = torch.compile(lambda *a: level.swiglu_mlp(*a), fullgraph=True)
     assert torch.equal(fn(*t), level.swiglu_mlp(*t))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [3, 4, 6])
+def test_inside_torch_compile_with_backward(version, monkeypatch):
+    # fake kernel ops + the C++ autograd: Dynamo traces one graph, whose backward calls ours
+    # (the accumulating dX GEMM included); x alone needs no gradient: only the weights' GEMMs
+    monkeypatch.setenv(K5.ENV_VERSION, str(version))
+    K5._ops()  # the library must be loaded before tracing (Dynamo cannot trace a build)
+    args = _args(dict(rows=(2, 24), K=64, hidden=96, N=40), torch.bfloat16, seed=version)
+    for x_grad in (True, False):
+        t = [args[n].detach().clone().requires_grad_(n != "x" or x_grad)
+             for n in ("x", "w_gate", "w_up", "w_down")]
+        wanted = [a for a in t if a.requires_grad]
+
+        def f(*a):
+            return torch.relu(K5.swiglu_mlp(*a)) + 1
+
+        torch._dynamo.reset()
+        results = []
+        for fn in (f, torch.compile(f, fullgraph=True)):
+            out = fn(*t)
+            results.append((out, *torch.autograd.grad(out.float().square().sum(), wanted)))
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want)
