@@ -46,13 +46,13 @@ for s in $STEPS; do
     suite)  # the model-shape suite at Level 4: end to end vs kernel time
       step suite 420 $py -m equivalence bench --suite models --device cuda --level triton \
         --out "$OUT/suite-models-level4.json" ;;
-    final)  # after the last changes: replay at both dtypes, Level 5 swiglu in C++, compile
-      step final-replay 240 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/test_replay.py
-      step final-swiglu 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_swiglu_mlp.py
-      step final-compile 200 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py \
-        -k whole_model_compile
-      step final-overhead 200 $py -m equivalence bench --overhead --device cuda --level triton,cuda \
-        --out "$OUT/overhead-final.json" ;;
+    final)  # after the last changes: Level 5 swiglu in C++, replay at both dtypes, compile
+      step final-swiglu 230 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_swiglu_mlp.py
+      step final-replay 170 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/test_replay.py
+      step final-overhead 100 $py -m equivalence bench --overhead --device cuda --level triton,cuda \
+        --component swiglu_mlp,mlp,layer_norm --out "$OUT/overhead-final.json"
+      step final-compile 90 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py \
+        -k whole_model_compile ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \
