@@ -629,28 +629,17 @@ def call(function, args: tuple):
     """`function.apply(*args)`: replayed when this signature has a plan; the first call of a
     signature runs the Python path (launch.apply_python) after a dry pass recorded it, and
     leaves its plan (or the reason there is none). None: the caller runs the Python path."""
-    key = _signature(args)
-    if key is None:
-        return None
-    key = (function, key)
-    entry = _TABLE.get(key)
-    if entry.__class__ is int:
-        if _hooked():
-            return None
-        outs = _OPS[0].replay.default(entry, [a for a in args if isinstance(a, torch.Tensor)])
-        return outs[0] if _SINGLE[entry] else tuple(outs)
-    if entry is not None or not _recordable(args):
-        return None  # refused (the reason is in _TABLE), or not to be recorded now
-    rec = _record(function, args)
-    out = _launch.apply_python(function, args)  # the real first call: it compiles
-    _remember(key, _finish(function, rec))
-    return out
+    return _serve(function, args, False)
 
 
 def call_forward(fn, args: tuple):
     """`fn(*args)`, a forward that computes no gradient, replayed without an autograd node
     once its signature has a plan (recorded at its first call, as `call` does); None: the
     caller runs `fn` itself."""
+    return _serve(fn, args, True)
+
+
+def _serve(fn, args: tuple, forward_only: bool):
     key = _signature(args)
     if key is None:
         return None
@@ -659,12 +648,18 @@ def call_forward(fn, args: tuple):
     if entry.__class__ is int:
         if _hooked():
             return None
-        outs = _OPS[0].replay_forward.default(entry, [a for a in args if isinstance(a, torch.Tensor)])
+        ops = _OPS[0]
+        op = ops.replay_forward.default if forward_only else ops.replay.default
+        outs = op(entry, [a for a in args if isinstance(a, torch.Tensor)])
         return outs[0] if _SINGLE[entry] else tuple(outs)
     if entry is not None or not _recordable(args):
-        return None
-    rec = _record_forward(fn, args)
-    out = fn(*args)  # the real first call: it compiles
+        return None  # refused (the reason is in _TABLE), or not to be recorded now
+    if forward_only:
+        rec = _record_forward(fn, args)
+        out = fn(*args)  # the real first call: it compiles
+    else:
+        rec = _record(fn, args)
+        out = _launch.apply_python(fn, args)
     _remember(key, _finish(fn, rec))
     return out
 
