@@ -260,10 +260,10 @@ class _Stop(Exception):
     pass
 
 
-def _component_variants():
+def _component_variants(components=COMPONENTS):
     from equivalence import cards
 
-    return [(c, v) for c in COMPONENTS for v in cards.get(c).variants]
+    return [(c, v) for c in components for v in cards.get(c).variants]
 
 
 @pytest.mark.parametrize("component, variant", _component_variants())
@@ -278,7 +278,7 @@ def test_every_level4_function_plans_and_its_forward_replays(ops, component, var
     assert [o.shape for o in outs] == [o.shape for o in rec.outs]
 
 
-@pytest.mark.parametrize("component, variant", _component_variants())
+@pytest.mark.parametrize("component, variant", _component_variants(COMPONENTS + ("newton_schulz",)))
 def test_every_level4_inference_forward_plans_and_replays(ops, component, variant, monkeypatch):
     fn, args = _function_call(component, variant, monkeypatch, training=False)
     rec = R._record_forward(fn, args)
@@ -412,27 +412,47 @@ def test_gpu_replayed_calls_give_the_python_paths_bits(component, dtype, monkeyp
             else:
                 assert not python_calls, f"{what}: not replayed: {R.reasons()}"
             _same(want, again, got, what)
-            # the same call computing no gradient: the forward alone, replayed without a node
-            monkeypatch.setattr(R, "ENABLED", False)
-            want, again = _inference(component, args), _inference(component, args)
-            monkeypatch.setattr(R, "ENABLED", True)
-            _inference(component, args)
-            replays = []
-            call_forward = R.call_forward
+            _check_inference(component, args, what, monkeypatch)
 
-            def noted(fn, a):
-                out = call_forward(fn, a)
-                replays.append(out is not None)
-                return out
 
-            monkeypatch.setattr(R, "call_forward", noted)
-            got = _inference(component, args)
-            monkeypatch.setattr(R, "call_forward", call_forward)
-            if component in STAYS_ON_PYTHON and replays == [False]:
-                assert STAYS_ON_PYTHON[component] in str(R.reasons()), what
-            else:
-                assert replays == [True], f"{what} (no grad): not replayed: {R.reasons()}"
-            _same(want, again, got, what + " (no grad)")
+def _check_inference(component, args, what, monkeypatch):
+    """The call computing no gradient: its forward alone, replayed without a node, gives
+    the Python path's bits."""
+    monkeypatch.setattr(R, "ENABLED", False)
+    want, again = _inference(component, args), _inference(component, args)
+    monkeypatch.setattr(R, "ENABLED", True)
+    _inference(component, args)  # the signature's first call: recorded, then planned
+    replays = []
+    call_forward = R.call_forward
+
+    def noted(fn, a):
+        out = call_forward(fn, a)
+        replays.append(out is not None)
+        return out
+
+    monkeypatch.setattr(R, "call_forward", noted)
+    got = _inference(component, args)
+    monkeypatch.setattr(R, "call_forward", call_forward)
+    if component in STAYS_ON_PYTHON and replays == [False]:
+        assert STAYS_ON_PYTHON[component] in str(R.reasons()), what
+    else:
+        assert replays == [True], f"{what} (no grad): not replayed: {R.reasons()}"
+    _same(want, again, got, what + " (no grad)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_replayed_forward_only_components_give_the_python_paths_bits(dtype, monkeypatch):
+    """newton_schulz has no backward: its whole call is one forward, replayed."""
+    from equivalence import cards
+
+    assert R.load() is not None, R.unavailable()
+    card = cards.get("newton_schulz")
+    for size in ("tiny", "small"):
+        for variant in card.variants:
+            args = card.case(size, variant, dtype, torch.device("cuda"), 0).args
+            _check_inference("newton_schulz", args, f"newton_schulz {size} {variant} {dtype}",
+                             monkeypatch)
 
 
 def _inference(component, args):
