@@ -53,6 +53,11 @@ for s in $STEPS; do
         --component swiglu_mlp,mlp,layer_norm --out "$OUT/overhead-final.json"
       step final-compile 90 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py \
         -k whole_model_compile ;;
+    last)  # the shared _serve and newton_schulz's replay
+      step last-replay 220 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/test_replay.py
+      step last-ns 150 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_newton_schulz.py
+      step last-overhead 120 $py -m equivalence bench --overhead --device cuda --level triton \
+        --component newton_schulz,rms_norm,attention --out "$OUT/overhead-last.json" ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \
