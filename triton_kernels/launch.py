@@ -284,6 +284,7 @@ def refuse_replay(reason: str) -> None:
     if _RECORDER.refused is not None:
         _RECORDER.refused.append(reason)
 
+
 _LOCK = threading.Lock()
 _PENDING: dict = {}  # kernel -> futures of its compiles in flight
 _POOL: list = []
@@ -473,4 +474,3 @@ def wait_compiles() -> None:
                 return
             kernel = next(iter(_PENDING))
         _wait_for(kernel)
-
