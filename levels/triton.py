@@ -385,7 +385,8 @@ def _host_path() -> str:
     counts = replay.stats()
     lines = [f"# ---- host path: C++ replay of each signature's recorded launches "
              f"(triton_kernels/replay.py): {'off, ' + why if why else 'on'}; in this process "
-             f"{counts['replayed']} signature(s) replay, {counts['python']} stay on the Python path"]
+             f"{counts['replayed']} signature(s) replay, {counts['python']} stay on the Python "
+             f"path"]
     lines += [f"  {name}: {reason}" for name, reason in replay.reasons().items()]
     return "\n".join(lines)
 

@@ -112,9 +112,9 @@ def main() -> None:
     for name, on, prof in (("triton", True, True), ("triton", False, True), ("torch", True, False)):
         r = probe(a.model, name, on, a.steps, prof)
         rows.append(r)
-        print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  gpu {r['gpu_ms_per_step']:.1f} ms "
-              f" back-to-back {r['back_to_back_ms']:.1f} ms  {r['replay_stats']} {r['replay_reasons']}",
-              flush=True)
+        print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  "
+              f"gpu {r['gpu_ms_per_step']:.1f} ms  back-to-back {r['back_to_back_ms']:.1f} ms  "
+              f"{r['replay_stats']} {r['replay_reasons']}", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "rows": rows}, indent=1))

@@ -321,7 +321,8 @@ class _Bases:
         self.inputs: list = []            # (base index, tensor) of inputs or saved bases
 
     def add(self, kind: int, index: int, nbytes: int = 0, typed=None) -> int:
-        layout = [0, -1] if typed is None else _layout_words(typed.dtype, typed.shape, typed.stride())
+        layout = ([0, -1] if typed is None
+                  else _layout_words(typed.dtype, typed.shape, typed.stride()))
         self.words.append([kind, index, nbytes, *layout])
         return len(self.words) - 1
 
@@ -441,7 +442,9 @@ class _Planner:
                 values[p.name] = p.default
         src = ck.src
         arg_names = list(src.fn.arg_names)
-        constants = {arg_names.index(k) if isinstance(k, str) else (k[0] if isinstance(k, tuple) else k)
+        # Triton 3.3+ keys constants by name; earlier ones by (index,) tuples or indices
+        constants = {arg_names.index(k) if isinstance(k, str)
+                     else (k[0] if isinstance(k, tuple) else k)
                      for k in getattr(src, "constants", {})}
         signature = {(arg_names.index(k) if isinstance(k, str) else k): v
                      for k, v in src.signature.items()}
