@@ -179,6 +179,34 @@ def test_fills_are_replayed_by_value_into_fresh_buffers(ops):
     assert torch.equal(x.grad, torch.full((5, 7), 2.0))
 
 
+class _TwoOutputs(torch.autograd.Function):
+    """No kernel: two outputs shaped like x (1s and 2s, fills); the backward returns a copy
+    of the second output's gradient (what a replay can run)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.new_full(x.shape, 1.0), x.new_full(x.shape, 2.0)
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        out = g1.new_empty(g1.shape)
+        out.copy_(g2)  # a replayed copy: the second gradient, as autograd hands it over
+        return out
+
+
+def test_an_unused_output_gets_a_zero_gradient_as_autograd_function_gives(ops):
+    x = torch.randn(3, 5, requires_grad=True)
+    plan = ops.add_plan(R.plan_words(R._record(_TwoOutputs, (x,)), compiled=_fake_compiled), True)
+    a, b = ops.replay.default(plan, [x])
+    assert torch.equal(a, torch.ones(3, 5)) and torch.equal(b, torch.full((3, 5), 2.0))
+    a.sum().backward()  # b unused: its gradient is materialized as zeros
+    assert torch.equal(x.grad, torch.zeros(3, 5))
+    x.grad = None
+    a2, b2 = ops.replay.default(plan, [x])
+    (b2 * 7).sum().backward()
+    assert torch.equal(x.grad, torch.full((3, 5), 7.0))
+
+
 class _Sums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
