@@ -328,5 +328,8 @@ def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
         assert re.search(r"forward +\d+\.\d us \([+-]\d+\) +\d+\.\d us \([+-]\d+\) +\d+\.\d us", body), body
         assert re.search(r"forward\+backward +\d+\.\d us", body)
         assert "reports/h100-overhead-before-host-path.json" in body and "tokens/s" in body
+        # Level 4's third stage, the C++ replay, with its own run's eager
+        assert (("replayed" in body and "host-path-replay/overhead-replay.json" in body)
+                == (level == "triton")), body
     text = explain("layer_norm", level, "cpu")
     assert host_path.TITLE in text

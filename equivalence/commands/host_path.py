@@ -1,4 +1,5 @@
-"""`levels explain --level triton|cuda`: the host path before and after, as recorded on an H100.
+"""`levels explain --level triton|cuda`: the host path before and after, as recorded on an H100
+(Level 4's C++ replay, the third stage, on an H200).
 
 What one small call cost the host at Levels 4 and 5 before the host-path work and after it
 (`levels bench --overhead`, both runs committed), and what the whole GPT's training step does
@@ -15,16 +16,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = ROOT / "reports" / "h100-overhead-before-host-path.json"
 AFTER = ROOT / "reports" / "h100-overhead.json"
+# Level 4's launches replayed from C++ (triton_kernels/replay.py), on an H200 host
+REPLAYED = ROOT / "reports" / "host-path-replay" / "overhead-replay.json"
 TRAINED = ROOT / "reports" / "train" / "host-path"
-TITLE = "The host path, before and after (recorded on an H100)"
+TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
     "triton": ("The contract's validation runs once per argument signature (levels.contract.Plans: "
                "a dictionary lookup after that); each Triton kernel is launched through its "
                "compiled launcher once its specialization is known (@fast_launch, written "
                "kernel[grid](...)); no statistics or log-sum-exp are stored when no backward will "
-               "read them. What is left is the Python autograd.Function: its backward allocates "
-               "and launches 2 to 8 kernels at ~10 us of Triton's own launcher each."),
+               "read them. What was left after that was the Python autograd.Function: its "
+               "backward allocates and launches 2 to 8 kernels at ~10 us of Triton's own "
+               "launcher each. Then the replay: the first call of a signature records its "
+               "launches in a dry pass, and later calls replay them from C++ with a C++ "
+               "autograd node (triton_kernels/replay.py; the 'replayed' column, measured on an "
+               "H200 host against eager there)."),
     "cuda": ("A call is one C++ op (cuda_kernels/autograd.cpp): the layout copies, the kernel ops "
              "and one C++ autograd node, where it used to be Python around the kernels with "
              "autograd through torch.library.register_autograd (a Python autograd.Function per "
@@ -52,21 +59,35 @@ def section(component: str, level: str) -> tuple[str, str]:
         before, after = (json.loads(p.read_text()) for p in (BEFORE, AFTER))
     except (OSError, ValueError) as exc:
         return TITLE, f"the recorded runs could not be read ({type(exc).__name__}: {exc})"
+    replayed = _replayed(level)
     lines = [f"{component} at the tiny size, {after['settings']['dtype']}, host time per call, "
              f"calls back to back (in brackets: minus eager PyTorch's in the same run).",
-             f"{'':18}{'before':>22}{'after':>22}{'eager (after)':>16}"]
+             f"{'':18}{'before':>22}{'after':>22}" + (f"{'replayed':>22}" if replayed else "")
+             + f"{'eager (after)':>16}"]
     eager = _row(after, component, "eager")
     for key, label in (("host_fwd", "forward"), ("host_fwd_bwd", "forward+backward")):
         lines.append(f"{label:18}{_cell(_row(before, component, level), key):>22}"
                      f"{_cell(_row(after, component, level), key):>22}"
-                     f"{_cell(eager, key).split(' (')[0]:>16}")
+                     + (f"{_cell(_row(replayed, component, level), key):>22}" if replayed else "")
+                     + f"{_cell(eager, key).split(' (')[0]:>16}")
     lines += ["", WHAT_CHANGED.get(level, "")]
     gpt = _gpt_steps(level)
     if gpt:
         lines += ["", gpt]
-    lines += ["", f"files: {BEFORE.relative_to(ROOT)}, {AFTER.relative_to(ROOT)}, "
+    files = [BEFORE, AFTER] + ([REPLAYED] if replayed else [])
+    lines += ["", f"files: {', '.join(str(f.relative_to(ROOT)) for f in files)}, "
                   f"{TRAINED.relative_to(ROOT)}/ (levels bench --overhead; levels train --cuda-graph)"]
     return TITLE, "\n".join(lines)
+
+
+def _replayed(level: str) -> dict | None:
+    """The replay's `levels bench --overhead` run, for Level 4 (None elsewhere or unreadable)."""
+    if level != "triton":
+        return None
+    try:
+        return json.loads(REPLAYED.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _gpt_steps(level: str) -> str:
@@ -86,4 +107,19 @@ def _gpt_steps(level: str) -> str:
             f"CUDA graph; native {rate('eager', 'native')} / {rate('graph', 'native')}; the same "
             f"model from torch's own modules {rate('eager', 'torch')} / {rate('graph', 'torch')}. "
             f"A step the host cannot feed fast enough gains from the graph; one already bound by "
-            f"its kernels does not.")
+            f"its kernels does not." + _gpt_replayed(level))
+
+
+def _gpt_replayed(level: str) -> str:
+    """The GPT eagerly with Level 4's replay (an H200 run of its own), for Level 4."""
+    if level != "triton":
+        return ""
+    try:
+        runs = {r["name"]: r for r in json.loads(
+            (REPLAYED.parent / "train-gpt-gpu.json").read_text())["runs"]}
+        mine, torch_ = (runs[n]["timing"]["items_per_s"] / 1e3 for n in ("triton", "torch"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return (f" With the replay, eagerly (an H200 run of its own, "
+            f"{REPLAYED.parent.relative_to(ROOT)}/train-gpt-gpu.json): this level {mine:.0f}k, the "
+            f"torch-modules model {torch_:.0f}k tokens/s, {mine / torch_:.2f}x: no graph needed.")
