@@ -673,6 +673,10 @@ def _recordable(args: tuple) -> bool:
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if first is None or not first.is_cuda:
         return False
+    if first.device.index != torch.cuda.current_device():
+        # Triton compiles and loads for the current device, and a plan's CUfunctions are
+        # that device's: a call on another one stays on the Python path, as it launches
+        return False
     if torch.compiler.is_compiling() or _launch.autotuning() or _hooked():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
