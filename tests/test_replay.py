@@ -158,6 +158,23 @@ def test_a_gradient_in_another_layout_is_copied_into_the_recorded_one(ops):
     assert g.data_ptr() not in bwd["params"]
 
 
+def test_a_strided_view_is_read_where_it_starts_and_with_its_strides(ops):
+    from triton_kernels.layer_norm import _LayerNorm
+
+    base = torch.randn(9, 50)
+    x = base[1:7, 3:35].requires_grad_()  # rows 50 apart, starting 53 elements in
+    w, b = torch.randn(32), torch.randn(32)
+    rec = R._record(_LayerNorm, (x, w, b, 1e-5, None, None))
+    plan = ops.add_plan(R.plan_words(rec, compiled=_fake_compiled), True)
+    ops.take_fake_log()
+    other = torch.randn(9, 50)[1:7, 3:35]  # the same signature, another address
+    ops.replay.default(plan, [other, w, b])
+    (fwd,) = _launches(ops.take_fake_log())
+    _, _, pairs = _scalars_and_pointers([e for e in rec.events if e[0] == "launch"][0])
+    by_name = dict(zip([n for n, _ in pairs], fwd["params"]))
+    assert by_name["x_ptr"] == other.data_ptr() and by_name["stride_xm"] == 50
+
+
 class _Fills(torch.autograd.Function):
     """No kernel: the forward returns zeros, the backward 2s (fills the replay runs)."""
 
