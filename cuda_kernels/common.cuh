@@ -14,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <mutex>
+
 enum LevelsDtype { LEVELS_F32 = 0, LEVELS_F16 = 1, LEVELS_BF16 = 2 };
 
 // Status codes: 0 and the positive values are cudaError_t (after the launch, from
@@ -44,6 +46,47 @@ static inline int levels_sm_count() {
   if (cudaGetDevice(&device) != cudaSuccess) return 1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
   return sms > 0 ? sms : 1;
+}
+
+// What the occupancy calculator answers for `kernel` at (a, b) on the current device (blocks
+// per SM at a threads, clusters at a cluster width, ...), asked once: `ask()` computes it
+// (> 0), and the answer never changes in a process. The calculator is microseconds of
+// driver work, more than some small calls' whole kernel time, so a launcher that sizes a
+// persistent grid by it must not pay it on every call. A failed ask (<= 0) is not kept.
+template <typename Ask>
+static int levels_occupancy_once(const void* kernel, int64_t a, int64_t b, Ask ask) {
+  struct Entry { int device; const void* kernel; int64_t a, b; int value; };
+  static Entry table[64];
+  static int used = 0;
+  static std::mutex lock;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return ask();
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    for (int i = 0; i < used; ++i)
+      if (table[i].device == device && table[i].kernel == kernel && table[i].a == a && table[i].b == b)
+        return table[i].value;
+  }
+  const int value = ask();
+  if (value > 0) {
+    std::lock_guard<std::mutex> hold(lock);
+    if (used < 64) table[used++] = {device, kernel, a, b, value};
+  }
+  return value;
+}
+
+// Blocks of `kernel` one SM holds at once with `threads` threads and `smem` bytes of dynamic
+// shared memory (>= 1; 1 where the calculator fails), asked once per device.
+static inline int levels_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  const int n = levels_occupancy_once(kernel, threads, (int64_t)smem, [&] {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a launch error: do not let it surface as one
+      return 0;
+    }
+    return per_sm;
+  });
+  return n > 0 ? n : 1;
 }
 
 // ---- 16-byte vectors: VEC elements that travel as one ld.global.v4 / st.global.v4 ----

@@ -1483,8 +1483,26 @@ __global__ void stats_partial_kernel(const float* __restrict__ y, int64_t P, int
   }
 }
 
-// Train: thread c merges its channel's chunks (Chan et al.: mean and M2 of a union from those
-// of the parts, in double: a few hundred steps per channel), then
+// (n, mean, M2) of the union of two parts, from those of the parts (Chan et al.), in double.
+__device__ __forceinline__ void chan_merge(double& n_a, double& mean_a, double& m2_a, double n_b,
+                                           double mean_b, double m2_b) {
+  const double n = n_a + n_b;
+  if (n == 0.0) return;  // two empty parts (a lane with no chunk)
+  const double delta = mean_b - mean_a;
+  mean_a += delta * n_b / n;
+  m2_a += m2_b + delta * delta * n_a * n_b / n;
+  n_a = n;
+}
+
+// The finalize kernels' block: 32 neighbouring channels (coalesced reads of a chunk's row)
+// x FIN_R lanes that split the chunks. One thread per channel walking all (up to 512)
+// chunks was a chain of 512 dependent fp64 divisions: ~200 us a call on an H200, 1.6 ms of a
+// CNN training step; FIN_R lanes and a tree of merges make the chain 512 / FIN_R + log2(FIN_R).
+constexpr int FIN_R = 16;
+
+// Train: the block merges its channels' chunks (Chan et al.: mean and M2 of a union from
+// those of the parts, in double), lane y taking chunks y, y + FIN_R, ..., then the lanes
+// merged pairwise in shared memory; lane 0 then computes
 //   running_mean' = (1 - momentum) running_mean + momentum (mean + bias)
 //   running_var'  = (1 - momentum) running_var  + momentum var * P / (P - 1)   (unbiased)
 //   out = y * scale + shift with scale = gamma * invstd, shift = beta - mean * scale.
@@ -1501,17 +1519,27 @@ __global__ void stats_finalize_kernel(const float* __restrict__ part_mean,
                                       T* __restrict__ new_running_mean,
                                       T* __restrict__ new_running_var, float* __restrict__ scale,
                                       float* __restrict__ shift) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ double lanes[3][FIN_R][RED_C + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * RED_C + threadIdx.x;
+  const int y = threadIdx.y;
   double n_a = 0.0, mean_a = 0.0, m2_a = 0.0;
-  for (int64_t s = 0; s < chunks; ++s) {
-    const double n_b = static_cast<double>(min(rows_per_chunk, P - s * rows_per_chunk));
-    const double mean_b = part_mean[s * C + c], m2_b = part_m2[s * C + c];
-    const double n = n_a + n_b, delta = mean_b - mean_a;
-    mean_a += delta * n_b / n;
-    m2_a += m2_b + delta * delta * n_a * n_b / n;
-    n_a = n;
+  if (c < C)
+    for (int64_t s = y; s < chunks; s += FIN_R)
+      chan_merge(n_a, mean_a, m2_a, static_cast<double>(min(rows_per_chunk, P - s * rows_per_chunk)),
+                 part_mean[s * C + c], part_m2[s * C + c]);
+#pragma unroll
+  for (int half = FIN_R / 2; half >= 1; half /= 2) {  // lanes [half, 2 half) into [0, half)
+    if (y >= half && y < 2 * half) {
+      lanes[0][y - half][threadIdx.x] = n_a;
+      lanes[1][y - half][threadIdx.x] = mean_a;
+      lanes[2][y - half][threadIdx.x] = m2_a;
+    }
+    __syncthreads();
+    if (y < half) chan_merge(n_a, mean_a, m2_a, lanes[0][y][threadIdx.x], lanes[1][y][threadIdx.x],
+                             lanes[2][y][threadIdx.x]);
+    __syncthreads();
   }
+  if (y != 0 || c >= C) return;
   // ### BEGIN SOLUTION
   const double var = m2_a / static_cast<double>(P);
   const float is = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
@@ -1581,19 +1609,25 @@ __global__ void bn_bwd_partial_kernel(const T* __restrict__ dout, const float* _
 }
 
 // Adds the chunks of `n_sums` stacked partials (n_sums, chunks, C) into sums (n_sums, C); the
-// first sum also goes to out0 and the second to out1 in the input dtype (nullable).
+// first sum also goes to out0 and the second to out1 in the input dtype (nullable). A
+// (RED_C, RED_R) block: 32 channels, the chunks split over 8 row lanes and summed across them
+// (a chain of chunks / 8 additions, not chunks).
 template <typename T>
 __global__ void chunks_finalize_kernel(const float* __restrict__ part, int64_t chunks, int64_t C,
                                        int n_sums, float* __restrict__ sums, T* __restrict__ out0,
                                        T* __restrict__ out1) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float buf[RED_R][RED_C + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * RED_C + threadIdx.x;
   for (int q = 0; q < n_sums; ++q) {
     float s = 0.0f;
-    for (int64_t k = 0; k < chunks; ++k) s += part[(q * chunks + k) * C + c];
-    sums[q * C + c] = s;
-    T* o = q == 0 ? out0 : out1;
-    if (o) o[c] = from_f32<T>(s);
+    if (c < C)
+      for (int64_t k = threadIdx.y; k < chunks; k += RED_R) s += part[(q * chunks + k) * C + c];
+    s = column_lanes_sum(s, buf);  // every thread of the block: it holds barriers
+    if (threadIdx.y == 0 && c < C) {
+      sums[q * C + c] = s;
+      T* o = q == 0 ? out0 : out1;
+      if (o) o[c] = from_f32<T>(s);
+    }
   }
 }
 
@@ -2198,7 +2232,7 @@ static int train_fwd(int version, const Geom& g, const T* x, const T* w, const T
   if (status != 0) return status;
   stats_partial_kernel<<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       y, g.P, C, rows, part_mean, part_m2);
-  stats_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+  stats_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, RED_C)), dim3(RED_C, FIN_R), 0, stream>>>(
       part_mean, part_m2, chunks, rows, g.P, C, bias, gamma, beta, running_mean, running_var, eps,
       momentum, mean, invstd, new_running_mean, new_running_var, scale, shift);
   channel_affine_kernel<T><<<elementwise_blocks(g.P * C), 256, 0, stream>>>(y, scale, shift, out,
@@ -2212,7 +2246,7 @@ static void column_sum(const T* m, int64_t P, int64_t C, float* part, float* sum
                        cudaStream_t stream) {
   column_sum_partial_kernel<T><<<reduction_grid(P, C), dim3(RED_C, RED_R), 0, stream>>>(
       m, P, C, chunk_rows(P), part);
-  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, RED_C)), dim3(RED_C, RED_R), 0, stream>>>(
       part, chunk_count(P), C, 1, sums, out_t, static_cast<T*>(nullptr));
 }
 
@@ -2275,13 +2309,13 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   T* dyc = static_cast<T*>(ws.dyc);  // (P, C) in T: the gradient of the convolution's output
   bn_bwd_partial_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       dout, y, mean, invstd, g.P, C, rows, chunks, ws.bn_part);
-  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, RED_C)), dim3(RED_C, RED_R), 0, stream>>>(
       ws.bn_part, chunks, C, 2, ws.sums, dbeta, dgamma);
   // dbias is mathematically 0 (the batch mean absorbs the conv bias): computed, not assumed,
   // from the fp32 dy the apply kernel sums per chunk before rounding it.
   bn_bwd_apply_kernel<T><<<reduction_grid(g.P, C), dim3(RED_C, RED_R), 0, stream>>>(
       dout, y, mean, invstd, gamma, ws.sums, g.P, C, rows, dyc, ws.col_part);
-  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, 128)), 128, 0, stream>>>(
+  chunks_finalize_kernel<T><<<static_cast<unsigned>(levels_cdiv(C, RED_C)), dim3(RED_C, RED_R), 0, stream>>>(
       ws.col_part, chunks, C, 1, ws.sum, dbias, static_cast<T*>(nullptr));
   const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
   if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob

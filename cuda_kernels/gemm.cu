@@ -41,9 +41,14 @@
 //              block, a tensor-map encode per operand per launch on the host (a few us of
 //              CPU), Hopper only, the mbarrier phase bookkeeping (a wrong parity is a hang:
 //              -DLEVELS_GEMM6_TIMEOUT=n makes every wait trap after n million polls).
+//              Transposed operands as they lie: A stored (K, M) with M contiguous (dYᵀ of a
+//              weight gradient) and B stored (K, N) with N contiguous (an activation, or a
+//              weight used untransposed) are loaded in 64-column boxes, "MN-major" tiles of
+//              the same bytes in another order, which wgmma reads with its transpose flags
+//              (imm-trans-a/b) through MN-major descriptors: the MLP's backward makes no
+//              copies (versions 4, 5, 7, 8 copy such operands to K-major first).
 //              Not here yet (the next rungs): a persistent grid (the epilogue of one tile
-//              under the loads of the next: version 7), clusters with TMA multicast, ldmatrix.trans /
-//              transposed descriptors for N-major operands (no copies in backward).
+//              under the loads of the next: version 7), clusters with TMA multicast.
 //              Measured on the H100 (bf16, reports/h100-gemm6.json, cuBLAS and version 5 in
 //              the same run): 8192^3 661 TFLOP/s = 0.90x cuBLAS (version 5: 0.51x), 4096^3
 //              0.93x (0.52x), the MLP's first GEMM with bias + GELU 0.91x (0.59x), M4096
@@ -1114,7 +1119,8 @@ gemm_v5_batched_kernel(const T* __restrict__ A, int64_t lda, const T* __restrict
 // The consumers' epilogue is version 5's (v5_stage + store_tile / store_swiglu / the
 // batched AXPBY and transposed stores), with a named barrier over the 256 consumer threads.
 // Costs and limits: sm_90 only (LEVELS_BAD_ARCH elsewhere), 16-bit inputs (fp32 runs version
-// 3), version 4's K-major rules; TMA also wants row strides that are multiples of 16 bytes
+// 3), version 4's K-major rules or their transposes (an output of the inputs' dtype: an fp32
+// output copies them as version 4 does); TMA also wants row strides that are multiples of 16 bytes
 // (8 elements: version 4's rule already) and row/column counts below 2**31 (32-bit
 // coordinates). Host cost: two or three cuTensorMapEncodeTiled calls per launch (a few
 // microseconds of CPU, no GPU work; nothing is cached). Not here yet: a persistent grid
@@ -1208,12 +1214,26 @@ __device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty) {
 
 // The producer's TMA loads of k-tile k (an element offset along K) of the tile at (m0, n0)
 // into stage s, counted on `bar` (the stage's full barrier).
-template <typename T, int BN, bool DUAL>
+// A_MN / B_MN (version 6's transposed operands): the operand is stored with M (N) contiguous,
+// a (K, M) matrix, so a box is 64 columns of M (N) x 64 k-rows: one "atom" of 8 KB, written
+// with the same 128-byte swizzle. A tile of 128 rows is 2 atoms, a B tile of BN columns
+// BN / 64; the stage holds the same bytes as the K-major tile, in another order
+// (wgmma_stage's MN-major descriptors read it as it lies).
+template <typename T, int BN, bool DUAL, bool A_MN = false, bool B_MN = false>
 __device__ __forceinline__ void tma_load_stage(T* sA, T* sB, int s, const V6Operands& op, int k, int64_t m0,
                                                int64_t n0, uint64_t* bar) {
   constexpr int BM = 128;
-  tma_load(sA + s * BM * V4_BK, op.a, k, (int)m0, op.batch_a, bar);
-  if constexpr (!DUAL) {
+  static_assert(!(DUAL && B_MN), "SwiGLU's dual B is K-major");
+  if constexpr (A_MN) {
+#pragma unroll
+    for (int i = 0; i < BM / 64; ++i) tma_load(sA + s * BM * V4_BK + i * 64 * V4_BK, op.a, (int)m0 + 64 * i, k, op.batch_a, bar);
+  } else {
+    tma_load(sA + s * BM * V4_BK, op.a, k, (int)m0, op.batch_a, bar);
+  }
+  if constexpr (B_MN) {
+#pragma unroll
+    for (int i = 0; i < BN / 64; ++i) tma_load(sB + s * BN * V4_BK + i * 64 * V4_BK, op.b, (int)n0 + 64 * i, k, op.batch_b, bar);
+  } else if constexpr (!DUAL) {
     tma_load(sB + s * BN * V4_BK, op.b, k, (int)n0, op.batch_b, bar);
   } else {
     tma_load(sB + s * BN * V4_BK, op.b, k, (int)(n0 / 2), op.batch_b, bar);
@@ -1222,18 +1242,26 @@ __device__ __forceinline__ void tma_load_stage(T* sA, T* sB, int s, const V6Oper
 }
 
 // A consumer warpgroup's MMAs on stage s: its 64 rows of A times all BN rows of B, 4 k16
-// slices, issued (and committed) asynchronously.
-template <typename T, int BN>
+// slices, issued (and committed) asynchronously. K-major tiles: a k16 slice is 32 bytes into
+// each 128-byte row. MN-major tiles (A_MN, B_MN): a k16 slice is 16 k-rows, 2048 bytes into
+// an atom (a multiple of the swizzle's 1024-byte period), and the next 64 columns are the
+// next atom, 8 KB on (wgmma_desc_mn's leading offset); the warpgroup's 64 rows of A are its
+// own atom, the same 8 KB offset as its 64 K-major rows.
+template <typename T, int BN, bool A_MN = false, bool B_MN = false>
 __device__ __forceinline__ void wgmma_stage(const T* sA, const T* sB, int s, int wg, float (&acc)[BN / 128][64]) {
-  constexpr int BM = 128, NB = BN / 128;
+  constexpr int BM = 128, NB = BN / 128, ATOM = 64 * V4_BK * (int)sizeof(T);
   const uint32_t a_base = smem_addr(sA + s * BM * V4_BK + wg * 64 * V4_BK);
   const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < V4_BK / 16; ++kk)
 #pragma unroll
-    for (int j = 0; j < NB; ++j)
-      wgmma_m64n128k16<T>(acc[j], wgmma_desc(a_base + kk * 32), wgmma_desc(b_base + j * 128 * 128 + kk * 32));
+    for (int j = 0; j < NB; ++j) {
+      const uint64_t da = A_MN ? wgmma_desc_mn(a_base + kk * 16 * 128, ATOM) : wgmma_desc(a_base + kk * 32);
+      const uint64_t db = B_MN ? wgmma_desc_mn(b_base + j * 2 * ATOM + kk * 16 * 128, ATOM)
+                               : wgmma_desc(b_base + j * 128 * 128 + kk * 32);
+      wgmma_m64n128k16<T, A_MN, B_MN>(acc[j], da, db);
+    }
   wgmma_commit();
 }
 
@@ -1242,7 +1270,7 @@ __device__ __forceinline__ void wgmma_stage(const T* sA, const T* sB, int s, int
 // warpgroup (which should then leave) and true on the consumers, whose acc then holds the
 // tile, every stage's TMA writes landed and read: the ring's memory is free for the epilogue
 // once the consumers pass an epilogue_sync<true>().
-template <typename T, int BN, bool DUAL>
+template <typename T, int BN, bool DUAL, bool A_MN = false, bool B_MN = false>
 __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint64_t* empty, const V6Operands& op,
                                              int64_t m0, int64_t n0, int64_t K, float (&acc)[BN / 128][64]) {
   constexpr int BM = 128, NB = BN / 128, STAGES = v6_stages<BN>();
@@ -1260,7 +1288,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
         const int s = kt % STAGES;
         if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);  // round r-1's readers are done
         mbar_expect_tx(&full[s], STAGE_BYTES);
-        tma_load_stage<T, BN, DUAL>(sA, sB, s, op, kt * V4_BK, m0, n0, &full[s]);
+        tma_load_stage<T, BN, DUAL, A_MN, B_MN>(sA, sB, s, op, kt * V4_BK, m0, n0, &full[s]);
       }
     }
     return false;
@@ -1276,7 +1304,7 @@ __device__ __forceinline__ bool v6_main_loop(T* sA, T* sB, uint64_t* full, uint6
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % STAGES;
     mbar_wait(&full[s], (kt / STAGES) & 1);  // round kt / STAGES of stage s has landed
-    wgmma_stage<T, BN>(sA, sB, s, wg, acc);
+    wgmma_stage<T, BN, A_MN, B_MN>(sA, sB, s, wg, acc);
     // Tile kt's MMAs stay in flight; tile kt-1's are done, so its stage goes back.
     wgmma_wait<1>();
     if (kt > 0) {
@@ -1301,7 +1329,8 @@ __device__ __forceinline__ void v6_tiles(unsigned char* smem_raw, T*& sA, T*& sB
   sB = sA + v6_stages<BN>() * 128 * V4_BK;                               // [STAGES][BN][64]
 }
 
-template <typename T, typename TC, int BN, bool DUAL = false>
+// A_MN / B_MN: that operand is read transposed, as it lies (tma_load_stage, wgmma_stage).
+template <typename T, typename TC, int BN, bool DUAL = false, bool A_MN = false, bool B_MN = false>
 __global__ void __launch_bounds__(V6_THREADS, 1)
 gemm_v6_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_b2, int64_t M, int64_t N, int64_t K, EpiArgs ep) {
@@ -1315,7 +1344,7 @@ gemm_v6_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant_
   grouped_tile<BM, BN>(M, N, m0, n0);
   float acc[BN / 128][64];
   const V6Operands op{&map_a, &map_b, &map_b2, 0, 0};
-  if (!v6_main_loop<T, BN, DUAL>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
+  if (!v6_main_loop<T, BN, DUAL, A_MN, B_MN>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
   constexpr int LD = BN + 8;
   float* tile = reinterpret_cast<float*>(sA);
   epilogue_sync<true>();  // both consumer warpgroups are done reading the ring
@@ -2024,30 +2053,35 @@ int opt_in_smem(Kernel kernel, int smem, bool& done) {
 // The plain kernels' three tensor maps (versions 6 and 7). DUAL: N is the virtual width
 // 2 * hidden; b and b2 have hidden rows each, half a tile per box. Not DUAL: map_b2 = map_b,
 // unused.
-template <typename T, int BN, bool DUAL>
+// A_MN / B_MN: that operand is a (K, M) / (K, N) matrix with M / N contiguous, lda / ldb its
+// k-row stride, read in boxes of 64 columns x 64 k-rows (tma_load_stage).
+template <typename T, int BN, bool DUAL, bool A_MN = false, bool B_MN = false>
 int plain_maps(const T* A, int64_t lda, const T* B, int64_t ldb, const T* B2, int64_t M, int64_t N, int64_t K,
                CUtensorMap& map_a, CUtensorMap& map_b, CUtensorMap& map_b2) {
   const int64_t rows_b = DUAL ? N / 2 : N;
   constexpr int box_b = DUAL ? BN / 2 : BN;
-  int status = make_map<T>(&map_a, A, M, K, lda, 1, 0, 128);
-  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, rows_b, K, ldb, 1, 0, box_b);
+  int status = A_MN ? make_map<T>(&map_a, A, K, M, lda, 1, 0, V4_BK) : make_map<T>(&map_a, A, M, K, lda, 1, 0, 128);
+  if (status == LEVELS_OK)
+    status = B_MN ? make_map<T>(&map_b, B, K, rows_b, ldb, 1, 0, V4_BK)
+                  : make_map<T>(&map_b, B, rows_b, K, ldb, 1, 0, box_b);
   if (status == LEVELS_OK) status = DUAL ? make_map<T>(&map_b2, B2, rows_b, K, ldb, 1, 0, box_b) : LEVELS_OK;
   if (!DUAL) map_b2 = map_b;
   return status;
 }
 
-template <typename T, typename TC, int BN, bool DUAL = false>
+template <typename T, typename TC, int BN, bool DUAL = false, bool A_MN = false, bool B_MN = false>
 int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
                      const EpiArgs& ep, cudaStream_t stream, const T* B2) {
   constexpr int smem = v6_smem<BN>();
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
-  auto kernel = gemm_v6_kernel<T, TC, BN, DUAL>;
+  auto kernel = gemm_v6_kernel<T, TC, BN, DUAL, A_MN, B_MN>;
   static bool opted_in = false;
   int status = opt_in_smem(kernel, smem, opted_in);
   const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
   CUtensorMap map_a, map_b, map_b2;
-  if (status == LEVELS_OK) status = plain_maps<T, BN, DUAL>(A, lda, B, ldb, B2, M, N, K, map_a, map_b, map_b2);
+  if (status == LEVELS_OK)
+    status = plain_maps<T, BN, DUAL, A_MN, B_MN>(A, lda, B, ldb, B2, M, N, K, map_a, map_b, map_b2);
   if (status != LEVELS_OK) return status;
   kernel<<<(unsigned)blocks, V6_THREADS, smem, stream>>>(map_a, map_b, map_b2, M, N, K, ep);
   return levels_launch_status();
@@ -2112,13 +2146,32 @@ int launch_hopper(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk,
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
-    const bool rows_ok = sak == 1 && sbk == 1 && sam % 8 == 0 && sbn % 8 == 0;
+    const bool a_k = sak == 1 && sam % 8 == 0, b_k = sbk == 1 && sbn % 8 == 0;
     const bool base_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(B2) % 16 == 0;
-    if (!rows_ok || !base_ok) return LEVELS_UNSUPPORTED;
+    if (!base_ok) return LEVELS_UNSUPPORTED;
     if (B2) N *= 2;  // SwiGLU, as version 4
     // 128x256 tiles when there are enough of them to give every SM one, else 128x128.
     const bool big = cdiv(M, 128) * cdiv(N, 256) >= num_sms();
+    if constexpr (VERSION == 6 && std::is_same<T, TC>::value) {
+      // Version 6 reads a transposed operand as it lies: A as a (K, M) matrix with M
+      // contiguous (a weight gradient's dYᵀ), B as (K, N) with N contiguous (an activation, or
+      // an nn.Linear weight used untransposed): MN-major tiles, no copy (tma_load_stage).
+      const bool a_mn = !a_k && K > 0 && sam == 1 && sak % 8 == 0;
+      const bool b_mn = !b_k && K > 0 && sbn == 1 && sbk % 8 == 0;
+      if (!B2 && (a_mn || b_mn) && (a_k || a_mn) && (b_k || b_mn)) {
+        const int64_t lda = a_mn ? sak : sam, ldb = b_mn ? sbk : sbn;
+        if (a_mn && b_mn)
+          return big ? launch_v6_config<T, TC, 256, false, true, true>(A, lda, B, ldb, M, N, K, ep, stream, B2)
+                     : launch_v6_config<T, TC, 128, false, true, true>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+        if (a_mn)
+          return big ? launch_v6_config<T, TC, 256, false, true, false>(A, lda, B, ldb, M, N, K, ep, stream, B2)
+                     : launch_v6_config<T, TC, 128, false, true, false>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+        return big ? launch_v6_config<T, TC, 256, false, false, true>(A, lda, B, ldb, M, N, K, ep, stream, B2)
+                   : launch_v6_config<T, TC, 128, false, false, true>(A, lda, B, ldb, M, N, K, ep, stream, B2);
+      }
+    }
+    if (!a_k || !b_k) return LEVELS_UNSUPPORTED;
     if constexpr (std::is_same<T, TC>::value) {
       if (B2)
         return big ? launch_hopper_config<T, TC, VERSION, 256, true>(A, sam, B, sbn, M, N, K, ep, stream, B2)

@@ -1100,17 +1100,9 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   plan.fused = true;
   plan.E = N <= 8 * 512 ? 8 : 16;
   plan.threads = levels_threads_for(levels_cdiv(N, plan.E), 512);
-  int per_sm = 1;
-  const cudaError_t err =
-      plan.E == 8
-          ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 8, 2>,
-                                                          plan.threads, 0)
-          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 16, 1>,
-                                                          plan.threads, 0);
-  if (err != cudaSuccess || per_sm < 1) {
-    (void)cudaGetLastError();  // not a launch error: do not let it surface as one
-    per_sm = 1;
-  }
+  const int per_sm = levels_blocks_per_sm(
+      plan.E == 8 ? (const void*)bwd_v3_fused<T, 8, 2> : (const void*)bwd_v3_fused<T, 16, 1>,
+      plan.threads, 0);
   const int64_t resident = (int64_t)levels_sm_count() * per_sm;
   plan.P = resident < M ? resident : M;
   return plan;
@@ -1296,23 +1288,33 @@ static int fwd_v4_launch(int force, const T* x, const T* w, const T* b, T* y, fl
 // How many blocks (ROWS) or clusters (SPLIT) of a backward plan fit on the GPU at once, for
 // either load width: the partial rows are counted before the launch knows the layout, so the
 // smaller of the two, and the persistent grid is one wave either way.
+// Asked once per device and plan shape (levels_occupancy_once): a small backward must not pay
+// the calculator on every call.
 template <typename T, bool VECT>
 static int v4_bwd_resident(const LnPlan& p) {
   int count = 0;
-  cudaError_t err;
   if (p.path == LN_SPLIT) {
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = v4_cluster_config(p, 1, nullptr, attr);
-    err = cudaOccupancyMaxActiveClusters(&count, bwd_v4_split<T, LN_SPLIT_E, VECT>, &cfg);
-  } else {
-    err = (cudaError_t)bwd_v4_rows_kernel<T, VECT>(p, [&](auto kernel) {
-      return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kernel, p.G * p.R, 0);
+    const void* kernel = (const void*)bwd_v4_split<T, LN_SPLIT_E, VECT>;
+    count = levels_occupancy_once(kernel, p.C, p.G, [&] {
+      int clusters = 0;
+      cudaLaunchAttribute attr[1];
+      const cudaLaunchConfig_t cfg = v4_cluster_config(p, 1, nullptr, attr);
+      if (cudaOccupancyMaxActiveClusters(&clusters, bwd_v4_split<T, LN_SPLIT_E, VECT>, &cfg) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();  // not a launch error: do not let it surface as one
+        return 0;
+      }
+      return clusters;
     });
-    count *= levels_sm_count();
-  }
-  if (err != cudaSuccess || count < 1) {
-    (void)cudaGetLastError();  // not a launch error: do not let it surface as one
-    count = p.path == LN_SPLIT ? levels_sm_count() / p.C : levels_sm_count();
+    if (count < 1) count = levels_sm_count() / p.C;
+  } else {
+    int per_sm = 1;
+    if (bwd_v4_rows_kernel<T, VECT>(p, [&](auto kernel) {
+          per_sm = levels_blocks_per_sm((const void*)kernel, p.G * p.R, 0);
+          return 0;
+        }) != 0)
+      per_sm = 1;
+    count = per_sm * levels_sm_count();
   }
   return count > 0 ? count : 1;
 }

@@ -24,9 +24,14 @@ as a K-major matrix with 16-byte aligned rows: A (M, K) and B as the (N, K) matr
 nn.Linear's weight itself for X W^T. `_k_major` makes that layout when an operand does not
 have it, with one copy: free for the forward of a contiguous input with K % 8 == 0, but
 backward's dgrad/wgrad GEMMs read W, dY, G, dH and X along their *other* dimension, so
-versions 4-8 transpose them: 6 copies, ~450M elements read and written at the bench shape
-(M=8192, 4096 -> 16384 -> 4096), ~1.8 GB of traffic, ~0.6 ms at 3 TB/s next to ~10 ms of
-GEMMs. The rung that removes them is ldmatrix.trans for N-major tiles (not written yet).
+versions 4, 5, 7 and 8 transpose them: 6 copies, ~450M elements read and written at the
+bench shape (M=8192, 4096 -> 16384 -> 4096), ~1.8 GB of traffic, ~0.6 ms at 3 TB/s next to
+~10 ms of GEMMs — and more in practice: torch's transposing copy runs well below the copy
+rate (a GPT-2-small step at Level 5 spent 6.2 ms of 33 in copies on an H200, bf16 autocast,
+scripts/probe_model_host.py). Version 6, the sm_90 default, reads a transposed operand as it
+lies instead: the TMA loads it in 64-column boxes ("MN-major" tiles, the same bytes in
+another order) and wgmma reads them with its transpose flag (gemm.cu, version 6), so the
+MLP's and SwiGLU's backward make no copy there.
 
 fp32 inputs: every version computes exact fp32 FMAs (versions 4-8 run version 3's kernel for
 fp32), so uses_tf32 is False and the fp32 bound (1e-5) applies.

@@ -26,7 +26,7 @@ namespace levels_cuda_mlp {
 constexpr int EPI_NONE = 0, EPI_GELU = 1, EPI_GELU_SAVE = 2, EPI_GELU_GRAD = 3;
 
 // Versions 4 and 5 read A (M, K) and B as the (N, K) matrix in 16-byte chunks along K: rows
-// contiguous along K, 16-byte aligned. cuda_kernels/mlp.py hands operands over in that
+// contiguous along K, 16-byte aligned (version 6 also takes either transposed: matmul_into). cuda_kernels/mlp.py hands operands over in that
 // layout already (its copies are outside the op, where autograd sees them), but the op can
 // be called with any strides — by torch.compile's graphs, torch.library.opcheck, a user —
 // and then an operand without it is copied here (R*K elements once) instead of refused.
@@ -58,8 +58,15 @@ inline void matmul_into(const at::Tensor& c, const at::Tensor& a_in, const at::T
     return;
   }
   const bool tensor_cores = version >= 4 && a_in.scalar_type() != at::kFloat;
-  const at::Tensor a = tensor_cores ? k_major(a_in) : a_in;
-  const at::Tensor b = tensor_cores ? k_major(b_in.t()).t() : b_in;
+  // Version 6 reads a transposed operand as it lies (gemm.cu: MN-major tiles, imm-trans), for
+  // an output of the inputs' dtype: A stored (K, M) with M contiguous (dYᵀ of a weight
+  // gradient), B (K, N) with N contiguous (an activation, a weight used untransposed). The
+  // backward of an MLP then copies nothing; the other versions get K-major copies.
+  const bool as_lies = version == 6 && c.scalar_type() == a_in.scalar_type() && a_in.size(1) > 0;
+  const bool a_as_lies = as_lies && !is_k_major(a_in) && is_k_major(a_in.t());
+  const bool b_as_lies = as_lies && !is_k_major(b_in.t()) && is_k_major(b_in);
+  const at::Tensor a = tensor_cores && !a_as_lies ? k_major(a_in) : a_in;
+  const at::Tensor b = tensor_cores && !b_as_lies ? k_major(b_in.t()).t() : b_in;
   const int status = levels_gemm_matmul(
       levels_cuda::dtype_code(a), static_cast<int>(version), static_cast<int>(v4_tile),
       levels_cuda::in(a), a.stride(0), a.stride(1),

@@ -363,16 +363,9 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   if (N > V3_BWD_MAX_N) return {0, 0, v2_partials(M, N)};
   BwdV3Plan plan{N <= 8 * 512 ? 8 : 16, 0, 0};
   plan.threads = levels_threads_for(levels_cdiv(N, plan.E), 512);
-  int per_sm = 1;
-  const cudaError_t err =
-      plan.E == 8 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 8, 2>,
-                                                                  plan.threads, 0)
-                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_v3_fused<T, 16, 1>,
-                                                                  plan.threads, 0);
-  if (err != cudaSuccess || per_sm < 1) {
-    (void)cudaGetLastError();  // not a launch error: do not let it surface as one
-    per_sm = 1;
-  }
+  const int per_sm = levels_blocks_per_sm(
+      plan.E == 8 ? (const void*)bwd_v3_fused<T, 8, 2> : (const void*)bwd_v3_fused<T, 16, 1>,
+      plan.threads, 0);
   const int64_t resident = (int64_t)levels_sm_count() * per_sm;
   plan.P = resident < M ? resident : M;
   return plan;

@@ -29,7 +29,8 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
   return desc;
 }
 
-// The descriptor of an MN-major B operand (read with imm-trans-b = 1) in the same 128-byte
+// The descriptor of an MN-major operand (B read with imm-trans-b = 1, as attention's V; or A
+// with imm-trans-a = 1, as gemm.cu version 6's transposed A) in the same 128-byte
 // swizzle layout: the tile is stored [k][n], n contiguous, in "atoms" of 64 n-columns
 // (128 bytes) x k-rows, 16-byte chunk c of k-row r at chunk c ^ (r % 8) — byte for byte
 // what the K-major writer produces for a [rows][64] tile; only the meaning of the two
@@ -37,7 +38,7 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
 // leading-dimension byte offset is the step from one 64-element group of n to the next,
 // the stride byte offset the step from one group of 8 k-rows to the next). addr: the
 // k-slice's first row, 1024-byte aligned; atom_bytes: bytes from n-columns 0-63 to
-// 64-127 (unused when N = 64).
+// 64-127 (unused when N = 64, and for A's 64 rows).
 __device__ __forceinline__ uint64_t wgmma_desc_mn(uint32_t addr, uint32_t atom_bytes) {
   uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);
   desc |= (uint64_t)((atom_bytes >> 4) & 0x3FFF) << 16;  // leading: next 64 columns of n
@@ -63,8 +64,9 @@ __device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"mem
 __device__ __forceinline__ void keep(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // One instruction for both 16-bit input types (TYPE: bf16 or f16): 64 accumulator registers
-// in, 64 out ("+f"), the two descriptors, and scale-d as a predicate (1: D = A.B + D,
-// 0: D = A.B, the accumulators' old values ignored).
+// in, 64 out ("+f"), the two descriptors, scale-d as a predicate (1: D = A.B + D, 0: D = A.B,
+// the accumulators' old values ignored), and imm-trans-a / imm-trans-b as immediates (TA,
+// TB: 1 = the operand's tile is MN-major, described by wgmma_desc_mn; 16-bit types only).
 #define LEVELS_WGMMA_M64N128K16(TYPE)                                                        \
   asm volatile(                                                                           \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
@@ -73,7 +75,7 @@ __device__ __forceinline__ void keep(uint32_t& r) { asm volatile("" : "+r"(r)::"
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                    \
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                                                \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
@@ -82,11 +84,13 @@ __device__ __forceinline__ void keep(uint32_t& r) { asm volatile("" : "+r"(r)::"
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
 
-// d[64] (+)= A(64x16, descriptor) . B(16x128, descriptor), fp32 accumulators.
-template <typename T>
+// d[64] (+)= A(64x16, descriptor) . B(16x128, descriptor), fp32 accumulators; TA / TB = 1:
+// that operand's tile is MN-major (a transposed matrix read as it lies, no copy).
+template <typename T, int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+  static_assert((TA == 0 || TA == 1) && (TB == 0 || TB == 1), "imm-trans-a/b are 0 or 1");
 #ifdef LEVELS_HAS_WGMMA
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
     LEVELS_WGMMA_M64N128K16(bf16);

@@ -58,6 +58,36 @@ for s in $STEPS; do
       step last-ns 150 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_newton_schulz.py
       step last-overhead 120 $py -m equivalence bench --overhead --device cuda --level triton \
         --component newton_schulz,rms_norm,attention --out "$OUT/overhead-last.json" ;;
+    norms5)  # Level 5 norms after the occupancy cache (common.cuh levels_occupancy_once)
+      step norms5 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_rms_norm.py \
+        tests/test_cuda_layer_norm.py ;;
+    autocast)  # levels under torch.autocast on the GPU (the flag, not the context manager)
+      step autocast 200 $py -m pytest -q -x -p no:cacheprovider tests/test_autocast.py ;;
+    anatomy)  # where a tiny call's host time goes, by profiler event
+      step anatomy 240 $py scripts/probe_call_anatomy.py "$OUT/anatomy.json" \
+        --component rms_norm,swiglu_mlp,layer_norm,attention,conv_bn,mlp --level cuda,triton ;;
+    probe-models)  # wall vs GPU time per step, the GPU's top kernels and the host's top functions
+      step probe-gpt-amp 200 $py scripts/probe_model_host.py "$OUT/probe-gpt-amp.json" --model gpt \
+        --amp bf16 --runs triton,cuda,torch
+      step probe-cnn 150 $py scripts/probe_model_host.py "$OUT/probe-cnn.json" --model cnn \
+        --runs triton,cuda,torch
+      step probe-lstm 150 $py scripts/probe_model_host.py "$OUT/probe-lstm.json" --model lstm \
+        --runs triton,cuda,torch ;;
+    gemm-mn)  # version 6 reads transposed operands as they lie (no copies in backward)
+      step gemm-mn 330 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_mlp.py
+      step anatomy-mn 120 $py scripts/probe_call_anatomy.py "$OUT/anatomy-mn.json" \
+        --component mlp,swiglu_mlp --level cuda ;;
+    swiglu-mn)
+      step swiglu-mn 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_swiglu_mlp.py ;;
+    probe-l5)  # the GPT at Level 5 after the copies went, and the CNN
+      step probe-gpt-l5 200 $py scripts/probe_model_host.py "$OUT/probe-gpt-l5.json" --model gpt \
+        --amp bf16 --runs cuda,triton,torch
+      step probe-cnn 150 $py scripts/probe_model_host.py "$OUT/probe-cnn.json" --model cnn \
+        --runs triton,cuda,torch ;;
+    conv5)  # Level 5 conv_bn after the finalize kernels went parallel
+      step conv5 400 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_conv_bn.py
+      step probe-cnn5 120 $py scripts/probe_model_host.py "$OUT/probe-cnn5.json" --model cnn \
+        --runs cuda,torch ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \

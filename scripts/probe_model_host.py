@@ -2,7 +2,8 @@
 host's time goes (cProfile), for Level 4 with and without the C++ replay and for the
 torch-modules twin.
 
-    python scripts/probe_model_host.py OUT.json [--model gpt] [--steps 10]
+    python scripts/probe_model_host.py OUT.json [--model gpt] [--steps 10] [--amp bf16]
+                                       [--runs triton,triton-python,cuda,torch]
 
 Per run: the wall time of a step (the device synchronized after each), the GPU's busy
 time in a step (torch.profiler: the sum of its kernels' durations, overlaps counted once
@@ -32,10 +33,11 @@ from equivalence.commands.steps import loss_of  # noqa: E402
 from triton_kernels import replay  # noqa: E402
 
 
-def _step_fn(net, opt):
+def _step_fn(net, opt, amp):
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(net(x), y)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_of(net(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(net.parameters()), 1.0)
         opt.step()
@@ -43,31 +45,40 @@ def _step_fn(net, opt):
     return step
 
 
-def _gpu_ms_per_step(step, batches) -> float:
+def _gpu_ms_per_step(step, batches) -> tuple[float, list]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for x, y in batches:
             step(x, y)
         torch.cuda.synchronize()
-    total_us = sum(e.device_time for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / 1e3 / len(batches)
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    per_step = [{"kernel": k[:120], "ms_per_step": round(v / 1e3 / len(batches), 3)} for k, v in top]
+    return sum(kernels.values()) / 1e3 / len(batches), per_step
 
 
-def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool) -> dict:
+def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool,
+          amp: torch.dtype | None = None) -> dict:
     p = T.preset(model, "gpu")
     torch.manual_seed(0)
     train, _, items, unit, _, vocab = T.make_data(model, p, 0)
     twin = T.build_twin(model, p["config"], vocab)
     device = torch.device("cuda")
-    dtype = T.DTYPES[p["dtype"]]
+    dtype = torch.float32 if amp is not None else T.DTYPES[p["dtype"]]
     twin = twin.to(device=device, dtype=dtype)
     run = T.Run(name=name, kind="baseline" if name == "torch" else "level")
     net, _ = T.prepare_model(model, twin, run, device, "default")
     opt = torch.optim.Adam(list(net.parameters()), lr=p["lr"])
-    step = _step_fn(net, opt)
-    batches = [(x.to(device), y.to(device)) for x, y in list(train)[:4]]
+    step = _step_fn(net, opt, amp)
+    # as `levels train` feeds them: images in the parameters' dtype, channels_last; tokens as
+    # they are
+    batches = [(x.to(device, dtype, memory_format=torch.channels_last) if x.dim() == 4 else
+                x.to(device, dtype) if x.is_floating_point() else x.to(device), y.to(device))
+               for x, y in list(train)[:4]]
     replay.ENABLED = replay_on
     for x, y in batches[:3]:  # first calls: compiles, records
         step(x, y)
@@ -85,8 +96,9 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
         step(*batches[i % len(batches)])
     enqueue_ms = (time.perf_counter() - t0) * 1e3 / steps
     torch.cuda.synchronize()
+    gpu_ms, top_kernels = _gpu_ms_per_step(step, batches[:3])
     out = {"run": name, "replay": replay_on, "wall_ms_median": statistics.median(wall),
-           "wall_ms": wall, "gpu_ms_per_step": _gpu_ms_per_step(step, batches[:3]),
+           "wall_ms": wall, "gpu_ms_per_step": gpu_ms, "top_kernels": top_kernels,
            "items_per_step": items, "unit": unit, "back_to_back_ms": enqueue_ms,
            "replay_stats": replay.stats(), "replay_reasons": replay.reasons()}
     if profile_host:
@@ -107,20 +119,29 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--model", default="gpt")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--amp", choices=sorted(T.AMP_DTYPES), default=None)
+    ap.add_argument("--runs", default="triton,triton-python,torch",
+                    help="comma-separated: a level's name, a level's name + '-python' (replay "
+                         "off), or torch (the nn-modules twin)")
     a = ap.parse_args()
+    amp = T.AMP_DTYPES[a.amp] if a.amp else None
     rows = []
-    for name, on, prof in (("triton", True, True), ("triton", False, True), ("torch", True, False)):
-        r = probe(a.model, name, on, a.steps, prof)
+    for run in a.runs.split(","):
+        name, on = run.removesuffix("-python"), not run.endswith("-python")
+        r = probe(a.model, name, on, a.steps, True, amp)
         rows.append(r)
         print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  "
               f"gpu {r['gpu_ms_per_step']:.1f} ms  back-to-back {r['back_to_back_ms']:.1f} ms  "
               f"{r['replay_stats']} {r['replay_reasons']}", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "rows": rows}, indent=1))
+    Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "amp": a.amp,
+                                       "command": " ".join(sys.argv), "rows": rows}, indent=1))
     for r in rows:
-        if "cprofile_top25_5steps" in r:
-            print(f"==== {r['run']} replay={r['replay']}\n{r['cprofile_top25_5steps'][:5000]}")
+        print(f"==== {r['run']} replay={r['replay']}: GPU kernels, ms per step")
+        for k in r["top_kernels"]:
+            print(f"  {k['ms_per_step']:8.3f}  {k['kernel']}")
+        print(r["cprofile_top25_5steps"][:4000])
 
 
 if __name__ == "__main__":

@@ -57,10 +57,15 @@ def test_under_autocast_a_level_computes_its_function_of_the_cast_arguments(comp
     fn = getattr(module, component)
     dtype = torch.bfloat16
     leaves = _leaves(_args(component), component)
+    by_hand = _cast(_leaves(_args(component), component), component, dtype)
+    for _ in range(3):
+        # TorchScript's profiling executor runs a function's first calls unfused and later
+        # ones through the fused graph it built from them (on a GPU: other roundings in
+        # bfloat16), so both calls below must come after those first ones
+        fn(**by_hand)
     with torch.autocast(DEVICE, dtype=dtype):
         got = flatten(fn(**leaves))
     # the same call on arguments cast by hand, outside autocast: bit for bit the same
-    by_hand = _cast(_leaves(_args(component), component), component, dtype)
     want = flatten(fn(**by_hand))
     compute = torch.float32 if AUTOCAST[component][0] == FLOAT32 else dtype
     for g, w in zip(got, want):

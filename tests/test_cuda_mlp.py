@@ -494,6 +494,48 @@ def test_ops_take_any_operand_layout(version):
             assert err < (1e-2 if dt == torch.bfloat16 else 1e-5), (version, a_l.stride(), b_l.stride(), err)
 
 
+def _kernels_launched(fn) -> list[str]:
+    """The names of the GPU kernels (and copies) one call of fn() runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", [(200, 72, 136), (1024, 768, 3072), (64, 8, 64), (136, 1000, 264)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_version_6_reads_transposed_operands_as_they_lie(dtype, shape):
+    """Version 6 takes A stored (K, M) with M contiguous and B stored (K, N) with N contiguous
+    as they lie (MN-major tiles, wgmma's imm-trans): one kernel, no copy, and the same bits
+    as the K-major product (the same k16 slices, added in the same order), for the plain
+    product and the bias + GELU epilogue, with M, N and K tails."""
+    if not K5.versions.on_hopper():
+        pytest.skip("version 6 runs on sm_90 only")
+    M, K, N = shape
+    ops = K5._ops()
+    g = torch.Generator(device="cpu").manual_seed(M + K + N)
+    a = torch.randn(M, K, generator=g).to("cuda", dtype)
+    w = (torch.randn(N, K, generator=g) * K ** -0.5).to("cuda", dtype)
+    bias = torch.randn(N, generator=g).to("cuda", dtype)
+    a_mn, b_mn = a.t().contiguous().t(), w.t().contiguous()  # strides (1, M) and (N, 1)
+    for gelu, b_ in ((False, None), (True, bias)):
+        want = ops.gemm_matmul(a, w.t(), b_, gelu, False, 6)
+        for a_l, b_l in ((a_mn, w.t()), (a, b_mn), (a_mn, b_mn)):
+            got = ops.gemm_matmul(a_l, b_l, b_, gelu, False, 6)
+            assert torch.equal(got, want), (shape, a_l.stride(), b_l.stride(), gelu)
+    ref = a.double() @ w.double().t()
+    got = ops.gemm_matmul(a_mn, b_mn, None, False, False, 6)
+    assert float((got.double() - ref).norm() / ref.norm()) < tolerance(dtype)
+    launched = _kernels_launched(lambda: ops.gemm_matmul(a_mn, b_mn, None, False, False, 6))
+    assert len(launched) == 1 and "gemm_v6_kernel" in launched[0], launched
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", sorted(K5.V4_TILES))
 def test_mlp_forward_with_each_v4_tile(tile):
