@@ -37,9 +37,9 @@ import torch
 
 from cuda_kernels import build
 
-from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, validate_attention,
-                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
-                       validate_newton_schulz, validate_rms_norm, validate_rope,
+from .contract import (COMPONENTS, Plans, _describe, _fail, autocasts, conv_bn_buffers,
+                       validate_attention, validate_conv_bn, validate_layer_norm, validate_lstm,
+                       validate_mlp, validate_newton_schulz, validate_rms_norm, validate_rope,
                        validate_swiglu_mlp)
 
 NO_GPU = ("needs a CUDA GPU; without one, read the kernels with `levels explain --level cuda` "
@@ -60,6 +60,22 @@ def has_kernels(component: str) -> bool:
 
 def _kernels(component: str):
     return importlib.import_module(f"cuda_kernels.{component}")
+
+
+def _import_kernels() -> dict:
+    """component -> cuda_kernels.<component> (or the exception its import raised), for every
+    component with kernels, imported with this module: Python only, no build. Filled here,
+    before any torch.compile trace can read it, because Dynamo reads a global dictionary once
+    per frame: a key added during a trace (by a lazy import) is missing from its copy, a
+    KeyError and a graph break; and importlib itself is a graph break under torch 2.11."""
+    found = {}
+    for component in COMPONENTS:
+        if has_kernels(component):
+            try:
+                found[component] = _kernels(component)
+            except Exception as exc:  # noqa: BLE001 - reported by the component's first call
+                found[component] = exc
+    return found
 
 
 def _device_reason(device: torch.device) -> str | None:
@@ -104,9 +120,6 @@ def uses_tf32(component: str, device, dtype: torch.dtype) -> bool:
     return bool(fn(torch.device(device), dtype)) if fn is not None else False
 
 
-_MODULES: dict = {}  # component -> cuda_kernels.<component>, once its ops are loaded
-
-
 def _constant_under_compile(fn):
     """torch.compiler.assume_constant_result(fn), minus its `import torch._dynamo` (1.4 s on a
     2-core CPU, paid by every `levels doctor` that merely asks whether Level 5 runs). The
@@ -114,6 +127,9 @@ def _constant_under_compile(fn):
     to the same effect, so a torch that marks functions differently fails there."""
     fn._dynamo_marked_constant = True
     return fn
+
+
+_MODULES = _import_kernels()
 
 
 @_constant_under_compile
@@ -135,7 +151,6 @@ def _availability(component: str, device_index: int) -> str:
     reason = unavailable_reason(device, component)  # its ops may have failed to register
     if reason:
         return f"B{component}: {reason}"
-    _MODULES[component] = _kernels(component)
     return ""
 
 
@@ -161,7 +176,10 @@ def _ready(component: str, name: str, t: torch.Tensor):
     problem = _availability(component, t.device.index)
     if problem:
         raise (NotImplementedError if problem[0] == "N" else build.BuildError)(problem[1:])
-    return _MODULES[component]
+    module = _MODULES[component]
+    if isinstance(module, Exception):
+        raise ImportError(f"cuda_kernels.{component} failed to import: {module}")
+    return module
 
 
 # Each function validates the first call of an argument signature (the contract, then

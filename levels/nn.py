@@ -331,12 +331,16 @@ class RotaryTables(nn.Module):
         """(cos, sin), each (n, dim/2) in `dtype`, for positions offset .. offset + n - 1.
         The angles are float32 products of the position and the frequency, as HF computes
         them, then rounded to `dtype` (the contract takes tables in x's dtype)."""
-        key = (n, offset, dtype, torch.device(device), self.inv_freq.data_ptr())
-        if key != self._tables_key or torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()  # traced: the tables are the graph's, no cache
+        # (and asked first: Dynamo breaks the graph on data_ptr(), which the cache key reads)
+        key = None if compiling else (n, offset, dtype, torch.device(device), self.inv_freq.data_ptr())
+        if compiling or key != self._tables_key:
             positions = torch.arange(offset, offset + n, device=device, dtype=torch.float32)
             angles = torch.outer(positions, self.inv_freq.to(device))
-            self._tables = (angles.cos().to(dtype), angles.sin().to(dtype))
-            self._tables_key = key
+            tables = (angles.cos().to(dtype), angles.sin().to(dtype))
+            if compiling:
+                return tables
+            self._tables, self._tables_key = tables, key
         return self._tables
 
     def rope(self, n: int, dtype: torch.dtype, device) -> tuple:

@@ -88,6 +88,34 @@ for s in $STEPS; do
       step conv5 400 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_conv_bn.py
       step probe-cnn5 120 $py scripts/probe_model_host.py "$OUT/probe-cnn5.json" --model cnn \
         --runs cuda,torch ;;
+    matrix-*)  # the training tables of one model: eager / --cuda-graph / --compile, each with
+      # and without --amp bf16; Levels 1, 4, 5 and torch's own modules, in one run per table
+      model=${s#matrix-}
+      for mode in eager cuda-graph compile; do
+        flag=""; [ "$mode" != eager ] && flag="--$mode"
+        for amp in "" bf16; do
+          name="table-$model-$mode${amp:+-amp}"
+          step "$name" 280 $py -m equivalence train --model "$model" --preset gpu --level 1,4,5 \
+            --baseline torch --steps 20 $flag ${amp:+--amp $amp} --out "$OUT/$name"
+        done
+      done ;;
+    matrix1-*)  # one table: matrix1-<model>-<mode>[-amp]
+      spec=${s#matrix1-}; model=${spec%%-*}; rest=${spec#*-}; mode=${rest%-amp}
+      flag=""; [ "$mode" != eager ] && flag="--$mode"
+      amp=""; [ "$rest" != "$mode" ] && amp=bf16
+      step "table-$spec" 280 $py -m equivalence train --model "$model" --preset gpu --level 1,4,5 \
+        --baseline torch --steps 20 $flag ${amp:+--amp $amp} --out "$OUT/table-$spec" ;;
+    host-gpt)  # the GPT's host time per step, on a problem too small to hold the CPU back
+      step host-gpt 200 $py scripts/probe_model_host.py "$OUT/host-gpt.json" --model gpt \
+        --batch 1 --seq-len 16 --runs triton,triton-python,cuda,torch ;;
+    gaps)  # where the GPT's GPU waits in a full-size eager step, and for which host op
+      step gaps 300 $py scripts/probe_gpu_gaps.py "$OUT/gaps-gpt.json" --model gpt \
+        --runs triton,torch,cuda ;;
+    compile-breaks)  # every model compiled whole at Levels 1, 4, 5: no graph break at 4 and 5
+      TORCH_LOGS=graph_breaks step compile-breaks 420 $py -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_models.py -k whole_model_compile -s ;;
+    lstm4)  # Level 4's LSTM after its barrier watch stepped aside under torch.compile
+      step lstm4 200 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_lstm.py ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \

@@ -4,12 +4,19 @@ torch-modules twin.
 
     python scripts/probe_model_host.py OUT.json [--model gpt] [--steps 10] [--amp bf16]
                                        [--runs triton,triton-python,cuda,torch]
+                                       [--batch 1 --seq-len 16]
 
 Per run: the wall time of a step (the device synchronized after each), the GPU's busy
 time in a step (torch.profiler: the sum of its kernels' durations, overlaps counted once
-per kernel), and for Level 4 the 25 Python functions that take the most host time of a step
-(cProfile, own time). A step whose wall time is close to its GPU time is GPU-bound; the
-difference is the time the GPU waits for the CPU.
+per kernel), the 12 GPU kernels that take the most time in a step, and the 40 Python
+functions that take the most host time of a step (cProfile, own time). A step whose wall time
+is close to its GPU time is GPU-bound; the difference is the time the GPU waits for the CPU.
+`--amp bf16`: float32 parameters, the forward under torch.autocast (as `levels train --amp`).
+
+`--batch 1 --seq-len 16`: the same model (every layer, every call) on a problem so small that
+the GPU never holds the CPU back: the wall time of a step is then the host's own time, split
+into forward, backward and optimizer (`host_phases_ms`), and cProfile's attribution is not
+blurred by launches that block on a full queue.
 """
 
 from __future__ import annotations
@@ -61,9 +68,39 @@ def _gpu_ms_per_step(step, batches) -> tuple[float, list]:
     return sum(kernels.values()) / 1e3 / len(batches), per_step
 
 
+def _phases_ms(net, opt, batches, amp, steps: int) -> dict:
+    """Median host time of a step's forward (with the loss), backward and optimizer, calls
+    back to back (meaningful when the GPU keeps up: --batch 1 --seq-len 16)."""
+    fwd, bwd, upd = [], [], []
+    params = list(net.parameters())
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_of(net(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        t3 = time.perf_counter()
+        fwd.append((t1 - t0) * 1e3)
+        bwd.append((t2 - t1) * 1e3)
+        upd.append((t3 - t2) * 1e3)
+    torch.cuda.synchronize()
+    return {"forward": statistics.median(fwd), "backward": statistics.median(bwd),
+            "optimizer": statistics.median(upd)}
+
+
 def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool,
-          amp: torch.dtype | None = None) -> dict:
+          amp: torch.dtype | None = None, batch: int | None = None,
+          seq_len: int | None = None) -> dict:
     p = T.preset(model, "gpu")
+    if batch:
+        p["batch"] = batch
+    if seq_len:
+        p["seq_len"] = seq_len
     torch.manual_seed(0)
     train, _, items, unit, _, vocab = T.make_data(model, p, 0)
     twin = T.build_twin(model, p["config"], vocab)
@@ -96,9 +133,11 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
         step(*batches[i % len(batches)])
     enqueue_ms = (time.perf_counter() - t0) * 1e3 / steps
     torch.cuda.synchronize()
+    phases = _phases_ms(net, opt, batches, amp, steps)
     gpu_ms, top_kernels = _gpu_ms_per_step(step, batches[:3])
     out = {"run": name, "replay": replay_on, "wall_ms_median": statistics.median(wall),
            "wall_ms": wall, "gpu_ms_per_step": gpu_ms, "top_kernels": top_kernels,
+           "host_phases_ms": phases, "batch": p["batch"], "seq_len": p.get("seq_len"),
            "items_per_step": items, "unit": unit, "back_to_back_ms": enqueue_ms,
            "replay_stats": replay.stats(), "replay_reasons": replay.reasons()}
     if profile_host:
@@ -109,8 +148,8 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
         torch.cuda.synchronize()
         prof.disable()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-        out["cprofile_top25_5steps"] = text.getvalue()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+        out["cprofile_top40_5steps"] = text.getvalue()
     return out
 
 
@@ -120,6 +159,8 @@ def main() -> None:
     ap.add_argument("--model", default="gpt")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--amp", choices=sorted(T.AMP_DTYPES), default=None)
+    ap.add_argument("--batch", type=int, default=None, help="override the preset's batch")
+    ap.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
     ap.add_argument("--runs", default="triton,triton-python,torch",
                     help="comma-separated: a level's name, a level's name + '-python' (replay "
                          "off), or torch (the nn-modules twin)")
@@ -128,10 +169,11 @@ def main() -> None:
     rows = []
     for run in a.runs.split(","):
         name, on = run.removesuffix("-python"), not run.endswith("-python")
-        r = probe(a.model, name, on, a.steps, True, amp)
+        r = probe(a.model, name, on, a.steps, True, amp, a.batch, a.seq_len)
         rows.append(r)
         print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  "
               f"gpu {r['gpu_ms_per_step']:.1f} ms  back-to-back {r['back_to_back_ms']:.1f} ms  "
+              f"host fwd/bwd/opt {'/'.join(f'{v:.1f}' for v in r['host_phases_ms'].values())} ms  "
               f"{r['replay_stats']} {r['replay_reasons']}", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -141,7 +183,7 @@ def main() -> None:
         print(f"==== {r['run']} replay={r['replay']}: GPU kernels, ms per step")
         for k in r["top_kernels"]:
             print(f"  {k['ms_per_step']:8.3f}  {k['kernel']}")
-        print(r["cprofile_top25_5steps"][:4000])
+        print(r["cprofile_top40_5steps"][:7000])
 
 
 if __name__ == "__main__":

@@ -424,19 +424,21 @@ def test_every_level_trains_the_same_curve_on_the_gpu(model):
 
 
 @pytest.mark.gpu
-def test_whole_model_compile_trains_the_same_curve_on_the_gpu():
-    """`--compile`: Levels 1, 4 and 5 inside one torch.compile of the whole GPT (Dynamo must
-    trace, or break around, the Triton launchers and the CUDA ops), against Level 1 eager."""
-    report = T.train("gpt", ["native", "triton", "cuda"], [], "tiny", device="cuda", dtype="bfloat16",
+@pytest.mark.parametrize("model", T.MODELS)
+def test_whole_model_compile_trains_the_same_curve_on_the_gpu(model):
+    """`--compile`: Levels 1, 4 and 5 inside one torch.compile of the whole model (Dynamo must
+    trace the Triton launchers and the CUDA ops: no graph break at Levels 4 and 5), against
+    Level 1 eager."""
+    report = T.train(model, ["native", "triton", "cuda"], [], "tiny", device="cuda", dtype="bfloat16",
                      compile_model=True)
     runs = {r["name"]: r for r in report["runs"]}
     for name, run in runs.items():
-        reason = T.unavailable("gpt", name, torch.device("cuda"), "tiny", compile_model=True)
+        reason = T.unavailable(model, name, torch.device("cuda"), "tiny", compile_model=True)
         assert run["status"] == ("skip" if reason else "ok"), f"{name}: {run['reason']}"
         assert run["status"] != "ok" or run["graph_breaks"] is not None
         # Levels 4 and 5 are traced whole: the Triton launches and the CUDA ops, no break
         assert run["status"] != "ok" or name == "native" or run["graph_breaks"] == 0, run
-    eager = T.train("gpt", ["native"], [], "tiny", device="cuda", dtype="bfloat16")["runs"][0]["losses"]
+    eager = T.train(model, ["native"], [], "tiny", device="cuda", dtype="bfloat16")["runs"][0]["losses"]
     for name, run in runs.items():
         if run["status"] == "ok":
             worst = max(abs(a - b) / b for a, b in zip(run["losses"][:T.EARLY_STEPS], eager))

@@ -26,9 +26,10 @@ each fit can deadlock each other. So the barrier never waits forever: after SPIN
 polls (about a second) a program gives up, raises an error flag that stops every other
 program's wait at once, and from then on every program stores NaN instead of h and c, so
 the result is never silently wrong; the next call of `lstm` (or `check_barrier()`) raises
-a RuntimeError that says what happened and how to avoid it (LSTM_TRITON_MODE=step). Under the CPU interpreter, which runs
-programs one after another, a single program per batch block owns every hidden unit and
-needs no barrier.
+a RuntimeError that says what happened and how to avoid it (LSTM_TRITON_MODE=step); under
+torch.compile the NaN stays unreported (a compiled graph launches without this watch). Under
+the CPU interpreter, which runs programs one after another, a single program per batch block
+owns every hidden unit and needs no barrier.
 
 Measured on an H100, B=8, input 256, hidden 512, T=64, forward (reports/h100-bench.json;
 step mode in reports/h100-triton-attention-lstm.json): bf16 0.49 ms persistent (7.6 us/step),
@@ -405,6 +406,11 @@ def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch
 
 
 def _watch(err: torch.Tensor) -> None:
+    if torch.compiler.is_compiling():
+        # A compiled graph launches the kernels without this Python: nothing would ever look
+        # at the word (and tracing pinned memory and events is a graph break per call). Under
+        # torch.compile a barrier that gives up leaves NaN in that call's outputs, unreported.
+        return
     if err.device.type == "cuda" and recording():
         # a replay of the launches would not watch: this call stays on the Python path
         refuse_replay("the persistent recurrence's barrier error word is watched from the host")
@@ -422,8 +428,8 @@ def check_barrier(wait: bool = False) -> None:
     barrier; wait=True waits for the launches still running first. Not while a CUDA graph
     is being captured: querying an event then (cudaEventQuery) invalidates the capture, and a
     replay's launches are not watched anyway (see _watch)."""
-    if _WATCHED and torch.cuda.is_current_stream_capturing():
-        return
+    if torch.compiler.is_compiling() or (_WATCHED and torch.cuda.is_current_stream_capturing()):
+        return  # see _watch; the capture case: a replay's launches are not watched either
     pending, failed = [], False
     for event, host in _WATCHED:
         if wait:
