@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_model_host import _step_fn  # noqa: E402  (same directory)
+from probe_model_host import setup  # noqa: E402  (same directory)
 
 from equivalence.commands import training as T  # noqa: E402
 
@@ -87,20 +87,7 @@ def _gaps(events: list, steps: int, min_gap_us: float = 2.0) -> dict:
 
 
 def probe(model: str, name: str, amp, steps: int = 3) -> dict:
-    p = T.preset(model, "gpu")
-    torch.manual_seed(0)
-    train, _, items, unit, _, vocab = T.make_data(model, p, 0)
-    twin = T.build_twin(model, p["config"], vocab)
-    device = torch.device("cuda")
-    dtype = torch.float32 if amp is not None else T.DTYPES[p["dtype"]]
-    twin = twin.to(device=device, dtype=dtype)
-    run = T.Run(name=name, kind="baseline" if name == "torch" else "level")
-    net, _ = T.prepare_model(model, twin, run, device, "default")
-    opt = torch.optim.Adam(list(net.parameters()), lr=p["lr"])
-    step = _step_fn(net, opt, amp)
-    batches = [(x.to(device, dtype, memory_format=torch.channels_last) if x.dim() == 4 else
-                x.to(device, dtype) if x.is_floating_point() else x.to(device), y.to(device))
-               for x, y in list(train)[:steps]]
+    _, _, step, batches, _, _, _ = setup(model, name, amp, n_batches=steps)
     for x, y in batches * 2:  # first calls: compiles, records
         step(x, y)
     torch.cuda.synchronize()

@@ -131,6 +131,31 @@ def test_a_bad_argument_is_refused_by_name_under_autocast_too():
             levels.get("native").layer_norm(**args)
 
 
+def test_a_call_runs_with_autocast_off_and_switches_it_back_on_even_when_it_raises():
+    # the decorator flips autocast's flag around the call (not a torch.autocast block): the
+    # level sees it off, and the caller's region has it on again afterwards, raise or not
+    from levels.contract import autocasts
+
+    seen = []
+
+    @autocasts("layer_norm")
+    def probe(x, weight, bias, eps=1e-5):
+        seen.append(torch.is_autocast_enabled(DEVICE))
+        if eps < 0:
+            raise ValueError("layer_norm: argument 'eps' must be >= 0")
+        return x
+
+    args = _args("layer_norm")
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert probe(**args).dtype == torch.float32  # layer_norm's rule: cast to float32
+        with pytest.raises(ValueError, match="argument 'eps'"):
+            probe(**{**args, "eps": -1.0})
+        assert torch.is_autocast_enabled(DEVICE)
+        assert torch.get_autocast_dtype(DEVICE) == torch.bfloat16
+    assert seen == [False, False]
+    assert not torch.is_autocast_enabled(DEVICE)
+
+
 def test_models_of_levels_nn_train_under_autocast():
     # a GPT-style block from levels.nn layers: fp32 parameters, bf16 compute, fp32 gradients
     from levels.models import gpt

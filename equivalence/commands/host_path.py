@@ -19,6 +19,8 @@ AFTER = ROOT / "reports" / "h100-overhead.json"
 # Level 4's launches replayed from C++ (triton_kernels/replay.py), on an H200 host
 REPLAYED = ROOT / "reports" / "host-path-replay" / "overhead-replay.json"
 TRAINED = ROOT / "reports" / "train" / "host-path"
+# the training-table matrix (eager / --cuda-graph / --compile, with and without --amp), H200
+MATRIX = ROOT / "reports" / "training-tables-2026-11-26"
 TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
@@ -107,7 +109,24 @@ def _gpt_steps(level: str) -> str:
             f"CUDA graph; native {rate('eager', 'native')} / {rate('graph', 'native')}; the same "
             f"model from torch's own modules {rate('eager', 'torch')} / {rate('graph', 'torch')}. "
             f"A step the host cannot feed fast enough gains from the graph; one already bound by "
-            f"its kernels does not." + _gpt_replayed(level))
+            f"its kernels does not." + _gpt_replayed(level) + _gpt_matrix(level))
+
+
+def _gpt_matrix(level: str) -> str:
+    """This level against the torch-modules GPT in the training-table matrix, eager and as one
+    CUDA graph (the GPU's time alone), one H200 host."""
+    def ratio(name: str) -> float:
+        runs = {r["name"]: r for r in json.loads((MATRIX / name).read_text())["runs"]}
+        return runs[level]["timing"]["items_per_s"] / runs["torch"]["timing"]["items_per_s"]
+    try:
+        eager, graph = ratio("train-gpt-gpu.json"), ratio("train-gpt-gpu-cuda-graph.json")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    replay = ", the replay on" if level == "triton" else ""
+    return (f" In the training-table matrix ({MATRIX.relative_to(ROOT)}/, another H200 host"
+            f"{replay}): this level {eager:.2f}x the torch-modules model eagerly, {graph:.2f}x "
+            f"as CUDA graphs, where the host costs nothing and only the kernels count. Eager "
+            f"ratios move with the host; the graphed one is the kernels' verdict.")
 
 
 def _gpt_replayed(level: str) -> str:
