@@ -1,11 +1,11 @@
 // mlp_binding.cpp — fragment appended to binding.cpp's prelude (no includes of its own):
 // the GEMM ops of gemm.cu (`gemm_*`, reusable by other components) and the MLP forward
-// (`mlp_fwd`). The MLP backward is a composition of the gemm_* ops, written in
-// cuda_kernels/mlp.py (register_autograd).
+// (`mlp_fwd`). The MLP backward is a composition of the gemm_* ops, in C++ with its autograd
+// node (autograd.cpp, struct Mlp).
 //
-// Matrices are passed with their element strides, as they come; what version 4 needs
-// (rows contiguous along K, 16-byte aligned) is arranged by cuda_kernels/mlp.py, or by
-// k_major below for a direct call, and a launcher that cannot run a layout says so
+// Matrices are passed with their element strides, as they come; what versions 4-8 need
+// (rows contiguous along K, 16-byte aligned; version 6 also their transposes) is arranged by
+// matmul_into below (k_major copies), and a launcher that cannot run a layout says so
 // (LEVELS_UNSUPPORTED) instead of guessing.
 // In the gemm_* ops, `b` is the (K, N) matrix of C = A·B; pass `w.t()` for an nn.Linear
 // weight w (a view: for version 4 that is exactly the K-major layout it wants).
@@ -26,10 +26,10 @@ namespace levels_cuda_mlp {
 constexpr int EPI_NONE = 0, EPI_GELU = 1, EPI_GELU_SAVE = 2, EPI_GELU_GRAD = 3;
 
 // Versions 4 and 5 read A (M, K) and B as the (N, K) matrix in 16-byte chunks along K: rows
-// contiguous along K, 16-byte aligned (version 6 also takes either transposed: matmul_into). cuda_kernels/mlp.py hands operands over in that
-// layout already (its copies are outside the op, where autograd sees them), but the op can
-// be called with any strides — by torch.compile's graphs, torch.library.opcheck, a user —
-// and then an operand without it is copied here (R*K elements once) instead of refused.
+// contiguous along K, 16-byte aligned (version 6 also reads either one transposed, as it
+// lies: matmul_into). The ops are called with any strides — by the C++ autograd of the MLP,
+// SwiGLU and the LSTM (autograd.cpp), torch.compile's graphs, torch.library.opcheck, a user —
+// and an operand in neither layout is copied here (R*K elements once) instead of refused.
 inline bool is_k_major(const at::Tensor& t) {
   return t.stride(1) == 1 && t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
