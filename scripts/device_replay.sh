@@ -116,6 +116,12 @@ for s in $STEPS; do
         tests/test_models.py -k whole_model_compile -s ;;
     lstm4)  # Level 4's LSTM after its barrier watch stepped aside under torch.compile
       step lstm4 200 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_lstm.py ;;
+    conv4)  # Level 4's conv weight gradient dividing by multiply-high: tests, the CNN step, its table
+      step conv4 240 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_conv_bn.py
+      step probe-cnn4 120 $py scripts/probe_model_host.py "$OUT/probe-cnn4.json" --model cnn \
+        --runs triton,torch
+      step table-cnn4 120 $py -m equivalence train --model cnn --preset gpu --level 4 \
+        --baseline torch --steps 20 --out "$OUT/table-cnn4" ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \

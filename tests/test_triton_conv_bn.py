@@ -154,6 +154,25 @@ def test_conv_bn_train_wgrad_single_split_writes_dw_directly(weight_layout):
     _passes("conv_bn", args)
 
 
+def test_divisor_magic_divides_every_pixel_index_exactly():
+    # The weight gradient splits pixel indices with a multiply-high and a shift instead of a
+    # division (_fast_div): exact for every divisor and every index below 2**31, checked
+    # here in Python integers at the edges and at random (the kernel's uint32 arithmetic
+    # runs the same in the interpreter's tests above and below).
+    import random
+
+    from triton_kernels.conv_bn import _divisor_magic
+    rng = random.Random(0)
+    for d in [*range(1, 3000), *(rng.randrange(1, 2 ** 31) for _ in range(3000))]:
+        m, s = _divisor_magic(d)
+        assert 0 <= m < 2 ** 32 and s >= 0
+        for x in (0, 1, d - 1, d, d + 1, 2 ** 31 - 1, *(rng.randrange(2 ** 31) for _ in range(20))):
+            q = x if d == 1 else (x * m >> 32) >> s
+            assert q == x // d, (d, x)
+    with pytest.raises(ValueError, match="divisor"):
+        _divisor_magic(0)
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_conv_bn_channel_blocks_past_eight_input_channels(training):
     # Up to 8 input channels the forward walks k = (i, j, c) flat (FLAT_K: the stem's 3);

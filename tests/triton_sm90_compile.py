@@ -125,6 +125,14 @@ def main() -> int:
                      dict(b_ptr=bf16, x_ptr=bf16, out_ptr=bf16, scale_ptr=f32, a="fp32"),
                      dict(tiles, SCALED=True, UPCAST=False, DOT_PRECISION="tf32", GROUP_M=8),
                      warps))
+    # conv_bn's weight gradient at the GPU's bf16 tile: its pixel loop divides by a
+    # multiply-high (_fast_div), with a multiplier of 2**31 or more passed as an i64
+    import triton_kernels.conv_bn as conv_bn
+
+    jobs.append(("conv_bn wgrad bf16", conv_bn.conv_wgrad_kernel,
+                 dict(dy_ptr=bf16, x_ptr=bf16, part_ptr=f32, hw_magic="i64"),
+                 dict(KW=3, UPCAST=False, DOT_PRECISION="tf32", BLOCK_M=128, BLOCK_N=128,
+                      BLOCK_K=64, DIRECT=False), dict(num_warps=8, num_stages=3)))
     failed = 0
     for name, fn, pointers, constexprs, *config in jobs:
         options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}

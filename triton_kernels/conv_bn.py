@@ -250,12 +250,43 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 # enough programs to fill every SM twice, no more, since each split costs an fp32 copy of
 # G written and read again. When the tiles alone fill the GPU there is one split and the
 # kernel writes dW itself (DIRECT): no partials, no finish launch.
+#
+# Every step takes a new block of BLOCK_K pixels apart into (image, row, column): two integer
+# divisions and two remainders per pixel, and every thread holding a pixel's values repeats
+# them. A 32-bit division by a value known only at run time is not an instruction but a
+# subroutine of tens of them (the H200's wgrad, 6x cuDNN's, ran 96 divisions and 64
+# remainders per thread per step: more integer work than its tensor cores had math). The
+# divisors, H_out*W_out and W_out, are the same for the whole launch, so the host computes
+# for each a "magic" multiplier and shift once (_divisor_magic, as CUTLASS's FastDivmod) and
+# the kernel divides by a multiply-high and a shift (_fast_div). Cost: four more scalar
+# arguments.
 # ---------------------------------------------------------------------------------------
+
+def _divisor_magic(d: int) -> tuple[int, int]:
+    """(multiplier, shift) with x // d == umulhi(x, multiplier) >> shift for every
+    0 <= x < 2**31 (the pixel indices: int32 offsets); d == 1 is (0, 0), which _fast_div
+    answers without them. The multiplier is ceil(2**p / d) with p = 31 + ceil(log2 d),
+    which fits in 32 bits (Granlund and Montgomery's division by invariant integers)."""
+    if d < 1:
+        raise ValueError(f"conv_bn: a divisor of the pixel index must be >= 1; got {d}")
+    if d == 1:
+        return 0, 0
+    p = 31 + (d - 1).bit_length()  # 31 + ceil(log2 d)
+    return ((1 << p) + d - 1) // d, p - 32
+
+
+@triton.jit
+def _fast_div(x, d, magic, shift):
+    """x // d for 0 <= x < 2**31, magic and shift from _divisor_magic(d)."""
+    q = (tl.umulhi(x.to(tl.uint32), magic.to(tl.uint32)) >> shift.to(tl.uint32)).to(tl.int32)
+    return tl.where(d == 1, x, q)
+
 
 @fast_launch
 @triton.jit
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
                       P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
+                      hw_magic, hw_shift, w_magic, w_shift,
                       sdp, sdo, sxn, sxc, sxh, sxw,
                       sh, sw, ph, pw, sdwo, sdwc, sdwi, sdwj,
                       KW: tl.constexpr,
@@ -277,10 +308,11 @@ def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
     for p0 in range(0, p_per_split, BLOCK_K):
         p = p_first + p0 + tl.arange(0, BLOCK_K)
         p_ok = (p < P) & (p0 + tl.arange(0, BLOCK_K) < p_per_split)
-        n = p // (H_out * W_out)
-        hw = p % (H_out * W_out)
-        h0 = (hw // W_out) * sh - ph
-        w0 = (hw % W_out) * sw - pw
+        n = _fast_div(p, H_out * W_out, hw_magic, hw_shift)
+        hw = p - n * (H_out * W_out)
+        ho = _fast_div(hw, W_out, w_magic, w_shift)
+        h0 = ho * sh - ph
+        w0 = (hw - ho * W_out) * sw - pw
         a = tl.load(dy_ptr + p[None, :] * sdp + offs_o[:, None] * sdo,
                     mask=p_ok[None, :] & o_ok[:, None], other=0.0)
         hi = h0[:, None] + i[None, :]
@@ -736,7 +768,9 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
     dws = dw.stride() if direct else (0, 0, 0, 0)
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
     conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
-                            K_total, plan["per_split"], dy2d.stride(0), dy2d.stride(1),
+                            K_total, plan["per_split"],
+                            *_divisor_magic(s["H_out"] * s["W_out"]), *_divisor_magic(s["W_out"]),
+                            dy2d.stride(0), dy2d.stride(1),
                             *x.stride(), *s["stride"], *s["padding"], *dws, KW=kW,
                             UPCAST=INTERPRETED, DOT_PRECISION=plan["precision"], DIRECT=direct,
                             **cfg)
