@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Level 4's C++ host path (triton_kernels/replay.py) on the GPU, in one device call:
-#   STEPS="tests overhead" (default), or any of: tests tests-all overhead train-gpt train-cnn
+# Level 4's C++ host path (triton_kernels/replay.py) and the whole-model work after it, on the
+# GPU, one device call per run: STEPS="tests overhead" (default), or any of the steps below
+# (tests, overhead, tables, the probes, matrix1-<model>-<mode>[-amp] for one training table,
+# compile-breaks, the Level 5 and Level 4 kernel checks of 2026-11-26: norms5 gemm-mn ...)
 # Every output lands in $OUT (one tarball, replay.tar.gz, plus the JSON reports).
 set -u
 OUT=${OUT:-/tmp/replay-out}
@@ -88,18 +90,8 @@ for s in $STEPS; do
       step conv5 400 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_conv_bn.py
       step probe-cnn5 120 $py scripts/probe_model_host.py "$OUT/probe-cnn5.json" --model cnn \
         --runs cuda,torch ;;
-    matrix-*)  # the training tables of one model: eager / --cuda-graph / --compile, each with
-      # and without --amp bf16; Levels 1, 4, 5 and torch's own modules, in one run per table
-      model=${s#matrix-}
-      for mode in eager cuda-graph compile; do
-        flag=""; [ "$mode" != eager ] && flag="--$mode"
-        for amp in "" bf16; do
-          name="table-$model-$mode${amp:+-amp}"
-          step "$name" 280 $py -m equivalence train --model "$model" --preset gpu --level 1,4,5 \
-            --baseline torch --steps 20 $flag ${amp:+--amp $amp} --out "$OUT/$name"
-        done
-      done ;;
-    matrix1-*)  # one table: matrix1-<model>-<mode>[-amp]
+    matrix1-*)  # one training table, baselines in the same run: matrix1-<model>-<mode>[-amp],
+      # <mode> eager, cuda-graph or compile; -amp: --amp bf16
       spec=${s#matrix1-}; model=${spec%%-*}; rest=${spec#*-}; mode=${rest%-amp}
       flag=""; [ "$mode" != eager ] && flag="--$mode"
       amp=""; [ "$rest" != "$mode" ] && amp=bf16

@@ -95,8 +95,8 @@ def _phases_ms(net, opt, batches, amp, steps: int) -> dict:
 
 def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | None = None,
           seq_len: int | None = None, n_batches: int = 4):
-    """(net, opt, step, batches, items per step, unit) of one run (a level's name or "torch")
-    of `model` at the gpu preset, as `levels train` builds it."""
+    """(net, opt, step, batches, items per step, unit, preset) of one run (a level's name or
+    "torch") of `model` at the gpu preset, as `levels train` builds it."""
     p = T.preset(model, "gpu")
     if batch:
         p["batch"] = batch
@@ -111,11 +111,7 @@ def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | No
     run = T.Run(name=name, kind="baseline" if name == "torch" else "level")
     net, _ = T.prepare_model(model, twin, run, device, "default")
     opt = torch.optim.Adam(list(net.parameters()), lr=p["lr"])
-    # as `levels train` feeds them: images in the parameters' dtype, channels_last; tokens as
-    # they are
-    batches = [(x.to(device, dtype, memory_format=torch.channels_last) if x.dim() == 4 else
-                x.to(device, dtype) if x.is_floating_point() else x.to(device), y.to(device))
-               for x, y in list(train)[:n_batches]]
+    batches = T.batches_to(list(train)[:n_batches], model, device, dtype)
     return net, opt, _step_fn(net, opt, amp), batches, items, unit, p
 
 

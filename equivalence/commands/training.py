@@ -207,6 +207,15 @@ def make_data(model: str, p: dict, seed: int, rank: int = 0, world: int = 1):
     return train, val, p["batch"] * p["seq_len"], "tokens/s", corpus.describe(), corpus.vocab_size
 
 
+def batches_to(pairs, model: str, device: torch.device, dtype: torch.dtype) -> list:
+    """(input, target) pairs on `device`: floating-point inputs (images) in `dtype`, and on a
+    GPU the CNN's images channels_last (the layout its kernels read); tokens as they are."""
+    fmt = torch.channels_last if (model == "cnn" and device.type == "cuda") else torch.contiguous_format
+    return [(x.to(device=device, dtype=dtype if x.is_floating_point() else None,
+                  memory_format=fmt if x.dim() == 4 else torch.preserve_format), y.to(device))
+            for x, y in pairs]
+
+
 def unavailable(model: str, level: str, device: torch.device, preset_name: str,
                 compile_model: bool = False) -> str | None:
     """Why `level` cannot train `model` on `device` at `preset_name` (compiled whole if
@@ -452,14 +461,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
 
     mode = resolve_compile_mode(compile_mode, device)
     train_batches, val_batches, items, unit, about, vocab = make_data(model, p, seed, rank, size)
-    fmt = torch.channels_last if (model == "cnn" and device.type == "cuda") else torch.contiguous_format
-
-    def to_device(pairs):
-        return [(x.to(device=device, dtype=torch_dtype if x.is_floating_point() else None,
-                      memory_format=fmt if x.dim() == 4 else torch.preserve_format), y.to(device))
-                for x, y in pairs]
-
-    train_batches, val_batches = to_device(train_batches), to_device(val_batches)
+    train_batches = batches_to(train_batches, model, device, torch_dtype)
+    val_batches = batches_to(val_batches, model, device, torch_dtype)
     torch.manual_seed(seed)
     twin = build_twin(model, p["config"], vocab).to(device=device, dtype=torch_dtype)
 
