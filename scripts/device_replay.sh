@@ -97,6 +97,41 @@ for s in $STEPS; do
       amp=""; [ "$rest" != "$mode" ] && amp=bf16
       step "table-$spec" 280 $py -m equivalence train --model "$model" --preset gpu --level 1,4,5 \
         --baseline torch --steps 20 $flag ${amp:+--amp $amp} --out "$OUT/table-$spec" ;;
+    timeline)  # host clock vs GPU clock at each phase end of a full-size eager step, and the
+      # synchronizing calls of a step; the GPT's top kernels per level (no --amp)
+      step timeline-gpt 300 $py scripts/probe_step_timeline.py "$OUT/timeline-gpt.json" --model gpt \
+        --runs triton,cuda,torch
+      step timeline-cnn 200 $py scripts/probe_step_timeline.py "$OUT/timeline-cnn.json" --model cnn \
+        --runs triton,cuda,torch
+      step probe-gpt3 200 $py scripts/probe_model_host.py "$OUT/probe-gpt3.json" --model gpt \
+        --runs triton,cuda,torch ;;
+    lstm5)  # Level 5's LSTM after gemm.cu version 6
+      step lstm5 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_lstm.py ;;
+    qkv)  # levels.nn attention: one QKV GEMM, Level 4's output in (B, N, H, D) layout: tests, timeline
+      step qkv-tests 420 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_attention.py \
+        tests/test_nn.py tests/test_nn_cuda_graph.py tests/test_replay.py -k "attention or nn"
+      step qkv-models 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_models.py -k "gpt"
+      step timeline-gpt-qkv 300 $py scripts/probe_step_timeline.py "$OUT/timeline-gpt-qkv.json" \
+        --model gpt --runs triton,cuda,torch ;;
+    sweeps)  # tiles at model shapes: the MLP's six GEMMs, layer_norm's backward at narrow widths
+      step sweep-gemm 300 $py scripts/sweep_gemm_tiles.py "$OUT/sweep-gemm-gpt.json"
+      step sweep-gemm-1000 200 $py scripts/sweep_gemm_tiles.py "$OUT/sweep-gemm-gpt-1000.json" --tokens 1000
+      step sweep-ln-bwd 300 $py scripts/sweep_layer_norm_bwd_narrow.py "$OUT/sweep-ln-bwd.json" ;;
+    tiles-tests)  # the GEMM tile rule (waves) and the norms' narrow-row backward tiling
+      step tiles-tests 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_mlp.py \
+        tests/test_triton_layer_norm.py tests/test_triton_rms_norm.py ;;
+    timeline-gpt)
+      step timeline-gpt 300 $py scripts/probe_step_timeline.py "$OUT/timeline-gpt.json" --model gpt \
+        --runs triton,cuda,torch ;;
+    after-tests)  # everything the QKV GEMM, the (B, N, H, D) output and the tile rules touch
+      step after-tests 330 $py -X faulthandler -m pytest -m gpu -q -x -p no:cacheprovider \
+        tests/test_triton_attention.py tests/test_replay.py tests/test_triton_swiglu_mlp.py \
+        tests/test_models.py tests/test_nn_cuda_graph.py -k "not nn_cuda_graph or attention" ;;
+    after-tests2)  # the rest of after-tests (that call ran out of time after 54 passed)
+      step after-tests2 260 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_replay.py tests/test_triton_swiglu_mlp.py tests/test_models.py \
+        tests/test_nn_cuda_graph.py -k "(not nn_cuda_graph or attention) and (not test_replay or forward_only) and not compile"
+      step after-compile 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py -k "compile" ;;
     host-gpt)  # the GPT's host time per step, on a problem too small to hold the CPU back
       step host-gpt 200 $py scripts/probe_model_host.py "$OUT/host-gpt.json" --model gpt \
         --batch 1 --seq-len 16 --runs triton,triton-python,cuda,torch ;;

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_model_host import setup  # noqa: E402  (same directory)
+from probe_model_host import setup, write_report  # noqa: E402  (same directory)
 
 from equivalence.commands import training as T  # noqa: E402
 
@@ -112,10 +112,7 @@ def main() -> None:
               f"{r['gaps_per_step']:.0f} gaps", flush=True)
         for g in r["idle_by_launching_op_ms_per_step"]:
             print(f"    {g['ms']:7.3f} ms  {g['op']}")
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "amp": a.amp,
-                                       "command": " ".join(sys.argv), "rows": rows}, indent=1))
+    write_report(a.out, a.model, a.amp, rows)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,14 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
     return out
 
 
+def write_report(path: str, model: str, amp: str | None, rows: list) -> None:
+    """A probe's JSON: the GPU, torch's version and the date, the command, the rows."""
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    Path(path).write_text(json.dumps({"environment": env, "model": model, "amp": amp,
+                                      "command": " ".join(sys.argv), "rows": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -178,10 +186,7 @@ def main() -> None:
               f"gpu {r['gpu_ms_per_step']:.1f} ms  back-to-back {r['back_to_back_ms']:.1f} ms  "
               f"host fwd/bwd/opt {'/'.join(f'{v:.1f}' for v in r['host_phases_ms'].values())} ms  "
               f"{r['replay_stats']} {r['replay_reasons']}", flush=True)
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    Path(a.out).write_text(json.dumps({"environment": env, "model": a.model, "amp": a.amp,
-                                       "command": " ".join(sys.argv), "rows": rows}, indent=1))
+    write_report(a.out, a.model, a.amp, rows)
     for r in rows:
         print(f"==== {r['run']} replay={r['replay']}: GPU kernels, ms per step")
         for k in r["top_kernels"]:

@@ -331,5 +331,8 @@ def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
         # Level 4's third stage, the C++ replay, with its own run's eager
         assert (("replayed" in body and "host-path-replay/overhead-replay.json" in body)
                 == (level == "triton")), body
+        # and where the GPT's eager step waits now: the host's clock against the GPU's
+        assert re.search(r"backward \d+\.\d ms into the step, the GPU finished it at \d+\.\d ms "
+                         r"\((GPU|host)-bound\); eagerly \d\.\d\dx", body), body
     text = explain("layer_norm", level, "cpu")
     assert host_path.TITLE in text

@@ -15,6 +15,9 @@ import torch
 # imports triton (triton.language's own @jit helpers, e.g. tl.max's combine function, are
 # built at import time and only work in the interpreter if it is on by then).
 import levels.triton as L4  # isort: skip
+import triton  # isort: skip
+import triton.language as tl  # isort: skip
+from triton_kernels.conv_bn import _divisor_args, _fast_div  # isort: skip
 from equivalence import cards
 from equivalence.check import check, check_args
 
@@ -171,6 +174,58 @@ def test_divisor_magic_divides_every_pixel_index_exactly():
             assert q == x // d, (d, x)
     with pytest.raises(ValueError, match="divisor"):
         _divisor_magic(0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("shape", [
+    # output 4 wide (a ResNet's last stage at 128x128 input): W_out's shift is 1
+    dict(N=2, C_in=8, H=4, W=4, C_out=16, k=3, stride=1, padding=1, channels_last=True),
+    # 3 pixels in all: both divisors' shifts are 1
+    dict(N=3, C_in=8, H=1, W=3, C_out=16, k=1, stride=1, padding=0),
+    # one column: W_out = 1, the divisor _fast_div answers without its multiplier
+    dict(N=2, C_in=8, H=5, W=1, C_out=16, k=1, stride=1, padding=0),
+])
+def test_conv_bn_gpu_wgrad_divisors_that_triton_would_specialize(shape):
+    # Triton compiles an integer argument equal to 1 as a constant; the wgrad kernel's
+    # shifts are data (do_not_specialize). Found in the CNN's training test on the H200:
+    # a 4-wide output failed to compile ("'int' object has no attribute 'to'").
+    _passes("conv_bn", _args("conv_bn", shape, torch.bfloat16, seed=11, training=True))
+
+
+@triton.jit
+def _div_compiled_in(x_ptr, out_ptr, n, d, MAGIC: tl.constexpr, SHIFT: tl.constexpr,
+                     B: tl.constexpr):
+    o = tl.arange(0, B)
+    x = tl.load(x_ptr + o, mask=o < n, other=0)
+    tl.store(out_ptr + o, _fast_div(x, d, MAGIC, SHIFT), mask=o < n)
+
+
+@triton.jit
+def _div_passed(x_ptr, out_ptr, n, d, magic, shift, B: tl.constexpr):
+    o = tl.arange(0, B)
+    x = tl.load(x_ptr + o, mask=o < n, other=0)
+    tl.store(out_ptr + o, _fast_div(x, d, magic, shift), mask=o < n)
+
+
+def test_fast_div_takes_its_divisor_constants_as_arguments_or_compiled_in():
+    # Inductor (a model compiled whole) compiles an argument equal to 1 into the kernel as a
+    # constant, do_not_specialize or not: _fast_div must divide exactly either way. Here
+    # both ways, the multiplier and shift as constexpr and as arguments, against x // d (on
+    # the GPU, or in the interpreter, which hands constexpr over as Python ints: the
+    # failure found on the H200, "'int' object has no attribute 'to'", shows here too).
+    # The arguments are int32 (Inductor fails on a Python int >= 2**31 as an argument).
+    gen = torch.Generator().manual_seed(12)
+    for d in (1, 3, 4, 7, 12, 1000, 2 ** 31 - 1):
+        x = torch.randint(0, 2 ** 31 - 1, (64,), dtype=torch.int32, generator=gen)
+        x[:4] = torch.tensor([0, 1, d, 2 ** 31 - 1])
+        x = x.to(DEVICE)
+        m, s = _divisor_args(d)
+        assert -2 ** 31 <= m < 2 ** 31 and 0 <= s < 32
+        a, b = torch.full_like(x, -1), torch.full_like(x, -1)
+        _div_compiled_in[(1,)](x, a, 64, d, MAGIC=m, SHIFT=s, B=64)
+        _div_passed[(1,)](x, b, 64, d, m, s, B=64)
+        assert torch.equal(a, x // d) and torch.equal(b, x // d), d
 
 
 @pytest.mark.parametrize("training", [False, True])

@@ -162,16 +162,18 @@ def test_gemm_even_k_comes_from_each_config(monkeypatch):
 
 
 def test_gemm_tile_comes_from_the_problem_size():
-    # The wide tile only when its tiles alone fill the GPU; the MLP bench shape gets the
-    # tile the autotuner picked there, a 1000-row GEMM the tile with twice the programs.
-    from triton_kernels.gemm import BIG_TILE, MID_TILE, tile_for
-    assert tile_for(8192, 16384, sms=132) is BIG_TILE
-    assert tile_for(1000, 3072, sms=132) is MID_TILE  # 8 x 12 = 96 wide tiles < 132 SMs
-    assert tile_for(128 * 12, 256 * 11, sms=132) is BIG_TILE  # exactly 132
-    assert tile_for(128 * 12, 256 * 11 - 1, sms=132) is BIG_TILE  # still 11 columns
-    assert tile_for(128 * 11, 256 * 12, sms=133) is MID_TILE
-    from triton_kernels.gemm import NARROW_TILE
-    assert tile_for(1000, 768, sms=132) is NARROW_TILE  # 8 x 6 = 48 square tiles < 132 SMs
+    # Rounds of programs (one per SM) weighed by tile size over tile rate: the big tile
+    # where its tiles fill whole rounds or fit in one, a smaller one where the big tiles
+    # would leave a last round mostly idle (the cases measured by scripts/sweep_gemm_tiles.py).
+    from triton_kernels.gemm import BIG_TILE, MID_TILE, NARROW_TILE, tile_for
+    assert tile_for(8192, 16384, sms=132) is BIG_TILE  # the MLP bench: 32 full rounds
+    assert tile_for(8192, 3072, sms=132) is BIG_TILE  # GPT-2 small fc1: 768 tiles, 5.8 rounds
+    assert tile_for(8192, 768, sms=132) is MID_TILE  # fc2: 192 big = 1.45 rounds, 384 = 2.9
+    assert tile_for(768, 3072, sms=132) is BIG_TILE  # weight gradient: 72 big tiles, 1 round
+    assert tile_for(128 * 12, 256 * 11, sms=132) is BIG_TILE  # exactly one round
+    assert tile_for(128 * 12, 256 * 11 + 1, sms=132) is MID_TILE  # one tile into a 2nd round
+    assert tile_for(1000, 768, sms=132) is NARROW_TILE  # 48 square tiles: a quarter of the GPU
+    assert tile_for(1000, 3072, sms=132) is BIG_TILE  # 96 big tiles in one round
 
 
 @pytest.mark.gpu

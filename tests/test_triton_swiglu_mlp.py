@@ -110,9 +110,10 @@ def test_tile_comes_from_the_problem_size():
     assert (big["BLOCK_M"], big["BLOCK_N"], big["SPLIT_N"], big["num_stages"]) == (128, 128, 2, 4)
     grad = K.size_rule(4096, 11008, 4096, K.SWIGLU_GRAD, sms=132)  # one accumulator
     assert (grad["BLOCK_M"], grad["BLOCK_N"]) == (128, 256)
-    # M = 1000, 2 x 1536 wide: 96 wide tiles < 132 SMs, so gemm.py's 128 x 128, halved
-    assert K.size_rule(1000, 1536, 768, K.GATE_UP, sms=132)["BLOCK_N"] == 64
-    assert K.size_rule(1000, 768, 768, K.GATE_UP, sms=132)["BLOCK_N"] == 32  # 128 x 64, halved
+    # M = 1000, 2 x 1536 wide: 96 big tiles, one round on 132 SMs: gemm.py's 128 x 256, halved
+    assert K.size_rule(1000, 1536, 768, K.GATE_UP, sms=132)["BLOCK_N"] == 128
+    # 2 x 768 wide: 48 big tiles leave most SMs idle, 96 of 128 x 128 one round: halved
+    assert K.size_rule(1000, 768, 768, K.GATE_UP, sms=132)["BLOCK_N"] == 64
     decode = K.size_rule(8, 11008, 4096, K.GATE_UP, sms=132)  # weights-bound: the light tile
     assert (decode["BLOCK_M"], decode["BLOCK_N"]) == (16, 64)
 

@@ -1002,7 +1002,12 @@ def _forward(q, k, v, causal: bool, scale: float, save: bool, config=None, botto
     config: the caller's block shapes (a TUNED-style dict), else the table's."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    o = q.new_empty((B, H, Nq, D))
+    # o is (B, H, Nq, D) laid out as (B, Nq, H, D), as torch's flash attention returns it:
+    # a model then merges the heads with a view (out.transpose(1, 2).reshape(B, Nq, H * D)),
+    # not a copy, and the gradient that comes back through that view already has o's layout
+    # (the replay's backward would otherwise copy it into the layout it was recorded with).
+    # The kernels store through o's strides; a row of D stays contiguous.
+    o = q.new_empty((B, Nq, H, D)).transpose(1, 2)
     lse = q.new_empty((B, H, Nq), dtype=torch.float32) if save else o
     if o.numel() == 0:
         return o, lse  # nothing to compute: no launch with an empty grid

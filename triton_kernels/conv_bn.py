@@ -275,15 +275,34 @@ def _divisor_magic(d: int) -> tuple[int, int]:
     return ((1 << p) + d - 1) // d, p - 32
 
 
+def _divisor_args(d: int) -> tuple[int, int]:
+    """_divisor_magic(d) as the kernel's two int32 arguments: the multiplier's 32 bits as a
+    signed int32 (_fast_div reads them back as unsigned). A Python int of 2**31 or more as a
+    kernel argument is an int64 to Triton and, in a model compiled whole, fails Inductor's
+    code generation for user kernels (torch 2.11: "'int' object has no attribute
+    'xreplace'" in expr_fits_within_32bit)."""
+    magic, shift = _divisor_magic(d)
+    return (magic - (1 << 32) if magic >= 1 << 31 else magic), shift
+
+
 @triton.jit
 def _fast_div(x, d, magic, shift):
-    """x // d for 0 <= x < 2**31, magic and shift from _divisor_magic(d)."""
-    q = (tl.umulhi(x.to(tl.uint32), magic.to(tl.uint32)) >> shift.to(tl.uint32)).to(tl.int32)
+    """x // d for 0 <= x < 2**31; magic and shift from _divisor_args(d) (the multiplier's
+    bits in an int32). They may arrive as compile-time constants: Inductor compiles an
+    argument equal to 1 (a shift of 1: d = 3 or 4) into the kernel, whatever
+    do_not_specialize says, and a constant has no .to(); tl.full takes a constant and a
+    scalar tensor alike."""
+    m = tl.full((1,), magic, tl.int32).to(tl.uint32, bitcast=True)
+    s = tl.full((1,), shift, tl.uint32)
+    q = (tl.umulhi(x.to(tl.uint32), m) >> s).to(tl.int32)
     return tl.where(d == 1, x, q)
 
 
 @fast_launch
-@triton.jit
+# The divisors' multipliers and shifts are data, not specialized: Triton would compile an
+# integer argument equal to 1 (shift 1: W_out = 3 or 4) into one more kernel as a constant
+# (Inductor does so anyway, which _fast_div takes too).
+@triton.jit(do_not_specialize=["hw_magic", "hw_shift", "w_magic", "w_shift"])
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
                       P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
                       hw_magic, hw_shift, w_magic, w_shift,
@@ -769,7 +788,7 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
     conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
                             K_total, plan["per_split"],
-                            *_divisor_magic(s["H_out"] * s["W_out"]), *_divisor_magic(s["W_out"]),
+                            *_divisor_args(s["H_out"] * s["W_out"]), *_divisor_args(s["W_out"]),
                             dy2d.stride(0), dy2d.stride(1),
                             *x.stride(), *s["stride"], *s["padding"], *dws, KW=kW,
                             UPCAST=INTERPRETED, DOT_PRECISION=plan["precision"], DIRECT=direct,

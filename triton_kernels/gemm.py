@@ -237,24 +237,40 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# How fast each tile computes per SM, relative to the big one, at the same number of
+# rounds (waves) of programs: measured at GPT-2 small's six MLP GEMMs on an H200
+# (scripts/sweep_gemm_tiles.py, reports/gemm-tiles-and-layer-norm-backward/): 128x128 ran
+# at 0.81-0.92 of 128x256's rate, 128x64 at 0.64-0.87 (the lower figures at long K).
+_TILE_RATES = ((BIG_TILE, 1.0), (MID_TILE, 0.85), (NARROW_TILE, 0.65))
+
+
+@functools.lru_cache(maxsize=4096)
 def tile_for(M: int, N: int, sms: int) -> triton.Config:
     """The 16-bit tile for an (M, N) output, chosen from the problem's size (no benchmark).
 
-    The big tile is the fastest per tile (it reuses each loaded A and B block 256 and 128
-    times), but it only pays when there are enough tiles to keep every SM busy: a GEMM
-    with fewer 128x256 tiles than SMs leaves SMs idle for the whole kernel, so it takes
-    the 128x128 tile, twice as many programs, or the 128x64 when even those do not fill
-    the SMs. At the MLP bench shape (8192 x 16384:
-    4096 big tiles on 132 SMs) this is the autotuner's own pick. Autotuning
-    (LEVELS_TRITON_AUTOTUNE=1) instead compiles and times this rule's pick and the fixed
-    tiles once per shape bucket, and remembers the winner on disk (_tuned, tuning.py):
-    several times the compile work of a first call (Triton's own autotuner, keyed on exact
-    sizes, made the MLP's cold first forward+backward at the bench shape take 19 s on the
-    H100) for the pick this rule makes at that shape."""
-    big = cdiv(M, 128) * cdiv(N, 256)
-    if big >= sms:
-        return BIG_TILE
-    return MID_TILE if cdiv(M, 128) * cdiv(N, 128) >= sms else NARROW_TILE
+    Programs run in rounds of one per SM (one big-tile program fills an SM), so a kernel
+    takes about (rounds) x (the time of one tile), and the last round is whole even when
+    few tiles are left in it: *wave quantization*. The rule weighs each tile's rounds by its
+    size over its rate (_TILE_RATES) and takes the cheapest, the biggest on a tie. The big
+    tile is the fastest per element (it reuses each loaded A and B block 256 and 128 times),
+    and wins when its tiles fill whole rounds (the MLP bench's 8192 x 16384: 4096 tiles, 32
+    rounds on 132 SMs) or fit in one (GPT-2 small's weight gradients, 768 x 3072: 72 tiles;
+    128x128's 144 would take two rounds, 16% slower measured). A count just past a round
+    goes to a smaller tile: GPT-2 small's fc2, 8192 x 768, has 192 big tiles = 2 rounds,
+    half idle, and 384 128x128 tiles = 3 full ones (66.5 us against 71.4 on the H200);
+    outputs smaller than the GPU (prefill, M = 1000, N = 768) take the 128x64 tile, four
+    programs for every big one. Autotuning (LEVELS_TRITON_AUTOTUNE=1) instead compiles and
+    times this rule's pick and the fixed tiles once per shape bucket, and remembers the
+    winner on disk (_tuned, tuning.py): several times the compile work of a first call
+    (Triton's own autotuner, keyed on exact sizes, made the MLP's cold first
+    forward+backward at the bench shape take 19 s on the H100)."""
+    best, best_cost = BIG_TILE, None
+    for tile, rate in _TILE_RATES:
+        bm, bn = tile.kwargs["BLOCK_M"], tile.kwargs["BLOCK_N"]
+        cost = cdiv(cdiv(M, bm) * cdiv(N, bn), sms) * bm * bn / rate
+        if best_cost is None or cost < best_cost:
+            best, best_cost = tile, cost
+    return best
 
 
 # A GEMM with at most this many rows (decode: a few tokens) is limited by reading B, not

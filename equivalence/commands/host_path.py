@@ -21,6 +21,9 @@ REPLAYED = ROOT / "reports" / "host-path-replay" / "overhead-replay.json"
 TRAINED = ROOT / "reports" / "train" / "host-path"
 # the training-table matrix (eager / --cuda-graph / --compile, with and without --amp), H200
 MATRIX = ROOT / "reports" / "training-tables-2026-11-26"
+# the GPT's step, host clock against GPU clock, and its eager table after the QKV GEMM, GEMM
+# tiles by waves and layer norm's narrow-row backward (scripts/probe_step_timeline.py), H200s
+TIMELINE = ROOT / "reports" / "host-path-timeline"
 TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
@@ -109,7 +112,8 @@ def _gpt_steps(level: str) -> str:
             f"CUDA graph; native {rate('eager', 'native')} / {rate('graph', 'native')}; the same "
             f"model from torch's own modules {rate('eager', 'torch')} / {rate('graph', 'torch')}. "
             f"A step the host cannot feed fast enough gains from the graph; one already bound by "
-            f"its kernels does not." + _gpt_replayed(level) + _gpt_matrix(level))
+            f"its kernels does not." + _gpt_replayed(level) + _gpt_matrix(level)
+            + _gpt_timeline(level))
 
 
 def _gpt_matrix(level: str) -> str:
@@ -127,6 +131,25 @@ def _gpt_matrix(level: str) -> str:
             f"{replay}): this level {eager:.2f}x the torch-modules model eagerly, {graph:.2f}x "
             f"as CUDA graphs, where the host costs nothing and only the kernels count. Eager "
             f"ratios move with the host; the graphed one is the kernels' verdict.")
+
+
+def _gpt_timeline(level: str) -> str:
+    """Where this level's eager GPT step waits (the host's clock against the GPU's at the end
+    of the backward) and its eager ratio to the torch-modules model, after the last changes."""
+    try:
+        rows = {r["run"]: r for r in json.loads(
+            (TIMELINE / "timeline-gpt-3-qkv-tiles.json").read_text())["rows"]}
+        bwd = rows[level]["marks_median"]["backward"]
+        runs = {r["name"]: r for r in json.loads((TIMELINE / "train-gpt-gpu.json").read_text())["runs"]}
+        ratio = runs[level]["timing"]["items_per_s"] / runs["torch"]["timing"]["items_per_s"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    bound = "GPU-bound" if bwd["gpu_ms"] > 1.2 * bwd["host_ms"] else "host-bound"
+    return (f" After one QKV GEMM per layer, GEMM tiles chosen by waves and layer norm's "
+            f"narrow-row backward ({TIMELINE.relative_to(ROOT)}/, scripts/probe_step_timeline.py, "
+            f"no profiler on): the host had issued this level's backward {bwd['host_ms']:.1f} ms "
+            f"into the step, the GPU finished it at {bwd['gpu_ms']:.1f} ms ({bound}); eagerly "
+            f"{ratio:.2f}x the torch-modules model in that session's table.")
 
 
 def _gpt_replayed(level: str) -> str:
