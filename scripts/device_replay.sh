@@ -107,12 +107,6 @@ for s in $STEPS; do
         --runs triton,cuda,torch ;;
     lstm5)  # Level 5's LSTM after gemm.cu version 6
       step lstm5 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_lstm.py ;;
-    qkv)  # levels.nn attention: one QKV GEMM, Level 4's output in (B, N, H, D) layout: tests, timeline
-      step qkv-tests 420 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_attention.py \
-        tests/test_nn.py tests/test_nn_cuda_graph.py tests/test_replay.py -k "attention or nn"
-      step qkv-models 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_models.py -k "gpt"
-      step timeline-gpt-qkv 300 $py scripts/probe_step_timeline.py "$OUT/timeline-gpt-qkv.json" \
-        --model gpt --runs triton,cuda,torch ;;
     sweeps)  # tiles at model shapes: the MLP's six GEMMs, layer_norm's backward at narrow widths
       step sweep-gemm 300 $py scripts/sweep_gemm_tiles.py "$OUT/sweep-gemm-gpt.json"
       step sweep-gemm-1000 200 $py scripts/sweep_gemm_tiles.py "$OUT/sweep-gemm-gpt-1000.json" --tokens 1000
@@ -132,6 +126,9 @@ for s in $STEPS; do
         tests/test_replay.py tests/test_triton_swiglu_mlp.py tests/test_models.py \
         tests/test_nn_cuda_graph.py -k "(not nn_cuda_graph or attention) and (not test_replay or forward_only) and not compile"
       step after-compile 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py -k "compile" ;;
+    cnn-compile)  # the CNN compiled whole after _fast_div's int32 multiplier (not run yet on a GPU)
+      step cnn-compile 300 $py -m pytest -q -p no:cacheprovider tests/test_models.py \
+        tests/test_triton_conv_bn.py -k "(compile and cnn) or fast_div or divisors" ;;
     host-gpt)  # the GPT's host time per step, on a problem too small to hold the CPU back
       step host-gpt 200 $py scripts/probe_model_host.py "$OUT/host-gpt.json" --model gpt \
         --batch 1 --seq-len 16 --runs triton,triton-python,cuda,torch ;;
