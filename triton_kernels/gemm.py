@@ -248,9 +248,10 @@ _TILE_RATES = ((BIG_TILE, 1.0), (MID_TILE, 0.85), (NARROW_TILE, 0.65))
 def tile_for(M: int, N: int, sms: int) -> triton.Config:
     """The 16-bit tile for an (M, N) output, chosen from the problem's size (no benchmark).
 
-    Programs run in rounds of one per SM (one big-tile program fills an SM), so a kernel
-    takes about (rounds) x (the time of one tile), and the last round is whole even when
-    few tiles are left in it: *wave quantization*. The rule weighs each tile's rounds by its
+    Programs run in rounds of one per SM (a 128x256 or 128x128 program's four pipeline stages
+    fill most of an SM's shared memory; two 128x64 ones fit, which their measured rate
+    absorbs), so a kernel takes about (rounds) x (the time of one tile), and the last round
+    is whole even when few tiles are left in it: *wave quantization*. The rule weighs each tile's rounds by its
     size over its rate (_TILE_RATES) and takes the cheapest, the biggest on a tie. The big
     tile is the fastest per element (it reuses each loaded A and B block 256 and 128 times),
     and wins when its tiles fill whole rounds (the MLP bench's 8192 x 16384: 4096 tiles, 32
