@@ -14,7 +14,6 @@ format: kernels, runtime/driver launch calls and CPU ops, linked by correlation 
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import sys
@@ -26,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_model_host import setup, write_report  # noqa: E402  (same directory)
+from probe_model_host import (amp_dtype, probe_arguments, setup,  # noqa: E402 (same directory)
+                              write_report)
 
-from equivalence.commands import training as T  # noqa: E402
 
 
 def _trace(step, batches) -> dict:
@@ -96,13 +95,8 @@ def probe(model: str, name: str, amp, steps: int = 3) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--model", default="gpt")
-    ap.add_argument("--runs", default="triton,torch")
-    ap.add_argument("--amp", choices=sorted(T.AMP_DTYPES), default=None)
-    a = ap.parse_args()
-    amp = T.AMP_DTYPES[a.amp] if a.amp else None
+    a = probe_arguments("triton,torch").parse_args()
+    amp = amp_dtype(a)
     rows = []
     for name in a.runs.split(","):
         r = probe(a.model, name, amp)

@@ -41,13 +41,25 @@ from triton_kernels import replay  # noqa: E402
 
 
 def _step_fn(net, opt, amp):
-    def step(x, y):
+    """A training step as `levels train` runs it; `mark(phase)`, if given, is called at the
+    end of the forward (with the loss), the backward, the clipping and the update."""
+    params = list(net.parameters())
+
+    def step(x, y, mark=None):
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
             loss = loss_of(net(x), y)
+        if mark is not None:
+            mark("forward")
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(net.parameters()), 1.0)
+        if mark is not None:
+            mark("backward")
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if mark is not None:
+            mark("clip")
         opt.step()
+        if mark is not None:
+            mark("update")
         return loss
     return step
 
@@ -68,29 +80,18 @@ def _gpu_ms_per_step(step, batches) -> tuple[float, list]:
     return sum(kernels.values()) / 1e3 / len(batches), per_step
 
 
-def _phases_ms(net, opt, batches, amp, steps: int) -> dict:
-    """Median host time of a step's forward (with the loss), backward and optimizer, calls
-    back to back (meaningful when the GPU keeps up: --batch 1 --seq-len 16)."""
-    fwd, bwd, upd = [], [], []
-    params = list(net.parameters())
+def _phases_ms(step, batches, steps: int) -> dict:
+    """Median host time of a step's forward (with the loss), backward and optimizer (clipping
+    and update), calls back to back (meaningful when the GPU keeps up: --batch 1 --seq-len 16)."""
+    ms: dict = {"forward": [], "backward": [], "optimizer": []}
     for i in range(steps):
-        x, y = batches[i % len(batches)]
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
-            loss = loss_of(net(x), y)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        t3 = time.perf_counter()
-        fwd.append((t1 - t0) * 1e3)
-        bwd.append((t2 - t1) * 1e3)
-        upd.append((t3 - t2) * 1e3)
+        ends = {"start": time.perf_counter()}
+        step(*batches[i % len(batches)], mark=lambda phase: ends.__setitem__(phase, time.perf_counter()))
+        for phase, first, last in (("forward", "start", "forward"), ("backward", "forward", "backward"),
+                                   ("optimizer", "backward", "update")):
+            ms[phase].append((ends[last] - ends[first]) * 1e3)
     torch.cuda.synchronize()
-    return {"forward": statistics.median(fwd), "backward": statistics.median(bwd),
-            "optimizer": statistics.median(upd)}
+    return {phase: statistics.median(v) for phase, v in ms.items()}
 
 
 def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | None = None,
@@ -136,7 +137,7 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
         step(*batches[i % len(batches)])
     enqueue_ms = (time.perf_counter() - t0) * 1e3 / steps
     torch.cuda.synchronize()
-    phases = _phases_ms(net, opt, batches, amp, steps)
+    phases = _phases_ms(step, batches, steps)
     gpu_ms, top_kernels = _gpu_ms_per_step(step, batches[:3])
     out = {"run": name, "replay": replay_on, "wall_ms_median": statistics.median(wall),
            "wall_ms": wall, "gpu_ms_per_step": gpu_ms, "top_kernels": top_kernels,
@@ -164,19 +165,29 @@ def write_report(path: str, model: str, amp: str | None, rows: list) -> None:
                                       "command": " ".join(sys.argv), "rows": rows}, indent=1))
 
 
-def main() -> None:
+def probe_arguments(runs: str, runs_help: str = "comma-separated: a level's name, or torch "
+                    "(the nn-modules twin)") -> argparse.ArgumentParser:
+    """The arguments every whole-model probe takes: OUT.json, --model, --runs, --amp."""
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--model", default="gpt")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--runs", default=runs, help=runs_help)
     ap.add_argument("--amp", choices=sorted(T.AMP_DTYPES), default=None)
+    return ap
+
+
+def amp_dtype(a) -> torch.dtype | None:
+    return T.AMP_DTYPES[a.amp] if a.amp else None
+
+
+def main() -> None:
+    ap = probe_arguments("triton,triton-python,torch", "comma-separated: a level's name, a level's "
+                         "name + '-python' (replay off), or torch (the nn-modules twin)")
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=None, help="override the preset's batch")
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
-    ap.add_argument("--runs", default="triton,triton-python,torch",
-                    help="comma-separated: a level's name, a level's name + '-python' (replay "
-                         "off), or torch (the nn-modules twin)")
     a = ap.parse_args()
-    amp = T.AMP_DTYPES[a.amp] if a.amp else None
+    amp = amp_dtype(a)
     rows = []
     for run in a.runs.split(","):
         name, on = run.removesuffix("-python"), not run.endswith("-python")

@@ -20,7 +20,6 @@ slow layer shows where it is.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -31,12 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_model_host import setup, write_report  # noqa: E402  (same directory)
-
-from equivalence.commands import training as T  # noqa: E402
-from equivalence.commands.steps import loss_of  # noqa: E402
-
-PHASES = ("forward", "backward", "clip", "update")
+from probe_model_host import (amp_dtype, probe_arguments, setup,  # noqa: E402 (same directory)
+                              write_report)
 
 
 def _blocks(net) -> list:
@@ -48,8 +43,9 @@ def _blocks(net) -> list:
     return best
 
 
-def _timed_step(net, opt, params, x, y, amp, marks: list) -> dict:
-    """One step on an idle GPU: host and GPU time (ms from the start) at each phase's end."""
+def _timed_step(step, x, y, marks: list) -> dict:
+    """One step on an idle GPU: host and GPU time (ms from the start) at each phase's end
+    (and at each layer's, through the hooks that call marks[-1])."""
     torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     t0 = time.perf_counter()
@@ -62,16 +58,7 @@ def _timed_step(net, opt, params, x, y, amp, marks: list) -> dict:
         points.append((name, (time.perf_counter() - t0) * 1e3, e))
 
     marks.append(mark)
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
-        loss = loss_of(net(x), y)
-    mark("forward")
-    loss.backward()
-    mark("backward")
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    mark("clip")
-    opt.step()
-    mark("update")
+    step(x, y, mark=mark)
     marks.pop()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3
@@ -79,16 +66,14 @@ def _timed_step(net, opt, params, x, y, amp, marks: list) -> dict:
 
 
 def probe(model: str, name: str, amp, steps: int) -> dict:
-    net, opt, step, batches, items, unit, p = setup(model, name, amp)
-    params = list(net.parameters())
+    net, _, step, batches, items, unit, p = setup(model, name, amp)
     for x, y in batches[:3]:  # first calls: compiles, records
         step(x, y)
     torch.cuda.synchronize()
     marks: list = []
     hooks = [b.register_forward_hook(lambda m, i, o, k=k: marks[-1](f"block {k}") if marks else None)
              for k, b in enumerate(_blocks(net))]
-    timed = [_timed_step(net, opt, params, *batches[i % len(batches)], amp, marks)
-             for i in range(steps)]
+    timed = [_timed_step(step, *batches[i % len(batches)], marks) for i in range(steps)]
     for h in hooks:
         h.remove()
     # back to back: the host's issue rate when nothing synchronizes between steps
@@ -124,14 +109,10 @@ def probe(model: str, name: str, amp, steps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--model", default="gpt")
-    ap.add_argument("--runs", default="triton,cuda,torch")
-    ap.add_argument("--amp", choices=sorted(T.AMP_DTYPES), default=None)
+    ap = probe_arguments("triton,cuda,torch")
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
-    amp = T.AMP_DTYPES[a.amp] if a.amp else None
+    amp = amp_dtype(a)
     rows = []
     for name in a.runs.split(","):
         r = probe(a.model, name, amp, a.steps)
@@ -139,8 +120,9 @@ def main() -> None:
         print(f"{name:8s} wall {r['wall_ms_median']:.2f} ms/step (synchronized), back to back: "
               f"issued {r['issue_ms_per_step_back_to_back']:.2f}, done "
               f"{r['wall_ms_per_step_back_to_back']:.2f} ms/step", flush=True)
-        for n, v in r["marks_median"].items():
-            if not n.startswith("block") or n in ("block 0", f"block {len(r['marks_median']) - 5}"):
+        blocks = [n for n in r["marks_median"] if n.startswith("block")]
+        for n, v in r["marks_median"].items():  # the first and last layer, then every phase
+            if n not in blocks[1:-1]:
                 print(f"    {n:10s} host {v['host_ms']:7.2f}  gpu {v['gpu_ms']:7.2f} ms")
         for k, c in r["sync_calls_one_step"].items():
             print(f"    sync x{c}: {k}")
