@@ -129,6 +129,24 @@ for s in $STEPS; do
     cnn-compile)  # the CNN compiled whole after _fast_div's int32 multiplier (not run yet on a GPU)
       step cnn-compile 300 $py -m pytest -q -p no:cacheprovider tests/test_models.py \
         tests/test_triton_conv_bn.py -k "(compile and cnn) or fast_div or divisors" ;;
+    kernels-cnn-amp)  # the CNN's and the --amp GPT's top kernels and host functions per level
+      step probe-cnn 120 $py scripts/probe_model_host.py "$OUT/probe-cnn.json" --model cnn \
+        --runs triton,cuda,torch
+      step probe-gpt-amp 180 $py scripts/probe_model_host.py "$OUT/probe-gpt-amp.json" --model gpt \
+        --amp bf16 --runs triton,cuda,torch ;;
+    probe-compile)  # the GPT compiled whole: wall vs GPU time, top kernels, host functions
+      step probe-gpt-compile 300 $py scripts/probe_model_host.py "$OUT/probe-gpt-compile.json" \
+        --model gpt --compile --runs native-compiled,triton,torch ;;
+    probe-cnn-compile)  # the CNN compiled whole, the same way
+      step probe-cnn-compile 200 $py scripts/probe_model_host.py "$OUT/probe-cnn-compile.json" \
+        --model cnn --compile --runs native-compiled,triton,torch ;;
+    cnn-stats)  # conv_bn's statistics from the conv's tiles and a 16-bit y: tests, kernels, table
+      step conv-tests 180 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_conv_bn.py
+      step cnn-models 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py -k cnn
+      step probe-cnn 60 $py scripts/probe_model_host.py "$OUT/probe-cnn.json" --model cnn \
+        --runs triton,torch ;;
+    sweep-wgrad)  # conv_wgrad's tiles and splits at the CNN's convolutions, cuDNN beside
+      step sweep-wgrad 300 $py scripts/sweep_conv_wgrad.py "$OUT/sweep-conv-wgrad.json" ;;
     host-gpt)  # the GPT's host time per step, on a problem too small to hold the CPU back
       step host-gpt 200 $py scripts/probe_model_host.py "$OUT/host-gpt.json" --model gpt \
         --batch 1 --seq-len 16 --runs triton,triton-python,cuda,torch ;;

@@ -4,7 +4,7 @@ torch-modules twin.
 
     python scripts/probe_model_host.py OUT.json [--model gpt] [--steps 10] [--amp bf16]
                                        [--runs triton,triton-python,cuda,torch]
-                                       [--batch 1 --seq-len 16]
+                                       [--batch 1 --seq-len 16] [--compile]
 
 Per run: the wall time of a step (the device synchronized after each), the GPU's busy
 time in a step (torch.profiler: the sum of its kernels' durations, overlaps counted once
@@ -95,9 +95,10 @@ def _phases_ms(step, batches, steps: int) -> dict:
 
 
 def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | None = None,
-          seq_len: int | None = None, n_batches: int = 4):
-    """(net, opt, step, batches, items per step, unit, preset) of one run (a level's name or
-    "torch") of `model` at the gpu preset, as `levels train` builds it."""
+          seq_len: int | None = None, n_batches: int = 4, compiled: bool = False):
+    """(net, opt, step, batches, items per step, unit, preset) of one run (a level's name,
+    "native-compiled" or "torch") of `model` at the gpu preset, as `levels train` builds it;
+    `compiled`: the whole model under torch.compile, as `levels train --compile`."""
     p = T.preset(model, "gpu")
     if batch:
         p["batch"] = batch
@@ -109,7 +110,8 @@ def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | No
     device = torch.device("cuda")
     dtype = torch.float32 if amp is not None else T.DTYPES[p["dtype"]]
     twin = twin.to(device=device, dtype=dtype)
-    run = T.Run(name=name, kind="baseline" if name == "torch" else "level")
+    run = T.Run(name=name, kind="baseline" if name == "torch" else "level",
+                whole_model_compiled=compiled or name == "native-compiled")
     net, _ = T.prepare_model(model, twin, run, device, "default")
     opt = torch.optim.Adam(list(net.parameters()), lr=p["lr"])
     batches = T.batches_to(list(train)[:n_batches], model, device, dtype)
@@ -118,8 +120,9 @@ def setup(model: str, name: str, amp: torch.dtype | None = None, batch: int | No
 
 def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool,
           amp: torch.dtype | None = None, batch: int | None = None,
-          seq_len: int | None = None) -> dict:
-    net, opt, step, batches, items, unit, p = setup(model, name, amp, batch, seq_len)
+          seq_len: int | None = None, compiled: bool = False) -> dict:
+    net, opt, step, batches, items, unit, p = setup(model, name, amp, batch, seq_len,
+                                                    compiled=compiled)
     replay.ENABLED = replay_on
     for x, y in batches[:3]:  # first calls: compiles, records
         step(x, y)
@@ -139,7 +142,8 @@ def probe(model: str, name: str, replay_on: bool, steps: int, profile_host: bool
     torch.cuda.synchronize()
     phases = _phases_ms(step, batches, steps)
     gpu_ms, top_kernels = _gpu_ms_per_step(step, batches[:3])
-    out = {"run": name, "replay": replay_on, "wall_ms_median": statistics.median(wall),
+    out = {"run": name, "replay": replay_on, "compiled": compiled or name == "native-compiled",
+           "wall_ms_median": statistics.median(wall),
            "wall_ms": wall, "gpu_ms_per_step": gpu_ms, "top_kernels": top_kernels,
            "host_phases_ms": phases, "batch": p["batch"], "seq_len": p.get("seq_len"),
            "items_per_step": items, "unit": unit, "back_to_back_ms": enqueue_ms,
@@ -186,12 +190,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=None, help="override the preset's batch")
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
+    ap.add_argument("--compile", action="store_true", help="every run's model compiled whole "
+                    "(as `levels train --compile`); the run native-compiled is always compiled")
     a = ap.parse_args()
     amp = amp_dtype(a)
     rows = []
     for run in a.runs.split(","):
         name, on = run.removesuffix("-python"), not run.endswith("-python")
-        r = probe(a.model, name, on, a.steps, True, amp, a.batch, a.seq_len)
+        r = probe(a.model, name, on, a.steps, True, amp, a.batch, a.seq_len, a.compile)
         rows.append(r)
         print(f"{name:8s} replay={on!s:5s} wall {r['wall_ms_median']:.1f} ms  "
               f"gpu {r['gpu_ms_per_step']:.1f} ms  back-to-back {r['back_to_back_ms']:.1f} ms  "

@@ -155,6 +155,39 @@ def test_needs_grad():
         assert not L.needs_grad(a, b)
 
 
+_STATIC_PROBE = """
+import os, sys
+if sys.argv[1] == "inductor-first":
+    import torch._inductor.config
+import triton_kernels.launch as L
+import torch._inductor.config as config
+print(os.environ.get(L.STATIC_LAUNCH_ENV), config.static_launch_user_defined_triton_kernels)
+"""
+
+
+@pytest.mark.parametrize("case, env, expected", [
+    ("levels-first", {}, "1 True"),                  # the usual order: torch.compile after us
+    ("inductor-first", {}, "1 True"),                # Inductor's config imported before us
+    ("levels-first", {L.STATIC_LAUNCH_ENV: "0"}, "0 False"),  # the user's choice stands
+    ("levels-first", {"TRITON_INTERPRET": "1"}, "None False"),  # nothing to launch
+])
+def test_inductor_launches_our_kernels_statically_unless_told_not_to(case, env, expected):
+    """Under torch.compile, Inductor launches user-defined kernels through Triton's Python
+    launcher unless told otherwise (launch.py says what that cost a compiled GPT step)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = {k: v for k, v in os.environ.items()
+            if k not in (L.STATIC_LAUNCH_ENV, "TRITON_INTERPRET")}
+    out = subprocess.run([sys.executable, "-c", _STATIC_PROBE, case], env={**base, **env},
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == expected
+
+
 # ------------------------------------------------------------------------------- GPU --
 
 @pytest.mark.gpu

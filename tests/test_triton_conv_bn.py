@@ -89,6 +89,16 @@ def test_conv_bn_eval_inference_applies_batchnorm_in_the_epilogue(bias, weight_l
     _passes("conv_bn", args)
 
 
+def test_conv_bn_train_statistics_merged_from_conv_tiles():
+    # The batch statistics come from the conv's tiles (conv_fwd_kernel's TILE_STATS) merged
+    # per chunk (stats_merge_kernel). In the interpreter a tile is 32 rows and a chunk a
+    # third of the rows, whole tiles: here 312 rows are 10 tiles (the last of 24 rows) in
+    # chunks of 4, 4 and 2 tiles, each merged 2 tiles a step (the last step half masked).
+    shape = dict(N=2, C_in=3, H=12, W=13, C_out=5, k=3, stride=1, padding=1,
+                 channels_last=True)
+    _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=6, training=True))
+
+
 def test_conv_bn_train_updates_running_stats_once():
     # The running statistics move in forward only (not again in backward), like BatchNorm2d.
     args = _args("conv_bn", cards.get("conv_bn").sizes["tiny"], torch.float32, training=True)

@@ -11,10 +11,11 @@ What it adds over torch.compile / cuDNN + a BN kernel:
   padding), so the GEMM reads x about kH*kW times from L2/SMEM, not from a 9x larger
   im2col buffer. k is ordered (i, j, c) so that with channels_last x consecutive k are
   consecutive addresses (wide, coalesced loads).
-- Train: the convolution writes y in fp32; a chunked kernel computes per-channel mean and
-  M2 (sum of squared deviations) per chunk of rows, and the apply kernel's programs each
-  merge the chunks with Chan's formula (exact, no E[y^2] - E[y]^2 cancellation), apply
-  the per-channel scale/shift to their own rows, and one of them per channel updates
+- Train: the convolution writes y in the input's dtype and, from its fp32 accumulator,
+  each output tile's per-channel mean and M2 (sum of squared deviations); a small kernel
+  merges the tiles per chunk of rows, and the apply kernel's programs each merge the
+  chunks, both with Chan's formula (exact, no E[y^2] - E[y]^2 cancellation), apply the
+  per-channel scale/shift to their own rows, and one of them per channel updates
   running_mean / running_var in place (unbiased variance, as BatchNorm2d).
 - Backward, all with this file's kernels: dX is a transposed convolution, one implicit
   GEMM per stride phase (gathering dY at only the taps that reach each input pixel), dW
@@ -40,8 +41,12 @@ flat k), its eval forward 0.23 ms against 0.39. At the other shapes the kernels 
 launches, autograd, allocations; noisy on a shared host) is what is left to cut there,
 against cuDNN's 0.26-0.64 ms in the same run.
 
-What it costs: our own tiling and tuning instead of cuDNN's; the batch statistics need a
-pass over y between the convolution and the output (train mode is not the fast path).
+What it costs: our own tiling and tuning instead of cuDNN's; the output needs a pass over
+y after the convolution, since the statistics are only known once every tile is done
+(train mode is not the fast path). The CNN's training step on an H100 after the statistics
+moved into the epilogue and the weight gradient's rule was swept: the BatchNorm kernels
+1.2 ms a step (were 2.0), Level 4's step 1.03x torch's with both as CUDA graphs
+(reports/conv-bn-tile-statistics/).
 
 Layouts: x, conv_weight and the incoming gradient may have any strides (NCHW or
 channels_last); kernels take all four strides. The output is allocated channels_last
@@ -80,7 +85,8 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, BN_EPILOGUE: tl.constexpr = False,
-                    FLAT_K: tl.constexpr = False):
+                    FLAT_K: tl.constexpr = False, tile_mean_ptr=None, tile_m2_ptr=None,
+                    TILE_STATS: tl.constexpr = False):
     pid_m, pid_n = grouped_tile(P, C_out, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,6 +153,20 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
+    if TILE_STATS:
+        # Training BatchNorm's batch statistics start here, on the tile still in registers:
+        # its rows' mean and sum of squared deviations per output channel (exact in fp32,
+        # two passes over registers). stats_merge_kernel merges the tiles with Chan's formula.
+        # What it buys: the pass that read the whole fp32 conv output back from memory to
+        # compute them (a stats_partial_kernel did: 0.53 ms of a 6.1 ms CNN step on an
+        # H100). What it costs: two column sums per tile in the epilogue (+0.09 ms on that
+        # step) and 8 bytes per tile and channel.
+        tile_ok = p_ok[:, None] & o_ok[None, :]
+        rows = tl.minimum(P - pid_m * BLOCK_M, BLOCK_M).to(tl.float32)
+        t_mean = tl.sum(tl.where(tile_ok, acc, 0.0), axis=0) / rows
+        dev = tl.where(tile_ok, acc - t_mean[None, :], 0.0)
+        tl.store(tile_mean_ptr + pid_m * C_out + offs_o, t_mean, mask=o_ok)
+        tl.store(tile_m2_ptr + pid_m * C_out + offs_o, tl.sum(dev * dev, axis=0), mask=o_ok)
     if BN_EPILOGUE:
         # Eval BatchNorm as the epilogue: (conv + b - mean) * gamma / sqrt(var + eps) + beta,
         # per output channel, on the tile in registers (fold_bn_kernel's job, without a
@@ -430,33 +450,54 @@ def fold_bn_kernel(w_ptr, swo, swc, swi, swj, bias_ptr, gamma_ptr, beta_ptr, mea
 
 
 # ---------------------------------------------------------------------------------------
-# Train: batch statistics of y (P, C) fp32, chunked, merged with Chan's formula.
+# Train: batch statistics of y (P, C), from the conv's tiles, merged with Chan's formula.
 # ---------------------------------------------------------------------------------------
+
+@triton.jit
+def _chan_merge(mean_ptr, m2_ptr, first, last, size, P, C, count, cols, c_ok,
+                BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(mean, M2) per column of the `count` rows held by partials first..last-1 (row-major,
+    C columns), partial s summarizing `size` rows (the last one of P fewer), by Chan's
+    formula: the mean weighted by the counts, then M2 = sum of M2_s + n_s (mean_s - mean)^2.
+    Read BLOCK_S partials a step as 2-D tiles."""
+    total = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(first, last, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < last)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(size, P - s * size), 0).to(tl.float32)
+        total += n_s[:, None] * tl.load(mean_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                        other=0.0)
+    mean = tl.sum(total, axis=0) / count
+    m2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(first, last, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < last)[:, None] & c_ok[None, :]
+        n_s = tl.maximum(tl.minimum(size, P - s * size), 0).to(tl.float32)
+        d = tl.load(mean_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0) - mean[None, :]
+        m2 += tl.where(ok, tl.load(m2_ptr + s[:, None] * C + cols[None, :], mask=ok,
+                                   other=0.0) + n_s[:, None] * d * d, 0.0)
+    return mean, tl.sum(m2, axis=0)
+
 
 @fast_launch
 @triton.jit
-def stats_partial_kernel(y_ptr, part_mean_ptr, part_m2_ptr, P, C, rows_per_chunk,
-                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def stats_merge_kernel(tile_mean_ptr, tile_m2_ptr, part_mean_ptr, part_m2_ptr, P, C,
+                       tiles, tiles_per_chunk, TILE_M: tl.constexpr,
+                       BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (chunk, column block): the (mean, M2) of a chunk of rows from those of the
+    conv tiles inside it (TILE_M rows each, the last one short), the per-chunk partials
+    bn_fwd_apply_kernel merges. It reads 8 bytes per tile and channel instead of the conv
+    output."""
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    first = chunk * rows_per_chunk
-    count = tl.minimum(rows_per_chunk, P - first).to(tl.float32)
-    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for r in range(0, rows_per_chunk, BLOCK_P):
-        rows = first + r + tl.arange(0, BLOCK_P)
-        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
-        acc += tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-    mean = tl.sum(acc, axis=0) / count
-    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for r in range(0, rows_per_chunk, BLOCK_P):  # second pass: the chunk is still in L2
-        rows = first + r + tl.arange(0, BLOCK_P)
-        mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
-        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-        d = tl.where(mask, y - mean[None, :], 0.0)
-        acc += d * d
+    first = chunk * tiles_per_chunk
+    last = tl.minimum(first + tiles_per_chunk, tiles)
+    count = tl.minimum(tiles_per_chunk * TILE_M, P - first * TILE_M).to(tl.float32)
+    mean, m2 = _chan_merge(tile_mean_ptr, tile_m2_ptr, first, last, TILE_M, P, C, count, cols,
+                           c_ok, BLOCK_S, BLOCK_C)
     tl.store(part_mean_ptr + chunk * C + cols, mean, mask=c_ok)
-    tl.store(part_m2_ptr + chunk * C + cols, tl.sum(acc, axis=0), mask=c_ok)
+    tl.store(part_m2_ptr + chunk * C + cols, m2, mask=c_ok)
 
 
 @fast_launch
@@ -479,24 +520,8 @@ def bn_fwd_apply_kernel(y_ptr, part_mean_ptr, part_m2_ptr, chunks, rows_per_chun
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = cols < C
-    total = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
-    for s0 in range(0, chunks, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        ok = (s < chunks)[:, None] & c_ok[None, :]
-        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
-        total += n_s[:, None] * tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok,
-                                        other=0.0)
-    mean = tl.sum(total, axis=0) / P
-    m2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
-    for s0 in range(0, chunks, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        ok = (s < chunks)[:, None] & c_ok[None, :]
-        n_s = tl.maximum(tl.minimum(rows_per_chunk, P - s * rows_per_chunk), 0).to(tl.float32)
-        d = tl.load(part_mean_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0) \
-            - mean[None, :]
-        m2 += tl.where(ok, tl.load(part_m2_ptr + s[:, None] * C + cols[None, :], mask=ok,
-                                   other=0.0) + n_s[:, None] * d * d, 0.0)
-    m2 = tl.sum(m2, axis=0)
+    mean, m2 = _chan_merge(part_mean_ptr, part_m2_ptr, 0, chunks, rows_per_chunk, P, C,
+                           P * 1.0, cols, c_ok, BLOCK_S, BLOCK_C)
     ### BEGIN SOLUTION
     invstd = 1.0 / tl.sqrt(m2 / P + eps)  # normalize with the biased variance
     scale = tl.load(gamma_ptr + cols, mask=c_ok, other=0.0).to(tl.float32) * invstd
@@ -516,7 +541,7 @@ def bn_fwd_apply_kernel(y_ptr, part_mean_ptr, part_m2_ptr, chunks, rows_per_chun
     for r in range(0, rows_per_chunk, BLOCK_P):
         rows = first + r + tl.arange(0, BLOCK_P)
         mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
-        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         out = y * scale[None, :] + shift[None, :]
         tl.store(out_ptr + rows[:, None] * sop + cols[None, :] * soo,
                  out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -544,7 +569,7 @@ def bn_bwd_partial_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, part_pt
         mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
         dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
                      other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s_dy += dy
         s_dyx += dy * (y - mean[None, :]) * invstd[None, :]
     tl.store(part_ptr + chunk * C + cols, tl.sum(s_dy, axis=0), mask=c_ok)
@@ -595,7 +620,7 @@ def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr
         mask = ((rows < P) & (r + tl.arange(0, BLOCK_P) < rows_per_chunk))[:, None] & c_ok[None, :]
         dy = tl.load(dy_ptr + rows[:, None] * sdp + cols[None, :] * sdo, mask=mask,
                      other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        y = tl.load(y_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         ### BEGIN SOLUTION
         xhat = (y - mean[None, :]) * invstd[None, :]
         dyc = (gamma * invstd)[None, :] * (dy - m_dy[None, :] - xhat * m_dyx[None, :])
@@ -609,8 +634,8 @@ def bn_bwd_apply_kernel(dy_ptr, sdp, sdo, y_ptr, mean_ptr, invstd_ptr, gamma_ptr
 
 
 KERNELS = [conv_fwd_kernel, conv_dgrad_kernel, conv_wgrad_kernel, wgrad_finish_kernel,
-           fold_bn_kernel, stats_partial_kernel, bn_fwd_apply_kernel, bn_bwd_partial_kernel,
-           bn_bwd_apply_kernel]
+           fold_bn_kernel, stats_merge_kernel, bn_fwd_apply_kernel,
+           bn_bwd_partial_kernel, bn_bwd_apply_kernel]
 
 
 def uses_tf32(device, dtype) -> bool:
@@ -676,9 +701,11 @@ def _w_strides(w):
     return w.stride(0), w.stride(1), w.stride(2), w.stride(3)
 
 
-def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
+def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None, tile_stats=False):
     """out2d[p, o] = conv(x, w)[p, o] (+ bias). w given as a tensor + its (o, c, i, j) strides.
-    bn: (gamma, beta, running_mean, running_var, eps) to apply eval BatchNorm in the epilogue."""
+    bn: (gamma, beta, running_mean, running_var, eps) to apply eval BatchNorm in the epilogue.
+    tile_stats: also each row tile's per-channel mean and M2 (conv_fwd_kernel's TILE_STATS);
+    returns them, (tiles, C_out) each, and the tile's height."""
     N, C_in, H, W = x.shape
     P = N * s["H_out"] * s["W_out"]
     C_out = out2d.shape[1]
@@ -687,13 +714,24 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
     args = (x, w_ptr_t, bias if bias is not None else out2d, out2d, gamma, beta, mean, var,
             P, C_in, H, W, C_out, s["H_out"], s["W_out"], *x.stride(), *w_strides,
             out2d.stride(0), out2d.stride(1), *s["stride"], *s["padding"], eps)
-    # BN_EPILOGUE given even when False: Inductor's wrapper counts the arguments (gemm.py)
+    # BN_EPILOGUE, TILE_STATS and their pointers given even when unused: Inductor's wrapper
+    # counts the arguments (gemm.py)
     # FLAT_K for C_in <= 8: a channel block per tap would be at least half masked
     common = dict(KH=kH, KW=kW, HAS_BIAS=bias is not None, UPCAST=INTERPRETED,
-                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None, FLAT_K=C_in <= 8)
+                  DOT_PRECISION=precision, BN_EPILOGUE=bn is not None, FLAT_K=C_in <= 8,
+                  TILE_STATS=tile_stats)
+
+    def stats_for(block_m: int) -> dict:
+        if not tile_stats:
+            return dict(tile_mean_ptr=out2d, tile_m2_ptr=out2d)
+        t_mean, t_m2 = torch.empty((2, cdiv(P, block_m), C_out), device=x.device,
+                                   dtype=torch.float32).unbind(0)
+        return dict(tile_mean_ptr=t_mean, tile_m2_ptr=t_m2)
+
     if INTERPRETED or x.dtype == torch.float32:
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
-        conv_fwd_kernel[grid](*args, **common, GROUP_M=8, **cfg)
+        stats = stats_for(cfg["BLOCK_M"])
+        conv_fwd_kernel[grid](*args, **common, **stats, GROUP_M=8, **cfg)
     else:
         cfg = _fwd_tile(P, C_in, C_out, x.device)
         if C_in <= 8:  # flat k: 32 columns a step (the stem's 147 in 5 steps, 9% masked)
@@ -708,11 +746,15 @@ def _conv_fwd(x, w_ptr_t, w_strides, bias, out2d, s, kH, kW, bn=None):
 
             def run(c):
                 grid = (cdiv(P, c["BLOCK_M"]) * cdiv(C_out, c["BLOCK_N"]),)
-                conv_fwd_kernel[grid](*args, **common, **c)
+                conv_fwd_kernel[grid](*args, **common, **stats_for(c["BLOCK_M"]), **c)
             cfg = tuning.pick("conv_fwd", key, candidates,
                               lambda c: tuning.benchmark(lambda: run(c)), x.device)
         grid = (cdiv(P, cfg["BLOCK_M"]) * cdiv(C_out, cfg["BLOCK_N"]),)
-        conv_fwd_kernel[grid](*args, **common, **cfg)
+        stats = stats_for(cfg["BLOCK_M"])
+        conv_fwd_kernel[grid](*args, **common, **stats, **cfg)
+    if tile_stats:
+        return stats["tile_mean_ptr"], stats["tile_m2_ptr"], cfg["BLOCK_M"]
+    return None
 
 
 def _conv_dgrad(dy2d, w_t, w_strides, x_like, s, kH, kW):
@@ -754,20 +796,34 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> t
     - the tile's rows follow C_out (64 for C_out <= 64: a 128-row tile would be half masked
       rows at ResNet's 64-channel layers), its columns K_total (64 below 256 columns: the
       stem's 147 = 7x7x3 fills three 64-wide tiles to 77%, two 128-wide ones to 57%);
+    - 256 columns where C_out is small (<= 128) and K_total from 512 to 1023 (a 3x3 conv
+      of 64 input channels): the dY^T operand is read transposed (each pixel's channels are
+      contiguous, the tile wants them as rows), the costlier load, and a wider tile reads it
+      once for twice the columns. Measured, not derived: 179 against 240 us at 64 -> 64,
+      76 against 101 at 64 -> 128 stride 2, but 190 against 158 at 128 -> 128 (K_total
+      1152), so the rule stops there;
     - the split over P gives the (C_out x K_total) tiles enough programs to fill every SM
-      twice (two 128x128 programs fit an SM's shared memory), each at least 512 pixels: a
-      split costs an fp32 copy of G, written and read back by the finish kernel."""
+      twice (two 128x128 programs fit an SM's shared memory; a 256-wide one fills it: once),
+      each at least 2048 pixels: a split costs an fp32 copy of G, written and read back by
+      the finish kernel (at 512 pixels a 1x1 64->128 conv made 256 copies and took 80 us,
+      at 64 copies 45 us).
+    Measured at the CNN's eight convolutions on an H100 (scripts/sweep_conv_wgrad.py,
+    reports/conv-bn-tile-statistics/sweep-conv-wgrad-*.json): 0.94 ms a step by the earlier
+    rule, 0.77 ms for the best candidate of each, cuDNN 0.54."""
     precision, cfg = _dot_cfg(dtype)
+    waves = 2
     if not INTERPRETED and dtype != torch.float32:
         bm = 64 if C_out <= 64 else 128
         bn = 64 if K_total < 256 else 128
+        if C_out <= 128 and 512 <= K_total < 1024:
+            bn, waves = 256, 1
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=8 if bm * bn >= 128 * 128 else 4,
                    num_stages=3)
     tiles = cdiv(C_out, cfg["BLOCK_M"]) * cdiv(K_total, cfg["BLOCK_N"])
     if INTERPRETED:
         splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
-        splits = max(1, min(cdiv(P, 512), cdiv(2 * sm_count(device), tiles)))
+        splits = max(1, min(cdiv(P, 2048), cdiv(waves * sm_count(device), tiles)))
     per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     return dict(cfg, precision=precision, per_split=per_split), cdiv(P, per_split)
 
@@ -874,14 +930,23 @@ class _ConvBN(torch.autograd.Function):
             _conv_fwd(x, w_f, wf_strides, b_f, out2d, s, kH, kW)
             ctx.save_for_backward(x, w, w_f, b, running_mean, scale, invstd)
             return out
-        # Training: conv (fp32 y) -> batch statistics -> per-channel affine.
-        y = torch.empty((P, C_out), **f32)
-        _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW)
-        rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
+        # Training: conv (y, and each tile's statistics) -> the chunks' statistics ->
+        # per-channel affine. y is stored in the input's dtype, as cuDNN's convolution
+        # writes it for torch's BatchNorm: the statistics come from the fp32 accumulator
+        # before that rounding, and y is read three times more (the apply, both backward
+        # passes), so a 16-bit y halves those passes' bytes. (It was fp32 until the
+        # statistics moved into the conv's epilogue: a 16-bit y would have fed them rounded
+        # values.) At the CNN's gpu preset that is ~1.4 GB a step less, by count; measured on
+        # an H100 with the epilogue statistics, the BatchNorm kernels went from 2.0 to 1.2 ms
+        # a step (reports/conv-bn-tile-statistics/).
+        y = torch.empty((P, C_out), device=dev, dtype=x.dtype)
+        t_mean, t_m2, tile_m = _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW, tile_stats=True)
+        rows, chunks = _chunks(P, tile_m, dev)  # whole conv tiles per chunk
         part_mean, part_m2 = torch.empty((2, chunks, C_out), **f32).unbind(0)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
-        stats_partial_kernel[(chunks, c_blocks)](y, part_mean, part_m2, P, C_out, rows,
-                                                 **_RED)
+        stats_merge_kernel[(chunks, c_blocks)](t_mean, t_m2, part_mean, part_m2, P, C_out,
+                                               t_mean.shape[0], rows // tile_m, TILE_M=tile_m,
+                                               BLOCK_S=_FIN_S, BLOCK_C=_RED["BLOCK_C"])
         mean, invstd = torch.empty((2, C_out), **f32).unbind(0)
         bn_fwd_apply_kernel[(chunks, c_blocks)](
             y, part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean,

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +109,36 @@ def needs_grad(*tensors) -> bool:
 
 # Read once, at import: the grader sets it in its child process's environment.
 ENABLED = os.environ.get("LEVELS_TRITON_FAST_LAUNCH", "1") != "0"
+
+# Under torch.compile, Dynamo captures our kernels as user-defined Triton kernels and
+# Inductor launches them from its generated code. By default it launches them through
+# Triton's own launcher (the Python path this module avoids in eager mode: binding,
+# launch metadata, hooks), while its own kernels go through a static C++ launcher. A GPT-2
+# small training step compiled whole made ~240 launches of ours per step, and that path
+# made the step host-bound: 23.5 ms of host time for 19.1 ms of GPU time (H100,
+# scripts/probe_model_host.py --compile). With Inductor told to launch user-defined kernels
+# statically too, the same step issued in 14.3 ms and trained at 1.46x the native level
+# compiled, against 0.85x before (reports/compiled-static-launch/). Inductor reads the
+# switch from this environment variable when its config module is first imported (which
+# torch.compile does, after this import in any program that uses Level 4), and an
+# unsupported kernel still falls back to Triton's launcher inside Inductor. What it costs:
+# the switch is process-wide, so it applies to a program's other user-defined kernels
+# too, and as an environment variable it takes precedence over a value set in code. Set
+# the variable to 0 before importing levels to keep Inductor's default.
+STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+
+
+def _inductor_launches_ours_statically() -> None:
+    if INTERPRETED or STATIC_LAUNCH_ENV in os.environ:
+        return  # the CPU interpreter compiles nothing; a value already set is the user's
+    os.environ[STATIC_LAUNCH_ENV] = "1"
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None and hasattr(config, "static_launch_user_defined_triton_kernels"):
+        # imported before us: it has read the environment already
+        config.static_launch_user_defined_triton_kernels = True
+
+
+_inductor_launches_ours_statically()
 
 # replay.py, once installed (replay.install, called by levels.triton): later calls of a
 # recorded signature replay from C++. None: every call takes the Python path.
