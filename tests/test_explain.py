@@ -334,5 +334,9 @@ def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
         # and where the GPT's eager step waits now: the host's clock against the GPU's
         assert re.search(r"backward \d+\.\d ms into the step, the GPU finished it at \d+\.\d ms "
                          r"\((GPU|host)-bound\); eagerly \d\.\d\dx", body), body
+        # the H100 tables: eager against torch's model, compiled whole against native's
+        assert re.search(r"On one H100 \(reports/training-tables-h100-2026-11-26/\): \d\.\d\dx "
+                         r"the torch-modules model eagerly, and compiled whole \d\.\d\dx", body), body
+        assert ("compiled-static-launch" in body) == (level == "triton"), body
     text = explain("layer_norm", level, "cpu")
     assert host_path.TITLE in text

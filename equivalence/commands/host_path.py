@@ -24,6 +24,8 @@ MATRIX = ROOT / "reports" / "training-tables-2026-11-26"
 # the GPT's step, host clock against GPU clock, and its eager table after the QKV GEMM, GEMM
 # tiles by waves and layer norm's narrow-row backward (scripts/probe_step_timeline.py), H200s
 TIMELINE = ROOT / "reports" / "host-path-timeline"
+# issue #26's tables on one H100, after Inductor launched Level 4's kernels statically
+H100_MATRIX = ROOT / "reports" / "training-tables-h100-2026-11-26"
 TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
@@ -113,7 +115,7 @@ def _gpt_steps(level: str) -> str:
             f"model from torch's own modules {rate('eager', 'torch')} / {rate('graph', 'torch')}. "
             f"A step the host cannot feed fast enough gains from the graph; one already bound by "
             f"its kernels does not." + _gpt_replayed(level) + _gpt_matrix(level)
-            + _gpt_timeline(level))
+            + _gpt_timeline(level) + _gpt_h100(level))
 
 
 def _gpt_matrix(level: str) -> str:
@@ -150,6 +152,26 @@ def _gpt_timeline(level: str) -> str:
             f"no profiler on): the host had issued this level's backward {bwd['host_ms']:.1f} ms "
             f"into the step, the GPU finished it at {bwd['gpu_ms']:.1f} ms ({bound}); eagerly "
             f"{ratio:.2f}x the torch-modules model in that session's table.")
+
+
+def _gpt_h100(level: str) -> str:
+    """This level's GPT on one H100: eagerly against the torch-modules model, and compiled
+    whole against the native level compiled whole."""
+    def rate(name: str, run: str) -> float:
+        runs = {r["name"]: r for r in json.loads((H100_MATRIX / name).read_text())["runs"]}
+        return runs[run]["timing"]["items_per_s"]
+    try:
+        eager = rate("train-gpt-gpu.json", level) / rate("train-gpt-gpu.json", "torch")
+        compiled = (rate("train-gpt-gpu-compile.json", level)
+                    / rate("train-gpt-gpu-compile.json", "native"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    why = (" Inductor launched Level 4's kernels through Triton's Python launcher until "
+           "triton_kernels/launch.py switched it to its static one (reports/compiled-static-"
+           "launch/: 23.5 -> 14.3 ms of host time a compiled step)." if level == "triton" else "")
+    return (f" On one H100 ({H100_MATRIX.relative_to(ROOT)}/): {eager:.2f}x the torch-modules "
+            f"model eagerly, and compiled whole {compiled:.2f}x the native level compiled "
+            f"whole.{why}")
 
 
 def _gpt_replayed(level: str) -> str:
