@@ -9,7 +9,9 @@ Why: in the CNN's training step on an H100 the weight gradient was Level 4's lar
 (1.0 ms a step, of 5.4), and _wgrad_plan's tile and split were set from a few shapes. The
 sweep times the rule's choice, each tile at each split target, and
 torch.ops.aten.convolution_backward (weight only) on the same operands. Kernel time only
-(triton.testing.do_bench, median).
+(triton.testing.do_bench, median). Each candidate's split count comes from
+conv_bn.wgrad_splits at its own target of programs (at least 2048 pixels a split; the
+committed runs of 2026-11-26 drew their candidates at 512).
 """
 
 from __future__ import annotations
@@ -58,24 +60,10 @@ def convs(batch: int, image: int):
 
 def plan_for(tile, waves, P, C_out, K_total, sms):
     bm, bn, bk, warps, stages = tile
-    tiles = cdiv(C_out, bm) * cdiv(K_total, bn)
-    splits = max(1, min(cdiv(P, 512), cdiv(waves * sms, tiles)))
+    splits = C.wgrad_splits(P, cdiv(C_out, bm) * cdiv(K_total, bn), waves * sms)
     per_split = cdiv(cdiv(P, splits), bk) * bk
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
                 precision="tf32", per_split=per_split), cdiv(P, per_split)
-
-
-def wgrad(dyc, x, w, s, k):
-    """dW as the training backward computes it: partials (or dW directly) and the finish."""
-    dw = torch.empty_like(w)
-    part, splits = C._conv_wgrad_partials(dyc, x, s, k, k, dw=dw)
-    if part is not None:
-        K_total = part.shape[2]
-        C.wgrad_finish_kernel[(w.shape[0], cdiv(K_total, 512))](
-            part, splits, w.shape[0], K_total, x.shape[1], dw, *dw.stride(), w,
-            *C._w_strides(w), part, part, part, part, part, dw, dw, dw,
-            KW=k, EVAL=False, HAS_BIAS=False, BLOCK=512)
-    return dw
 
 
 def main() -> None:
@@ -115,9 +103,9 @@ def main() -> None:
                 plan, splits = plan_for(spec[0], spec[1], P, c_out, K_total, sms)
                 C._wgrad_plan = lambda *_, p=plan, n=splits: (p, n)
             try:
-                got = wgrad(dyc, x, w, s, k)
+                got = C.train_wgrad(dyc, x, w, s, k, k)
                 err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-                ms = triton.testing.do_bench(lambda: wgrad(dyc, x, w, s, k))
+                ms = triton.testing.do_bench(lambda: C.train_wgrad(dyc, x, w, s, k, k))
             except Exception as e:  # a tile that does not fit: recorded, not fatal
                 row["candidates"].append({"tile": label, "error": f"{type(e).__name__}: {e}"[:200]})
                 continue

@@ -824,9 +824,31 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> t
     if INTERPRETED:
         splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
-        splits = max(1, min(cdiv(P, 2048), cdiv(waves * sm_count(device), tiles)))
+        splits = wgrad_splits(P, tiles, waves * sm_count(device))
     per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     return dict(cfg, precision=precision, per_split=per_split), cdiv(P, per_split)
+
+
+def wgrad_splits(P: int, tiles: int, programs: int) -> int:
+    """How many splits of the P pixels give `tiles` tiles about `programs` programs, each
+    split at least 2048 pixels (_wgrad_plan says why)."""
+    return max(1, min(cdiv(P, 2048), cdiv(programs, tiles)))
+
+
+def train_wgrad(dyc, x, w, s, kH, kW):
+    """dW of the training backward: G = dY^T im2col(x) in partials (or straight into dW when
+    one split covers P), then their sum."""
+    dw = torch.empty_like(w)
+    part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW, dw=dw)
+    if part_w is not None:
+        C_out, K_total = part_w.shape[1], part_w.shape[2]
+        block = 256 if INTERPRETED else 512
+        # the pointers past w's strides are eval's (unused here)
+        wgrad_finish_kernel[(C_out, cdiv(K_total, block))](
+            part_w, splits, C_out, K_total, x.shape[1], dw, *dw.stride(), w,
+            *_w_strides(w), part_w, part_w, part_w, part_w, part_w, dw, dw, dw,
+            KW=kW, EVAL=False, HAS_BIAS=False, BLOCK=block)
+    return dw
 
 
 def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
@@ -1014,15 +1036,7 @@ class _ConvBN(torch.autograd.Function):
             bm, bn = (16, 32) if INTERPRETED else (32, 128)
             column_sum_kernel[(1, cdiv(C_out, bn))](db_part, db, chunks, C_out, C_out, 1,
                                                     cdiv(chunks, bm) * bm, BLOCK_M=bm, BLOCK_N=bn)
-        dw = torch.empty_like(w)
-        part_w, splits = _conv_wgrad_partials(dyc, x, s, kH, kW, dw=dw)
-        if part_w is not None:
-            K_total = part_w.shape[2]
-            block = 256 if INTERPRETED else 512
-            wgrad_finish_kernel[(C_out, cdiv(K_total, block))](
-                part_w, splits, C_out, K_total, x.shape[1], dw, *dw.stride(), w,
-                *_w_strides(w), part_w, part_w, part_w, part_w, part_w, dgamma, dbeta, dbeta,
-                KW=kW, EVAL=False, HAS_BIAS=False, BLOCK=block)
+        dw = train_wgrad(dyc, x, w, s, kH, kW)
         if ctx.needs_input_grad[0]:
             dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
