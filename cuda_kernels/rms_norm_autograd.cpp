@@ -39,7 +39,7 @@ struct RmsNorm : public torch::autograd::Function<RmsNorm> {
 };
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, int64_t version) {
-  return RmsNorm::apply(x, weight, eps, version);
+  return call<RmsNorm>(x, weight, eps, version);
 }
 
 }  // namespace levels_cuda_autograd

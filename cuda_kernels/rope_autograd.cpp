@@ -34,7 +34,7 @@ struct Rope : public torch::autograd::Function<Rope> {
 
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved,
             int64_t version) {
-  return Rope::apply(x, cos, sin, interleaved, version);
+  return call<Rope>(x, cos, sin, interleaved, version);
 }
 
 }  // namespace levels_cuda_autograd

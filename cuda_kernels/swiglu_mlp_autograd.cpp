@@ -76,6 +76,8 @@ Tensor swiglu_mlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, con
   bool save = false;
   if (at::GradMode::is_enabled())
     for (const Tensor* t : {&x, &w_gate, &w_up, &w_down}) save = save || t->requires_grad();
+  if (!records_autograd(x, w_gate, w_up, w_down))
+    return forward_only<SwigluMlp>(x, w_gate, w_up, w_down, version, false);
   return SwigluMlp::apply(x, w_gate, w_up, w_down, version, save);
 }
 

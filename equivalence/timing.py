@@ -55,7 +55,7 @@ def time_first_call(fn, device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
     values = sorted(values)
     pos = q * (len(values) - 1)
     lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
@@ -101,7 +101,7 @@ def _time_cuda(fn, device: torch.device, min_time_s: float, warmup: int, max_run
             batch.append((start, end))
         torch.cuda.synchronize(device)
         times += [s.elapsed_time(e) for s, e in batch]
-    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), len(times),
+    return Timing(statistics.median(times), quantile(times, 0.2), quantile(times, 0.8), len(times),
                   "cuda-events, L2 flushed" + (", queue primed (kernel time)" if prime else ""),
                   cpu_enqueue_ms=min(enqueue_s) * 1e3)
 
@@ -113,7 +113,7 @@ def _time_cpu(fn, min_time_s: float, warmup: int) -> Timing:
         fn()
     m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time_s)
     per_call = [t * 1e3 for t in m.times]  # each entry is already a per-call mean of one block
-    return Timing(m.median * 1e3, _quantile(per_call, 0.2), _quantile(per_call, 0.8),
+    return Timing(m.median * 1e3, quantile(per_call, 0.2), quantile(per_call, 0.8),
                   m.number_per_run * len(m.times), "torch.utils.benchmark")
 
 
@@ -149,7 +149,7 @@ def time_host(fn, device, min_time_s: float = 0.2, warmup: int = 3, batch: int =
             fn()
         synchronize(device)
         per_call.append((time.perf_counter() - start) * 1e3 / batch)
-    return Timing(statistics.median(per_call), _quantile(per_call, 0.2), _quantile(per_call, 0.8),
+    return Timing(statistics.median(per_call), quantile(per_call, 0.2), quantile(per_call, 0.8),
                   batch * len(per_call), "wall clock, calls back to back")
 
 

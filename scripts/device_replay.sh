@@ -164,6 +164,38 @@ for s in $STEPS; do
         --runs triton,torch
       step table-cnn4 120 $py -m equivalence train --model cnn --preset gpu --level 4 \
         --baseline torch --steps 20 --out "$OUT/table-cnn4" ;;
+    host-anatomy)  # where the host time of the calls over their goal goes (2026-11-26, fifth)
+      step anatomy-45 300 $py scripts/probe_call_anatomy.py "$OUT/anatomy-45.json" \
+        --component attention,layer_norm,rms_norm,conv_bn --level cuda,triton
+      step probe-cnn-amp 150 $py scripts/probe_model_host.py "$OUT/probe-cnn-amp.json" --model cnn \
+        --amp bf16 --runs triton,torch ;;
+    cnn-order)  # does the level that ran before change a CNN --amp run? Level 4 first, then Level 1
+      step table-cnn-eager-amp-l4-first 200 $py -m equivalence train --model cnn --preset gpu \
+        --level 4,5,1 --baseline torch --steps 20 --amp bf16 --out "$OUT/table-cnn-eager-amp-l4-first" ;;
+    back-to-back)  # steps issued back to back vs synchronized one by one, and what blocks the host
+      step b2b-cnn-amp 150 $py scripts/probe_back_to_back.py "$OUT/b2b-cnn-amp.json" --model cnn \
+        --amp bf16 --runs triton,torch
+      step b2b-cnn 150 $py scripts/probe_back_to_back.py "$OUT/b2b-cnn.json" --model cnn \
+        --runs triton,torch ;;
+    nograd)  # Level 5's forward-only calls without their autograd Function (autograd.cpp forward_only)
+      step nograd-tests 240 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_forward_only.py
+      step nograd-check 200 $py -m equivalence check --level cuda --device cuda ;;
+    sweep-fwd)  # conv_fwd (with training's tile statistics) and conv_dgrad tiles at the CNN's convs
+      step sweep-fwd 420 $py scripts/sweep_conv_fwd.py "$OUT/sweep-conv-fwd.json" ;;
+    sweep-fwd-oihw)  # the same with torch's default (OIHW) weights
+      step sweep-fwd-oihw 420 $py scripts/sweep_conv_fwd.py "$OUT/sweep-conv-fwd-oihw.json" --weight-layout contiguous ;;
+    kmajor)  # Level 4's training conv reads a (O, kH, kW, I) copy of an OIHW weight (_k_major)
+      step kmajor-tests 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_triton_conv_bn.py
+      step kmajor-replay 150 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_replay.py -k conv_bn
+      step kmajor-check 150 $py -m equivalence check --level triton --device cuda --component conv_bn ;;
+    kmajor-layout)  # the K-major weight test on the GPU (replay on), and the OIHW sweep by its flag
+      step kmajor-layout-test 120 $py -m pytest -q -p no:cacheprovider tests/test_triton_conv_bn.py \
+        -k adjacent_input
+      step sweep-fwd-oihw 420 $py scripts/sweep_conv_fwd.py "$OUT/sweep-conv-fwd-oihw.json" \
+        --weight-layout contiguous ;;
+    compile-ahead)
+      step compile-ahead 200 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_compile_ahead.py ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
     overhead)
       step overhead 240 $py -X faulthandler -m equivalence bench --overhead --device cuda --level triton \

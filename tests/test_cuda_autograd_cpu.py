@@ -752,24 +752,40 @@ def test_conv_bn_without_conv_bias(cpp_ops, variant):
     assert result.passed, result.summary()
 
 
-@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "nothing_requires_grad"])
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_forward_without_autograd(cpp_ops, component, mode):
-    # The Functions run as plain forwards: the same values, nothing that requires grad
-    # (inputs that do included), the running statistics still updated.
+    # The Functions run as plain forwards (autograd.cpp's forward_only: no node, nothing
+    # packed): the same values, nothing that requires grad (inputs that do included), the
+    # running statistics still updated. "nothing_requires_grad": grad mode on, no input
+    # requiring a gradient (an inference forward outside no_grad).
     spec = specs.get(component)
     for variant in spec.variants:
         case = spec.case("tiny", variant, F32, "cpu", SEED)
         ref = spec.reference({k: v.double() if isinstance(v, torch.Tensor) else v
                               for k, v in case.args.items()})
-        args = {k: clone_layout(v).requires_grad_(k in case.differentiable)
+        grads = mode != "nothing_requires_grad"
+        args = {k: clone_layout(v).requires_grad_(grads and k in case.differentiable)
                 if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
-        with torch.no_grad() if mode == "no_grad" else torch.inference_mode():
+        with (torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+              if mode == "inference_mode" else contextlib.nullcontext()):
             outs = flatten(CALLS[component](**args)) + [args[m] for m in case.mutated]
         for name, got, want in zip(case.outputs, outs, ref):
             assert not got.requires_grad, f"{component}[{variant}] {name} requires grad"
             c = compare(name, got, want, tolerance(F32), F32)
             assert c.ok, f"{component}[{variant}] {mode}: {c}"
+
+
+def test_forward_mode_tangent_still_goes_through_apply(cpp_ops):
+    # A dual tensor requires no gradient, yet the no-autograd shortcut must not take it: it
+    # would drop the tangent silently, where Function::apply refuses it by name.
+    import torch.autograd.forward_ad as fwAD
+
+    x, w, b = torch.randn(2, 5, 129), torch.randn(129), torch.randn(129)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn_like(x))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            layer_norm_op(dual, w, b)
 
 
 @pytest.mark.parametrize("operand", ["misaligned", "strided_head_dim"])

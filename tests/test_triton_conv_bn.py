@@ -167,6 +167,41 @@ def test_conv_bn_train_wgrad_single_split_writes_dw_directly(weight_layout):
     _passes("conv_bn", args)
 
 
+@pytest.mark.parametrize("weight_layout", ["contiguous", "channels_last", "1x1 contiguous"])
+def test_conv_bn_train_reads_the_weight_with_adjacent_input_channels(weight_layout, monkeypatch):
+    # torch's default (O, I, kH, kW) weight puts a tap's input channels kH*kW elements apart:
+    # the training forward and the input gradient get a (O, kH, kW, I) copy instead
+    # (_k_major), channels_last and 1x1 weights are read as they are, and dW keeps w's own
+    # layout (a parameter's .grad like the parameter: autograd copies nothing).
+    from triton_kernels import conv_bn as K
+
+    k = 1 if weight_layout.startswith("1x1") else 3
+    shape = dict(N=2, C_in=5, H=6, W=5, C_out=4, k=k, stride=1, padding=k // 2,
+                 channels_last=weight_layout == "channels_last")
+    args = _args("conv_bn", shape, torch.float32, seed=11, training=True)
+    w = args["conv_weight"]
+    seen = []
+    for name in ("_conv_fwd", "_conv_dgrad"):
+        real = getattr(K, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            seen.append((_name, a[1].stride(), a[2]))
+            return _real(*a, **kw)
+        monkeypatch.setattr(K, name, spy)
+    x = args["x"].detach().requires_grad_(True)
+    w_leaf = w.detach().clone(memory_format=torch.preserve_format).requires_grad_(True)
+    call = dict(args, x=x, conv_weight=w_leaf)
+    out = L4.conv_bn(**call)
+    out.backward(torch.randn_like(out))
+    # (on a GPU the replay's dry pass runs these launchers too: each is seen at least once)
+    assert {n for n, _, _ in seen} == {"_conv_fwd", "_conv_dgrad"}
+    for name, strides, passed in seen:
+        assert strides[1] == 1, f"{name} read a weight whose input channels are {strides[1]} apart"
+        assert tuple(passed) == (strides[0], strides[1], strides[2], strides[3])
+    assert w_leaf.grad.stride() == w_leaf.stride()
+    _passes("conv_bn", args)  # and the values, against the float64 reference
+
+
 def test_divisor_magic_divides_every_pixel_index_exactly():
     # The weight gradient splits pixel indices with a multiply-high and a shift instead of a
     # division (_fast_div): exact for every divisor and every index below 2**31, checked

@@ -893,6 +893,21 @@ def _dims(x, w, stride, padding):
     return dict(stride=tuple(stride), padding=tuple(padding), H_out=H_out, W_out=W_out)
 
 
+def _k_major(w: torch.Tensor) -> torch.Tensor:
+    """w with its input channels adjacent in memory: w itself when they are (channels_last
+    weights, any 1x1 conv), else a (C_out, kH, kW, C_in) copy in channels_last. The training
+    forward and the input gradient read a weight tile along C_in at each tap; in torch's
+    default (C_out, C_in, kH, kW) layout those channels are kH*kW elements apart, one
+    scattered 2-byte load each. On an H100 at the CNN's 3x3 convolutions (C_in >= 64) that
+    made the forward 2.3-5.3x and the input gradient 5.6-14x slower than a K-major weight
+    (reports/conv-weight-layout/: scripts/sweep_conv_fwd.py with and without
+    --weight-layout contiguous; the stem's 3 channels and the 1x1s alike either way). The
+    copy costs a launch and the weight's bytes (1.2 MB at 256x256x3x3 in bf16) per training
+    call; a channels_last model (levels train's CNN) never pays it. The weight gradient keeps w's own layout (dW is
+    allocated like w), so a parameter's .grad matches it and autograd copies nothing."""
+    return w if w.stride(1) == 1 else w.contiguous(memory_format=torch.channels_last)
+
+
 def _as_rows(t4: torch.Tensor) -> torch.Tensor:
     """(N, C, H, W) channels_last tensor -> its (N*H*W, C) matrix view (no copy)."""
     return t4.permute(0, 2, 3, 1).reshape(-1, t4.shape[1])
@@ -963,7 +978,9 @@ class _ConvBN(torch.autograd.Function):
         # an H100 with the epilogue statistics, the BatchNorm kernels went from 2.0 to 1.2 ms
         # a step (reports/conv-bn-tile-statistics/).
         y = torch.empty((P, C_out), device=dev, dtype=x.dtype)
-        t_mean, t_m2, tile_m = _conv_fwd(x, w, _w_strides(w), b, y, s, kH, kW, tile_stats=True)
+        w_k = _k_major(w)
+        t_mean, t_m2, tile_m = _conv_fwd(x, w_k, _w_strides(w_k), b, y, s, kH, kW,
+                                         tile_stats=True)
         rows, chunks = _chunks(P, tile_m, dev)  # whole conv tiles per chunk
         part_mean, part_m2 = torch.empty((2, chunks, C_out), **f32).unbind(0)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
@@ -975,7 +992,7 @@ class _ConvBN(torch.autograd.Function):
             y, part_mean, part_m2, chunks, rows, P, C_out, gamma, beta, running_mean,
             running_var, mean, invstd, out2d, out2d.stride(0), out2d.stride(1), eps, momentum,
             BLOCK_S=_FIN_S, **_RED)
-        ctx.save_for_backward(x, w, y, mean, invstd, gamma)
+        ctx.save_for_backward(x, w, w_k, y, mean, invstd, gamma)  # w: dW's layout
         return out
 
     @staticmethod
@@ -1011,7 +1028,7 @@ class _ConvBN(torch.autograd.Function):
                 dx = _conv_dgrad(dy2d, w_f, (K_total, 1, kW * x.shape[1], x.shape[1]), x, s,
                                  kH, kW)
             return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
-        x, w, y, mean, invstd, gamma = ctx.saved_tensors
+        x, w, w_k, y, mean, invstd, gamma = ctx.saved_tensors
         dev, dt = x.device, x.dtype
         rows, chunks = _chunks(P, _RED["BLOCK_P"], dev)
         c_blocks = cdiv(C_out, _RED["BLOCK_C"])
@@ -1038,7 +1055,7 @@ class _ConvBN(torch.autograd.Function):
                                                     cdiv(chunks, bm) * bm, BLOCK_M=bm, BLOCK_N=bn)
         dw = train_wgrad(dyc, x, w, s, kH, kW)
         if ctx.needs_input_grad[0]:
-            dx = _conv_dgrad(dyc, w, _w_strides(w), x, s, kH, kW)
+            dx = _conv_dgrad(dyc, w_k, _w_strides(w_k), x, s, kH, kW)
         return dx, dw, db, dgamma, dbeta, None, None, None, None, None, None, None
 
 

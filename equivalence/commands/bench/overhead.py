@@ -22,6 +22,17 @@ Per component and level, and for the eager library call (the yardstick, a user's
 (the host path): a Level 4 or 5 call costs the host at most eager's + 10 us
 forward and + 40 us forward+backward.
 
+Interleaved, paired rounds. A host's speed drifts by more than these goals within seconds:
+with each side timed in one block after the other, Level 4's layer_norm forward+backward
+measured eager + 46 us in one H100 run and - 44 to + 2 us in four H200 runs of nearly the same
+code (reports/training-tables-h100-2026-11-26/, reports/host-path-replay/). So the host times are
+taken in ROUNDS rounds: each round times every side of a component (eager and each level)
+for min_time_s / ROUNDS, the order rotated from round to round, and a side's `host_fwd` is
+the median of its rounds' medians (p20/p80 across rounds). `*_vs_eager_us` is the median over
+rounds of (this side's round median - eager's in the same round): a paired difference, so a
+drift both sides see cancels. Its p20/p80 across rounds are kept beside it
+(`*_vs_eager_p20_us`, `*_vs_eager_p80_us`); a goal reads the median.
+
 Then the same component at Level 1 and Level 4 replayed as a CUDA graph
 (levels.nn.cuda_graph, GPU only), timed the same way: the report's `graph_rows` (the level
 rows above stay in `rows`, as they were), each with `capture_fwd_ms`/`capture_fwd_bwd_ms`
@@ -38,6 +49,8 @@ time means nothing, and Level 5 needs a GPU: both are listed as skipped with the
 
 from __future__ import annotations
 
+import contextlib
+import statistics
 import time
 
 import torch
@@ -48,7 +61,7 @@ from levels.contract import COMPONENTS, VALIDATORS
 from ... import cards
 from ...calls import level_impl, own_args, upstream
 from ...check import flatten
-from ...timing import time_fn, time_host
+from ...timing import Timing, quantile, time_fn, time_host
 from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, Column, Sheet, library_output_to,
                        log_note, progress, resolve_device, split_list)
 from .reports import output_path, report_environment, write_report
@@ -65,6 +78,7 @@ GRAPH_SUFFIX = " + CUDA graph"
 SIZE = "tiny"
 EAGER = "eager"
 MIN_TIME_S = 0.2  # per measurement: a tiny call is ~10-100 us, so thousands of calls
+ROUNDS = 8  # interleaved rounds per measurement (see the module doc)
 
 
 def _passes(impl, args: dict, component: str, seed: int):
@@ -121,32 +135,104 @@ def validation(component: str, args: dict, min_time_s: float) -> dict:
 
 def measure_row(component: str, name: str, impl, args: dict, device: torch.device,
                 seed: int, min_time_s: float) -> dict:
-    """One side (a level, or the eager library call) at the tiny size."""
-    row = {"component": component, "level": name, "status": "ok", "reason": "",
-           "host_fwd": None, "host_fwd_bwd": None, "kernel_fwd": None, "gpu_ops_per_call": None,
-           "gpu_ops_note": "", "validate": None}
+    """One side (a level, or the eager library call) at the tiny size, timed alone (its
+    rounds interleave with nothing): `measure` times a component's sides together."""
+    side = _prepared_side(component, name, impl, args, seed)
+    _time_interleaved([side], device, min_time_s, ROUNDS)
+    _time_gpu(side, device, min_time_s)
+    return side["row"]
+
+
+def _new_row(component: str, name: str) -> dict:
+    return {"component": component, "level": name, "status": "ok", "reason": "",
+            "host_fwd": None, "host_fwd_bwd": None, "kernel_fwd": None, "gpu_ops_per_call": None,
+            "gpu_ops_note": "", "validate": None}
+
+
+def _prepared_side(component: str, name: str, impl, args: dict, seed: int) -> dict:
+    """A side ready to be timed: its row, its context and its two passes, each called once
+    (first calls compile, JIT, build or capture: not what this measures). A side that raises
+    here is an error row with the reason, timed no further."""
+    side = {"row": _new_row(component, name), "context": impl.context, "passes": None}
     try:
         with impl.context():
             forward, forward_backward = _passes(impl, args, component, seed)
-            _time_passes(row, forward, forward_backward, device, min_time_s)
+            forward()
+            forward_backward()
+        side["passes"] = {"host_fwd": forward, "host_fwd_bwd": forward_backward}
     except Exception as exc:  # noqa: BLE001 - recorded, never hidden
-        row["status"], row["reason"] = "error", f"{type(exc).__name__}: {str(exc)[:400]}"
-    return row
+        _fail(side, exc)
+    return side
+
+
+def _fail(side: dict, exc: Exception) -> None:
+    side["row"]["status"] = "error"
+    side["row"]["reason"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    side["passes"] = None
+
+
+def _time_interleaved(sides: list[dict], device, min_time_s: float, rounds: int) -> None:
+    """Host time of both passes of every side, in `rounds` rounds that each time every side
+    for min_time_s / rounds, the order rotated each round (see the module doc). Each row gets
+    `host_fwd`/`host_fwd_bwd` (the median of its rounds' medians, p20/p80 across rounds) and
+    `host_fwd_rounds_ms`/`host_fwd_bwd_rounds_ms` (one median per round, in round order: what
+    `_compare_with_eager` pairs)."""
+    for key in ("host_fwd", "host_fwd_bwd"):
+        medians = {id(s): [] for s in sides}
+        calls = {id(s): 0 for s in sides}
+        for r in range(rounds):
+            shift = r % max(len(sides), 1)
+            for side in sides[shift:] + sides[:shift]:
+                if side["passes"] is None:
+                    continue
+                try:
+                    with side["context"]():
+                        t = time_host(side["passes"][key], device,
+                                      min_time_s=min_time_s / rounds, warmup=2)
+                except Exception as exc:  # noqa: BLE001 - recorded, never hidden
+                    _fail(side, exc)
+                    continue
+                medians[id(side)].append(t.median_ms)
+                calls[id(side)] += t.runs
+        for side in sides:
+            m = medians[id(side)]
+            if side["passes"] is None or not m:
+                continue
+            side["row"][key] = Timing(
+                statistics.median(m), quantile(m, 0.2), quantile(m, 0.8), calls[id(side)],
+                f"wall clock, calls back to back; the median of {len(m)} rounds' medians, "
+                f"rounds interleaved with the component's other sides").to_dict()
+            side["row"][f"{key}_rounds_ms"] = m
+
+
+def _time_gpu(side: dict, device, min_time_s: float) -> None:
+    """On a GPU, the forward's kernel time (queue primed) and its GPU operations per call."""
+    if device.type != "cuda" or side["passes"] is None:
+        return
+    row, forward = side["row"], side["passes"]["host_fwd"]
+    try:
+        with side["context"]():
+            row["kernel_fwd"] = time_fn(forward, device, min_time_s=min_time_s, prime=True).to_dict()
+            try:
+                row["gpu_ops_per_call"] = _gpu_ops_per_call(forward, device)
+            except Exception as exc:  # noqa: BLE001 - the count is extra: say why it is absent
+                row["gpu_ops_note"] = f"torch.profiler failed: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - recorded, never hidden
+        _fail(side, exc)
 
 
 def _time_passes(row: dict, forward, forward_backward, device, min_time_s: float) -> None:
-    """Host time of both passes, calls back to back; on a GPU also the forward's kernel time
-    and its GPU operations per call."""
+    """A CUDA-graph row's timing (one side, its rounds interleaved with nothing): both
+    passes' host time and, on a GPU, the forward's kernel time and GPU operations. Raises
+    what a pass raised."""
+    side = {"row": row, "context": contextlib.nullcontext,
+            "passes": {"host_fwd": forward, "host_fwd_bwd": forward_backward}}
     forward()  # first calls (compile, JIT, build, capture) are not what this measures
     forward_backward()
-    row["host_fwd"] = time_host(forward, device, min_time_s=min_time_s).to_dict()
-    row["host_fwd_bwd"] = time_host(forward_backward, device, min_time_s=min_time_s).to_dict()
-    if device.type == "cuda":
-        row["kernel_fwd"] = time_fn(forward, device, min_time_s=min_time_s, prime=True).to_dict()
-        try:
-            row["gpu_ops_per_call"] = _gpu_ops_per_call(forward, device)
-        except Exception as exc:  # noqa: BLE001 - the count is extra: say why it is absent
-            row["gpu_ops_note"] = f"torch.profiler failed: {type(exc).__name__}: {exc}"
+    _time_interleaved([side], device, min_time_s, ROUNDS)
+    _time_gpu(side, device, min_time_s)
+    if row["status"] != "ok":
+        raise RuntimeError(row["reason"])
 
 
 def _one_call(component: str, level: str, args: dict, training: bool) -> torch.nn.Module:
@@ -266,26 +352,31 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
             args = spec.case(SIZE, variant, dtype, device, seed).args
             shapes = {k: list(v.shape) for k, v in args.items() if isinstance(v, torch.Tensor)}
             validate = validation(component, args, min_time_s / 4)
+            sides, own = [], []
             for name in [EAGER] + names:
                 if on_step:
                     on_step(f"{component} · {name}")
                 if name == EAGER:
                     impl = cards.get(component).eager(device, dtype)
-                    row = measure_row(component, EAGER, impl, args, device, seed, min_time_s)
-                    row["library"] = impl.name
+                    side = _prepared_side(component, EAGER, impl, args, seed)
+                    side["row"]["library"] = impl.name
                 else:
                     reason = levels.status(name, device, component)
                     if reason is None and getattr(levels.get(name), "INTERPRETED", False):
                         reason = "Triton's CPU interpreter is an emulation, not a speed: run on a GPU"
                     if reason:
-                        row = {"component": component, "level": name, "status": "skip",
-                               "reason": reason}
-                    else:
-                        row = measure_row(component, name, level_impl(name, component, device, dtype),
-                                          args, device, seed, min_time_s)
-                        row["validate"] = validate  # part of the level's host time, not extra
-                row |= {"variant": variant, "size": SIZE, "shapes": shapes}
-                rows.append(row)
+                        own.append({"component": component, "level": name, "status": "skip",
+                                    "reason": reason})
+                        continue
+                    side = _prepared_side(component, name,
+                                          level_impl(name, component, device, dtype), args, seed)
+                    side["row"]["validate"] = validate  # part of the level's host time, not extra
+                sides.append(side)
+                own.append(side["row"])
+            _time_interleaved(sides, device, min_time_s, ROUNDS)
+            for side in sides:
+                _time_gpu(side, device, min_time_s)
+            rows += [row | {"variant": variant, "size": SIZE, "shapes": shapes} for row in own]
             for name in graphed:
                 if on_step:
                     on_step(f"{component} · {name}{GRAPH_SUFFIX}")
@@ -296,7 +387,8 @@ def measure(components=None, level_names=None, device="cpu", dtype=None, seed: i
     return {"kind": "overhead", "environment": report_environment(device),
             "settings": {"device": str(device), "dtype": str(dtype).replace("torch.", ""),
                          "size": SIZE, "levels": names, "min_time_s": min_time_s, "seed": seed,
-                         "goal_extra_us": GOAL_EXTRA_US, "graph_levels": graphed},
+                         "rounds": ROUNDS, "goal_extra_us": GOAL_EXTRA_US,
+                         "graph_levels": graphed},
             "rows": rows, "goals": goals(rows, device), "graph_rows": graph_rows,
             "elapsed_s": time.perf_counter() - start}
 
@@ -314,13 +406,24 @@ def _compare_graphs(graph_rows: list[dict], rows: list[dict]) -> None:
 
 
 def _compare_with_eager(rows: list[dict]) -> None:
-    """Each row's host time minus eager's (same component), in microseconds."""
+    """Each row's host time minus eager's (same component), in microseconds: the median of
+    the per-round differences where both were timed in the same rounds (the level rows; p20
+    and p80 beside it), else the difference of the two medians (the CUDA-graph rows, timed
+    on their own)."""
     eager = {r["component"]: r for r in rows if r["level"] == EAGER and r["status"] == "ok"}
     for r in rows:
         base = eager.get(r["component"])
         for key in ("host_fwd", "host_fwd_bwd"):
             ok = r["status"] == "ok" and base is not None and r.get(key) and base.get(key)
-            r[f"{key}_vs_eager_us"] = _us(r[key]) - _us(base[key]) if ok else None
+            mine, theirs = r.get(f"{key}_rounds_ms"), (base or {}).get(f"{key}_rounds_ms")
+            paired = ok and "graphed_level" not in r and mine and theirs and len(mine) == len(theirs)
+            if paired:
+                diffs = [(a - b) * 1e3 for a, b in zip(mine, theirs)]
+                r[f"{key}_vs_eager_us"] = statistics.median(diffs)
+                r[f"{key}_vs_eager_p20_us"] = quantile(diffs, 0.2)
+                r[f"{key}_vs_eager_p80_us"] = quantile(diffs, 0.8)
+            else:
+                r[f"{key}_vs_eager_us"] = _us(r[key]) - _us(base[key]) if ok else None
         k = r.get("kernel_fwd")
         r["gpu_idle_us"] = _us(r["host_fwd"]) - _us(k) if k and r.get("host_fwd") else None
 
@@ -339,7 +442,8 @@ def goals(rows: list[dict], device) -> list[dict]:
                                 ("host_fwd_bwd", "fwd+bwd", GOAL_EXTRA_FWD_BWD_US)):
             extra = r.get(f"{key}_vs_eager_us")
             out.append({"component": r["component"], "level": r["level"], "pass": what,
-                        "extra_us": extra, "goal_us": goal,
+                        "extra_us": extra, "extra_p20_us": r.get(f"{key}_vs_eager_p20_us"),
+                        "extra_p80_us": r.get(f"{key}_vs_eager_p80_us"), "goal_us": goal,
                         "status": ("not evaluated" if extra is None else
                                    "met" if extra <= goal else "missed"),
                         "reason": r.get("reason", "") if extra is None else ""})
@@ -377,7 +481,9 @@ def print_report(report: dict, console) -> None:
     if on_gpu:
         cols[4:4] = [Column("GPU fwd\nµs", "right"), Column("GPU\nops/call", "right", under="GPU fwd\nµs")]
     table = Sheet(f"levels bench --overhead — {env.get('gpu') or 'CPU'}, {s['dtype']}, size "
-                  f"'{s['size']}', microseconds per call (median, calls back to back)", cols)
+                  f"'{s['size']}', microseconds per call ("
+                  + (f"median of {s['rounds']} interleaved rounds" if s.get("rounds") else "median")
+                  + ", calls back to back)", cols)
     last = None
     for r in _display_order(report):
         if last is not None and r["component"] != last:
@@ -408,11 +514,13 @@ def print_report(report: dict, console) -> None:
         g = Sheet(f"goal: a Level 4 or 5 call costs the host at most eager's + "
                   f"{GOAL_EXTRA_US:g} µs forward, + {GOAL_EXTRA_FWD_BWD_US:g} µs forward+backward",
                   ["component", "level", "pass", Column("level -\neager µs", "right"),
-                   Column("goal µs", "right"), "status"])
+                   Column("p20 .. p80\nof rounds", "right"), Column("goal µs", "right"), "status"])
         style = {"met": "green", "missed": "bold red", "not evaluated": "yellow"}
         for r in report["goals"]:
+            lo, hi = r.get("extra_p20_us"), r.get("extra_p80_us")
+            spread = "—" if lo is None or hi is None else f"{lo:+.3g} .. {hi:+.3g}"
             g.add_row(r["component"], r.get("level", "triton"), r["pass"], _fmt_us(r["extra_us"]),
-                      f"{r['goal_us']:g}", f"[{style[r['status']]}]{r['status']}[/]")
+                      spread, f"{r['goal_us']:g}", f"[{style[r['status']]}]{r['status']}[/]")
         g.print(console)
     else:
         console.print("On a CPU the call is the host's work: these are the levels' whole costs at "
