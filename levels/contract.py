@@ -29,6 +29,7 @@ import functools
 import inspect
 import math
 import numbers
+import threading
 
 import torch
 
@@ -625,22 +626,23 @@ def signature(args: tuple) -> tuple | None:
     by type and value, a tuple's items each as such (attention's rope=(cos, sin, flag)). None when a call must not be served from a table: while torch.compile
     or torch.export trace (the validator is traced instead, and guards do the caching), for
     tensor subclasses (fake and functional tensors have other rules), and for arguments that
-    are not plain values (a list of strides, say)."""
+    are not plain values (a list of strides, say). Inside `one_call`, a tensor's part is read
+    once per call (see there)."""
     if torch.compiler.is_compiling():
         return None
+    memo = _CALL.memo
     key = []
     for a in args:
         cls = a.__class__
         if cls in _PLAIN_TENSORS:
-            key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() & 15))
+            key.append(_tensor_key(a, memo))
         elif cls in _SCALARS:
             key.append((cls, a))
         elif cls is tuple:  # attention's rope: (cos, sin[, interleaved])
             inner = []
             for b in a:
                 if b.__class__ in _PLAIN_TENSORS:
-                    inner.append((b.shape, b.stride(), b.dtype, b.device, b.requires_grad,
-                                  b.data_ptr() & 15))
+                    inner.append(_tensor_key(b, memo))
                 elif b.__class__ in _SCALARS:
                     inner.append((b.__class__, b))
                 else:
@@ -649,6 +651,48 @@ def signature(args: tuple) -> tuple | None:
         else:
             return None
     return tuple(key)
+
+
+def _tensor_key(a: torch.Tensor, memo: dict | None) -> tuple:
+    if memo is not None:
+        seen = memo.get(id(a))
+        if seen is not None and seen[0] is a:
+            return seen[1]
+    k = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() & 15)
+    if memo is not None:
+        memo[id(a)] = (a, k)  # the tensor held: its id cannot be reused during the call
+    return k
+
+
+class _Call(threading.local):
+    memo = None
+
+
+_CALL = _Call()
+
+
+def one_call(fn):
+    """Decorator for a level's function whose call computes the signature of the same
+    tensors twice: Level 4 validates through `Plans` and then looks its launches up in the
+    replay's table (triton_kernels/replay.py), each keyed by `signature`. Reading a tensor's
+    shape, strides, dtype, device, requires_grad and address costs ~1.5 us on a laptop core
+    (a Parameter's more), about 20 us for conv_bn's seven tensors, and a CNN's step makes
+    nine such calls twice. Inside the call each tensor's part is read once and reused
+    (kept by the tensor's identity, the tensor held so that its id cannot be reused); the
+    table is dropped when the call returns, so a later call reads every tensor afresh: a
+    tensor's metadata can change between calls (requires_grad_, resize_, set_), not within
+    one, where only the level's own code runs between the two lookups. Thread-local: two
+    threads' calls never share it."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if _CALL.memo is not None:  # a call inside a call: the outer one's table
+            return fn(*args, **kwargs)
+        _CALL.memo = {}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _CALL.memo = None
+    return call
 
 
 class Plans(dict):

@@ -28,8 +28,8 @@ import os
 
 import torch
 
-from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, require_32bit_offsets,
-                       require_device, signature, validate_attention, validate_conv_bn,
+from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, one_call,
+                       require_32bit_offsets, require_device, signature, validate_attention, validate_conv_bn,
                        validate_layer_norm, validate_lstm, validate_mlp, validate_newton_schulz,
                        validate_rms_norm, validate_rope, validate_swiglu_mlp)
 
@@ -242,6 +242,7 @@ _NEWTON_SCHULZ = Plans(_newton_schulz_plan)
 
 
 @autocasts("attention")
+@one_call
 def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv_lens=None,
               rope=None):
     scale, bottom_right, interleaved, offset = _ATTENTION(q, k, v, causal, scale,
@@ -253,36 +254,42 @@ def attention(q, k, v, causal=False, scale=None, causal_alignment="top_left", kv
 
 
 @autocasts("layer_norm")
+@one_call
 def layer_norm(x, weight, bias, eps=1e-5):
     eps = _LAYER_NORM(x, weight, bias, eps)
     return _MODULES["layer_norm"].layer_norm(x, weight, bias, eps)
 
 
 @autocasts("rms_norm")
+@one_call
 def rms_norm(x, weight, eps=1e-6):
     eps = _RMS_NORM(x, weight, eps)
     return _MODULES["rms_norm"].rms_norm(x, weight, eps)
 
 
 @autocasts("mlp")
+@one_call
 def mlp(x, w1, b1, w2, b2):
     _MLP(x, w1, b1, w2, b2)
     return _MODULES["mlp"].mlp(x, w1, b1, w2, b2)
 
 
 @autocasts("swiglu_mlp")
+@one_call
 def swiglu_mlp(x, w_gate, w_up, w_down):
     _SWIGLU_MLP(x, w_gate, w_up, w_down)
     return _MODULES["swiglu_mlp"].swiglu_mlp(x, w_gate, w_up, w_down)
 
 
 @autocasts("lstm")
+@one_call
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     _LSTM(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     return _MODULES["lstm"].lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
 @autocasts("conv_bn")
+@one_call
 def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
             stride=1, padding=0, eps=1e-5, momentum=0.1, training=False):
     stride, padding, eps, momentum = _CONV_BN(x, conv_weight, conv_bias, bn_weight, bn_bias,
@@ -293,6 +300,7 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
 
 
 @autocasts("rope")
+@one_call
 def rope(x, cos, sin, interleaved=False):
     interleaved = _ROPE(x, cos, sin, interleaved)
     return _MODULES["rope"].rope(x, cos, sin, interleaved)
@@ -392,6 +400,7 @@ def _host_path() -> str:
 
 
 @autocasts("newton_schulz")
+@one_call
 def newton_schulz(G, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
     plan = _NEWTON_SCHULZ(G, steps, coefficients, eps)
     return _MODULES["newton_schulz"].newton_schulz(G, *plan)

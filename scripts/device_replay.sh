@@ -194,6 +194,19 @@ for s in $STEPS; do
         -k adjacent_input
       step sweep-fwd-oihw 420 $py scripts/sweep_conv_fwd.py "$OUT/sweep-conv-fwd-oihw.json" \
         --weight-layout contiguous ;;
+    interleaved)  # levels train with its runs' steps interleaved: the eager tables, GPU model tests
+      step models-gpu 300 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_models.py \
+        -k "not compile" ;;
+    host-cnn)  # the CNN's host time per step on a problem too small to hold the CPU back
+      step host-cnn 150 $py scripts/probe_model_host.py "$OUT/probe-cnn-batch2.json" --model cnn \
+        --batch 2 --runs triton,torch
+      step host-cnn-amp 150 $py scripts/probe_model_host.py "$OUT/probe-cnn-batch2-amp.json" \
+        --model cnn --batch 2 --amp bf16 --runs triton,torch ;;
+    one-call)  # one signature read per Level 4 call (contract.one_call), ConvBN.forward's count in place
+      step one-call-replay 240 $py -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_replay.py tests/test_validation_cache.py
+      step one-call-host-cnn 150 $py scripts/probe_model_host.py "$OUT/probe-cnn-batch2.json" \
+        --model cnn --batch 2 --runs triton,torch ;;
     compile-ahead)
       step compile-ahead 200 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_compile_ahead.py ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;

@@ -241,6 +241,26 @@ def test_native_torchscript_and_plain_torch_train_the_same_curve(model):
     assert timing["items_per_s"] > 0 and timing["steps_timed"] == 6 - T.WARMUP
 
 
+def test_runs_step_in_turn_and_each_trains_as_alone():
+    # levels train interleaves its runs: every run's step i before any run's step i + 1, the
+    # order rotated each round, each run's own callbacks in that order; a run's curve is the
+    # one it trains alone (train_steps is a generator, train_run drives one to its end).
+    events = []
+    report = T.train("gpt", ["native", "torchscript"], ["torch"], "tiny", steps=4,
+                     on_run=lambda run, phase, *_: events.append((phase, run.name)),
+                     on_step=lambda run, step, *_: events.append((step, run.name)))
+    assert report["settings"]["interleaved"] is True
+    names = ["native", "torchscript", "torch"]
+    steps = [e for e in events if isinstance(e[0], int)]
+    assert [s for s, _ in steps] == [i for i in range(4) for _ in names]
+    assert [n for _, n in steps[:6]] == names + names[1:] + names[:1]
+    assert events[:3] == [("start", n) for n in names] and events[-3:] == [("done", n) for n in names]
+    alone = T.train("gpt", ["torchscript"], [], "tiny", steps=4)
+    assert alone["settings"]["interleaved"] is False  # one run: nothing to interleave
+    together = {r["name"]: r["losses"] for r in report["runs"]}
+    assert alone["runs"][0]["losses"] == together["torchscript"]
+
+
 def test_which_levels_train_here_and_why_not():
     cpu = torch.device("cpu")
     assert T.unavailable("gpt", "native", cpu, "small") is None

@@ -142,3 +142,67 @@ def test_training_buffers_key_on_their_addresses_and_inference_mode():
     with pytest.raises(ValueError, match="inference mode"):
         table(*_positional(validator, dict(args, running_var=frozen)))
     assert contract.conv_bn_buffers(*_positional(validator, dict(args, training=False))) is None
+
+
+# ---------------------------------------------------------------------------------------
+# One call reads each tensor's part of the signature once (contract.one_call)
+# ---------------------------------------------------------------------------------------
+
+def test_one_call_reads_each_tensor_once_and_forgets_after_the_call():
+    x, w = torch.randn(3, 4), torch.nn.Parameter(torch.randn(4))
+    seen = []
+
+    @contract.one_call
+    def level_call(*args):
+        seen.append(contract._CALL.memo is not None)
+        first = signature(args)
+        # within the call the same tensors give the same key, from the table: a part computed
+        # outside would differ here (requires_grad flipped below the table's back)
+        was = x.requires_grad
+        x.requires_grad_(not was)
+        second = signature(args)
+        x.requires_grad_(was)
+        return first, second
+
+    first, second = level_call(x, w, 1e-5)
+    assert seen == [True] and first == second and contract._CALL.memo is None
+    # a later call reads every tensor afresh: metadata may change between calls
+    x.requires_grad_(True)
+    again, _ = level_call(x, w, 1e-5)
+    assert again != first and again[0][4] is True
+    assert signature((x, w, 1e-5)) == again  # outside a call: no table, the same key
+
+
+def test_one_call_tables_are_per_thread_and_nested_calls_share_the_outer():
+    import threading
+
+    inner_memo = []
+
+    @contract.one_call
+    def inner():
+        inner_memo.append(contract._CALL.memo)
+
+    @contract.one_call
+    def outer():
+        memo = contract._CALL.memo
+        inner()
+        other = []
+        t = threading.Thread(target=lambda: other.append(contract._CALL.memo))
+        t.start()
+        t.join()
+        return memo, other[0]
+
+    memo, in_other_thread = outer()
+    assert inner_memo == [memo] and memo is not None and in_other_thread is None
+    assert contract._CALL.memo is None
+
+
+def test_level4_functions_share_one_table_per_call():
+    import levels.triton as L4
+
+    for name in contract.COMPONENTS:
+        fn, found = getattr(L4, name), False
+        while fn is not None and not found:
+            found = fn.__code__ is contract.one_call(lambda: None).__code__
+            fn = getattr(fn, "__wrapped__", None)
+        assert found, f"levels.triton.{name} is not wrapped in contract.one_call"

@@ -40,11 +40,29 @@ def aliased_gradients(model) -> list[tuple[str, str]]:
 GRAPH_WARMUP = 3  # eager steps before a step is captured (compiles, autotunes, allocators)
 
 
-def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None,
-              amp: torch.dtype | None = None, cuda_graph: bool = False, world_size: int = 1,
-              make_optimizer=None, optimizer_s: list | None = None):
-    """Train `net` on `batches`, then evaluate `inner` (the model inside `net`) on
-    `val_batches`; returns (losses, seconds per step, validation loss). `aliased`, a list,
+def train_run(*args, **kwargs):
+    """Train `net` on `batches`, then evaluate `inner` on `val_batches`: every step of
+    `train_steps` (which takes the same arguments) in a row. Returns (losses, seconds per
+    step, validation loss)."""
+    return run_to_end(train_steps(*args, **kwargs))
+
+
+def run_to_end(steps):
+    """Every remaining step of a `train_steps` generator; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def train_steps(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None,
+                amp: torch.dtype | None = None, cuda_graph: bool = False, world_size: int = 1,
+                make_optimizer=None, optimizer_s: list | None = None):
+    """A generator: trains `net` on `batches` one step per `next()` (it yields after each
+    step, its time recorded), then evaluates `inner` (the model inside `net`) on `val_batches`
+    and returns (losses, seconds per step, validation loss) as its StopIteration's value, so
+    that `levels train` can interleave the steps of several runs. `aliased`, a list,
     receives the pairs of parameters that share one gradient tensor after the first backward.
 
     `amp`: the forward runs under torch.autocast of that dtype (the parameters, their
@@ -110,6 +128,7 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
             static[1].copy_(y)
             graph.replay()
             record(step, static[2], start)
+            yield step
             continue
         if cuda_graph:
             side.wait_stream(torch.cuda.current_stream())
@@ -129,6 +148,7 @@ def train_run(net, inner, batches, val_batches, lr: float, on_step=None, aliased
         record(step, loss, start)
         if cuda_graph and step + 1 == GRAPH_WARMUP and step + 1 < len(batches):
             graph, static = _capture_step(step_fn, finish_step, x, y)
+        yield step
     # Validation with autograd on but no backward: Level 3 compiled its graphs with grad
     # enabled, and under no_grad it would compile them all again for one evaluation. On the
     # model inside: DistributedDataParallel expects a backward after every forward with

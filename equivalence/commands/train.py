@@ -311,16 +311,22 @@ def _run(args, console, names, baselines, device) -> int:
     log_path = out / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log")  # beside its JSON
     with library_output_to(log_path, console) as quiet:
         with _progress(quiet) as progress:
-            task = progress.add_task("", total=1, status="")
+            tasks = {}  # one bar per run that has started and not finished (interleaved runs
+            # step together: each has its own bar)
 
             def on_run(run, phase, steps, items):
                 if run.status == "skip":
                     quiet.print(f"{run.name:<16} skipped: {escape(run.reason)}", highlight=False)
                 elif phase == "start":
                     tag = " (interpreter)" if run.interpreted else ""
-                    progress.reset(task, total=steps, description=f"{args.model} · {run.name}{tag}",
-                                   status="starting")
-                elif run.status == "error":
+                    tasks[run.name] = progress.add_task(f"{args.model} · {run.name}{tag}",
+                                                        total=steps, status="starting")
+                    return
+                if run.name in tasks:
+                    progress.remove_task(tasks.pop(run.name))
+                if run.status == "skip":
+                    return
+                if run.status == "error":
                     quiet.print(f"{run.name:<16} [bold red]error[/]: {escape(run.reason[:300])}")
                 else:  # one line that stays when the bar moves on to the next run
                     t = run.timing(items)
@@ -332,7 +338,7 @@ def _run(args, console, names, baselines, device) -> int:
 
             def on_step(run, step, loss, seconds, items):
                 speed = "" if run.interpreted else f"  {_rate(items / seconds)} {unit}"
-                progress.update(task, completed=step + 1, status=f"loss {loss:.4f}{speed}")
+                progress.update(tasks[run.name], completed=step + 1, status=f"loss {loss:.4f}{speed}")
 
             unit = "images/s" if args.model == "cnn" else "tokens/s"
             report = train(args.model, names, baselines, args.preset, args.steps, device, args.dtype,
@@ -345,6 +351,11 @@ def _run(args, console, names, baselines, device) -> int:
 
     print_table(report, console)
     s, agree = report["settings"], report["agreement"]
+    if s.get("interleaved"):
+        console.print("timing: the runs' steps interleaved (every run's step i before any run's "
+                      "step i + 1, the order rotated each round), so a host or GPU that drifts "
+                      "during the table drifts under every run alike; speed is each run's median "
+                      f"step after the first {s['warmup_steps']}", markup=False, highlight=False)
     if "note" in agree:
         console.print(agree["note"], style="yellow", markup=False)
     tf32 = sorted(n for n, a in agree["runs"].items() if a["early_bound"] != agree["early_bound"])

@@ -38,7 +38,14 @@ the first steps, where the tight bound holds.
 
 Throughput is the median step time after WARMUP steps (the first steps compile, JIT, autotune
 and warm allocators; the first step's time is reported on its own). Each step ends with
-`loss.item()`, which waits for the device, so the clock measures the finished step. Triton's
+`loss.item()`, which waits for the device, so the clock measures the finished step. The runs
+step in turn (`interleaved` in the report): every run's step i before any run's step i + 1,
+the order rotated each round, so that a host or GPU that drifts over the minutes a table takes
+drifts under every run alike (on the H100's hosts torch's own CNN step measured 5.4 ms in one
+table and 8.8 ms in a probe minutes later: reports/host-path-interleaved/). Every run's model
+and optimizer state are alive at once. Runs compiled whole (`--compile`, native-compiled) and
+runs under torchrun go one after another: each compiled run starts from an empty Dynamo cache,
+which would throw away the others' compiled code. Triton's
 CPU interpreter (Level 4 without a GPU) runs at the `tiny` preset only and is marked: an
 emulation's speed says nothing about the kernels.
 
@@ -66,7 +73,8 @@ from .. import environment
 from ..settings import CompileMode, compile_mode as resolve_compile_mode
 from ..tolerances import tolerance
 from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
-from .steps import aliased_gradients, loss_of, train_run  # noqa: F401 - loss_of, aliased: re-exported
+from .steps import (aliased_gradients, loss_of, run_to_end, train_run,  # noqa: F401 - re-exported
+                    train_steps)
 
 MODELS = ("gpt", "llama", "lstm", "cnn")
 PRESET_NAMES = ("tiny", "small", "gpu")
@@ -477,39 +485,96 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
             run.status, run.reason = "skip", reason
     names = [r.name for r in runs]
     items_per_step = items * size
+    # Interleaved: every run's step i before any run's step i + 1 (the order rotated each
+    # round), so that a host or GPU that drifts over the minutes a table takes drifts under
+    # every run alike. Compiled whole, runs go one after another: each starts from an empty
+    # Dynamo cache (torch._dynamo.reset(), so that its graph breaks and first step are its
+    # own), which would throw away the others' compiled code.
+    interleaved = (not any(r.whole_model_compiled for r in runs) and size == 1
+                   and sum(r.status != "skip" for r in runs) > 1)
+
+    def start(run):
+        """This run's model, its steps (a generator) and its graph-break count at start."""
+        breaks = None
+        if run.whole_model_compiled:
+            torch._dynamo.reset()
+            breaks = _graph_breaks()
+        net, inner = prepare_model(model, twin, run, device, mode)
+        make_opt, _ = optimizer_factory(optimizer, REFERENCE if run.kind == "baseline"
+                                        else run.name, p["lr"], amp_dtype or torch_dtype)
+        steps = train_steps(
+            net, inner, train_batches, val_batches, p["lr"],
+            on_step=(lambda s, loss, sec, run=run: on_step(run, s, loss, sec, items_per_step))
+            if on_step else None, aliased=run.aliased_gradients, amp=amp_dtype,
+            cuda_graph=cuda_graph, world_size=size, make_optimizer=make_opt,
+            optimizer_s=run.optimizer_s if make_opt is not None else None)
+        return {"run": run, "net": net, "inner": inner, "steps": steps, "breaks": breaks}
+
+    def failed(run, exc):  # a level that raises is a result, reported
+        traceback.print_exc()  # into the log (the command sends library output there)
+        run.status, run.reason = "error", f"{type(exc).__name__}: {exc}"[:2000]
+
+    def finish(live, result):
+        """The run's losses, step times and validation loss; its breakdown and graph breaks."""
+        run = live["run"]
+        run.losses, run.step_s, run.val_loss = result
+        try:
+            if breakdown:
+                run.breakdown = _breakdown(live["net"], live["inner"], run, train_batches,
+                                           p["lr"], size)
+        except Exception as exc:  # noqa: BLE001
+            failed(run, exc)
+        if live["breaks"] is not None:
+            run.graph_breaks = _graph_breaks() - live["breaks"]
+        live["net"] = live["inner"] = None  # this run's model and optimizer state go now
+
     with CompileMode(mode if "compile" in names else None, device):
-        for run in runs:
-            if on_run:
-                on_run(run, "start", p["steps"], items_per_step)
-            if run.status == "skip":
-                continue
-            breaks = None
-            if run.whole_model_compiled:
-                # Each compiled run from an empty Dynamo cache: its graph breaks and its first
-                # step are its own, not the leftovers of the run before (Level 3's functions
-                # compile again in it, as they would in a fresh process)
-                torch._dynamo.reset()
-                breaks = _graph_breaks()
-            try:
-                net, inner = prepare_model(model, twin, run, device, mode)
-                make_opt, _ = optimizer_factory(optimizer, REFERENCE if run.kind == "baseline"
-                                                else run.name, p["lr"], amp_dtype or torch_dtype)
-                run.losses, run.step_s, run.val_loss = train_run(
-                    net, inner, train_batches, val_batches, p["lr"],
-                    on_step=(lambda s, loss, sec, run=run: on_step(run, s, loss, sec, items_per_step))
-                    if on_step else None, aliased=run.aliased_gradients, amp=amp_dtype,
-                    cuda_graph=cuda_graph, world_size=size, make_optimizer=make_opt,
-                    optimizer_s=run.optimizer_s if make_opt is not None else None)
-                if breakdown:
-                    run.breakdown = _breakdown(net, inner, run, train_batches, p["lr"], size)
-            except Exception as exc:  # noqa: BLE001 - a level that raises is a result, reported
-                traceback.print_exc()  # into the log (the command sends library output there)
-                run.status, run.reason = "error", f"{type(exc).__name__}: {exc}"[:2000]
-            if breaks is not None:
-                run.graph_breaks = _graph_breaks() - breaks
-            net = inner = None  # this run's model and optimizer state go before the next is built
-            if on_run:
-                on_run(run, "done", p["steps"], items_per_step)
+        if interleaved:
+            lives = []
+            for run in runs:
+                if on_run:
+                    on_run(run, "start", p["steps"], items_per_step)
+                if run.status == "skip":
+                    continue
+                try:
+                    lives.append(start(run))
+                except Exception as exc:  # noqa: BLE001
+                    failed(run, exc)
+                    if on_run:
+                        on_run(run, "done", p["steps"], items_per_step)
+            turn = 0
+            while lives:
+                for live in lives[turn % len(lives):] + lives[:turn % len(lives)]:
+                    try:
+                        next(live["steps"])
+                        continue
+                    except StopIteration as done:
+                        finish(live, done.value)
+                    except Exception as exc:  # noqa: BLE001
+                        failed(live["run"], exc)
+                    live["done"] = True
+                for live in lives:  # this round's finished runs, in the table's order
+                    if live.get("done") and on_run:
+                        on_run(live["run"], "done", p["steps"], items_per_step)
+                lives = [live for live in lives if not live.get("done")]
+                turn += 1
+        else:
+            for run in runs:
+                if on_run:
+                    on_run(run, "start", p["steps"], items_per_step)
+                if run.status == "skip":
+                    continue
+                live = None
+                try:
+                    live = start(run)
+                    finish(live, run_to_end(live["steps"]))
+                except Exception as exc:  # noqa: BLE001
+                    failed(run, exc)
+                    if live is not None and live["breaks"] is not None:
+                        run.graph_breaks = _graph_breaks() - live["breaks"]
+                live = None
+                if on_run:
+                    on_run(run, "done", p["steps"], items_per_step)
     return {
         "settings": {"model": model, "preset": preset_name, "config": p["config"], "batch": p["batch"],
                      "seq_len": p.get("seq_len"), "image": p.get("image"), "steps": p["steps"],
@@ -523,6 +588,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                      "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else None,
                      "ddp_backend": ("nccl" if device.type == "cuda" else "gloo") if size > 1 else None,
                      "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit,
+                     "interleaved": interleaved,
                      "breakdown": breakdown},
         "data": about,
         "environment": environment.describe(device),
