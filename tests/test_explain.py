@@ -338,5 +338,8 @@ def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
         assert re.search(r"On one H100 \(reports/training-tables-h100-2026-11-26/\): \d\.\d\dx "
                          r"the torch-modules model eagerly, and compiled whole \d\.\d\dx", body), body
         assert ("compiled-static-launch" in body) == (level == "triton"), body
+        # and the same table with the runs stepped in turn
+        assert re.search(r"reports/training-interleaved/3-train-gpt-gpu\.json\): \d\.\d\dx the "
+                         r"torch-modules model eagerly", body), body
     text = explain("layer_norm", level, "cpu")
     assert host_path.TITLE in text

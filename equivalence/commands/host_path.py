@@ -26,6 +26,8 @@ MATRIX = ROOT / "reports" / "training-tables-2026-11-26"
 TIMELINE = ROOT / "reports" / "host-path-timeline"
 # issue #26's tables on one H100, after Inductor launched Level 4's kernels statically
 H100_MATRIX = ROOT / "reports" / "training-tables-h100-2026-11-26"
+# the same GPT table with the runs stepped in turn (levels train, the fifth session of 11-26)
+INTERLEAVED = ROOT / "reports" / "training-interleaved" / "3-train-gpt-gpu.json"
 TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
@@ -171,7 +173,20 @@ def _gpt_h100(level: str) -> str:
            "launch/: 23.5 -> 14.3 ms of host time a compiled step)." if level == "triton" else "")
     return (f" On one H100 ({H100_MATRIX.relative_to(ROOT)}/): {eager:.2f}x the torch-modules "
             f"model eagerly, and compiled whole {compiled:.2f}x the native level compiled "
-            f"whole.{why}")
+            f"whole.{why}" + _gpt_interleaved(level))
+
+
+def _gpt_interleaved(level: str) -> str:
+    """This level's eager GPT against the torch-modules model with the runs stepped in turn."""
+    try:
+        report = json.loads(INTERLEAVED.read_text())
+        runs = {r["name"]: r for r in report["runs"]}
+        ratio = runs[level]["timing"]["items_per_s"] / runs["torch"]["timing"]["items_per_s"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return (f" With every run's step i taken before any run's step i + 1 (levels train steps "
+            f"its runs in turn, so a drifting host drifts under all of them; "
+            f"{INTERLEAVED.relative_to(ROOT)}): {ratio:.2f}x the torch-modules model eagerly.")
 
 
 def _gpt_replayed(level: str) -> str:

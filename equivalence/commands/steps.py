@@ -56,6 +56,28 @@ def run_to_end(steps):
             return done.value
 
 
+def step_in_turn(generators: list, ended) -> None:
+    """Step `train_steps` generators in turn: every one's step i before any one's step i + 1,
+    the order rotated each round (`levels train`'s interleaved runs). `ended(i, result, exc)`
+    is called once for each, when it ends: with its result, or with the exception it raised
+    (the others go on); a round's endings in the list's order."""
+    live, turn = list(range(len(generators))), 0
+    while live:
+        shift, endings = turn % len(live), {}
+        for i in live[shift:] + live[:shift]:
+            try:
+                next(generators[i])
+            except StopIteration as done:
+                endings[i] = (done.value, None)
+            except Exception as exc:  # noqa: BLE001 - a run that raises is a result: reported
+                endings[i] = (None, exc)
+        for i in live:
+            if i in endings:
+                ended(i, *endings[i])
+        live = [i for i in live if i not in endings]
+        turn += 1
+
+
 def train_steps(net, inner, batches, val_batches, lr: float, on_step=None, aliased=None,
                 amp: torch.dtype | None = None, cuda_graph: bool = False, world_size: int = 1,
                 make_optimizer=None, optimizer_s: list | None = None):

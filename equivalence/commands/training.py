@@ -73,7 +73,7 @@ from .. import environment
 from ..settings import CompileMode, compile_mode as resolve_compile_mode
 from ..tolerances import tolerance
 from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
-from .steps import (aliased_gradients, loss_of, run_to_end, train_run,  # noqa: F401 - re-exported
+from .steps import (aliased_gradients, loss_of, step_in_turn, train_run,  # noqa: F401 - re-exported
                     train_steps)
 
 MODELS = ("gpt", "llama", "lstm", "cnn")
@@ -494,11 +494,11 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                    and sum(r.status != "skip" for r in runs) > 1)
 
     def start(run):
-        """This run's model, its steps (a generator) and its graph-break count at start."""
-        breaks = None
+        """This run's model and its steps (a generator); compiled whole, its graph-break count
+        at start (run.graph_breaks until it ends)."""
         if run.whole_model_compiled:
             torch._dynamo.reset()
-            breaks = _graph_breaks()
+            run.graph_breaks = _graph_breaks()
         net, inner = prepare_model(model, twin, run, device, mode)
         make_opt, _ = optimizer_factory(optimizer, REFERENCE if run.kind == "baseline"
                                         else run.name, p["lr"], amp_dtype or torch_dtype)
@@ -508,30 +508,32 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
             if on_step else None, aliased=run.aliased_gradients, amp=amp_dtype,
             cuda_graph=cuda_graph, world_size=size, make_optimizer=make_opt,
             optimizer_s=run.optimizer_s if make_opt is not None else None)
-        return {"run": run, "net": net, "inner": inner, "steps": steps, "breaks": breaks}
+        return {"run": run, "net": net, "inner": inner, "steps": steps}
 
-    def failed(run, exc):  # a level that raises is a result, reported
-        traceback.print_exc()  # into the log (the command sends library output there)
-        run.status, run.reason = "error", f"{type(exc).__name__}: {exc}"[:2000]
-
-    def finish(live, result):
-        """The run's losses, step times and validation loss; its breakdown and graph breaks."""
-        run = live["run"]
-        run.losses, run.step_s, run.val_loss = result
+    def ended(run, live, result, exc):
+        """The run's losses, step times and validation loss, its breakdown and graph breaks;
+        or, for a run that raised, the error (a result, reported)."""
         try:
+            if exc is not None:
+                raise exc
+            run.losses, run.step_s, run.val_loss = result
             if breakdown:
                 run.breakdown = _breakdown(live["net"], live["inner"], run, train_batches,
                                            p["lr"], size)
-        except Exception as exc:  # noqa: BLE001
-            failed(run, exc)
-        if live["breaks"] is not None:
-            run.graph_breaks = _graph_breaks() - live["breaks"]
-        live["net"] = live["inner"] = None  # this run's model and optimizer state go now
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exception(error)  # into the log (library output goes there)
+            run.status, run.reason = "error", f"{type(error).__name__}: {error}"[:2000]
+        if run.graph_breaks is not None:
+            run.graph_breaks = _graph_breaks() - run.graph_breaks
+        if live is not None:
+            live["net"] = live["inner"] = None  # this run's model and optimizer state go now
+        if on_run:
+            on_run(run, "done", p["steps"], items_per_step)
 
     with CompileMode(mode if "compile" in names else None, device):
-        if interleaved:
+        for group in ([runs] if interleaved else [[run] for run in runs]):
             lives = []
-            for run in runs:
+            for run in group:
                 if on_run:
                     on_run(run, "start", p["steps"], items_per_step)
                 if run.status == "skip":
@@ -539,42 +541,9 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                 try:
                     lives.append(start(run))
                 except Exception as exc:  # noqa: BLE001
-                    failed(run, exc)
-                    if on_run:
-                        on_run(run, "done", p["steps"], items_per_step)
-            turn = 0
-            while lives:
-                for live in lives[turn % len(lives):] + lives[:turn % len(lives)]:
-                    try:
-                        next(live["steps"])
-                        continue
-                    except StopIteration as done:
-                        finish(live, done.value)
-                    except Exception as exc:  # noqa: BLE001
-                        failed(live["run"], exc)
-                    live["done"] = True
-                for live in lives:  # this round's finished runs, in the table's order
-                    if live.get("done") and on_run:
-                        on_run(live["run"], "done", p["steps"], items_per_step)
-                lives = [live for live in lives if not live.get("done")]
-                turn += 1
-        else:
-            for run in runs:
-                if on_run:
-                    on_run(run, "start", p["steps"], items_per_step)
-                if run.status == "skip":
-                    continue
-                live = None
-                try:
-                    live = start(run)
-                    finish(live, run_to_end(live["steps"]))
-                except Exception as exc:  # noqa: BLE001
-                    failed(run, exc)
-                    if live is not None and live["breaks"] is not None:
-                        run.graph_breaks = _graph_breaks() - live["breaks"]
-                live = None
-                if on_run:
-                    on_run(run, "done", p["steps"], items_per_step)
+                    ended(run, None, None, exc)
+            step_in_turn([live["steps"] for live in lives],
+                         lambda i, result, exc: ended(lives[i]["run"], lives[i], result, exc))
     return {
         "settings": {"model": model, "preset": preset_name, "config": p["config"], "batch": p["batch"],
                      "seq_len": p.get("seq_len"), "image": p.get("image"), "steps": p["steps"],
