@@ -675,17 +675,20 @@ def one_call(fn):
     """Decorator for a level's function whose call computes the signature of the same
     tensors twice: Level 4 validates through `Plans` and then looks its launches up in the
     replay's table (triton_kernels/replay.py), each keyed by `signature`. Reading a tensor's
-    shape, strides, dtype, device, requires_grad and address costs ~1.5 us on a laptop core
-    (a Parameter's more), about 20 us for conv_bn's seven tensors, and a CNN's step makes
-    nine such calls twice. Inside the call each tensor's part is read once and reused
-    (kept by the tensor's identity, the tensor held so that its id cannot be reused); the
-    table is dropped when the call returns, so a later call reads every tensor afresh: a
-    tensor's metadata can change between calls (requires_grad_, resize_, set_), not within
-    one, where only the level's own code runs between the two lookups. Thread-local: two
-    threads' calls never share it."""
+    shape, strides, dtype, device, requires_grad and address costs ~1.5 us on the 2-core CI
+    machine, 20 us for conv_bn's twelve arguments, and a CNN's step makes nine such calls;
+    with the table the two lookups took 24 us instead of 41 there (docs/levels.md has the
+    whole CNN's host time before and after). Inside the call each tensor's part is read once
+    and reused (kept by the tensor's identity, the tensor held so that its id cannot be
+    reused); the table is dropped when the call returns, so a later call reads every tensor
+    afresh: a tensor's metadata can change between calls (requires_grad_, resize_, set_), not
+    within one, where only the level's own code runs between the two lookups. Thread-local:
+    two threads' calls never share it."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if _CALL.memo is not None:  # a call inside a call: the outer one's table
+        # Under torch.compile nothing is looked up (signature is None there), and Dynamo
+        # would have to trace the thread-local: it stays out of the trace.
+        if torch.compiler.is_compiling() or _CALL.memo is not None:  # or: the outer call's table
             return fn(*args, **kwargs)
         _CALL.memo = {}
         try:

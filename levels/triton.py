@@ -29,9 +29,10 @@ import os
 import torch
 
 from .contract import (Plans, _describe, _fail, autocasts, conv_bn_buffers, one_call,
-                       require_32bit_offsets, require_device, signature, validate_attention, validate_conv_bn,
-                       validate_layer_norm, validate_lstm, validate_mlp, validate_newton_schulz,
-                       validate_rms_norm, validate_rope, validate_swiglu_mlp)
+                       require_32bit_offsets, require_device, signature, validate_attention,
+                       validate_conv_bn, validate_layer_norm, validate_lstm, validate_mlp,
+                       validate_newton_schulz, validate_rms_norm, validate_rope,
+                       validate_swiglu_mlp)
 
 from . import TRITON_IMPORTED_TOO_EARLY
 

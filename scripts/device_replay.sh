@@ -207,6 +207,8 @@ for s in $STEPS; do
         tests/test_replay.py tests/test_validation_cache.py
       step one-call-host-cnn 150 $py scripts/probe_model_host.py "$OUT/probe-cnn-batch2.json" \
         --model cnn --batch 2 --runs triton,torch ;;
+    one-call-compile)  # models compiled whole with contract.one_call in Level 4's path: no graph break
+      step one-call-compile 400 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py -k compile ;;
     compile-ahead)
       step compile-ahead 200 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_compile_ahead.py ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;
