@@ -45,9 +45,9 @@ drifts under every run alike (on the H100's hosts torch's own CNN step measured 
 table and 8.8 ms in a probe minutes later: reports/host-path-interleaved/). Every run's model
 and optimizer state are alive at once. Runs compiled whole (`--compile`, native-compiled) and
 runs under torchrun go one after another: each compiled run starts from an empty Dynamo cache,
-which would throw away the others' compiled code. Triton's
-CPU interpreter (Level 4 without a GPU) runs at the `tiny` preset only and is marked: an
-emulation's speed says nothing about the kernels.
+which would throw away the others' compiled code. Triton's CPU interpreter (Level 4 without a
+GPU) runs at the `tiny` preset only and is marked: an emulation's speed says nothing about the
+kernels.
 
 Distributed: under `torchrun` (WORLD_SIZE > 1) every run is wrapped in
 DistributedDataParallel (NCCL on GPUs, gloo on CPUs); each process takes its slice of the
