@@ -71,14 +71,12 @@ struct SwigluMlp : public torch::autograd::Function<SwigluMlp> {
 
 Tensor swiglu_mlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                   int64_t version) {
-  // As lstm's: inside the Function grad mode is off, so whether G and U are kept is
-  // decided here (no_grad, inference mode, or nothing requiring grad: no node, nothing saved).
-  bool save = false;
-  if (at::GradMode::is_enabled())
-    for (const Tensor* t : {&x, &w_gate, &w_up, &w_down}) save = save || t->requires_grad();
+  // Whether G and U are kept is decided here, as the forward runs with grad mode off: only
+  // for a call that records autograd (no_grad, inference mode, nothing requiring grad: the
+  // forward alone, no node, nothing saved).
   if (!records_autograd(x, w_gate, w_up, w_down))
     return forward_only<SwigluMlp>(x, w_gate, w_up, w_down, version, false);
-  return SwigluMlp::apply(x, w_gate, w_up, w_down, version, save);
+  return SwigluMlp::apply(x, w_gate, w_up, w_down, version, true);
 }
 
 }  // namespace levels_cuda_autograd

@@ -209,6 +209,9 @@ for s in $STEPS; do
         --model cnn --batch 2 --runs triton,torch ;;
     one-call-compile)  # models compiled whole with contract.one_call in Level 4's path: no graph break
       step one-call-compile 400 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_models.py -k compile ;;
+    swiglu-forward-only)  # swiglu_mlp's save flag from records_autograd alone (review mend)
+      step swiglu-fo 400 $py -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_forward_only.py \
+        tests/test_cuda_swiglu_mlp.py -k "swiglu and (without_autograd or harness_tiny or strided or opcheck or compile)" ;;
     compile-ahead)
       step compile-ahead 200 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_compile_ahead.py ;;
     probe-gpt) step probe-gpt 200 $py scripts/probe_model_host.py "$OUT/probe-gpt.json" --model gpt ;;

@@ -244,7 +244,7 @@ def test_native_torchscript_and_plain_torch_train_the_same_curve(model):
 def test_runs_step_in_turn_and_each_trains_as_alone():
     # levels train interleaves its runs: every run's step i before any run's step i + 1, the
     # order rotated each round, each run's own callbacks in that order; a run's curve is the
-    # one it trains alone (train_steps is a generator, train_run drives one to its end).
+    # one it trains alone (train_steps is a generator, steps.step_in_turn drives them).
     events = []
     report = T.train("gpt", ["native", "torchscript"], ["torch"], "tiny", steps=4,
                      on_run=lambda run, phase, *_: events.append((phase, run.name)),
@@ -345,7 +345,7 @@ def test_agreement_takes_the_tf32_bound_where_a_run_uses_tf32():
 
 
 def test_aliased_gradients_are_found():
-    """What train_run reports when a level's backward hands one tensor to two parameters."""
+    """What train_steps reports when a level's backward hands one tensor to two parameters."""
     _, ours, x, y = _case("lstm")
     T.loss_of(ours(x), y).backward()
     assert T.aliased_gradients(ours) == [], "native: a gradient per parameter"

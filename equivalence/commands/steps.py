@@ -40,22 +40,6 @@ def aliased_gradients(model) -> list[tuple[str, str]]:
 GRAPH_WARMUP = 3  # eager steps before a step is captured (compiles, autotunes, allocators)
 
 
-def train_run(*args, **kwargs):
-    """Train `net` on `batches`, then evaluate `inner` on `val_batches`: every step of
-    `train_steps` (which takes the same arguments) in a row. Returns (losses, seconds per
-    step, validation loss)."""
-    return run_to_end(train_steps(*args, **kwargs))
-
-
-def run_to_end(steps):
-    """Every remaining step of a `train_steps` generator; its result."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-
-
 def step_in_turn(generators: list, ended) -> None:
     """Step `train_steps` generators in turn: every one's step i before any one's step i + 1,
     the order rotated each round (`levels train`'s interleaved runs). `ended(i, result, exc)`

@@ -73,7 +73,7 @@ from .. import environment
 from ..settings import CompileMode, compile_mode as resolve_compile_mode
 from ..tolerances import tolerance
 from .console import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
-from .steps import (aliased_gradients, loss_of, step_in_turn, train_run,  # noqa: F401 - re-exported
+from .steps import (aliased_gradients, loss_of, step_in_turn,  # noqa: F401 - re-exported
                     train_steps)
 
 MODELS = ("gpt", "llama", "lstm", "cnn")
@@ -386,7 +386,7 @@ MUON_LR = 0.02  # Muon's own default (Jordan et al.); AdamW's part takes the pre
 
 
 def optimizer_factory(name: str, level: str, lr: float, ns_dtype: torch.dtype):
-    """(make_optimizer for train_run or None for its Adam, the report's description). Muon
+    """(make_optimizer for train_steps or None for its Adam, the report's description). Muon
     runs newton_schulz at the run's own level (baselines: Level 1's), in `ns_dtype`."""
     if name not in OPTIMIZERS:
         raise ValueError(f"argument '--optimizer' must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
@@ -426,7 +426,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
     on_run(run, phase, steps, items_per_step) with phase "start" before a run (or its skip) and
     "done" after it; on_step(run, step, loss, seconds, items_per_step) after each step.
     `amp` ("bf16" or "fp16"): float32 parameters, the forward under torch.autocast of that
-    dtype (see train_run). `cuda_graph`: every step after the warm-up replays one captured
+    dtype (see train_steps). `cuda_graph`: every step after the warm-up replays one captured
     CUDA graph (GPU only; not with compile_model, torchrun or fp16's loss scaling, whose
     overflow check reads a value on the host every step). `optimizer`: "adam" or "muon"
     (levels.optim.Muon at each run's level, its step timed on its own: Run.optimizer_s)."""

@@ -133,16 +133,6 @@ def validation(component: str, args: dict, min_time_s: float) -> dict:
     return time_host(lambda: VALIDATORS[component](**args), "cpu", min_time_s=min_time_s).to_dict()
 
 
-def measure_row(component: str, name: str, impl, args: dict, device: torch.device,
-                seed: int, min_time_s: float) -> dict:
-    """One side (a level, or the eager library call) at the tiny size, timed alone (its
-    rounds interleave with nothing): `measure` times a component's sides together."""
-    side = _prepared_side(component, name, impl, args, seed)
-    _time_interleaved([side], device, min_time_s, ROUNDS)
-    _time_gpu(side, device, min_time_s)
-    return side["row"]
-
-
 def _new_row(component: str, name: str) -> dict:
     return {"component": component, "level": name, "status": "ok", "reason": "",
             "host_fwd": None, "host_fwd_bwd": None, "kernel_fwd": None, "gpu_ops_per_call": None,
@@ -593,4 +583,4 @@ def run_overhead(args, console) -> int:
 
 
 __all__ = ["EAGER", "GOAL_EXTRA_FWD_BWD_US", "GOAL_EXTRA_US", "GOAL_LEVELS", "GRAPH_LEVELS", "add_overhead_arguments", "goals", "measure",
-           "measure_graph_row", "measure_row", "print_report", "run_overhead"]
+           "measure_graph_row", "print_report", "run_overhead"]
