@@ -68,9 +68,30 @@ def test_lstm_step_mode_with_several_column_programs(monkeypatch):
     # The interpreter normally runs one program owning every hidden unit; force the GPU's
     # fallback layout (one launch per step, hidden units split over programs, ragged edge).
     import triton_kernels.lstm as kernels
-    monkeypatch.setattr(kernels, "_plan", lambda B, H, device, mode=None, num_warps=None: dict(
-        BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, mode="step", num_warps=4))
+    monkeypatch.setattr(kernels, "_plan", lambda B, H, device, mode=None, num_warps=None, *_: dict(
+        BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, mode="step", num_warps=4, num_stages=1,
+        fused_gates=True))
     _passes("lstm", _lstm_args(3, 4, 6, 20, torch.float32, seed=4))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mode", ["step", "single"])
+def test_lstm_forward_with_the_gates_as_one_dot_or_four(monkeypatch, mode, fused):
+    # The plan's forward runs the four gates' columns side by side in one dot, taken apart
+    # again in registers (a wrong reshape or split would swap gates, i for g or f for o,
+    # which the harness sees at once); the sweep still times the four dots it replaced.
+    # Several column programs of 8 units and a ragged edge (H=20) in step mode. On a GPU
+    # the step launches run for real; the interpreter runs the same code.
+    import triton_kernels.lstm as kernels
+    plan = kernels._plan
+
+    def pinned(B, H, device, mode_=None, num_warps=None, kernel="fwd", itemsize=2):
+        if kernel == "bwd":
+            return plan(B, H, device, None, num_warps, kernel, itemsize)
+        return dict(BLOCK_B=16, BLOCK_H=8 if mode == "step" else 32, BLOCK_K=16, mode=mode,
+                    num_warps=4, num_stages=1, fused_gates=fused)
+    monkeypatch.setattr(kernels, "_plan", pinned)
+    _passes("lstm", _lstm_args(3, 4, 6, 20, torch.float32, seed=8))
 
 
 def _pinned(**knobs):

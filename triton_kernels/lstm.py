@@ -5,7 +5,7 @@ What it adds over Levels 1-3: the recurrence stops being ~10 kernel launches per
     2. The recurrence is a *persistent* kernel: launched once, it loops over time. Each
        program owns BLOCK_H hidden units (their 4 gate columns of W_hh, their slice of c,
        which never leaves registers) for a block of batch rows. A step is
-           z = h_{t-1} W_hh[cols]^T + xproj_t + b_hh      (4 small dots, fp32 accumulate)
+           z = h_{t-1} W_hh[cols]^T + xproj_t + b_hh      (one dot for the 4 gates, fp32 acc.)
            i, f, g, o = sigma(z_i), sigma(z_f), tanh(z_g), sigma(z_o)
            c = f c + i g ;  h = o tanh(c)                 -> store h_t
        and since h_t needs *all* of h_{t-1}, the programs of one batch block meet at a
@@ -41,6 +41,17 @@ the split keeps fp32-level accuracy, and the harness checks it at the fp32 bound
 TF32's: 1.56 ms, 24 us/step, 0.71x nn.LSTM (goal 1.0x missed). Three MMAs per product
 plus the hi/lo splits put 255 registers and 60 spills in the step loop (`levels explain`),
 and W_hh is re-read from L2 each step in fp32, twice bf16's bytes.
+
+At a training size the step is a question of bytes, not launches. With B=64, hidden 1024
+(`levels train --model lstm --preset gpu`), every program pulls its slice of W_hh and its rows
+of h_{t-1} from L2 at every step, and 128 programs do so at once: the tiles decide those
+bytes (_plan says how they are chosen). `scripts/sweep_lstm.py` on an H100
+(reports/lstm-recurrence/): 16 batch rows a program instead of 32, the four gates as one dot
+of N = 4 BLOCK_H instead of four N = 16 dots, a 128-wide K step instead of 64, took the forward
+from 1.26 to 0.85 ms (kernel 0.74 ms, 11.5 us/step) and forward+backward from 2.45 to
+1.92 ms; cuDNN's nn.LSTM took 2.0 and 3.3 ms there, its kernels alone about 1.5 ms (the rest
+is launching ~5 kernels per step from the host). The whole LSTM LM's step: 628k -> 715k
+tokens/s, 1.71x nn.LSTM's model (goal 2x).
 
 What it costs: the barrier (a round trip through L2 per step), a kernel whose correctness
 depends on co-residency, and saved activations (gates and c for every step, fp32) for the
@@ -117,6 +128,76 @@ def _grid_barrier(flags, err, pid_h, n_h, step, N_H_POW2: tl.constexpr,
     return arrived.to(tl.int32)
 
 
+@triton.jit
+def _gates_four_dots(h_base, h_stride, W, offs_b, b_ok, offs_j, j_ok, HID, stride_wr, stride_wc,
+                     offs_k0, w_cols, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """h_{t-1} W_hh^T for this program's units, one (BLOCK_B, BLOCK_H) dot per gate: the
+    first form, kept to compare (scripts/sweep_lstm.py times both); the plan runs
+    _gates_one_dot."""
+    acc_i = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    acc_f = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    acc_g = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    acc_o = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        offs_k = k0 + offs_k0
+        k_ok = offs_k < HID
+        # .cg: h_{t-1} was written by other programs; read it from L2, not a stale L1.
+        h = tl.load(h_base + offs_b[:, None] * h_stride + offs_k[None, :],
+                    mask=b_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+        w_ptrs = W + offs_k[:, None] * stride_wc + w_cols
+        w_mask = k_ok[:, None] & j_ok[None, :]
+        w_i = tl.load(w_ptrs + (0 * HID) * stride_wr, mask=w_mask, other=0.0)
+        w_f = tl.load(w_ptrs + (1 * HID) * stride_wr, mask=w_mask, other=0.0)
+        w_g = tl.load(w_ptrs + (2 * HID) * stride_wr, mask=w_mask, other=0.0)
+        w_o = tl.load(w_ptrs + (3 * HID) * stride_wr, mask=w_mask, other=0.0)
+        if UPCAST:
+            h = h.to(tl.float32)
+            w_i = w_i.to(tl.float32)
+            w_f = w_f.to(tl.float32)
+            w_g = w_g.to(tl.float32)
+            w_o = w_o.to(tl.float32)
+        acc_i = tl.dot(h, w_i, acc_i, input_precision=PRECISION)
+        acc_f = tl.dot(h, w_f, acc_f, input_precision=PRECISION)
+        acc_g = tl.dot(h, w_g, acc_g, input_precision=PRECISION)
+        acc_o = tl.dot(h, w_o, acc_o, input_precision=PRECISION)
+    return acc_i, acc_f, acc_g, acc_o
+
+
+@triton.jit
+def _gates_one_dot(h_base, h_stride, W, offs_b, b_ok, offs_j, j_ok, pid_h, HID, stride_wr,
+                   stride_wc, offs_k0, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                   BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """The same product as ONE (BLOCK_B, 4 BLOCK_H) dot: the four gates' columns side by side
+    (column q * BLOCK_H + u is gate q of unit u), so the tensor cores see N = 4 BLOCK_H instead
+    of four products of N = BLOCK_H sharing an operand; the accumulator is then taken apart
+    into the four gates in registers (a reshape and two splits)."""
+    offs_c = tl.arange(0, 4 * BLOCK_H)
+    unit = pid_h * BLOCK_H + offs_c % BLOCK_H
+    c_ok = unit < HID
+    w_cols = ((offs_c // BLOCK_H) * HID + unit) * stride_wr
+    acc = tl.zeros([BLOCK_B, 4 * BLOCK_H], tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        offs_k = k0 + offs_k0
+        k_ok = offs_k < HID
+        h = tl.load(h_base + offs_b[:, None] * h_stride + offs_k[None, :],
+                    mask=b_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.load(W + offs_k[:, None] * stride_wc + w_cols[None, :],
+                    mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        if UPCAST:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, w, acc, input_precision=PRECISION)
+    # (B, 4, U) -> (B, U, 4) -> (B, U, 2, 2), q = 2 q1 + q0: the first split takes q0 apart
+    # (gates 0 and 2 | 1 and 3), the second q1.
+    acc = tl.reshape(tl.permute(tl.reshape(acc, [BLOCK_B, 4, BLOCK_H]), [0, 2, 1]),
+                     [BLOCK_B, BLOCK_H, 2, 2])
+    even, odd = tl.split(acc)
+    acc_i, acc_g = tl.split(even)
+    acc_f, acc_o = tl.split(odd)
+    return acc_i, acc_f, acc_g, acc_o
+
+
 # The two h_{t-1} sources are picked at run time; an argument equal to 1 would otherwise be
 # specialized into a compile-time constant and the two branches would disagree in type.
 @fast_launch
@@ -127,7 +208,8 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
               stride_ob, stride_ot,
               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
               SYNC: tl.constexpr, N_H_POW2: tl.constexpr, SAVE: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+              FUSED_GATES: tl.constexpr = False):
     """Steps t_begin..t_end-1 for batch rows of pid 0 and hidden units of pid 1.
 
     XP: (B, T, 4H) fp32, x W_ih^T + b_ih. c enters from CIN and leaves through CT.
@@ -163,32 +245,14 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
         else:
             h_base = OUT + (t - 1) * stride_ot
             h_stride = stride_ob
-        acc_i = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
-        acc_f = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
-        acc_g = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
-        acc_o = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
-        for k0 in range(0, HID, BLOCK_K):
-            offs_k = k0 + offs_k0
-            k_ok = offs_k < HID
-            # .cg: h_{t-1} was written by other programs; read it from L2, not a stale L1.
-            h = tl.load(h_base + offs_b[:, None] * h_stride + offs_k[None, :],
-                        mask=b_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
-            w_ptrs = W + offs_k[:, None] * stride_wc + w_cols
-            w_mask = k_ok[:, None] & j_ok[None, :]
-            w_i = tl.load(w_ptrs + (0 * HID) * stride_wr, mask=w_mask, other=0.0)
-            w_f = tl.load(w_ptrs + (1 * HID) * stride_wr, mask=w_mask, other=0.0)
-            w_g = tl.load(w_ptrs + (2 * HID) * stride_wr, mask=w_mask, other=0.0)
-            w_o = tl.load(w_ptrs + (3 * HID) * stride_wr, mask=w_mask, other=0.0)
-            if UPCAST:
-                h = h.to(tl.float32)
-                w_i = w_i.to(tl.float32)
-                w_f = w_f.to(tl.float32)
-                w_g = w_g.to(tl.float32)
-                w_o = w_o.to(tl.float32)
-            acc_i = tl.dot(h, w_i, acc_i, input_precision=PRECISION)
-            acc_f = tl.dot(h, w_f, acc_f, input_precision=PRECISION)
-            acc_g = tl.dot(h, w_g, acc_g, input_precision=PRECISION)
-            acc_o = tl.dot(h, w_o, acc_o, input_precision=PRECISION)
+        if FUSED_GATES:
+            acc_i, acc_f, acc_g, acc_o = _gates_one_dot(
+                h_base, h_stride, W, offs_b, b_ok, offs_j, j_ok, pid_h, HID, stride_wr, stride_wc,
+                offs_k0, BLOCK_B, BLOCK_H, BLOCK_K, UPCAST, PRECISION)
+        else:
+            acc_i, acc_f, acc_g, acc_o = _gates_four_dots(
+                h_base, h_stride, W, offs_b, b_ok, offs_j, j_ok, HID, stride_wr, stride_wc,
+                offs_k0, w_cols, BLOCK_B, BLOCK_H, BLOCK_K, UPCAST, PRECISION)
         xp = XP + offs_b[:, None] * stride_xpb + t * stride_xpt + offs_j[None, :]
         ### BEGIN SOLUTION
         gate_i = _sigmoid(acc_i + tl.load(xp + 0 * HID, mask=bj_ok, other=0.0) + bias_i)
@@ -315,7 +379,8 @@ def _recurrent_grad(dz_t, W, offs_b, offs_j, b_ok, j_ok, HID, T, stride_wr, stri
     return acc
 
 
-KERNELS = [_lstm_fwd, _lstm_bwd, _recurrent_grad, _grid_barrier, _sigmoid, _tanh] + list(_GEMM_KERNELS)
+KERNELS = [_lstm_fwd, _lstm_bwd, _recurrent_grad, _gates_four_dots, _gates_one_dot, _grid_barrier,
+           _sigmoid, _tanh] + list(_GEMM_KERNELS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,33 +400,56 @@ MODES = ("auto", "persistent", "step")
 MODE = os.environ.get("LSTM_TRITON_MODE", "auto")
 
 
-NUM_WARPS = 4  # per program of the recurrence; lstm's `num_warps` may pass another
+def _plan(B: int, H: int, device: torch.device, mode=None, num_warps=None, kernel="fwd",
+          itemsize=2) -> dict:
+    """Tiles and mode of the forward (kernel="fwd") or backward ("bwd") recurrence, for
+    operands of `itemsize` bytes. mode, num_warps: the call's own (None: MODE, the rule).
 
-
-def _plan(B: int, H: int, device: torch.device, mode=None, num_warps=None) -> dict:
-    """Tiles and mode. BLOCK_B >= 16 because tl.dot needs 16 rows. mode, num_warps: the
-    call's own (None: MODE, NUM_WARPS)."""
+    The rule, from `scripts/sweep_lstm.py` on an H100 (reports/lstm-recurrence/, five shapes
+    from B8 H256 to B128 H1024, bf16):
+    - BLOCK_B = 16 batch rows (tl.dot's least M), more only when the grid would not fit:
+      every batch block is an independent group of programs with its own barrier, and a
+      program that owns fewer rows loads a smaller tile of h_{t-1} per step. 16 rows beat 32
+      at every shape swept (1.2-1.6x at B64).
+    - BLOCK_H: the forward's four gates run as ONE dot (`fused_gates`) of N = 4 BLOCK_H, so
+      8 units already make a 32-wide tensor-core tile; the narrowest block whose grid fits
+      the GPU spreads W_hh over the most SMs (each pulls the least of it from L2 per step).
+      The backward's dot is already one (K = 4H), 32 units at least (narrower was slower).
+    - BLOCK_K = 128 forward, 256 backward (128 past 32 units): a step's K loop is a chain of
+      L2 round trips, fewer and larger loads shorten it (64 was 1.3-1.6x slower); halved for
+      fp32 operands, whose tiles are twice the bytes in shared memory.
+    - num_stages 2 forward, 3 backward; 8 warps from 2048 accumulators a program (16 x 128
+      at B64 H1024: 0.78 ms against 0.84 with 4)."""
     source = "argument 'mode'"
     if mode is None:
         mode, source = MODE, "LSTM_TRITON_MODE"
     if mode not in MODES:
         raise ValueError(f"lstm: {source} must be one of {', '.join(MODES)}; got {mode!r}")
+    fwd = kernel == "fwd"
     if INTERPRETED:
         # Programs run one after another here: one program must own every hidden unit.
         bh = next_power_of_2(H)
-        return dict(BLOCK_B=16, BLOCK_H=bh, BLOCK_K=min(bh, 32), mode="single", num_warps=4)
-    # At most 32 rows per program: a larger batch gets more programs (more SMs pulling
-    # W_hh from L2) rather than longer dot products on the critical path of each step.
-    block_b = min(max(16, next_power_of_2(B)), 32)
-    block_h = 16
-    n_b, n_h = cdiv(B, block_b), cdiv(H, block_h)
-    fits = n_b * n_h <= _sm_count(device)
+        return dict(BLOCK_B=16, BLOCK_H=bh, BLOCK_K=min(bh, 32), mode="single", num_warps=4,
+                    num_stages=1, fused_gates=fwd)
+    sms = _sm_count(device)
+    widths = (8, 16, 32, 64) if fwd else (32, 64)
+    blocks = [(bb, bh) for bb in (16, 32, 64) for bh in widths]
+    fitting = [(bb, bh) for bb, bh in blocks if cdiv(B, bb) * cdiv(H, bh) <= sms]
+    fits = bool(fitting)
+    # Beyond what fits at once (step mode, a launch per step): 32 x 32 blocks.
+    block_b, block_h = fitting[0] if fits else (min(max(16, next_power_of_2(B)), 32), 32)
     if mode == "auto":
         mode = "persistent" if fits else "step"
     if mode == "persistent" and not fits:
         mode = "step"  # never spin on programs that may not be resident
-    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64, mode=mode,
-                num_warps=NUM_WARPS if num_warps is None else num_warps)
+    k_span = H if fwd else 4 * H
+    block_k = (128 if fwd or block_h > 32 else 256) * 2 // max(itemsize, 2)
+    block_k = min(block_k, max(16, next_power_of_2(k_span)))
+    columns = 4 * block_h if fwd else block_h
+    warps = 8 if block_b * columns >= 2048 else 4
+    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k, mode=mode,
+                num_warps=warps if num_warps is None else num_warps,
+                num_stages=2 if fwd else 3, fused_gates=fwd)
 
 
 # How fp32 recurrence dots run on a GPU: "tf32x3" (default: three TF32 tensor-core dots on
@@ -460,14 +548,15 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=
     h0_, c0_ = h0[0], c0[0]
     if B == 0:
         return out, c_t, gates, cs  # no sequences: the recurrence has no row to run
-    p = _plan(B, H, x.device, mode, num_warps)
+    p = _plan(B, H, x.device, mode, num_warps, "fwd", x.element_size())
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
     w = w_hh
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
                   SAVE=save, UPCAST=INTERPRETED, PRECISION=_precision(x.dtype, fp32_dot),
-                  num_warps=p["num_warps"], SPIN_LIMIT=SPIN_LIMIT)
+                  FUSED_GATES=p["fused_gates"], num_warps=p["num_warps"],
+                  num_stages=p["num_stages"], SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t0, t1, c_in, sync):
         _lstm_fwd[(n_b, n_h)](
@@ -497,7 +586,7 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
         # No sequences: nothing recurs, dx, dh0 and dc0 are empty, and the weight and bias
         # gradients, sums over no rows, are zeros (gemm and column_sum launch nothing)
         return _gradient_gemms(x, h0, w_ih, out, dz, dh0, dc0)
-    p = _plan(B, H, x.device, mode, num_warps)
+    p = _plan(B, H, x.device, mode, num_warps, "bwd", x.element_size())
     n_b, n_h = cdiv(B, p["BLOCK_B"]), cdiv(H, p["BLOCK_H"])
     n_h_pow2 = next_power_of_2(n_h)
     flags, err = _barrier_words(n_b, n_h_pow2, x.device)
@@ -506,7 +595,7 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
     c0_ = c0[0].contiguous()
     common = dict(BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], BLOCK_K=p["BLOCK_K"], N_H_POW2=n_h_pow2,
                   UPCAST=INTERPRETED, PRECISION=_precision(x.dtype, fp32_dot), num_warps=p["num_warps"],
-                  SPIN_LIMIT=SPIN_LIMIT)
+                  num_stages=p["num_stages"], SPIN_LIMIT=SPIN_LIMIT)
 
     def run(t_hi, t_lo, dc_in, sync, final):
         _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
@@ -564,7 +653,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=None, fp32_dot=None, num_warps=
 
     mode, fp32_dot, num_warps: this call's recurrence strategy (MODES), float32 dot
     arithmetic (FP32_DOTS) and warps per program; None: the process's (MODE and FP32_DOT,
-    from the environment, and NUM_WARPS). Benches and sweeps pass them to time the
+    from the environment) and the plan's warps (_plan). Benches and sweeps pass them to time the
     alternatives side by side.
 
     Layouts: x may have any strides (its (B*T, I) view is a copy only when reshape needs
