@@ -33,7 +33,8 @@
 //       between launches through an fp32 (B, H) buffer. Works at any size. Costs: T launches
 //       (launch-bound at small batch, above), W_hh re-read from L2 by every warp (B times).
 //   v2  one PERSISTENT cooperative launch for the whole sequence. Block k owns U hidden units
-//       (U = 8 up to batch 16, 4 beyond; build knobs LEVELS_LSTM_V2_UNITS and _FAT_BATCH) —
+//       (U = 8 up to batch 16; beyond, 16 in 16-bit over batch groups — the WIDE partition,
+//       launch_fwd_v2 — and 4 in fp32; build knobs LEVELS_LSTM_V2_UNITS and _FAT_BATCH) —
 //       all four gates of each, 4U rows of W_hh, whole tensor-core m16 tiles — and keeps them in
 //       shared memory for all T steps; its c stays in shared memory (fp32). A step is a chain
 //       of latencies, not of work, so v2 is built around its critical path:
@@ -72,12 +73,19 @@
 // gradients do not recur: GEMMs and column sums over all steps at once (cuda_kernels/lstm.py).
 //   v1  a step kernel per t (T + 1 launches): a warp per (unit, batch row), lanes along the
 //       4H row of W_hh^T and of dz_{t+1}; dc carried in an fp32 (B, H) buffer.
-//   v2  one persistent cooperative launch, 4 units a block: block k keeps W_hh^T's 4
-//       rows of its units (4 x 4H) in shared memory, stages dz_{t+1} (B x 4H; in pieces of
-//       its columns when whole rows do not fit) per step, and keeps dc in shared memory;
-//       the forward's grid barrier between steps. Its recurrent product runs on
-//       CUDA cores at every dtype (fp32 accumulate): the block's M is 4 units, below a tensor
-//       core tile. dz is stored in the input dtype (the GEMMs read it) and read back from there.
+//   v2  one persistent cooperative launch: block k keeps W_hh^T's rows of its units in
+//       shared memory, stages dz_{t+1} per step (in pieces of its columns when whole rows do
+//       not fit), and keeps dc in shared memory; the forward's grid barrier between steps.
+//       dz is stored in the input dtype (the GEMMs read it) and read back from there.
+//       16-bit (lstm_bwd_persistent_v2_mma): 16 units a block, one m16 tile of W_hh^T rows,
+//       so the recurrent product runs on the tensor cores (batch as N), and the batch split
+//       over blocks in groups, each staging only its rows of dz_{t+1}, double-buffered.
+//       fp32 (and odd H, and an H whose 16-row slice does not fit): 4 units a block, every
+//       block staging all B rows, the product on CUDA cores (fp32 accumulate).
+//       Measured (B64, hidden 1024, T64, bf16, H100; reports/lstm-recurrence/): the backward
+//       kernel 4.9 -> 1.2 ms, the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.3 ms
+//       against nn.LSTM's 3.5 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from the
+//       host). The LSTM LM's step at Level 5: 287k -> 750k tokens/s, 1.82x nn.LSTM's model.
 //
 // Layouts (made so by cuda_kernels/lstm_binding.cpp and lstm.py): xp (rows, 4H) fp32, gates
 // (rows, 4H) fp32, cs (rows, H) fp32 and dz (rows, 4H) contiguous, where the row of (batch b,
@@ -92,6 +100,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 
+#include <algorithm>
 #include <cooperative_groups.h>
 
 namespace levels_lstm {
@@ -134,7 +143,8 @@ constexpr int MAX_BN = 64;           // v2: batch rows per chunk (8 mma n-tiles)
 #endif
 
 constexpr int FAT_UNITS = LEVELS_LSTM_V2_UNITS;  // v2 forward's units a block up to FAT_BATCH rows
-constexpr int THIN_UNITS = 4;                    // ... and beyond (the M of one m16 tile)
+constexpr int THIN_UNITS = 4;                    // ... and beyond in fp32 (the M of one m16 tile)
+constexpr int WIDE_UNITS = 16;                   // ... and in 16-bit, over batch groups
 
 // The forward's partition for U units a block: gate rows q * U + u; warp w takes m16 tile
 // w % M_TILES and K slice w / M_TILES; each thread owns PAIRS (unit, batch row) pairs.
@@ -390,13 +400,13 @@ template <typename T> __host__ __device__ __forceinline__ int lead(int kp) {
 }
 
 // Forward (U = FWD_UNITS units a block): W_hh slice (FWD_ROWS x ld) | h_{t-1} chunk (bn x ld) | partial sums (K_SPLIT x
-// FWD_ROWS x bn fp32 = 8 x 16 x bn at every FWD_UNITS) | c (B x FWD_UNITS fp32).
+// FWD_ROWS x bn fp32 = 8 x 16 x bn at every FWD_UNITS) | c (the group's rows x FWD_UNITS fp32).
 template <typename T, int U>
-__host__ __device__ __forceinline__ size_t fwd_smem_bytes(int64_t H, int bn, int64_t B) {
+__host__ __device__ __forceinline__ size_t fwd_smem_bytes(int64_t H, int bn, int64_t rows) {
   constexpr int FWD_UNITS = U, FWD_ROWS = FwdShape<U>::ROWS, K_SPLIT = FwdShape<U>::K_SPLIT;
   const int ld = lead<T>(pad16(H));
   return static_cast<size_t>(FWD_ROWS + bn) * ld * sizeof(T) + static_cast<size_t>(K_SPLIT) * FWD_ROWS * bn * 4 +
-         static_cast<size_t>(B) * FWD_UNITS * 4;
+         static_cast<size_t>(rows) * FWD_UNITS * 4;
 }
 
 // Backward: W_hh^T slice (4 x ld4, ld4 from the padded 4H) | a piece of the dz_{t+1} chunk
@@ -598,24 +608,27 @@ __device__ __forceinline__ void fwd_partials(const T* w_s, const T* h_s, float* 
 // xp_t + b_hh of this thread's (unit, batch row) pairs of the chunk at b0: the part of z_t
 // that does not depend on h_{t-1}, loaded ahead of the barrier and the staging.
 template <typename T, int U>
-__device__ __forceinline__ void fwd_prefetch(const FwdArgs<T>& a, int64_t t, int64_t b0, int bn, int64_t unit,
-                                             const float (&bias)[4], float (&z)[FwdShape<U>::PAIRS][4]) {
+__device__ __forceinline__ void fwd_prefetch(const FwdArgs<T>& a, int64_t t, int64_t b0, int bn, int64_t row_end,
+                                             int64_t unit, const float (&bias)[4],
+                                             float (&z)[FwdShape<U>::PAIRS][4]) {
   constexpr int FWD_UNITS = U, PAIRS = FwdShape<U>::PAIRS;
   const int64_t H = a.H;
 #pragma unroll
   for (int i = 0; i < PAIRS; ++i) {
     const int n = threadIdx.x / FWD_UNITS + i * (THREADS / FWD_UNITS);
     const int64_t b = b0 + n;
-    const bool mine = n < bn && b < a.B && unit < H;
+    const bool mine = n < bn && b < row_end && unit < H;
     const float* xr = a.xp + (b * a.rs_b + t * a.rs_t) * 4 * H + unit;
 #pragma unroll
     for (int q = 0; q < 4; ++q) z[i][q] = mine ? xr[q * H] + bias[q] : 0.0f;
   }
 }
 
-// The whole forward sequence. Block k owns units k*FWD_UNITS.. (+FWD_UNITS); thread tid owns
-// the pairs (unit u = tid % FWD_UNITS, batch row n = tid / FWD_UNITS + i * THREADS/FWD_UNITS)
-// of each batch chunk, the same pairs at every step. Per step (one chunk, B <= 64):
+// The whole forward sequence. Block k owns units (k % unit_blocks)*FWD_UNITS.. (+FWD_UNITS) of
+// the batch rows of group k / unit_blocks (rows row0 = group * rows .. row0 + rows - 1; one group
+// of all B rows but in the wide partition, launch_fwd_v2); thread tid owns the pairs (unit
+// u = tid % FWD_UNITS, batch row n = tid / FWD_UNITS + i * THREADS/FWD_UNITS) of each batch
+// chunk, the same pairs at every step. Per step (one chunk, B <= 64):
 //   wait for h_{t-1} -> stage it (one L2 round trip) -> mma over this warp's K slice ->
 //   partial sums meet in shared memory -> gates, c, h_t -> arrive; prefetch xp_{t+1}.
 // Two __syncthreads a chunk plus the barrier's: each separates a writer of shared memory from
@@ -624,7 +637,8 @@ __device__ __forceinline__ void fwd_prefetch(const FwdArgs<T>& a, int64_t t, int
 // __launch_bounds__(256, 2): at most 128 registers, so that registers never keep two blocks
 // off an SM (the grid must be resident all at once; ptxas: no spills at that cap).
 template <typename T, int U>
-__global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> a, int bn, unsigned* sync) {
+__global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> a, int bn, int unit_blocks,
+                                                                     int rows, unsigned* sync) {
   constexpr int FWD_UNITS = U, FWD_ROWS = FwdShape<U>::ROWS, K_SPLIT = FwdShape<U>::K_SPLIT,
                 PAIRS = FwdShape<U>::PAIRS;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -634,8 +648,10 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> 
   T* w_s = reinterpret_cast<T*>(smem);
   T* h_s = w_s + FWD_ROWS * ld;
   float* red = reinterpret_cast<float*>(h_s + bn * ld);
-  float* c_s = red + K_SPLIT * FWD_ROWS * bn;  // c_s[b * FWD_UNITS + u]
-  const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * FWD_UNITS;
+  float* c_s = red + K_SPLIT * FWD_ROWS * bn;  // c_s[(b - row0) * FWD_UNITS + u]
+  const int64_t unit0 = static_cast<int64_t>(blockIdx.x % unit_blocks) * FWD_UNITS;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x / unit_blocks) * rows;
+  const int64_t row_end = row0 + rows < B ? row0 + rows : B;
 
   // Once: this block's FWD_ROWS rows of W_hh (row q*FWD_UNITS+u is W_hh's row q*H + unit),
   // zero-padded; c = c0.
@@ -646,9 +662,9 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> 
     if (unit < H && k < H) v = a.w_hh[((r / FWD_UNITS) * H + unit) * H + k];
     w_s[r * ld + k] = v;
   }
-  for (int idx = tid; idx < B * FWD_UNITS; idx += THREADS) {
-    const int64_t unit = unit0 + (idx % FWD_UNITS);
-    c_s[idx] = unit < H ? to_f32<T>(a.c0[(idx / FWD_UNITS) * H + unit]) : 0.0f;
+  for (int idx = tid; idx < rows * FWD_UNITS; idx += THREADS) {
+    const int64_t unit = unit0 + (idx % FWD_UNITS), b = row0 + idx / FWD_UNITS;
+    c_s[idx] = unit < H && b < B ? to_f32<T>(a.c0[b * H + unit]) : 0.0f;
   }
   const int u = tid % FWD_UNITS;  // THREADS is a multiple of FWD_UNITS: the same u for every pair
   const int64_t unit = unit0 + u;
@@ -658,7 +674,7 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> 
     for (int q = 0; q < 4; ++q) bias[q] = to_f32<T>(a.b_hh[q * H + unit]);
   }
   float z[PAIRS][4];
-  fwd_prefetch<T, U>(a, 0, 0, bn, unit, bias, z);
+  fwd_prefetch<T, U>(a, 0, row0, bn, row_end, unit, bias, z);
   __syncthreads();  // w_s and c_s complete before any thread reads them
 
   for (int64_t t = 0; t < a.steps; ++t) {
@@ -666,12 +682,12 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> 
     if (t > 0) grid_wait(sync, static_cast<unsigned>(t));
     const T* h_src = t == 0 ? a.h0 : a.out + (t - 1) * H;  // row b at h_src + b * h_stride
     const int64_t h_stride = t == 0 ? H : a.steps * H;
-    for (int64_t b0 = 0; b0 < B; b0 += bn) {
+    for (int64_t b0 = row0; b0 < row_end; b0 += bn) {
       // No barrier needed before restaging: the previous chunk's readers of h_s (the
       // partials) finished before its second __syncthreads, its readers of red (the cells)
       // finish before this chunk's first one, which precedes the next writes of red.
-      if (b0 > 0) fwd_prefetch<T, U>(a, t, b0, bn, unit, bias, z);
-      stage_rows<T>(h_s, ld, h_src, h_stride, b0, bn, B, static_cast<int>(H), kp);
+      if (b0 > row0) fwd_prefetch<T, U>(a, t, b0, bn, row_end, unit, bias, z);
+      stage_rows<T>(h_s, ld, h_src, h_stride, b0, bn, row_end, static_cast<int>(H), kp);
       __syncthreads();
       fwd_partials<T, U>(w_s, h_s, red, ld, kp, bn);
       __syncthreads();
@@ -679,20 +695,20 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_fwd_persistent_v2(FwdArgs<T> 
       for (int i = 0; i < PAIRS; ++i) {
         const int n = tid / FWD_UNITS + i * (THREADS / FWD_UNITS);
         const int64_t b = b0 + n;
-        if (n < bn && b < B && unit < H) {
+        if (n < bn && b < row_end && unit < H) {
 #pragma unroll
           for (int w = 0; w < K_SPLIT; ++w) {  // fixed order: bitwise deterministic
 #pragma unroll
             for (int q = 0; q < 4; ++q) z[i][q] += red[(w * FWD_ROWS + q * FWD_UNITS + u) * bn + n];
           }
-          float* c = c_s + b * FWD_UNITS + u;
+          float* c = c_s + (b - row0) * FWD_UNITS + u;
           *c = cell_forward(a, z[i][0], z[i][1], z[i][2], z[i][3], *c, b, t, unit);
         }
       }
     }
     if (t + 1 < a.steps) {
       grid_arrive(sync, static_cast<unsigned>(t + 1));
-      fwd_prefetch<T, U>(a, t + 1, 0, bn, unit, bias, z);  // in flight while the other blocks finish
+      fwd_prefetch<T, U>(a, t + 1, row0, bn, row_end, unit, bias, z);  // in flight while the others finish
     }
   }
 }
@@ -805,6 +821,180 @@ __global__ void __launch_bounds__(THREADS, 2) lstm_bwd_persistent_v2(BwdArgs<T> 
   }
 }
 
+// ---- v2's backward on the tensor cores (16-bit; LEVELS_LSTM_V2_BWD_MMA, default on) ----
+//
+// The CUDA-core backward above gives a block 4 units, below one m16 tile, so its recurrent
+// product runs on FMAs, and every one of its ceil(H/4) blocks stages ALL of dz_{t+1} (B x 4H)
+// every step: at B64 H1024 that is 256 blocks x 512 KB = 128 MB through L2 per step, 4.8 ms a
+// layer on an H100 where the forward takes 1.3 (reports/lstm-recurrence/). This kernel:
+//   * 16 units a block (MMA_UNITS): the W_hh^T slice (16 x 4H) is one m16 row of A tiles
+//     (ldmatrix from shared memory, resident for all T steps), dz rows are the "col" B operand
+//     (batch as N, 8 rows an n-tile), mma.sync m16n8k16 with fp32 accumulators; the 8 warps
+//     split K and their partial sums meet in shared memory in a fixed order, as in the forward;
+//   * the batch split over blocks too: block = (unit block, batch group), so a block stages
+//     only its group's rows of dz_{t+1} (at B64 H1024: 64 unit blocks x 2 groups of 32 rows,
+//     256 KB a block a step, 32 MB in all, a quarter of the bytes);
+//   * dz pieces double-buffered: the cp.async copy of piece p+1 is in flight while the
+//     tensor cores work on piece p, so a step pays one L2 round trip, not one per piece.
+// Costs: 16 x 4H elements of W_hh^T in every block's shared memory (at most ~1400 hidden units
+// in bf16 on an H100: beyond, the launcher runs the CUDA-core kernel), and every batch group
+// waits at the same grid barrier although the groups never read each other's rows.
+#ifndef LEVELS_LSTM_V2_BWD_MMA
+#define LEVELS_LSTM_V2_BWD_MMA 1
+#endif
+constexpr int MMA_UNITS = 16;
+constexpr int MMA_PAIRS = MMA_UNITS * MAX_BN / THREADS;  // (unit, batch row) pairs a thread
+static_assert(MMA_PAIRS * THREADS == MMA_UNITS * MAX_BN, "the mma backward's pair mapping");
+
+// Issue (not wait for) the cp.async copies of rows [b0, b0 + rows) x columns [0, cols_pad) of
+// a (B, cols) matrix into dst, as stage_rows does; the caller commits and waits. Only for
+// rows whose width and stride are whole 16-byte pieces (the launcher checks).
+template <typename T>
+__device__ __forceinline__ void issue_rows(T* dst, int ld, const T* src, int64_t stride, int64_t b0, int rows,
+                                           int64_t B, int cols, int cols_pad) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int per_row = cols_pad / VEC;
+  for (int idx = threadIdx.x; idx < rows * per_row; idx += blockDim.x) {
+    const int r = idx / per_row, k = (idx % per_row) * VEC;
+    const bool inside = b0 + r < B && k < cols;
+    cp_async_16(smem_addr(dst + r * ld + k), inside ? src + (b0 + r) * stride + k : src, inside ? 16 : 0);
+  }
+}
+
+// Shared memory of the mma backward: W_hh^T slice (16 x ld4) | two dz pieces (2 x bn x
+// lead(kc)) | partial sums (8 warps x 16 x bn fp32) | dc of the group's rows (rows x 16 fp32).
+template <typename T>
+__host__ __device__ __forceinline__ size_t bwd_mma_smem_bytes(int64_t H, int bn, int kc, int64_t rows) {
+  return static_cast<size_t>(MMA_UNITS) * lead<T>(pad16(4 * H)) * sizeof(T) +
+         2 * static_cast<size_t>(bn) * lead<T>(kc) * sizeof(T) +
+         static_cast<size_t>(WARPS) * MMA_UNITS * bn * 4 + static_cast<size_t>(rows) * MMA_UNITS * 4;
+}
+
+// Block b: unit block b % unit_blocks, batch group b / unit_blocks (rows group*rows ..).
+template <typename T>
+__global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs<T> a, int bn, int kc,
+                                                                         int unit_blocks, int rows,
+                                                                         unsigned* sync) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t H = a.H, B = a.B, G = 4 * a.H;
+  const int kp = pad16(G), ld = lead<T>(kp), ld_z = lead<T>(kc);
+  T* wt_s = reinterpret_cast<T*>(smem);
+  T* dz_s = wt_s + MMA_UNITS * ld;  // two buffers of bn x ld_z
+  float* red = reinterpret_cast<float*>(dz_s + 2 * bn * ld_z);
+  float* dc_s = red + WARPS * MMA_UNITS * bn;  // dc_s[r * 16 + u], r = row within the group
+  const int64_t unit0 = static_cast<int64_t>(blockIdx.x % unit_blocks) * MMA_UNITS;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x / unit_blocks) * rows;
+  const int64_t row_end = row0 + rows < B ? row0 + rows : B;
+
+  for (int idx = tid; idx < MMA_UNITS * kp; idx += THREADS) {
+    const int r = idx / kp, k = idx % kp;
+    const int64_t unit = unit0 + r;
+    wt_s[r * ld + k] = unit < H && k < G ? a.wt[unit * G + k] : from_f32<T>(0.0f);
+  }
+  for (int idx = tid; idx < rows * MMA_UNITS; idx += THREADS) {
+    const int64_t unit = unit0 + (idx % MMA_UNITS), b = row0 + idx / MMA_UNITS;
+    dc_s[idx] = unit < H && b < B ? to_f32<T>(a.dc_n[b * H + unit]) : 0.0f;
+  }
+  const int u = tid % MMA_UNITS;
+  const int64_t unit = unit0 + u;
+  const T* a_rows = wt_s + (lane & 15) * ld + (lane >> 4) * 8;  // ldmatrix rows of the A tiles
+  const int pieces = (kp + kc - 1) / kc;
+  __syncthreads();
+
+  for (int64_t s = 0; s <= a.steps; ++s) {
+    const int64_t t = a.steps - 1 - s;  // -1 on the last pass: dh0 and dc0
+    const bool recurrent = t + 1 < a.steps;
+    for (int64_t b0 = row0; b0 < row_end; b0 += bn) {
+      float dh[MMA_PAIRS];
+#pragma unroll
+      for (int i = 0; i < MMA_PAIRS; ++i) {  // issued early, as in the CUDA-core kernel
+        const int64_t b = b0 + tid / MMA_UNITS + i * (THREADS / MMA_UNITS);
+        dh[i] = 0.0f;
+        if (tid / MMA_UNITS + i * (THREADS / MMA_UNITS) < bn && b < row_end && unit < H && t >= 0) {
+          dh[i] = to_f32<T>(a.dout[(b * a.steps + t) * H + unit]);
+          if (t == a.steps - 1) dh[i] += to_f32<T>(a.dh_n[b * H + unit]);
+        }
+      }
+      if (recurrent) {
+        const T* dz_next = a.dz + (t + 1) * a.rs_t * G;  // row b at dz_next + b * rs_b * G
+        float acc[MAX_BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < MAX_BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        const int ntn = bn / 8;
+        __syncthreads();  // the previous chunk's readers of dz_s and red are done
+        issue_rows<T>(dz_s, ld_z, dz_next, a.rs_b * G, b0, bn, row_end, static_cast<int>(G < kc ? G : kc),
+                      kc < kp ? kc : kp);
+        cp_async_commit();
+        for (int p = 0; p < pieces; ++p) {
+          const int k0 = p * kc;
+          const int width = kp - k0 < kc ? kp - k0 : kc;
+          if (p + 1 < pieces) {  // the next piece into the other buffer, then wait for this one
+            const int k1 = k0 + kc;
+            const int w1 = kp - k1 < kc ? kp - k1 : kc;
+            const int valid = G - k1 < w1 ? static_cast<int>(G - k1) : w1;
+            issue_rows<T>(dz_s + ((p + 1) & 1) * bn * ld_z, ld_z, dz_next + k1, a.rs_b * G, b0, bn, row_end,
+                          valid, w1);
+            cp_async_commit();
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          __syncthreads();  // piece p is in shared memory for every warp
+          const T* zb = dz_s + (p & 1) * bn * ld_z;
+#pragma unroll 2
+          for (int ks = warp; ks < width / 16; ks += WARPS) {
+            uint32_t af[4];
+            ldmatrix_x4(af, smem_addr(a_rows + k0 + ks * 16));
+#pragma unroll
+            for (int j = 0; j < MAX_BN / 8; ++j) {
+              if (j < ntn) {
+                const T* zp = zb + (j * 8 + (lane >> 2)) * ld_z + ks * 16 + 2 * (lane & 3);
+                mma_16816<T>(acc[j], af, *reinterpret_cast<const uint32_t*>(zp),
+                             *reinterpret_cast<const uint32_t*>(zp + 8));
+              }
+            }
+          }
+          __syncthreads();  // every warp is done with buffer p & 1 before piece p + 2 lands in it
+        }
+        // m16n8 accumulators: unit rows g and g + 8, batch columns 2c and 2c + 1.
+        const int g = lane >> 2, c2 = 2 * (lane & 3);
+        float* mine = red + warp * MMA_UNITS * bn;
+#pragma unroll
+        for (int j = 0; j < MAX_BN / 8; ++j) {
+          if (j < ntn) {
+            const int n = j * 8 + c2;
+            mine[g * bn + n] = acc[j][0];
+            mine[g * bn + n + 1] = acc[j][1];
+            mine[(g + 8) * bn + n] = acc[j][2];
+            mine[(g + 8) * bn + n + 1] = acc[j][3];
+          }
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int i = 0; i < MMA_PAIRS; ++i) {
+        const int n = tid / MMA_UNITS + i * (THREADS / MMA_UNITS);
+        const int64_t b = b0 + n;
+        if (n >= bn || b >= row_end || unit >= H) continue;
+        float rec = 0.0f;
+        if (recurrent) {
+#pragma unroll
+          for (int w = 0; w < WARPS; ++w) rec += red[(w * MMA_UNITS + u) * bn + n];  // fixed order
+        }
+        float* dc = dc_s + (b - row0) * MMA_UNITS + u;
+        if (t < 0) {
+          a.dh0[b * H + unit] = from_f32<T>(rec);
+          a.dc0[b * H + unit] = from_f32<T>(*dc);
+        } else {
+          *dc = cell_backward(a, dh[i] + rec, *dc, b, t, unit);
+        }
+      }
+    }
+    if (s < a.steps) grid_barrier(sync, static_cast<unsigned>(s + 1));
+  }
+}
+
 // =========================================================================================
 // Launchers
 // =========================================================================================
@@ -878,47 +1068,111 @@ inline int cooperative(const void* kernel, int64_t blocks, size_t smem, void** p
 // The batch chunks to try, largest first.
 inline int first_chunk(int64_t B) { return static_cast<int>(B >= MAX_BN ? MAX_BN : levels_cdiv(B, 8) * 8); }
 
-// v2 forward with U units a block: LEVELS_UNSUPPORTED if no batch chunk fits.
+// Batch groups (the wide forward and the mma backward, whose blocks hold 16 units and fill
+// most of a multiprocessor's shared memory): as many as the GPU holds such blocks at once
+// (one a multiprocessor), at least 8 rows each, and never more blocks than the binding's
+// ceil(H/4) barrier words. A group's blocks stage only the group's rows of h_{t-1} or dz_{t+1}
+// per step: twice the groups, half the bytes a block pulls from L2.
+inline int64_t max_groups(int64_t B, int64_t H, int64_t unit_blocks, const Gpu& gpu) {
+  const int64_t by_sms = std::min<int64_t>(gpu.sms, levels_cdiv(H, 4)) / unit_blocks;
+  return std::min<int64_t>(by_sms, levels_cdiv(B, 8));
+}
+
+// Rows of a group when the batch is split in `groups` (whole 8-row n-tiles), and the groups
+// that makes.
+inline int group_rows(int64_t B, int64_t groups) { return static_cast<int>(levels_cdiv(levels_cdiv(B, groups), 8) * 8); }
+
+// v2 forward with U units a block, all B rows one group (grouped = false) or as many groups as
+// fit (true, the wide partition): LEVELS_UNSUPPORTED if no batch chunk fits.
 template <typename T, int U>
-int launch_fwd_v2_units(const FwdArgs<T>& a, unsigned* sync, const Gpu& gpu, cudaStream_t stream) {
+int launch_fwd_v2_units(const FwdArgs<T>& a, unsigned* sync, const Gpu& gpu, cudaStream_t stream, bool grouped) {
   const void* kernel = reinterpret_cast<const void*>(&lstm_fwd_persistent_v2<T, U>);
-  const int64_t blocks = levels_cdiv(a.H, U);
-  const int first = first_chunk(a.B);
-  const int chunks[] = {first, 32, 16, 8};
-  for (int bn : chunks) {
-    if (bn > first) continue;
-    const size_t smem = fwd_smem_bytes<T, U>(a.H, bn, a.B);
-    bool ok = false;
-    if (const cudaError_t err = fits(kernel, smem, blocks, gpu, ok)) return static_cast<int>(err);
-    if (!ok) continue;
-    FwdArgs<T> args = a;
-    void* params[] = {&args, &bn, &sync};
-    return cooperative(kernel, blocks, smem, params, stream);
+  int unit_blocks = static_cast<int>(levels_cdiv(a.H, U));
+  for (int64_t groups = grouped ? max_groups(a.B, a.H, unit_blocks, gpu) : 1; groups >= 1; --groups) {
+    int rows = grouped ? group_rows(a.B, groups) : static_cast<int>(a.B);
+    const int64_t blocks = unit_blocks * levels_cdiv(a.B, rows);
+    const int first = first_chunk(rows);
+    for (int bn : {first, 32, 16, 8}) {
+      if (bn > first) continue;
+      const size_t smem = fwd_smem_bytes<T, U>(a.H, bn, rows);
+      bool ok = false;
+      if (const cudaError_t err = fits(kernel, smem, blocks, gpu, ok)) return static_cast<int>(err);
+      if (!ok) continue;
+      FwdArgs<T> args = a;
+      void* params[] = {&args, &bn, &unit_blocks, &rows, &sync};
+      return cooperative(kernel, blocks, smem, params, stream);
+    }
   }
   return LEVELS_UNSUPPORTED;
 }
 
-// Fat blocks (FAT_UNITS) at small batch, where a step is a chain of latencies; 4 units a block
-// beyond, where it is work spread over twice the SMs. If the preferred partition does not fit,
-// the other may (thinner blocks need less shared memory each, fatter ones fewer SMs).
+// Fat blocks (FAT_UNITS) at small batch, where a step is a chain of latencies. Beyond, 16-bit
+// runs the WIDE partition: 16 units a block (64 gate rows of W_hh on chip, 4 m16 tiles) and
+// the batch split into groups, so that each block stages only its group's rows of h_{t-1}:
+// at B64 H1024, 64 unit blocks x 2 groups pull 64 KB each a step, where 256 blocks of 4 units
+// pulled 128 KB each (reports/lstm-recurrence/). fp32 (whose 16-unit slice would not fit)
+// keeps 4 units a block over twice the SMs. If the preferred partition does not fit, the
+// others may (thinner blocks need less shared memory each, fatter ones fewer SMs).
 template <typename T>
 int launch_fwd_v2(const FwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
   Gpu gpu;
   if (const int status = gpu_limits(gpu)) return status;
   const bool fat = a.B <= LEVELS_LSTM_V2_FAT_BATCH;
-  int status = fat ? launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream)
-                   : launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream);
+  int status = LEVELS_UNSUPPORTED;
+  if constexpr (!std::is_same<T, float>::value) {
+    if (!fat) status = launch_fwd_v2_units<T, WIDE_UNITS>(a, sync, gpu, stream, true);
+  }
+  if (status != LEVELS_UNSUPPORTED) return status;
+  status = fat ? launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream, false)
+               : launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream, false);
   if (status == LEVELS_UNSUPPORTED && FAT_UNITS != THIN_UNITS) {
-    status = fat ? launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream)
-                 : launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream);
+    status = fat ? launch_fwd_v2_units<T, THIN_UNITS>(a, sync, gpu, stream, false)
+                 : launch_fwd_v2_units<T, FAT_UNITS>(a, sync, gpu, stream, false);
   }
   return status;
+}
+
+// The mma backward (16-bit, even H: every dz row and piece is whole 16-byte copies): the most
+// batch groups (max_groups), then the widest chunk and dz piece that fit beside the W_hh^T
+// slice. LEVELS_UNSUPPORTED if nothing fits (a wide H): the caller runs the CUDA-core kernel.
+template <typename T>
+int launch_bwd_v2_mma(const BwdArgs<T>& a, unsigned* sync, const Gpu& gpu, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&lstm_bwd_persistent_v2_mma<T>);
+  int unit_blocks = static_cast<int>(levels_cdiv(a.H, MMA_UNITS));
+  const int kp = pad16(4 * a.H);
+  for (int64_t groups = max_groups(a.B, a.H, unit_blocks, gpu); groups >= 1; --groups) {
+    int rows = group_rows(a.B, groups);
+    const int64_t blocks = unit_blocks * levels_cdiv(a.B, rows);
+    const int first = first_chunk(rows);
+    for (int bn : {first, 32, 16, 8}) {  // the widest chunk, then the widest piece, that fit
+      if (bn > first) continue;
+      for (int kc : {kp, 2048, 1024, 512, 256}) {
+        if (kc > kp) continue;
+        const size_t smem = bwd_mma_smem_bytes<T>(a.H, bn, kc, rows);
+        bool ok = false;
+        if (const cudaError_t err = fits(kernel, smem, blocks, gpu, ok)) return static_cast<int>(err);
+        if (!ok) continue;
+        BwdArgs<T> args = a;
+        void* params[] = {&args, &bn, &kc, &unit_blocks, &rows, &sync};
+        return cooperative(kernel, blocks, smem, params, stream);
+      }
+    }
+  }
+  return LEVELS_UNSUPPORTED;
 }
 
 template <typename T>
 int launch_bwd_v2(const BwdArgs<T>& a, unsigned* sync, cudaStream_t stream) {
   Gpu gpu;
   if (const int status = gpu_limits(gpu)) return status;
+#if LEVELS_LSTM_V2_BWD_MMA
+  if constexpr (!std::is_same<T, float>::value) {
+    if (a.H % 2 == 0) {
+      const int status = launch_bwd_v2_mma<T>(a, sync, gpu, stream);
+      if (status != LEVELS_UNSUPPORTED) return status;
+    }
+  }
+#endif
   const void* kernel = reinterpret_cast<const void*>(&lstm_bwd_persistent_v2<T>);
   const int64_t blocks = levels_cdiv(a.H, UNITS);
   const int first = first_chunk(a.B), kp = pad16(4 * a.H);

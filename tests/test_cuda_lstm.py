@@ -112,8 +112,9 @@ def test_persistent_kernels_do_not_spill_on_sm90a():
     report = build.ptxas_report(CU, "90a")
     names = [k.get("kernel", k["mangled"]) for k in report]
     persistent = [k for k in report if "persistent_v2" in k.get("kernel", k["mangled"])]
-    # forward x 2 partitions (8 units a block at small batch, 4 beyond) x 3 dtypes; backward x 3
-    assert len(persistent) == 2 * 3 + 3, names
+    # forward x 2 partitions (8 units a block at small batch, 4 beyond) x 3 dtypes and the wide
+    # one (16 units, 16-bit only) x 2; backward x 3 on CUDA cores, on the tensor cores x 2
+    assert len(persistent) == 2 * 3 + 2 + 3 + 2, names
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
     for k in persistent:
@@ -124,8 +125,10 @@ def test_persistent_kernels_do_not_spill_on_sm90a():
 # build does not compile; the sweep in scripts/device_level5.py builds them on the GPU machine,
 # and a knob value that spills or does not compile would only show up there.
 # (flags, persistent kernels: with UNITS=4 both forward partitions are one instantiation)
-KNOBS = [("-DLEVELS_LSTM_V2_UNITS=4 -DLEVELS_LSTM_V2_BARRIER=0", 3 + 3),
-         ("-DLEVELS_LSTM_V2_UNITS=16 -DLEVELS_LSTM_V2_BARRIER=1", 2 * 3 + 3)]
+# (UNITS=16 makes the fat partition the wide one's instantiation)
+KNOBS = [("-DLEVELS_LSTM_V2_UNITS=4 -DLEVELS_LSTM_V2_BARRIER=0", 3 + 2 + 3 + 2),
+         ("-DLEVELS_LSTM_V2_UNITS=16 -DLEVELS_LSTM_V2_BARRIER=1", 2 * 3 + 3 + 2),
+         ("-DLEVELS_LSTM_V2_BWD_MMA=0", 2 * 3 + 2 + 3)]
 
 
 @pytest.mark.skipif(NVCC is not None, reason=f"needs nvcc: {NVCC}")
@@ -168,8 +171,9 @@ def test_harness_tiny_both_layouts(version, dtype, monkeypatch):
         assert r.passed, f"v{version}: {r.summary()}"
 
 
-# (B, T, I, H): nothing a multiple of a tile; B=67 takes two batch chunks (64 + 3) in v2,
-# B=20 and 67 run v2's forward with 4 units a block (past LEVELS_LSTM_V2_FAT_BATCH = 16), the
+# (B, T, I, H): nothing a multiple of a tile; B=67 takes two batch chunks (64 + 3) in v2's
+# fp32 forward, B=20 and 67 run v2's forward with 4 units a block in fp32 and the wide
+# partition (16 units, batch groups) in 16-bit (past LEVELS_LSTM_V2_FAT_BATCH = 16), the
 # others with 8; H=1 and 17 leave most of a block's units and 16-wide K steps empty, H=512 is
 # the bench's.
 SHAPES = [(1, 1, 1, 1), (3, 5, 7, 17), (8, 5, 1, 64), (3, 1, 7, 512), (8, 5, 7, 512), (20, 3, 5, 33),
@@ -247,6 +251,21 @@ def test_plan_runs_v2_where_it_fits_and_v1_where_it_does_not(monkeypatch):
     assert torch.equal(plan[0], v1[0]) and torch.equal(plan[1][0], v1[1][0]) and torch.equal(plan[1][1], v1[1][1])
     with pytest.raises(ValueError, match=r"lstm_fwd \(version 2\): w_hh .*does not fit on chip"):
         K5.lstm(*(big[n] for n in NAMES), version=2)
+
+
+# The 16-bit backward on the tensor cores (lstm.cu, lstm_bwd_persistent_v2_mma) and, past 16
+# rows, the wide forward (16 units a block, batch groups): B=67 over three groups of 24 rows
+# (the last 19), B=300 over groups of 80 rows, each two chunks (64 + 16), hidden 1024 with dz
+# in double-buffered pieces (B=3: 2048 columns) and two groups of 24 rows (B=40); H=64 gives 4
+# unit blocks, H=40 three, the last part empty.
+MMA_SHAPES = [(67, 3, 7, 64), (300, 2, 3, 64), (3, 2, 5, 1024), (40, 3, 5, 1024), (9, 4, 3, 40)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: "B{}-T{}-I{}-H{}".format(*s))
+def test_v2_wide_forward_and_backward_on_tensor_cores(dtype, shape, monkeypatch):
+    _passes(_args(*shape, dtype, seed=sum(shape)), 2, monkeypatch)
 
 
 @pytest.mark.gpu
