@@ -416,9 +416,9 @@ class GraphedModule(nn.Module):
                     del outs
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            # Level 4's persistent LSTM queues a check of its grid barrier that its next
-            # call reads with an event query, which a capture forbids: read it now (raises
-            # if a warm-up call gave up at the barrier).
+            # Level 4's persistent LSTM reports a barrier that gave up through a word its
+            # later calls read (triton_kernels/lstm.py _sticky), and nothing is read during a
+            # capture: read it now (raises if a warm-up call gave up at the barrier).
             lstm = sys.modules.get("triton_kernels.lstm")
             if lstm is not None and hasattr(lstm, "check_barrier"):
                 lstm.check_barrier(wait=True)

@@ -89,10 +89,10 @@ def _sweep_kernel(which, a, B, H, sms, ref, saved, deadline):
         _with(cfg)
         if which == "fwd":
             return lambda: LS._forward(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], a["b_ih"],
-                                       a["b_hh"], True)
+                                       a["b_hh"], True, LS._sticky(a["x"].device))
         out, gates, cs, dout, dhT, dcT = saved
         return lambda: LS._backward(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], out, gates, cs,
-                                    dout, dhT, dcT)
+                                    dout, dhT, dcT, LS._sticky(a["x"].device))
 
     def trial(cfg):
         if time.time() > deadline:
@@ -266,7 +266,9 @@ def main() -> None:
         if not a_.no_sweep:
             # Per shape an equal share of what is left of the budget.
             deadline = time.time() + (a_.budget_s - (time.time() - t0)) / (len(names) - i)
-            ref_f = LS._forward(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"], True)
+            sticky = LS._sticky(dev)
+            ref_f = LS._forward(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"], True,
+                                sticky)
             out, c_t, gates, cs = ref_f
             g = torch.Generator(device="cpu").manual_seed(1)
             dout = torch.randn(B, T, H, generator=g).to(dev, dt)
@@ -274,7 +276,7 @@ def main() -> None:
             dcT = torch.randn(1, B, H, generator=g).to(dev, dt)
             saved = (out, gates, cs, dout, dhT, dcT)
             ref_b = LS._backward(a["x"], a["h0"], a["c0"], a["w_ih"], a["w_hh"], out, gates, cs,
-                                 dout, dhT, dcT)
+                                 dout, dhT, dcT, sticky)
             rows = _sweep_kernel("fwd", a, B, H, sms, ref_f, saved, deadline - 0.5 * (deadline - time.time()))
             rows += _sweep_kernel("bwd", a, B, H, sms, ref_b, saved, deadline)
             entry["sweep"] = rows

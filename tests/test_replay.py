@@ -403,12 +403,6 @@ def _run(component, args, grads_seed):
     return [o.detach() for o in outs], list(grads), buffers
 
 
-# Calls whose Python path does host work a replay would leave out, refused by design: the
-# persistent LSTM watches its barrier's error word (triton_kernels/lstm.py _watch); its
-# inference forward and LSTM_TRITON_MODE=step replay.
-STAYS_ON_PYTHON = {"lstm": "barrier error word is watched from the host"}
-
-
 def _flat(result):
     return result[0] + result[1] + result[2]
 
@@ -452,10 +446,8 @@ def test_gpu_replayed_calls_give_the_python_paths_bits(component, dtype, monkeyp
             _run(component, args, 1)  # the signature's first call: recorded, then planned
             python_calls.clear()
             got = _run(component, args, 1)
-            if component in STAYS_ON_PYTHON and python_calls:
-                assert STAYS_ON_PYTHON[component] in str(R.reasons()), what
-            else:
-                assert not python_calls, f"{what}: not replayed: {R.reasons()}"
+            # every component, the persistent LSTM included (its barrier report is an input)
+            assert not python_calls, f"{what}: not replayed: {R.reasons()}"
             _same(want, again, got, what)
             _check_inference(component, args, what, monkeypatch)
 

@@ -41,15 +41,22 @@ def main() -> int:
 
     f32, bf16, i32 = "*fp32", "*bf16", "*i32"
     jobs = []
-    for dt, precision in ((bf16, "tf32"), (f32, "tf32x3")):
-        common = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=64, SYNC=True, N_H_POW2=32, UPCAST=False,
-                      PRECISION=precision, SPIN_LIMIT=lstm.SPIN_LIMIT)
+    for dt, precision, size in ((bf16, "tf32", 2), (f32, "tf32x3", 4)):
+        # the plan's tiles at the LSTM LM's training shape (B64, hidden 1024, 132 SMs)
+        fwd = lstm._plan(64, 1024, None, "persistent", None, "fwd", size, sms=132)
+        bwd = lstm._plan(64, 1024, None, "persistent", None, "bwd", size, sms=132)
+        common = dict(SYNC=True, N_H_POW2=32, UPCAST=False, PRECISION=precision,
+                      SPIN_LIMIT=lstm.SPIN_LIMIT)
         jobs.append((f"lstm_fwd {dt}", lstm._lstm_fwd,
                      dict(XP=f32, H0=dt, CIN=dt, W=dt, BHH=dt, OUT=dt, CT=dt, GATES=f32, CS=f32,
-                          FLAGS=i32, ERR=i32), dict(common, SAVE=True)))
+                          FLAGS=i32, ERR=i32, STICKY=i32),
+                     dict(common, SAVE=True, BLOCK_B=fwd["BLOCK_B"], BLOCK_H=fwd["BLOCK_H"],
+                          BLOCK_K=fwd["BLOCK_K"], FUSED_GATES=fwd["fused_gates"]), fwd))
         jobs.append((f"lstm_bwd {dt}", lstm._lstm_bwd,
                      dict(DOUT=dt, DHT=dt, DCIN=dt, W=dt, GATES=f32, CS=f32, C0=dt, DZ=dt, DH0=dt,
-                          DC0=dt, FLAGS=i32, ERR=i32), dict(common, FINAL=True)))
+                          DC0=dt, FLAGS=i32, ERR=i32, STICKY=i32),
+                     dict(common, FINAL=True, BLOCK_B=bwd["BLOCK_B"], BLOCK_H=bwd["BLOCK_H"],
+                          BLOCK_K=bwd["BLOCK_K"]), bwd))
     jobs.append(("layer_norm_fwd bf16", layer_norm.layer_norm_fwd_kernel,
                  dict(x_ptr=bf16, w_ptr=bf16, b_ptr=bf16, y_ptr=bf16, stats_ptr=f32,
                       eps="fp32"), dict(BLOCK_M=1, BLOCK_N=4096, STATS=True)))

@@ -301,19 +301,10 @@ COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 class _Recorder(threading.local):
     jobs: list | None = None  # this thread's recorded launches, during a dry pass
     keep: bool = False  # record the launches' own arguments (replay.py), not stand-ins
-    refused: list | None = None  # why replay.py's recording cannot be replayed
     call: tuple | None = None  # (Function, args) of the apply_ahead call under way
 
 
 _RECORDER = _Recorder()
-
-
-def refuse_replay(reason: str) -> None:
-    """Called by a launcher, in a dry pass, where it does host work that a replay of its
-    launches would leave out (the LSTM's watch of its barrier's error word): replay.py then
-    keeps the call's signature on the Python path, with this reason."""
-    if _RECORDER.refused is not None:
-        _RECORDER.refused.append(reason)
 
 
 _LOCK = threading.Lock()

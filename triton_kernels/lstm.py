@@ -25,9 +25,10 @@ programs from starting while the others spin on them, and two persistent launche
 each fit can deadlock each other. So the barrier never waits forever: after SPIN_LIMIT
 polls (about a second) a program gives up, raises an error flag that stops every other
 program's wait at once, and from then on every program stores NaN instead of h and c, so
-the result is never silently wrong; the next call of `lstm` (or `check_barrier()`) raises
-a RuntimeError that says what happened and how to avoid it (LSTM_TRITON_MODE=step); under
-torch.compile the NaN stays unreported (a compiled graph launches without this watch). Under
+the result is never silently wrong; the next call of `lstm` but one (or, at once,
+`check_barrier(wait=True)`) raises a RuntimeError that says what happened and how to avoid it
+(LSTM_TRITON_MODE=step; _sticky says how the report travels without a synchronization);
+under torch.compile or a CUDA graph the NaN is reported by the next eager call. Under
 the CPU interpreter, which runs programs one after another, a single program per batch block
 owns every hidden unit and needs no barrier.
 
@@ -68,8 +69,7 @@ import triton.language as tl
 
 from .gemm import KERNELS as _GEMM_KERNELS
 from .gemm import column_sum, gemm, sm_count
-from .launch import (apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2,
-                     recording, refuse_replay)
+from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad, next_power_of_2
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -99,7 +99,7 @@ SPIN_LIMIT = 2 ** 20
 
 
 @triton.jit
-def _grid_barrier(flags, err, pid_h, n_h, step, N_H_POW2: tl.constexpr,
+def _grid_barrier(flags, err, sticky, pid_h, n_h, step, N_H_POW2: tl.constexpr,
                   SPIN_LIMIT: tl.constexpr):
     """Wait until all n_h programs of this batch block have posted `step`; 1 if they did,
     0 if this program gave up (SPIN_LIMIT polls, or another program raised `err`).
@@ -122,8 +122,10 @@ def _grid_barrier(flags, err, pid_h, n_h, step, N_H_POW2: tl.constexpr,
         polls += 1
         failed = tl.atomic_add(err, 0, sem="relaxed", scope="gpu")
     arrived = slowest >= step
-    # Gave up: tell every other program, so none of them waits out its own limit.
+    # Gave up: tell every other program, so none of them waits out its own limit, and leave
+    # the device's sticky word set for the host to report (check_barrier).
     tl.atomic_xchg(err, 1, mask=arrived == 0, sem="relaxed", scope="gpu")
+    tl.atomic_xchg(sticky, 1, mask=arrived == 0, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     return arrived.to(tl.int32)
 
@@ -202,7 +204,7 @@ def _gates_one_dot(h_base, h_stride, W, offs_b, b_ok, offs_j, j_ok, pid_h, HID, 
 # specialized into a compile-time constant and the two branches would disagree in type.
 @fast_launch
 @triton.jit(do_not_specialize=["stride_h0b", "stride_ob"])
-def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
+def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR, STICKY,
               B, T, HID, t_begin, t_end,
               stride_xpb, stride_xpt, stride_h0b, stride_cinb, stride_wr, stride_wc,
               stride_ob, stride_ot,
@@ -276,7 +278,7 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
             tl.store(CS + offs_b[:, None] * (T * HID) + t * HID + offs_j[None, :], c, mask=bj_ok)
         if SYNC:
             if alive != 0:
-                alive = _grid_barrier(flags, ERR, pid_h, n_h, t - t_begin + 1, N_H_POW2,
+                alive = _grid_barrier(flags, ERR, STICKY, pid_h, n_h, t - t_begin + 1, N_H_POW2,
                                       SPIN_LIMIT)
         else:  # h_t goes back in through memory: this program's threads must see all of it
             tl.debug_barrier()
@@ -285,7 +287,7 @@ def _lstm_fwd(XP, H0, CIN, W, BHH, OUT, CT, GATES, CS, FLAGS, ERR,
 
 @fast_launch
 @triton.jit
-def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR,
+def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR, STICKY,
               B, HID, t_hi, t_lo, T,
               stride_dob, stride_dot, stride_wr, stride_wc,
               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -349,7 +351,7 @@ def _lstm_bwd(DOUT, DHT, DCIN, W, GATES, CS, C0, DZ, DH0, DC0, FLAGS, ERR,
         tl.store(z_ptrs + 3 * HID, dz_o.to(DZ.dtype.element_ty), mask=bj_ok)
         if SYNC:
             if alive != 0:
-                alive = _grid_barrier(flags, ERR, pid_h, n_h, s + 1, N_H_POW2, SPIN_LIMIT)
+                alive = _grid_barrier(flags, ERR, STICKY, pid_h, n_h, s + 1, N_H_POW2, SPIN_LIMIT)
         else:
             tl.debug_barrier()
     tl.store(DC0 + bj, dc.to(DC0.dtype.element_ty), mask=bj_ok)
@@ -401,9 +403,10 @@ MODE = os.environ.get("LSTM_TRITON_MODE", "auto")
 
 
 def _plan(B: int, H: int, device: torch.device, mode=None, num_warps=None, kernel="fwd",
-          itemsize=2) -> dict:
+          itemsize=2, sms=None) -> dict:
     """Tiles and mode of the forward (kernel="fwd") or backward ("bwd") recurrence, for
-    operands of `itemsize` bytes. mode, num_warps: the call's own (None: MODE, the rule).
+    operands of `itemsize` bytes. mode, num_warps: the call's own (None: MODE, the rule);
+    sms: the multiprocessors to plan for (None: the device's).
 
     The rule, from `scripts/sweep_lstm.py` on an H100 (reports/lstm-recurrence/, five shapes
     from B8 H256 to B128 H1024, bf16):
@@ -431,7 +434,7 @@ def _plan(B: int, H: int, device: torch.device, mode=None, num_warps=None, kerne
         bh = next_power_of_2(H)
         return dict(BLOCK_B=16, BLOCK_H=bh, BLOCK_K=min(bh, 32), mode="single", num_warps=4,
                     num_stages=1, fused_gates=fwd)
-    sms = _sm_count(device)
+    sms = _sm_count(device) if sms is None else sms
     widths = (8, 16, 32, 64) if fwd else (32, 64)
     blocks = [(bb, bh) for bb in (16, 32, 64) for bh in widths]
     fitting = [(bb, bh) for bb, bh in blocks if cdiv(B, bb) * cdiv(H, bh) <= sms]
@@ -481,57 +484,68 @@ BARRIER_GAVE_UP = (
     "call returned NaN, not a wrong number. Run the LSTM with the GPU to itself, or set "
     "LSTM_TRITON_MODE=step (one launch per time step, no barrier).")
 
-# (event, pinned host copy of the error word) of persistent launches not yet known to have
-# finished. Reading the word at once would cost every call a synchronization; instead the
-# copy is queued behind the kernel and looked at by the next call (or check_barrier()).
-_WATCHED: list = []
-
-
 def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed flags (one per program, a row per batch block) and the shared error word."""
+    """Zeroed flags (one per program, a row per batch block) and the call's error word."""
     words = torch.zeros(n_b * n_h_pow2 + 1, device=device, dtype=torch.int32)
     return words[:-1].view(n_b, n_h_pow2), words[-1:]
 
 
-def _watch(err: torch.Tensor) -> None:
+# How a barrier that gave up is reported without the host waiting for the GPU. The call's
+# error word (above) stops the other programs' waits; a program that gives up also sets its
+# device's STICKY word, allocated once and passed to every call as one of its inputs, so
+# that the C++ replay (replay.py: it patches the pointers of a call's own tensors and runs
+# no Python between launches) replays these calls like any other. The Python prologue of
+# every call (`lstm`, outside the replayed Function) reads a pinned host copy of the word,
+# raises if it is set, and queues a fresh copy behind the work already on the stream: a
+# give-up is reported by the next call but one at the latest, by check_barrier(wait=True) at
+# once. (Before: an event and a copy queued per call, host work inside the Function that
+# kept every LSTM call on the Python path, ~200 us of host time each.)
+_STICKY: dict = {}  # device -> (its sticky word, a pinned host copy of it)
+
+
+def _sticky(device: torch.device) -> torch.Tensor:
+    """The device's sticky word, for this call's kernels; first raises RuntimeError
+    (BARRIER_GAVE_UP) if the last copy of it shows a give-up, then queues the next copy.
+    While torch.compile traces, or a CUDA graph is captured, nothing is read or queued: a
+    give-up there leaves NaN in that call's outputs, reported by a later eager call."""
     if torch.compiler.is_compiling():
-        # A compiled graph launches the kernels without this Python: nothing would ever look
-        # at the word (and tracing pinned memory and events is a graph break per call). Under
-        # torch.compile a barrier that gives up leaves NaN in that call's outputs, unreported.
-        return
-    if err.device.type == "cuda" and recording():
-        # a replay of the launches would not watch: this call stays on the Python path
-        refuse_replay("the persistent recurrence's barrier error word is watched from the host")
-    if err.device.type != "cuda" or recording() or torch.cuda.is_current_stream_capturing():
-        return
-    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
-    host.copy_(err, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    _WATCHED.append((event, host))
+        return torch.zeros(1, device=device, dtype=torch.int32)  # no global state in a trace
+    entry = _STICKY.get(device)
+    if entry is None:
+        entry = _STICKY[device] = (torch.zeros(1, device=device, dtype=torch.int32),
+                                   torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda"))
+    word, host = entry
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return word
+    if device.type != "cuda":
+        host.copy_(word)  # the interpreter ran the launches already
+    if host.item():  # a CPU read of pinned memory: no synchronization
+        word.zero_()
+        host.zero_()
+        raise RuntimeError(BARRIER_GAVE_UP)
+    if device.type == "cuda":
+        host.copy_(word, non_blocking=True)
+    return word
 
 
 def check_barrier(wait: bool = False) -> None:
-    """Raise RuntimeError(BARRIER_GAVE_UP) if a finished persistent launch gave up at its
-    barrier; wait=True waits for the launches still running first. Not while a CUDA graph
-    is being captured: querying an event then (cudaEventQuery) invalidates the capture, and a
-    replay's launches are not watched anyway (see _watch)."""
-    if torch.compiler.is_compiling() or (_WATCHED and torch.cuda.is_current_stream_capturing()):
-        return  # see _watch; the capture case: a replay's launches are not watched either
-    pending, failed = [], False
-    for event, host in _WATCHED:
-        if wait:
-            event.synchronize()
-        if event.query():
-            failed = failed or bool(host.item())
-        else:
-            pending.append((event, host))
-    _WATCHED[:] = pending
-    if failed:
-        raise RuntimeError(BARRIER_GAVE_UP)
+    """Raise RuntimeError(BARRIER_GAVE_UP) if a persistent launch whose report has arrived
+    gave up at its barrier; wait=True first waits for every launch queued so far and fetches
+    the reports. Not while torch.compile traces or a CUDA graph is captured (see _sticky)."""
+    if torch.compiler.is_compiling():
+        return
+    for device, (word, host) in list(_STICKY.items()):
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            continue
+        if wait or device.type != "cuda":
+            host.copy_(word)  # waits for the device's queued work (a blocking copy)
+        if host.item():
+            word.zero_()
+            host.zero_()
+            raise RuntimeError(BARRIER_GAVE_UP)
 
 
-def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=None,
+def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, sticky, mode=None, fp32_dot=None,
              num_warps=None):
     B, T, I = x.shape
     H = w_hh.shape[1]
@@ -560,7 +574,7 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=
 
     def run(t0, t1, c_in, sync):
         _lstm_fwd[(n_b, n_h)](
-            xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, B, T, H, t0, t1, T * 4 * H,
+            xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, sticky, B, T, H, t0, t1, T * 4 * H,
             4 * H, h0_.stride(0), c_in.stride(0), w.stride(0), w.stride(1), out.stride(0),
             out.stride(1), SYNC=sync, **common)
 
@@ -570,12 +584,10 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, mode=None, fp32_dot=
             run(t, t + 1, c0_ if t == 0 else c_t, False)
     else:
         run(0, T, c0_, p["mode"] == "persistent")
-        if p["mode"] == "persistent":
-            _watch(err)
     return out, c_t, gates, cs
 
 
-def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=None,
+def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, sticky, mode=None,
               fp32_dot=None, num_warps=None):
     B, T, I = x.shape
     H = w_hh.shape[1]
@@ -599,7 +611,7 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
 
     def run(t_hi, t_lo, dc_in, sync, final):
         _lstm_bwd[(n_b, n_h)](d_out, d_hT, dc_in, w_hh, gates, cs, c0_, dz, dh0, dc0, flags,
-                              err, B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
+                              err, sticky, B, H, t_hi, t_lo, T, d_out.stride(0), d_out.stride(1),
                               w_hh.stride(0), w_hh.stride(1), SYNC=sync, FINAL=final, **common)
 
     if p["mode"] == "step":
@@ -608,7 +620,6 @@ def _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT, mode=Non
         run(0, 0, dc0, False, True)  # dh0 needs all of dZ_0: one more launch
     elif p["mode"] == "persistent":
         run(T, 0, d_cT, True, True)
-        _watch(err)
     else:  # single program per batch block: its own dZ_0 is complete, no barrier needed
         run(T, 0, d_cT, False, True)
 
@@ -632,20 +643,21 @@ def _gradient_gemms(x, h0, w_ih, out, dz, dh0, dc0):
 
 class _LSTM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, save, x, h0, c0, w_ih, w_hh, b_ih, b_hh, knobs=(None, None, None)):
-        # knobs: (mode, fp32_dot, num_warps) of the call, the backward's too
-        out, c_t, gates, cs = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save, *knobs)
+    def forward(ctx, save, x, h0, c0, w_ih, w_hh, b_ih, b_hh, knobs, sticky):
+        # knobs: (mode, fp32_dot, num_warps) of the call, the backward's too; sticky: the
+        # device's barrier report word (_sticky), an input so that a replay patches it too
+        out, c_t, gates, cs = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save, sticky, *knobs)
         h_t = out[:, -1].unsqueeze(0).clone()
         if save:
-            ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, gates, cs)
+            ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, gates, cs, sticky)
             ctx.knobs = knobs
         return out, h_t, c_t.unsqueeze(0)
 
     @staticmethod
     def backward(ctx, d_out, d_hT, d_cT):
-        x, h0, c0, w_ih, w_hh, out, gates, cs = ctx.saved_tensors
+        x, h0, c0, w_ih, w_hh, out, gates, cs, sticky = ctx.saved_tensors
         return ((None,) + _backward(x, h0, c0, w_ih, w_hh, out, gates, cs, d_out, d_hT, d_cT,
-                                    *ctx.knobs) + (None,))
+                                    sticky, *ctx.knobs) + (None, None))
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=None, fp32_dot=None, num_warps=None):
@@ -662,21 +674,22 @@ def lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=None, fp32_dot=None, num_warps=
     b_hh with a unit stride along H, so they are made contiguous here: B*H and 4H elements,
     nothing next to the recurrence, and autograd carries their gradients back through the
     copies to the caller's views."""
-    check_barrier()  # a previous persistent call that gave up is reported, not forgotten
+    # A previous persistent launch that gave up at its barrier is reported, not forgotten
+    sticky = _sticky(x.device)
     h0, c0, b_hh = h0.contiguous(), c0.contiguous(), b_hh.contiguous()
     inputs = (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     # Inside Function.forward grad mode is always off, so decide out here whether the
     # activations for backward (gates, c) must be saved at all (not under no_grad).
     if needs_grad(*inputs):
-        out, h_t, c_t = apply_ahead(_LSTM, True, *inputs, (mode, fp32_dot, num_warps))
+        out, h_t, c_t = apply_ahead(_LSTM, True, *inputs, (mode, fp32_dot, num_warps), sticky)
         return out, (h_t, c_t)
     # Nothing to differentiate: no activations saved, and no autograd.Function.apply
-    out, h_t, c_t = forward_ahead(_inference, *inputs, mode, fp32_dot, num_warps)
+    out, h_t, c_t = forward_ahead(_inference, *inputs, mode, fp32_dot, num_warps, sticky)
     return out, (h_t, c_t)
 
 
-def _inference(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, fp32_dot, num_warps):
+def _inference(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, fp32_dot, num_warps, sticky):
     """The forward of a call that computes no gradient (launch.forward_ahead replays it)."""
-    out, c_t, _, _ = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save=False, mode=mode,
-                              fp32_dot=fp32_dot, num_warps=num_warps)
+    out, c_t, _, _ = _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save=False, sticky=sticky,
+                              mode=mode, fp32_dot=fp32_dot, num_warps=num_warps)
     return out, out[:, -1].unsqueeze(0).clone(), c_t.unsqueeze(0)

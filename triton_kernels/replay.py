@@ -40,10 +40,11 @@ after them), and refuses kernels that need anything else (scratch memory, cluste
 cooperative or PDL launches, tensor descriptors), which then run as before; replay.cpp also
 asks the driver for each kernel's parameter sizes once and refuses a plan that differs. Not
 replayed: calls under torch.compile (Dynamo traces the kernels), during a CUDA-graph capture
-(the dry pass would be captured), with launch hooks installed (profilers), in Triton's CPU
-interpreter, and calls whose Python path does host work between launches (the persistent
-LSTM's barrier watch: `launch.refuse_replay`). `LEVELS_TRITON_REPLAY=0` switches it off, to
-compare.
+(the dry pass would be captured), with launch hooks installed (profilers), and in Triton's CPU
+interpreter. (The persistent LSTM once watched its barrier's error word from the host inside
+its Function, which kept it on the Python path; it now reports through a word passed as an
+input, triton_kernels/lstm.py `_sticky`, and replays like the rest.)
+`LEVELS_TRITON_REPLAY=0` switches it off, to compare.
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def _dry(rec: _Recording):
     torch operations noted by _OpLog, no autograd. An exception of the pass is noted as the
     reason to refuse (the real call that follows raises it, with its own traceback)."""
     recorder = _launch._RECORDER
-    recorder.jobs, recorder.keep, recorder.refused = rec.events, True, rec.refused
+    recorder.jobs, recorder.keep = rec.events, True
     try:
         inputs = [a for a in rec.args if isinstance(a, torch.Tensor)]
         with torch.no_grad(), _OpLog(rec.events, rec.refused, inputs):
@@ -271,7 +272,7 @@ def _dry(rec: _Recording):
     except Exception as exc:  # noqa: BLE001 - see above
         rec.refused.append(f"the dry pass raised {type(exc).__name__}: {exc}")
     finally:
-        recorder.jobs, recorder.keep, recorder.refused = None, False, None
+        recorder.jobs, recorder.keep = None, False
 
 
 def _record_forward(fn, args: tuple) -> _Recording:
