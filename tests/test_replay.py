@@ -470,10 +470,7 @@ def _check_inference(component, args, what, monkeypatch):
     monkeypatch.setattr(R, "call_forward", noted)
     got = _inference(component, args)
     monkeypatch.setattr(R, "call_forward", call_forward)
-    if component in STAYS_ON_PYTHON and replays == [False]:
-        assert STAYS_ON_PYTHON[component] in str(R.reasons()), what
-    else:
-        assert replays == [True], f"{what} (no grad): not replayed: {R.reasons()}"
+    assert replays == [True], f"{what} (no grad): not replayed: {R.reasons()}"
     _same(want, again, got, what + " (no grad)")
 
 
