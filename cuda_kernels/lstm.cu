@@ -83,9 +83,11 @@
 //       fp32 (and odd H, and an H whose 16-row slice does not fit): 4 units a block, every
 //       block staging all B rows, the product on CUDA cores (fp32 accumulate).
 //       Measured (B64, hidden 1024, T64, bf16, H100; reports/lstm-recurrence/): the backward
-//       kernel 4.9 -> 1.2 ms, the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.3 ms
-//       against nn.LSTM's 3.5 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from the
-//       host). The LSTM LM's step at Level 5: 287k -> 750k tokens/s, 1.82x nn.LSTM's model.
+//       kernel 4.9 -> 1.2 ms, then 1.0 once its copies stopped computing indices per copy
+//       (copy_rows_async); the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.1 ms
+//       against nn.LSTM's 3.3-4.2 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from
+//       the host). The LSTM LM's step at Level 5: 287k -> 757-783k tokens/s, 1.76-2.15x
+//       nn.LSTM's model in three tables (torch's host-bound step moves between hosts).
 //
 // Layouts (made so by cuda_kernels/lstm_binding.cpp and lstm.py): xp (rows, 4H) fp32, gates
 // (rows, 4H) fp32, cs (rows, H) fp32 and dz (rows, 4H) contiguous, where the row of (batch b,
@@ -346,19 +348,50 @@ __global__ void __launch_bounds__(THREADS) lstm_bwd_step_v1(BwdArgs<T> a, int64_
 // once (no register round trip, no load-store dependence between the loop's iterations): the
 // staging costs ONE L2 round trip, on the critical path of every step. Called by all threads
 // of the block; each waits for its own copies, the caller's __syncthreads() publishes them.
+// Issue (the caller commits and waits) the 16-byte cp.async copies of rows [b0, b0 + rows) x
+// columns [0, cols_pad) of a (B, cols) matrix (row b at src + b * stride; cols, stride and src
+// whole 16-byte pieces) into dst (leading dimension ld); rows past B and columns past cols
+// become zeros. A thread keeps ONE 16-byte column and walks down the rows: a division per
+// call, then additions. (Computing every copy's row and column from a flat index, two integer
+// divisions and 64-bit products a copy, was most of the instructions of the backward's step:
+// ncu found that kernel issue-bound, 5.8 cycles per instruction with nothing else saturated,
+// reports/lstm-recurrence/ncu-backward-level4-level5.txt.)
+template <typename T>
+__device__ __forceinline__ void copy_rows_async(T* dst, int ld, const T* src, int64_t stride, int64_t b0,
+                                                int rows, int64_t B, int cols, int cols_pad) {
+  constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte copy
+  const int per_row = cols_pad / VEC, threads = static_cast<int>(blockDim.x);
+  if (per_row <= threads) {
+    const int row_step = threads / per_row;  // rows a pass of the block covers
+    const int r0 = static_cast<int>(threadIdx.x) / per_row;
+    if (r0 >= row_step) return;  // the threads past row_step * per_row have no column
+    const int k = (static_cast<int>(threadIdx.x) - r0 * per_row) * VEC;
+    const bool column = k < cols;
+    const T* s = src + (b0 + r0) * stride + k;
+    uint32_t d = smem_addr(dst + r0 * ld + k);
+    const int64_t s_step = static_cast<int64_t>(row_step) * stride;
+    const uint32_t d_step = static_cast<uint32_t>(row_step * ld * sizeof(T));
+    for (int r = r0; r < rows; r += row_step, s += s_step, d += d_step) {
+      const bool inside = column && b0 + r < B;
+      // Outside: 0 source bytes = 16 zero bytes, and the (unread) address stays src itself.
+      cp_async_16(d, inside ? s : src, inside ? 16 : 0);
+    }
+  } else {  // rows wider than the block's threads x 16 bytes: a flat index
+    for (int idx = threadIdx.x; idx < rows * per_row; idx += threads) {
+      const int r = idx / per_row, k = (idx % per_row) * VEC;
+      const bool inside = b0 + r < B && k < cols;
+      cp_async_16(smem_addr(dst + r * ld + k), inside ? src + (b0 + r) * stride + k : src, inside ? 16 : 0);
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void stage_rows(T* dst, int ld, const T* src, int64_t stride, int64_t b0,
                                            int rows, int64_t B, int cols, int cols_pad) {
   constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte copy
   const bool vec = cols % VEC == 0 && stride % VEC == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   if (vec) {  // dst is 16-byte aligned: ld * sizeof(T) and the smem carve-up are multiples of 16
-    const int per_row = cols_pad / VEC;
-    for (int idx = threadIdx.x; idx < rows * per_row; idx += blockDim.x) {
-      const int r = idx / per_row, k = (idx % per_row) * VEC;
-      const bool inside = b0 + r < B && k < cols;
-      // Outside: 0 source bytes = 16 zero bytes, and the (unread) address stays src itself.
-      cp_async_16(smem_addr(dst + r * ld + k), inside ? src + (b0 + r) * stride + k : src, inside ? 16 : 0);
-    }
+    copy_rows_async<T>(dst, ld, src, stride, b0, rows, B, cols, cols_pad);
     cp_async_commit();
     cp_async_wait<0>();
   } else {  // odd widths or misaligned rows: element by element, still coalesced along k
@@ -846,21 +879,6 @@ constexpr int MMA_UNITS = 16;
 constexpr int MMA_PAIRS = MMA_UNITS * MAX_BN / THREADS;  // (unit, batch row) pairs a thread
 static_assert(MMA_PAIRS * THREADS == MMA_UNITS * MAX_BN, "the mma backward's pair mapping");
 
-// Issue (not wait for) the cp.async copies of rows [b0, b0 + rows) x columns [0, cols_pad) of
-// a (B, cols) matrix into dst, as stage_rows does; the caller commits and waits. Only for
-// rows whose width and stride are whole 16-byte pieces (the launcher checks).
-template <typename T>
-__device__ __forceinline__ void issue_rows(T* dst, int ld, const T* src, int64_t stride, int64_t b0, int rows,
-                                           int64_t B, int cols, int cols_pad) {
-  constexpr int VEC = 16 / sizeof(T);
-  const int per_row = cols_pad / VEC;
-  for (int idx = threadIdx.x; idx < rows * per_row; idx += blockDim.x) {
-    const int r = idx / per_row, k = (idx % per_row) * VEC;
-    const bool inside = b0 + r < B && k < cols;
-    cp_async_16(smem_addr(dst + r * ld + k), inside ? src + (b0 + r) * stride + k : src, inside ? 16 : 0);
-  }
-}
-
 // Shared memory of the mma backward: W_hh^T slice (16 x ld4) | two dz pieces (2 x bn x
 // lead(kc)) | partial sums (8 warps x 16 x bn fp32) | dc of the group's rows (rows x 16 fp32).
 template <typename T>
@@ -923,7 +941,7 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
         for (int j = 0; j < MAX_BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         const int ntn = bn / 8;
         __syncthreads();  // the previous chunk's readers of dz_s and red are done
-        issue_rows<T>(dz_s, ld_z, dz_next, a.rs_b * G, b0, bn, row_end, static_cast<int>(G < kc ? G : kc),
+        copy_rows_async<T>(dz_s, ld_z, dz_next, a.rs_b * G, b0, bn, row_end, static_cast<int>(G < kc ? G : kc),
                       kc < kp ? kc : kp);
         cp_async_commit();
         for (int p = 0; p < pieces; ++p) {
@@ -933,7 +951,7 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
             const int k1 = k0 + kc;
             const int w1 = kp - k1 < kc ? kp - k1 : kc;
             const int valid = G - k1 < w1 ? static_cast<int>(G - k1) : w1;
-            issue_rows<T>(dz_s + ((p + 1) & 1) * bn * ld_z, ld_z, dz_next + k1, a.rs_b * G, b0, bn, row_end,
+            copy_rows_async<T>(dz_s + ((p + 1) & 1) * bn * ld_z, ld_z, dz_next + k1, a.rs_b * G, b0, bn, row_end,
                           valid, w1);
             cp_async_commit();
             cp_async_wait<1>();

@@ -44,8 +44,8 @@ elements, 8 KB) from L2 into each block's shared memory.
     At a training size (B64, hidden 1024, T64: `levels train --model lstm --preset gpu`) the
     step is bytes through L2, not latency: every block stages its rows of h_{t-1} or dz_{t+1}
     at every step. 16 units a block over batch groups, and the backward on the tensor cores
-    (lstm.cu says how), took forward+backward from 6.5 to 2.3 ms (nn.LSTM 3.5 ms) and the
-    model from 0.68x to 1.82x nn.LSTM's tokens/s (reports/lstm-recurrence/).
+    (lstm.cu says how), took forward+backward from 6.5 to 2.1 ms (nn.LSTM 3.3-4.2 ms) and the
+    model from 0.68x to 1.76-2.15x nn.LSTM's tokens/s (reports/lstm-recurrence/).
 
 Safer than Level 4's barrier: v2 is launched with cudaLaunchCooperativeKernel, its grid sized
 from cudaOccupancyMaxActiveBlocksPerMultiprocessor, so all of its blocks are resident at once
