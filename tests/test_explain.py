@@ -341,5 +341,12 @@ def test_kernel_levels_show_the_host_path_before_and_after_as_recorded(level):
         # and the same table with the runs stepped in turn
         assert re.search(r"reports/training-interleaved/3-train-gpt-gpu\.json\): \d\.\d\dx the "
                          r"torch-modules model eagerly", body), body
+    # the LSTM's section adds its model, before and after the recurrence's work
+    _, body = host_path.section("lstm", level)
+    assert re.search(r"this level against nn\.LSTM's model: \d\.\d\dx before \(reports/training-"
+                     r"interleaved/4-train-lstm-gpu\.json\), \d\.\d\dx after", body), body
+    assert (("replayed" in body and "on the wall for" in body) if level == "triton"
+            else "recurrence's kernels, forward+backward a layer: " in body), body
+    assert "LSTM LM" not in host_path.section("layer_norm", level)[1]
     text = explain("layer_norm", level, "cpu")
     assert host_path.TITLE in text
