@@ -533,6 +533,25 @@ __device__ __forceinline__ void grid_barrier(unsigned* sync, unsigned step) {
   grid_wait(sync, step);
 }
 
+// A warp's partial sums, ntn m16n8 accumulator tiles (rows: one m16 tile from row0; columns:
+// batch rows), into its slice of `red`, rows bn floats apart. The m16n8 layout: lane l holds
+// (row l/4, columns 2 (l % 4) and +1) and the same columns of row l/4 + 8.
+__device__ __forceinline__ void store_partials(float* mine, int row0, int bn, int ntn,
+                                               const float (&acc)[MAX_BN / 8][4]) {
+  const int lane = threadIdx.x & 31;
+  const int g = row0 + (lane >> 2), c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < MAX_BN / 8; ++j) {
+    if (j < ntn) {
+      const int n = j * 8 + c2;
+      mine[g * bn + n] = acc[j][0];
+      mine[g * bn + n + 1] = acc[j][1];
+      mine[(g + 8) * bn + n] = acc[j][2];
+      mine[(g + 8) * bn + n + 1] = acc[j][3];
+    }
+  }
+}
+
 // The block's FWD_ROWS gate rows times the staged h chunk, partial over this warp's share of
 // K, stored as red[kslice][row][n] (row = gate * FWD_UNITS + unit). Warp w takes m16 tile
 // w % M_TILES and K steps w / M_TILES, + K_SPLIT, ... 16-bit: tensor cores. A = the W_hh rows
@@ -565,19 +584,7 @@ __device__ __forceinline__ void fwd_partials_mma(const T* w_s, const T* h_s, flo
       }
     }
   }
-  // Accumulator layout of m16n8: (row g, cols 2c, 2c+1) and (row g+8, same cols).
-  const int g = mt * 16 + (lane >> 2), c2 = 2 * (lane & 3);
-  float* mine = red + kw * FWD_ROWS * bn;
-#pragma unroll
-  for (int j = 0; j < MAX_BN / 8; ++j) {
-    if (j < ntn) {
-      const int n = j * 8 + c2;
-      mine[g * bn + n] = acc[j][0];
-      mine[g * bn + n + 1] = acc[j][1];
-      mine[(g + 8) * bn + n] = acc[j][2];
-      mine[(g + 8) * bn + n + 1] = acc[j][3];
-    }
-  }
+  store_partials(red + kw * FWD_ROWS * bn, mt * 16, bn, ntn, acc);
 }
 
 // fp32: exact FMAs on the CUDA cores (no TF32). Warp w takes the 4 units 4 * (w % M_TILES)..
@@ -975,19 +982,7 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
           }
           __syncthreads();  // every warp is done with buffer p & 1 before piece p + 2 lands in it
         }
-        // m16n8 accumulators: unit rows g and g + 8, batch columns 2c and 2c + 1.
-        const int g = lane >> 2, c2 = 2 * (lane & 3);
-        float* mine = red + warp * MMA_UNITS * bn;
-#pragma unroll
-        for (int j = 0; j < MAX_BN / 8; ++j) {
-          if (j < ntn) {
-            const int n = j * 8 + c2;
-            mine[g * bn + n] = acc[j][0];
-            mine[g * bn + n + 1] = acc[j][1];
-            mine[(g + 8) * bn + n] = acc[j][2];
-            mine[(g + 8) * bn + n + 1] = acc[j][3];
-          }
-        }
+        store_partials(red + warp * MMA_UNITS * bn, 0, bn, ntn, acc);
         __syncthreads();
       }
 #pragma unroll
