@@ -340,14 +340,6 @@ __global__ void __launch_bounds__(THREADS) lstm_bwd_step_v1(BwdArgs<T> a, int64_
 // v2: one persistent cooperative launch
 // =========================================================================================
 
-// rows x cols_pad of a (B, cols) matrix, batch rows b0.. b0+rows-1 (row b at src + b*stride),
-// into shared memory with leading dimension ld; rows past B and columns past cols are zeros
-// (the products over them then add exactly nothing). These rows were written by OTHER blocks
-// during this kernel, and L1 is not coherent: the loads go through L2 (cp.async.cg, or
-// ld.global.cg for odd widths). cp.async puts every 16-byte piece of a thread in flight at
-// once (no register round trip, no load-store dependence between the loop's iterations): the
-// staging costs ONE L2 round trip, on the critical path of every step. Called by all threads
-// of the block; each waits for its own copies, the caller's __syncthreads() publishes them.
 // Issue (the caller commits and waits) the 16-byte cp.async copies of rows [b0, b0 + rows) x
 // columns [0, cols_pad) of a (B, cols) matrix (row b at src + b * stride; cols, stride and src
 // whole 16-byte pieces) into dst (leading dimension ld); rows past B and columns past cols
@@ -385,6 +377,14 @@ __device__ __forceinline__ void copy_rows_async(T* dst, int ld, const T* src, in
   }
 }
 
+// rows x cols_pad of a (B, cols) matrix, batch rows b0.. b0+rows-1 (row b at src + b*stride),
+// into shared memory with leading dimension ld; rows past B and columns past cols are zeros
+// (the products over them then add exactly nothing). These rows were written by OTHER blocks
+// during this kernel, and L1 is not coherent: the loads go through L2 (cp.async.cg, or
+// ld.global.cg for odd widths). cp.async puts every 16-byte piece of a thread in flight at
+// once (no register round trip, no load-store dependence between the loop's iterations): the
+// staging costs ONE L2 round trip, on the critical path of every step. Called by all threads
+// of the block; each waits for its own copies, the caller's __syncthreads() publishes them.
 template <typename T>
 __device__ __forceinline__ void stage_rows(T* dst, int ld, const T* src, int64_t stride, int64_t b0,
                                            int rows, int64_t B, int cols, int cols_pad) {
@@ -1093,7 +1093,9 @@ inline int64_t max_groups(int64_t B, int64_t H, int64_t unit_blocks, const Gpu& 
 
 // Rows of a group when the batch is split in `groups` (whole 8-row n-tiles), and the groups
 // that makes.
-inline int group_rows(int64_t B, int64_t groups) { return static_cast<int>(levels_cdiv(levels_cdiv(B, groups), 8) * 8); }
+inline int group_rows(int64_t B, int64_t groups) {
+  return static_cast<int>(levels_cdiv(levels_cdiv(B, groups), 8) * 8);
+}
 
 // v2 forward with U units a block, all B rows one group (grouped = false) or as many groups as
 // fit (true, the wide partition): LEVELS_UNSUPPORTED if no batch chunk fits.

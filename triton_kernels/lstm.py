@@ -28,7 +28,8 @@ program's wait at once, and from then on every program stores NaN instead of h a
 the result is never silently wrong; the next call of `lstm` but one (or, at once,
 `check_barrier(wait=True)`) raises a RuntimeError that says what happened and how to avoid it
 (LSTM_TRITON_MODE=step; _sticky says how the report travels without a synchronization);
-under torch.compile or a CUDA graph the NaN is reported by the next eager call. Under
+replayed from a CUDA graph, by the next eager call; under torch.compile the NaN stays
+unreported (the traced call's word is its own). Under
 the CPU interpreter, which runs programs one after another, a single program per batch block
 owns every hidden unit and needs no barrier.
 
@@ -486,6 +487,7 @@ BARRIER_GAVE_UP = (
     "call returned NaN, not a wrong number. Run the LSTM with the GPU to itself, or set "
     "LSTM_TRITON_MODE=step (one launch per time step, no barrier).")
 
+
 def _barrier_words(n_b: int, n_h_pow2: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed flags (one per program, a row per batch block) and the call's error word."""
     words = torch.zeros(n_b * n_h_pow2 + 1, device=device, dtype=torch.int32)
@@ -508,14 +510,16 @@ _STICKY: dict = {}  # device -> (its sticky word, a pinned host copy of it)
 def _sticky(device: torch.device) -> torch.Tensor:
     """The device's sticky word, for this call's kernels; first raises RuntimeError
     (BARRIER_GAVE_UP) if the last copy of it shows a give-up, then queues the next copy.
-    While torch.compile traces, or a CUDA graph is captured, nothing is read or queued: a
-    give-up there leaves NaN in that call's outputs, reported by a later eager call."""
+    While a CUDA graph is captured nothing is read or queued: the graph's kernels get the
+    device's word, so a replay's give-up is reported by a later eager call. While
+    torch.compile traces, the call gets a word of its own (no global state in a trace): a
+    give-up there leaves NaN in its outputs, unreported."""
     if torch.compiler.is_compiling():
         return torch.zeros(1, device=device, dtype=torch.int32)  # no global state in a trace
     entry = _STICKY.get(device)
     if entry is None:
-        entry = _STICKY[device] = (torch.zeros(1, device=device, dtype=torch.int32),
-                                   torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda"))
+        host = torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        entry = _STICKY[device] = (torch.zeros(1, device=device, dtype=torch.int32), host)
     word, host = entry
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return word
@@ -576,9 +580,9 @@ def _forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, save: bool, sticky, mode=None, f
 
     def run(t0, t1, c_in, sync):
         _lstm_fwd[(n_b, n_h)](
-            xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, sticky, B, T, H, t0, t1, T * 4 * H,
-            4 * H, h0_.stride(0), c_in.stride(0), w.stride(0), w.stride(1), out.stride(0),
-            out.stride(1), SYNC=sync, **common)
+            xp, h0_, c_in, w, b_hh, out, c_t, gates, cs, flags, err, sticky, B, T, H, t0, t1,
+            T * 4 * H, 4 * H, h0_.stride(0), c_in.stride(0), w.stride(0), w.stride(1),
+            out.stride(0), out.stride(1), SYNC=sync, **common)
 
     # 2. The recurrence.
     if p["mode"] == "step":
