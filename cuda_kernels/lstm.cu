@@ -948,8 +948,10 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
         for (int j = 0; j < MAX_BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         const int ntn = bn / 8;
         __syncthreads();  // the previous chunk's readers of dz_s and red are done
+        // Piece 0 (columns 0 .. kc of the padded 4H, the real ones < G), then each next piece
+        // while the current one is multiplied.
         copy_rows_async<T>(dz_s, ld_z, dz_next, a.rs_b * G, b0, bn, row_end, static_cast<int>(G < kc ? G : kc),
-                      kc < kp ? kc : kp);
+                           kc < kp ? kc : kp);
         cp_async_commit();
         for (int p = 0; p < pieces; ++p) {
           const int k0 = p * kc;
@@ -958,8 +960,8 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
             const int k1 = k0 + kc;
             const int w1 = kp - k1 < kc ? kp - k1 : kc;
             const int valid = G - k1 < w1 ? static_cast<int>(G - k1) : w1;
-            copy_rows_async<T>(dz_s + ((p + 1) & 1) * bn * ld_z, ld_z, dz_next + k1, a.rs_b * G, b0, bn, row_end,
-                          valid, w1);
+            copy_rows_async<T>(dz_s + ((p + 1) & 1) * bn * ld_z, ld_z, dz_next + k1, a.rs_b * G, b0, bn,
+                               row_end, valid, w1);
             cp_async_commit();
             cp_async_wait<1>();
           } else {
