@@ -84,7 +84,7 @@
 //       block staging all B rows, the product on CUDA cores (fp32 accumulate).
 //       Measured (B64, hidden 1024, T64, bf16, H100; reports/lstm-recurrence/): the backward
 //       kernel 4.9 -> 1.2 ms, then 1.0 once its copies stopped computing indices per copy
-//       (copy_rows_async); the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.1 ms
+//       (copy_rows_async), 0.99 with the cells' loads issued before the product; the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.1 ms
 //       against nn.LSTM's 3.3-4.2 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from
 //       the host). The LSTM LM's step at Level 5: 287k -> 757-783k tokens/s, 1.76-2.15x
 //       nn.LSTM's model in three tables (torch's host-bound step moves between hosts).
@@ -239,18 +239,33 @@ __device__ __forceinline__ float cell_forward(const FwdArgs<T>& a, float zi, flo
   return c;
 }
 
+// What the forward saved for one (unit j, batch row b) at step t: the four activations, c_t
+// and c_{t-1}. Loaded apart from the cell's arithmetic so that a kernel can issue these loads
+// before the recurrent product they do not depend on (the mma backward does).
+struct Saved {
+  float gi, gf, gg, go, c, c_prev;
+};
+
+template <typename T>
+__device__ __forceinline__ Saved load_saved(const BwdArgs<T>& a, int64_t b, int64_t t, int64_t j) {
+  const int64_t H = a.H;
+  const int64_t row = b * a.rs_b + t * a.rs_t;
+  const float* gr = a.gates + row * 4 * H + j;
+  return {gr[0], gr[H], gr[2 * H], gr[3 * H], a.cs[row * H + j],
+          t > 0 ? a.cs[(row - a.rs_t) * H + j] : to_f32<T>(a.c0[b * H + j])};
+}
+
 // One backward cell step for one (unit j, batch row b) at step t >= 0, with dh the total
 // gradient reaching h_t and dc the one reaching c_t from step t+1: writes dz_t, returns the
 // gradient reaching c_{t-1}.
 template <typename T>
-__device__ __forceinline__ float cell_backward(const BwdArgs<T>& a, float dh, float dc, int64_t b,
-                                               int64_t t, int64_t j) {
+__device__ __forceinline__ float cell_backward(const BwdArgs<T>& a, const Saved& s, float dh, float dc,
+                                               int64_t b, int64_t t, int64_t j) {
   const int64_t H = a.H;
   const int64_t row = b * a.rs_b + t * a.rs_t;
-  const float* gr = a.gates + row * 4 * H + j;
-  const float gi = gr[0], gf = gr[H], gg = gr[2 * H], go = gr[3 * H];
-  const float tc = tanhf(a.cs[row * H + j]);
-  const float c_prev = t > 0 ? a.cs[(row - a.rs_t) * H + j] : to_f32<T>(a.c0[b * H + j]);
+  const float gi = s.gi, gf = s.gf, gg = s.gg, go = s.go;
+  const float tc = tanhf(s.c);
+  const float c_prev = s.c_prev;
   const float unset = __int_as_float(0x7fc00000);  // as in cell_forward
   float dz_i = unset, dz_f = unset, dz_g = unset, dz_o = unset, dc_prev = unset;
   // ### BEGIN SOLUTION
@@ -267,6 +282,12 @@ __device__ __forceinline__ float cell_backward(const BwdArgs<T>& a, float dh, fl
   dzr[2 * H] = from_f32<T>(dz_g);
   dzr[3 * H] = from_f32<T>(dz_o);
   return dc_prev;
+}
+
+template <typename T>
+__device__ __forceinline__ float cell_backward(const BwdArgs<T>& a, float dh, float dc, int64_t b,
+                                               int64_t t, int64_t j) {
+  return cell_backward(a, load_saved(a, b, t, j), dh, dc, b, t, j);
 }
 
 // =========================================================================================
@@ -931,14 +952,19 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
     const int64_t t = a.steps - 1 - s;  // -1 on the last pass: dh0 and dc0
     const bool recurrent = t + 1 < a.steps;
     for (int64_t b0 = row0; b0 < row_end; b0 += bn) {
+      // Everything the cells read but the product's result is loaded first: its latency (the
+      // saved activations come from HBM) hides behind the staging and the products.
       float dh[MMA_PAIRS];
+      Saved saved[MMA_PAIRS];
 #pragma unroll
-      for (int i = 0; i < MMA_PAIRS; ++i) {  // issued early, as in the CUDA-core kernel
+      for (int i = 0; i < MMA_PAIRS; ++i) {
         const int64_t b = b0 + tid / MMA_UNITS + i * (THREADS / MMA_UNITS);
         dh[i] = 0.0f;
+        saved[i] = Saved{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (tid / MMA_UNITS + i * (THREADS / MMA_UNITS) < bn && b < row_end && unit < H && t >= 0) {
           dh[i] = to_f32<T>(a.dout[(b * a.steps + t) * H + unit]);
           if (t == a.steps - 1) dh[i] += to_f32<T>(a.dh_n[b * H + unit]);
+          saved[i] = load_saved(a, b, t, unit);
         }
       }
       if (recurrent) {
@@ -1002,7 +1028,7 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_bwd_persistent_v2_mma(BwdArgs
           a.dh0[b * H + unit] = from_f32<T>(rec);
           a.dc0[b * H + unit] = from_f32<T>(*dc);
         } else {
-          *dc = cell_backward(a, dh[i] + rec, *dc, b, t, unit);
+          *dc = cell_backward(a, saved[i], dh[i] + rec, *dc, b, t, unit);
         }
       }
     }

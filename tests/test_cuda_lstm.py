@@ -118,7 +118,9 @@ def test_persistent_kernels_do_not_spill_on_sm90a():
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, k
     for k in persistent:
-        assert k["registers"] <= 128, k  # __launch_bounds__(256, 2)
+        # __launch_bounds__(256, 2); the mma backward is one block an SM by its shared memory
+        # (W_hh^T's 16 x 4H slice), so its cap is the architecture's
+        assert k["registers"] <= (255 if "_mma" in k["mangled"] else 128), k
 
 
 # v2's build knobs (lstm.cu: LEVELS_LSTM_V2_UNITS, LEVELS_LSTM_V2_BARRIER) that the default
@@ -144,7 +146,7 @@ def test_knob_variants_compile_without_spills(knobs, kernels, tmp_path):
     for k in report:
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (knobs, k)
         if "persistent_v2" in k["mangled"]:
-            assert k["registers"] <= 128, (knobs, k)
+            assert k["registers"] <= (255 if "_mma" in k["mangled"] else 128), (knobs, k)
 
 
 # ------------------------------------------------------------------------------ GPU --
