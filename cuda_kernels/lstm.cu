@@ -84,10 +84,11 @@
 //       block staging all B rows, the product on CUDA cores (fp32 accumulate).
 //       Measured (B64, hidden 1024, T64, bf16, H100; reports/lstm-recurrence/): the backward
 //       kernel 4.9 -> 1.2 ms, then 1.0 once its copies stopped computing indices per copy
-//       (copy_rows_async), 0.99 with the cells' loads issued before the product; the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.1 ms
-//       against nn.LSTM's 3.3-4.2 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from
-//       the host). The LSTM LM's step at Level 5: 287k -> 757-783k tokens/s, 1.76-2.15x
-//       nn.LSTM's model in three tables (torch's host-bound step moves between hosts).
+//       (copy_rows_async), 0.99 with the cells' loads issued before the product (load_saved);
+//       the wide forward 1.3 -> 0.70 ms; forward+backward 6.5 -> 2.1 ms against nn.LSTM's
+//       3.3-4.4 (its kernels alone ~1.5 ms: cuDNN launches ~5 a step from the host). The LSTM
+//       LM's step at Level 5: 287k -> 757-803k tokens/s, 1.76-2.15x nn.LSTM's model in four
+//       tables (torch's host-bound step moves between hosts).
 //
 // Layouts (made so by cuda_kernels/lstm_binding.cpp and lstm.py): xp (rows, 4H) fp32, gates
 // (rows, 4H) fp32, cs (rows, H) fp32 and dz (rows, 4H) contiguous, where the row of (batch b,
