@@ -193,7 +193,7 @@ def _lstm_model(level: str) -> str:
     changed at this level (the step's wall against GPU time at Level 4, the recurrence's kernels
     at Level 5)."""
     try:
-        before, after = _rates(LSTM_BEFORE), _rates(LSTM_WORK / "4-table-lstm-eager" / "train-lstm-gpu.json")
+        before, after = _rates(LSTM_BEFORE), _rates(LSTM_WORK / "7-table-lstm-eager" / "train-lstm-gpu.json")
         ratios = [r[level] / r["torch"] for r in (before, after)]
         if level == "triton":
             # one host, one call: Level 4 with the C++ replay off (Python) and on
@@ -206,18 +206,19 @@ def _lstm_model(level: str) -> str:
                    f"watched from the host); the tiles of scripts/sweep_lstm.py did the rest.")
         else:
             kernels = []
-            for name in ("sweep-1.json", "sweep-8-level5-copies.json"):
+            for name in ("sweep-1.json", "sweep-9-level5-prefetch.json"):
                 profile = json.loads((LSTM_WORK / name).read_text())["shapes"]["gpu"]["profile"]
                 kernels.append(sum(v for k, v in profile["level5"].items() if "lstm_" in k))
             how = (f" Its recurrence's kernels, forward+backward a layer: {kernels[0]:.2f} -> "
                    f"{kernels[1]:.2f} ms (the backward on the tensor cores over batch groups, the "
-                   f"forward likewise, and cp.async staging without per-copy index arithmetic).")
+                   f"forward likewise, cp.async staging without per-copy index arithmetic, the "
+                   f"cells' loads before the product).")
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     return (f"The LSTM LM (two layers, batch 64, hidden 1024; levels train --model lstm --preset "
             f"gpu, runs stepped in turn), this level against nn.LSTM's model: {ratios[0]:.2f}x "
             f"before ({LSTM_BEFORE.relative_to(ROOT)}), {ratios[1]:.2f}x after "
-            f"({LSTM_WORK.relative_to(ROOT)}/4-table-lstm-eager/).{how}")
+            f"({LSTM_WORK.relative_to(ROOT)}/7-table-lstm-eager/).{how}")
 
 
 # Components with a whole model of their own to tell about (the GPT's step is told for all)
