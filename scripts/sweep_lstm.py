@@ -245,6 +245,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--no-sweep", action="store_true", help="only the levels side by side")
     a_ = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sweep_lstm.py times the LSTM's kernels on a CUDA GPU, and there is none here "
+                 "(torch.cuda.is_available() is False). Its recorded H100 runs are in "
+                 "reports/lstm-recurrence/.")
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     t0 = time.time()

@@ -68,6 +68,9 @@ What the harness may use (defaults in brackets):
                    Muon's band) [none]
     explain(level, case, device) -> [(title, body)]: sections `levels explain` adds for
                    this component at `level` [none]
+    host_path_note(level) -> str: what `levels explain`'s host-path section (Levels 4 and 5)
+                   adds about a whole model built around this component, from the reports
+                   that recorded it (the LSTM LM) ["": the GPT's step, told for every card]
     HOST_PROBE     what `levels explain --level triton` says about the host time of one small
                    call: kernel_dominates_above(host_us, source) (from what size the kernel's time
                    outweighs the host's), fix_note(rows, raw) (a fix of its own), recorded
@@ -291,6 +294,10 @@ class Card:
     def explain(self, level: str, case: Case, device) -> list[tuple[str, str]]:
         own = getattr(self.module, "explain", None)
         return [] if own is None else list(own(level, case, device))
+
+    def host_path_note(self, level: str) -> str:
+        own = getattr(self.module, "host_path_note", None)
+        return "" if own is None else own(level)
 
 
 # ---------------------------------------------------------------------------------------

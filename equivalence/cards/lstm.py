@@ -1,5 +1,8 @@
 """LSTM, one layer, batch_first, gates i, f, g, o, parameters laid out as nn.LSTM's."""
 
+import json
+from pathlib import Path
+
 import torch
 
 from . import Shape, infer, nbytes, randn, shrink, train, uniform
@@ -127,3 +130,52 @@ def libraries(device, dtype):
     # cuDNN's RNNs run fp32 in TF32 unless told not to (the default)
     return [Impl("nn.LSTM (cuDNN)" if on_gpu else "nn.LSTM", "library", prepare,
                  tf32=on_gpu and torch.backends.cudnn.allow_tf32)]
+
+
+# ---------------------------------------------------------------------------------------
+# levels explain: the LSTM LM before and after its recurrence's work (recorded on an H100)
+# ---------------------------------------------------------------------------------------
+
+_ROOT = Path(__file__).resolve().parents[2]
+# that session's last interleaved table, before the work
+_MODEL_BEFORE = _ROOT / "reports" / "training-interleaved" / "4-train-lstm-gpu.json"
+_WORK = _ROOT / "reports" / "lstm-recurrence"
+
+
+def _rates(path: Path) -> dict:
+    """tokens/s of every run of a `levels train` report that finished."""
+    return {r["name"]: r["timing"]["items_per_s"] for r in json.loads(path.read_text())["runs"]
+            if r["status"] == "ok"}
+
+
+def host_path_note(level: str) -> str:
+    """The LSTM LM against nn.LSTM's model before and after the recurrence's work, and what
+    changed at this level: the step's wall against GPU time at Level 4 (the replay), the
+    recurrence's kernels at Level 5. "" where the recorded files cannot be read."""
+    try:
+        ratios = [r[level] / r["torch"] for r in
+                  (_rates(_MODEL_BEFORE), _rates(_WORK / "7-table-lstm-eager" / "train-lstm-gpu.json"))]
+        if level == "triton":
+            # one host, one call: Level 4 with the C++ replay off (Python) and on
+            probe = json.loads((_WORK / "probe-lstm-model-replayed.json").read_text())["rows"]
+            old, new = ({r["replay"]: r for r in probe if r["run"] == "triton"}[on] for on in (False, True))
+            how = (f" Its step: {old['wall_ms_median']:.2f} ms on the wall for "
+                   f"{old['gpu_ms_per_step']:.2f} of GPU work with its calls run in Python, "
+                   f"{new['wall_ms_median']:.2f} for {new['gpu_ms_per_step']:.2f} replayed, the LSTM's "
+                   f"included since its barrier reports through a word the kernels set (it was "
+                   f"watched from the host); the tiles of scripts/sweep_lstm.py did the rest.")
+        else:
+            kernels = []
+            for name in ("sweep-1.json", "sweep-9-level5-prefetch.json"):
+                profile = json.loads((_WORK / name).read_text())["shapes"]["gpu"]["profile"]
+                kernels.append(sum(v for k, v in profile["level5"].items() if "lstm_" in k))
+            how = (f" Its recurrence's kernels, forward+backward a layer: {kernels[0]:.2f} -> "
+                   f"{kernels[1]:.2f} ms (the backward on the tensor cores over batch groups, the "
+                   f"forward likewise, cp.async staging without per-copy index arithmetic, the "
+                   f"cells' loads before the product).")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return (f"The LSTM LM (two layers, batch 64, hidden 1024; levels train --model lstm --preset "
+            f"gpu, runs stepped in turn), this level against nn.LSTM's model: {ratios[0]:.2f}x "
+            f"before ({_MODEL_BEFORE.relative_to(_ROOT)}), {ratios[1]:.2f}x after "
+            f"({_WORK.relative_to(_ROOT)}/7-table-lstm-eager/).{how}")

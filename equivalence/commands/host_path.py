@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import cards
+
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = ROOT / "reports" / "h100-overhead-before-host-path.json"
 AFTER = ROOT / "reports" / "h100-overhead.json"
@@ -28,9 +30,6 @@ TIMELINE = ROOT / "reports" / "host-path-timeline"
 H100_MATRIX = ROOT / "reports" / "training-tables-h100-2026-11-26"
 # the same GPT table with the runs stepped in turn (levels train, the fifth session of 11-26)
 INTERLEAVED = ROOT / "reports" / "training-interleaved" / "3-train-gpt-gpu.json"
-# the LSTM LM before (that session's last interleaved table) and after its recurrence's work
-LSTM_BEFORE = ROOT / "reports" / "training-interleaved" / "4-train-lstm-gpu.json"
-LSTM_WORK = ROOT / "reports" / "lstm-recurrence"
 TITLE = "The host path, before and after (recorded on an H100; Level 4's replay on an H200)"
 
 WHAT_CHANGED = {
@@ -86,7 +85,7 @@ def section(component: str, level: str) -> tuple[str, str]:
     gpt = _gpt_steps(level)
     if gpt:
         lines += ["", gpt]
-    model = MODEL_NOTES.get(component, lambda _: "")(level)
+    model = cards.get(component).host_path_note(level)  # a model of the component's own
     if model:
         lines += ["", model]
     files = [BEFORE, AFTER] + ([REPLAYED] if replayed else [])
@@ -180,49 +179,6 @@ def _gpt_h100(level: str) -> str:
     return (f" On one H100 ({H100_MATRIX.relative_to(ROOT)}/): {eager:.2f}x the torch-modules "
             f"model eagerly, and compiled whole {compiled:.2f}x the native level compiled "
             f"whole.{why}" + _gpt_interleaved(level))
-
-
-def _rates(path: Path) -> dict:
-    """tokens/s (or images/s) of every run of a `levels train` report that finished."""
-    return {r["name"]: r["timing"]["items_per_s"] for r in json.loads(path.read_text())["runs"]
-            if r["status"] == "ok"}
-
-
-def _lstm_model(level: str) -> str:
-    """The LSTM LM against nn.LSTM's model before and after its recurrence's work, and what
-    changed at this level (the step's wall against GPU time at Level 4, the recurrence's kernels
-    at Level 5)."""
-    try:
-        before, after = _rates(LSTM_BEFORE), _rates(LSTM_WORK / "7-table-lstm-eager" / "train-lstm-gpu.json")
-        ratios = [r[level] / r["torch"] for r in (before, after)]
-        if level == "triton":
-            # one host, one call: Level 4 with the C++ replay off (Python) and on
-            probe = json.loads((LSTM_WORK / "probe-lstm-model-replayed.json").read_text())["rows"]
-            old, new = ({r["replay"]: r for r in probe if r["run"] == "triton"}[on] for on in (False, True))
-            how = (f" Its step: {old['wall_ms_median']:.2f} ms on the wall for "
-                   f"{old['gpu_ms_per_step']:.2f} of GPU work with its calls run in Python, "
-                   f"{new['wall_ms_median']:.2f} for {new['gpu_ms_per_step']:.2f} replayed, the LSTM's "
-                   f"included since its barrier reports through a word the kernels set (it was "
-                   f"watched from the host); the tiles of scripts/sweep_lstm.py did the rest.")
-        else:
-            kernels = []
-            for name in ("sweep-1.json", "sweep-9-level5-prefetch.json"):
-                profile = json.loads((LSTM_WORK / name).read_text())["shapes"]["gpu"]["profile"]
-                kernels.append(sum(v for k, v in profile["level5"].items() if "lstm_" in k))
-            how = (f" Its recurrence's kernels, forward+backward a layer: {kernels[0]:.2f} -> "
-                   f"{kernels[1]:.2f} ms (the backward on the tensor cores over batch groups, the "
-                   f"forward likewise, cp.async staging without per-copy index arithmetic, the "
-                   f"cells' loads before the product).")
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-    return (f"The LSTM LM (two layers, batch 64, hidden 1024; levels train --model lstm --preset "
-            f"gpu, runs stepped in turn), this level against nn.LSTM's model: {ratios[0]:.2f}x "
-            f"before ({LSTM_BEFORE.relative_to(ROOT)}), {ratios[1]:.2f}x after "
-            f"({LSTM_WORK.relative_to(ROOT)}/7-table-lstm-eager/).{how}")
-
-
-# Components with a whole model of their own to tell about (the GPT's step is told for all)
-MODEL_NOTES = {"lstm": _lstm_model}
 
 
 def _gpt_interleaved(level: str) -> str:
