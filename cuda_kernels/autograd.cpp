@@ -454,7 +454,7 @@ using ConvBnEvalBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t, bool);
 using ConvBnTrainBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-    const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t, bool);
+    const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef, int64_t, bool);
 
 inline bool b_defined(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -468,9 +468,10 @@ inline std::optional<Tensor> maybe(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? std::optional<Tensor>(t->contiguous()) : std::nullopt;
 }
 
-// The Function returns the NHWC output; the caller views it as (N, C_out, H_out, W_out)
-// channels_last outside the Function (a permute autograd differentiates), so that an
-// in-place op on the result (a ReLU(inplace=True)) is a plain in-place op on a view.
+// The Function returns the NHWC output already viewed as (N, C_out, H_out, W_out)
+// channels_last: the permute runs below autograd, so the result is a plain output of this one
+// node (no view autograd tracks, no second node to run backward: that was a PermuteBackward
+// per call), and an in-place op on it (a ReLU(inplace=True)) is a plain in-place op.
 struct ConvBn : public torch::autograd::Function<ConvBn> {
   // conv_bias is optional: without one it is no input of the node (an undefined tensor
   // cannot be one), and the gradients returned line up with the arguments all the same.
@@ -492,16 +493,18 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
       ctx->save_for_backward({x, conv_weight});
       const int64_t H_out = (x.size(2) + 2 * padding[0] - conv_weight.size(2)) / stride[0] + 1;
       const int64_t W_out = (x.size(3) + 2 * padding[1] - conv_weight.size(3)) / stride[1] + 1;
-      return at::empty({0, H_out, W_out, conv_weight.size(0)}, x.options());
+      return at::empty({0, conv_weight.size(0), H_out, W_out},
+                       x.options().memory_format(at::MemoryFormat::ChannelsLast));
     }
     Tensor out, new_mean, new_var;
     {
       BelowAutograd guard;
-      // x as NHWC (a no-op for a channels_last x, one copy otherwise), the weight as
-      // (C_out, kH, kW, C_in) so that the reduction runs along memory (a copy of the small
-      // weight unless stored that way), the 1-D parameters contiguous.
+      // x as NHWC (a no-op for a channels_last x, one copy otherwise); the weight viewed as
+      // (C_out, kH, kW, C_in): eval folds it as it lies into the K-major w' its convolution
+      // reads, training's convolution reads it K-major (a copy of the small weight unless
+      // stored that way); the 1-D parameters contiguous.
       const Tensor x_nhwc = x.contiguous(at::MemoryFormat::ChannelsLast).permute({0, 2, 3, 1});
-      const Tensor w_k = conv_weight.permute({0, 2, 3, 1}).contiguous();
+      const Tensor w_view = conv_weight.permute({0, 2, 3, 1});
       const std::optional<Tensor> b = maybe(conv_bias);
       // BatchNorm's tensors in float32 beside a 16-bit x (autocast's mixed precision): the
       // kernels take one dtype, so they get x's; the running statistics stay float32 below.
@@ -511,10 +514,11 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
       const Tensor rm = as_dtype(running_mean, dtype).contiguous(),
                    rv = as_dtype(running_var, dtype).contiguous();
       if (training) {
+        const Tensor w_k = w_view.contiguous();
         auto [o, y, mean, invstd, nm, nv] = train_fwd.call(x_nhwc, w_k, b, gamma, beta, rm, rv,
                                                            stride, padding, eps, momentum, version);
-        ctx->save_for_backward({x_nhwc, w_k, y, mean, invstd, gamma});
-        out = o, new_mean = nm, new_var = nv;
+        ctx->save_for_backward({x_nhwc, conv_weight, w_k, y, mean, invstd, gamma});
+        out = o.permute({0, 3, 1, 2}), new_mean = nm, new_var = nv;
         if (running_mean.scalar_type() != dtype) {
           // BatchNorm2d's update in float32, from this batch's float32 statistics, so the
           // statistics keep float32's precision: the kernels' mean is that of the convolution
@@ -528,10 +532,11 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
                                                          momentum * n / (n - 1.0));
         }
       } else {
-        auto [o, w_folded, scale, invstd] = eval_fwd.call(x_nhwc, w_k, b, gamma, beta, rm, rv,
-                                                          stride, padding, eps, version);
-        ctx->save_for_backward({x_nhwc, w_k, w_folded, b.value_or(Tensor()), rm, scale, invstd});
-        out = o;
+        auto [o, w_folded, scale, invstd] = eval_fwd.call(x_nhwc, w_view, b, gamma, beta, rm,
+                                                          rv, stride, padding, eps, version);
+        ctx->save_for_backward(
+            {x_nhwc, conv_weight, w_folded, b.value_or(Tensor()), rm, scale, invstd});
+        out = o.permute({0, 3, 1, 2});
       }
     }
     if (training) {
@@ -556,18 +561,22 @@ struct ConvBn : public torch::autograd::Function<ConvBn> {
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
     const int64_t version = ctx->saved_data["version"].toInt();
-    // the kernels read dout as a (P, C_out) matrix: a copy only if it is not NHWC already
-    const Tensor dout = grads[0].contiguous();
+    // the kernels read dout as a (P, C_out) matrix: a copy only if it is not channels_last
+    // already; the weight (saved as the caller's, so that autograd sees it modified in place)
+    // viewed as (C_out, kH, kW, C_in): dw comes back in its layout
+    const Tensor dout = grads[0].contiguous(at::MemoryFormat::ChannelsLast).permute({0, 2, 3, 1});
+    const Tensor w_view = s[1].permute({0, 2, 3, 1});
     // x that needs no gradient (a network's input images) costs no dgrad: the op skips it
     const bool need_dx = ctx->needs_input_grad(0);
     Tensor dx, dw, db, dgamma, dbeta;
     if (ctx->saved_data["training"].toBool()) {
-      std::tie(dx, dw, db, dgamma, dbeta) = train_bwd.call(dout, s[0], s[1], s[2], s[3], s[4],
-                                                           s[5], stride, padding, version, need_dx);
+      std::tie(dx, dw, db, dgamma, dbeta) = train_bwd.call(dout, s[0], w_view, s[2], s[3], s[4],
+                                                           s[5], s[6], stride, padding, version,
+                                                           need_dx);
     } else {
       const std::optional<Tensor> b = s[3].defined() ? std::optional<Tensor>(s[3]) : std::nullopt;
       std::tie(dx, dw, db, dgamma, dbeta) = eval_bwd.call(
-          dout, s[0], s[1], s[2], b, s[4], s[5], s[6], stride, padding, version, need_dx);
+          dout, s[0], w_view, s[2], b, s[4], s[5], s[6], stride, padding, version, need_dx);
     }
     // back from NHWC and (C_out, kH, kW, C_in) to the caller's dimension order, and the
     // BatchNorm weights' gradients to their dtype (float32 beside a 16-bit x)
@@ -597,10 +606,8 @@ Tensor conv_bn(const Tensor& x, const Tensor& conv_weight, const std::optional<T
                const Tensor& bn_weight, const Tensor& bn_bias, const Tensor& running_mean,
                const Tensor& running_var, at::IntArrayRef stride, at::IntArrayRef padding,
                double eps, double momentum, bool training, int64_t version) {
-  const Tensor out = call<ConvBn>(x, conv_weight, conv_bias, bn_weight, bn_bias,
-                                  running_mean, running_var, stride.vec(), padding.vec(), eps,
-                                  momentum, training, version);
-  return out.permute({0, 3, 1, 2});
+  return call<ConvBn>(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                      stride.vec(), padding.vec(), eps, momentum, training, version);
 }
 
 }  // namespace levels_cuda_autograd

@@ -17,6 +17,7 @@
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 

@@ -53,10 +53,11 @@ static inline int levels_sm_count() {
 // (> 0), and the answer never changes in a process. The calculator is microseconds of
 // driver work, more than some small calls' whole kernel time, so a launcher that sizes a
 // persistent grid by it must not pay it on every call. A failed ask (<= 0) is not kept.
+// (a = -1: levels_smem_opt_in_once's entries, one per kernel and size.)
 template <typename Ask>
 static int levels_occupancy_once(const void* kernel, int64_t a, int64_t b, Ask ask) {
   struct Entry { int device; const void* kernel; int64_t a, b; int value; };
-  static Entry table[64];
+  static Entry table[256];
   static int used = 0;
   static std::mutex lock;
   int device = 0;
@@ -70,9 +71,24 @@ static int levels_occupancy_once(const void* kernel, int64_t a, int64_t b, Ask a
   const int value = ask();
   if (value > 0) {
     std::lock_guard<std::mutex> hold(lock);
-    if (used < 64) table[used++] = {device, kernel, a, b, value};
+    if (used < 256) table[used++] = {device, kernel, a, b, value};
   }
   return value;
+}
+
+// Opts `kernel` in to `smem` bytes of dynamic shared memory (a launch above 48 KB needs it),
+// once per device and kernel: the attribute stays set for the process, and the call is
+// microseconds of driver work that a small call's host time paid on every launch (three per
+// Level 5 conv_bn forward+backward at the overhead benchmark's size). A failed opt-in is
+// not kept; it returns the error, and the launch that follows reports its own.
+static inline cudaError_t levels_smem_opt_in_once(const void* kernel, int smem) {
+  cudaError_t err = cudaSuccess;
+  levels_occupancy_once(kernel, -1, smem, [&] {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    return err == cudaSuccess ? 1 : 0;
+  });
+  return err;
 }
 
 // Blocks of `kernel` one SM holds at once with `threads` threads and `smem` bytes of dynamic

@@ -138,9 +138,13 @@
 // Layouts (what the Python side, cuda_kernels/conv_bn.py, guarantees):
 //   x        (N, H, W, C_in) NHWC with any element strides sx_n, sx_h, sx_w, sx_c (the Python
 //            side passes the channels_last tensor permuted, so usually sx_c == 1);
-//   w        (C_out, kH, kW, C_in) contiguous ("K-major": k = (i, j, c) runs along memory);
+//   w        the convolutions read (C_out, kH, kW, C_in) contiguous ("K-major": k = (i, j, c)
+//            runs along memory): in eval that is w', which fold_bn_kernel writes from the
+//            caller's weight read as it lies (WeightLayout: OIHW costs no copy); in training the
+//            binding copies a weight not stored that way;
 //   dy       (P, C_out) contiguous (the gradient of the NHWC output);
-//   outputs, y, dx, dw and every workspace are allocated contiguous by the binding.
+//   dw       written by wgrad_finish_kernel in the caller's weight layout (WeightLayout);
+//   outputs, y, dx and every workspace are allocated contiguous by the binding.
 // Offsets into x, y, dy, dx are int64: an activation can exceed 2**31 elements.
 //
 // As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
@@ -1416,10 +1420,28 @@ wgrad_kernel(Geom g, int tiles_per_split,
 // BatchNorm around the convolution.
 // =========================================================================================
 
-// Eval: block o folds channel o. w' keeps the (C_out, kH, kW, C_in) layout and the input dtype
-// (it feeds the same conv kernels); b', scale = gamma * invstd and invstd are fp32.
+// The caller's weight (or its gradient) as it lies: element (o, k) of the (C_out, K) matrix,
+// k = (i, j, c), at o * so + i * si + j * sj + c * sc. BatchNorm's two kernels that touch the
+// weight element by element (the eval fold, which writes the K-major w' the convolutions read,
+// and the wgrad's finish, which writes dW) take it through these strides, so an OIHW weight
+// (nn.Conv2d's default), a channels_last one or a strided view costs no copy and its gradient
+// comes back in its own layout (autograd then keeps it as it is: no copy into .grad either).
+// Cost: a division and a modulo per element in two small per-channel kernels.
+struct WeightLayout {
+  int64_t so, si, sj, sc;  // element strides of (C_out, kH, kW, C_in)
+  int64_t kW, C_in;
+  __device__ int64_t at(int64_t o, int64_t k) const {
+    const int64_t c = k % C_in, ij = k / C_in;
+    return o * so + (ij / kW) * si + (ij % kW) * sj + c * sc;
+  }
+};
+
+// Eval: block o folds channel o. w is read through its layout; w' is (C_out, kH, kW, C_in)
+// contiguous in the input dtype (it feeds the same conv kernels); b', scale = gamma * invstd
+// and invstd are fp32.
 template <typename T>
-__global__ void fold_bn_kernel(const T* __restrict__ w, const T* __restrict__ bias,  // nullable
+__global__ void fold_bn_kernel(const T* __restrict__ w, WeightLayout wl,
+                               const T* __restrict__ bias,  // nullable
                                const T* __restrict__ gamma, const T* __restrict__ beta,
                                const T* __restrict__ mean, const T* __restrict__ var, float eps,
                                int64_t K, T* __restrict__ w_folded, float* __restrict__ b_folded,
@@ -1430,7 +1452,7 @@ __global__ void fold_bn_kernel(const T* __restrict__ w, const T* __restrict__ bi
   const float is = 1.0f / sqrtf(to_f32(var[o]) + eps);
   const float s = to_f32(gamma[o]) * is;
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-    w_folded[o * K + k] = from_f32<T>(to_f32(w[o * K + k]) * s);
+    w_folded[o * K + k] = from_f32<T>(to_f32(w[wl.at(o, k)]) * s);
   if (threadIdx.x == 0) {
     const float shift = (bias ? to_f32(bias[o]) : 0.0f) - to_f32(mean[o]);
     b_folded[o] = shift * s + to_f32(beta[o]);
@@ -1489,7 +1511,11 @@ __device__ __forceinline__ void chan_merge(double& n_a, double& mean_a, double& 
   const double n = n_a + n_b;
   if (n == 0.0) return;  // two empty parts (a lane with no chunk)
   const double delta = mean_b - mean_a;
-  mean_a += delta * n_b / n;
+  // A part holding an Inf of y has an infinite mean, and the update would subtract it from
+  // itself (Inf - Inf = NaN) where a plain sum gives Inf. Then the weighted mean instead, as
+  // torch's batch statistics give it: +Inf stays +Inf, +Inf beside -Inf is NaN. (M2 turns
+  // Inf or NaN either way, as torch's variance does.)
+  mean_a = isfinite(delta) ? mean_a + delta * n_b / n : (n_a * mean_a + n_b * mean_b) / n;
   m2_a += m2_b + delta * delta * n_a * n_b / n;
   n_a = n;
 }
@@ -1667,15 +1693,17 @@ __global__ void bn_bwd_apply_kernel(const T* __restrict__ dout, const float* __r
   if (threadIdx.y == 0 && c < C) part[chunk * C + c] = s;
 }
 
-// Block o adds the wgrad splits of channel o: G[o, k] = sum_s part[s, o, k].
+// Block o adds the wgrad splits of channel o: G[o, k] = sum_s part[s, o, k]; dW and w (eval)
+// through their layouts.
 //   train: dW = G.
 //   eval (the forward ran on w' = scale * w): dW = scale * G, and the BN/bias gradients
 //     dgamma = invstd * (sum_k w[o,k] G[o,k] + (b - mean) sum_p dOut),  dbeta = sum_p dOut,
 //     dbias = scale * sum_p dOut (written even without a bias: the binding then drops it).
 template <typename T>
 __global__ void wgrad_finish_kernel(const float* __restrict__ part, int64_t splits, int64_t C_out,
-                                    int64_t K, T* __restrict__ dw, bool eval,
-                                    const T* __restrict__ w, const float* __restrict__ scale,
+                                    int64_t K, T* __restrict__ dw, WeightLayout dwl, bool eval,
+                                    const T* __restrict__ w, WeightLayout wl,
+                                    const float* __restrict__ scale,
                                     const float* __restrict__ invstd, const T* __restrict__ mean,
                                     const T* __restrict__ bias, const float* __restrict__ sum_dy,
                                     T* __restrict__ dgamma, T* __restrict__ dbeta,
@@ -1687,8 +1715,8 @@ __global__ void wgrad_finish_kernel(const float* __restrict__ part, int64_t spli
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
     float g = 0.0f;
     for (int64_t q = 0; q < splits; ++q) g += part[(q * C_out + o) * K + k];
-    if (eval) wdot += to_f32(w[o * K + k]) * g;
-    dw[o * K + k] = from_f32<T>(g * s);
+    if (eval) wdot += to_f32(w[wl.at(o, k)]) * g;
+    dw[dwl.at(o, k)] = from_f32<T>(g * s);
   }
   if (!eval) return;  // uniform over the block: no thread skips the barrier below alone
   // ### BEGIN SOLUTION
@@ -1872,8 +1900,7 @@ static int v5_launch_tile(const Geom& g, const CbPlan& plan, const T* x, const T
   constexpr CbTileShape S = cb_tile_shape(TILE);
   constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
   auto kernel = mma_conv::conv_kernel<T, TO, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, SCATTER>;
-  // Per device and kernel; cheap next to a convolution, so it is not cached (as version 3).
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
   const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
   kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, w, bias, out, rows);
   return levels_launch_status();
@@ -1940,8 +1967,7 @@ static int conv_fwd(int version, const Geom& g, const T* x, const T* w, const fl
       const int64_t blocks = levels_cdiv(g.P, wmma_conv::BM) * levels_cdiv(g.C_out, wmma_conv::BN);
       auto kernel = vec ? wmma_conv::conv_kernel<T, TO, true> : wmma_conv::conv_kernel<T, TO, false>;
       constexpr int smem = wmma_conv::smem_bytes<false, false>();
-      // Per device and kernel; cheap next to a convolution, so it is not cached.
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
       kernel<<<static_cast<unsigned>(blocks), wmma_conv::THREADS, smem, stream>>>(g, x, w, bias, out);
       return levels_launch_status();
     }
@@ -2075,7 +2101,7 @@ static int conv_dgrad(int version, const Geom& g, const T* dy, const T* w, T* dx
       auto kernel = vec_dy ? (vec_w ? wmma_conv::dgrad_kernel<T, true, true> : wmma_conv::dgrad_kernel<T, true, false>)
                            : (vec_w ? wmma_conv::dgrad_kernel<T, false, true> : wmma_conv::dgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<false, true>();
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
       for (int a = 0; a < g.sh; ++a)
         for (int b = 0; b < g.sw; ++b) {
           const wmma_conv::DgradPhase p = wmma_conv::dgrad_phase(g, a, b);
@@ -2130,7 +2156,7 @@ static void v6_wgrad_launch(const Geom& g, const CbPlan& plan, const T* x, const
   constexpr CbTileShape S = cb_tile_shape(TILE);
   constexpr int smem = S.stages * (S.bm + S.bn) * mma_conv::BK * static_cast<int>(sizeof(T));
   auto kernel = mma_conv::wgrad_kernel<T, S.bm, S.bn, S.warps_m, S.warps_n, S.stages, S.blocks_per_sm, VEC_X>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
   const dim3 grid(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
   kernel<<<grid, S.warps_m * S.warps_n * 32, smem, stream>>>(g, plan.tiles_per_split, x, dy, part);
 }
@@ -2171,7 +2197,7 @@ static int64_t conv_wgrad(int version, const Geom& g, const T* dy, const T* x, f
       auto kernel = vec_dy ? (vec_x ? wmma_conv::wgrad_kernel<T, true, true> : wmma_conv::wgrad_kernel<T, true, false>)
                            : (vec_x ? wmma_conv::wgrad_kernel<T, false, true> : wmma_conv::wgrad_kernel<T, false, false>);
       constexpr int smem = wmma_conv::smem_bytes<true, true>();
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
       const dim3 grid(static_cast<unsigned>(tc_wgrad_tiles(g.C_out, g.K)), static_cast<unsigned>(splits));
       kernel<<<grid, wmma_conv::THREADS, smem, stream>>>(g, per, x, dy, part);
       return splits;
@@ -2206,14 +2232,14 @@ static int64_t train_fwd_head_floats(int64_t P, int64_t C_out) {
 static int64_t half_matrix_floats(int64_t C_out, int64_t K) { return align8(levels_cdiv(C_out * K, 2)); }
 
 template <typename T>
-static int eval_fwd(int version, const Geom& g, const T* x, const T* w, const T* bias,
+static int eval_fwd(int version, const Geom& g, const T* x, const T* w, WeightLayout wl, const T* bias,
                     const T* gamma, const T* beta, const T* mean, const T* var, float eps, T* out,
                     T* w_folded, float* scale, float* invstd, float* work, cudaStream_t stream) {
   float* b_folded = work;                                      // (C_out,) fp32
   T* b_folded_t = reinterpret_cast<T*>(work + align8(g.C_out));  // (C_out,) T: the GEMM path's
   float* part = work + eval_fwd_head_floats(g.C_out);           // version 5's split-K partials
   fold_bn_kernel<T><<<static_cast<unsigned>(g.C_out), 256, 0, stream>>>(
-      w, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, b_folded_t, scale, invstd);
+      w, wl, bias, gamma, beta, mean, var, eps, g.K, w_folded, b_folded, b_folded_t, scale, invstd);
   return conv_fwd<T, T>(version, g, x, w_folded, b_folded, b_folded_t, out, part, stream);
 }
 
@@ -2280,9 +2306,9 @@ static int64_t bwd_work_floats(bool training, int version, const Geom& g, BwdWor
 
 template <typename T>
 static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const T* w,
-                    const T* w_folded, const T* bias, const T* running_mean, const float* scale,
-                    const float* invstd, T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work,
-                    cudaStream_t stream) {
+                    WeightLayout wl, const T* w_folded, const T* bias, const T* running_mean,
+                    const float* scale, const float* invstd, T* dx, T* dw, WeightLayout dwl,
+                    T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
   const int64_t C = g.C_out;
   BwdWork ws;
   bwd_work_floats(false, version, g, &ws, work);
@@ -2291,7 +2317,7 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
   const int64_t splits = conv_wgrad<T>(version, g, dout, x, ws.w_part, stream);
   if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
-      ws.w_part, splits, C, g.K, dw, true, w, scale, invstd, running_mean, bias, sum_dy,
+      ws.w_part, splits, C, g.K, dw, dwl, true, w, wl, scale, invstd, running_mean, bias, sum_dy,
       dgamma, dbeta, dbias);
   // dx == nullptr: x needs no gradient (a network's input images): no dgrad at all
   const int status =
@@ -2302,7 +2328,8 @@ static int eval_bwd(int version, const Geom& g, const T* dout, const T* x, const
 template <typename T>
 static int train_bwd(int version, const Geom& g, const T* dout, const T* x, const T* w,
                      const float* y, const float* mean, const float* invstd, const T* gamma,
-                     T* dx, T* dw, T* dbias, T* dgamma, T* dbeta, float* work, cudaStream_t stream) {
+                     T* dx, T* dw, WeightLayout dwl, T* dbias, T* dgamma, T* dbeta, float* work,
+                     cudaStream_t stream) {
   const int64_t C = g.C_out, chunks = chunk_count(g.P), rows = chunk_rows(g.P);
   BwdWork ws;
   bwd_work_floats(true, version, g, &ws, work);
@@ -2320,7 +2347,7 @@ static int train_bwd(int version, const Geom& g, const T* dout, const T* x, cons
   const int64_t splits = conv_wgrad<T>(version, g, dyc, x, ws.w_part, stream);
   if (splits < 0) return LEVELS_UNSUPPORTED;  // a malformed plan knob
   wgrad_finish_kernel<T><<<static_cast<unsigned>(C), 256, 0, stream>>>(
-      ws.w_part, splits, C, g.K, dw, false, w, nullptr, nullptr, nullptr, nullptr,
+      ws.w_part, splits, C, g.K, dw, dwl, false, nullptr, dwl, nullptr, nullptr, nullptr, nullptr,
       nullptr, nullptr, nullptr, nullptr);
   const int status =
       dx ? conv_dgrad<T>(version, g, dyc, w, dx, static_cast<T*>(ws.w_t), ws.d_part, stream) : 0;
@@ -2341,6 +2368,8 @@ static bool known_version(int version) { return version >= 1 && version <= 6; }
   int64_t N, int64_t H, int64_t W, int64_t C_in, int64_t C_out, int64_t kH, int64_t kW,      \
       int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t sx_n,         \
       int64_t sx_h, int64_t sx_w, int64_t sx_c
+// A weight's (or dW's) element strides as (C_out, kH, kW, C_in): WeightLayout.
+#define LEVELS_CONV_BN_LAYOUT(so, si, sj, sc) levels_conv_bn::WeightLayout{so, si, sj, sc, kW, C_in}
 #define LEVELS_CONV_BN_GEOM                                                                  \
   levels_conv_bn::make_geom(N, H, W, C_in, C_out, kH, kW, stride_h, stride_w, pad_h, pad_w,  \
                             sx_n, sx_h, sx_w, sx_c)
@@ -2363,13 +2392,15 @@ extern "C" int64_t levels_conv_bn_workspace_floats(int which, int version, LEVEL
   }
 }
 
-// Eval: out (P, C_out) = BN(conv(x, w) + bias) with the running statistics, folded.
+// Eval: out (P, C_out) = BN(conv(x, w) + bias) with the running statistics, folded; w read
+// through its element strides sw_* as (C_out, kH, kW, C_in), any layout.
 // Also returns w_folded (C_out, K) in the input dtype and fp32 scale, invstd (C_out,) for the
 // backward. bias may be null. workspace: levels_conv_bn_workspace_floats(0, ...) floats.
 extern "C" int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, const void* w,
                                        const void* bias, const void* gamma, const void* beta,
                                        const void* running_mean, const void* running_var,
-                                       double eps, LEVELS_CONV_BN_GEOM_ARGS, void* out,
+                                       double eps, LEVELS_CONV_BN_GEOM_ARGS, int64_t sw_o,
+                                       int64_t sw_i, int64_t sw_j, int64_t sw_c, void* out,
                                        void* w_folded, float* scale, float* invstd,
                                        float* workspace, cudaStream_t stream) {
   using namespace levels_conv_bn;
@@ -2377,6 +2408,7 @@ extern "C" int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, co
   const Geom g = LEVELS_CONV_BN_GEOM;
   LEVELS_DISPATCH(dtype, T,
                   return eval_fwd<T>(version, g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                     LEVELS_CONV_BN_LAYOUT(sw_o, sw_i, sw_j, sw_c),
                                      static_cast<const T*>(bias), static_cast<const T*>(gamma),
                                      static_cast<const T*>(beta), static_cast<const T*>(running_mean),
                                      static_cast<const T*>(running_var), static_cast<float>(eps),
@@ -2411,39 +2443,45 @@ extern "C" int levels_conv_bn_train_fwd(int dtype, int version, const void* x, c
   return LEVELS_OK;
 }
 
-// Eval backward from dout (P, C_out) contiguous: dx (N, H, W, C_in) contiguous, dw (C_out, K),
-// dbias, dgamma, dbeta (C_out,), all in the input dtype. Versions 1-3 run the tiled
+// Eval backward from dout (P, C_out) contiguous: dx (N, H, W, C_in) contiguous, dw (written
+// through its strides sdw_*, as the forward's w through sw_*), dbias, dgamma, dbeta (C_out,),
+// all in the input dtype. Versions 1-3 run the tiled
 // (version 2) dgrad/wgrad, versions 4-5 the tensor-core ones (16-bit, sm_80+). dx may be null:
 // x needs no gradient, and the dgrad (the transposed convolution) is skipped.
 // workspace: levels_conv_bn_workspace_floats(2, ...) floats.
 extern "C" int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout, const void* x,
                                        const void* w, const void* w_folded, const void* bias,
                                        const void* running_mean, const float* scale,
-                                       const float* invstd, LEVELS_CONV_BN_GEOM_ARGS, void* dx,
-                                       void* dw, void* dbias, void* dgamma, void* dbeta,
-                                       float* workspace, cudaStream_t stream) {
+                                       const float* invstd, LEVELS_CONV_BN_GEOM_ARGS,
+                                       int64_t sw_o, int64_t sw_i, int64_t sw_j, int64_t sw_c,
+                                       void* dx, void* dw, int64_t sdw_o, int64_t sdw_i,
+                                       int64_t sdw_j, int64_t sdw_c, void* dbias, void* dgamma,
+                                       void* dbeta, float* workspace, cudaStream_t stream) {
   using namespace levels_conv_bn;
   if (!known_version(version)) return LEVELS_BAD_VERSION;
   const Geom g = LEVELS_CONV_BN_GEOM;
   LEVELS_DISPATCH(dtype, T,
                   return eval_bwd<T>(version, g, static_cast<const T*>(dout), static_cast<const T*>(x),
-                                     static_cast<const T*>(w), static_cast<const T*>(w_folded),
-                                     static_cast<const T*>(bias),
+                                     static_cast<const T*>(w),
+                                     LEVELS_CONV_BN_LAYOUT(sw_o, sw_i, sw_j, sw_c),
+                                     static_cast<const T*>(w_folded), static_cast<const T*>(bias),
                                      static_cast<const T*>(running_mean), scale, invstd,
                                      static_cast<T*>(dx), static_cast<T*>(dw),
+                                     LEVELS_CONV_BN_LAYOUT(sdw_o, sdw_i, sdw_j, sdw_c),
                                      static_cast<T*>(dbias), static_cast<T*>(dgamma),
                                      static_cast<T*>(dbeta), workspace, stream));
   return LEVELS_OK;
 }
 
-// Train backward from dout (P, C_out) contiguous, y/mean/invstd of the forward: dx (nullable),
-// dw, dbias, dgamma, dbeta as above. workspace: levels_conv_bn_workspace_floats(3, ...) floats.
+// Train backward from dout (P, C_out) contiguous, y/mean/invstd of the forward, w (C_out, K)
+// contiguous (the dgrad's): dx (nullable), dw (through sdw_*), dbias, dgamma, dbeta as above. workspace: levels_conv_bn_workspace_floats(3, ...) floats.
 extern "C" int levels_conv_bn_train_bwd(int dtype, int version, const void* dout, const void* x,
                                         const void* w, const float* y, const float* mean,
                                         const float* invstd, const void* gamma,
-                                        LEVELS_CONV_BN_GEOM_ARGS, void* dx, void* dw, void* dbias,
-                                        void* dgamma, void* dbeta, float* workspace,
-                                        cudaStream_t stream) {
+                                        LEVELS_CONV_BN_GEOM_ARGS, void* dx, void* dw,
+                                        int64_t sdw_o, int64_t sdw_i, int64_t sdw_j,
+                                        int64_t sdw_c, void* dbias, void* dgamma, void* dbeta,
+                                        float* workspace, cudaStream_t stream) {
   using namespace levels_conv_bn;
   if (!known_version(version)) return LEVELS_BAD_VERSION;
   const Geom g = LEVELS_CONV_BN_GEOM;
@@ -2451,11 +2489,14 @@ extern "C" int levels_conv_bn_train_bwd(int dtype, int version, const void* dout
                   return train_bwd<T>(version, g, static_cast<const T*>(dout), static_cast<const T*>(x),
                                       static_cast<const T*>(w), y, mean, invstd,
                                       static_cast<const T*>(gamma), static_cast<T*>(dx),
-                                      static_cast<T*>(dw), static_cast<T*>(dbias),
+                                      static_cast<T*>(dw),
+                                      LEVELS_CONV_BN_LAYOUT(sdw_o, sdw_i, sdw_j, sdw_c),
+                                      static_cast<T*>(dbias),
                                       static_cast<T*>(dgamma), static_cast<T*>(dbeta), workspace,
                                       stream));
   return LEVELS_OK;
 }
 
 #undef LEVELS_CONV_BN_GEOM_ARGS
+#undef LEVELS_CONV_BN_LAYOUT
 #undef LEVELS_CONV_BN_GEOM

@@ -12,7 +12,7 @@ Four custom ops, all functional (they return new tensors, never write their inpu
 
 `_register()` (called by build.load() once the library is loaded) gives every op a fake
 implementation (shapes only: torch.compile and opcheck trace through it). A call is one
-more op, `levels_cuda::conv_bn` (autograd_binding.cpp): the layout copies, the forward op of
+more op, `levels_cuda::conv_bn` (autograd.cpp): the layout copies, the forward op of
 its mode, one C++ autograd node whose backward calls the matching backward op, and the
 running statistics' update in training mode, by copying the kernel op's new values into the
 caller's buffers: the kernel ops stay functional, and a buffer that is a strided view of
@@ -164,7 +164,8 @@ def _fake_train_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, 
 def _fake_bwd(x, w, need_dx):
     C_out = w.shape[0]
     dx = x.new_empty(x.shape) if need_dx else x.new_empty((0,))  # (0,): no dgrad ran
-    return (dx, w.new_empty(w.shape), x.new_empty((C_out,)), x.new_empty((C_out,)),
+    # dw in w's layout, as the binding allocates it (empty_like)
+    return (dx, torch.empty_like(w), x.new_empty((C_out,)), x.new_empty((C_out,)),
             x.new_empty((C_out,)))
 
 
@@ -173,7 +174,8 @@ def _fake_eval_bwd(dout, x, w, w_folded, bias, running_mean, scale, invstd, stri
     return _fake_bwd(x, w, need_dx)
 
 
-def _fake_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version, need_dx=True):
+def _fake_train_bwd(dout, x, w, w_k, y, mean, invstd, gamma, stride, padding, version,
+                    need_dx=True):
     return _fake_bwd(x, w, need_dx)
 
 
@@ -198,11 +200,14 @@ def conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running
             stride, padding, eps, momentum, training, version=None):
     """Conv2d then BatchNorm2d; stride and padding as int pairs. Returns (N, C_out, H_out,
     W_out) in channels_last. Training mode updates running_mean/running_var in place.
-    What each argument becomes (autograd_binding.cpp), and what it costs: x channels_last (a
+    What each argument becomes (autograd.cpp), and what it costs: x channels_last (a
     no-op when it already is, one copy of x otherwise), viewed as (N, H, W, C_in), a permute;
-    conv_weight as (C_out, kH, kW, C_in) contiguous, so that the reduction k = (i, j, c) runs
-    along memory (one copy of the small weight unless stored that way); the 1-D parameters
-    and buffers contiguous (a copy only for strided views; C_out elements)."""
+    conv_weight viewed as (C_out, kH, kW, C_in): in eval the fold reads it as it lies and
+    writes the K-major w' the convolution reads (no copy for any layout); in training the
+    convolution reads it K-major, so that the reduction k = (i, j, c) runs along memory (one
+    copy of the small weight unless stored that way); its gradient comes back in its own
+    layout; the 1-D parameters and buffers contiguous (a copy only for strided views; C_out
+    elements)."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"conv_bn: argument 'x' must be float16, bfloat16 or float32 for the CUDA "
                         f"kernels; got {x.dtype}")

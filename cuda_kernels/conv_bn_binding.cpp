@@ -4,9 +4,13 @@
 // Four functional ops, two per mode; the Python side (cuda_kernels/conv_bn.py) registers their
 // fake implementations and the autograd of the forward ops, and passes:
 //   x     as (N, H, W, C_in), the NHWC view of a channels_last tensor (strides passed on);
-//   w     as (C_out, kH, kW, C_in) contiguous; dout as (N, H_out, W_out, C_out) contiguous;
+//   w     as (C_out, kH, kW, C_in): the caller's weight permuted, any strides (the eval ops
+//         read it as it lies, conv_bn.cu's WeightLayout); train_fwd's and train_bwd's w_k
+//         the same, contiguous (their convolutions read it K-major);
+//   dout  as (N, H_out, W_out, C_out) contiguous;
 //   bias, gamma, beta, running stats contiguous (C_out,).
-// Outputs are NHWC/K-major contiguous tensors allocated here.
+// Outputs are NHWC/K-major contiguous tensors allocated here, except dw: allocated like w (the
+// caller's weight layout, so that autograd keeps it in .grad without a copy).
 #include <tuple>
 
 extern "C" {
@@ -21,7 +25,8 @@ int levels_conv_bn_eval_fwd(int dtype, int version, const void* x, const void* w
                             int64_t N, int64_t H, int64_t W, int64_t C_in, int64_t C_out,
                             int64_t kH, int64_t kW, int64_t stride_h, int64_t stride_w,
                             int64_t pad_h, int64_t pad_w, int64_t sx_n, int64_t sx_h,
-                            int64_t sx_w, int64_t sx_c, void* out, void* w_folded, float* scale,
+                            int64_t sx_w, int64_t sx_c, int64_t sw_o, int64_t sw_i, int64_t sw_j,
+                            int64_t sw_c, void* out, void* w_folded, float* scale,
                             float* invstd, float* workspace, cudaStream_t stream);
 int levels_conv_bn_train_fwd(int dtype, int version, const void* x, const void* w,
                              const void* bias, const void* gamma, const void* beta,
@@ -38,15 +43,18 @@ int levels_conv_bn_eval_bwd(int dtype, int version, const void* dout, const void
                             int64_t N, int64_t H, int64_t W, int64_t C_in, int64_t C_out,
                             int64_t kH, int64_t kW, int64_t stride_h, int64_t stride_w,
                             int64_t pad_h, int64_t pad_w, int64_t sx_n, int64_t sx_h,
-                            int64_t sx_w, int64_t sx_c, void* dx, void* dw, void* dbias,
-                            void* dgamma, void* dbeta, float* workspace, cudaStream_t stream);
+                            int64_t sx_w, int64_t sx_c, int64_t sw_o, int64_t sw_i, int64_t sw_j,
+                            int64_t sw_c, void* dx, void* dw, int64_t sdw_o, int64_t sdw_i,
+                            int64_t sdw_j, int64_t sdw_c, void* dbias, void* dgamma, void* dbeta,
+                            float* workspace, cudaStream_t stream);
 int levels_conv_bn_train_bwd(int dtype, int version, const void* dout, const void* x,
                              const void* w, const float* y, const float* mean,
                              const float* invstd, const void* gamma, int64_t N, int64_t H,
                              int64_t W, int64_t C_in, int64_t C_out, int64_t kH, int64_t kW,
                              int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
                              int64_t sx_n, int64_t sx_h, int64_t sx_w, int64_t sx_c, void* dx,
-                             void* dw, void* dbias, void* dgamma, void* dbeta, float* workspace,
+                             void* dw, int64_t sdw_o, int64_t sdw_i, int64_t sdw_j, int64_t sdw_c,
+                             void* dbias, void* dgamma, void* dbeta, float* workspace,
                              cudaStream_t stream);
 }
 
@@ -81,6 +89,8 @@ inline const void* maybe(const std::optional<at::Tensor>& t) {
 #define LEVELS_CONV_BN_SHAPE(s, x)                                                        \
   s.N, s.H, s.W, s.C_in, s.C_out, s.kH, s.kW, s.sh, s.sw, s.ph, s.pw, x.stride(0),        \
       x.stride(1), x.stride(2), x.stride(3)
+// A (C_out, kH, kW, C_in) weight's (or dw's) element strides, WeightLayout's order.
+#define LEVELS_CONV_BN_STRIDES(t) t.stride(0), t.stride(1), t.stride(2), t.stride(3)
 
 // The fp32 workspace of op `which` (conv_bn.cu's levels_conv_bn_workspace_floats: the version
 // and the whole geometry decide it; version 6's dgrad phases need all of it).
@@ -105,7 +115,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_fwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(x),
       levels_cuda::in(w), maybe(bias), levels_cuda::in(gamma), levels_cuda::in(beta),
       levels_cuda::in(running_mean), levels_cuda::in(running_var), eps,
-      LEVELS_CONV_BN_SHAPE(s, x), levels_cuda::out(out), levels_cuda::out(w_folded),
+      LEVELS_CONV_BN_SHAPE(s, x), LEVELS_CONV_BN_STRIDES(w), levels_cuda::out(out),
+      levels_cuda::out(w_folded),
       scale.mutable_data_ptr<float>(), invstd.mutable_data_ptr<float>(),
       work.mutable_data_ptr<float>(), levels_cuda::stream());
   levels_cuda::check(status, "conv_bn_eval_fwd", version);
@@ -118,6 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& running_var, at::IntArrayRef stride, at::IntArrayRef padding, double eps,
     double momentum, int64_t version) {
   const Shape s = shape_of(x, w, stride, padding);
+  TORCH_CHECK(w.is_contiguous(), "levels_cuda::conv_bn_train_fwd: w must be contiguous (K-major)");
   at::Tensor out = at::empty({s.N, s.H_out, s.W_out, s.C_out}, x.options());
   at::Tensor y = at::empty({s.N, s.H_out, s.W_out, s.C_out}, x.options().dtype(at::kFloat));
   at::Tensor mean = at::empty({s.C_out}, x.options().dtype(at::kFloat));
@@ -152,7 +164,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
     at::IntArrayRef padding, int64_t version, bool need_dx) {
   const Shape s = shape_of(x, w, stride, padding);
   at::Tensor dx = input_grad(need_dx, s, x);
-  at::Tensor dw = at::empty({s.C_out, s.kH, s.kW, s.C_in}, w.options());
+  // w's strides where w is dense, else dense ones in w's dimension order (empty_like)
+  at::Tensor dw = at::empty_like(w);
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
   at::Tensor dbeta = at::empty({s.C_out}, x.options());
@@ -161,29 +174,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eval_bwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
       levels_cuda::in(x), levels_cuda::in(w), levels_cuda::in(w_folded), maybe(bias),
       levels_cuda::in(running_mean), scale.const_data_ptr<float>(),
-      invstd.const_data_ptr<float>(), LEVELS_CONV_BN_SHAPE(s, x), dx_ptr(dx),
-      levels_cuda::out(dw), levels_cuda::out(dbias), levels_cuda::out(dgamma),
+      invstd.const_data_ptr<float>(), LEVELS_CONV_BN_SHAPE(s, x), LEVELS_CONV_BN_STRIDES(w),
+      dx_ptr(dx), levels_cuda::out(dw), LEVELS_CONV_BN_STRIDES(dw), levels_cuda::out(dbias),
+      levels_cuda::out(dgamma),
       levels_cuda::out(dbeta), work.mutable_data_ptr<float>(), levels_cuda::stream());
   levels_cuda::check(status, "conv_bn_eval_bwd", version);
   return {dx, dw, dbias, dgamma, dbeta};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_bwd(
-    const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& y,
-    const at::Tensor& mean, const at::Tensor& invstd, const at::Tensor& gamma,
+    const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_k,
+    const at::Tensor& y, const at::Tensor& mean, const at::Tensor& invstd, const at::Tensor& gamma,
     at::IntArrayRef stride, at::IntArrayRef padding, int64_t version, bool need_dx) {
   const Shape s = shape_of(x, w, stride, padding);
+  TORCH_CHECK(w_k.is_contiguous() && w_k.sizes() == w.sizes(),
+              "levels_cuda::conv_bn_train_bwd: w_k must be w contiguous");
   at::Tensor dx = input_grad(need_dx, s, x);
-  at::Tensor dw = at::empty({s.C_out, s.kH, s.kW, s.C_in}, w.options());
+  at::Tensor dw = at::empty_like(w);  // as in eval_bwd
   at::Tensor dbias = at::empty({s.C_out}, x.options());
   at::Tensor dgamma = at::empty({s.C_out}, x.options());
   at::Tensor dbeta = at::empty({s.C_out}, x.options());
   at::Tensor work = workspace(3, version, s, x);
   const int status = levels_conv_bn_train_bwd(
       levels_cuda::dtype_code(x), static_cast<int>(version), levels_cuda::in(dout),
-      levels_cuda::in(x), levels_cuda::in(w), y.const_data_ptr<float>(),
+      levels_cuda::in(x), levels_cuda::in(w_k), y.const_data_ptr<float>(),
       mean.const_data_ptr<float>(), invstd.const_data_ptr<float>(), levels_cuda::in(gamma),
-      LEVELS_CONV_BN_SHAPE(s, x), dx_ptr(dx), levels_cuda::out(dw),
+      LEVELS_CONV_BN_SHAPE(s, x), dx_ptr(dx), levels_cuda::out(dw), LEVELS_CONV_BN_STRIDES(dw),
       levels_cuda::out(dbias), levels_cuda::out(dgamma), levels_cuda::out(dbeta),
       work.mutable_data_ptr<float>(), levels_cuda::stream());
   levels_cuda::check(status, "conv_bn_train_bwd", version);
@@ -191,6 +207,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_bwd
 }
 
 #undef LEVELS_CONV_BN_SHAPE
+#undef LEVELS_CONV_BN_STRIDES
 
 }  // namespace levels_cuda_conv_bn
 
@@ -204,7 +221,7 @@ TORCH_LIBRARY_FRAGMENT(levels_cuda, m) {
   m.def("conv_bn_eval_bwd(Tensor dout, Tensor x, Tensor w, Tensor w_folded, Tensor? bias, "
         "Tensor running_mean, Tensor scale, Tensor invstd, int[2] stride, int[2] padding, "
         "int version, bool need_dx=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("conv_bn_train_bwd(Tensor dout, Tensor x, Tensor w, Tensor y, Tensor mean, "
+  m.def("conv_bn_train_bwd(Tensor dout, Tensor x, Tensor w, Tensor w_k, Tensor y, Tensor mean, "
         "Tensor invstd, Tensor gamma, int[2] stride, int[2] padding, int version, "
         "bool need_dx=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }

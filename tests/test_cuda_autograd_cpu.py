@@ -372,13 +372,15 @@ def lstm_bwd(dout, dh_n, dc_n, c0, w_hh, gates, cs, time_major, version):
     return dz, rec.to(dt), dc.to(dt)
 
 
-# conv_bn.cu: x an (N, H, W, C_in) view (any strides), w (C_out, kH, kW, C_in), dout NHWC, the
-# per-channel tensors all contiguous in x's dtype; outputs NHWC. Train: y is the fp32
-# convolution WITHOUT its bias (the batch mean absorbs it), mean its batch mean, the bias
-# enters the running mean only, the running variance is unbiased. Eval: BN folded into w.
-def _conv_args(op, x, w, version, dout=None, **per_channel) -> None:
+# conv_bn.cu: x an (N, H, W, C_in) view (any strides), w (C_out, kH, kW, C_in) (any strides
+# for the eval ops, which read it through its strides; contiguous for train_fwd and for
+# train_bwd's w_k, which its convolutions read K-major), dout NHWC, the per-channel tensors all
+# contiguous in x's dtype; outputs NHWC, dw in w's layout. Train: y is the fp32 convolution
+# WITHOUT its bias (the batch mean absorbs it), mean its batch mean, the bias enters the
+# running mean only, the running variance is unbiased. Eval: BN folded into w.
+def _conv_args(op, x, w, version, dout=None, w_dense=False, **per_channel) -> None:
     _version(op, version, k_conv_bn.VERSIONS)
-    _expect(op, "w", w, (w.size(0), w.size(1), w.size(2), x.size(3)), x.dtype, dense=True)
+    _expect(op, "w", w, (w.size(0), w.size(1), w.size(2), x.size(3)), x.dtype, dense=w_dense)
     _refuse(dout is None or dout.is_contiguous() and dout.dtype == x.dtype, op, "'dout': NHWC")
     for name, t in per_channel.items():
         if t is not None:
@@ -403,15 +405,15 @@ def conv_bn_eval_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride,
                running_mean=running_mean, running_var=running_var)
     invstd = torch.rsqrt(running_var.float() + eps)
     scale = gamma.float() * invstd
-    w_folded = (w.float() * scale[:, None, None, None]).to(w.dtype)
+    w_folded = (w.float() * scale[:, None, None, None]).to(w.dtype).contiguous()
     b_folded = ((0 if bias is None else bias.float()) - running_mean.float()) * scale + beta.float()
     return _conv32(x, w_folded, b_folded, stride, padding).to(x.dtype), w_folded, scale, invstd
 
 
 def conv_bn_train_fwd(x, w, bias, gamma, beta, running_mean, running_var, stride, padding, eps,
                       momentum, version):
-    _conv_args("conv_bn_train_fwd", x, w, version, bias=bias, gamma=gamma, beta=beta,
-               running_mean=running_mean, running_var=running_var)
+    _conv_args("conv_bn_train_fwd", x, w, version, w_dense=True, bias=bias, gamma=gamma,
+               beta=beta, running_mean=running_mean, running_var=running_var)
     y = _conv32(x, w, None, stride, padding)
     P = y.numel() // y.size(-1)
     mean = y.reshape(P, -1).mean(0)
@@ -433,8 +435,13 @@ def conv_bn_eval_bwd(dout, x, w, w_folded, bias, running_mean, scale, invstd, st
     shift = (0 if bias is None else bias.float()) - running_mean.float()
     dgamma = invstd * ((w.float() * G).sum((1, 2, 3)) + shift * sum_dy)
     dt = x.dtype
-    return (_dx_out(dx, dt, need_dx), (G * scale[:, None, None, None]).to(dt).contiguous(),
+    return (_dx_out(dx, dt, need_dx), _dw_out(G * scale[:, None, None, None], w),
             (scale * sum_dy).to(dt), dgamma.to(dt), sum_dy.to(dt))
+
+
+def _dw_out(dw, w):
+    # as conv_bn_binding.cpp: dw allocated like w (empty_like: w's strides where w is dense)
+    return torch.empty_like(w).copy_(dw)
 
 
 def _dx_out(dx, dtype, need_dx):
@@ -442,10 +449,11 @@ def _dx_out(dx, dtype, need_dx):
     return dx.to(dtype).contiguous() if need_dx else dx.new_empty((0,), dtype=dtype)
 
 
-def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, version,
+def conv_bn_train_bwd(dout, x, w, w_k, y, mean, invstd, gamma, stride, padding, version,
                       need_dx=True):
     op, dt = "conv_bn_train_bwd", x.dtype
     _conv_args(op, x, w, version, dout, gamma=gamma)
+    _expect(op, "w_k", w_k, w.shape, x.dtype, dense=True)
     _expect(op, "y", y, dout.shape, F32, dense=True)
     C = dout.size(-1)
     P = dout.numel() // C
@@ -453,8 +461,8 @@ def conv_bn_train_bwd(dout, x, w, y, mean, invstd, gamma, stride, padding, versi
     s_dy, s_dyx = d.sum(0), (d * xhat).sum(0)
     # the convolution's output gradient, stored in x's dtype (its backward GEMMs read it so)
     dyc = (gamma.float() * invstd * (d - s_dy / P - xhat * s_dyx / P)).to(dt)
-    dx, dw = _conv_grads(dyc.reshape(dout.shape), x, w, stride, padding)
-    return (_dx_out(dx, dt, need_dx), dw.to(dt).contiguous(), dyc.float().sum(0).to(dt),
+    dx, dw = _conv_grads(dyc.reshape(dout.shape), x, w_k, stride, padding)
+    return (_dx_out(dx, dt, need_dx), _dw_out(dw, w), dyc.float().sum(0).to(dt),
             s_dyx.to(dt), s_dy.to(dt))
 
 
@@ -665,6 +673,52 @@ def test_conv_bn_skips_dgrad_when_x_needs_no_gradient(cpp_ops, training):
     assert [a[position] if len(a) > position else default for _, a in calls] == [True, False]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("weight_layout", ["oihw", "channels_last", "sliced"])
+def test_conv_bn_weight_read_as_it_lies_and_its_gradient_in_its_layout(cpp_ops, training,
+                                                                       weight_layout):
+    # eval folds the caller's weight as it lies (no copy: the kernel op gets the permuted
+    # view); training's convolution gets it K-major (w_k). dW comes back in the weight's own
+    # layout, so that autograd keeps it in .grad as it is; the output is the one node's plain
+    # output (no PermuteBackward after it), and an in-place op on it is allowed
+    fwd = "conv_bn_train_fwd" if training else "conv_bn_eval_fwd"
+    bwd = "conv_bn_train_bwd" if training else "conv_bn_eval_bwd"
+    g = torch.Generator().manual_seed(SEED)
+    big = torch.randn(10, 2 * 6, 3, 3, generator=g)
+    w = {"oihw": big[:, :6].contiguous(),
+         "channels_last": big[:, :6].contiguous(memory_format=torch.channels_last),
+         "sliced": big[:, ::2]}[weight_layout].requires_grad_(True)
+    x = torch.randn(2, 6, 7, 5, generator=g, requires_grad=True)
+    bn = [torch.rand(10, generator=g) + 0.5, torch.randn(10, generator=g)]
+    stats = [torch.randn(10, generator=g), torch.rand(10, generator=g) + 0.5]
+    with _spying(fwd, bwd) as calls:
+        out = conv_bn_op(x, w, None, *bn, *stats, 1, 1, training=training)
+        assert "ConvBn" in out.grad_fn.name(), out.grad_fn.name()
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        out.relu_()  # a ReLU(inplace=True) after the layer
+        dout = torch.randn(out.shape, generator=g)
+        out.backward(dout)
+    (_, fwd_args), (_, bwd_args) = calls
+    w_view = w.detach().permute(0, 2, 3, 1)
+    if training:
+        assert fwd_args[1].is_contiguous()
+    else:
+        assert fwd_args[1].data_ptr() == w.data_ptr() and fwd_args[1].stride() == w_view.stride()
+    assert bwd_args[2].stride() == w_view.stride()  # the layout dW is allocated like
+    if w.is_contiguous() or w.is_contiguous(memory_format=torch.channels_last):
+        assert w.grad.stride() == w.stride()
+    else:  # a strided view: dense in its own dimension order, which autograd keeps as it is
+        assert w.grad.is_contiguous()
+    # the values, against torch's own layers on float64 copies
+    x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
+    ref = F.batch_norm(F.conv2d(x64, w64, None, 1, 1), stats[0].double().clone(),
+                       stats[1].double().clone(), bn[0].double(), bn[1].double(),
+                       training).relu()
+    ref.backward(dout.double())
+    for got, want in ((out, ref), (x.grad, x64.grad), (w.grad, w64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 
 SWIGLU_INPUTS = ("x", "w_gate", "w_up", "w_down")

@@ -332,11 +332,24 @@ def test_opcheck_every_op(dtype):
         dout = torch.randn_like(res[0])
         if training:
             _, y, mean, invstd, _, _ = res
-            torch.library.opcheck(bwd, (dout, x, w, y, mean, invstd, g, [1, 1], [1, 1], 3))
+            torch.library.opcheck(bwd, (dout, x, w, w, y, mean, invstd, g, [1, 1], [1, 1], 3))
         else:
             _, w_folded, scale, invstd = res
-            torch.library.opcheck(bwd, (dout, x, w, w_folded, b, args[5], scale, invstd, [1, 1],
-                                        [1, 1], 3))
+            # the eval ops read the caller's weight as it lies: an OIHW one, viewed as
+            # (C_out, kH, kW, C_in), gives the same w' and a dw in its own layout
+            w_oihw = w.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+            res_oihw = fwd(*args[:1], w_oihw, *args[2:])
+            for a_, b_ in zip(res, res_oihw):
+                torch.testing.assert_close(a_, b_, rtol=0, atol=0)
+            for w_ in (w, w_oihw):
+                torch.library.opcheck(fwd, (*args[:1], w_, *args[2:]))
+                torch.library.opcheck(bwd, (dout, x, w_, w_folded, b, args[5], scale, invstd,
+                                            [1, 1], [1, 1], 3))
+            dw = bwd(dout, x, w_oihw, w_folded, b, args[5], scale, invstd, [1, 1], [1, 1], 3)[1]
+            assert dw.stride() == w_oihw.stride()
+            torch.testing.assert_close(
+                dw, bwd(dout, x, w, w_folded, b, args[5], scale, invstd, [1, 1], [1, 1], 3)[1],
+                rtol=0, atol=0)
 
 
 @pytest.mark.gpu
