@@ -3,7 +3,10 @@ wgrad_finish_kernel when the pixels are split) at every candidate, cuDNN's weigh
 beside it, at each convolution of the CNN's `gpu` preset (a ResNet of basic blocks, widths
 64/128/256, 128 images of 64x64, channels_last, bf16).
 
-    python scripts/sweep_conv_wgrad.py OUT.json [--batch 128] [--image 64]
+    python scripts/sweep_conv_wgrad.py OUT.json [--batch 128] [--image 64] [--rule-only]
+
+--rule-only: the rule's choice and cuDNN alone (no candidates), e.g. to time an older
+kernel: copy this script into an older tree and run it there.
 
 Why: in the CNN's training step on an H100 the weight gradient was Level 4's largest kernel
 (1.0 ms a step, of 5.4), and _wgrad_plan's tile and split were set from a few shapes. The
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--image", type=int, default=64)
+    ap.add_argument("--rule-only", action="store_true", help="time the rule and cuDNN only")
     a = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -94,7 +98,8 @@ def main() -> None:
         flop = 2 * P * c_out * K_total
         row = {"conv": name, "P": P, "C_out": c_out, "K_total": K_total,
                "cudnn_ms": ms_cudnn, "rule": None, "candidates": []}
-        cands = [("rule", None)] + [(f"{t} x{wv}", (TILES[t], wv)) for t in TILES for wv in WAVES]
+        cands = [("rule", None)] + ([] if a.rule_only else
+                                    [(f"{t} x{wv}", (TILES[t], wv)) for t in TILES for wv in WAVES])
         for label, spec in cands:
             if spec is None:
                 C._wgrad_plan = rule
@@ -117,7 +122,8 @@ def main() -> None:
                 row["rule"] = dict(entry, plan={k2: v for k2, v in plan.items()})
             else:
                 row["candidates"].append(entry)
-        ok = [c for c in row["candidates"] if "ms" in c and c["rel_err"] < 2e-2]
+        ok = [c for c in row["candidates"] + ([row["rule"]] if row["rule"] else [])
+              if "ms" in c and c["rel_err"] < 2e-2]
         best = min(ok, key=lambda c: c["ms"]) if ok else None
         row["best"] = best
         rows.append(row)
