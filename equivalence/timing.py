@@ -164,3 +164,10 @@ def peak_memory_mb(fn, device) -> float | None:
     fn()
     torch.cuda.synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - before) / 2 ** 20
+
+
+def settled(goal: float, p20, p80) -> bool | None:
+    """Whether a measurement's p20 .. p80 lie on one side of `goal` (None without them): where
+    they straddle it, one run does not decide the goal. Host times near a goal flip between
+    lent machines (reports/conv-bn-layout-and-suite/: tens of µs at some rows)."""
+    return None if p20 is None or p80 is None else not (p20 <= goal <= p80)

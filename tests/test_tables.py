@@ -22,6 +22,7 @@ from equivalence.check import CheckResult, Comparison
 from equivalence.commands import agree, check, compare, console as console_module, doctor, profile
 from equivalence.commands import select as select_command
 from equivalence.commands import train
+from equivalence import timing
 from equivalence.commands.bench import overhead
 from equivalence.select import Decision, Measurement
 
@@ -180,6 +181,7 @@ def _overhead_report():
     for r in report["rows"]:
         if r["level"] == "cuda":
             r.update(status="skip", reason=CUDA_REASON)
+    report["goals"][0]["settled"] = False  # the widest status cell: "met (unsettled)"
     cpu = copy.deepcopy(report)
     cpu["settings"]["device"], cpu["environment"]["gpu"] = "cpu", None
     cpu["graph_rows"], cpu["goals"] = [], []
@@ -250,3 +252,25 @@ def test_a_pipe_gets_wide_tables_unless_columns_says_otherwise(monkeypatch):
     assert console_module.terminal_console(io.StringIO()).width == console_module.PIPE_WIDTH
     monkeypatch.setenv("COLUMNS", "80")
     assert console_module.terminal_console(io.StringIO()).width == 80
+
+
+def test_overhead_goal_says_when_one_run_does_not_settle_it():
+    # the verdict reads the median; a goal between the rounds' p20 and p80 is "unsettled",
+    # and the table says so beside met or missed (the same code flips between lent machines)
+    assert timing.settled(10.0, 2.0, 8.0) is True
+    assert timing.settled(10.0, 12.0, 30.0) is True
+    assert timing.settled(10.0, 4.7, 13.7) is False
+    assert timing.settled(10.0, None, 13.7) is None
+    row = {"component": "conv_bn", "level": "cuda", "status": "ok",
+           "host_fwd_vs_eager_us": 6.75, "host_fwd_vs_eager_p20_us": 4.72,
+           "host_fwd_vs_eager_p80_us": 13.7, "host_fwd_bwd_vs_eager_us": 30.7,
+           "host_fwd_bwd_vs_eager_p20_us": 3.53, "host_fwd_bwd_vs_eager_p80_us": 35.0}
+    fwd, fwd_bwd = overhead.goals([row], "cuda")
+    assert (fwd["status"], fwd["settled"]) == ("met", False)
+    assert (fwd_bwd["status"], fwd_bwd["settled"]) == ("met", True)
+    report, _ = _overhead_report()
+    report["goals"] = [fwd, fwd_bwd]
+    console = Console(record=True, width=160)
+    overhead.print_report(report, console)
+    text = console.export_text()
+    assert text.count("(unsettled)") == 1 and "unsettled (1): the goal lies between" in text

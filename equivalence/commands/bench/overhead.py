@@ -31,7 +31,8 @@ for min_time_s / ROUNDS, the order rotated from round to round, and a side's `ho
 the median of its rounds' medians (p20/p80 across rounds). `*_vs_eager_us` is the median over
 rounds of (this side's round median - eager's in the same round): a paired difference, so a
 drift both sides see cancels. Its p20/p80 across rounds are kept beside it
-(`*_vs_eager_p20_us`, `*_vs_eager_p80_us`); a goal reads the median.
+(`*_vs_eager_p20_us`, `*_vs_eager_p80_us`); a goal reads the median, "unsettled" when it lies
+between them (equivalence.timing.settled).
 
 Then the same component at Level 1 and Level 4 replayed as a CUDA graph
 (levels.nn.cuda_graph, GPU only), timed the same way: the report's `graph_rows` (the level
@@ -61,7 +62,7 @@ from levels.contract import COMPONENTS, VALIDATORS
 from ... import cards
 from ...calls import level_impl, own_args, upstream
 from ...check import flatten
-from ...timing import Timing, quantile, time_fn, time_host
+from ...timing import Timing, quantile, settled, time_fn, time_host
 from ..console import (EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, Column, Sheet, library_output_to,
                        log_note, progress, resolve_device, split_list)
 from .reports import output_path, report_environment, write_report
@@ -431,11 +432,12 @@ def goals(rows: list[dict], device) -> list[dict]:
         for key, what, goal in (("host_fwd", "fwd", GOAL_EXTRA_US),
                                 ("host_fwd_bwd", "fwd+bwd", GOAL_EXTRA_FWD_BWD_US)):
             extra = r.get(f"{key}_vs_eager_us")
+            lo, hi = r.get(f"{key}_vs_eager_p20_us"), r.get(f"{key}_vs_eager_p80_us")
             out.append({"component": r["component"], "level": r["level"], "pass": what,
-                        "extra_us": extra, "extra_p20_us": r.get(f"{key}_vs_eager_p20_us"),
-                        "extra_p80_us": r.get(f"{key}_vs_eager_p80_us"), "goal_us": goal,
+                        "extra_us": extra, "extra_p20_us": lo, "extra_p80_us": hi, "goal_us": goal,
                         "status": ("not evaluated" if extra is None else
                                    "met" if extra <= goal else "missed"),
+                        "settled": None if extra is None else settled(goal, lo, hi),
                         "reason": r.get("reason", "") if extra is None else ""})
     return out
 
@@ -506,12 +508,20 @@ def print_report(report: dict, console) -> None:
                   ["component", "level", "pass", Column("level -\neager µs", "right"),
                    Column("p20 .. p80\nof rounds", "right"), Column("goal µs", "right"), "status"])
         style = {"met": "green", "missed": "bold red", "not evaluated": "yellow"}
+        unsettled = 0
         for r in report["goals"]:
             lo, hi = r.get("extra_p20_us"), r.get("extra_p80_us")
             spread = "—" if lo is None or hi is None else f"{lo:+.3g} .. {hi:+.3g}"
+            status = f"[{style[r['status']]}]{r['status']}[/]"
+            if r.get("settled") is False:  # older reports have no "settled"
+                status, unsettled = status + " [yellow](unsettled)[/]", unsettled + 1
             g.add_row(r["component"], r.get("level", "triton"), r["pass"], _fmt_us(r["extra_us"]),
-                      spread, f"{r['goal_us']:g}", f"[{style[r['status']]}]{r['status']}[/]")
+                      spread, f"{r['goal_us']:g}", status)
         g.print(console)
+        if unsettled:
+            console.print(f"unsettled ({unsettled}): the goal lies between the rounds' p20 and p80, "
+                          "so this run does not decide the row: run it again, on another machine "
+                          "too, before reading it as met or missed.", markup=False, highlight=False)
     else:
         console.print("On a CPU the call is the host's work: these are the levels' whole costs at "
                       "the tiny size. The goals (Levels 4 and 5 <= eager + 10 µs forward, + 40 µs "
