@@ -16,8 +16,11 @@ plus CUPTI's runtime API events).
 --shape COMPONENT/NAME,...: the model-shape suite's shapes (`levels bench --suite models`
 lists them) instead of each component's tiny size, and those components, for a row of the
 suite whose end-to-end time is far above its kernel time. At such a size the GPU may be the
-slower side: the wall per call is then the GPU's, and the host's own cost is the sum of the
-events' self times (the profiler adds to each of them).
+slower side, and the wall per call is then the GPU's: `host_us_per_call` is the host's own
+time, 30 calls issued while the GPU sleeps (torch.cuda._sleep).
+
+--python: also cProfile the calls (`python_top25_by_own_time`): the Python the torch profiler
+does not see.
 """
 
 from __future__ import annotations
