@@ -181,7 +181,7 @@ def _overhead_report():
     for r in report["rows"]:
         if r["level"] == "cuda":
             r.update(status="skip", reason=CUDA_REASON)
-    report["goals"][0]["settled"] = False  # the widest status cell: "met (unsettled)"
+    report["goals"][0]["settled"] = False  # the widest status cell: "missed (unsettled)"
     cpu = copy.deepcopy(report)
     cpu["settings"]["device"], cpu["environment"]["gpu"] = "cpu", None
     cpu["graph_rows"], cpu["goals"] = [], []
