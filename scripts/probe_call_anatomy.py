@@ -116,6 +116,9 @@ def main() -> None:
                                                   "each --component)")
     a = ap.parse_args()
     device, dtype = torch.device(a.device), torch.bfloat16
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("probe_call_anatomy.py: needs a CUDA GPU (or --device cpu, a smoke run of this "
+                 "script); the committed runs are under reports/")
     results = []
     runs = ([tuple(s.split("/", 1)) for s in a.shape.split(",")] if a.shape
             else [(c, None) for c in a.component.split(",")])

@@ -76,6 +76,9 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--rule-only", action="store_true", help="time the rule and cuDNN only")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sweep_conv_wgrad.py: needs a CUDA GPU (it times Level 4's compiled kernels "
+                 "against cuDNN); the committed runs are under reports/")
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rule = C._wgrad_plan
