@@ -2073,14 +2073,12 @@ inline int num_sms() {
 // give every SM at least one, else 4 (64 rows: twice the blocks for a small problem).
 inline int mma_warps(int64_t BH, int64_t N) { return BH * cdiv(N, 128) >= num_sms() ? 8 : 4; }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in, once per kernel.
+// Above 48 KB of dynamic shared memory a kernel must opt in: once per device, kernel and size
+// (levels_smem_opt_in_once, common.cuh).
 template <typename K>
-int opt_in(K kernel, int bytes, bool& done) {
-  if (done || bytes <= 48 * 1024) return 0;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return (int)err;
-  done = true;
-  return 0;
+int opt_in(K kernel, int bytes) {
+  if (bytes <= 48 * 1024) return 0;
+  return (int)levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 inline bool grid_ok(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff; }
@@ -2098,8 +2096,7 @@ int launch_fwd_mma(const Params& p, cudaStream_t stream) {
   const int warps = mma_warps(p.BH, p.Nq), block_m = warps * 16, stages = ASYNC ? 2 : 1;
   const int smem = (block_m + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 2 * stages * FWD_BN) * ld_of<D>() * (int)sizeof(T);
-  static bool opted = false;
-  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC, ROPE>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_mma_kernel<T, D, ASYNC, ROPE>, smem_max)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
   attn_fwd_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
@@ -2115,8 +2112,7 @@ int launch_fwd_v5(const Params& p, cudaStream_t stream) {
   const int warps = v5_warps(p.BH, p.Nq), block_m = warps * 32;
   const int smem = (block_m + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
   const int smem_max = (128 + 4 * V5_BN) * ld_of<D>() * (int)sizeof(T);
-  static bool opted = false;
-  if (int err = opt_in(attn_fwd_v5_kernel<T, D, ROPE>, smem_max, opted)) return err;
+  if (int err = opt_in(attn_fwd_v5_kernel<T, D, ROPE>, smem_max)) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
   attn_fwd_v5_kernel<T, D, ROPE><<<(unsigned)blocks, warps * 32, smem, stream>>>(p);
@@ -2142,8 +2138,7 @@ int launch_fwd_v6(const Params& p, cudaStream_t stream) {
   if (!on_sm90()) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
   const int wgs = v6_warpgroups(p.BH, p.Nq), block_m = wgs * 64;
   static_assert(v6_smem<128>(128) <= 227 * 1024, "the 3-stage ring fits an H100's shared memory");
-  static bool opted = false;
-  if (int err = opt_in(attn_fwd_v6_kernel<T, D>, v6_smem<D>(128), opted)) return err;
+  if (int err = opt_in(attn_fwd_v6_kernel<T, D>, v6_smem<D>(128))) return err;
   const int64_t blocks = p.BH * cdiv(p.Nq, block_m);
   if (!grid_ok(blocks)) return LEVELS_UNSUPPORTED;
   attn_fwd_v6_kernel<T, D><<<(unsigned)blocks, wgs * 128, v6_smem<D>(block_m), stream>>>(p);
@@ -2170,9 +2165,8 @@ int launch_bwd_mma(const Params& p, cudaStream_t stream) {
   const int smem_kv_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T) + 2 * S * QT * 4;
   const int smem_q = (2 * wq * 16 + 2 * S * QT) * LD * (int)sizeof(T);
   const int smem_q_max = (2 * 128 + 2 * S * QT) * LD * (int)sizeof(T);
-  static bool opted_kv = false, opted_q = false;
-  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE>, smem_kv_max, opted_kv)) return err;
-  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE>, smem_q_max, opted_q)) return err;
+  if (int err = opt_in(attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE>, smem_kv_max)) return err;
+  if (int err = opt_in(attn_bwd_dq_mma_kernel<T, D, ASYNC, ROPE>, smem_q_max)) return err;
   const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), qblocks = p.BH * cdiv(p.Nq, wq * 16);
   if (!grid_ok(kblocks) || !grid_ok(qblocks)) return LEVELS_UNSUPPORTED;
   attn_bwd_dkdv_mma_kernel<T, D, ASYNC, ROPE><<<(unsigned)kblocks, wk * 32, smem_kv, stream>>>(p);
@@ -2191,8 +2185,7 @@ int launch_bwd_fused(const Params& p, cudaStream_t stream) {
   auto smem_of = [](int block_n) {
     return (2 * block_n + 4 * QT) * LD * (int)sizeof(T) + 4 * QT * 4 + block_n * ld_of<QT>() * (int)sizeof(T);
   };
-  static bool opted = false;
-  if (int err = opt_in(attn_bwd_fused_kernel<T, D, ROPE>, smem_of(128), opted)) return err;
+  if (int err = opt_in(attn_bwd_fused_kernel<T, D, ROPE>, smem_of(128))) return err;
   const int64_t kblocks = BHkv * cdiv(p.Nk, wk * 16), pairs = p.BH * p.Nq * (p.D / 2);
   if (!grid_ok(kblocks) || !grid_ok(cdiv(pairs, 256))) return LEVELS_UNSUPPORTED;
   attn_bwd_fused_kernel<T, D, ROPE><<<(unsigned)kblocks, wk * 32, smem_of(wk * 16), stream>>>(p);

@@ -1913,18 +1913,19 @@ int launch_v3(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int
   return levels_launch_status();
 }
 
+// Above 48 KB of dynamic shared memory a kernel must opt in: once per device, kernel and size
+// (levels_smem_opt_in_once, common.cuh; a per-process flag would leave a second GPU without it).
+template <typename Kernel>
+int opt_in_smem(Kernel kernel, int smem) {
+  return (int)levels_smem_opt_in_once(reinterpret_cast<const void*>(kernel), smem);
+}
+
 template <typename T, typename TC, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, bool DUAL = false>
 int launch_v4_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
                      const EpiArgs& ep, cudaStream_t stream, const T* B2) {
   constexpr int smem = STAGES * (BM + BN) * V4_BK * (int)sizeof(T);
   auto kernel = gemm_v4_kernel<T, TC, BM, BN, WARPS_M, WARPS_N, STAGES, DUAL>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in (once per kernel).
-  static bool opted_in = false;
-  if (!opted_in) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return (int)err;
-    opted_in = true;
-  }
+  if (int err = opt_in_smem(kernel, smem)) return err;
   const int64_t blocks = cdiv(M, BM) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
   kernel<<<(unsigned)blocks, WARPS_M * WARPS_N * 32, smem, stream>>>(A, lda, B, ldb, M, N, K, ep, B2);
@@ -1976,12 +1977,7 @@ int launch_v5_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   constexpr int smem = V5_STAGES * (128 + BN) * V4_BK * (int)sizeof(T) + 1024;  // + alignment slack
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits");
   auto kernel = gemm_v5_kernel<T, TC, BN, DUAL>;
-  static bool opted_in = false;
-  if (!opted_in) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return (int)err;
-    opted_in = true;
-  }
+  if (int err = opt_in_smem(kernel, smem)) return err;
   const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
   kernel<<<(unsigned)blocks, 256, smem, stream>>>(A, lda, B, ldb, M, N, K, ep, B2);
@@ -2039,17 +2035,6 @@ int make_map(CUtensorMap* map, const T* base, int64_t rows, int64_t K, int64_t l
   return r == CUDA_SUCCESS ? LEVELS_OK : LEVELS_UNSUPPORTED;  // e.g. a row stride of 0 (broadcast rows)
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in (once per kernel).
-template <typename Kernel>
-int opt_in_smem(Kernel kernel, int smem, bool& done) {
-  if (!done) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return (int)err;
-    done = true;
-  }
-  return LEVELS_OK;
-}
-
 // The plain kernels' three tensor maps (versions 6 and 7). DUAL: N is the virtual width
 // 2 * hidden; b and b2 have hidden rows each, half a tile per box. Not DUAL: map_b2 = map_b,
 // unused.
@@ -2075,8 +2060,7 @@ int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
   constexpr int smem = v6_smem<BN>();
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
   auto kernel = gemm_v6_kernel<T, TC, BN, DUAL, A_MN, B_MN>;
-  static bool opted_in = false;
-  int status = opt_in_smem(kernel, smem, opted_in);
+  int status = opt_in_smem(kernel, smem);
   const int64_t blocks = cdiv(M, 128) * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
   CUtensorMap map_a, map_b, map_b2;
@@ -2089,13 +2073,12 @@ int launch_v6_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
 
 // Versions 7 and 8: 384 threads on min(tiles, SMs) persistent blocks (the SM count is queried
 // once per process: num_sms), 128 x BN tiles, version 7's shared memory (ring + slabs).
-// opted_in: the caller's flag, one per kernel.
 template <typename T, int BN, bool DUAL, typename Kernel>
-int launch_persistent(Kernel kernel, bool& opted_in, const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M,
+int launch_persistent(Kernel kernel, const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M,
                       int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2) {
   static_assert(V7_THREADS == V8_THREADS, "one block shape for both");
   constexpr int smem = v7_smem<BN, V7_SLAB>();
-  int status = opt_in_smem(kernel, smem, opted_in);
+  int status = opt_in_smem(kernel, smem);
   const int64_t tiles = cdiv(M, 128) * cdiv(N, BN);
   const int64_t blocks = tiles < num_sms() ? tiles : num_sms();
   CUtensorMap map_a, map_b, map_b2;
@@ -2109,8 +2092,7 @@ int launch_persistent(Kernel kernel, bool& opted_in, const T* A, int64_t lda, co
 template <typename T, typename TC, int BN, bool DUAL = false>
 int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
                      const EpiArgs& ep, cudaStream_t stream, const T* B2) {
-  static bool opted_in = false;
-  return launch_persistent<T, BN, DUAL>(gemm_v7_kernel<T, TC, BN, DUAL>, opted_in, A, lda, B, ldb, M, N, K, ep,
+  return launch_persistent<T, BN, DUAL>(gemm_v7_kernel<T, TC, BN, DUAL>, A, lda, B, ldb, M, N, K, ep,
                                         stream, B2);
 }
 
@@ -2119,8 +2101,7 @@ int launch_v7_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M
 template <typename T, typename TC, bool DUAL = false>
 int launch_v8(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N, int64_t K,
               const EpiArgs& ep, cudaStream_t stream, const T* B2) {
-  static bool opted_in = false;
-  return launch_persistent<T, V8_BN, DUAL>(gemm_v8_kernel<T, TC, DUAL>, opted_in, A, lda, B, ldb, M, N, K, ep,
+  return launch_persistent<T, V8_BN, DUAL>(gemm_v8_kernel<T, TC, DUAL>, A, lda, B, ldb, M, N, K, ep,
                                            stream, B2);
 }
 
@@ -2189,12 +2170,7 @@ int launch_v5_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, i
   constexpr int smem = V5_STAGES * (128 + BN) * V4_BK * (int)sizeof(T) + 1024;  // + alignment slack
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits");
   auto kernel = gemm_v5_batched_kernel<T, BN>;
-  static bool opted_in = false;
-  if (!opted_in) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return (int)err;
-    opted_in = true;
-  }
+  if (int err = opt_in_smem(kernel, smem)) return err;
   const int64_t t = cdiv(M, 128);
   const int64_t blocks = ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
@@ -2208,8 +2184,7 @@ int launch_v6_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, i
   constexpr int smem = v6_smem<BN>();
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
   auto kernel = gemm_v6_batched_kernel<T, BN>;
-  static bool opted_in = false;
-  int status = opt_in_smem(kernel, smem, opted_in);
+  int status = opt_in_smem(kernel, smem);
   const int64_t t = cdiv(M, 128);
   const int64_t blocks = ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
@@ -2228,8 +2203,7 @@ int launch_v7_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t 
                       int64_t K, const BatchArgs& ba, cudaStream_t stream) {
   constexpr int BN = 128, smem = v7_smem<BN, 64>();
   auto kernel = gemm_v7_batched_kernel<T>;
-  static bool opted_in = false;
-  int status = opt_in_smem(kernel, smem, opted_in);
+  int status = opt_in_smem(kernel, smem);
   const int64_t t = cdiv(M, 128);
   const int64_t tiles = batch * (ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN));
   const int64_t blocks = tiles < num_sms() ? tiles : num_sms();
