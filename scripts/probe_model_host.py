@@ -8,7 +8,7 @@ torch-modules twin.
 
 Per run: the wall time of a step (the device synchronized after each), the GPU's busy
 time in a step (torch.profiler: the sum of its kernels' durations, overlaps counted once
-per kernel), the 12 GPU kernels that take the most time in a step, and the 40 Python
+per kernel), the 30 GPU kernels that take the most time in a step, and the 40 Python
 functions that take the most host time of a step (cProfile, own time). A step whose wall time
 is close to its GPU time is GPU-bound; the difference is the time the GPU waits for the CPU.
 `--amp bf16`: float32 parameters, the forward under torch.autocast (as `levels train --amp`).
@@ -75,7 +75,7 @@ def _gpu_ms_per_step(step, batches) -> tuple[float, list]:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
     per_step = [{"kernel": k[:120], "ms_per_step": round(v / 1e3 / len(batches), 3)} for k, v in top]
     return sum(kernels.values()) / 1e3 / len(batches), per_step
 

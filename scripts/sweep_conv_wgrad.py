@@ -3,10 +3,11 @@ wgrad_finish_kernel when the pixels are split) at every candidate, cuDNN's weigh
 beside it, at each convolution of the CNN's `gpu` preset (a ResNet of basic blocks, widths
 64/128/256, 128 images of 64x64, channels_last, bf16).
 
-    python scripts/sweep_conv_wgrad.py OUT.json [--batch 128] [--image 64] [--rule-only]
+    python scripts/sweep_conv_wgrad.py OUT.json [--batch 128] [--image 64] [--rule-only] [--flat]
 
---rule-only: the rule's choice and cuDNN alone (no candidates), e.g. to time an older
-kernel: copy this script into an older tree and run it there.
+--rule-only: the rule's choice (with row steps where they apply, and with flat steps:
+ROW_STEPS off) and cuDNN alone, no candidates. --flat: every candidate tile with flat steps
+as well as row steps.
 
 Why: in the CNN's training step on an H100 the weight gradient was Level 4's largest kernel
 (1.0 ms a step, of 5.4), and _wgrad_plan's tile and split were set from a few shapes. The
@@ -39,6 +40,8 @@ TILES = {  # name: (BLOCK_M over C_out, BLOCK_N over kH*kW*C_in, BLOCK_K over pi
     "64x128x64 w4 s4": (64, 128, 64, 4, 4),
     "64x128x128 w4 s3": (64, 128, 128, 4, 3),
     "64x256x64 w8 s3": (64, 256, 64, 8, 3),
+    "64x256x64 w8 s2": (64, 256, 64, 8, 2),
+    "64x256x32 w8 s4": (64, 256, 32, 8, 4),
     "128x64x64 w4 s3": (128, 64, 64, 4, 3),
     "128x128x64 w8 s3": (128, 128, 64, 8, 3),
     "128x128x64 w8 s4": (128, 128, 64, 8, 4),
@@ -61,12 +64,12 @@ def convs(batch: int, image: int):
             ("block3 1x1/2 128->256", 128, 256, h1, 1, 2)]
 
 
-def plan_for(tile, waves, P, C_out, K_total, sms):
+def plan_for(tile, waves, P, C_out, K_total, sms, H_out, W_out, rows):
     bm, bn, bk, warps, stages = tile
     splits = C.wgrad_splits(P, cdiv(C_out, bm) * cdiv(K_total, bn), waves * sms)
-    per_split = cdiv(cdiv(P, splits), bk) * bk
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                precision="tf32", per_split=per_split), cdiv(P, per_split)
+    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+               precision="tf32")
+    return C.wgrad_steps(cfg, P, splits, H_out, W_out, rows)
 
 
 def main() -> None:
@@ -75,6 +78,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--rule-only", action="store_true", help="time the rule and cuDNN only")
+    ap.add_argument("--flat", action="store_true",
+                    help="also time every candidate tile with flat steps (rows only by default)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_conv_wgrad.py: needs a CUDA GPU (it times Level 4's compiled kernels "
@@ -83,6 +88,13 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rule = C._wgrad_plan
     rows = []
+    # the GPU's clocks up first: the first convolution's first candidate was timed at
+    # 134 us in a run where the same tile took 80 us a few candidates later
+    warm = torch.randn(8192, 8192, device=dev, dtype=dt)
+    t_end = time.perf_counter() + 2.0
+    while time.perf_counter() < t_end:
+        warm @ warm
+    torch.cuda.synchronize()
     for name, c_in, c_out, h, k, stride in convs(a.batch, a.image):
         x = torch.randn(a.batch, c_in, h, h, device=dev, dtype=dt).contiguous(
             memory_format=torch.channels_last)
@@ -101,14 +113,18 @@ def main() -> None:
         flop = 2 * P * c_out * K_total
         row = {"conv": name, "P": P, "C_out": c_out, "K_total": K_total,
                "cudnn_ms": ms_cudnn, "rule": None, "candidates": []}
-        cands = [("rule", None)] + ([] if a.rule_only else
-                                    [(f"{t} x{wv}", (TILES[t], wv)) for t in TILES for wv in WAVES])
+        hw = (s["H_out"], s["W_out"])
+        cands = [("rule", None), ("rule, flat steps", "flat")] + (
+            [] if a.rule_only else [(f"{t} x{wv}{' rows' if rows else ''}", (TILES[t], wv, rows))
+                                    for t in TILES for wv in WAVES for rows in (True, False)
+                                    if rows or a.flat])
         for label, spec in cands:
-            if spec is None:
-                C._wgrad_plan = rule
-                plan, splits = rule(P, c_in, c_out, K_total, dt, dev)
+            if spec is None or spec == "flat":
+                C.ROW_STEPS = spec is None
+                plan, splits = rule(P, c_in, c_out, K_total, dt, dev, *hw)
+                C._wgrad_plan = lambda *_, p=plan, n=splits: (p, n)
             else:
-                plan, splits = plan_for(spec[0], spec[1], P, c_out, K_total, sms)
+                plan, splits = plan_for(spec[0], spec[1], P, c_out, K_total, sms, *hw, spec[2])
                 C._wgrad_plan = lambda *_, p=plan, n=splits: (p, n)
             try:
                 got = C.train_wgrad(dyc, x, w, s, k, k)
@@ -118,11 +134,13 @@ def main() -> None:
                 row["candidates"].append({"tile": label, "error": f"{type(e).__name__}: {e}"[:200]})
                 continue
             finally:
-                C._wgrad_plan = rule
+                C._wgrad_plan, C.ROW_STEPS = rule, True
             entry = {"tile": label, "splits": splits, "ms": ms, "rel_err": err,
                      "tflops": flop / ms / 1e9, "vs_cudnn": ms_cudnn / ms}
             if spec is None:
                 row["rule"] = dict(entry, plan={k2: v for k2, v in plan.items()})
+            elif spec == "flat":
+                row["rule_flat"] = dict(entry, plan={k2: v for k2, v in plan.items()})
             else:
                 row["candidates"].append(entry)
         ok = [c for c in row["candidates"] + ([row["rule"]] if row["rule"] else [])
@@ -131,14 +149,17 @@ def main() -> None:
         row["best"] = best
         rows.append(row)
         r = row["rule"]
+        f = row["rule_flat"]
         print(f"{name:24s} P {P:7d} cuDNN {ms_cudnn * 1e3:7.1f} us | rule {r['ms'] * 1e3:7.1f} us "
-              f"({r['splits']} splits, err {r['rel_err']:.1e}) | best {best['tile']:22s} "
+              f"({r['splits']} splits, ROW_W {r['plan']['ROW_W']}, err {r['rel_err']:.1e}; "
+              f"flat {f['ms'] * 1e3:7.1f}) | best {best['tile']:22s} "
               f"{best['ms'] * 1e3:7.1f} us ({best['splits']} splits)", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     Path(a.out).write_text(json.dumps({"environment": env, "command": " ".join(sys.argv),
                                        "rows": rows}, indent=1))
-    print(f"sum over the CNN's convs: rule {sum(r['rule']['ms'] for r in rows):.3f} ms, "
+    print(f"sum over the CNN's convs: rule {sum(r['rule']['ms'] for r in rows):.3f} ms "
+          f"(flat steps {sum(r['rule_flat']['ms'] for r in rows):.3f}), "
           f"best {sum(r['best']['ms'] for r in rows):.3f} ms, "
           f"cuDNN {sum(r['cudnn_ms'] for r in rows):.3f} ms")
 

@@ -167,6 +167,52 @@ def test_conv_bn_train_wgrad_single_split_writes_dw_directly(weight_layout):
     _passes("conv_bn", args)
 
 
+@pytest.mark.parametrize("steps", ["rows", "flat"])
+@pytest.mark.parametrize("shape", [
+    # 8 columns: two output rows a step (in the interpreter's 16-pixel steps)
+    dict(N=2, C_in=5, H=8, W=8, C_out=6, k=3, stride=1, padding=1, channels_last=True),
+    # stride 2, 4x4 outputs: four rows a step; x in torch's default layout
+    dict(N=2, C_in=3, H=8, W=7, C_out=4, k=3, stride=2, padding=1),
+    # 30 columns: each row in two 16-wide chunks, the second two pixels short
+    dict(N=1, C_in=4, H=3, W=30, C_out=5, k=3, stride=1, padding=1, channels_last=True),
+    # 1x1, 6 columns in steps 8 wide: a quarter of each step masked
+    dict(N=3, C_in=6, H=4, W=6, C_out=3, k=1, stride=1, padding=0),
+])
+def test_conv_bn_train_wgrad_row_steps(shape, steps, monkeypatch):
+    # The weight gradient steps over whole output rows (ROW_W: the step's image and first
+    # row are its scalars, no division per pixel) where a step's rows stay in one image;
+    # flat steps otherwise, and always with ROW_STEPS off. Both against float64.
+    from triton_kernels import conv_bn as K
+    monkeypatch.setattr(K, "ROW_STEPS", steps == "rows")
+    k, s, pad = shape["k"], shape["stride"], shape["padding"]
+    H_out = (shape["H"] + 2 * pad - k) // s + 1
+    W_out = (shape["W"] + 2 * pad - k) // s + 1
+    P = shape["N"] * H_out * W_out
+    plan, splits = K._wgrad_plan(P, shape["C_in"], shape["C_out"], k * k * shape["C_in"],
+                                 torch.float32, torch.device(DEVICE), H_out, W_out)
+    # (the interpreter's 16-pixel steps take rows at every shape here; a GPU's wider
+    # steps may not, e.g. four 4-row images in 32 pixels)
+    can = K.wgrad_row_width(H_out, W_out, plan["BLOCK_K"]) > 0
+    assert can or not K.INTERPRETED, (H_out, W_out, plan)
+    assert (plan["ROW_W"] > 0) == (steps == "rows" and can), plan
+    if plan["ROW_W"]:
+        steps_total, row_steps, w_chunks = plan["rows"]
+        assert steps_total == shape["N"] * row_steps and splits * plan["per_split"] >= steps_total
+    _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=13, training=True))
+
+
+def test_wgrad_row_width_keeps_a_step_in_one_image():
+    from triton_kernels.conv_bn import wgrad_row_width
+    assert wgrad_row_width(64, 64, 64) == 64   # one row a step
+    assert wgrad_row_width(32, 32, 64) == 32   # two rows
+    assert wgrad_row_width(16, 16, 64) == 16   # four
+    assert wgrad_row_width(112, 112, 64) == 64  # a row in two chunks, 112 of 128 used
+    assert wgrad_row_width(28, 28, 64) == 32   # 28 of 32 columns used
+    assert wgrad_row_width(14, 14, 64) == 0    # four 16-wide rows would cross images
+    assert wgrad_row_width(7, 7, 64) == 0      # so would eight of 8
+    assert wgrad_row_width(10, 5, 16) == 0     # 5 of 8 columns: flat
+
+
 @pytest.mark.parametrize("weight_layout", ["contiguous", "channels_last", "1x1 contiguous"])
 def test_conv_bn_train_reads_the_weight_with_adjacent_input_channels(weight_layout, monkeypatch):
     # torch's default (O, I, kH, kW) weight puts a tap's input channels kH*kW elements apart:

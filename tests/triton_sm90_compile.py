@@ -136,10 +136,14 @@ def main() -> int:
     # multiply-high (_fast_div), with a multiplier of 2**31 or more passed as an i64
     import triton_kernels.conv_bn as conv_bn
 
-    jobs.append(("conv_bn wgrad bf16", conv_bn.conv_wgrad_kernel,
-                 dict(dy_ptr=bf16, x_ptr=bf16, part_ptr=f32, hw_magic="i64"),
-                 dict(KW=3, UPCAST=False, DOT_PRECISION="tf32", BLOCK_M=128, BLOCK_N=128,
-                      BLOCK_K=64, DIRECT=False), dict(num_warps=8, num_stages=3)))
+    # and its two ways of stepping over the pixels: flat (the old rule's tile) and in whole
+    # output rows (the row rule's tile, 64-wide rows)
+    for row_w, tile, warps in ((0, (128, 128), 8), (64, (64, 128), 4)):
+        jobs.append((f"conv_bn wgrad bf16 ROW_W={row_w}", conv_bn.conv_wgrad_kernel,
+                     dict(dy_ptr=bf16, x_ptr=bf16, part_ptr=f32, hw_magic="i64"),
+                     dict(KW=3, ROW_W=row_w, UPCAST=False, DOT_PRECISION="tf32",
+                          BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=64, DIRECT=False),
+                     dict(num_warps=warps, num_stages=3)))
     failed = 0
     for name, fn, pointers, constexprs, *config in jobs:
         options = {k: config[0][k] for k in ("num_warps", "num_stages")} if config else {}

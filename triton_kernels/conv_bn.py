@@ -46,7 +46,10 @@ y after the convolution, since the statistics are only known once every tile is 
 (train mode is not the fast path). The CNN's training step on an H100 after the statistics
 moved into the epilogue and the weight gradient's rule was swept: the BatchNorm kernels
 1.2 ms a step (were 2.0), Level 4's step 1.03x torch's with both as CUDA graphs
-(reports/conv-bn-tile-statistics/).
+(reports/conv-bn-tile-statistics/). After the weight gradient's row steps (0.86 -> 0.60 ms
+over the eight convolutions, cuDNN 0.57): 1.02-1.10x torch eager in three tables, 1.09x as
+CUDA graphs, and Level 4's step 4.84 ms of GPU time against torch's 5.59
+(reports/wgrad-row-steps/).
 
 Layouts: x, conv_weight and the incoming gradient may have any strides (NCHW or
 channels_last); kernels take all four strides. The output is allocated channels_last
@@ -279,6 +282,25 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
 # for each a "magic" multiplier and shift once (_divisor_magic, as CUTLASS's FastDivmod) and
 # the kernel divides by a multiply-high and a shift (_fast_div). Cost: four more scalar
 # arguments.
+#
+# Row steps (ROW_W > 0), the next idea: after the divisions were cheap, the loop was still
+# issue-bound. ncu at the CNN's 3x3 64 -> 64 (reports/conv-bn-layout-and-suite/10-ncu-*):
+# 75.6 M instructions for 38.7 GFLOP, 4.2 cycles per issued instruction, and its PTX loop
+# 376 instructions per warp a step for four wgmma (Triton compiles it for sm_90 on a machine
+# without a GPU: tests/triton_sm90_compile.py). Each thread rebuilds, for each of its pixels, the
+# image, row and column, the bounds and the address. But when a step covers whole output
+# rows of one image (BLOCK_K // ROW_W rows, ROW_W a power of two >= W_out; or one ROW_W-wide
+# chunk of a longer row), the image and first row are the step's scalars, and everything
+# that depends on where a pixel sits inside the step (its row and column offsets, the x
+# address relative to the step's corner, the dY row) is the same at every step: computed
+# once, before the loop. A step then costs two scalar divisions and, per element, the two
+# bound checks and one add. The 64x256 tile's loop fell from 376 to 214 instructions; with
+# the tile the row rule picks (_wgrad_plan), ncu counts 28.4 M instructions and 103 us at
+# that shape (was 174 us; reports/wgrad-row-steps/).
+# What it costs: a step whose rows are narrower than ROW_W (W_out not a power of two)
+# carries masked pixels (wgrad_row_width allows a quarter), the rows of a step must not
+# cross an image (H_out a multiple of them), and three more scalar arguments. Where either
+# fails the kernel steps flat, as before.
 # ---------------------------------------------------------------------------------------
 
 def _divisor_magic(d: int) -> tuple[int, int]:
@@ -323,11 +345,11 @@ def _fast_div(x, d, magic, shift):
 # (Inductor does so anyway, which _fast_div takes too).
 @triton.jit(do_not_specialize=["hw_magic", "hw_shift", "w_magic", "w_shift"])
 def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
-                      P, C_in, H, W, C_out, H_out, W_out, K_total, p_per_split,
-                      hw_magic, hw_shift, w_magic, w_shift,
+                      P, C_in, H, W, C_out, H_out, W_out, K_total, per_split,
+                      hw_magic, hw_shift, w_magic, w_shift, steps, row_steps, w_chunks,
                       sdp, sdo, sxn, sxc, sxh, sxw,
                       sh, sw, ph, pw, sdwo, sdwc, sdwi, sdwj,
-                      KW: tl.constexpr,
+                      KW: tl.constexpr, ROW_W: tl.constexpr,
                       UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       DIRECT: tl.constexpr):
@@ -342,26 +364,61 @@ def conv_wgrad_kernel(dy_ptr, x_ptr, part_ptr,
     j = (offs_k // C_in) % KW
     c = offs_k % C_in
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    p_first = split * p_per_split
-    for p0 in range(0, p_per_split, BLOCK_K):
-        p = p_first + p0 + tl.arange(0, BLOCK_K)
-        p_ok = (p < P) & (p0 + tl.arange(0, BLOCK_K) < p_per_split)
-        n = _fast_div(p, H_out * W_out, hw_magic, hw_shift)
-        hw = p - n * (H_out * W_out)
-        ho = _fast_div(hw, W_out, w_magic, w_shift)
-        h0 = ho * sh - ph
-        w0 = (hw - ho * W_out) * sw - pw
-        a = tl.load(dy_ptr + p[None, :] * sdp + offs_o[:, None] * sdo,
-                    mask=p_ok[None, :] & o_ok[:, None], other=0.0)
-        hi = h0[:, None] + i[None, :]
-        wi = w0[:, None] + j[None, :]
-        ok = p_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-        b = tl.load(x_ptr + (n * sxn)[:, None] + c[None, :] * sxc + hi * sxh + wi * sxw,
-                    mask=ok, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if ROW_W == 0:
+        # flat: a step is BLOCK_K consecutive pixels, wherever they fall, each taken apart
+        # into (image, row, column) by two divisions
+        p_first = split * per_split
+        for p0 in range(0, per_split, BLOCK_K):
+            p = p_first + p0 + tl.arange(0, BLOCK_K)
+            p_ok = (p < P) & (p0 + tl.arange(0, BLOCK_K) < per_split)
+            n = _fast_div(p, H_out * W_out, hw_magic, hw_shift)
+            hw = p - n * (H_out * W_out)
+            ho = _fast_div(hw, W_out, w_magic, w_shift)
+            h0 = ho * sh - ph
+            w0 = (hw - ho * W_out) * sw - pw
+            a = tl.load(dy_ptr + p[None, :] * sdp + offs_o[:, None] * sdo,
+                        mask=p_ok[None, :] & o_ok[:, None], other=0.0)
+            hi = h0[:, None] + i[None, :]
+            wi = w0[:, None] + j[None, :]
+            ok = p_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            b = tl.load(x_ptr + (n * sxn)[:, None] + c[None, :] * sxc + hi * sxh + wi * sxw,
+                        mask=ok, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        # rows: a step is BLOCK_K // ROW_W whole output rows of one image (or one ROW_W-wide
+        # chunk of a longer row). Its image, first row and first column are the step's
+        # scalars; where a pixel sits inside the step, and so every offset and bound but
+        # those scalars, is the same at every step: computed once, before the loop.
+        r = tl.arange(0, BLOCK_K) // ROW_W
+        w = tl.arange(0, BLOCK_K) % ROW_W
+        hi_in = (r * sh)[:, None] + i[None, :]
+        wi_in = (w * sw)[:, None] + j[None, :]
+        b_in = (r * sh * sxh + w * sw * sxw)[:, None] + (c * sxc + i * sxh + j * sxw)[None, :]
+        a_in = (r * W_out + w)[None, :] * sdp + offs_o[:, None] * sdo
+        t_first = split * per_split
+        for q in range(0, tl.minimum(per_split, steps - t_first)):
+            t = t_first + q
+            n = _fast_div(t, row_steps, hw_magic, hw_shift)
+            rest = t - n * row_steps
+            g = _fast_div(rest, w_chunks, w_magic, w_shift)
+            ho0 = g * (BLOCK_K // ROW_W)
+            wo0 = (rest - g * w_chunks) * ROW_W
+            w_ok = (wo0 + w) < W_out
+            h0 = ho0 * sh - ph
+            w0 = wo0 * sw - pw
+            a = tl.load(dy_ptr + ((n * H_out + ho0) * W_out + wo0) * sdp + a_in,
+                        mask=w_ok[None, :] & o_ok[:, None], other=0.0)
+            hi = h0 + hi_in
+            wi = w0 + wi_in
+            ok = w_ok[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            b = tl.load(x_ptr + (n * sxn + h0 * sxh + w0 * sxw) + b_in, mask=ok, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if DIRECT:  # one split: part_ptr is dW itself, (o, c, i, j) through its strides
         dw = part_ptr + offs_o[:, None] * sdwo + (c * sdwc + i * sdwi + j * sdwj)[None, :]
         tl.store(dw, acc.to(part_ptr.dtype.element_ty), mask=o_ok[:, None] & k_ok[None, :])
@@ -790,7 +847,8 @@ def _with_group(cfg: dict) -> dict:
     return cfg if "GROUP_M" in cfg else dict(cfg, GROUP_M=8)
 
 
-def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> tuple[dict, int]:
+def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device,
+                H_out: int = 0, W_out: int = 0) -> tuple[dict, int]:
     """(tile, splits) of the weight-gradient GEMM G (C_out x K_total) = dY^T im2col(x),
     reduced over the P pixels, from the problem's size:
 
@@ -810,10 +868,23 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> t
       at 64 copies 45 us).
     Measured at the CNN's eight convolutions on an H100 (scripts/sweep_conv_wgrad.py,
     reports/conv-bn-tile-statistics/sweep-conv-wgrad-*.json): 0.94 ms a step by the earlier
-    rule, 0.77 ms for the best candidate of each, cuDNN 0.54."""
+    rule, 0.77 ms for the best candidate of each, cuDNN 0.54.
+
+    That rule holds for flat steps. Where the pixels go in row steps (wgrad_row_width), a
+    step's gather costs about half the instructions, and the tile that wins changes
+    (reports/wgrad-row-steps/, the sweep of every tile in row steps): 64 rows for every
+    C_out, 128 columns (64 below 128: the stem's 27), 4 warps, so that two or three
+    programs share an SM (72-96 KB of shared memory each) instead of one 64x256 program
+    (123 KB) waiting on its own loads; three stages, four where a step holds four or more
+    rows (16-wide rows: measured 62, 100 and 27 us with four stages against 77, 97 and 50
+    with three at the CNN's last three convolutions; not derived)."""
     precision, cfg = _dot_cfg(dtype)
     waves = 2
-    if not INTERPRETED and dtype != torch.float32:
+    row_w = wgrad_row_width(H_out, W_out, 64) if ROW_STEPS and H_out else 0
+    if not INTERPRETED and dtype != torch.float32 and row_w:
+        cfg = dict(BLOCK_M=64, BLOCK_N=64 if K_total < 128 else 128, BLOCK_K=64, num_warps=4,
+                   num_stages=4 if row_w <= 16 else 3)
+    elif not INTERPRETED and dtype != torch.float32:
         bm = 64 if C_out <= 64 else 128
         bn = 64 if K_total < 256 else 128
         if C_out <= 128 and 512 <= K_total < 1024:
@@ -825,8 +896,40 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device) -> t
         splits = min(2, cdiv(P, cfg["BLOCK_K"]))
     else:
         splits = wgrad_splits(P, tiles, waves * sm_count(device))
-    per_split = cdiv(cdiv(P, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-    return dict(cfg, precision=precision, per_split=per_split), cdiv(P, per_split)
+    return wgrad_steps(dict(cfg, precision=precision), P, splits, H_out, W_out, ROW_STEPS)
+
+
+def wgrad_steps(cfg: dict, P: int, splits: int, H_out: int, W_out: int,
+                rows: bool = True) -> tuple[dict, int]:
+    """The plan (cfg with per_split, ROW_W and, for row steps, (steps, steps per image,
+    chunks per row)) and the split count, for about `splits` splits of the P pixels."""
+    bk = cfg["BLOCK_K"]
+    row_w = wgrad_row_width(H_out, W_out, bk) if rows and H_out else 0
+    if row_w:  # per_split counts steps, each bk // row_w rows (or a row's chunk)
+        w_chunks = cdiv(W_out, row_w)
+        row_steps = H_out // (bk // row_w) * w_chunks
+        steps = P // (H_out * W_out) * row_steps
+        per_split = cdiv(steps, splits)
+        return (dict(cfg, per_split=per_split, ROW_W=row_w, rows=(steps, row_steps, w_chunks)),
+                cdiv(steps, per_split))
+    per_split = cdiv(cdiv(P, splits), bk) * bk
+    return dict(cfg, per_split=per_split, ROW_W=0), cdiv(P, per_split)
+
+
+# Step over whole output rows (conv_wgrad_kernel's ROW_W) where the shape allows it; off
+# only to time the flat steps against it (scripts/sweep_conv_wgrad.py).
+ROW_STEPS = True
+
+
+def wgrad_row_width(H_out: int, W_out: int, block_k: int) -> int:
+    """The width of the weight gradient's row steps (a power of two: each step is
+    block_k // width rows), or 0 for flat steps: where a step's rows would cross an image
+    (H_out not a multiple of them), or where rounding W_out up would leave more than a
+    quarter of a step's pixels masked (W_out = 14 in steps 16 wide is fine; 5 in 8 is not)."""
+    width = min(block_k, next_power_of_2(W_out))
+    if H_out % (block_k // width) or 4 * W_out < 3 * cdiv(W_out, width) * width:
+        return 0
+    return width
 
 
 def wgrad_splits(P: int, tiles: int, programs: int) -> int:
@@ -858,16 +961,22 @@ def _conv_wgrad_partials(dy2d, x, s, kH, kW, dw=None):
     N, C_in, H, W = x.shape
     P, C_out = dy2d.shape
     K_total = kH * kW * C_in
-    plan, splits = _wgrad_plan(P, C_in, C_out, K_total, x.dtype, x.device)
-    cfg = {k: v for k, v in plan.items() if k not in ("precision", "per_split")}
+    plan, splits = _wgrad_plan(P, C_in, C_out, K_total, x.dtype, x.device, s["H_out"],
+                               s["W_out"])
+    cfg = {k: v for k, v in plan.items() if k not in ("precision", "per_split", "rows")}
+    if cfg["ROW_W"]:  # divisors: steps per image, then chunks per row
+        steps, row_steps, w_chunks = plan["rows"]
+        divisors = (*_divisor_args(row_steps), *_divisor_args(w_chunks))
+    else:
+        steps, row_steps, w_chunks = P, 1, 1
+        divisors = (*_divisor_args(s["H_out"] * s["W_out"]), *_divisor_args(s["W_out"]))
     direct = dw is not None and splits == 1
     part = dw if direct else torch.empty((splits, C_out, K_total), device=x.device,
                                          dtype=torch.float32)
     dws = dw.stride() if direct else (0, 0, 0, 0)
     grid = (cdiv(C_out, cfg["BLOCK_M"]), cdiv(K_total, cfg["BLOCK_N"]), splits)
     conv_wgrad_kernel[grid](dy2d, x, part, P, C_in, H, W, C_out, s["H_out"], s["W_out"],
-                            K_total, plan["per_split"],
-                            *_divisor_args(s["H_out"] * s["W_out"]), *_divisor_args(s["W_out"]),
+                            K_total, plan["per_split"], *divisors, steps, row_steps, w_chunks,
                             dy2d.stride(0), dy2d.stride(1),
                             *x.stride(), *s["stride"], *s["padding"], *dws, KW=kW,
                             UPCAST=INTERPRETED, DOT_PRECISION=plan["precision"], DIRECT=direct,
