@@ -123,6 +123,34 @@ def test_outside_autocast_nothing_is_cast():
         assert levels.get("native").mlp(**args).dtype == torch.float32
 
 
+def test_the_casts_are_the_same_by_position_and_by_keyword():
+    # autocast_args looks only at the arguments AUTOCAST names, found by their position in
+    # the contract or by keyword: conv_bn casts x, conv_weight and conv_bias and leaves
+    # BatchNorm's float32 parameters, the running statistics and the scalars as they are;
+    # attention's rope tuple is cast element by element.
+    from levels.contract import autocast_args
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(2, 3, 5, 5, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    bn = [torch.randn(4, generator=g) for _ in range(4)]
+    positional = (x, w, None, *bn, (1, 1), (1, 1), 1e-5, 0.1, True)
+    names = ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias", "running_mean",
+             "running_var", "stride", "padding", "eps", "momentum", "training")
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        by_position, _, device_type = autocast_args("conv_bn", positional, {})
+        head, k, _ = autocast_args("conv_bn", positional[:1], dict(zip(names[1:], positional[1:])))
+    assert device_type == DEVICE
+    for got in (by_position, head + tuple(k[n] for n in names[1:])):
+        assert got[0].dtype == got[1].dtype == torch.bfloat16
+        assert got[2] is None and all(t is u for t, u in zip(got[3:7], bn))
+        assert got[7:] == positional[7:]
+    q = torch.randn(1, 2, 4, 8, generator=g)
+    cos, sin = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        _, k, _ = autocast_args("attention", (q, q, q), dict(causal=True, rope=(cos, sin, True)))
+    assert [t.dtype for t in k["rope"][:2]] == [torch.bfloat16] * 2 and k["rope"][2] is True
+    assert k["causal"] is True
+
+
 def test_a_bad_argument_is_refused_by_name_under_autocast_too():
     args = _args("layer_norm")
     args["weight"] = args["weight"][:-1]
