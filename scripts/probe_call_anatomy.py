@@ -21,6 +21,11 @@ time, 30 calls issued while the GPU sleeps (torch.cuda._sleep).
 
 --python: also cProfile the calls (`python_top25_by_own_time`): the Python the torch profiler
 does not see.
+
+--amp bf16|fp16: float32 arguments, and every call under torch.autocast of that dtype, as a
+model trains under `levels train --amp`: what autocast adds to a call, at eager (torch casts
+inside its operators) and at each level (levels.contract.autocasts casts before the call).
+Each call enters its own autocast block (~3 us of Python, the same at every side).
 """
 
 from __future__ import annotations
@@ -102,6 +107,13 @@ def _anatomy(fn, calls: int, device: torch.device, python: bool = False) -> dict
     return out
 
 
+def _under_autocast(fn, device: torch.device, dtype: torch.dtype):
+    def run():
+        with torch.autocast(device.type, dtype=dtype):
+            return fn()
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -114,8 +126,11 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="component/name of model-shape suite shapes, "
                                                   "comma-separated (default: the tiny size of "
                                                   "each --component)")
+    ap.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                    help="float32 arguments, every call under torch.autocast of this dtype")
     a = ap.parse_args()
-    device, dtype = torch.device(a.device), torch.bfloat16
+    device, dtype = torch.device(a.device), torch.float32 if a.amp else torch.bfloat16
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.amp)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("probe_call_anatomy.py: needs a CUDA GPU (or --device cpu, a smoke run of this "
                  "script); the committed runs are under reports/")
@@ -128,7 +143,7 @@ def main() -> None:
         if shape_name:  # the suite's shape: its own dtype and variant, its tiny twin on a CPU
             shape = shapes.get(component, shape_name)
             variant = shape.directions[-1][0]
-            dtype = torch.float32 if device.type == "cpu" else getattr(torch, shape.dtype)
+            dtype = torch.float32 if device.type == "cpu" or amp else getattr(torch, shape.dtype)
             args = shapes.make_args(shape, variant, dtype, device, 0, tiny=device.type == "cpu")
         else:
             args = card.case(SIZE, variant, dtype, device, 0).args
@@ -138,9 +153,11 @@ def main() -> None:
             with impl.context():
                 forward, forward_backward = _passes(impl, args, component, 0)
                 for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+                    if amp is not None:
+                        fn = _under_autocast(fn, device, amp)
                     r = _anatomy(fn, a.calls, device, python=a.python)
                     results.append({"component": component, "shape": shape_name or "tiny",
-                                    "side": name, "pass": pass_name, **r})
+                                    "side": name, "pass": pass_name, "amp": a.amp, **r})
                     print(f"{component:12s} {name:7s} {pass_name:8s} {r['wall_us_per_call']:8.1f} us/call"
                           f" (host alone: {r['host_us_per_call']} us)", flush=True)
                     for row in r["top"][:8]:
