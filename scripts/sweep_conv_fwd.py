@@ -4,7 +4,11 @@ every candidate tile, cuDNN's forward and input gradient beside them, at each co
 the CNN's `gpu` preset (a ResNet of basic blocks, widths 64/128/256, 128 images of 64x64,
 channels_last, bf16).
 
-    python scripts/sweep_conv_fwd.py OUT.json [--batch 128] [--image 64]
+    python scripts/sweep_conv_fwd.py OUT.json [--batch 128] [--image 64] [--rule-only]
+
+--rule-only: the rule's tile and cuDNN alone (no candidates), e.g. to time an older kernel:
+copy this script (and sweep_conv_wgrad.py, whose shapes it reads) into an older tree and run
+it there.
 
 Why: in the CNN's training step on an H100 the forward convolutions took 0.86 ms of Level 4's
 5.0 and the input gradients 0.68 ms (reports/training-tables-h100-2026-11-26/), about twice
@@ -62,10 +66,19 @@ def main() -> None:
     ap.add_argument("--weight-layout", choices=("channels_last", "contiguous"),
                     default="channels_last", help="the conv weights' memory format: the CNN's "
                     "levels.nn model is channels_last, parameters included (default)")
+    ap.add_argument("--rule-only", action="store_true", help="time the rule and cuDNN only")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sweep_conv_fwd.py: needs a CUDA GPU (it times Level 4's compiled kernels "
+                 "against cuDNN); the committed runs are under reports/")
     dev, dt = torch.device("cuda"), torch.bfloat16
     rule = C._fwd_tile
     rows = []
+    warm = torch.randn(8192, 8192, device=dev, dtype=dt)  # the GPU's clocks up first
+    t_end = time.perf_counter() + 2.0
+    while time.perf_counter() < t_end:
+        warm @ warm
+    torch.cuda.synchronize()
     for name, c_in, c_out, h, k, stride in convs(a.batch, a.image):
         x = torch.randn(a.batch, c_in, h, h, device=dev, dtype=dt).contiguous(
             memory_format=torch.channels_last)
@@ -97,7 +110,7 @@ def main() -> None:
 
         row = {"conv": name, "P": P, "C_in": c_in, "C_out": c_out, "cudnn_fwd_ms": ms_cudnn,
                "cudnn_dgrad_ms": ms_cudnn_dx, "weight_layout": a.weight_layout, "rule": {}, "candidates": []}
-        for label in ["rule"] + list(TILES):
+        for label in ["rule"] + ([] if a.rule_only else list(TILES)):
             if label == "rule":
                 C._fwd_tile = rule
             else:

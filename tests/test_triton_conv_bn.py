@@ -201,6 +201,17 @@ def test_conv_bn_train_wgrad_row_steps(shape, steps, monkeypatch):
     _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=13, training=True))
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_bn_train_steps_through_taps_and_channel_blocks(stride):
+    # The forward's and the input gradient's loops carry their tap and channel block from
+    # step to step (counters, not divisions of the step index): here several blocks of
+    # input channels (the forward's reduction) and of output channels (the input
+    # gradient's) at every tap of a 3x3, in the interpreter's 16-channel blocks.
+    shape = dict(N=2, C_in=37, H=7, W=6, C_out=40, k=3, stride=stride, padding=1,
+                 channels_last=stride == 1)
+    _passes("conv_bn", _args("conv_bn", shape, torch.float32, seed=17, training=True))
+
+
 def test_wgrad_row_width_keeps_a_step_in_one_image():
     from triton_kernels.conv_bn import wgrad_row_width
     assert wgrad_row_width(64, 64, 64) == 64   # one row a step

@@ -49,7 +49,8 @@ moved into the epilogue and the weight gradient's rule was swept: the BatchNorm 
 (reports/conv-bn-tile-statistics/). After the weight gradient's row steps (0.86 -> 0.60 ms
 over the eight convolutions, cuDNN 0.57): 1.02-1.10x torch eager in three tables, 1.09x as
 CUDA graphs, and Level 4's step 4.84 ms of GPU time against torch's 5.59
-(reports/wgrad-row-steps/).
+(reports/wgrad-row-steps/); after the forward's loop stopped dividing (0.77 -> 0.69 ms,
+cuDNN 0.70): 1.08x and 1.14x (reports/conv-loop-counters/).
 
 Layouts: x, conv_weight and the incoming gradient may have any strides (NCHW or
 channels_last); kernels take all four strides. The output is allocated channels_last
@@ -134,17 +135,25 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
     else:
         c_blocks = tl.cdiv(C_in, BLOCK_K)
         # One flat loop over (kernel offset, channel block): a single loop the compiler can
-        # software-pipeline, instead of a short inner loop restarted kH*kW times.
+        # software-pipeline, instead of a short inner loop restarted kH*kW times. The tap
+        # (i, j) and channel block are counters carried from step to step, not a division
+        # of t (a 32-bit division by the run-time c_blocks is a subroutine of ~20
+        # instructions, every thread, every step), and each pixel's offset in x is computed
+        # once (x_off): a step adds the tap's offset, a scalar, to it. The PTX loop at the
+        # CNN's 3x3 tile went from 285 instructions (and the division) to 272, for eight
+        # wgmma; over the CNN's eight convolutions, 0.77 -> 0.69 ms on an H100, cuDNN's
+        # 0.70 (reports/conv-loop-counters/, the old kernel timed in the same run).
+        x_off = n * sxn + h0 * sxh + w0 * sxw
+        i = tl.zeros((), tl.int32)
+        j = tl.zeros((), tl.int32)
+        cb = tl.zeros((), tl.int32)
         for t in range(0, KH * KW * c_blocks):
-            ij = t // c_blocks
-            c = (t % c_blocks) * BLOCK_K + offs_c
-            i = ij // KW
-            j = ij % KW
+            c = cb * BLOCK_K + offs_c
             hi = h0 + i
             wi = w0 + j
             in_img = p_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
             c_ok = c < C_in
-            a = tl.load((x_row + hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
+            a = tl.load(x_ptr + (x_off + (i * sxh + j * sxw))[:, None] + c[None, :] * sxc,
                         mask=in_img[:, None] & c_ok[None, :], other=0.0)
             b = tl.load(w_col[None, :] + c[:, None] * swc + i * swi + j * swj,
                         mask=c_ok[:, None] & o_ok[None, :], other=0.0)
@@ -152,6 +161,13 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            cb += 1  # the next channel block; past the last, the next tap's first
+            tap_done = cb == c_blocks
+            cb = tl.where(tap_done, 0, cb)
+            j += tap_done.to(tl.int32)
+            row_done = j == KW
+            j = tl.where(row_done, 0, j)
+            i += row_done.to(tl.int32)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
@@ -237,19 +253,22 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
     tv = offs_q % tl.maximum(Ht * Wt, 1)
     t = tv // tl.maximum(Wt, 1)
     v = tv % tl.maximum(Wt, 1)
-    dy_row = dy_ptr + n * (H_out * W_out * sdp)
+    # each pixel's dY row at tap (0, 0); a step's tap (u, vv) moves it by a scalar (as the
+    # forward's x_off), and the tap and output-channel block are counters carried from step
+    # to step, not divisions of the step index by run-time values
+    dy_off = (n * (H_out * W_out) + (t + bh) * W_out + (v + bw)) * sdp
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     o_blocks = tl.cdiv(C_out, BLOCK_K)
+    u = tl.zeros((), tl.int32)
+    vv = tl.zeros((), tl.int32)
+    ob = tl.zeros((), tl.int32)
     for step in range(0, TH * TW * o_blocks):
-        uv = step // o_blocks
-        o = (step % o_blocks) * BLOCK_K + offs_o
-        u = uv // TW
-        vv = uv % TW
+        o = ob * BLOCK_K + offs_o
         ho = t + (bh - u)
         wo = v + (bw - vv)
         ok = q_ok & (ho >= 0) & (ho < H_out) & (wo >= 0) & (wo < W_out)
         o_ok = o < C_out
-        a = tl.load((dy_row + (ho * W_out + wo) * sdp)[:, None] + o[None, :] * sdo,
+        a = tl.load(dy_ptr + (dy_off - (u * W_out + vv) * sdp)[:, None] + o[None, :] * sdo,
                     mask=ok[:, None] & o_ok[None, :], other=0.0)
         b = tl.load(w_ptr + o[:, None] * swo + offs_c[None, :] * swc
                     + (i0 + sh * u) * swi + (j0 + sw * vv) * swj,
@@ -258,6 +277,13 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        ob += 1  # the next output-channel block; past the last, the next tap's first
+        tap_done = ob == o_blocks
+        ob = tl.where(tap_done, 0, ob)
+        vv += tap_done.to(tl.int32)
+        row_done = vv == TW
+        vv = tl.where(row_done, 0, vv)
+        u += row_done.to(tl.int32)
     h = rh + sh * t
     w = rw + sw * v
     dx_ptrs = dx_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + offs_c[None, :] * sxc
