@@ -224,6 +224,14 @@ def test_wgrad_row_width_keeps_a_step_in_one_image():
     assert wgrad_row_width(10, 5, 16) == 0     # 5 of 8 columns: flat
 
 
+def test_wgrad_row_columns_are_128_wide_only_where_mostly_real():
+    from triton_kernels.conv_bn import wgrad_row_columns
+    # K_total = kH*kW*C_in: the CNN's 3x3 convolutions and 1x1s at 128 and more channels
+    assert [wgrad_row_columns(k) for k in (576, 1152, 2304, 128, 256, 1024)] == [128] * 6
+    # the stems (3x3x3, ResNet-50's 7x7x3) and a 1x1 of 64 channels
+    assert [wgrad_row_columns(k) for k in (27, 147, 64)] == [64] * 3
+
+
 @pytest.mark.parametrize("weight_layout", ["contiguous", "channels_last", "1x1 contiguous"])
 def test_conv_bn_train_reads_the_weight_with_adjacent_input_channels(weight_layout, monkeypatch):
     # torch's default (O, I, kH, kW) weight puts a tap's input channels kH*kW elements apart:

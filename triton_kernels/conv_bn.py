@@ -899,8 +899,8 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device,
     That rule holds for flat steps. Where the pixels go in row steps (wgrad_row_width), a
     step's gather costs about half the instructions, and the tile that wins changes
     (reports/wgrad-row-steps/, the sweep of every tile in row steps): 64 rows for every
-    C_out, 128 columns (64 below 128: the stem's 27), 4 warps, so that two or three
-    programs share an SM (72-96 KB of shared memory each) instead of one 64x256 program
+    C_out, 128 columns (64 where fewer than 85% of those are real), 4 warps, so that two
+    or three programs share an SM (72-96 KB of shared memory each) instead of one 64x256 program
     (123 KB) waiting on its own loads; three stages, four where a step holds four or more
     rows (16-wide rows: measured 62, 100 and 27 us with four stages against 77, 97 and 50
     with three at the CNN's last three convolutions; not derived)."""
@@ -908,7 +908,7 @@ def _wgrad_plan(P: int, C_in: int, C_out: int, K_total: int, dtype, device,
     waves = 2
     row_w = wgrad_row_width(H_out, W_out, 64) if ROW_STEPS and H_out else 0
     if not INTERPRETED and dtype != torch.float32 and row_w:
-        cfg = dict(BLOCK_M=64, BLOCK_N=64 if K_total < 128 else 128, BLOCK_K=64, num_warps=4,
+        cfg = dict(BLOCK_M=64, BLOCK_N=wgrad_row_columns(K_total), BLOCK_K=64, num_warps=4,
                    num_stages=4 if row_w <= 16 else 3)
     elif not INTERPRETED and dtype != torch.float32:
         bm = 64 if C_out <= 64 else 128
@@ -940,6 +940,15 @@ def wgrad_steps(cfg: dict, P: int, splits: int, H_out: int, W_out: int,
                 cdiv(steps, per_split))
     per_split = cdiv(cdiv(P, splits), bk) * bk
     return dict(cfg, per_split=per_split, ROW_W=0), cdiv(P, per_split)
+
+
+def wgrad_row_columns(K_total: int) -> int:
+    """The row rule's tile width over K_total = kH*kW*C_in: 128 where at least 85% of the
+    128-wide tiles' columns are real (576 = 3x3x64 in five: 90%), else 64. ResNet-50's stem,
+    147 = 7x7x3, is 57% real in two 128-wide tiles and 77% in three 64-wide ones: it took
+    1.36 ms forward+backward in 128-wide tiles against 1.08 in 64-wide ones (H100,
+    reports/conv-loop-counters/, calls 8 and 9)."""
+    return 128 if 100 * K_total >= 85 * cdiv(K_total, 128) * 128 else 64
 
 
 # Step over whole output rows (conv_wgrad_kernel's ROW_W) where the shape allows it; off
