@@ -124,6 +124,29 @@ def test_conv_bn_gpu(dtype, training, shape):
     _passes("conv_bn", _args("conv_bn", shape, dtype, seed=shape["C_in"], training=training))
 
 
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("shape", [
+    # ResNet-50's stem: K_total 147 in 64-wide tiles, 112-wide rows in two chunks of 64
+    dict(N=2, C_in=3, H=224, W=224, C_out=64, k=7, stride=2, padding=3, channels_last=True),
+    # 48-wide rows in steps 64 wide: a quarter of each step masked
+    dict(N=3, C_in=32, H=48, W=48, C_out=40, k=3, stride=1, padding=1, channels_last=True),
+])
+def test_conv_bn_gpu_wgrad_row_steps(shape):
+    # The GPU's row rule (64-pixel steps, its own tiles) at shapes the CPU's 16-pixel steps
+    # never reach, forward and backward against float64.
+    from triton_kernels import conv_bn as K
+    k, s, pad = shape["k"], shape["stride"], shape["padding"]
+    H_out = (shape["H"] + 2 * pad - k) // s + 1
+    W_out = (shape["W"] + 2 * pad - k) // s + 1
+    plan, _ = K._wgrad_plan(shape["N"] * H_out * W_out, shape["C_in"], shape["C_out"],
+                            k * k * shape["C_in"], torch.bfloat16, torch.device("cuda"),
+                            H_out, W_out)
+    assert plan["ROW_W"] == 64, plan
+    assert plan["BLOCK_N"] == K.wgrad_row_columns(k * k * shape["C_in"])
+    _passes("conv_bn", _args("conv_bn", shape, torch.bfloat16, seed=19, training=True))
+
+
 def _misaligned_channels_last(t):
     """t's values in channels_last, starting one element past a 16-byte boundary (a view cut
     out of a bigger buffer): the kernels may assume neither alignment nor NCHW strides."""
