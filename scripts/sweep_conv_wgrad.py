@@ -115,9 +115,9 @@ def main() -> None:
                "cudnn_ms": ms_cudnn, "rule": None, "candidates": []}
         hw = (s["H_out"], s["W_out"])
         cands = [("rule", None), ("rule, flat steps", "flat")] + (
-            [] if a.rule_only else [(f"{t} x{wv}{' rows' if rows else ''}", (TILES[t], wv, rows))
-                                    for t in TILES for wv in WAVES for rows in (True, False)
-                                    if rows or a.flat])
+            [] if a.rule_only else [(f"{t} x{wv}{' rows' if by_rows else ''}", (TILES[t], wv, by_rows))
+                                    for t in TILES for wv in WAVES for by_rows in (True, False)
+                                    if by_rows or a.flat])
         for label, spec in cands:
             if spec is None or spec == "flat":
                 C.ROW_STEPS = spec is None
