@@ -79,6 +79,22 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Convolution forward: out[p, o] = bias[o] + sum_{i,j,c} x[n, c, h*sh-ph+i, w*sw-pw+j] w[o,c,i,j]
 # ---------------------------------------------------------------------------------------
 
+@triton.jit
+def _next_tap_step(block, col, row, blocks, cols):
+    """The next step of a flat loop over (tap row, tap column, channel block): the block
+    counts up to `blocks`, then the tap's column up to `cols`, then its row. Counters carried
+    from step to step instead of the step index divided by run-time counts (conv_fwd_kernel
+    says what that saved)."""
+    block += 1
+    tap_done = block == blocks
+    block = tl.where(tap_done, 0, block)
+    col += tap_done.to(tl.int32)
+    row_done = col == cols
+    col = tl.where(row_done, 0, col)
+    row += row_done.to(tl.int32)
+    return block, col, row
+
+
 @fast_launch
 @triton.jit
 def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr,
@@ -161,13 +177,7 @@ def conv_fwd_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, gamma_ptr, beta_ptr, mean_p
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-            cb += 1  # the next channel block; past the last, the next tap's first
-            tap_done = cb == c_blocks
-            cb = tl.where(tap_done, 0, cb)
-            j += tap_done.to(tl.int32)
-            row_done = j == KW
-            j = tl.where(row_done, 0, j)
-            i += row_done.to(tl.int32)
+            cb, j, i = _next_tap_step(cb, j, i, c_blocks, KW)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
@@ -277,13 +287,7 @@ def conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        ob += 1  # the next output-channel block; past the last, the next tap's first
-        tap_done = ob == o_blocks
-        ob = tl.where(tap_done, 0, ob)
-        vv += tap_done.to(tl.int32)
-        row_done = vv == TW
-        vv = tl.where(row_done, 0, vv)
-        u += row_done.to(tl.int32)
+        ob, vv, u = _next_tap_step(ob, vv, u, o_blocks, TW)
     h = rh + sh * t
     w = rw + sw * v
     dx_ptrs = dx_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + offs_c[None, :] * sxc
