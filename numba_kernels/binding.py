@@ -121,7 +121,9 @@ def launch(kernel, grid, block, *args):
 # syncthreads and the rest, and swaps the real one back when a thread of the block leaves
 # the kernel. A thread still running then finds the real `numba.cuda`, which has none of
 # them: "module 'numba.cuda' has no attribute 'syncthreads'". On a GPU the same code would
-# hang or race at that barrier.
+# hang or race at that barrier. (A device function from another module than its kernel met
+# the same error on correct code, when its first thread returned before the others:
+# simulator.py now counts the threads inside each module's swap.)
 _SWAPPED_OUT = re.compile(r"module 'numba\.cuda' has no attribute '(\w+)'")
 
 

@@ -21,10 +21,22 @@ than numba's full `traceback.extract_stack` on every call. Dynamic shared memory
 `install()` runs once, when numba_kernels is imported with the simulator on. It refuses to
 patch a numba whose simulator no longer has the method it replaces (a newer numba may have
 fixed or moved it): the twins then run on the unpatched simulator and say so.
+
+A second race, in a device function that lives in another module than its kernel (a
+notebook's exercise, e.g. notebook 05's `my_block_sum`). The simulator runs a kernel with
+the `cuda` name in the kernel's module swapped for a fake module (threadIdx, syncthreads,
+...), once for the whole launch. A device function swaps `cuda` in *its own* module at every
+call, per thread (numba's `swapped_cuda_module`): the first thread to enter replaces the real
+module, and when that thread returns it puts the real one back, while other threads of the
+block may still be inside the function. Their next `cuda.threadIdx` finds the real
+`numba.cuda`, which has none: "module 'numba.cuda' has no attribute 'threadIdx'" (seen once
+in CI, in notebook 05, on correct code). The fix counts the threads inside per module: the
+first in swaps, the last out restores (`_swapped_cuda_module`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
@@ -55,12 +67,55 @@ def _shared_array(self, shape, dtype):
 
 _ORIGINAL = None
 
+# id(a module's globals) -> [threads inside a swapped region, the names it swapped and their values]
+_SWAPS: dict = {}
+
+
+@contextlib.contextmanager
+def _swapped_cuda_module(fn, fake_cuda_module):
+    """numba's swapped_cuda_module, counted per module: `cuda` in fn's module is the fake
+    from the first thread in until the last thread out, not until the first one out."""
+    from numba import cuda
+    globs = fn.__globals__
+    with _LOCK:
+        entry = _SWAPS.get(id(globs))
+        if entry is None:
+            names = {k: v for k, v in globs.items() if v is cuda}
+            globs.update({k: fake_cuda_module for k in names})
+            entry = _SWAPS[id(globs)] = [0, names]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                globs.update(entry[1])
+                del _SWAPS[id(globs)]
+
+
+def _install_counted_swap() -> bool:
+    try:
+        from numba.cuda.simulator import kernel
+    except ImportError:
+        return False
+    if not hasattr(kernel, "swapped_cuda_module"):
+        warnings.warn("numba_kernels: this numba's CUDA simulator has no swapped_cuda_module "
+                      "(numba_kernels/simulator.py patches it); running it unpatched, so a device "
+                      "function from another module than its kernel may rarely see the real "
+                      "numba.cuda mid-call", RuntimeWarning, stacklevel=3)
+        return False
+    kernel.swapped_cuda_module = _swapped_cuda_module
+    return True
+
 
 def install() -> bool:
-    """Patch FakeCUDAShared.array (idempotent). True if the patch is in place."""
+    """Patch FakeCUDAShared.array and the simulator's module swap (idempotent). True if the
+    shared-array patch is in place."""
     global _INSTALLED, _ORIGINAL
     if _INSTALLED:
         return True
+    _install_counted_swap()
     try:
         from numba.cuda.simulator.kernelapi import FakeCUDAShared
     except ImportError:

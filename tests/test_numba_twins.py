@@ -312,3 +312,72 @@ def test_patched_shared_arrays_keep_one_array_per_line_and_dynamic_memory():
     again = [shared.array((4,), np.float32) for _ in range(2)]  # one line, twice: the same
     assert a is not b and again[0] is again[1] and again[0] is not a
     assert shared.array(0, np.dtype(np.float32)).nbytes == 64  # dynamic shared memory: numba's own
+
+
+_LATE_DEVICE_FUNCTION = '''
+import threading
+from numba import cuda
+
+zero_in, all_in, left = threading.Event(), threading.Event(), threading.Event()
+inside = [0]
+lock = threading.Lock()
+
+@cuda.jit(device=True)
+def late_index(t, others):
+    # thread 0 is inside first and leaves while every other thread is inside; they read
+    # cuda.threadIdx only after it has left
+    if t == 0:
+        zero_in.set()
+        all_in.wait(5)
+    else:
+        with lock:
+            inside[0] += 1
+            if inside[0] == others:
+                all_in.set()
+        left.wait(5)
+    return cuda.threadIdx.x
+'''
+
+
+def _launch_with_a_device_function_from_another_module():
+    """A kernel of this module calling a device function of another module (as a notebook's
+    exercise is), whose first thread returns while the others are still inside."""
+    import types
+
+    import numpy as np
+    other = types.ModuleType("late_device_function")
+    exec(_LATE_DEVICE_FUNCTION, other.__dict__)
+
+    @cuda.jit
+    def kernel(out):
+        t = cuda.threadIdx.x
+        if t != 0:
+            other.zero_in.wait(5)
+        out[t] = other.late_index(t, 7)
+        if t == 0:
+            other.left.set()
+
+    out = np.full(8, -1, np.int32)
+    kernel[1, 8](out)
+    return out
+
+
+@simulated
+def test_a_device_function_of_another_module_sees_the_fake_cuda_until_every_thread_left():
+    from numba.cuda.simulator import kernel
+
+    from numba_kernels import simulator
+
+    assert kernel.swapped_cuda_module is simulator._swapped_cuda_module, "the fix is not installed"
+    assert _launch_with_a_device_function_from_another_module().tolist() == list(range(8))
+    assert not simulator._SWAPS  # every module has its own cuda back
+
+
+@simulated
+def test_numbas_own_module_swap_does_race_which_is_why_it_is_counted(monkeypatch):
+    # If this starts failing, numba fixed the race upstream: the patch can go.
+    from numba.cuda.simulator import kernel, kernelapi
+
+    monkeypatch.setattr(kernel, "swapped_cuda_module", kernelapi.swapped_cuda_module)
+    with pytest.raises(AttributeError, match="has no attribute 'threadIdx'"):
+        _launch_with_a_device_function_from_another_module()
