@@ -21,8 +21,9 @@ barriers, the same epilogues. Two ways to run them:
     binding.py      the host side (binding.cpp's job): torch tensors -> kernel arguments
     level.py        the five-function face the harness checks: levels.register("numba",
                     numba_kernels.level), or check("layer_norm", fn=level.layer_norm)
-    simulator.py    a lock for numba's simulated shared memory (a race that gave a tile
-                    two copies); installed on import when the simulator is on
+    simulator.py    two fixes to numba's simulator, installed on import when it is on: a
+                    lock for its shared memory (a race that gave a tile two copies), and
+                    a counted swap of `cuda` for a device function of another module
     ptx.py          every twin compiled to PTX for a real GPU, without one (libNVVM only):
                     NUMBA_ENABLE_CUDASIM=0 python -m numba_kernels.ptx
 
@@ -55,7 +56,8 @@ SIMULATED: bool = bool(_numba_config.ENABLE_CUDASIM)
 
 if SIMULATED:
     # numba's simulator can hand two threads of one block two different shared arrays
-    # (an unlocked check-then-insert): simulator.py says how that was found, and fixes it.
+    # (an unlocked check-then-insert), and a device function of another module the real
+    # numba.cuda mid-call: simulator.py says how each was found, and fixes it.
     from . import simulator as _simulator
     _simulator.install()
 
