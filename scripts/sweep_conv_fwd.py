@@ -32,7 +32,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweep_conv_wgrad import convs  # noqa: E402 (same directory)
+from sweep_conv_wgrad import convs, warm_up  # noqa: E402 (same directory)
 from triton_kernels import conv_bn as C  # noqa: E402
 
 TILES = {  # name: (BLOCK_M over pixels, BLOCK_N over output channels, BLOCK_K, warps, stages)
@@ -74,11 +74,7 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     rule = C._fwd_tile
     rows = []
-    warm = torch.randn(8192, 8192, device=dev, dtype=dt)  # the GPU's clocks up first
-    t_end = time.perf_counter() + 2.0
-    while time.perf_counter() < t_end:
-        warm @ warm
-    torch.cuda.synchronize()
+    warm_up(dev)
     for name, c_in, c_out, h, k, stride in convs(a.batch, a.image):
         x = torch.randn(a.batch, c_in, h, h, device=dev, dtype=dt).contiguous(
             memory_format=torch.channels_last)

@@ -64,6 +64,17 @@ def convs(batch: int, image: int):
             ("block3 1x1/2 128->256", 128, 256, h1, 1, 2)]
 
 
+def warm_up(dev, seconds: float = 2.0) -> None:
+    """Matmuls for `seconds`, so the GPU's clocks are up before the first timing: the first
+    convolution's first candidate was once timed at 134 us in a run where the same tile took
+    80 us a few candidates later."""
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        a @ a
+    torch.cuda.synchronize(dev)
+
+
 def plan_for(tile, waves, P, C_out, K_total, sms, H_out, W_out, rows):
     bm, bn, bk, warps, stages = tile
     splits = C.wgrad_splits(P, cdiv(C_out, bm) * cdiv(K_total, bn), waves * sms)
@@ -88,13 +99,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rule = C._wgrad_plan
     rows = []
-    # the GPU's clocks up first: the first convolution's first candidate was timed at
-    # 134 us in a run where the same tile took 80 us a few candidates later
-    warm = torch.randn(8192, 8192, device=dev, dtype=dt)
-    t_end = time.perf_counter() + 2.0
-    while time.perf_counter() < t_end:
-        warm @ warm
-    torch.cuda.synchronize()
+    warm_up(dev)
     for name, c_in, c_out, h, k, stride in convs(a.batch, a.image):
         x = torch.randn(a.batch, c_in, h, h, device=dev, dtype=dt).contiguous(
             memory_format=torch.channels_last)
