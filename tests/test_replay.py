@@ -497,3 +497,64 @@ def _inference(component, args):
         outs = _flatten(getattr(level4, component)(**mine))
     buffers = [v for v in mine.values() if isinstance(v, torch.Tensor)]
     return [o.clone() for o in outs], [], buffers
+
+
+# A fresh process: the first call of each signature is never differentiated, and the next,
+# replayed, call's outputs go straight to autograd.grad. Its backward is then the first CUDA
+# work of the autograd engine's thread, where nothing has bound the device's context yet
+# (torch's and Triton's launches would have: the runtime binds it, the driver API does not).
+_FRESH_THREAD = """
+import sys
+import torch
+import levels.triton as level4
+from equivalence import cards
+from equivalence.calls import own_args, upstream
+from triton_kernels import launch as L
+from triton_kernels import replay as R
+
+component = sys.argv[1]
+card = cards.get(component)
+args = card.case("tiny", next(iter(card.variants)), torch.float32, torch.device("cuda"), 0).args
+
+def flat(out):
+    return [t for o in out for t in flat(o)] if isinstance(out, tuple) else [out]
+
+def run():
+    mine = own_args(args, component, training=True)
+    outs = [o for o in flat(getattr(level4, component)(**mine)) if o.requires_grad]
+    leaves = [mine[k] for k in card.differentiable if mine.get(k) is not None]
+    return torch.autograd.grad(outs, leaves, upstream(outs, 1), allow_unused=True)
+
+python_calls = []
+apply_python = L.apply_python
+L.apply_python = lambda function, a: python_calls.append(1) or apply_python(function, a)
+mine = own_args(args, component, training=True)
+getattr(level4, component)(**mine)  # the signature's first call: recorded, planned, no backward
+python_calls.clear()
+got = run()
+torch.cuda.synchronize()
+assert not python_calls, f"not replayed: {R.reasons()}"
+R.ENABLED = False
+want, again = run(), run()
+for g, w, w2 in zip(got, want, again):
+    if w is None:
+        assert g is None
+        continue
+    spread = (w.float() - w2.float()).abs().max().item()
+    assert (g.float() - w.float()).abs().max().item() <= 2 * spread, component
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_gpu_a_replayed_backward_runs_on_the_engines_fresh_thread(component):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert R.load() is not None, R.unavailable()
+    done = subprocess.run([sys.executable, "-c", _FRESH_THREAD, component], capture_output=True,
+                          text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        f"exit {done.returncode}:\n{done.stderr[-4000:]}"

@@ -378,3 +378,47 @@ def test_conv_bn_gpu_resnet_stem_full_size(training):
     # summed from the fp32 dyc over P = 401408 pixels (the bf16-rounded sum failed here).
     stem = next(s for s in cards.get("conv_bn").model_shapes if s.name == "resnet50-stem")
     _passes("conv_bn", _args("conv_bn", stem.sizes, torch.bfloat16, seed=3, training=training))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batchnorms_gradients_are_made_in_batchnorms_dtype(training):
+    # Under torch.autocast conv_bn takes float32 BatchNorm tensors beside a 16-bit x. Its
+    # dgamma and dbeta are made in float32 by the kernels themselves: a 16-bit gradient would
+    # make autograd cast it back (two casts a call, each a launch and an allocation: 18 a
+    # CNN step), and would round it to 16 bits on the way.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import levels
+    from equivalence.check import compare
+    from equivalence.tolerances import tolerance
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen += func is torch.ops.aten._to_copy.default
+            return func(*args, **(kwargs or {}))
+
+    args = _args("conv_bn", cards.get("conv_bn").sizes["tiny"], torch.float32, seed=8,
+                 training=training)
+    bn = {k: args[k].detach().clone().requires_grad_() for k in ("bn_weight", "bn_bias")}
+    half = {k: args[k].detach().half().requires_grad_() for k in ("x", "conv_weight", "conv_bias")}
+    stats = {k: args[k].clone() for k in ("running_mean", "running_var")}
+    out = L4.conv_bn(**half, **bn, **stats, stride=args["stride"], padding=args["padding"],
+                     training=training)
+    loss = out.float().square().sum()
+    with Casts() as casts:
+        loss.backward()
+    assert casts.seen == 1  # the backward of the loss's own .float(), none of conv_bn's
+    wide = {k: v.detach().double().requires_grad_() for k, v in {**half, **bn}.items()}
+    ref = levels.get("native").conv_bn(**wide, **{k: args[k].double() for k in stats},
+                                       stride=args["stride"], padding=args["padding"],
+                                       training=training)
+    ref.square().sum().backward()
+    for k in bn:
+        assert bn[k].grad.dtype == torch.float32
+        # float32 gradients of a computation in float16: float16's bound
+        c = compare(k, bn[k].grad, wide[k].grad, tolerance(torch.float16), torch.float32)
+        assert c.ok, c

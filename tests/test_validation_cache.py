@@ -144,6 +144,34 @@ def test_training_buffers_key_on_their_addresses_and_inference_mode():
     assert contract.conv_bn_buffers(*_positional(validator, dict(args, training=False))) is None
 
 
+def test_training_buffers_key_only_the_addresses_that_could_overlap_them():
+    # x is new memory every step, and under autocast so is the cast weight: the table must
+    # serve them without validating again, yet still refuse an x laid over a running
+    # statistic, with a signature the table has already seen good
+    from equivalence import cards as specs
+    args = dict(specs.get("conv_bn").case("tiny", "train", torch.float32, "cpu", seed=0).args)
+    validator = VALIDATORS["conv_bn"]
+    builds = []
+    table = Plans(lambda *a: builds.append(1) or validator(*a), extra=conv_bn_buffers)
+    steps = [dict(args, x=args["x"].clone(), conv_weight=args["conv_weight"].clone())
+             for _ in range(3)]  # all alive: three addresses each
+    for fresh in steps:
+        table(*_positional(validator, fresh))
+    assert len(builds) == 1
+    x, mean = args["x"], args["running_mean"]
+    shift = 4 * ((mean.numel() + 3) // 4)  # whole 16-byte words: both x's keep one alignment
+    store = torch.randn(x.numel() + shift)
+    buffers = dict(running_mean=store[:mean.numel()])
+    apart = store[shift:].view(x.shape)
+    over = store[:x.numel()].view(x.shape)
+    table(*_positional(validator, dict(args, x=apart, **buffers)))  # same storage, no overlap
+    assert len(builds) == 2
+    with pytest.raises(ValueError, match="sharing no memory with 'x'"):
+        table(*_positional(validator, dict(args, x=over, **buffers)))
+    with pytest.raises(ValueError, match="sharing no memory with 'x'"):  # and again: not kept
+        table(*_positional(validator, dict(args, x=over, **buffers)))
+
+
 # ---------------------------------------------------------------------------------------
 # One call reads each tensor's part of the signature once (contract.one_call)
 # ---------------------------------------------------------------------------------------

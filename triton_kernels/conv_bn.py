@@ -1089,7 +1089,12 @@ class _ConvBN(torch.autograd.Function):
         out = torch.empty((N, C_out, s["H_out"], s["W_out"]), device=dev, dtype=x.dtype,
                           memory_format=torch.channels_last)
         out2d = _as_rows(out)
-        ctx.meta = (s, kH, kW, training, b is not None, P)
+        # BatchNorm's gradients are made in BatchNorm's own dtype: under torch.autocast that is
+        # float32 beside a 16-bit x (levels.contract.AUTOCAST), and a 16-bit dgamma would make
+        # autograd cast each of them back to the parameter's dtype, two more launches and
+        # allocations per call (18 a CNN step on the H100's host); the kernels accumulate in
+        # float32 and store in whatever dtype their output pointers have.
+        ctx.meta = (s, kH, kW, training, b is not None, P, gamma.dtype)
         if P == 0:
             # A batch of 0 images: nothing to convolve and no statistics to compute or track
             # (torch's batch_norm returns before it touches running_mean and running_var).
@@ -1145,12 +1150,13 @@ class _ConvBN(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        s, kH, kW, training, has_bias, P = ctx.meta
+        s, kH, kW, training, has_bias, P, bn_dt = ctx.meta
         if P == 0:  # a batch of 0 images: every parameter's gradient is a sum over no pixel
             x, w = ctx.saved_tensors
-            zeros = torch.zeros((3, w.shape[0]), device=x.device, dtype=x.dtype)
-            return (torch.empty_like(x), torch.zeros_like(w), zeros[0] if has_bias else None,
-                    zeros[1], zeros[2], None, None, None, None, None, None, None)
+            zeros = torch.zeros((2, w.shape[0]), device=x.device, dtype=bn_dt)
+            return (torch.empty_like(x), torch.zeros_like(w),
+                    torch.zeros((w.shape[0],), device=x.device, dtype=x.dtype) if has_bias else None,
+                    zeros[0], zeros[1], None, None, None, None, None, None, None)
         # An explicit copy only when the incoming gradient is not channels_last already.
         dy2d = _as_rows(dout.contiguous(memory_format=torch.channels_last))
         C_out = dy2d.shape[1]
@@ -1161,8 +1167,8 @@ class _ConvBN(torch.autograd.Function):
             sum_dy = column_sum(dy2d, out_dtype=torch.float32)
             part, splits = _conv_wgrad_partials(dy2d, x, s, kH, kW)
             dw = torch.empty_like(w)
-            dgamma = torch.empty((C_out,), device=dev, dtype=dt)
-            dbeta = torch.empty((C_out,), device=dev, dtype=dt)
+            dgamma = torch.empty((C_out,), device=dev, dtype=bn_dt)
+            dbeta = torch.empty((C_out,), device=dev, dtype=bn_dt)
             db = torch.empty((C_out,), device=dev, dtype=dt) if has_bias else None
             wgrad_finish_kernel[(C_out,)](part, splits, C_out, part.shape[2], x.shape[1],
                                           dw, *dw.stride(), w, *_w_strides(w),
@@ -1185,8 +1191,8 @@ class _ConvBN(torch.autograd.Function):
         bn_bwd_partial_kernel[(chunks, c_blocks)](
             dy2d, dy2d.stride(0), dy2d.stride(1), y, mean, invstd, part, P, C_out, rows, chunks,
             **_RED)
-        dgamma = torch.empty((C_out,), device=dev, dtype=dt)  # two tensors: each becomes
-        dbeta = torch.empty((C_out,), device=dev, dtype=dt)   # a parameter's .grad
+        dgamma = torch.empty((C_out,), device=dev, dtype=bn_dt)  # two tensors: each becomes
+        dbeta = torch.empty((C_out,), device=dev, dtype=bn_dt)   # a parameter's .grad
         dyc = torch.empty((P, C_out), device=dev, dtype=dt)  # gradient w.r.t. the conv output
         db_part = part[2] if has_bias else part
         bn_bwd_apply_kernel[(chunks, c_blocks)](

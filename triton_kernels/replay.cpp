@@ -72,11 +72,19 @@ using LaunchKernel = CUresult (*)(void* f, unsigned gx, unsigned gy, unsigned gz
                                   void** params, void** extra);
 using GetErrorString = CUresult (*)(CUresult, const char**);
 using GetParamInfo = CUresult (*)(void* f, size_t index, size_t* offset, size_t* size);
+using CtxGetCurrent = CUresult (*)(void** ctx);
+using CtxSetCurrent = CUresult (*)(void* ctx);
+using DeviceGet = CUresult (*)(int* device, int ordinal);
+using PrimaryCtxRetain = CUresult (*)(void** ctx, int device);
 
 struct Driver {
   LaunchKernel launch = nullptr;
   GetErrorString error_string = nullptr;
   GetParamInfo param_info = nullptr;  // CUDA 12.4+ drivers
+  CtxGetCurrent ctx_get_current = nullptr;
+  CtxSetCurrent ctx_set_current = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain primary_ctx_retain = nullptr;
 };
 
 const Driver& driver() {
@@ -89,7 +97,15 @@ const Driver& driver() {
     out.launch = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
     out.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
     out.param_info = reinterpret_cast<GetParamInfo>(dlsym(lib, "cuFuncGetParamInfo"));
-    TORCH_CHECK(out.launch != nullptr, "levels (Level 4 host path): libcuda has no cuLaunchKernel");
+    out.ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+    out.ctx_set_current = reinterpret_cast<CtxSetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
+    out.device_get = reinterpret_cast<DeviceGet>(dlsym(lib, "cuDeviceGet"));
+    out.primary_ctx_retain =
+        reinterpret_cast<PrimaryCtxRetain>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    TORCH_CHECK(out.launch != nullptr && out.ctx_get_current != nullptr &&
+                    out.ctx_set_current != nullptr && out.device_get != nullptr &&
+                    out.primary_ctx_retain != nullptr,
+                "levels (Level 4 host path): libcuda lacks cuLaunchKernel or the context calls");
     return out;
   }();
   return d;
@@ -255,6 +271,25 @@ Tensor view_of(const std::vector<Tensor>& bases, const View& v) {
                           typed.storage_offset() + v.offset);
 }
 
+// The driver API launches into the context current on the calling thread, and a thread
+// has none until something binds one. The CUDA runtime (torch's kernels, Triton's own
+// launcher) binds the device's primary context at a thread's first CUDA call; cuLaunchKernel
+// does not. The autograd engine runs a backward on a thread of its own, so a replayed
+// backward that is the first CUDA work of that thread (a call whose output goes straight to
+// autograd.grad, or through a view such as sum()'s backward) had no context: the launch
+// failed with CUDA_ERROR_INVALID_CONTEXT. Bound here as the runtime would bind it; torch's
+// device guard has made `ordinal` the thread's device already.
+void bind_primary_context(int ordinal) {
+  const Driver& d = driver();
+  void* ctx = nullptr;
+  if (d.ctx_get_current(&ctx) == 0 && ctx != nullptr) return;
+  int device = 0;
+  TORCH_CHECK(d.device_get(&device, ordinal) == 0 && d.primary_ctx_retain(&ctx, device) == 0 &&
+                  d.ctx_set_current(ctx) == 0,
+              "levels (Level 4 host path): cannot bind device " + std::to_string(ordinal) +
+                  "'s CUDA context to this thread");
+}
+
 void launch(const Step& s, const std::vector<Tensor>& bases, void* stream, bool fake) {
   // every parameter in its own 8-byte slot: cuLaunchKernel reads each through its pointer,
   // as many bytes as the kernel's parameter has
@@ -291,8 +326,11 @@ void launch(const Step& s, const std::vector<Tensor>& bases, void* stream, bool 
   if (r != 0) {
     const char* what = "unknown error";
     if (driver().error_string != nullptr) driver().error_string(r, &what);
-    TORCH_CHECK(false, "levels (Level 4 host path): cuLaunchKernel failed: ", what, " (", r,
-                "); LEVELS_TRITON_REPLAY=0 runs the same kernels through Triton's own launcher");
+    // one string, built without streams: c10::str of a single std::string is that string
+    TORCH_CHECK(false, std::string("levels (Level 4 host path): cuLaunchKernel failed: ") + what +
+                           " (" + std::to_string(r) +
+                           "); LEVELS_TRITON_REPLAY=0 runs the same kernels through Triton's "
+                           "own launcher");
   }
 }
 
@@ -316,6 +354,7 @@ std::vector<Tensor> run(const Program& p, bool fake, const at::TensorList inputs
   }
   void* stream = nullptr;
   if (!fake) {
+    bind_primary_context(options.device().index());
     const auto* impl = c10::impl::getDeviceGuardImpl(options.device().type());
     stream = impl->getStream(options.device()).native_handle();
   }
