@@ -22,7 +22,11 @@ requires_grad and 16-byte alignment; every other argument by value: levels.contr
    offset, the integers and floats as their bytes).
 3. **replay** (`replay.cpp`): allocate the same buffers, patch the pointers, cuLaunchKernel;
    one C++ autograd node keeps what the backward reads, and its backward runs the backward's
-   launches on the engine's thread, Python never entered.
+   launches on the engine's thread, Python never entered. (The driver API launches into the
+   calling thread's current CUDA context, which the runtime binds at a thread's first call
+   and the driver does not: the replay binds the device's primary context itself. Without
+   that, a replayed backward that was the first CUDA work of the engine's thread crashed:
+   tests/test_replay.py's fresh-thread test, reports/amp-host-path/.)
 
 The first call of a signature runs the Python path right after its dry pass (it compiles
 the kernels, the backward's included, which the plan needs loaded), then the plan is built;
