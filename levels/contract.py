@@ -736,9 +736,10 @@ def conv_bn_buffers(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean,
     Only the statistics' own addresses are keyed. Another argument can overlap them only
     inside their storage (`_shares_memory` decides by storage first), so its address joins
     the key only when it lies there, and otherwise `False` does. x is new memory every
-    step, and under torch.autocast so is each cast weight: keyed by address, a CNN's calls
-    missed the table on 14% of the H100's steps (the caching allocator does not return the
-    same blocks every step once several models share it) and validated again."""
+    step, and under torch.autocast so is each cast weight: keyed by address, 14-16% of a
+    CNN's calls under --amp missed the table on an H100 and validated again (the caching
+    allocator does not return the same blocks every step once several models share it;
+    reports/amp-host-path/)."""
     if not training:
         return None
     stats = (running_mean.untyped_storage().data_ptr(), running_var.untyped_storage().data_ptr())

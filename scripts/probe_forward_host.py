@@ -38,14 +38,12 @@ def main() -> None:
         sys.exit("probe_forward_host.py: needs a CUDA GPU (Level 4's host path replays on "
                  "one); the committed runs are under reports/amp-host-path/")
     import probe_model_host as P
+    from probe_table_interleave import count_conv_bn_builds, environment
     from torch.profiler import ProfilerActivity, profile
 
-    import levels.triton as level4
     from equivalence.commands.steps import loss_of
 
-    builds = [0]
-    build = level4._CONV_BN.build
-    level4._CONV_BN.build = lambda *args: builds.__setitem__(0, builds[0] + 1) or build(*args)
+    builds = count_conv_bn_builds()
     rows = {}
     for name in a.runs.split(","):
         for amp in (None, torch.bfloat16):
@@ -92,9 +90,7 @@ def main() -> None:
             rows[tag] = row
             print(f"{tag:14s} forward {row['forward_us_median']:7.1f} us  "
                   f"plan builds {row['conv_bn_plan_builds_in_200']}", flush=True)
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv)}
-    Path(a.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    Path(a.out).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

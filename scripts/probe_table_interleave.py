@@ -26,6 +26,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def count_conv_bn_builds() -> list:
+    """[n]: n counts the calls that levels.triton's conv_bn validates anew from now on (the
+    misses of its Plans table)."""
+    import levels.triton as level4
+
+    builds = [0]
+    build = level4._CONV_BN.build
+
+    def counted(*args):
+        builds[0] += 1
+        return build(*args)
+
+    level4._CONV_BN.build = counted
+    return builds
+
+
+def environment() -> dict:
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -36,17 +57,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("probe_table_interleave.py: needs a CUDA GPU (the gpu preset's CNN); the "
                  "committed runs are under reports/amp-host-path/")
-    import levels.triton as level4
     from equivalence.commands.training import train
 
-    builds = [0]
-    build = level4._CONV_BN.build
-
-    def counted(*args):
-        builds[0] += 1
-        return build(*args)
-
-    level4._CONV_BN.build = counted
+    builds = count_conv_bn_builds()
     rows = {}
 
     def table(tag, level_names, baselines, amp):
@@ -69,9 +82,7 @@ def main() -> None:
             if a.alone:
                 table(f"{name}-triton-alone-{rep}", ["triton"], [], amp)
                 table(f"{name}-torch-alone-{rep}", [], ["torch"], amp)
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv)}
-    Path(a.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    Path(a.out).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
