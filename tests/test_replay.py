@@ -508,40 +508,23 @@ import sys
 import torch
 import levels.triton as level4
 from equivalence import cards
-from equivalence.calls import own_args, upstream
-from triton_kernels import launch as L
-from triton_kernels import replay as R
+from equivalence.calls import own_args
+from tests.test_replay import L, R, _run, _same
 
 component = sys.argv[1]
 card = cards.get(component)
 args = card.case("tiny", next(iter(card.variants)), torch.float32, torch.device("cuda"), 0).args
-
-def flat(out):
-    return [t for o in out for t in flat(o)] if isinstance(out, tuple) else [out]
-
-def run():
-    mine = own_args(args, component, training=True)
-    outs = [o for o in flat(getattr(level4, component)(**mine)) if o.requires_grad]
-    leaves = [mine[k] for k in card.differentiable if mine.get(k) is not None]
-    return torch.autograd.grad(outs, leaves, upstream(outs, 1), allow_unused=True)
-
 python_calls = []
 apply_python = L.apply_python
 L.apply_python = lambda function, a: python_calls.append(1) or apply_python(function, a)
-mine = own_args(args, component, training=True)
-getattr(level4, component)(**mine)  # the signature's first call: recorded, planned, no backward
+getattr(level4, component)(**own_args(args, component, training=True))  # recorded, no backward
 python_calls.clear()
-got = run()
+got = _run(component, args, 1)  # replayed; its outputs go straight to autograd.grad
 torch.cuda.synchronize()
 assert not python_calls, f"not replayed: {R.reasons()}"
 R.ENABLED = False
-want, again = run(), run()
-for g, w, w2 in zip(got, want, again):
-    if w is None:
-        assert g is None
-        continue
-    spread = (w.float() - w2.float()).abs().max().item()
-    assert (g.float() - w.float()).abs().max().item() <= 2 * spread, component
+want, again = _run(component, args, 1), _run(component, args, 1)
+_same(want, again, got, component)
 print("ok")
 """
 
