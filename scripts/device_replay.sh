@@ -68,6 +68,9 @@ for s in $STEPS; do
     anatomy)  # where a tiny call's host time goes, by profiler event
       step anatomy 240 $py scripts/probe_call_anatomy.py "$OUT/anatomy.json" \
         --component rms_norm,swiglu_mlp,layer_norm,attention,conv_bn,mlp --level cuda,triton ;;
+    anatomy-attention)  # attention's forward over eager's, beside layer_norm's, Python included
+      step anatomy-attention 200 $py scripts/probe_call_anatomy.py "$OUT/anatomy-attention.json" \
+        --component attention,layer_norm --level cuda,triton --python ;;
     probe-models)  # wall vs GPU time per step, the GPU's top kernels and the host's top functions
       step probe-gpt-amp 200 $py scripts/probe_model_host.py "$OUT/probe-gpt-amp.json" --model gpt \
         --amp bf16 --runs triton,cuda,torch

@@ -311,13 +311,24 @@ def _component_variants(components=COMPONENTS):
     return [(c, v) for c in components for v in cards.get(c).variants]
 
 
+def _picked(plan, args, rec):
+    """The tensors the table's entry hands the replay (by position, R._Served): every tensor
+    argument, in order, the same objects as testing each argument would find."""
+    entry = R._Served.of(plan, args, rec.single)
+    tensors = entry[1](args)
+    assert [id(t) for t in tensors] == [id(a) for a in args if isinstance(a, torch.Tensor)]
+    assert entry[0] == plan and entry[2] is rec.single
+    return tensors
+
+
 @pytest.mark.parametrize("component, variant", _component_variants())
 def test_every_level4_function_plans_and_its_forward_replays(ops, component, variant, monkeypatch):
     function, args = _function_call(component, variant, monkeypatch)
     rec = R._record(function, args)
     plan = ops.add_plan(R.plan_words(rec, compiled=_fake_compiled), True)
     ops.take_fake_log()
-    outs = ops.replay.default(plan, [a for a in args if isinstance(a, torch.Tensor)])
+    tensors = _picked(plan, args, rec)
+    outs = ops.replay.default(plan, tensors)
     launches = [e for e in rec.events[:rec.boundary] if e[0] == "launch"]
     assert len(_launches(ops.take_fake_log())) == len(launches) >= 1
     assert [o.shape for o in outs] == [o.shape for o in rec.outs]
@@ -330,7 +341,7 @@ def test_every_level4_inference_forward_plans_and_replays(ops, component, varian
     words = R.plan_words(rec, compiled=_fake_compiled)
     plan = ops.add_plan(words, True)
     ops.take_fake_log()
-    outs = ops.replay_forward.default(plan, [a for a in args if isinstance(a, torch.Tensor)])
+    outs = ops.replay_forward.default(plan, _picked(plan, args, rec))
     launches = [e for e in rec.events if e[0] == "launch"]
     assert len(_launches(ops.take_fake_log())) == len(launches) >= 1
     assert [o.shape for o in outs] == [o.shape for o in rec.outs]
