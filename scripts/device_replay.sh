@@ -71,6 +71,12 @@ for s in $STEPS; do
     anatomy-attention)  # attention's forward over eager's, beside layer_norm's, Python included
       step anatomy-attention 200 $py scripts/probe_call_anatomy.py "$OUT/anatomy-attention.json" \
         --component attention,layer_norm --level cuda,triton --python ;;
+    lstm-amp)  # where eager Level 4's LSTM LM step loses 1.3 ms under --amp (issue #26's matrix
+      # of 2026-11-27: 4.91 -> 6.56 ms eager, 4.43 -> 4.74 graphed): replay hits, host, GPU
+      step probe-lstm-amp 200 $py scripts/probe_model_host.py "$OUT/probe-lstm-amp.json" --model lstm \
+        --amp bf16 --runs triton,cuda,torch
+      step probe-lstm-eager 150 $py scripts/probe_model_host.py "$OUT/probe-lstm-eager.json" \
+        --model lstm --runs triton,torch ;;
     probe-models)  # wall vs GPU time per step, the GPU's top kernels and the host's top functions
       step probe-gpt-amp 200 $py scripts/probe_model_host.py "$OUT/probe-gpt-amp.json" --model gpt \
         --amp bf16 --runs triton,cuda,torch
