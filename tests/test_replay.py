@@ -317,7 +317,6 @@ def _picked(plan, args, rec):
     entry = R._Served.of(plan, args, rec.single)
     tensors = entry[1](args)
     assert [id(t) for t in tensors] == [id(a) for a in args if isinstance(a, torch.Tensor)]
-    assert entry[0] == plan and entry[2] is rec.single
     return tensors
 
 

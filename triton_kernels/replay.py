@@ -621,7 +621,10 @@ def describe(function, args: tuple) -> str:
 
 _TABLE: dict = {}    # (Function, signature) -> _Served | why it stays on Python (str)
 _REASONS: dict = {}  # "module.Function" -> why its last refused signature was refused
-_SINGLE: dict = {}   # plan id -> whether the Function returns one tensor (not a tuple)
+_OPS: list = []      # torch.ops.levels_triton, once loaded
+_MAX_PLANS = 4096    # a process that sees ever new shapes starts the table over (the C++
+# plans themselves stay, a few KB each: an autograd node of an earlier call may still run
+# its backward from one)
 
 
 class _Served(tuple):
@@ -629,7 +632,7 @@ class _Served(tuple):
     tensors in order, by position: a signature fixes where the tensors are (a tensor and a
     None key differently), so the positions found at the recording hold for every call that
     hits it. Picking by position (operator.itemgetter) costs ~0.1 us; testing each argument
-    with isinstance cost 1.4 us for attention's twelve on the CI machine, on every call."""
+    with isinstance cost 1.5 us for attention's twelve on the CI machine, on every call."""
     __slots__ = ()
 
     @staticmethod
@@ -637,10 +640,6 @@ class _Served(tuple):
         at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         pick = operator.itemgetter(*at) if len(at) > 1 else (lambda a, i=at[0]: (a[i],))
         return _Served((plan, pick, single))
-_OPS: list = []      # torch.ops.levels_triton, once loaded
-_MAX_PLANS = 4096    # a process that sees ever new shapes starts the table over (the C++
-# plans themselves stay, a few KB each: an autograd node of an earlier call may still run
-# its backward from one)
 
 
 def reasons() -> dict:
@@ -737,7 +736,6 @@ def _finish(function, rec: _Recording):
         reason = str(exc).splitlines()[0]
         _REASONS[_name(function)] = reason
         return reason
-    _SINGLE[plan] = rec.single
     if not _OPS:
         _OPS.append(ops)
     return plan
