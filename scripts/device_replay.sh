@@ -77,6 +77,12 @@ for s in $STEPS; do
         --amp bf16 --runs triton,cuda,torch
       step probe-lstm-eager 150 $py scripts/probe_model_host.py "$OUT/probe-lstm-eager.json" \
         --model lstm --runs triton,torch ;;
+    step-after)  # a step's time after its own step, a sleep, a busy host, busy GPU, native's step
+      step after-lstm-amp 200 $py scripts/probe_step_after.py "$OUT/after-lstm-amp.json" --model lstm \
+        --amp bf16 --runs triton,cuda,torch
+      step after-lstm 100 $py scripts/probe_step_after.py "$OUT/after-lstm.json" --model lstm
+      step after-gpt-amp 150 $py scripts/probe_step_after.py "$OUT/after-gpt-amp.json" --model gpt \
+        --amp bf16 --runs triton,torch --repeats 9 ;;
     probe-models)  # wall vs GPU time per step, the GPU's top kernels and the host's top functions
       step probe-gpt-amp 200 $py scripts/probe_model_host.py "$OUT/probe-gpt-amp.json" --model gpt \
         --amp bf16 --runs triton,cuda,torch

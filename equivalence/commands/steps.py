@@ -40,17 +40,19 @@ def aliased_gradients(model) -> list[tuple[str, str]]:
 GRAPH_WARMUP = 3  # eager steps before a step is captured (compiles, autotunes, allocators)
 
 
-def step_in_turn(generators: list, ended) -> None:
-    """Step `train_steps` generators in turn: every one's step i before any one's step i + 1,
-    the order rotated each round (`levels train`'s interleaved runs). `ended(i, result, exc)`
-    is called once for each, when it ends: with its result, or with the exception it raised
-    (the others go on); a round's endings in the list's order."""
+def step_in_turn(generators: list, ended, per_turn: int = 1) -> None:
+    """Step `train_steps` generators in turn: each takes `per_turn` steps in a row, and every
+    one's turn k before any one's turn k + 1, the order rotated each round (`levels train`'s
+    interleaved runs). `ended(i, result, exc)` is called once for each, when it ends: with its
+    result, or with the exception it raised (the others go on); a round's endings in the
+    list's order."""
     live, turn = list(range(len(generators))), 0
     while live:
         shift, endings = turn % len(live), {}
         for i in live[shift:] + live[:shift]:
             try:
-                next(generators[i])
+                for _ in range(per_turn):
+                    next(generators[i])
             except StopIteration as done:
                 endings[i] = (done.value, None)
             except Exception as exc:  # noqa: BLE001 - a run that raises is a result: reported

@@ -352,10 +352,13 @@ def _run(args, console, names, baselines, device) -> int:
     print_table(report, console)
     s, agree = report["settings"], report["agreement"]
     if s.get("interleaved"):
-        console.print("timing: the runs' steps interleaved (every run's step i before any run's "
-                      "step i + 1, the order rotated each round), so a host or GPU that drifts "
-                      "during the table drifts under every run alike; speed is each run's median "
-                      f"step after the first {s['warmup_steps']}", markup=False, highlight=False)
+        turn = s.get("turn_steps", 1)
+        console.print(f"timing: the runs take turns of {turn} steps (the order rotated each round), "
+                      "so a host or GPU that drifts during the table drifts under every run alike; "
+                      f"speed is each run's median step after the first {s['warmup_steps']}, of "
+                      "the steps that follow the run's own step (as in a training loop; a turn's "
+                      "first step follows another run's: its median is in the JSON, "
+                      "median_after_other_ms)", markup=False, highlight=False)
     if "note" in agree:
         console.print(agree["note"], style="yellow", markup=False)
     tf32 = sorted(n for n, a in agree["runs"].items() if a["early_bound"] != agree["early_bound"])

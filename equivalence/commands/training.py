@@ -39,13 +39,20 @@ the first steps, where the tight bound holds.
 Throughput is the median step time after WARMUP steps (the first steps compile, JIT, autotune
 and warm allocators; the first step's time is reported on its own). Each step ends with
 `loss.item()`, which waits for the device, so the clock measures the finished step. The runs
-step in turn (`interleaved` in the report): every run's step i before any run's step i + 1,
-the order rotated each round, so that a host or GPU that drifts over the minutes a table takes
-drifts under every run alike (on the H100's hosts torch's own CNN step measured 5.4 ms in one
-table and 8.8 ms in a probe minutes later: reports/host-path-interleaved/). Every run's model
-and optimizer state are alive at once. Runs compiled whole (`--compile`, native-compiled) and
-runs under torchrun go one after another: each compiled run starts from an empty Dynamo cache,
-which would throw away the others' compiled code. Triton's CPU interpreter (Level 4 without a
+take turns of TURN_STEPS steps (`interleaved` in the report): every run's turn k before any
+run's turn k + 1, the order rotated each round, so that a host or GPU that drifts over the
+minutes a table takes drifts under every run alike (on the H100's hosts torch's own CNN step
+measured 5.4 ms in one table and 8.8 ms in a probe minutes later:
+reports/host-path-interleaved/). The speed counts only the steps that follow the run's own
+step, as every step of a real training loop does: the first step of a turn follows another
+run's, and a GPU-bound step pays for that (the LSTM LM's Level 4 step under --amp, H100: 5.3
+ms after its own step, 6.2-6.6 ms after native's step, a sleep or a busy host; torch's
+host-bound step alike either way: scripts/probe_step_after.py,
+reports/issue-26-turns-2026-11-27/). Those first steps' median is reported beside
+(`median_after_other_ms`). Every run's model and optimizer state are alive at once. Runs
+compiled whole (`--compile`, native-compiled) and runs under torchrun go one after another:
+each compiled run starts from an empty Dynamo cache, which would throw away the others'
+compiled code. Triton's CPU interpreter (Level 4 without a
 GPU) runs at the `tiny` preset only and is marked: an emulation's speed says nothing about the
 kernels.
 
@@ -84,6 +91,7 @@ EARLY_STEPS = 5
 # Relative difference of a later step's loss from the reference's (see the module doc).
 DRIFT_BOUNDS = {torch.float32: 1e-2, torch.bfloat16: 5e-2, torch.float16: 5e-2}
 WARMUP = 3
+TURN_STEPS = 4  # an interleaved run's steps in a row (see the module doc)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -157,18 +165,26 @@ class Run:
     aliased_gradients: list = field(default_factory=list)  # pairs of parameters sharing a .grad
     breakdown: dict | None = None   # --breakdown: ms per step by layer type (equivalence.breakdown)
     optimizer_s: list = field(default_factory=list)  # --optimizer muon: each step's update
+    turn_steps: int = 1             # steps in a row before another run's (interleaved: TURN_STEPS)
 
     def timing(self, items_per_step: int) -> dict | None:
-        """First step, steady-state median and p20/p80 (after WARMUP steps), items/s."""
+        """First step, steady-state median and p20/p80 (after WARMUP steps, of the steps that
+        follow this run's own step), items/s; interleaved, the median of the turns' first steps
+        (each after another run's step) beside."""
         if not self.step_s:
             return None
-        warm = self.step_s[min(WARMUP, len(self.step_s) - 1):]
+        first = min(WARMUP, len(self.step_s) - 1)
+        timed = range(first, len(self.step_s))
+        own = [self.step_s[i] for i in timed if self.turn_steps == 1 or i % self.turn_steps]
+        after_other = [self.step_s[i] for i in timed if self.turn_steps > 1 and not i % self.turn_steps]
+        warm = own or [self.step_s[i] for i in timed]  # too few steps for a turn's second
         q = statistics.quantiles(warm, n=5, method="inclusive") if len(warm) > 1 else [warm[0]] * 4
         median = statistics.median(warm)
         opt = self.optimizer_s[min(WARMUP, len(self.optimizer_s) - 1):]
         return {"first_step_s": self.step_s[0], "median_step_ms": median * 1e3,
                 "p20_step_ms": q[0] * 1e3, "p80_step_ms": q[3] * 1e3, "steps_timed": len(warm),
                 "items_per_s": items_per_step / median,
+                "median_after_other_ms": statistics.median(after_other) * 1e3 if after_other else None,
                 "median_optimizer_ms": statistics.median(opt) * 1e3 if opt else None}
 
     def to_dict(self, items_per_step: int) -> dict:
@@ -312,6 +328,9 @@ def prepare_model(model: str, twin, run: Run, device, compile_mode: str):
     its weights; wrapped in DistributedDataParallel under torchrun, compiled whole if asked."""
     if run.name == "torch":
         inner = copy.deepcopy(twin)
+        for m in inner.modules():  # a deep copy splits nn.LSTM's weight buffer, which cuDNN
+            if isinstance(m, torch.nn.RNNBase):  # then rebuilds every call (torch skips bf16)
+                m.flatten_parameters()
     else:
         inner = LEVELED[model].from_torch(twin, REFERENCE if run.name == "native-compiled" else run.name)
     if model == "cnn" and device.type == "cuda":
@@ -485,13 +504,15 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
             run.status, run.reason = "skip", reason
     names = [r.name for r in runs]
     items_per_step = items * size
-    # Interleaved: every run's step i before any run's step i + 1 (the order rotated each
-    # round), so that a host or GPU that drifts over the minutes a table takes drifts under
-    # every run alike. Compiled whole, runs go one after another: each starts from an empty
-    # Dynamo cache (torch._dynamo.reset(), so that its graph breaks and first step are its
-    # own), which would throw away the others' compiled code.
+    # Interleaved: every run's turn of TURN_STEPS steps before any run's next turn (the order
+    # rotated each round), so that a host or GPU that drifts over the minutes a table takes
+    # drifts under every run alike. Compiled whole, runs go one after another: each starts
+    # from an empty Dynamo cache (torch._dynamo.reset(), so that its graph breaks and first
+    # step are its own), which would throw away the others' compiled code.
     interleaved = (not any(r.whole_model_compiled for r in runs) and size == 1
                    and sum(r.status != "skip" for r in runs) > 1)
+    for run in runs:
+        run.turn_steps = TURN_STEPS if interleaved else 1
 
     def start(run):
         """This run's model and its steps (a generator); compiled whole, its graph-break count
@@ -543,7 +564,8 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                 except Exception as exc:  # noqa: BLE001
                     ended(run, None, None, exc)
             step_in_turn([live["steps"] for live in lives],
-                         lambda i, result, exc: ended(lives[i]["run"], lives[i], result, exc))
+                         lambda i, result, exc: ended(lives[i]["run"], lives[i], result, exc),
+                         TURN_STEPS if interleaved else 1)
     return {
         "settings": {"model": model, "preset": preset_name, "config": p["config"], "batch": p["batch"],
                      "seq_len": p.get("seq_len"), "image": p.get("image"), "steps": p["steps"],
@@ -558,6 +580,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                      "ddp_backend": ("nccl" if device.type == "cuda" else "gloo") if size > 1 else None,
                      "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit,
                      "interleaved": interleaved,
+                     "turn_steps": TURN_STEPS if interleaved else 1,
                      "breakdown": breakdown},
         "data": about,
         "environment": environment.describe(device),
