@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ import torch
 from levels.contract import COMPONENTS
 
 from ... import environment
-from ...timing import time_first_call, time_fn
+from ...timing import quantile, time_first_call, time_fn
 
 
 @dataclass
@@ -69,15 +71,92 @@ def figure(component, name, level, dtype, shape, fn, device, *, flops=None, nbyt
     extra = {"timing": t.method, "cpu_enqueue_ms": t.cpu_enqueue_ms} | (extra or {})
     if prime:
         extra["end_to_end_ms"] = time_fn(fn, device).median_ms
-    ratio = baseline_ms / t.median_ms if baseline_ms else None
+    return _figure(component, name, level, dtype, shape, t.median_ms, (t.p20_ms, t.p80_ms),
+                   flops, nbytes, baseline, baseline_ms, goal, notes,
+                   {"first_call_ms": first_ms, "runs": t.runs} | extra)
+
+
+def _figure(component, name, level, dtype, shape, ms, spread, flops, nbytes, baseline,
+            baseline_ms, goal, notes, extra) -> Figure:
+    """A Figure from a measured median: its rates, and its ratio to the baseline's median."""
+    ratio = baseline_ms / ms if baseline_ms else None
     return Figure(component=component, name=name, level=level,
-                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=t.median_ms,
-                  spread_ms=(t.p20_ms, t.p80_ms),
-                  tflops=flops / (t.median_ms * 1e-3) / 1e12 if flops else None,
-                  tbps=nbytes / (t.median_ms * 1e-3) / 1e12 if nbytes else None,
+                  dtype=str(dtype).replace("torch.", ""), shape=dict(shape), ms=ms,
+                  spread_ms=spread, tflops=flops / (ms * 1e-3) / 1e12 if flops else None,
+                  tbps=nbytes / (ms * 1e-3) / 1e12 if nbytes else None,
                   baseline=baseline, baseline_ms=baseline_ms, ratio=ratio, goal=goal,
                   met=(ratio >= goal) if (goal is not None and ratio is not None) else None,
-                  notes=notes, extra={"first_call_ms": first_ms, "runs": t.runs} | (extra or {}))
+                  notes=notes, extra=extra)
+
+
+ROUNDS = 6  # figures_in_rounds: rounds per side (the order rotated each round)
+
+
+def sm_clock_mhz(device) -> int | None:
+    """The GPU's SM clock now (NVML, through torch), or None where it cannot be read."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(torch.device(device)))
+    except Exception:  # noqa: BLE001 - no NVML (pynvml) here: the clock is simply not read
+        return None
+
+
+def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[Figure]:
+    """`figure` for several sides of one comparison, timed in turns: each side's first call
+    on its own, then `rounds` rounds in which every side is timed once (time_fn), the order
+    rotated each round. A side's `ms` is the median of its rounds' medians and its spread
+    their 20th/80th percentiles; the SM clock read before each of its rounds goes to
+    extra["sm_mhz"]. Each spec holds figure()'s arguments (component, name, level, dtype,
+    shape, fn; flops, nbytes, notes, goal) and, for a side with a goal, `baseline` (what the
+    ratio is against, for the report) and `against`: the index in `specs` of its baseline.
+
+    Why: timed one after the other, the side timed first ran on a cooler GPU. Under
+    sustained bf16 GEMMs an H100 lowers its SM clock (1980 MHz idle, 1440-1680 MHz a few
+    seconds in: scripts/probe_swiglu_parts.py, reports/swiglu-parts-and-clock-2026-11-27/),
+    and `levels bench` timed eager first: Level 4's SwiGLU forward at Llama 3 8B measured
+    0.82x eager that way and 0.91x (every round 0.89-0.93x) in rounds."""
+    firsts, failed = [], set()
+    for i, spec in enumerate(specs):
+        try:
+            firsts.append(time_first_call(spec["fn"], device))
+        except Exception as exc:  # noqa: BLE001 - one failing side must not hide the others
+            firsts.append(None)
+            failed.add(i)
+            print(f"{spec['component']} bench: {spec['level']} {spec['name']} failed: "
+                  f"{type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+    failed |= {i for i, spec in enumerate(specs) if spec.get("against") in failed}
+    per_round = [[] for _ in specs]
+    clocks = [[] for _ in specs]
+    runs = [0 for _ in specs]
+    method = ["" for _ in specs]
+    order = [i for i in range(len(specs)) if i not in failed]
+    for r in range(rounds if order else 0):
+        for i in order[r % len(order):] + order[:r % len(order)]:
+            clocks[i].append(sm_clock_mhz(device))
+            t = time_fn(specs[i]["fn"], device)
+            per_round[i].append(t.median_ms)
+            runs[i] += t.runs
+            method[i] = t.method
+    figs = []
+    for i, spec in enumerate(specs):
+        if i in failed:
+            continue
+        base = spec.get("against")
+        extra = {"first_call_ms": firsts[i], "runs": runs[i], "rounds": rounds,
+                 "timing": f"{method[i]}; {rounds} rounds, the order rotated",
+                 "round_ms": per_round[i], "sm_mhz": clocks[i]}
+        if base is not None:
+            extra["round_ratios"] = [b / m for b, m in zip(per_round[base], per_round[i])]
+        figs.append(_figure(
+            spec["component"], spec["name"], spec["level"], spec["dtype"], spec["shape"],
+            statistics.median(per_round[i]),
+            (quantile(per_round[i], 0.2), quantile(per_round[i], 0.8)), spec.get("flops"),
+            spec.get("nbytes"), spec.get("baseline"),
+            statistics.median(per_round[base]) if base is not None else None, spec.get("goal"),
+            spec.get("notes", ""), extra))
+    return figs
+
 
 
 def copy_tbps(nbytes: int, device, dtype=torch.float32, prime=False) -> float:

@@ -4,7 +4,9 @@ product as kernels of their own: HF LlamaMLP's forward), forward and forward+bac
 Llama 2 7B's and Llama 3 8B's MLP shapes (the card's MODEL_SHAPES of those names: 4096 ->
 11008 and 4096 -> 14336; one 4096-token sequence each, so both run in a few seconds).
 
-Each level is called through its contract function; the baseline is timed in the same run."""
+Each level is called through its contract function; the baseline is timed in the same run,
+in rounds with the levels (goals.figures_in_rounds): GEMMs this long lower the H100's clock
+within seconds, so a side timed first, on a cooler GPU, would be favoured."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 import levels
 from ... import cards
 
-from .goals import figure
+from .goals import figures_in_rounds
 
 SHAPES = ("llama2-7b-train", "llama3-8b-train")
 TOKENS = 4096
@@ -40,6 +42,7 @@ def run(device) -> list:
     card = cards.get("swiglu_mlp")
     dtype = torch.bfloat16
     native = levels.get("native")
+    here = _levels_here(device)
     figs = []
     for shape in (s for s in card.model_shapes if s.name in SHAPES):
         sizes = dict(shape.sizes, rows=(1, TOKENS))
@@ -56,25 +59,21 @@ def run(device) -> list:
                 torch.autograd.grad(fn(*leaves), leaves, dy)
             return go
 
-        with torch.no_grad():
-            base_f = figure("swiglu_mlp", f"forward {shape.name}", "native", dtype, shp,
-                            lambda: native.swiglu_mlp(*tensors), device, flops=flops["fwd"],
-                            notes="eager: 3 cuBLAS GEMMs + silu + mul")
-        base_fb = figure("swiglu_mlp", f"forward+backward {shape.name}", "native", dtype, shp,
-                         step(native.swiglu_mlp), device, flops=flops["fwd"] + flops["bwd"],
-                         notes="eager: cuBLAS + silu + mul, autograd")
-        figs += [base_f, base_fb]
-        for level in _levels_here(device):
-            fn = getattr(levels.get(level), "swiglu_mlp")
-            for what, go, fl, base, grad in (
-                    ("forward", lambda fn=fn: fn(*tensors), flops["fwd"], base_f, False),
-                    ("forward+backward", step(fn), flops["fwd"] + flops["bwd"], base_fb, True)):
-                try:
-                    with torch.set_grad_enabled(grad):
-                        figs.append(figure("swiglu_mlp", f"{what} {shape.name}", level, dtype, shp,
-                                           go, device, flops=fl, baseline=BASELINE,
-                                           baseline_ms=base.ms, goal=GOAL))
-                except Exception as exc:  # noqa: BLE001 - one failing level must not hide the other
-                    print(f"swiglu_mlp bench: {level} {what} {shape.name} failed: "
-                          f"{type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        def forward(fn):
+            def go():
+                with torch.no_grad():
+                    fn(*tensors)
+            return go
+
+        for what, wrap, fl, notes in (
+                ("forward", forward, flops["fwd"], "eager: 3 cuBLAS GEMMs + silu + mul"),
+                ("forward+backward", step, flops["fwd"] + flops["bwd"],
+                 "eager: cuBLAS + silu + mul, autograd")):
+            specs = [dict(component="swiglu_mlp", name=f"{what} {shape.name}", level="native",
+                          dtype=dtype, shape=shp, fn=wrap(native.swiglu_mlp), flops=fl,
+                          notes=notes)]
+            specs += [dict(component="swiglu_mlp", name=f"{what} {shape.name}", level=level,
+                           dtype=dtype, shape=shp, fn=wrap(getattr(levels.get(level), "swiglu_mlp")),
+                           flops=fl, baseline=BASELINE, against=0, goal=GOAL) for level in here]
+            figs += figures_in_rounds(specs, device)
     return figs
