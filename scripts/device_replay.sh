@@ -77,6 +77,9 @@ for s in $STEPS; do
         --amp bf16 --runs triton,cuda,torch
       step probe-lstm-eager 150 $py scripts/probe_model_host.py "$OUT/probe-lstm-eager.json" \
         --model lstm --runs triton,torch ;;
+    bench-rounds)  # the SwiGLU bench timed in rotated rounds (goals.figures_in_rounds), its first GPU run
+      step bench-swiglu-rounds 300 $py -m equivalence bench --component swiglu_mlp --device cuda \
+        --out "$OUT/bench-swiglu-rounds" ;;
     step-after)  # a step's time after its own step, a sleep, a busy host, busy GPU, native's step
       step after-lstm-amp 200 $py scripts/probe_step_after.py "$OUT/after-lstm-amp.json" --model lstm \
         --amp bf16 --runs triton,cuda,torch
