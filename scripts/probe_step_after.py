@@ -31,14 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from equivalence.commands.bench.goals import sm_clock_mhz  # noqa: E402
 from probe_model_host import amp_dtype, setup  # noqa: E402
-
-
-def _clock() -> int | None:
-    try:
-        return torch.cuda.clock_rate()
-    except Exception:  # noqa: BLE001  (no NVML here: the clock is not read)
-        return None
 
 
 def main() -> None:
@@ -88,7 +82,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                 else:
                     fn()
-                mhz.append(_clock())
+                mhz.append(sm_clock_mhz("cuda"))
                 t0 = time.perf_counter()
                 step(*batches[i % len(batches)])
                 torch.cuda.synchronize()

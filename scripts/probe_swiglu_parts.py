@@ -72,33 +72,35 @@ def main() -> None:
                                "rows": rows}, indent=1, default=str))
 
 
-def _interleaved_rounds(dev, rounds: int = 6) -> list:
-    """The bench's forward figure again (levels' contract functions under no_grad, timed as
-    `levels bench` times: equivalence.timing.time_fn, L2 flushed), but eager, Level 4 and
-    Level 5 in rounds, the order rotated each round, with the SM clock read before each side:
-    the bench times eager first, on a GPU that sustained GEMM load has not yet slowed."""
+def _interleaved_rounds(dev) -> list:
+    """The bench's forward figure again (levels' contract functions under no_grad), eager,
+    Level 4 and Level 5 timed in rotated rounds with the SM clock read before each side
+    (equivalence/commands/bench/goals.py figures_in_rounds, which `levels bench --component
+    swiglu_mlp` now uses too): one record per side and round."""
     import levels
     from equivalence import cards
-    from equivalence.timing import time_fn
+    from equivalence.commands.bench.goals import figures_in_rounds
 
     card = cards.get("swiglu_mlp")
     shape = next(s for s in card.model_shapes if s.name == "llama3-8b-train")
     args = card.module.make_args(dict(shape.sizes, rows=(1, 4096)), torch.bfloat16, dev,
                                  torch.Generator().manual_seed(0))
     tensors = [args[n] for n in ("x", "w_gate", "w_up", "w_down")]
-    sides = {name: getattr(levels.get(name), "swiglu_mlp") for name in ("native", "triton", "cuda")}
+
+    def forward(fn):
+        def go():
+            with torch.no_grad():
+                fn(*tensors)
+        return go
+
+    specs = [dict(component="swiglu_mlp", name="forward llama3-8b-train", level=name,
+                  dtype=torch.bfloat16, shape={}, fn=forward(levels.get(name).swiglu_mlp))
+             for name in ("native", "triton", "cuda")]
     out = []
-    with torch.no_grad():
-        for r in range(rounds):
-            names = list(sides)[r % 3:] + list(sides)[:r % 3]
-            for name in names:
-                try:
-                    mhz = torch.cuda.clock_rate()
-                except Exception:  # noqa: BLE001 (no NVML: the clock is not read)
-                    mhz = None
-                t = time_fn(lambda fn=sides[name]: fn(*tensors), dev, min_time_s=0.3)
-                out.append({"round": r, "side": name, "ms": round(t.median_ms, 4), "sm_mhz_before": mhz})
-                print(f"round {r} {name:7s} {t.median_ms:7.3f} ms  SM {mhz} MHz", flush=True)
+    for fig in figures_in_rounds(specs, dev):
+        for r, (ms, mhz) in enumerate(zip(fig.extra["round_ms"], fig.extra["sm_mhz"])):
+            out.append({"round": r, "side": fig.level, "ms": round(ms, 4), "sm_mhz_before": mhz})
+            print(f"round {r} {fig.level:7s} {ms:7.3f} ms  SM {mhz} MHz", flush=True)
     return out
 
 

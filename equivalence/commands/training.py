@@ -511,8 +511,9 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
     # step are its own), which would throw away the others' compiled code.
     interleaved = (not any(r.whole_model_compiled for r in runs) and size == 1
                    and sum(r.status != "skip" for r in runs) > 1)
+    turn = TURN_STEPS if interleaved else 1
     for run in runs:
-        run.turn_steps = TURN_STEPS if interleaved else 1
+        run.turn_steps = turn
 
     def start(run):
         """This run's model and its steps (a generator); compiled whole, its graph-break count
@@ -565,7 +566,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                     ended(run, None, None, exc)
             step_in_turn([live["steps"] for live in lives],
                          lambda i, result, exc: ended(lives[i]["run"], lives[i], result, exc),
-                         TURN_STEPS if interleaved else 1)
+                         turn)
     return {
         "settings": {"model": model, "preset": preset_name, "config": p["config"], "batch": p["batch"],
                      "seq_len": p.get("seq_len"), "image": p.get("image"), "steps": p["steps"],
@@ -580,7 +581,7 @@ def train(model: str = "gpt", level_names=("native",), baselines=("torch",), pre
                      "ddp_backend": ("nccl" if device.type == "cuda" else "gloo") if size > 1 else None,
                      "warmup_steps": WARMUP, "items_per_step": items_per_step, "unit": unit,
                      "interleaved": interleaved,
-                     "turn_steps": TURN_STEPS if interleaved else 1,
+                     "turn_steps": turn,
                      "breakdown": breakdown},
         "data": about,
         "environment": environment.describe(device),

@@ -158,7 +158,6 @@ def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[F
     return figs
 
 
-
 def copy_tbps(nbytes: int, device, dtype=torch.float32, prime=False) -> float:
     """Bandwidth of a device-to-device copy of `nbytes` (read + write), in TB/s."""
     n = nbytes // torch.tensor([], dtype=dtype).element_size()
