@@ -44,17 +44,15 @@ run's turn k + 1, the order rotated each round, so that a host or GPU that drift
 minutes a table takes drifts under every run alike (on the H100's hosts torch's own CNN step
 measured 5.4 ms in one table and 8.8 ms in a probe minutes later:
 reports/host-path-interleaved/). The speed counts only the steps that follow the run's own
-step, as every step of a real training loop does: the first step of a turn follows another
-run's, and a GPU-bound step pays for that (the LSTM LM's Level 4 step under --amp, H100: 5.3
-ms after its own step, 6.2-6.6 ms after native's step, a sleep or a busy host; torch's
-host-bound step alike either way: scripts/probe_step_after.py,
-reports/issue-26-turns-2026-11-27/). Those first steps' median is reported beside
-(`median_after_other_ms`). Every run's model and optimizer state are alive at once. Runs
-compiled whole (`--compile`, native-compiled) and runs under torchrun go one after another:
-each compiled run starts from an empty Dynamo cache, which would throw away the others'
-compiled code. Triton's CPU interpreter (Level 4 without a
-GPU) runs at the `tiny` preset only and is marked: an emulation's speed says nothing about the
-kernels.
+step, as in a training loop: a turn's first step follows another run's, which a GPU-bound
+step pays for (the LSTM LM's Level 4 step under --amp, H100: 5.3 ms after its own step,
+6.2-6.6 ms after native's step, a sleep or a busy host; torch's host-bound step alike either
+way: scripts/probe_step_after.py, reports/issue-26-turns-2026-11-27/); those first steps'
+median is reported beside (`median_after_other_ms`). Every run's model and optimizer state
+are alive at once. Runs compiled whole (`--compile`, native-compiled) and runs under torchrun
+go one after another: each compiled run starts from an empty Dynamo cache, which would throw
+away the others' compiled code. Triton's CPU interpreter (Level 4 without a GPU) runs at the
+`tiny` preset only and is marked: an emulation's speed says nothing about the kernels.
 
 Distributed: under `torchrun` (WORLD_SIZE > 1) every run is wrapped in
 DistributedDataParallel (NCCL on GPUs, gloo on CPUs); each process takes its slice of the
