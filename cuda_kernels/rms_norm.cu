@@ -10,7 +10,7 @@
 // rms_norm_autograd.cpp copy a tensor only when its last dimension is strided); weight, y,
 // dx, rstd are contiguous. Every version accumulates in fp32.
 //
-// Versions (LEVELS_CUDA_VERSION_RMS_NORM=1|2|3; forward vN pairs with backward vN):
+// Versions (LEVELS_CUDA_VERSION_RMS_NORM=1|2|3|4; forward vN pairs with backward vN):
 //   v1  one thread per row (the CPU loop on the GPU): uncoalesced, M threads. Backward: dx
 //       by a thread per row, dw by a thread per column walking all M rows.
 //   v2  one warp per row, lanes striding over the row, shuffle sums: coalesced, no shared
@@ -25,10 +25,32 @@
 //       the same second stage as v2). Costs: rows must be 16-byte aligned whole vectors and
 //       fit in registers (forward N <= 1024 * VEC: 4096 fp32, 8192 bf16/fp16; backward
 //       N <= 8192); otherwise v3 runs v2's kernels (said again in the launchers).
+//   v4  v3's backward with R rows an iteration (forward: v3's). v3 keeps one row in flight
+//       per block, and each row waits on three barriers (block_sum) with no load in flight.
+//       In v4 a thread holds the same E columns of R rows, so its weight and dweight
+//       registers serve all R, the iteration's 2 R E loads are issued before any math, and
+//       one barrier serves the R row sums (a double-buffered scratch). R comes from a
+//       measured rule (bwd_v4_rule: 4 for rows of up to 128 threads, else 2; 1 at 16 elements
+//       a thread); `force` pins it for the tests and scripts/sweep_rms_norm_v4.py. Costs:
+//       2 R E elements of registers a thread (R E <= 32: more spills), and v3's limits
+//       (aligned rows, N <= 8192).
 //
-// Speed: not yet measured on a GPU (layer_norm's v3, the same design, reached 0.98x copy
-// forward and 0.73-0.89x backward on the H100). `levels bench --component rms_norm` times
-// every version against the copy bandwidth.
+// Speed (H100, kernel time as a fraction of a copy of the same bytes; x, dy read, dx
+// written; reports/rms-norm-v4-2026-11-27/):
+//   `levels bench --component rms_norm` (16384 x 4096), two runs: forward 0.99x (v3's kernel,
+//   fp32 and bf16); backward fp32 v4 0.93x, v3 0.92x; bf16 v4 0.89x, v3 0.82x, Level 4 0.89x.
+//   The issue's 0.9x is met in fp32 and missed by 1% in bf16.
+//   scripts/sweep_rms_norm_v4.py, bf16, 256 / 768 / 1024 / 2048 / 3072 / 4096 / 5120 / 8192
+//   columns (64 Mi elements each): v4 0.85 / 0.91 / 0.89 / 0.87 / 0.90 / 0.87 / 0.86 / 0.77,
+//   v3 0.84 / 0.89 / 0.84 / 0.84 / 0.85 / 0.80 / 0.85 / 0.75; fp32 v4 0.91-0.94 at every width.
+//   The same bytes moved with no math (torch.add(x, dy, out=dx)) run at 1.00-1.03x copy, so
+//   the access pattern is not the limit: what is left is the kernel's own (a reduction and a
+//   barrier every R rows, the dweight partials' second pass).
+//   Tried and not kept (the same sweeps, one run each): asking L2 for the next iteration's rows
+//   (cp.async.bulk.prefetch.L2, a thread a row): 0.62-0.78x, slower at every width; the next
+//   row's loads issued into a second set of registers before this row's math: 0.87x at 4096,
+//   no better than R = 2, and 0.70x at 5120; x, dy and dx moved with the streaming cache hint
+//   (ld/st.global.cs): 0.85x at 4096.
 #include "common.cuh"
 
 namespace levels_rms_norm {
@@ -241,6 +263,44 @@ __global__ void sum_partials(const float* __restrict__ part_dw, T* __restrict__ 
   }
 }
 
+// The fused backwards (v3, v4): a thread owns the vectors t, t + G, ... of every row. Its
+// weight vectors (zero past the row: padding lanes add nothing and store nothing) and its
+// dweight partial sums, zeroed, stay in registers across all the block's rows ...
+template <typename T, int E>
+__device__ __forceinline__ void own_columns(const T* __restrict__ weight, int64_t n_vec, int t,
+                                            int G, Vec<T, vec_width<T>()> (&w)[E / vec_width<T>()],
+                                            float (&dw)[E]) {
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  V zero;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+  const V* wv = reinterpret_cast<const V*>(weight);
+#pragma unroll
+  for (int c = 0; c < E / VEC; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    w[c] = k < n_vec ? wv[k] : zero;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[c * VEC + j] = 0.0f;
+  }
+}
+
+// ... and its partial sums are written once, at the end, as the block's row of the (P, N)
+// fp32 buffer that sum_partials adds up.
+template <typename T, int E>
+__device__ __forceinline__ void write_partials(float* __restrict__ pdw, const float (&dw)[E],
+                                               int64_t n_vec, int t, int G) {
+  constexpr int VEC = vec_width<T>();
+#pragma unroll
+  for (int c = 0; c < E / VEC; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) pdw[k * VEC + j] = dw[c * VEC + j];
+    }
+  }
+}
+
 // v3, fused and persistent: block b owns rows [b * rows_per_block, +rows_per_block) and
 // the vectors t, t + G, ... of every row; w and the dw partials of its columns stay in
 // registers across all its rows and the partials are written once at the end.
@@ -265,14 +325,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
   V w[CHUNKS];
   float dw[E];
-  const V* wv = reinterpret_cast<const V*>(weight);
-#pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int64_t k = (int64_t)c * G + t;
-    w[c] = k < n_vec ? wv[k] : zero;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw[c * VEC + j] = 0.0f;
-  }
+  own_columns<T, E>(weight, n_vec, t, G, w, dw);
   const int64_t first = (int64_t)blockIdx.x * rows_per_block;
   const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
 #pragma unroll 1
@@ -306,15 +359,97 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       if (k < n_vec) dxr[k] = out;
     }
   }
-  float* pdw = part_dw + (int64_t)blockIdx.x * N;
+  write_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
+  // ### END SOLUTION
+}
+
+// v4: v3's fused persistent backward with R rows an iteration. A thread holds the same E
+// columns of R rows: its weight and dweight partials (registers) serve all R, the 2 R E loads
+// of an iteration are in flight together, and ONE barrier serves the R row sums (each warp's
+// sums go to a double-buffered scratch; the next iteration writes the other half, so no
+// second barrier guards the reads). v3 has one row in flight per block and three barriers a
+// row (block_sum). Costs: 2 R E elements of registers a thread (R E <= 32: wider plans spill
+// or halve the blocks an SM holds); rows_per_block a multiple of R (the launcher's), so only
+// the last block has a ragged iteration (masked rows: rstd 0, loads skipped, no store).
+// Launcher guarantees: as v3's; blockDim.x a multiple of 32.
+template <typename T, int E, int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(512, MIN_BLOCKS)
+bwd_v4_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+             const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ part_dw,
+             int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x, int64_t rows_per_block) {
+  constexpr int VEC = vec_width<T>();
+  constexpr int CHUNKS = E / VEC;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using V = Vec<T, VEC>;
+  __shared__ float red[2][R][32];  // [parity][row of the iteration][warp]
+  const int t = threadIdx.x, G = blockDim.x, lane = t & 31, warp = t >> 5, n_warps = G >> 5;
+  const int64_t n_vec = N / VEC;
+  const float inv_n = 1.0f / (float)N;
+  // ### BEGIN SOLUTION
+  V zero;
 #pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int64_t k = (int64_t)c * G + t;
-    if (k < n_vec) {
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+  V w[CHUNKS];
+  float dw[E];
+  own_columns<T, E>(weight, n_vec, t, G, w, dw);
+  const int64_t first = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
+  int parity = 0;
+#pragma unroll 1
+  for (int64_t row0 = first; row0 < last; row0 += R) {  // the same trip count block-wide
+    V xk[R][CHUNKS], gk[R][CHUNKS];
+    float rs[R];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) pdw[k * VEC + j] = dw[c * VEC + j];
+    for (int r = 0; r < R; ++r) {  // every load of the iteration issued before any math
+      const bool live = row0 + r < last;  // else: zeros and rstd 0, nothing loaded
+      const int64_t row = live ? row0 + r : first;
+      const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+      const V* dyr = reinterpret_cast<const V*>(dy + row * stride_dy);
+      rs[r] = live ? rstd[row] : 0.0f;
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        const int64_t k = (int64_t)c * G + t;
+        xk[r][c] = live && k < n_vec ? xr[k] : zero;
+        gk[r][c] = live && k < n_vec ? dyr[k] : zero;
+      }
+    }
+    float c1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          s += to_f32(xk[r][c].v[j]) * to_f32(w[c].v[j]) * to_f32(gk[r][c].v[j]);
+      s = warp_sum(s);
+      if (lane == 0) red[parity][r][warp] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // each warp adds the n_warps partial sums by shuffles
+      const float s = warp_sum(lane < n_warps ? red[parity][r][lane] : 0.0f);
+      c1[r] = s * rs[r] * inv_n;  // mean(w * dy * xhat), xhat = x * rstd
+    }
+    parity ^= 1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      V* dxr = reinterpret_cast<V*>(dx + (row0 + r) * N);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        V out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = to_f32(xk[r][c].v[j]) * rs[r], g = to_f32(gk[r][c].v[j]);
+          out.v[j] = from_f32<T>((to_f32(w[c].v[j]) * g - xhat * c1[r]) * rs[r]);
+          dw[c * VEC + j] += g * xhat;  // a masked row adds 0 (dy and rstd are 0)
+        }
+        const int64_t k = (int64_t)c * G + t;
+        if (row0 + r < last && k < n_vec) dxr[k] = out;
+      }
     }
   }
+  write_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
   // ### END SOLUTION
 }
 
@@ -332,10 +467,10 @@ static int fwd_launch(int version, const T* x, const T* w, T* y, float* rstd, in
   if (version == 1) {
     fwd_v1<T><<<(unsigned)levels_cdiv(M, V1_THREADS), V1_THREADS, 0, stream>>>(
         x, w, y, rstd, M, N, stride_x, eps);
-  } else if (version == 3 && vec_ok && N <= 32 * V3_WARP_E) {  // narrow: a warp per row
+  } else if (version >= 3 && vec_ok && N <= 32 * V3_WARP_E) {  // narrow: a warp per row
     fwd_v3<T, V3_WARP_E, true><<<(unsigned)levels_cdiv(M, V2_ROWS), V2_ROWS * 32, 0, stream>>>(
         x, w, y, rstd, M, N, stride_x, eps);
-  } else if (version == 3 && vec_ok && N <= BLOCK_E * 512) {  // a block per row
+  } else if (version >= 3 && vec_ok && N <= BLOCK_E * 512) {  // a block per row
     fwd_v3<T, BLOCK_E, false><<<(unsigned)M, levels_threads_for(levels_cdiv(N, BLOCK_E), 512), 0,
                                 stream>>>(x, w, y, rstd, M, N, stride_x, eps);
   } else {  // v2, and v3 where rows are misaligned or too wide for registers
@@ -371,10 +506,56 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   return plan;
 }
 
+// v4's plan: v3's E, then R rows an iteration. `force` (scripts, tests) pins R (1, 2 or 4);
+// 0 lets the rule choose. P = the blocks resident at once, but no more than the R-row groups
+// there are. E == 0: too wide for registers (or a forced R this E cannot hold), v2's
+// kernels run.
+struct BwdV4Plan {
+  int E, R, threads;
+  const void* kernel;
+  int64_t P;
+};
+
+constexpr int V4_FORCES[] = {1, 2, 4};
+
+// The measured rule (scripts/sweep_rms_norm_v4.py; the header's figures): R = 4 while a row
+// takes at most 128 threads (bf16 up to 1024 columns), else 2; at E = 16, 1 (R = 2 there
+// needs 122 registers: one block an SM, and slower at 5120 columns, 0.74x against 0.86x).
+static int bwd_v4_rule(int E, int threads) {
+  if (E == 16) return 1;
+  return threads <= 128 ? 4 : 2;
+}
+
 template <typename T>
-static int bwd_launch(int version, const T* dy, const T* x, const T* w, const float* rstd, T* dx,
-                      T* dw, float* part_dw, int64_t P, int64_t M, int64_t N, int64_t stride_dy,
-                      int64_t stride_x, cudaStream_t stream) {
+static const void* bwd_v4_kernel(int E, int R) {
+  if (E == 8 && R == 1) return (const void*)bwd_v4_fused<T, 8, 1, 2>;
+  if (E == 8 && R == 2) return (const void*)bwd_v4_fused<T, 8, 2, 2>;
+  if (E == 8 && R == 4) return (const void*)bwd_v4_fused<T, 8, 4, 1>;
+  if (E == 16 && R == 1) return (const void*)bwd_v4_fused<T, 16, 1, 1>;
+  if (E == 16 && R == 2) return (const void*)bwd_v4_fused<T, 16, 2, 1>;
+  return nullptr;  // R * E > 32: would spill
+}
+
+template <typename T>
+static BwdV4Plan bwd_v4_plan(int64_t M, int64_t N, int force) {
+  BwdV4Plan plan{0, 0, 0, nullptr, v2_partials(M, N)};
+  if (N > V3_BWD_MAX_N) return plan;
+  const int E = N <= 8 * 512 ? 8 : 16;
+  const int threads = levels_threads_for(levels_cdiv(N, E), 512);
+  const int R = force ? force : bwd_v4_rule(E, threads);
+  const void* kernel = bwd_v4_kernel<T>(E, R);
+  if (!kernel) return plan;
+  plan = {E, R, threads, kernel, 0};
+  const int64_t resident = (int64_t)levels_sm_count() * levels_blocks_per_sm(kernel, threads, 0);
+  const int64_t groups = levels_cdiv(M, R);
+  plan.P = resident < groups ? resident : groups;
+  return plan;
+}
+
+template <typename T>
+static int bwd_launch(int version, int force, const T* dy, const T* x, const T* w,
+                      const float* rstd, T* dx, T* dw, float* part_dw, int64_t P, int64_t M,
+                      int64_t N, int64_t stride_dy, int64_t stride_x, cudaStream_t stream) {
   if (version == 1) {
     bwd_dx_v1<T><<<(unsigned)levels_cdiv(M, V1_THREADS), V1_THREADS, 0, stream>>>(
         dy, x, w, rstd, dx, M, N, stride_dy, stride_x);
@@ -385,14 +566,26 @@ static int bwd_launch(int version, const T* dy, const T* x, const T* w, const fl
   if (P < 1) return LEVELS_UNSUPPORTED;  // the caller allocated no partial rows
   constexpr int VEC = vec_width<T>();
   BwdV3Plan plan{0, 0, 0};
+  BwdV4Plan plan4{0, 0, 0, nullptr, 0};
   if (version == 3) plan = bwd_v3_plan<T>(M, N);
-  // The forward's alignment rule; where it fails, v3's backward is v2's.
-  const bool fused = plan.E != 0 && levels_aligned16(dy) && levels_aligned16(x) &&
-                     levels_aligned16(w) && levels_aligned16(dx) && N % VEC == 0 &&
-                     (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0));
-  const int64_t rows_per = levels_cdiv(M, P);  // whole chunks: `used` <= P are non-empty
+  if (version == 4) plan4 = bwd_v4_plan<T>(M, N, force);
+  // The forward's alignment rule; where it fails, v3's and v4's backward is v2's.
+  const bool aligned = levels_aligned16(dy) && levels_aligned16(x) && levels_aligned16(w) &&
+                       levels_aligned16(dx) && N % VEC == 0 &&
+                       (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0));
+  if (force && !(aligned && plan4.E)) return LEVELS_UNSUPPORTED;  // never another kernel
+  const bool fused = (plan.E != 0 || plan4.E != 0) && aligned;
+  // Whole chunks (of R rows at v4): `used` <= P blocks are non-empty.
+  const int R = plan4.E ? plan4.R : 1;
+  const int64_t rows_per = levels_cdiv(levels_cdiv(M, P), R) * R;
   const int64_t used = levels_cdiv(M, rows_per);
-  if (fused && plan.E == 8) {
+  if (fused && plan4.E) {
+    void* args[] = {(void*)&dy, (void*)&x, (void*)&w, (void*)&rstd, (void*)&dx, (void*)&part_dw,
+                    (void*)&M, (void*)&N, (void*)&stride_dy, (void*)&stride_x, (void*)&rows_per};
+    const cudaError_t e = cudaLaunchKernel(plan4.kernel, dim3((unsigned)used),
+                                           dim3((unsigned)plan4.threads), args, 0, stream);
+    if (e != cudaSuccess) return (int)e;
+  } else if (fused && plan.E == 8) {
     bwd_v3_fused<T, 8, 2><<<(unsigned)used, plan.threads, 0, stream>>>(
         dy, x, w, rstd, dx, part_dw, M, N, stride_dy, stride_x, rows_per);
   } else if (fused) {
@@ -422,7 +615,7 @@ extern "C" int levels_rms_norm_fwd(int dtype, int version, const void* x, const 
                                    void* y, float* rstd, int64_t M, int64_t N, int64_t stride_x,
                                    float eps, cudaStream_t stream) {
   using namespace levels_rms_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
   LEVELS_DISPATCH(dtype, T, {
     return fwd_launch<T>(version, static_cast<const T*>(x), static_cast<const T*>(weight),
                          static_cast<T*>(y), rstd, M, N, stride_x, eps, stream);
@@ -430,29 +623,47 @@ extern "C" int levels_rms_norm_fwd(int dtype, int version, const void* x, const 
   return LEVELS_OK;  // not reached
 }
 
-// How many partial rows P (a contiguous fp32 buffer of P * N floats) the backward of
-// `version` needs for these sizes (version 1: none). A negative value is a LevelsStatus.
-extern "C" int64_t levels_rms_norm_bwd_partials(int dtype, int version, int64_t M, int64_t N) {
+// A version, and a `force` (0, or one of version 4's plans, V4_FORCES), the backward runs.
+static int levels_rms_norm_check(int version, int force) {
   using namespace levels_rms_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (force == 0) return LEVELS_OK;
+  if (version != 4) return LEVELS_UNSUPPORTED;
+  for (const int r : V4_FORCES)
+    if (force == r) return LEVELS_OK;
+  return LEVELS_UNSUPPORTED;
+}
+
+// How many partial rows P (a contiguous fp32 buffer of P * N floats) the backward of
+// `version` (and `force`) needs for these sizes (version 1: none). A negative value is a
+// LevelsStatus.
+extern "C" int64_t levels_rms_norm_bwd_partials(int dtype, int version, int force, int64_t M,
+                                                int64_t N) {
+  using namespace levels_rms_norm;
+  if (const int bad = levels_rms_norm_check(version, force)) return bad;
   if (version == 1) return 0;
   if (version == 2) return v2_partials(M, N);
-  LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
+  LEVELS_DISPATCH(dtype, T, {
+    return version == 3 ? bwd_v3_plan<T>(M, N).P : bwd_v4_plan<T>(M, N, force).P;
+  });
   return LEVELS_OK;  // not reached
 }
 
 // dx, dweight of rms_norm. dy, x: (M, N), rows stride_dy / stride_x apart, adjacent columns;
 // weight: contiguous (N,); rstd: the forward's, contiguous (M,) fp32; dx: contiguous (M, N);
 // dweight: contiguous (N,); partials: partial_rows * N fp32 (any partial_rows >= 1 is
-// correct for versions 2 and 3: the count only sets the split).
-extern "C" int levels_rms_norm_bwd(int dtype, int version, const void* dy, const void* x,
-                                   const void* weight, const float* rstd, void* dx, void* dweight,
-                                   float* partials, int64_t partial_rows, int64_t M, int64_t N,
-                                   int64_t stride_dy, int64_t stride_x, cudaStream_t stream) {
+// correct for versions 2-4: the count only sets the split). force: 0, or (version 4 only) the
+// rows an iteration to pin (V4_FORCES; a plan these sizes cannot run is an error, never
+// another kernel).
+extern "C" int levels_rms_norm_bwd(int dtype, int version, int force, const void* dy,
+                                   const void* x, const void* weight, const float* rstd, void* dx,
+                                   void* dweight, float* partials, int64_t partial_rows,
+                                   int64_t M, int64_t N, int64_t stride_dy, int64_t stride_x,
+                                   cudaStream_t stream) {
   using namespace levels_rms_norm;
-  if (version < 1 || version > 3) return LEVELS_BAD_VERSION;
+  if (const int bad = levels_rms_norm_check(version, force)) return bad;
   LEVELS_DISPATCH(dtype, T, {
-    return bwd_launch<T>(version, static_cast<const T*>(dy), static_cast<const T*>(x),
+    return bwd_launch<T>(version, force, static_cast<const T*>(dy), static_cast<const T*>(x),
                          static_cast<const T*>(weight), rstd, static_cast<T*>(dx),
                          static_cast<T*>(dweight), partials, partial_rows, M, N, stride_dy,
                          stride_x, stream);

@@ -12,7 +12,7 @@ namespace levels_cuda_autograd {
 
 using RmsNormFwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, double, int64_t);
 using RmsNormBwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                              const Tensor&, int64_t);
+                                              const Tensor&, int64_t, int64_t);
 
 struct RmsNorm : public torch::autograd::Function<RmsNorm> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight, double eps,
@@ -33,7 +33,7 @@ struct RmsNorm : public torch::autograd::Function<RmsNorm> {
     const auto saved = ctx->get_saved_variables();
     // an expanded `.sum()` gradient has stride 0 along the row: copied by rows(), once
     auto [dx, dw] = bwd.call(rows(grads[0]), saved[0], saved[1], saved[2],
-                             ctx->saved_data["version"].toInt());
+                             ctx->saved_data["version"].toInt(), /*force=*/0);
     return {at::_unsafe_view(dx, ctx->saved_data["shape"].toIntVector()), dw, Tensor(), Tensor()};
   }
 };

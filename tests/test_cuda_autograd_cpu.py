@@ -132,9 +132,11 @@ def rms_norm_fwd(x, weight, eps, version):
     return (x32 * rstd[:, None] * weight.float()).to(x.dtype), rstd
 
 
-def rms_norm_bwd(dy, x, weight, rstd, version):
+def rms_norm_bwd(dy, x, weight, rstd, version, force=0):
     op, (M, N) = "rms_norm_bwd", x.shape
     _version(op, version, k_rms_norm.VERSIONS)
+    _refuse(force == 0 or force in k_rms_norm.FORCES.get(version, ()), op,
+            "'force': 0, or one of version 4's rows an iteration")
     _refuse(dy.shape == x.shape and (N == 1 or dy.stride(1) == x.stride(1) == 1), op,
             "'dy' and 'x' must be (M, N) with adjacent columns")
     _expect(op, "weight", weight, (N,), x.dtype, dense=True)

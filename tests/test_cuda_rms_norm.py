@@ -28,6 +28,7 @@ from cuda_kernels import build
 from cuda_kernels import rms_norm as rn
 from equivalence import cards
 from equivalence.check import check, check_args
+from equivalence.tolerances import tolerance
 from tests.test_cuda_layer_norm import VIEWS, _ptxas, viewed
 
 ENV = rn.ENV_VERSION
@@ -46,8 +47,11 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     # v3 holds a row (and, backward, the weight and the dweight partials) in registers; a
     # spill would turn them into local-memory traffic and the bandwidth goal with them.
     report = _ptxas(CU)
-    held = {k: v for k, v in report.items() if "fwd_v3" in k or "bwd_v3_fused" in k}
-    assert len(held) == 3 * 4, sorted(report)  # 3 dtypes x (2 forward + 2 backward) variants
+    held = {k: v for k, v in report.items()
+            if "fwd_v3" in k or "bwd_v3_fused" in k or "bwd_v4_fused" in k}
+    # 3 dtypes x (v3: 2 forward + 2 backward variants; v4: every kernel of rms_norm.cu's
+    # bwd_v4_kernel)
+    assert len(held) == 3 * (4 + len(rn.V4_KERNELS)), sorted(report)
     spilled = {k: v for k, v in held.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
 
@@ -137,6 +141,89 @@ def test_opcheck(version, dtype):
     torch.library.opcheck(ops.rms_norm, (*leaves, 1e-6, version))
     _, rstd = ops.rms_norm_fwd(x, w, 1e-6, version)
     torch.library.opcheck(ops.rms_norm_bwd, (torch.randn_like(x), x, w, rstd, version))
+
+
+# Version 4's backward with each rows-an-iteration R pinned (the op's `force`), through the
+# harness: a Function of the two kernel ops, the backward forced. Rows that leave the last
+# block a ragged iteration (M not a multiple of R, fewer rows than blocks), both widths of E
+# (8 up to 4096 columns, 16 beyond), and layouts that defeat 16-byte loads, where a forced
+# R must be refused with the op's error (never another kernel). An R with no kernel at this
+# width (R = 4 at E = 16 would spill) is refused too.
+class _ForcedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, force):
+        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        w = weight.contiguous()
+        y, rstd = torch.ops.levels_cuda.rms_norm_fwd(x2, w, eps, 4)
+        ctx.save_for_backward(x2, w, rstd)
+        ctx.force, ctx.shape = force, x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, rstd = ctx.saved_tensors
+        dy2 = dy.reshape(x2.shape).contiguous()
+        dx, dw = torch.ops.levels_cuda.rms_norm_bwd(dy2, x2, w, rstd, 4, ctx.force)
+        return dx.view(ctx.shape), dw, None, None
+
+
+V4_CASES = [((1,), 4096), ((3,), 896), ((1001,), 4096), ((2, 45), 768), ((37,), 8192),
+            ((513,), 256), ((7,), 6144)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,N", V4_CASES)
+@pytest.mark.parametrize("force", rn.FORCES[4])
+def test_version4_every_rows_an_iteration(force, rows, N, dtype):
+    build.load()
+    args = _args(rows, N, dtype, seed=N + force)
+    E = 8 if N <= 4096 else 16
+    fn = lambda x, weight, eps: _ForcedBackward.apply(x, weight, eps, force)  # noqa: E731
+    if (E, force) not in rn.V4_KERNELS:
+        x = args["x"].detach().requires_grad_(True)
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            fn(x, args["weight"], args["eps"]).float().sum().backward()
+        return
+    r = check_args("rms_norm", args, fn=fn)
+    assert r.passed, f"v4 R={force}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("force", rn.FORCES[4])
+def test_version4_forced_rows_refuse_misaligned_rows(force):
+    build.load()
+    buf = torch.randn(64, 1025, device="cuda", dtype=torch.bfloat16)
+    x, w = buf[:, 1:], torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    _, rstd = torch.ops.levels_cuda.rms_norm_fwd(x, w, 1e-6, 4)
+    with pytest.raises(RuntimeError, match=r"rms_norm_bwd \(version 4\): this version does not "
+                                           r"support these sizes or layouts"):
+        torch.ops.levels_cuda.rms_norm_bwd(torch.randn_like(x), x, w, rstd, 4, force)
+    # the rule's choice (force 0) runs v2's kernels there instead, and is right
+    dy = torch.randn_like(x)
+    dx, dw = torch.ops.levels_cuda.rms_norm_bwd(dy, x, w, rstd, 4, 0)
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    rs = torch.rsqrt((x64 * x64).mean(1, keepdim=True) + 1e-6)
+    g = dy64 * w64
+    want_dx = rs * (g - x64 * rs * (g * x64 * rs).mean(1, keepdim=True))
+    want_dw = (dy64 * x64 * rs).sum(0)
+    for got, want in ((dx, want_dx), (dw, want_dw)):
+        rel = float((got.double() - want).norm() / want.norm())
+        assert rel < tolerance(torch.bfloat16), rel
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_forcing_rows_at_another_version_or_an_r_not_listed_is_an_error():
+    build.load()
+    x, w = torch.randn(8, 256, device="cuda"), torch.randn(256, device="cuda")
+    _, rstd = torch.ops.levels_cuda.rms_norm_fwd(x, w, 1e-6, 3)
+    for version, force in ((3, 2), (4, 3), (4, 8)):
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            torch.ops.levels_cuda.rms_norm_bwd(torch.randn_like(x), x, w, rstd, version, force)
 
 
 BAD_VERSION = """

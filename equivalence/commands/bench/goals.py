@@ -102,7 +102,8 @@ def sm_clock_mhz(device) -> int | None:
         return None
 
 
-def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[Figure]:
+def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS,
+                      prime: bool = False) -> list[Figure]:
     """`figure` for several sides of one comparison, timed in turns: each side's first call
     on its own, then `rounds` rounds in which every side is timed once (time_fn), the order
     rotated each round. A side's `ms` is the median of its rounds' medians and its spread
@@ -110,6 +111,8 @@ def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[F
     extra["sm_mhz"]. Each spec holds figure()'s arguments (component, name, level, dtype,
     shape, fn; flops, nbytes, notes, goal) and, for a side with a goal, `baseline` (what the
     ratio is against, for the report) and `against`: the index in `specs` of its baseline.
+    prime=True, as figure's, for every side: `ms` is kernel time, and each side's end-to-end
+    median (timed once, after the rounds) goes to extra["end_to_end_ms"].
 
     Why: timed one after the other, the side timed first ran on a cooler GPU. Under
     sustained bf16 GEMMs an H100 lowers its SM clock (1980 MHz idle, 1440-1680 MHz a few
@@ -134,10 +137,11 @@ def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[F
     for r in range(rounds if order else 0):
         for i in order[r % len(order):] + order[:r % len(order)]:
             clocks[i].append(sm_clock_mhz(device))
-            t = time_fn(specs[i]["fn"], device)
+            t = time_fn(specs[i]["fn"], device, prime=prime)
             per_round[i].append(t.median_ms)
             runs[i] += t.runs
             method[i] = t.method
+    end_to_end = {i: time_fn(specs[i]["fn"], device).median_ms for i in order} if prime else {}
     figs = []
     for i, spec in enumerate(specs):
         if i in failed:
@@ -146,6 +150,8 @@ def figures_in_rounds(specs: list[dict], device, rounds: int = ROUNDS) -> list[F
         extra = {"first_call_ms": firsts[i], "runs": runs[i], "rounds": rounds,
                  "timing": f"{method[i]}; {rounds} rounds, the order rotated",
                  "round_ms": per_round[i], "sm_mhz": clocks[i]}
+        if i in end_to_end:
+            extra["end_to_end_ms"] = end_to_end[i]
         if base is not None:
             extra["round_ratios"] = [b / m for b, m in zip(per_round[base], per_round[i])]
         figs.append(_figure(

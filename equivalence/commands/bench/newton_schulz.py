@@ -20,16 +20,25 @@ Level 5's other versions are timed beside its default at the square shapes (`v1 
 
 Kernel time (equivalence.timing, prime=True): Level 4's and 5's 2 + 3 * steps launches are
 short against their host work at 1024^2. Figures without a goal, for scale: Muon's own addmm
-iteration (the card's library call) and torch.compile of the Level 1 math."""
+iteration (the card's library call) and torch.compile of the Level 1 math.
+
+Every side of one comparison (at one shape or list: the baseline, torch.compile, Levels 4
+and 5, Level 5's other versions and the library call; at one X: torch.matmul and the
+symmetric kernel) is timed in rounds (goals.figures_in_rounds): every side once a round, the
+order rotated. Sustained bf16 GEMMs lower an H100's clock within seconds, so timed one after
+the other the baseline, timed first, ran on a cooler GPU. A side that raises is reported and
+left out; a level not available here keeps its "not timed" figure."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 import levels
 from ... import cards
 
-from .goals import Figure, figure
+from .goals import Figure, figures_in_rounds
 
 PRIME = True
 GOAL = 1.4  # Levels 4 and 5 over native
@@ -59,60 +68,68 @@ def _over_list(fn, Gs):
     return go
 
 
+def _in_rounds(sides, device) -> list:
+    """The specs among `sides` timed together in rounds (figures_in_rounds, kernel time; a
+    spec's `against` counts specs only), their figures in the sides' order, each side that is
+    a Figure already (figure_skip) in its place. A side that failed is left out."""
+    specs = [s for s in sides if isinstance(s, dict)]
+    timed = {(f.name, f.level): f for f in figures_in_rounds(specs, device, prime=PRIME)}
+    return [s if isinstance(s, Figure) else timed[s["name"], s["level"]] for s in sides
+            if isinstance(s, Figure) or (s["name"], s["level"]) in timed]
+
+
 def _levels_figures(name, shapes, Gs, dtype, device) -> list:
     card = cards.get("newton_schulz")
     flops = sum(card.flops({"G": G, "steps": 5})["fwd"] for G in Gs)
     shape = {"shapes": [list(s) for s in shapes]}
-    native = figure("newton_schulz", name, "native", dtype, shape,
-                    _over_list(levels.get("native").newton_schulz, Gs), device, flops=flops,
-                    prime=PRIME, notes="three cuBLAS GEMMs + three pointwise passes a step")
-    figs = [native]
+    side = dict(component="newton_schulz", name=name, dtype=dtype, shape=shape, flops=flops)
+    sides = [dict(side, level="native", fn=_over_list(levels.get("native").newton_schulz, Gs),
+                  notes="three cuBLAS GEMMs + three pointwise passes a step")]
     for level in ("compile",) + KERNEL_LEVELS:
         reason = levels.status(level, device, "newton_schulz")
         if reason:
-            figs.append(figure_skip(name, level, dtype, shape, reason))
+            sides.append(figure_skip(name, level, dtype, shape, reason))
             continue
-        fn = levels.get(level).newton_schulz
-        figs.append(figure("newton_schulz", name, level, dtype, shape, _over_list(fn, Gs), device,
-                           flops=flops, baseline="native", baseline_ms=native.ms,
-                           goal=GOAL if level in KERNEL_LEVELS else None, prime=PRIME))
+        sides.append(dict(side, level=level, fn=_over_list(levels.get(level).newton_schulz, Gs),
+                          baseline="native", against=0,
+                          goal=GOAL if level in KERNEL_LEVELS else None))
         if level == "cuda":
-            figs += _cuda_versions(name, shape, Gs, dtype, device, flops, native.ms)
+            sides += _cuda_versions(side, Gs)
     lib = card.libraries(device, dtype)[0]
     calls = [lib.prepare(dict(G=G, steps=5, coefficients=card.module.COEFFICIENTS, eps=1e-7))[0]
              for G in Gs]
-    figs.append(figure("newton_schulz", name, "library", dtype, shape,
-                       lambda: [c() for c in calls], device, flops=flops, baseline="native",
-                       baseline_ms=native.ms, prime=PRIME, notes=lib.name))
-    return figs
+    sides.append(dict(side, level="library", fn=lambda: [c() for c in calls], baseline="native",
+                      against=0, notes=lib.name))
+    return _in_rounds(sides, device)
 
 
-def _cuda_versions(name, shape, Gs, dtype, device, flops, native_ms) -> list:
+def _cuda_versions(side, Gs) -> list:
     """Level 5's other versions beside its default (the ladder, side by side; no goal: the
-    default's figure above carries it). Version 1 runs on the CUDA cores at ~9 TFLOP/s
-    (0.2-2.4 s a call past 1024^2), so it is timed only up to CUDA_CORE_LIMIT elements."""
+    default's figure carries it), as sides of the rounds (`side`: the comparison's common
+    spec). Version 1 runs on the CUDA cores at ~9 TFLOP/s (0.2-2.4 s a call past 1024^2),
+    so it is timed only up to CUDA_CORE_LIMIT elements."""
     from cuda_kernels import newton_schulz as k5
 
-    figs = []
+    sides = []
     default = k5.resolve_version()
     for v, idea in sorted(k5.VERSIONS.items()):
         if v == default:
             continue
-        label = f"v{v} {name}"
+        label = f"v{v} {side['name']}"
         if v > 1 and k5.default_version() != k5.HOPPER_VERSION:
-            figs.append(figure_skip(label, "cuda", dtype, shape, "needs an sm_90 GPU (wgmma)"))
+            sides.append(figure_skip(label, "cuda", side["dtype"], side["shape"],
+                                     "needs an sm_90 GPU (wgmma)"))
             continue
         if v == 1 and sum(G.numel() for G in Gs) > CUDA_CORE_LIMIT:
-            figs.append(figure_skip(label, "cuda", dtype, shape,
-                                    "version 1 (CUDA cores) is timed at 1024x1024 only"))
+            sides.append(figure_skip(label, "cuda", side["dtype"], side["shape"],
+                                     "version 1 (CUDA cores) is timed at 1024x1024 only"))
             continue
         def call(G, v=v):
             return k5.newton_schulz(G, 5, *cards.get("newton_schulz").module.COEFFICIENTS, 1e-7,
                                     version=v)
-        figs.append(figure("newton_schulz", label, "cuda", dtype, shape, _over_list(call, Gs),
-                           device, flops=flops, baseline="native", baseline_ms=native_ms,
-                           prime=PRIME, notes=f"v{v}: {idea}"))
-    return figs
+        sides.append(dict(side, name=label, level="cuda", fn=_over_list(call, Gs),
+                          baseline="native", against=0, notes=f"v{v}: {idea}"))
+    return sides
 
 
 def _parameter_list_figures(name, groups, dtype, device) -> list:
@@ -124,33 +141,30 @@ def _parameter_list_figures(name, groups, dtype, device) -> list:
     shape = {"groups": [[*s, count] for s, count in groups]}
     card = cards.get("newton_schulz")
     flops = sum(card.flops({"G": G, "steps": 5})["fwd"] for G in stacks)
-    loop = figure("newton_schulz", name, "native loop", dtype, shape,
-                  _over_list(levels.get("native").newton_schulz, weights), device, flops=flops,
-                  prime=PRIME, notes=f"Level 1 once per weight: {len(weights)} calls")
-    figs = [loop]
-    batched = None
+    side = dict(component="newton_schulz", name=name, dtype=dtype, shape=shape, flops=flops)
+    sides = [dict(side, level="native loop",
+                  fn=_over_list(levels.get("native").newton_schulz, weights),
+                  notes=f"Level 1 once per weight: {len(weights)} calls")]
     for level in ("native", "compile") + KERNEL_LEVELS:
         reason = levels.status(level, device, "newton_schulz")
         if reason:
-            figs.append(figure_skip(name, level, dtype, shape, reason))
+            sides.append(figure_skip(name, level, dtype, shape, reason))
             continue
-        extra = None if batched is None else {"vs_native_batched": None}
-        fig = figure("newton_schulz", name, level, dtype, shape,
-                     _over_list(levels.get(level).newton_schulz, stacks), device, flops=flops,
-                     baseline="native loop", baseline_ms=loop.ms,
-                     goal=GOAL if level in KERNEL_LEVELS else None, prime=PRIME, extra=extra,
-                     notes=f"{len(stacks)} batched calls, one per shape")
-        if batched is None:
-            batched = fig
-        else:
-            fig.extra["vs_native_batched"] = batched.ms / fig.ms
-        figs.append(fig)
+        sides.append(dict(side, level=level,
+                          fn=_over_list(levels.get(level).newton_schulz, stacks),
+                          baseline="native loop", against=0,
+                          goal=GOAL if level in KERNEL_LEVELS else None,
+                          notes=f"{len(stacks)} batched calls, one per shape"))
     lib = card.libraries(device, dtype)[0]
     calls = [lib.prepare(dict(G=G, steps=5, coefficients=card.module.COEFFICIENTS, eps=1e-7))[0]
              for G in stacks]
-    figs.append(figure("newton_schulz", name, "library", dtype, shape,
-                       lambda: [c() for c in calls], device, flops=flops, baseline="native loop",
-                       baseline_ms=loop.ms, prime=PRIME, notes=lib.name + ", batched per shape"))
+    sides.append(dict(side, level="library", fn=lambda: [c() for c in calls],
+                      baseline="native loop", against=0, notes=lib.name + ", batched per shape"))
+    figs = _in_rounds(sides, device)
+    batched = next((f for f in figs if f.level == "native"), None)  # Level 1, batched
+    for f in figs:
+        if batched and f.level in ("compile",) + KERNEL_LEVELS and not math.isnan(f.ms):
+            f.extra["vs_native_batched"] = batched.ms / f.ms
     return figs
 
 
@@ -174,15 +188,14 @@ def run(device) -> list:
 
         for M in (4096, 8192):
             X = _matrices([(M, 4096)], dtype, device)[0]
-            flops = 2 * M * M * 4096  # what a full GEMM computes: the symmetric kernel's "effective"
-            shape = {"M": M, "K": 4096}
-            base = figure("newton_schulz", f"X X^T {M}x4096", "library", dtype, shape,
-                          lambda X=X: torch.matmul(X, X.T), device, flops=flops, prime=PRIME,
-                          notes="torch.matmul(X, X.T): cuBLAS computes both triangles")
             out = torch.empty((M, M), dtype=dtype, device=device)
-            figs += [base, figure("newton_schulz", f"X X^T {M}x4096", "triton", dtype, shape,
-                                  lambda X=X, out=out: symmetric_product(X, out=out), device,
-                                  flops=flops, baseline="torch.matmul(X, X.T)",
-                                  baseline_ms=base.ms, goal=SYMMETRIC_GOAL, prime=PRIME,
-                                  notes="one triangle of tiles, mirrored on store")]
+            # flops: what a full GEMM computes (the symmetric kernel's "effective" rate)
+            side = dict(component="newton_schulz", name=f"X X^T {M}x4096", dtype=dtype,
+                        shape={"M": M, "K": 4096}, flops=2 * M * M * 4096)
+            figs += _in_rounds([
+                dict(side, level="library", fn=lambda X=X: torch.matmul(X, X.T),
+                     notes="torch.matmul(X, X.T): cuBLAS computes both triangles"),
+                dict(side, level="triton", fn=lambda X=X, out=out: symmetric_product(X, out=out),
+                     baseline="torch.matmul(X, X.T)", against=0, goal=SYMMETRIC_GOAL,
+                     notes="one triangle of tiles, mirrored on store")], device)
     return figs
