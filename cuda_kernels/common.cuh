@@ -159,6 +159,71 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return scratch[0];
 }
 
+// ---- the fused, persistent norm backwards (layer_norm.cu v3/v5, rms_norm.cu v3/v4) ----
+// A thread owns the 16-byte vectors t, t + G, ... of every row (G threads a row, E elements a
+// thread). Its vectors of a parameter row (the weight), zero past the row so that padding
+// lanes add nothing and store nothing, stay in registers across all the block's rows ...
+template <typename T, int E>
+__device__ __forceinline__ void load_columns(const T* __restrict__ p, int64_t n_vec, int t, int G,
+                                             Vec<T, vec_width<T>()> (&out)[E / vec_width<T>()]) {
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  V zero;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+  const V* pv = reinterpret_cast<const V*>(p);
+#pragma unroll
+  for (int c = 0; c < E / VEC; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    out[c] = k < n_vec ? pv[k] : zero;
+  }
+}
+
+// ... as do its E partial sums of a parameter's gradient, written once at the end as the
+// block's row of a (P, N) fp32 buffer (a second kernel adds the P rows: deterministic).
+template <typename T, int E>
+__device__ __forceinline__ void store_partials(float* __restrict__ row, const float (&sums)[E],
+                                               int64_t n_vec, int t, int G) {
+  constexpr int VEC = vec_width<T>();
+#pragma unroll
+  for (int c = 0; c < E / VEC; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) row[k * VEC + j] = sums[c * VEC + j];
+    }
+  }
+}
+
+// R rows of x and dy from row0 into registers, every load issued before any use; a row at or
+// past `last` loads nothing (zeros; its caller gives it rstd 0). x and dy rows are stride_x /
+// stride_dy elements apart, each a whole number of aligned vectors (the launcher's check).
+template <typename T, int E, int R>
+__device__ __forceinline__ void load_rows(const T* __restrict__ x, const T* __restrict__ dy,
+                                          int64_t stride_x, int64_t stride_dy, int64_t row0,
+                                          int64_t last, int64_t n_vec, int t, int G,
+                                          Vec<T, vec_width<T>()> (&xk)[R][E / vec_width<T>()],
+                                          Vec<T, vec_width<T>()> (&gk)[R][E / vec_width<T>()]) {
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  V zero;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const bool live = row0 + r < last;
+    const int64_t row = live ? row0 + r : row0;
+    const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+    const V* dyr = reinterpret_cast<const V*>(dy + row * stride_dy);
+#pragma unroll
+    for (int c = 0; c < E / VEC; ++c) {
+      const int64_t k = (int64_t)c * G + t;
+      xk[r][c] = live && k < n_vec ? xr[k] : zero;
+      gk[r][c] = live && k < n_vec ? dyr[k] : zero;
+    }
+  }
+}
+
 // ---- dtype dispatch in a launcher: LEVELS_DISPATCH(dtype, T, launch<T>(...)) ----
 #define LEVELS_DISPATCH(code, T, ...)                         \
   switch (code) {                                             \

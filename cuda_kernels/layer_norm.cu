@@ -8,7 +8,8 @@
 // Every version accumulates in fp32 and computes the variance in two passes (centre, then
 // square): exact to fp32 rounding whatever the mean, unlike E[x^2] - E[x]^2.
 //
-// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4):
+// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4|5; v5's forward is
+// v3's where v3's fast path runs, v4's elsewhere: version 5 is a backward):
 //   v1  one thread per row: the CPU loop moved onto the GPU. Each thread walks its row three
 //       times (mean, variance, output). Costs: a warp's 32 loads touch 32 rows, 32 cache
 //       lines at once (no coalescing), and only M threads exist (16384 rows: about one
@@ -87,6 +88,15 @@
 //       or clusters, counted by the occupancy API), weight re-read per row from L1 (held
 //       across rows it cost registers), the next row's x and dy prefetched into L2. Costs:
 //       as v4's forward; rows wider than 8 x 8192 take v2's kernels.
+//   v5  v3's fused backward with R rows an iteration (rms_norm.cu's version 4, with layer
+//       norm's two sums): a thread holds the same E columns of R rows, so its weight and
+//       dw/db registers serve all R, the 2 R E loads of an iteration are issued before any
+//       math, and one barrier (a double-buffered scratch) serves the 2 R row sums, where v3
+//       keeps one row in flight and waits on three barriers a row. R = 4 at 8 elements a
+//       thread (rows up to 4096 wide: R = 2 at two blocks an SM would spill), 1 at 16
+//       (fp32 rows up to 8192 wide). Aligned rows of 256 columns or more only; elsewhere, and
+//       for 16-bit rows wider than 4096, v5's backward is v4's. The default for the widths where v3 was
+//       (layer_norm_plan.h ln_default_version). Measured: below.
 //
 // Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
 // of `levels bench`; not yet in a committed report under reports/; TB/s counts
@@ -105,14 +115,21 @@
 //   not profiled yet), so the Python side runs v3 for 16-byte-aligned rows of
 //   256-8192 columns and v4 elsewhere (layer_norm.py default_version). Still under 0.85x:
 //   odd and very wide rows (4097, 16385, 32768-65536 columns: 0.34-0.66).
+//   v5 (reports/layer-norm-v5-2026-11-27/): `levels bench` at 16384 x 4096, backward bf16
+//   0.82-0.83x (v3 0.75x, v4 0.80x, Level 4 0.87x in the same runs), fp32 0.91x (v3 0.91x);
+//   scripts/sweep_layer_norm.py, bf16 backward at 256-3072 columns 0.90-1.00x (v3 0.83-0.90x),
+//   4096 0.80-0.92x over two runs (v3 0.73-0.84x); past 4096 in 16 bits its own kernel ran
+//   0.78 / 0.81x at 5120 / 8192 against v4's 0.84 / 0.88x, so v5 hands those rows to v4's
+//   backward. The forward is v3's (1.08-1.16x copy in bf16). Now the default where v3 was.
 //
 // As an exercise (`levels assignment build --levels cuda`, docs/grading.md "Level 5"): the
 // solution regions marked below are the kernels version 3 runs (its register-row and loop
 // forwards, its fused backward, and v2's backward kernels, which v3 falls back to for rows
-// that are no whole number of 16-byte vectors) and the row math of version 4, which the
-// default runs at the other widths (fwd_v4_stats, fwd_v4_out, bwd_v4_row: what a thread does with its share
-// of a row; v4's layouts, reductions and rule stay given). v1 and v2's forwards stay: the
-// steps below the ones to write.
+// that are no whole number of 16-byte vectors), version 5's backward (bwd_v5_fused: the
+// default's at those widths), and the row math of version 4, which the default runs at the
+// other widths (fwd_v4_stats, fwd_v4_out, bwd_v4_row: what a thread does with its share of a
+// row; v4's layouts, reductions and rule stay given). v1 and v2's forwards stay: the steps
+// below the ones to write.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -575,6 +592,130 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       }
       const int64_t k = (int64_t)c * G + t;
       if (k < n_vec) dxr[k] = out;
+    }
+  }
+
+  float* pdw = part_dw + (int64_t)blockIdx.x * N;
+  float* pdb = part_db + (int64_t)blockIdx.x * N;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    if (k < n_vec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        pdw[k * VEC + j] = dw[c * VEC + j];
+        pdb[k * VEC + j] = db[c * VEC + j];
+      }
+    }
+  }
+  // ### END SOLUTION
+}
+
+// v5's backward: v3's fused persistent backward with R rows an iteration (rms_norm.cu's
+// version 4, with layer norm's two row sums). A thread holds the same E columns of R rows:
+// its weight and dw/db partials (registers) serve all R, the 2 R E loads of an iteration are
+// issued before any math, and ONE barrier serves the 2 R row sums (each warp's sums go to a
+// double-buffered scratch; the next iteration writes the other half, so no second barrier
+// guards the reads). v3 has one row in flight per block and three barriers a row.
+// Costs: 2 R E elements of registers a thread (R E <= 32 at most: wider plans spill);
+// rows_per_block a multiple of R (the launcher's), so only the last block has a ragged
+// iteration (masked rows: rstd 0, loads skipped, no store).
+// Launcher guarantees: as v3's; blockDim.x a multiple of 32.
+template <typename T, int E, int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(512, MIN_BLOCKS)
+bwd_v5_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+             const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+             float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int64_t N,
+             int64_t stride_dy, int64_t stride_x, int64_t rows_per_block) {
+  constexpr int VEC = vec_width<T>();
+  constexpr int CHUNKS = E / VEC;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using V = Vec<T, VEC>;
+  __shared__ float2 red[2][R][32];  // [parity][row of the iteration][warp]: (c1, c2)
+  const int t = threadIdx.x, G = blockDim.x, lane = t & 31, warp = t >> 5, n_warps = G >> 5;
+  const int64_t n_vec = N / VEC;
+  const float inv_n = 1.0f / (float)N;
+
+  // ### BEGIN SOLUTION
+  V zero;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
+  V w[CHUNKS];
+  float dw[E], db[E];
+  const V* wv = reinterpret_cast<const V*>(weight);
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int64_t k = (int64_t)c * G + t;
+    w[c] = k < n_vec ? wv[k] : zero;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[c * VEC + j] = db[c * VEC + j] = 0.0f;
+  }
+  const int64_t first = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
+  int parity = 0;
+#pragma unroll 1
+  for (int64_t row0 = first; row0 < last; row0 += R) {  // the same trip count block-wide
+    V xk[R][CHUNKS], gk[R][CHUNKS];
+    float mu[R], rs[R];
+    // Inline, each row's statistics loaded beside its row: the same loads through
+    // common.cuh's load_rows (statistics after all the rows) ran 0.79x copy in bf16 at
+    // 16384 x 4096 against 0.82-0.83x (reports/layer-norm-v5-2026-11-27/).
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // every load of the iteration issued before any math
+      const bool live = row0 + r < last;  // else: zeros and rstd 0, nothing loaded
+      const int64_t row = live ? row0 + r : first;
+      const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
+      const V* dyr = reinterpret_cast<const V*>(dy + row * stride_dy);
+      mu[r] = live ? mean[row] : 0.0f;
+      rs[r] = live ? rstd[row] : 0.0f;
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        const int64_t k = (int64_t)c * G + t;
+        xk[r][c] = live && k < n_vec ? xr[k] : zero;
+        gk[r][c] = live && k < n_vec ? dyr[k] : zero;
+      }
+    }
+    float c1[R], c2[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float wdy = to_f32(w[c].v[j]) * to_f32(gk[r][c].v[j]);
+          s1 += (to_f32(xk[r][c].v[j]) - mu[r]) * wdy;
+          s2 += wdy;
+        }
+      s1 = warp_sum(s1);
+      s2 = warp_sum(s2);
+      if (lane == 0) red[parity][r][warp] = make_float2(s1, s2);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // each warp adds the n_warps partial sums by shuffles
+      const float2 v = lane < n_warps ? red[parity][r][lane] : make_float2(0.0f, 0.0f);
+      c1[r] = warp_sum(v.x) * rs[r] * inv_n;  // mean(w dy xhat)
+      c2[r] = warp_sum(v.y) * inv_n;          // mean(w dy)
+    }
+    parity ^= 1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      V* dxr = reinterpret_cast<V*>(dx + (row0 + r) * N);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        V out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int e = c * VEC + j;
+          const float xhat = (to_f32(xk[r][c].v[j]) - mu[r]) * rs[r], g = to_f32(gk[r][c].v[j]);
+          out.v[j] = from_f32<T>((to_f32(w[c].v[j]) * g - xhat * c1[r] - c2[r]) * rs[r]);
+          dw[e] += g * xhat;  // a masked row adds 0 (dy and rstd are 0)
+          db[e] += g;
+        }
+        const int64_t k = (int64_t)c * G + t;
+        if (row0 + r < last && k < n_vec) dxr[k] = out;
+      }
     }
   }
 
@@ -1108,6 +1249,50 @@ static BwdV3Plan bwd_v3_plan(int64_t M, int64_t N) {
   return plan;
 }
 
+// ---- version 5: version 3's forward where the rule runs it, a backward R rows an iteration ----
+
+// v5's backward plan: v3's E, then R rows an iteration: 4 at 8 elements a thread (rows of
+// up to 4096 columns), 1 at 16, fp32 only. rms_norm.cu's version 4 measured R = 4 as fast as
+// R = 2 at 256-4096 bf16 columns (within 0.03x copy); here R = 2 at two blocks an SM would
+// spill (64 registers: dw and db partials beside x, dy and w), so R = 4 at one block an SM,
+// 123 registers. 16-bit rows wider than 4096 (16 elements a thread, R = 1) ran slower than
+// version 4's backward (bf16 5120 / 8192 columns: 0.78 / 0.81x copy against 0.84 / 0.88x;
+// fp32 0.85 / 0.87x against 0.86 / 0.81x: reports/layer-norm-v5-2026-11-27/), so they take
+// it, and so do rows under 256 columns. P = the blocks resident at once but no more than
+// the R-row groups there are. fused == false: version 4's backward runs.
+struct BwdV5Plan {
+  bool fused;
+  int E, R, threads;
+  const void* kernel;
+  int64_t P;
+};
+
+template <typename T>
+static const void* bwd_v5_kernel(int E) {
+  if (E == 8) return (const void*)bwd_v5_fused<T, 8, 4, 1>;
+  if constexpr (sizeof(T) == 4) return (const void*)bwd_v5_fused<T, 16, 1, 1>;
+  return nullptr;
+}
+
+template <typename T>
+static BwdV5Plan bwd_v5_plan(int64_t M, int64_t N) {
+  BwdV5Plan plan{false, 0, 0, 0, nullptr, 0};
+  // Rows under 256 columns: version 4's lane groups (a block of R rows a few lanes wide ran
+  // 0.33x copy at 64 bf16 columns, version 4 0.73x: sweep-1-every-width.json).
+  if (N < 256 || N > V3_BWD_MAX_N) return plan;
+  plan.E = N <= 8 * 512 ? 8 : 16;
+  plan.kernel = bwd_v5_kernel<T>(plan.E);
+  if (!plan.kernel) return plan;
+  plan.fused = true;
+  plan.threads = levels_threads_for(levels_cdiv(N, plan.E), 512);
+  plan.R = plan.E == 8 ? 4 : 1;
+  const int64_t resident =
+      (int64_t)levels_sm_count() * levels_blocks_per_sm(plan.kernel, plan.threads, 0);
+  const int64_t groups = levels_cdiv(M, plan.R);
+  plan.P = resident < groups ? resident : groups;
+  return plan;
+}
+
 // ---- version 4 ----
 
 // Whether this GPU launches clusters AND this library holds the cluster kernels' code for it
@@ -1375,12 +1560,41 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
   }
   if (P < 1) return LEVELS_UNSUPPORTED;  // the caller allocated no partial rows
   constexpr int VEC = vec_width<T>();
+  // The blocks (partial rows) a kernel uses: P, the buffer's rows, except where version 5's
+  // count (the larger of its two backwards': the alignment decides which runs) exceeds the
+  // kernel's one wave.
+  int64_t blocks = P;
+  if (version == 5) {  // aligned rows up to 8192 wide: the R-row kernel; else version 4's
+    const BwdV5Plan p5 = bwd_v5_plan<T>(M, N);
+    if (p5.fused && levels_aligned16(dy) && levels_aligned16(x) && levels_aligned16(w) &&
+        levels_aligned16(dx) && N % VEC == 0 &&
+        (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0))) {
+      blocks = p5.P < P ? p5.P : P;
+      const int64_t rows_per = levels_cdiv(levels_cdiv(M, blocks), p5.R) * p5.R;
+      const int64_t used = levels_cdiv(M, rows_per);
+      float* part_dw = partials;
+      float* part_db = partials + P * N;
+      void* args[] = {(void*)&dy,      (void*)&x,       (void*)&w,  (void*)&mean,
+                      (void*)&rstd,    (void*)&dx,      (void*)&part_dw, (void*)&part_db,
+                      (void*)&M,       (void*)&N,       (void*)&stride_dy, (void*)&stride_x,
+                      (void*)&rows_per};
+      const cudaError_t e = cudaLaunchKernel(p5.kernel, dim3((unsigned)used),
+                                             dim3((unsigned)p5.threads), args, 0, stream);
+      if (e != cudaSuccess) return (int)e;
+      sum_partials<T><<<(unsigned)levels_cdiv(N, SUM_COLS), dim3(SUM_COLS, SUM_LANES), 0,
+                        stream>>>(part_dw, part_db, dw, db, used, N);
+      return levels_launch_status();
+    }
+    const int64_t p4 = bwd_v4_partials<T>(0, M, N);
+    blocks = p4 < P ? p4 : P;
+    version = 4;
+  }
   if (version == 4) {
     const LnPlan p4 = v4_plan<T>(true, M, N, v4_rows_aligned<T>(M, N, {dy, x, w, dx},
                                                                 {stride_dy, stride_x}), force);
     if (p4.path == LN_NONE) return LEVELS_UNSUPPORTED;
     if (p4.path != LN_LOOP) {  // LOOP: version 2's kernels, below
-      const int64_t rows_per = levels_cdiv(M, P), used = levels_cdiv(M, rows_per);
+      const int64_t rows_per = levels_cdiv(M, blocks), used = levels_cdiv(M, rows_per);
       float* part_dw = partials;
       float* part_db = partials + P * N;
       const int status =
@@ -1403,7 +1617,7 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
   float* part_dw = partials;
   float* part_db = partials + P * N;
   // Whole chunks of rows_per rows; `used` <= P chunks are non-empty and get written.
-  const int64_t rows_per = levels_cdiv(M, P);
+  const int64_t rows_per = levels_cdiv(M, blocks);
   const int64_t used = levels_cdiv(M, rows_per);
   if (fused) {
     if (plan.E == 8)
@@ -1436,7 +1650,7 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
 // (layer_norm_plan.h: 1 ROWS, 2 SPLIT, 3 LOOP, + 4 for element loads); a forced path that
 // cannot run these sizes here is LEVELS_UNSUPPORTED.
 static int levels_layer_norm_check(int version, int force) {
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   if (force < 0 || force > 7 || (force != 0 && version != 4)) return LEVELS_UNSUPPORTED;
   return LEVELS_OK;
 }
@@ -1464,6 +1678,9 @@ extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const vo
     const T* wt = static_cast<const T*>(weight);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
+    if (version == 5)  // the forward the rule runs: version 3's or version 4's
+      version = ln_v5_forward(N, ln_rows_aligned(reinterpret_cast<uintptr_t>(x), M, N, stride_x,
+                                                 (int)sizeof(T)));
     switch (version) {
       case 1: return fwd_v1_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
       case 2: return fwd_v2_launch<T>(xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
@@ -1487,6 +1704,12 @@ extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int fo
   if (version == 3) {
     LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
   }
+  if (version == 5) {  // enough for either backward version 5 may run (alignment decides)
+    LEVELS_DISPATCH(dtype, T, {
+      const int64_t p5 = bwd_v5_plan<T>(M, N).P, p4 = bwd_v4_partials<T>(0, M, N);
+      return p5 > p4 ? p5 : p4;
+    });
+  }
   LEVELS_DISPATCH(dtype, T, { return bwd_v4_partials<T>(force, M, N); });
   return LEVELS_OK;  // not reached
 }
@@ -1495,7 +1718,7 @@ extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int fo
 // stride_x apart (both with adjacent columns); weight: contiguous (N,); mean, rstd: the
 // forward's, contiguous (M,) fp32; dx: contiguous (M, N); dweight, dbias: contiguous (N,);
 // partials: 2 * partial_rows * N fp32, partial_rows = levels_layer_norm_bwd_partials(dtype,
-// version, force, M, N) (any P >= 1 is correct for versions 2-4; the count only sets the
+// version, force, M, N) (any P >= 1 is correct for versions 2-5; the count only sets the
 // split).
 extern "C" int levels_layer_norm_bwd(int dtype, int version, int force, const void* dy,
                                      const void* x, const void* weight, const float* mean,

@@ -12,6 +12,9 @@ version, each selectable so that `levels bench` can time them side by side:
     v4  v3 at every width and layout:      (the kernel picked by a rule, layer_norm_plan.h:
         lane groups, a block, or a          element loads still keep the row in registers;
         cluster of blocks per row           rows wider than a block split over a cluster)
+    v5  v3's forward where it is fastest,  (more bytes in flight per barrier, one barrier for
+        v4's elsewhere; the backward R      2R row sums: rms_norm.cu's version 4 with layer
+        rows an iteration                   norm's two sums)
 
 A call is one op, `levels_cuda::layer_norm` (autograd_binding.cpp): it runs the forward op
 `levels_cuda::layer_norm_fwd` -> (y, mean, rstd) and records one C++ autograd node whose
@@ -26,7 +29,7 @@ v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s 
 v1 is 10-40x slower than v3, v2 2-3x.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else the measured rule
-(version 3 for aligned rows of 256-8192 columns, version 4 elsewhere), which the op applies in
+(version 5 for aligned rows of 256-8192 columns, version 4 elsewhere), which the op applies in
 C++ where x's address is known (Python reading data_ptr() would break torch.compile's trace).
 """
 
@@ -42,8 +45,9 @@ VERSIONS = {
     2: "one warp per row: coalesced loads, shuffle reductions, no shared memory",
     3: "16-byte vector loads, the row in registers, a block per wide row; fused backward",
     4: "v3 at every width and alignment: lane groups / a block / a cluster per row, by a rule",
+    5: "v3's forward where it runs fastest (v4's elsewhere); backward R rows an iteration",
 }
-DEFAULT_VERSION = 3  # where default_version's rule does not pick version 4
+DEFAULT_VERSION = 5  # where default_version's rule does not pick version 4
 # Version 4's kernels, each forcible through the ops' `path` argument (the tests and
 # scripts/sweep_layer_norm.py time and check every one; layer_norm_plan.h's LnPath, + 4 for
 # element loads where 16-byte ones would do). A forced path that cannot run a size is an
@@ -68,8 +72,9 @@ RULE = 0  # the ops' version 0: the measured rule below, applied in C++ at the l
 
 
 def default_version(x=None) -> int:
-    """The version a call runs when nobody chose one: version 3 for rows of 256 to 8192
-    columns that load as 16-byte vectors, version 4 for every other width and alignment
+    """The version a call runs when nobody chose one: version 5 (version 3's forward, its own
+    backward) for rows of 256 to 8192 columns that load as 16-byte vectors, version 4 for
+    every other width and alignment
     (measured: layer_norm_plan.h ln_default_version has the figures). The ops apply the rule
     themselves (version 0), where x's address is known: this is its mirror for the bench and
     the tests, which check that both agree (tests/test_cuda_layer_norm.py)."""

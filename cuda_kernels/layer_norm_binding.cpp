@@ -6,7 +6,7 @@
 // hands over x as an (M, N) view with adjacent columns and weight/bias contiguous):
 //   layer_norm_fwd(x, weight, bias, eps, version, path=0) -> (y, mean, rstd)
 //   layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0) -> (dx, dweight, dbias)
-// version: 1-4, or 0 for the measured rule (version 3 or 4 by x's width and alignment,
+// version: 1-5, or 0 for the measured rule (version 5 or 4 by x's width and alignment,
 // layer_norm_plan.h ln_default_version), resolved here where x's address is known.
 // path: 0 lets version 4's rule choose its kernel; 1-7 force one (layer_norm_plan.h), for
 // the tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.

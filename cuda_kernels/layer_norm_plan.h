@@ -46,8 +46,9 @@ inline int64_t ln_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The version a call runs when nobody chose one (the ops' version 0), measured on the H100
 // (bf16, fraction of copy bandwidth forward / backward, reports/h100-sweep-layer-norm.json,
-// both versions in one run): version 3 where its fast path runs, 16-byte rows of 256-8192
-// columns (8192: 1.13 / 0.78 against version 4's 0.41 / 0.81; 768: 0.99 / 0.81 against
+// both versions in one run): version 3's forward where its fast path runs (in version 5,
+// whose backward takes R rows an iteration: reports/layer-norm-v5-2026-11-27/), 16-byte rows
+// of 256-8192 columns (8192: 1.13 / 0.78 against version 4's 0.41 / 0.81; 768: 0.99 / 0.81 against
 // 0.80 / 0.79); version 4 everywhere else, where version 3 falls to a loop that re-reads the
 // row (1023 columns: 0.88 / 0.86 against 0.29 / 0.41; 64: 0.92 / 0.73 against 0.32 / 0.27;
 // 4097: 0.52 / 0.64 against 0.36 / 0.28; past 8192 the backward, 16384: 0.66 against 0.30).
@@ -59,8 +60,14 @@ inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x,
   const int64_t vec = 16 / elem_size;
   return x % 16 == 0 && N % vec == 0 && (M == 1 || stride_x % vec == 0);
 }
-inline int ln_default_version(int64_t N, bool rows_aligned) {
+// Version 5 is version 3's forward where version 3 runs its fast path, version 4's elsewhere,
+// with a backward of its own (R rows an iteration) for aligned rows up to 8192 wide: the
+// default wherever version 3 was (measured: layer_norm.cu's header).
+inline int ln_v5_forward(int64_t N, bool rows_aligned) {
   return N >= 256 && N <= 8192 && rows_aligned ? 3 : 4;
+}
+inline int ln_default_version(int64_t N, bool rows_aligned) {
+  return ln_v5_forward(N, rows_aligned) == 3 ? 5 : 4;
 }
 
 // The elements per thread the kernels are instantiated for, smallest first (0 ends a list).

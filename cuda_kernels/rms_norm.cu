@@ -37,7 +37,7 @@
 //
 // Speed (H100, kernel time as a fraction of a copy of the same bytes; x, dy read, dx
 // written; reports/rms-norm-v4-2026-11-27/):
-//   `levels bench --component rms_norm` (16384 x 4096), two runs: forward 0.99x (v3's kernel,
+//   `levels bench --component rms_norm` (16384 x 4096), three runs: forward 0.99x (v3's kernel,
 //   fp32 and bf16); backward fp32 v4 0.93x, v3 0.92x; bf16 v4 0.89x, v3 0.82x, Level 4 0.89x.
 //   The issue's 0.9x is met in fp32 and missed by 1% in bf16.
 //   scripts/sweep_rms_norm_v4.py, bf16, 256 / 768 / 1024 / 2048 / 3072 / 4096 / 5120 / 8192
@@ -263,44 +263,6 @@ __global__ void sum_partials(const float* __restrict__ part_dw, T* __restrict__ 
   }
 }
 
-// The fused backwards (v3, v4): a thread owns the vectors t, t + G, ... of every row. Its
-// weight vectors (zero past the row: padding lanes add nothing and store nothing) and its
-// dweight partial sums, zeroed, stay in registers across all the block's rows ...
-template <typename T, int E>
-__device__ __forceinline__ void own_columns(const T* __restrict__ weight, int64_t n_vec, int t,
-                                            int G, Vec<T, vec_width<T>()> (&w)[E / vec_width<T>()],
-                                            float (&dw)[E]) {
-  constexpr int VEC = vec_width<T>();
-  using V = Vec<T, VEC>;
-  V zero;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
-  const V* wv = reinterpret_cast<const V*>(weight);
-#pragma unroll
-  for (int c = 0; c < E / VEC; ++c) {
-    const int64_t k = (int64_t)c * G + t;
-    w[c] = k < n_vec ? wv[k] : zero;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw[c * VEC + j] = 0.0f;
-  }
-}
-
-// ... and its partial sums are written once, at the end, as the block's row of the (P, N)
-// fp32 buffer that sum_partials adds up.
-template <typename T, int E>
-__device__ __forceinline__ void write_partials(float* __restrict__ pdw, const float (&dw)[E],
-                                               int64_t n_vec, int t, int G) {
-  constexpr int VEC = vec_width<T>();
-#pragma unroll
-  for (int c = 0; c < E / VEC; ++c) {
-    const int64_t k = (int64_t)c * G + t;
-    if (k < n_vec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) pdw[k * VEC + j] = dw[c * VEC + j];
-    }
-  }
-}
-
 // v3, fused and persistent: block b owns rows [b * rows_per_block, +rows_per_block) and
 // the vectors t, t + G, ... of every row; w and the dw partials of its columns stay in
 // registers across all its rows and the partials are written once at the end.
@@ -325,7 +287,9 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
   V w[CHUNKS];
   float dw[E];
-  own_columns<T, E>(weight, n_vec, t, G, w, dw);
+  load_columns<T, E>(weight, n_vec, t, G, w);
+#pragma unroll
+  for (int e = 0; e < E; ++e) dw[e] = 0.0f;
   const int64_t first = (int64_t)blockIdx.x * rows_per_block;
   const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
 #pragma unroll 1
@@ -359,7 +323,7 @@ bwd_v3_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       if (k < n_vec) dxr[k] = out;
     }
   }
-  write_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
+  store_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
   // ### END SOLUTION
 }
 
@@ -386,12 +350,11 @@ bwd_v4_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   const int64_t n_vec = N / VEC;
   const float inv_n = 1.0f / (float)N;
   // ### BEGIN SOLUTION
-  V zero;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<T>(0.0f);
   V w[CHUNKS];
   float dw[E];
-  own_columns<T, E>(weight, n_vec, t, G, w, dw);
+  load_columns<T, E>(weight, n_vec, t, G, w);
+#pragma unroll
+  for (int e = 0; e < E; ++e) dw[e] = 0.0f;
   const int64_t first = (int64_t)blockIdx.x * rows_per_block;
   const int64_t last = first + rows_per_block < M ? first + rows_per_block : M;
   int parity = 0;
@@ -399,20 +362,9 @@ bwd_v4_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
   for (int64_t row0 = first; row0 < last; row0 += R) {  // the same trip count block-wide
     V xk[R][CHUNKS], gk[R][CHUNKS];
     float rs[R];
+    load_rows<T, E, R>(x, dy, stride_x, stride_dy, row0, last, n_vec, t, G, xk, gk);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {  // every load of the iteration issued before any math
-      const bool live = row0 + r < last;  // else: zeros and rstd 0, nothing loaded
-      const int64_t row = live ? row0 + r : first;
-      const V* xr = reinterpret_cast<const V*>(x + row * stride_x);
-      const V* dyr = reinterpret_cast<const V*>(dy + row * stride_dy);
-      rs[r] = live ? rstd[row] : 0.0f;
-#pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) {
-        const int64_t k = (int64_t)c * G + t;
-        xk[r][c] = live && k < n_vec ? xr[k] : zero;
-        gk[r][c] = live && k < n_vec ? dyr[k] : zero;
-      }
-    }
+    for (int r = 0; r < R; ++r) rs[r] = row0 + r < last ? rstd[row0 + r] : 0.0f;  // 0: masked
     float c1[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -449,7 +401,7 @@ bwd_v4_fused(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       }
     }
   }
-  write_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
+  store_partials<T, E>(part_dw + (int64_t)blockIdx.x * N, dw, n_vec, t, G);
   // ### END SOLUTION
 }
 

@@ -66,8 +66,11 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     # v3 holds a row (and, backward, weight and dw/db partials) in registers; a spill would
     # turn those registers into local-memory traffic and the bandwidth goals with them.
     report = _ptxas(CU)
-    held = {k: v for k, v in report.items() if "fwd_v3_registers" in k or "bwd_v3_fused" in k}
-    assert len(held) == 3 * 5, sorted(report)  # 3 dtypes x (3 forward + 2 backward) variants
+    held = {k: v for k, v in report.items()
+            if "fwd_v3_registers" in k or "bwd_v3_fused" in k or "bwd_v5_fused" in k}
+    # 3 dtypes x v3's 3 forward + 2 backward variants; v5's backward, R = 4 in every dtype
+    # and R = 1 (16 elements a thread) in fp32 only
+    assert len(held) == 3 * 5 + 3 + 1, sorted(report)
     spilled = {k: v for k, v in held.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
     # version 4: every instantiation its launchers can pick, none spilling: forward rows 11
@@ -286,6 +289,21 @@ def test_odd_and_wide_rows(version, dtype, rows, N, monkeypatch):
     _passes(_args(rows, N, dtype, seed=N), version, monkeypatch)
 
 
+# Version 5's backward (R = 4 rows an iteration up to 4096 columns, 1 at 16 elements a
+# thread): row counts that leave the last block a ragged iteration (fewer rows than R, than
+# blocks, M not a multiple of R) at the widths where it is the default, in every dtype.
+V5_SHAPES = [((1,), 768), ((3,), 1024), ((1001,), 768), ((2, 45), 2048), ((7,), 4096),
+             ((513,), 256), ((37,), 6144)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,N", V5_SHAPES)
+def test_version5_ragged_row_groups(rows, N, dtype, monkeypatch):
+    _passes(_args(rows, N, dtype, seed=N + 5), 5, monkeypatch)
+
+
 VIEWS = ["offset_by_one", "transposed", "sliced_3d", "one_row", "strided_params"]
 
 
@@ -484,20 +502,21 @@ def test_version4_every_path(path, N, layout, dtype, plan):
     assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
 
 
-def test_default_version_is_3_for_aligned_rows_of_256_to_8192_columns_else_4(monkeypatch):
-    # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweep (version 3
-    # where its fast path runs, version 4 where version 3 falls to its loop). A call that names
+def test_default_version_is_5_for_aligned_rows_of_256_to_8192_columns_else_4(monkeypatch):
+    # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweeps (version 5,
+    # version 3's forward with its own backward, where version 3's fast path runs; version 4
+    # where version 3 falls to its loop). A call that names
     # no version hands the op version 0, which applies the rule in C++ (checked against this
     # mirror below); the environment still overrides it.
     monkeypatch.delenv("LEVELS_CUDA_VERSION_LAYER_NORM", raising=False)
-    for N, dtype, want in [(768, torch.bfloat16, 3), (4096, torch.float32, 3), (8192, torch.bfloat16, 3),
+    for N, dtype, want in [(768, torch.bfloat16, 5), (4096, torch.float32, 5), (8192, torch.bfloat16, 5),
                            (64, torch.bfloat16, 4), (1023, torch.bfloat16, 4), (1023, torch.float32, 4),
                            (4097, torch.bfloat16, 4), (16384, torch.bfloat16, 4), (65536, torch.float32, 4)]:
         x = torch.empty(3, N, dtype=dtype)
         assert ln.default_version(x) == want, (N, dtype)
     wide = torch.empty(3, 4104, dtype=torch.bfloat16)
     assert ln.default_version(wide[:, 1:4097]) == 4  # a slice one element in: unaligned rows
-    assert ln.default_version(wide[:, 8:4104]) == 3  # 16 bytes in, row stride 4104: aligned
+    assert ln.default_version(wide[:, 8:4104]) == 5  # 16 bytes in, row stride 4104: aligned
     assert ln.resolve_version() == ln.RULE == 0
     monkeypatch.setenv("LEVELS_CUDA_VERSION_LAYER_NORM", "2")
     assert ln.resolve_version() == 2
@@ -538,4 +557,4 @@ def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
                     got = rule(view.data_ptr(), view.shape[0], N, view.stride(0), view.element_size())
                     assert got == want, (dtype, N, start, view.stride())
                     seen.add(want)
-    assert seen == {3, 4}
+    assert seen == {4, 5}

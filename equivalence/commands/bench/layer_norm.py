@@ -11,9 +11,11 @@ copy with bimodal timings; it was the CPU's enqueue time, hence PRIME below.)
 Level 5: every version of cuda_kernels/layer_norm.cu side by side, level "cuda",
 figures named "vN forward MxN" and "vN backward MxN", each with its TB/s, its ratio to the
 copy bandwidth (the figure's baseline) and, in extra, its ratio to torch.compile timed in
-the same run. Goals on v3 (the default): forward >= 0.9x copy and >= 1.0x torch.compile
-(a second figure against compile), backward >= 0.7x copy by bytes moved. A version whose
-single call takes more than a second is not timed; its figure says so in `notes`."""
+the same run. Goals on the default version for the bench's x (v5 at 16384x4096: v3's
+forward, its own backward): forward >= 0.9x copy and >= 1.0x torch.compile (a second figure
+against compile), backward >= 0.85x copy by bytes moved (issue #28; 0.7x before it). A
+version whose single call takes more than a second is not timed; its figure says so in
+`notes`."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .goals import Figure, copy_tbps, figure
 # GPU work is shorter than Python + autograd need to enqueue it, so an end-to-end figure
 # (kept in extra["end_to_end_ms"]) would time the CPU. The goals are bandwidth goals.
 PRIME = True
+LEVEL5_BWD_GOAL = 0.85  # Level 5's backward, fraction of copy (issue #28: every width)
 
 SWEEP = ((1, 4), (1, 8), (2, 8), (2, 16), (4, 16))  # (BLOCK_M rows per program, num_warps)
 
@@ -202,7 +205,7 @@ def _cuda_figures(args, dy, dtype, shp, device, nbytes, copy, compile_fwd_ms, co
         else:
             f = figure("layer_norm", name, "cuda", dtype, shp, bwd, device, nbytes=nbytes["bwd"],
                        baseline=f"copy {copy:.2f} TB/s", baseline_ms=copy_bwd_ms,
-                       goal=0.7 if best else None, notes=notes,
+                       goal=LEVEL5_BWD_GOAL if best else None, notes=notes,
                        extra={"copy_tbps": copy, "compile_ms": compile_bwd_ms}, prime=PRIME)
             f.extra["ratio_vs_compile"] = compile_bwd_ms / f.ms
             figs.append(f)
