@@ -1566,9 +1566,7 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
   int64_t blocks = P;
   if (version == 5) {  // aligned rows up to 8192 wide: the R-row kernel; else version 4's
     const BwdV5Plan p5 = bwd_v5_plan<T>(M, N);
-    if (p5.fused && levels_aligned16(dy) && levels_aligned16(x) && levels_aligned16(w) &&
-        levels_aligned16(dx) && N % VEC == 0 &&
-        (M == 1 || (stride_x % VEC == 0 && stride_dy % VEC == 0))) {
+    if (p5.fused && v4_rows_aligned<T>(M, N, {dy, x, w, dx}, {stride_dy, stride_x})) {
       blocks = p5.P < P ? p5.P : P;
       const int64_t rows_per = levels_cdiv(levels_cdiv(M, blocks), p5.R) * p5.R;
       const int64_t used = levels_cdiv(M, rows_per);
