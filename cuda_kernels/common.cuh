@@ -53,7 +53,6 @@ static inline int levels_sm_count() {
 // (> 0), and the answer never changes in a process. The calculator is microseconds of
 // driver work, more than some small calls' whole kernel time, so a launcher that sizes a
 // persistent grid by it must not pay it on every call. A failed ask (<= 0) is not kept.
-// (a = -1: levels_smem_opt_in_once's entries, one per kernel and size.)
 template <typename Ask>
 static int levels_occupancy_once(const void* kernel, int64_t a, int64_t b, Ask ask) {
   struct Entry { int device; const void* kernel; int64_t a, b; int value; };
@@ -77,17 +76,36 @@ static int levels_occupancy_once(const void* kernel, int64_t a, int64_t b, Ask a
 }
 
 // Opts `kernel` in to `smem` bytes of dynamic shared memory (a launch above 48 KB needs it),
-// once per device and kernel: the attribute stays set for the process, and the call is
+// once per device, kernel and size: the attribute stays set for the process, and the call is
 // microseconds of driver work that a small call's host time paid on every launch (three per
-// Level 5 conv_bn forward+backward at the overhead benchmark's size). A failed opt-in is
-// not kept; it returns the error, and the launch that follows reports its own.
+// Level 5 conv_bn forward+backward at the overhead benchmark's size). The attribute is a
+// ceiling, so it only ever rises: a kernel launched with several sizes (layer_norm's version
+// 6 sizes its ring by the row) keeps the largest it was opted in to. (Setting it to each
+// size in turn lowered it: a later launch with a larger size, whose opt-in was remembered,
+// then failed with "invalid argument".) A failed opt-in is not kept; it returns the error,
+// and the launch that follows reports its own.
 static inline cudaError_t levels_smem_opt_in_once(const void* kernel, int smem) {
-  cudaError_t err = cudaSuccess;
-  levels_occupancy_once(kernel, -1, smem, [&] {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) (void)cudaGetLastError();
-    return err == cudaSuccess ? 1 : 0;
-  });
+  struct Entry { int device; const void* kernel; int smem; };
+  static Entry table[256];
+  static int used = 0;
+  static std::mutex lock;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    device = -1;
+  }
+  std::lock_guard<std::mutex> hold(lock);
+  Entry* seen = nullptr;
+  for (int i = 0; i < used; ++i)
+    if (table[i].device == device && table[i].kernel == kernel) seen = &table[i];
+  if (seen && seen->smem >= smem) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
+  if (seen) seen->smem = smem;
+  else if (used < 256) table[used++] = {device, kernel, smem};
   return err;
 }
 

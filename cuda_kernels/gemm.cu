@@ -135,6 +135,15 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
+// gemm's hang traps (-DLEVELS_GEMM6_TIMEOUT=n, or 7, 8) are mbarrier.cuh's wait trap.
+#if !defined(LEVELS_MBAR_TIMEOUT) && defined(LEVELS_GEMM6_TIMEOUT)
+#define LEVELS_MBAR_TIMEOUT LEVELS_GEMM6_TIMEOUT
+#elif !defined(LEVELS_MBAR_TIMEOUT) && defined(LEVELS_GEMM7_TIMEOUT)
+#define LEVELS_MBAR_TIMEOUT LEVELS_GEMM7_TIMEOUT
+#elif !defined(LEVELS_MBAR_TIMEOUT) && defined(LEVELS_GEMM8_TIMEOUT)
+#define LEVELS_MBAR_TIMEOUT LEVELS_GEMM8_TIMEOUT
+#endif
+#include "mbarrier.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver function comes from the runtime)
 #include <cstdio>
@@ -1136,47 +1145,12 @@ constexpr int V6_THREADS = 384;  // consumer warpgroups 0, 1; producer warpgroup
 template <int BN> __host__ __device__ constexpr int v6_stages() { return BN == 256 ? 4 : 6; }
 template <int BN> __host__ __device__ constexpr int v6_smem() { return v6_stages<BN>() * (128 + BN) * V4_BK * 2 + 1024; }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// The producer's arrival on a full barrier, announcing `bytes` of TMA writes to wait for.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// The hang trap serves versions 7 and 8 too (their waits are these): any of the names turns it on.
-#if defined(LEVELS_GEMM7_TIMEOUT) && !defined(LEVELS_GEMM6_TIMEOUT)
-#define LEVELS_GEMM6_TIMEOUT LEVELS_GEMM7_TIMEOUT
-#endif
-#if defined(LEVELS_GEMM8_TIMEOUT) && !defined(LEVELS_GEMM6_TIMEOUT)
-#define LEVELS_GEMM6_TIMEOUT LEVELS_GEMM8_TIMEOUT
-#endif
-// Wait until the phase of parity `parity` of the barrier has completed. try_wait may give
-// up after a system-dependent time: poll it in a loop.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
-  const uint32_t addr = smem_addr(bar);
-#ifdef LEVELS_GEMM6_TIMEOUT
-  uint64_t polls = 0;
-#endif
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-#ifdef LEVELS_GEMM6_TIMEOUT
-    if (!done && ++polls > (uint64_t)(LEVELS_GEMM6_TIMEOUT) * 1000000ull) {
-      printf("gemm v6-v8: mbarrier wait timed out (block %d,%d thread %d, parity %d)\n", blockIdx.x, blockIdx.y,
-             threadIdx.x, parity);
-      __trap();
-    }
-#endif
-  }
-}
+// The barrier helpers (mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait) are mbarrier.cuh's,
+// shared with layer_norm.cu's version 6.
+using levels_mbarrier::mbar_arrive;
+using levels_mbarrier::mbar_expect_tx;
+using levels_mbarrier::mbar_init;
+using levels_mbarrier::mbar_wait;
 
 // TMA: the (box) tile at coordinates (k, row, batch) of the tensor map into shared memory at
 // dst, completing `bar`'s transaction count by the box's bytes (out-of-bounds parts are
@@ -1208,7 +1182,7 @@ __device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty) {
       mbar_init(&empty[s], 8);     // one arrival per consumer warp
     }
     // make the initialised barriers visible to the async proxy (the TMA unit)
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    levels_mbarrier::mbar_init_fence();
   }
 }
 
@@ -1707,7 +1681,7 @@ __device__ __forceinline__ void v8_init(uint64_t* full, uint64_t* empty, uint64_
     }
     mbar_init(&order[0], 4);    // consumer 1's warps: its tile's MMAs are issued, consumer 0 may go
     mbar_init(&order[1], 4);    // consumer 0's warps, for consumer 1
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    levels_mbarrier::mbar_init_fence();
   }
 }
 

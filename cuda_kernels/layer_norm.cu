@@ -8,7 +8,7 @@
 // Every version accumulates in fp32 and computes the variance in two passes (centre, then
 // square): exact to fp32 rounding whatever the mean, unlike E[x^2] - E[x]^2.
 //
-// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4|5; v5's forward is
+// Forward versions (each selectable: LEVELS_CUDA_VERSION_LAYER_NORM=1|2|3|4|5|6; v5's forward is
 // v3's where v3's fast path runs, v4's elsewhere: version 5 is a backward):
 //   v1  one thread per row: the CPU loop moved onto the GPU. Each thread walks its row three
 //       times (mean, variance, output). Costs: a warp's 32 loads touch 32 rows, 32 cache
@@ -97,6 +97,22 @@
 //       (fp32 rows up to 8192 wide). Aligned rows of 256 columns or more only; elsewhere, and
 //       for 16-bit rows wider than 4096, v5's backward is v4's. The default for the widths where v3 was
 //       (layer_norm_plan.h ln_default_version). Measured: below.
+//   v6  (forward and backward) v5, and for wide rows a ring of shared-memory buffers that the
+//       copy engine fills rows ahead (fwd_v6_bulk / bwd_v6_bulk, their section below): one
+//       thread asks TMA for the next rows' pieces (cp.async.bulk, counted in by mbarriers),
+//       the threads read each piece from shared memory as often as the math needs, a row
+//       wider than a buffer splits over a cluster. Versions 3-5 hold a row in registers, so
+//       a block's next row cannot load until this row's sums have crossed its barriers;
+//       here the next rows are always on their way. Costs: sm_90, 16-byte rows, shared
+//       memory (up to 3 blocks an SM), one more kernel pair. Taken where measured faster
+//       (layer_norm_plan.h ln_v6_bulk: forward past 12288 16-bit / 16384 fp32 columns,
+//       backward past 4096); the default for aligned rows of 256 columns or more.
+//       Its cluster sums push partials with st.async instead of meeting at a cluster
+//       barrier (ClusterSum2, which v4's SPLIT now uses too): the barrier's fence waited
+//       for the previous row's stores. reports/layer-norm-v6-2026-11-27/: bf16 16384 /
+//       32768 / 65536 columns, forward 1.01 / 0.98 / 0.85-0.96x copy (v4 0.78 / 0.55 /
+//       0.44), backward 0.85 / 0.83 / 0.67-0.78x (v4 with cluster barriers 0.58 / 0.53 /
+//       0.50; with the pushed sums 0.84 / 0.79 / 0.73).
 //
 // Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
 // of `levels bench`; not yet in a committed report under reports/; TB/s counts
@@ -138,6 +154,7 @@
 
 #include "common.cuh"
 #include "layer_norm_plan.h"
+#include "mbarrier.cuh"
 
 namespace levels_layer_norm {
 
@@ -816,29 +833,60 @@ __device__ __forceinline__ float2 group_sum2(float a, float b) {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define LEVELS_LN_CLUSTERS 1
-// The two sums of a row split over the blocks of a cluster: each block's sums go to its own
-// shared `slot`, the cluster meets at a barrier (release/acquire: the slots are visible
-// after it), threads 0..C-1 each fetch one block's slot through distributed shared memory,
-// and every thread adds the C values in rank order: the same bits in every block of the
-// cluster. Callers alternate between two slots: a block rewrites a slot only after the
-// NEXT cluster barrier, which no block passes before all have read the slot's last value.
-__device__ __forceinline__ float2 cluster_sum2(float a, float b, float2* slot, float2* gathered,
-                                               float2* scratch) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const float2 mine = block_sum2(a, b, scratch);
-  if (threadIdx.x == 0) *slot = mine;
-  cluster.sync();
-  const int C = (int)cluster.num_blocks();
-  if ((int)threadIdx.x < C) gathered[threadIdx.x] = *cluster.map_shared_rank(slot, threadIdx.x);
-  __syncthreads();
-  float2 total = gathered[0];
-  for (int r = 1; r < C; ++r) {
-    total.x += gathered[r].x;
-    total.y += gathered[r].y;
+// The two sums of a row split over the blocks of a cluster. Each block adds its part
+// (block_sum2), then threads 0..C-1 push it into every block's inbox (slot `rank`) through
+// distributed shared memory with st.async, whose bytes count off the receiver's mbarrier;
+// each block waits on its own barrier and adds the C values in rank order: the same bits in
+// every block of the cluster. Rounds alternate between two inboxes and two barriers: a
+// block pushes round r + 2 only after round r + 1 completed, which needs every block's push
+// of round r + 1, sent after that block had read round r.
+// Why not a cluster barrier (version 4 did: slot, cluster.sync, read the peers' slots): the
+// barrier's release is a memory fence that waits for the thread's earlier stores to reach
+// L2, the previous row's output included. ncu on version 6's first kernels: "membar" the
+// largest stall (5.2 cycles an instruction forward, 2.3 backward), 0.52-0.66x copy.
+// A cluster of one block (C == 1) is a block: block_sum2 alone.
+struct ClusterInbox {
+  float2 box[2][LN_MAX_CLUSTER];
+  uint64_t bar[2];
+};
+
+struct ClusterSum2 {
+  ClusterInbox* in;
+  float2* scratch;
+  int C;
+  uint32_t rank;
+  int round;
+  // Every thread of every block of the cluster, once, before the first round.
+  __device__ __forceinline__ ClusterSum2(ClusterInbox* inbox, float2* scratch_)
+      : in(inbox), scratch(scratch_), round(0) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    C = (int)cluster.num_blocks();
+    rank = cluster.block_rank();
+    if (threadIdx.x == 0) {
+      levels_mbarrier::mbar_init(&in->bar[0], 1);
+      levels_mbarrier::mbar_init(&in->bar[1], 1);
+      levels_mbarrier::mbar_init_fence();
+    }
+    cluster.sync();  // every block's barriers exist before anyone pushes to them
   }
-  return total;
-}
+  __device__ __forceinline__ float2 operator()(float a, float b) {
+    const float2 mine = block_sum2(a, b, scratch);
+    if (C == 1) return mine;
+    const int buf = round & 1, parity = (round >> 1) & 1;
+    ++round;
+    if (threadIdx.x == 0) levels_mbarrier::mbar_expect_tx(&in->bar[buf], (uint32_t)(C * sizeof(float2)));
+    if ((int)threadIdx.x < C)
+      levels_mbarrier::push_f32x2(&in->box[buf][rank], &in->bar[buf], threadIdx.x, mine.x, mine.y);
+    levels_mbarrier::mbar_wait(&in->bar[buf], parity);
+    float2 total = in->box[buf][0];
+    for (int r = 1; r < C; ++r) {
+      total.x += in->box[buf][r].x;
+      total.y += in->box[buf][r].y;
+    }
+    return total;
+  }
+};
 #endif
 
 // Asks L2 for n elements at p, one prefetch per 128-byte line, spread over `lanes` threads
@@ -963,12 +1011,14 @@ fwd_v4_split(const T* __restrict__ x, const T* __restrict__ weight, const T* __r
              int64_t M, int N, int64_t stride_x, float eps, int seg) {
 #ifdef LEVELS_LN_CLUSTERS
   using P = RowPart<T, E, VECT, 32>;
-  __shared__ float2 scratch[32], slot[2], gathered[LN_MAX_CLUSTER];
+  __shared__ float2 scratch[32];
+  __shared__ ClusterInbox inbox;
   const int first = (int)(threadIdx.x >> 5) * 32 * P::CH + (int)(threadIdx.x & 31);
   const int col0 = (int)blockIdx.x * seg;
   const int rest = N - col0;
   const int n = rest < 0 ? 0 : (rest < seg ? rest : seg);
-  auto total = [&](float v, int k) { return cluster_sum2(v, 0.0f, &slot[k], gathered, scratch).x; };
+  ClusterSum2 sums(&inbox, scratch);
+  auto total = [&](float v, int) { return sums(v, 0.0f).x; };
 #pragma unroll 1
   for (int64_t row = blockIdx.y; row < M; row += gridDim.y) {
     P xr;
@@ -983,7 +1033,7 @@ fwd_v4_split(const T* __restrict__ x, const T* __restrict__ weight, const T* __r
       rstd_out[row] = stats.y;
     }
   }
-  cooperative_groups::this_cluster().sync();  // no block leaves while others may read its slots
+  cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
 #endif
 }
 
@@ -1107,7 +1157,7 @@ bwd_v4_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restri
 // v4 backward, SPLIT (sm_90), persistent: cluster p (blockIdx.y) owns rows
 // [p * rows_per_cluster, +rows_per_cluster); its block `rank` owns columns [rank * seg, +seg)
 // of each, their weight and dw/db partial sums in registers; the row's two sums meet across
-// the cluster once per row (slots alternating by row); block `rank` writes its columns of
+// the cluster once per row (ClusterSum2); block `rank` writes its columns of
 // partial row p. Launcher guarantees as fwd_v4_split; part_dw/part_db hold gridDim.y rows.
 template <typename T, int E, bool VECT>
 __global__ void __launch_bounds__(512)
@@ -1117,11 +1167,13 @@ bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
              int64_t stride_dy, int64_t stride_x, int64_t rows_per_cluster, int seg) {
 #ifdef LEVELS_LN_CLUSTERS
   using P = RowPart<T, E, VECT, 32>;
-  __shared__ float2 scratch[32], slot[2], gathered[LN_MAX_CLUSTER];
+  __shared__ float2 scratch[32];
+  __shared__ ClusterInbox inbox;
   const int first = (int)(threadIdx.x >> 5) * 32 * P::CH + (int)(threadIdx.x & 31);
   const int col0 = (int)blockIdx.x * seg;
   const int rest = N - col0;
   const int n = rest < 0 ? 0 : (rest < seg ? rest : seg);
+  ClusterSum2 sums(&inbox, scratch);
   P w;
   float dw[E], db[E];
 #pragma unroll
@@ -1138,8 +1190,7 @@ bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       prefetch_l2(dy + (row + 1) * stride_dy + col0, n, threadIdx.x, blockDim.x);
     }
     w.load(weight + col0, first, n);
-    float2* s = &slot[(row - first_row) & 1];
-    auto total = [&](float a, float b) { return cluster_sum2(a, b, s, gathered, scratch); };
+    auto total = [&](float a, float b) { return sums(a, b); };
     bwd_v4_row<P, T, E>(xr, gr, w, dx + row * (int64_t)N + col0, first, n, N, mean[row],
                         rstd[row], dw, db, total);
   }
@@ -1154,7 +1205,234 @@ bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
       pdb[P::col(first, c) + j] = db[c * P::VEC + j];
     }
   }
-  cooperative_groups::this_cluster().sync();  // no block leaves while others may read its slots
+  cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
+#endif
+}
+
+// =====================================================================================
+// Version 6: rows through shared memory, copied there by the copy engine (sm_90)
+// =====================================================================================
+
+// Why: version 4's wide rows (a block or a cluster per row, the row in registers) keep ONE
+// row piece in flight per block, and one 512-thread block fits an SM (ncu, bf16: 117-124
+// registers a thread in the backward, 25% occupancy; 54-78 in the forward). While a block
+// reduces its row and waits at the cluster's barriers, its SM asks DRAM for nothing but a
+// prefetch: 34-60% of DRAM bandwidth at 16384-65536 columns (reports/layer-norm-v6-*/).
+// Here a thread of the block hands the copy engine (TMA) the pieces of the next `stages`
+// rows, one cp.async.bulk each, into a ring of shared-memory buffers; an mbarrier per buffer
+// counts the bytes in (mbarrier.cuh). The threads read a piece from shared memory as often as
+// the math needs (three passes in the forward: sum, squares, output; two in the backward),
+// which costs shared-memory bandwidth, not DRAM's, and hold nothing across rows but the
+// backward's dw/db partial sums. Costs: sm_90 only, 16-byte rows only (the copy's contract),
+// ~200 KB of shared memory a block (one block an SM), and one thread issuing every copy.
+
+// The rows of cluster blockIdx.y: blockIdx.y, blockIdx.y + gridDim.y, ...
+__device__ __forceinline__ int64_t v6_rows(int64_t M) {
+  return M > (int64_t)blockIdx.y ? (M - 1 - (int64_t)blockIdx.y) / gridDim.y + 1 : 0;
+}
+
+// Thread 0 puts row k's pieces (from each of the `count` sources, `bytes` each, rows
+// `stride` apart) into buffer k % stages, `count` pieces of `seg` elements side by side.
+template <typename T>
+__device__ __forceinline__ void v6_fetch(T* ring, uint64_t* full, int stages, int64_t k,
+                                         const T* const* src, const int64_t* stride, int count,
+                                         int seg, uint32_t bytes) {
+  const int s = (int)(k % stages);
+  const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
+  levels_mbarrier::mbar_expect_tx(&full[s], bytes * count);
+  for (int a = 0; a < count; ++a)
+    levels_mbarrier::bulk_load(ring + ((int64_t)s * count + a) * seg, src[a] + row * stride[a], bytes,
+                               &full[s]);
+}
+
+// The ring's barriers, the resident pieces (weight, and the forward's bias) and the first
+// `stages` rows' pieces, all asked for by thread 0 before anyone waits.
+template <typename T>
+__device__ __forceinline__ void v6_start(uint64_t* full, uint64_t* kept_bar, int stages, T* kept,
+                                         const T* const* resident, int n_resident, T* ring,
+                                         int64_t rows, const T* const* src, const int64_t* stride,
+                                         int count, int seg, uint32_t bytes) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) levels_mbarrier::mbar_init(&full[s], 1);
+    levels_mbarrier::mbar_init(kept_bar, 1);
+    levels_mbarrier::mbar_init_fence();
+    levels_mbarrier::mbar_expect_tx(kept_bar, bytes * n_resident);
+    for (int a = 0; a < n_resident; ++a)
+      levels_mbarrier::bulk_load(kept + (int64_t)a * seg, resident[a], bytes, kept_bar);
+    for (int64_t k = 0; k < stages && k < rows; ++k)
+      v6_fetch(ring, full, stages, k, src, stride, count, seg, bytes);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  levels_mbarrier::mbar_wait(kept_bar, 0);
+}
+
+// v6 forward: cluster (blockIdx.y) visits rows blockIdx.y, + gridDim.y, ...; block `rank`
+// (blockIdx.x) owns columns [rank * seg, + seg). The row's two sums cross the cluster as in
+// version 4's SPLIT (ClusterSum2; a cluster of one block is a block).
+// Launcher guarantees: clusters of (gridDim.x, 1, 1), blockDim.x == LN6_THREADS; x, weight,
+// bias, y 16-byte aligned, stride_x, N and seg multiples of VEC, (gridDim.x - 1) * seg < N;
+// dynamic shared memory (2 + stages) * seg elements, stages <= LN6_MAX_STAGES.
+template <typename T>
+__global__ void __launch_bounds__(LN6_THREADS, 3)  // three blocks an SM: <= 85 registers
+fwd_v6_bulk(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+            T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+            int64_t M, int N, int64_t stride_x, float eps, int seg, int stages) {
+#ifdef LEVELS_LN_CLUSTERS
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(128) unsigned char v6_smem[];
+  __shared__ float2 scratch[32];
+  __shared__ ClusterInbox inbox;
+  __shared__ uint64_t full[LN6_MAX_STAGES], kept_bar;
+  const int col0 = (int)blockIdx.x * seg;
+  const int n = N - col0 < seg ? N - col0 : seg;  // >= VEC: the launcher's guarantee
+  const int nv = n / VEC;
+  const uint32_t bytes = (uint32_t)n * sizeof(T);
+  T* kept = reinterpret_cast<T*>(v6_smem);  // weight, bias
+  T* ring = kept + 2 * (int64_t)seg;
+  const V* ws = reinterpret_cast<const V*>(kept);
+  const V* bs = reinterpret_cast<const V*>(kept + seg);
+  const int64_t rows = v6_rows(M);
+  const T* resident[2] = {weight + col0, bias + col0};
+  const T* src[1] = {x + col0};
+  const int64_t stride[1] = {stride_x};
+  v6_start(full, &kept_bar, stages, kept, resident, 2, ring, rows, src, stride, 1, seg, bytes);
+  ClusterSum2 sums(&inbox, scratch);
+  auto total = [&](float v, int) { return sums(v, 0.0f).x; };
+#pragma unroll 1
+  for (int64_t k = 0; k < rows; ++k) {
+    const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
+    levels_mbarrier::mbar_wait(&full[k % stages], (int)((k / stages) & 1));
+    const V* xs = reinterpret_cast<const V*>(ring + (k % stages) * seg);
+    float s = 0.0f;
+    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
+      const V a = xs[v];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s += to_f32(a.v[j]);
+    }
+    const float mu = total(s, 0) / (float)N;
+    float sq = 0.0f;
+    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
+      const V a = xs[v];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = to_f32(a.v[j]) - mu;
+        sq += d * d;
+      }
+    }
+    const float rs = 1.0f / sqrtf(total(sq, 1) / (float)N + eps);
+    V* yr = reinterpret_cast<V*>(y + row * (int64_t)N + col0);
+    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
+      const V a = xs[v], wk = ws[v], bk = bs[v];
+      V out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * rs * to_f32(wk.v[j]) + to_f32(bk.v[j]));
+      yr[v] = out;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      mean_out[row] = mu;
+      rstd_out[row] = rs;
+    }
+    __syncthreads();  // every thread is done with the buffer before it is refilled
+    if (threadIdx.x == 0 && k + stages < rows)
+      v6_fetch(ring, full, stages, k + stages, src, stride, 1, seg, bytes);
+  }
+  cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
+#endif
+}
+
+// v6 backward: as the forward, with x's and dy's pieces side by side in each buffer, the
+// weight's piece resident, and the thread's dw/db partial sums for its columns (vectors
+// threadIdx.x + i * LN6_THREADS, i < LN6_VPT) in registers across all the cluster's rows.
+// The cluster writes partial row blockIdx.y. Launcher guarantees as the forward's (dy, x,
+// weight, dx), plus seg <= LN6_VPT * VEC * LN6_THREADS; dynamic shared memory
+// (1 + 2 * stages) * seg elements; part_dw/part_db hold gridDim.y rows.
+template <typename T>
+__global__ void __launch_bounds__(LN6_THREADS, 2)  // two blocks an SM: <= 128 registers
+bwd_v6_bulk(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+            const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+            float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int N,
+            int64_t stride_dy, int64_t stride_x, int seg, int stages) {
+#ifdef LEVELS_LN_CLUSTERS
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(128) unsigned char v6_smem[];
+  __shared__ float2 scratch[32];
+  __shared__ ClusterInbox inbox;
+  __shared__ uint64_t full[LN6_MAX_STAGES], kept_bar;
+  const int col0 = (int)blockIdx.x * seg;
+  const int n = N - col0 < seg ? N - col0 : seg;
+  const int nv = n / VEC;
+  const uint32_t bytes = (uint32_t)n * sizeof(T);
+  T* kept = reinterpret_cast<T*>(v6_smem);  // weight
+  T* ring = kept + seg;
+  const V* ws = reinterpret_cast<const V*>(kept);
+  const int64_t rows = v6_rows(M);
+  const T* resident[1] = {weight + col0};
+  const T* src[2] = {x + col0, dy + col0};
+  const int64_t stride[2] = {stride_x, stride_dy};
+  v6_start(full, &kept_bar, stages, kept, resident, 1, ring, rows, src, stride, 2, seg, bytes);
+  ClusterSum2 sums(&inbox, scratch);
+  float dw[LN6_VPT * VEC], db[LN6_VPT * VEC];
+#pragma unroll
+  for (int e = 0; e < LN6_VPT * VEC; ++e) dw[e] = db[e] = 0.0f;
+#pragma unroll 1
+  for (int64_t k = 0; k < rows; ++k) {
+    const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
+    const float mu = mean[row], rs = rstd[row];
+    levels_mbarrier::mbar_wait(&full[k % stages], (int)((k / stages) & 1));
+    const V* xs = reinterpret_cast<const V*>(ring + (k % stages) * 2 * seg);
+    const V* gs = reinterpret_cast<const V*>(ring + ((k % stages) * 2 + 1) * seg);
+    float c1 = 0.0f, c2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < LN6_VPT; ++i) {
+      const int v = (int)threadIdx.x + i * LN6_THREADS;
+      if (v >= nv) break;
+      const V a = xs[v], g = gs[v], wk = ws[v];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float wdy = to_f32(wk.v[j]) * to_f32(g.v[j]);
+        c1 += (to_f32(a.v[j]) - mu) * rs * wdy;
+        c2 += wdy;
+      }
+    }
+    const float2 row_sums = sums(c1, c2);
+    c1 = row_sums.x / (float)N;
+    c2 = row_sums.y / (float)N;
+    V* dxr = reinterpret_cast<V*>(dx + row * (int64_t)N + col0);
+#pragma unroll
+    for (int i = 0; i < LN6_VPT; ++i) {
+      const int v = (int)threadIdx.x + i * LN6_THREADS;
+      if (v >= nv) break;
+      const V a = xs[v], g = gs[v], wk = ws[v];
+      V out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_f32(a.v[j]) - mu) * rs, gj = to_f32(g.v[j]);
+        out.v[j] = from_f32<T>((to_f32(wk.v[j]) * gj - xhat * c1 - c2) * rs);
+        dw[i * VEC + j] += gj * xhat;
+        db[i * VEC + j] += gj;
+      }
+      dxr[v] = out;
+    }
+    __syncthreads();  // every thread is done with the buffer before it is refilled
+    if (threadIdx.x == 0 && k + stages < rows)
+      v6_fetch(ring, full, stages, k + stages, src, stride, 2, seg, bytes);
+  }
+  float* pdw = part_dw + (int64_t)blockIdx.y * N + col0;
+  float* pdb = part_db + (int64_t)blockIdx.y * N + col0;
+#pragma unroll
+  for (int i = 0; i < LN6_VPT; ++i) {
+    const int v = (int)threadIdx.x + i * LN6_THREADS;
+    if (v >= nv) break;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      pdw[v * VEC + j] = dw[i * VEC + j];
+      pdb[v * VEC + j] = db[i * VEC + j];
+    }
+  }
+  cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
 #endif
 }
 
@@ -1546,6 +1824,73 @@ static int bwd_v4_go(const LnPlan& p, const T* dy, const T* x, const T* w, const
   });
 }
 
+// ---- version 6 ----
+
+template <typename T>
+static const void* v6_kernel(bool backward) {
+  return backward ? (const void*)bwd_v6_bulk<T> : (const void*)fwd_v6_bulk<T>;
+}
+
+// The launch of a version 6 plan: (C, clusters) blocks in clusters of (C, 1, 1).
+static cudaLaunchConfig_t v6_config(const Ln6Plan& p, int64_t clusters, cudaStream_t stream,
+                                    cudaLaunchAttribute* attr) {
+  const LnPlan shape{LN_SPLIT, 1, 0, LN6_THREADS, 1, p.C, p.seg};
+  cudaLaunchConfig_t cfg = v4_cluster_config(shape, clusters, stream, attr);
+  cfg.dynamicSmemBytes = (size_t)p.smem;
+  return cfg;
+}
+
+// The clusters a launch of plan p uses: as many as fit on the GPU at once (the grid is
+// persistent: one wave), at most one per row. The occupancy answer is asked once per device
+// and plan (levels_occupancy_once); the shared-memory opt-in once per kernel and size.
+template <typename T>
+static int64_t v6_clusters(bool backward, const Ln6Plan& p, int64_t M) {
+  const void* kernel = v6_kernel<T>(backward);
+  int count = 0;
+  if (levels_smem_opt_in_once(kernel, (int)p.smem) == cudaSuccess)
+    count = levels_occupancy_once(kernel, p.C, p.smem, [&] {
+      int clusters = 0;
+      cudaLaunchAttribute attr[1];
+      const cudaLaunchConfig_t cfg = v6_config(p, 1, nullptr, attr);
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();  // not a launch error: do not let it surface as one
+        return 0;
+      }
+      return clusters;
+    });
+  int64_t G = count > 0 ? count : levels_sm_count() / p.C;
+  if (G > M) G = M;
+  return G > 0 ? G : 1;
+}
+
+// Version 6's copy-engine plan for this call, or none (ok == false: version 5 runs): the
+// rule's choice (force 1: wherever a plan exists), for 16-byte rows on a GPU with clusters.
+template <typename T>
+static Ln6Plan v6_choose(bool backward, int force, int64_t N, bool aligned) {
+  const Ln6Plan none{false, 0, 0, 0, 0};
+  if (!aligned || !v4_clusters()) return none;
+  if (!force && !ln_v6_bulk(backward, N, (int)sizeof(T), aligned)) return none;
+  return ln_v6_plan(backward, N, (int)sizeof(T));
+}
+
+template <typename T>
+static int fwd_v6_launch(const Ln6Plan& p, const T* x, const T* w, const T* b, T* y, float* mean,
+                         float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
+                         cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = v6_config(p, v6_clusters<T>(false, p, M), stream, attr);
+  return (int)cudaLaunchKernelEx(&cfg, fwd_v6_bulk<T>, x, w, b, y, mean, rstd, M, (int)N, stride_x,
+                                 eps, (int)p.seg, p.stages);
+}
+
+// The partial rows version 6's backward needs (its copy-engine kernel's clusters), counted
+// before the launch knows the layout: as if the rows were aligned. 0: it would not run.
+template <typename T>
+static int64_t bwd_v6_partials(int force, int64_t M, int64_t N) {
+  const Ln6Plan p = v6_choose<T>(true, force, N, N % vec_width<T>() == 0);
+  return p.ok ? v6_clusters<T>(true, p, M) : 0;
+}
+
 template <typename T>
 static int bwd_launch(int version, int force, const T* dy, const T* x, const T* w, const float* mean,
                       const float* rstd, T* dx, T* dw, T* db, float* partials, int64_t P,
@@ -1564,6 +1909,27 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
   // count (the larger of its two backwards': the alignment decides which runs) exceeds the
   // kernel's one wave.
   int64_t blocks = P;
+  if (version == 6) {  // the copy-engine kernel where the rule (or force) says; else version 5
+    const Ln6Plan p6 = v6_choose<T>(true, force, N, v4_rows_aligned<T>(M, N, {dy, x, w, dx},
+                                                                       {stride_dy, stride_x}));
+    if (p6.ok) {
+      const int64_t G = v6_clusters<T>(true, p6, M);
+      if (G > P) return LEVELS_UNSUPPORTED;  // the caller's buffer: levels_layer_norm_bwd_partials
+      float* part_dw = partials;
+      float* part_db = partials + P * N;
+      cudaLaunchAttribute attr[1];
+      const cudaLaunchConfig_t cfg = v6_config(p6, G, stream, attr);
+      const cudaError_t e =
+          cudaLaunchKernelEx(&cfg, bwd_v6_bulk<T>, dy, x, w, mean, rstd, dx, part_dw, part_db, M,
+                             (int)N, stride_dy, stride_x, (int)p6.seg, p6.stages);
+      if (e != cudaSuccess) return (int)e;
+      sum_partials<T><<<(unsigned)levels_cdiv(N, SUM_COLS), dim3(SUM_COLS, SUM_LANES), 0,
+                        stream>>>(part_dw, part_db, dw, db, G, N);
+      return levels_launch_status();
+    }
+    if (force) return LEVELS_UNSUPPORTED;  // forced, and it cannot run here
+    version = 5;
+  }
   if (version == 5) {  // aligned rows up to 8192 wide: the R-row kernel; else version 4's
     const BwdV5Plan p5 = bwd_v5_plan<T>(M, N);
     if (p5.fused && v4_rows_aligned<T>(M, N, {dy, x, w, dx}, {stride_dy, stride_x})) {
@@ -1644,13 +2010,16 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
 
 // y, mean, rstd = layer_norm(x, weight, bias). x: (M, N) with rows stride_x elements apart
 // and adjacent columns; weight, bias: contiguous (N,); y: contiguous (M, N); mean, rstd:
-// contiguous (M,) fp32. M, N >= 1. force: 0, or (version 4 only) a path to force
-// (layer_norm_plan.h: 1 ROWS, 2 SPLIT, 3 LOOP, + 4 for element loads); a forced path that
-// cannot run these sizes here is LEVELS_UNSUPPORTED.
+// contiguous (M,) fp32. M, N >= 1. force: 0, or a path to force: version 4's
+// (layer_norm_plan.h: 1 ROWS, 2 SPLIT, 3 LOOP, + 4 for element loads) or version 6's (1: the
+// copy-engine kernel at any width); a forced path that cannot run these sizes here is
+// LEVELS_UNSUPPORTED.
 static int levels_layer_norm_check(int version, int force) {
-  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
-  if (force < 0 || force > 7 || (force != 0 && version != 4)) return LEVELS_UNSUPPORTED;
-  return LEVELS_OK;
+  if (version < 1 || version > 6) return LEVELS_BAD_VERSION;
+  if (force == 0) return LEVELS_OK;
+  if (version == 4 && force > 0 && force <= 7) return LEVELS_OK;
+  if (version == 6 && force == 1) return LEVELS_OK;
+  return LEVELS_UNSUPPORTED;
 }
 
 // The version that version 0 ("the measured rule", layer_norm_plan.h ln_default_version)
@@ -1676,6 +2045,13 @@ extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const vo
     const T* wt = static_cast<const T*>(weight);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
+    if (version == 6) {  // the copy-engine kernel where the rule (or force) says; else version 5
+      const Ln6Plan p6 =
+          v6_choose<T>(false, force, N, v4_rows_aligned<T>(M, N, {xt, wt, bt, yt}, {stride_x}));
+      if (p6.ok) return fwd_v6_launch<T>(p6, xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      if (force) return LEVELS_UNSUPPORTED;
+      version = 5;
+    }
     if (version == 5)  // the forward the rule runs: version 3's or version 4's
       version = ln_v5_forward(N, ln_rows_aligned(reinterpret_cast<uintptr_t>(x), M, N, stride_x,
                                                  (int)sizeof(T)));
@@ -1702,10 +2078,13 @@ extern "C" int64_t levels_layer_norm_bwd_partials(int dtype, int version, int fo
   if (version == 3) {
     LEVELS_DISPATCH(dtype, T, { return bwd_v3_plan<T>(M, N).P; });
   }
-  if (version == 5) {  // enough for either backward version 5 may run (alignment decides)
+  if (version == 5 || version == 6) {  // enough for any backward it may run (alignment decides)
     LEVELS_DISPATCH(dtype, T, {
+      const int64_t p6 = version == 6 ? bwd_v6_partials<T>(force, M, N) : 0;
+      if (force) return p6 > 0 ? p6 : (int64_t)LEVELS_UNSUPPORTED;
       const int64_t p5 = bwd_v5_plan<T>(M, N).P, p4 = bwd_v4_partials<T>(0, M, N);
-      return p5 > p4 ? p5 : p4;
+      const int64_t p54 = p5 > p4 ? p5 : p4;
+      return p6 > p54 ? p6 : p54;
     });
   }
   LEVELS_DISPATCH(dtype, T, { return bwd_v4_partials<T>(force, M, N); });

@@ -15,6 +15,10 @@ version, each selectable so that `levels bench` can time them side by side:
     v5  v3's forward where it is fastest,  (more bytes in flight per barrier, one barrier for
         v4's elsewhere; the backward R      2R row sums: rms_norm.cu's version 4 with layer
         rows an iteration                   norm's two sums)
+    v6  v5, and for rows too wide for one  (the next rows' pieces always on their way: no
+        block's registers a ring of         registers held, no barrier leaves DRAM idle;
+        shared-memory buffers the copy      sm_90, 16-byte rows, one block an SM)
+        engine (TMA) fills rows ahead
 
 A call is one op, `levels_cuda::layer_norm` (autograd_binding.cpp): it runs the forward op
 `levels_cuda::layer_norm_fwd` -> (y, mean, rstd) and records one C++ autograd node whose
@@ -29,7 +33,7 @@ v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s 
 v1 is 10-40x slower than v3, v2 2-3x.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else the measured rule
-(version 5 for aligned rows of 256-8192 columns, version 4 elsewhere), which the op applies in
+(version 6 for aligned rows of 256 columns or more, version 4 elsewhere), which the op applies in
 C++ where x's address is known (Python reading data_ptr() would break torch.compile's trace).
 """
 
@@ -46,8 +50,9 @@ VERSIONS = {
     3: "16-byte vector loads, the row in registers, a block per wide row; fused backward",
     4: "v3 at every width and alignment: lane groups / a block / a cluster per row, by a rule",
     5: "v3's forward where it runs fastest (v4's elsewhere); backward R rows an iteration",
+    6: "v5, with wide rows through shared memory by the copy engine (TMA), rows in flight",
 }
-DEFAULT_VERSION = 5  # where default_version's rule does not pick version 4
+DEFAULT_VERSION = 6  # where default_version's rule does not pick version 4
 # Version 4's kernels, each forcible through the ops' `path` argument (the tests and
 # scripts/sweep_layer_norm.py time and check every one; layer_norm_plan.h's LnPath, + 4 for
 # element loads where 16-byte ones would do). A forced path that cannot run a size is an
@@ -58,7 +63,8 @@ PATHS = {4: {1: "rows in registers (lane groups or a block per row)",
              4: "the rule's choice, element loads",
              5: "rows in registers, element loads",
              6: "split over a cluster, element loads",
-             7: "v3's loop by elements / v2's backward"}}
+             7: "v3's loop by elements / v2's backward"},
+         6: {1: "the copy-engine kernel at any width (16-byte rows, sm_90)"}}
 ENV_VERSION = "LEVELS_CUDA_VERSION_LAYER_NORM"
 
 _REGISTERED = False
@@ -72,16 +78,16 @@ RULE = 0  # the ops' version 0: the measured rule below, applied in C++ at the l
 
 
 def default_version(x=None) -> int:
-    """The version a call runs when nobody chose one: version 5 (version 3's forward, its own
-    backward) for rows of 256 to 8192 columns that load as 16-byte vectors, version 4 for
-    every other width and alignment
+    """The version a call runs when nobody chose one: version 6 (version 5, and its
+    copy-engine kernel for the widest rows) for rows of 256 columns or more that load as
+    16-byte vectors, version 4 for narrower rows and every other alignment
     (measured: layer_norm_plan.h ln_default_version has the figures). The ops apply the rule
     themselves (version 0), where x's address is known: this is its mirror for the bench and
     the tests, which check that both agree (tests/test_cuda_layer_norm.py)."""
     if x is None:
         return DEFAULT_VERSION
     N = x.shape[-1]
-    if not 256 <= N <= 8192:  # decided by the width alone
+    if N < 256:  # decided by the width alone
         return 4
     vec = 16 // x.element_size()
     rows_aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (

@@ -6,10 +6,11 @@
 // hands over x as an (M, N) view with adjacent columns and weight/bias contiguous):
 //   layer_norm_fwd(x, weight, bias, eps, version, path=0) -> (y, mean, rstd)
 //   layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0) -> (dx, dweight, dbias)
-// version: 1-5, or 0 for the measured rule (version 5 or 4 by x's width and alignment,
+// version: 1-6, or 0 for the measured rule (version 6 or 4 by x's width and alignment,
 // layer_norm_plan.h ln_default_version), resolved here where x's address is known.
-// path: 0 lets version 4's rule choose its kernel; 1-7 force one (layer_norm_plan.h), for
-// the tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.
+// path: 0 lets the version's rule choose its kernel; version 4 takes 1-7 to force one
+// (layer_norm_plan.h), version 6 takes 1 (its copy-engine kernel at any width), for the
+// tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.
 
 extern "C" int levels_layer_norm_default_version(int dtype, const void* x, int64_t M, int64_t N,
                                                  int64_t stride_x);

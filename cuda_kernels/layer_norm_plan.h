@@ -44,6 +44,72 @@ constexpr int LN_SPLIT_MIN_COLS = 2048;  // a SPLIT for few rows gives each bloc
 
 inline int64_t ln_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// ---- version 6: rows through shared memory, copied there by the copy engine (sm_90) ----
+// A block (or each block of a cluster of C) owns `seg` columns of every row it visits and a
+// ring of `stages` shared-memory buffers, each holding that piece of one row (the backward:
+// of x and of dy). The piece of a row `stages` ahead is always on its way (one bulk copy,
+// no registers held), so a block's reductions and barriers never leave the memory system
+// idle. The weight's (and bias's) piece sits in shared memory for the whole kernel.
+// Sizes: a buffer of about LN6_STAGE_BYTES (the fewest blocks a row, at most 8, that keep
+// it there; wider rows make it bigger), as many buffers as fit beside the resident pieces in
+// a block's share of shared memory, LN6_SMEM_BYTES[i] for the most blocks an SM (3, 2, 1:
+// the first that leaves room for 2 buffers). Several blocks an SM because one block's rows
+// are a chain (wait, sum, barriers, squares, barriers, store): with one block an SM the
+// chain, not DRAM, set the pace (0.26-0.39x copy at 4096-8192 bf16 columns). The backward's
+// dw/db partial sums live in registers, at most LN6_VPT 16-byte vectors of columns a
+// thread. Rows must load as 16-byte vectors (the bulk copy's contract: 16-byte aligned
+// addresses and sizes).
+constexpr int LN6_THREADS = 256;
+constexpr int64_t LN6_STAGE_BYTES = 16 * 1024;
+constexpr int64_t LN6_SMEM_BYTES[3] = {72 * 1024, 110 * 1024, 200 * 1024};  // of the H100's 227 KB an SM
+constexpr int LN6_MAX_STAGES = 8;
+constexpr int LN6_VPT = 4;
+
+struct Ln6Plan {
+  bool ok;
+  int C;          // blocks per row (one cluster)
+  int64_t seg;    // columns per block, a multiple of the vector width; (C - 1) * seg < N
+  int stages;     // buffers in the ring
+  int64_t smem;   // dynamic shared memory per block, bytes
+};
+
+inline Ln6Plan ln_v6_plan(bool backward, int64_t N, int elem_size) {
+  Ln6Plan p{false, 0, 0, 0, 0};
+  const int64_t vec = 16 / elem_size, arrays = backward ? 2 : 1, resident = backward ? 1 : 2;
+  if (N < 1 || N % vec) return p;
+  int64_t C = ln_cdiv(N * arrays * elem_size, LN6_STAGE_BYTES);
+  if (C > LN_MAX_CLUSTER) C = LN_MAX_CLUSTER;
+  if (C < 1) C = 1;
+  p.seg = ln_cdiv(ln_cdiv(N, C), vec) * vec;
+  p.C = (int)ln_cdiv(N, p.seg);  // rounding seg up may leave a block with nothing: drop it
+  if (backward && p.seg > (int64_t)LN6_VPT * vec * LN6_THREADS) return p;
+  const int64_t stage = arrays * p.seg * elem_size, kept = resident * p.seg * elem_size;
+  for (const int64_t budget : LN6_SMEM_BYTES) {
+    const int64_t fit = (budget - kept) / stage;
+    if (fit < 2) continue;
+    p.stages = (int)(fit < LN6_MAX_STAGES ? fit : LN6_MAX_STAGES);
+    p.smem = kept + p.stages * stage;
+    p.ok = true;
+    return p;
+  }
+  return p;
+}
+
+// Where version 6 takes its copy-engine path when nobody forces it (elsewhere it is version
+// 5), read off the H100 sweep in reports/layer-norm-v6-2026-11-27/ (fraction of copy, bf16
+// unless said, copy-engine kernel against version 5 in the same run):
+//   forward, 16-bit rows wider than 12288 and fp32 rows wider than 16384: 16384 1.00 vs 0.77,
+//     32768 0.99 vs 0.55, 65536 0.96 vs 0.50; fp32 32768 0.88 vs 0.78, 65536 0.85 vs 0.76.
+//     Narrower, version 3's or 4's registers win (8192 1.02 vs 1.12, 12288 0.96 vs 1.06,
+//     fp32 16384 0.90 vs 0.94).
+//   backward, rows wider than 4096: 12288 0.85 vs 0.81, 32768 0.84 vs 0.78, 65536 0.78 vs
+//     0.74; fp32 4096-32768 0.86-0.92 vs 0.75-0.88; 6144-8192 bf16 within 3% either way.
+inline bool ln_v6_bulk(bool backward, int64_t N, int elem_size, bool rows_aligned) {
+  if (!rows_aligned) return false;
+  if (backward) return N > 4096;
+  return N > (elem_size == 2 ? 12288 : 16384);
+}
+
 // The version a call runs when nobody chose one (the ops' version 0), measured on the H100
 // (bf16, fraction of copy bandwidth forward / backward, reports/h100-sweep-layer-norm.json,
 // both versions in one run): version 3's forward where its fast path runs (in version 5,
@@ -66,8 +132,10 @@ inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x,
 inline int ln_v5_forward(int64_t N, bool rows_aligned) {
   return N >= 256 && N <= 8192 && rows_aligned ? 3 : 4;
 }
+// Version 6 is version 5 plus its copy-engine kernels for wide 16-byte rows (ln_v6_bulk):
+// the default for aligned rows of 256 columns or more, version 4 for the rest.
 inline int ln_default_version(int64_t N, bool rows_aligned) {
-  return ln_v5_forward(N, rows_aligned) == 3 ? 5 : 4;
+  return rows_aligned && N >= 256 ? 6 : 4;
 }
 
 // The elements per thread the kernels are instantiated for, smallest first (0 ends a list).

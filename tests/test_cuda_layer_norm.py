@@ -80,6 +80,12 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     assert len(v4) == 29 + 30 + 12, sorted(v4)
     spilled = {k: v for k, v in v4.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
+    # version 6: its forward and backward, 3 dtypes each (the backward's dw/db partials are
+    # registers: a spill would put them in local memory once per row)
+    v6 = {k: v for k, v in report.items() if "_v6_" in k}
+    assert len(v6) == 6, sorted(v6)
+    spilled = {k: v for k, v in v6.items() if v[1] or v[2]}
+    assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
 
 
 # ------------------------------------------------------------------ version 4's rule --
@@ -165,6 +171,109 @@ BF16, F32 = torch.bfloat16, torch.float32
 def test_version4_rule_picks(plan, case, want):
     got = plan(**case)
     assert {k: got[k] for k in want} == want, f"{case}: {got}"
+
+
+# ------------------------------------------------------------------ version 6's plan --
+
+_V6_SHIM = r"""
+#include "layer_norm_plan.h"
+extern "C" void plan6(int backward, long long N, int elem, long long* out) {
+  const levels_layer_norm::Ln6Plan p = levels_layer_norm::ln_v6_plan(backward != 0, N, elem);
+  const long long v[5] = {p.ok, p.C, p.seg, p.stages, p.smem};
+  for (int i = 0; i < 5; ++i) out[i] = v[i];
+}
+extern "C" int bulk6(int backward, long long N, int elem, int aligned) {
+  return levels_layer_norm::ln_v6_bulk(backward != 0, N, elem, aligned != 0);
+}
+extern "C" long long limits6(int i) {
+  using namespace levels_layer_norm;
+  const long long v[5] = {LN6_THREADS, LN6_SMEM_BYTES[2], LN6_MAX_STAGES, LN6_VPT, LN_MAX_CLUSTER};
+  return v[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan6(tmp_path_factory):
+    """layer_norm_plan.h's ln_v6_plan and ln_v6_bulk, compiled by g++ for this CPU."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
+    d = tmp_path_factory.mktemp("ln-plan6")
+    (d / "shim.cpp").write_text(_V6_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
+                    str(d / "shim.cpp"), "-o", str(d / "plan6.so")], check=True, timeout=120)
+    lib = ctypes.CDLL(str(d / "plan6.so"))
+    lib.limits6.restype = ctypes.c_longlong
+    out = (ctypes.c_longlong * 5)()
+
+    def call(N, elem, backward=False):
+        lib.plan6(int(backward), N, elem, out)
+        return dict(zip(("ok", "C", "seg", "stages", "smem"), list(out)))
+    call.bulk = lambda N, elem, backward, aligned: bool(lib.bulk6(int(backward), N, elem, int(aligned)))
+    call.limits = dict(zip(("threads", "smem", "stages", "vpt", "cluster"),
+                           (lib.limits6(i) for i in range(5))))
+    return call
+
+
+@pytest.mark.parametrize("N,elem,backward,want", [
+    # buffers of about 16 KB, the fewest blocks a row that keep them there, and as many
+    # buffers (2-8) as fit in 72 KB a block (3 blocks an SM), else 110 KB (2), else 200 (1)
+    (4096, 2, False, dict(ok=1, C=1, seg=4096, stages=7, smem=73728)),
+    (12288, 2, False, dict(ok=1, C=2, seg=6144, stages=4)),
+    (16384, 2, False, dict(ok=1, C=2, seg=8192, stages=2, smem=65536)),
+    (65536, 2, False, dict(ok=1, C=8, seg=8192, stages=2)),
+    (65536, 4, False, dict(ok=1, C=8, seg=8192, stages=4, smem=196608)),  # one block an SM
+    # the backward holds x and dy: half the columns a buffer
+    (4096, 2, True, dict(ok=1, C=1, seg=4096, stages=4)),
+    (8192, 2, True, dict(ok=1, C=2, seg=4096, stages=4)),
+    (65536, 2, True, dict(ok=1, C=8, seg=8192, stages=2, smem=81920)),
+    (32768, 4, True, dict(ok=1, C=8, seg=4096, stages=2)),
+    # rounding seg up to whole vectors must not leave the last block with no columns
+    (24584, 2, False, dict(ok=1, C=4, seg=6152)),
+    (8, 2, True, dict(ok=1, C=1, seg=8, stages=8)),
+    # no plan: rows that are no whole number of 16-byte vectors, and backward rows whose
+    # dw/db partials would need more registers than a thread keeps (fp32 past 8 x 4096)
+    (4097, 2, False, dict(ok=0)),
+    (65536, 4, True, dict(ok=0)),
+])
+def test_version6_plan_picks(plan6, N, elem, backward, want):
+    got = plan6(N, elem, backward)
+    assert {k: got[k] for k in want} == want, f"{N} x {elem} B, backward={backward}: {got}"
+
+
+@pytest.mark.parametrize("elem", [2, 4])
+@pytest.mark.parametrize("backward", [False, True])
+def test_version6_plans_are_ones_the_kernels_can_run(plan6, elem, backward):
+    # Every plan: each block has columns ((C - 1) seg < N <= C seg), whole vectors, a cluster
+    # of at most 8, 2-8 buffers, shared memory within the budget (the kernels' guarantees).
+    lim = plan6.limits
+    vec = 16 // elem
+    for N in list(range(vec, 4096, vec * 7)) + list(range(4096, 70000, vec * 331)) + [65536]:
+        p = plan6(N, elem, backward)
+        fits = not backward or N <= lim["cluster"] * lim["vpt"] * vec * lim["threads"]
+        assert bool(p["ok"]) == fits, (N, p)
+        if not p["ok"]:
+            continue
+        assert p["seg"] % vec == 0 and (p["C"] - 1) * p["seg"] < N <= p["C"] * p["seg"], (N, p)
+        assert 1 <= p["C"] <= lim["cluster"] and 2 <= p["stages"] <= lim["stages"], (N, p)
+        assert p["smem"] <= lim["smem"], (N, p)
+        arrays, kept = (2, 1) if backward else (1, 2)
+        assert p["smem"] == (kept + arrays * p["stages"]) * p["seg"] * elem, (N, p)
+        if backward:
+            assert p["seg"] <= lim["vpt"] * vec * lim["threads"], (N, p)
+    assert plan6(4097 * vec, elem, backward)["ok"] == 1
+    assert plan6(4097 * vec + 1, elem, backward)["ok"] == 0  # not whole vectors
+
+
+def test_version6_takes_its_kernel_for_wide_aligned_rows_only(plan6):
+    # the widths the H100 sweep measured it faster (layer_norm_plan.h ln_v6_bulk)
+    assert plan6.bulk(16384, 2, False, True) and plan6.bulk(32768, 4, False, True)
+    assert not plan6.bulk(12288, 2, False, True) and not plan6.bulk(16384, 4, False, True)
+    assert plan6.bulk(6144, 2, True, True) and plan6.bulk(4104, 4, True, True)
+    assert not plan6.bulk(4096, 2, True, True) and not plan6.bulk(1024, 4, True, True)
+    assert not plan6.bulk(65536, 2, False, False)  # misaligned rows: version 5's kernels
+    assert not plan6.bulk(65536, 2, True, False)
 
 
 # What each kernel of layer_norm.cu is instantiated for (its launcher's switches): a plan
@@ -502,21 +611,52 @@ def test_version4_every_path(path, N, layout, dtype, plan):
     assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
 
 
-def test_default_version_is_5_for_aligned_rows_of_256_to_8192_columns_else_4(monkeypatch):
-    # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweeps (version 5,
-    # version 3's forward with its own backward, where version 3's fast path runs; version 4
-    # where version 3 falls to its loop). A call that names
+# Version 6's copy-engine kernel forced at widths from one vector to 65536 columns (a block
+# per row and clusters of 2-8; buffers of 16 bytes to 64 KB), in rows that wrap its ring of
+# buffers several times (2500 rows over about 132 clusters: the mbarrier parities of rounds
+# 0, 1, 0, ...), in one row, on aligned rows and on rows of a wider buffer (aligned,
+# strided). Misaligned rows have no copy-engine plan, nor have fp32 backward rows past
+# 8 x 4096 columns: forced, the op refuses them.
+V6_CASES = [(2500, 8), (2500, 256), (1001, 1024), (37, 4096), (37, 6144), (1, 16384),
+            (9, 12288), (5, 20000), (3, 65536)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", ["contiguous", "row_padded", "sliced"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,N", V6_CASES)
+def test_version6_copy_engine_kernel_forced(rows, N, dtype, layout, plan6):
+    import functools
+    args = _v4_layout(_args((rows,), N, dtype, seed=N + 6), layout)
+    fn = functools.partial(ln.layer_norm, version=6, path=1)
+    elem = torch.empty((), dtype=dtype).element_size()
+    planned = plan6(N, elem)["ok"] and plan6(N, elem, backward=True)["ok"]
+    if layout == "sliced" or not planned or torch.cuda.get_device_capability()[0] < 9:
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            w = args["weight"].detach().requires_grad_(True)
+            fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        return
+    r = check_args("layer_norm", args, fn=fn)
+    assert r.passed, f"v6 forced, {rows} x {N} {dtype} {layout}: {r.summary()}"
+
+
+def test_default_version_is_6_for_aligned_rows_of_256_columns_or_more_else_4(monkeypatch):
+    # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweeps (version 6:
+    # version 5 where version 3's fast path runs, its copy-engine kernel for wider rows;
+    # version 4 for narrow rows and wherever 16-byte loads cannot run). A call that names
     # no version hands the op version 0, which applies the rule in C++ (checked against this
     # mirror below); the environment still overrides it.
     monkeypatch.delenv("LEVELS_CUDA_VERSION_LAYER_NORM", raising=False)
-    for N, dtype, want in [(768, torch.bfloat16, 5), (4096, torch.float32, 5), (8192, torch.bfloat16, 5),
-                           (64, torch.bfloat16, 4), (1023, torch.bfloat16, 4), (1023, torch.float32, 4),
-                           (4097, torch.bfloat16, 4), (16384, torch.bfloat16, 4), (65536, torch.float32, 4)]:
+    for N, dtype, want in [(768, torch.bfloat16, 6), (4096, torch.float32, 6), (8192, torch.bfloat16, 6),
+                           (16384, torch.bfloat16, 6), (65536, torch.float32, 6),
+                           (64, torch.bfloat16, 4), (255, torch.float32, 4), (1023, torch.bfloat16, 4),
+                           (1023, torch.float32, 4), (4097, torch.bfloat16, 4), (16385, torch.float32, 4)]:
         x = torch.empty(3, N, dtype=dtype)
         assert ln.default_version(x) == want, (N, dtype)
     wide = torch.empty(3, 4104, dtype=torch.bfloat16)
     assert ln.default_version(wide[:, 1:4097]) == 4  # a slice one element in: unaligned rows
-    assert ln.default_version(wide[:, 8:4104]) == 5  # 16 bytes in, row stride 4104: aligned
+    assert ln.default_version(wide[:, 8:4104]) == 6  # 16 bytes in, row stride 4104: aligned
     assert ln.resolve_version() == ln.RULE == 0
     monkeypatch.setenv("LEVELS_CUDA_VERSION_LAYER_NORM", "2")
     assert ln.resolve_version() == 2
@@ -548,8 +688,8 @@ def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
                      ctypes.c_int]
     seen = set()
     for dtype in (torch.float32, torch.bfloat16):
-        base = torch.empty(5, 8200 + 8, dtype=dtype)
-        for N in (64, 255, 256, 768, 1000, 1023, 4096, 4097, 8192, 8200):
+        base = torch.empty(5, 8208 + 8, dtype=dtype)
+        for N in (64, 255, 256, 768, 1000, 1023, 4096, 4097, 8192, 8200, 8208):
             for start in (0, 1, 4, 8):
                 for view in (base[:, start:start + N], base.view(-1)[start:start + 5 * N].view(5, N),
                              base[:1, start:start + N]):
@@ -557,4 +697,4 @@ def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
                     got = rule(view.data_ptr(), view.shape[0], N, view.stride(0), view.element_size())
                     assert got == want, (dtype, N, start, view.stride())
                     seen.add(want)
-    assert seen == {4, 5}
+    assert seen == {4, 6}
