@@ -103,16 +103,20 @@
 //       the threads read each piece from shared memory as often as the math needs, a row
 //       wider than a buffer splits over a cluster. Versions 3-5 hold a row in registers, so
 //       a block's next row cannot load until this row's sums have crossed its barriers;
-//       here the next rows are always on their way. Costs: sm_90, 16-byte rows, shared
-//       memory (up to 3 blocks an SM), one more kernel pair. Taken where measured faster
-//       (layer_norm_plan.h ln_v6_bulk: forward past 12288 16-bit / 16384 fp32 columns,
-//       backward past 4096); the default for aligned rows of 256 columns or more.
+//       here the next rows are always on their way. Misaligned rows (odd widths, views) are
+//       copied with the 16-byte granules around them and read one element a load. Costs:
+//       sm_90, shared memory (up to 3 blocks an SM), two more kernel pairs. Taken where
+//       measured faster (layer_norm_plan.h ln_v6_bulk: aligned rows, forward past 12288
+//       16-bit / 16384 fp32 columns, backward past 4096; misaligned rows past 8192 but fp32
+//       backwards); the default for rows of 256 columns or more.
 //       Its cluster sums push partials with st.async instead of meeting at a cluster
 //       barrier (ClusterSum2, which v4's SPLIT now uses too): the barrier's fence waited
 //       for the previous row's stores. reports/layer-norm-v6-2026-11-27/: bf16 16384 /
 //       32768 / 65536 columns, forward 1.01 / 0.98 / 0.85-0.96x copy (v4 0.78 / 0.55 /
 //       0.44), backward 0.85 / 0.83 / 0.67-0.78x (v4 with cluster barriers 0.58 / 0.53 /
-//       0.50; with the pushed sums 0.84 / 0.79 / 0.73).
+//       0.50; with the pushed sums 0.84 / 0.79 / 0.73); misaligned bf16 8193 / 16385 / 32769
+//       0.58 / 0.57 / 0.42 forward, 0.65 / 0.61 / 0.66 backward (v4 0.44 / 0.32 / 0.34,
+//       0.56 / 0.52 / 0.51).
 //
 // Measured during development (H100, 16384 x 4096, kernel time with a primed queue, the figures
 // of `levels bench`; not yet in a committed report under reports/; TB/s counts
@@ -960,6 +964,13 @@ __device__ __forceinline__ void fwd_v4_out(T* __restrict__ y, const P& xr,
 // so that a row's barriers overlap another row's loads), wider 1. Without the bound ptxas
 // picked caps of its own and spilled a few bytes.
 constexpr int ln_min_blocks(int S, int E) { return S < 32 ? 3 : (E <= 8 ? 2 : 1); }
+// The forward by elements (misaligned or odd widths) at 16 a thread: two 512-thread blocks'
+// worth of registers (<= 64 a thread), so that a row of 257-512 threads (4097-8192 columns)
+// gets three blocks an SM. At 1 ptxas took 78 registers, two blocks of 288 threads fit an
+// SM (ncu, bf16 4097 columns: 28% occupancy, DRAM 45%, 0.59x copy).
+constexpr int ln_fwd_min_blocks(int S, int E, bool vect) {
+  return S == 32 && E == 16 && !vect ? 2 : ln_min_blocks(S, E);
+}
 
 // v4 forward, ROWS: a row in the registers of its threads: S lanes of a warp (group mode, R
 // = blockDim.x / S rows a block) or the whole block (block mode, S = 32, R = 1). Blocks
@@ -969,7 +980,7 @@ constexpr int ln_min_blocks(int S, int E) { return S < 32 ? 3 : (E <= 8 ? 2 : 1)
 // Launcher guarantees: (VECT) x, weight, bias, y 16-byte aligned, stride_x and N multiples
 // of VEC; N <= E * (threads of a row); group mode blockDim.x == S * R, block mode S == 32.
 template <typename T, int E, bool VECT, int S>
-__global__ void __launch_bounds__(S < 32 ? LN_GROUP_BLOCK : LN_MAX_THREADS, ln_min_blocks(S, E))
+__global__ void __launch_bounds__(S < 32 ? LN_GROUP_BLOCK : LN_MAX_THREADS, ln_fwd_min_blocks(S, E, VECT))
 fwd_v4_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
             T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
             int64_t M, int N, int64_t stride_x, float eps, int R) {
@@ -1223,112 +1234,169 @@ bwd_v4_split(const T* __restrict__ dy, const T* __restrict__ x, const T* __restr
 // counts the bytes in (mbarrier.cuh). The threads read a piece from shared memory as often as
 // the math needs (three passes in the forward: sum, squares, output; two in the backward),
 // which costs shared-memory bandwidth, not DRAM's, and hold nothing across rows but the
-// backward's dw/db partial sums. Costs: sm_90 only, 16-byte rows only (the copy's contract),
-// ~200 KB of shared memory a block (one block an SM), and one thread issuing every copy.
+// backward's dw/db partial sums. Costs: sm_90 only, up to ~200 KB of shared memory a block
+// (up to 3 blocks an SM: layer_norm_plan.h ln_v6_plan), one thread issuing every copy.
+//
+// Rows that are no whole number of 16-byte vectors (odd widths, views one element in: VECT
+// false): the copy's contract wants 16-byte addresses and sizes, so each piece is copied
+// with the 16-byte granules around it, [floor16(start), ceil16(end)), into a buffer one
+// vector longer, and read from `phase` elements in, one element a load; y and dx are stored
+// one element a store (coalesced: a warp's 32 stores are 32 adjacent elements). The copy
+// reads up to 15 bytes before and after a piece: inside the same 16-byte granules, so
+// inside the tensor's allocation (allocations start on 256 bytes and end on 16 at least);
+// nothing outside the view is written.
 
 // The rows of cluster blockIdx.y: blockIdx.y, blockIdx.y + gridDim.y, ...
 __device__ __forceinline__ int64_t v6_rows(int64_t M) {
   return M > (int64_t)blockIdx.y ? (M - 1 - (int64_t)blockIdx.y) / gridDim.y + 1 : 0;
 }
 
-// Thread 0 puts row k's pieces (from each of the `count` sources, `bytes` each, rows
-// `stride` apart) into buffer k % stages, `count` pieces of `seg` elements side by side.
-template <typename T>
+// Where a piece of n elements at p is copied from, how many bytes, and how many elements
+// into its buffer it then starts (0 when VECT: p is 16-byte aligned, n whole vectors).
+template <typename T, bool VECT>
+struct V6Piece {
+  const char* from;
+  uint32_t bytes;
+  int phase;
+  __device__ __forceinline__ V6Piece(const T* p, int n) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t lo = VECT ? start : start & ~(uintptr_t)15;
+    const uintptr_t hi = VECT ? start + (uintptr_t)n * sizeof(T)
+                              : (start + (uintptr_t)n * sizeof(T) + 15) & ~(uintptr_t)15;
+    from = reinterpret_cast<const char*>(lo);
+    bytes = (uint32_t)(hi - lo);
+    phase = (int)((start - lo) / sizeof(T));
+  }
+};
+
+// Thread 0 puts row k's pieces (from each of the `count` sources, rows `stride` apart, n
+// elements from column col0) into buffer k % stages: `count` slots of `slot` elements.
+template <typename T, bool VECT>
 __device__ __forceinline__ void v6_fetch(T* ring, uint64_t* full, int stages, int64_t k,
                                          const T* const* src, const int64_t* stride, int count,
-                                         int seg, uint32_t bytes) {
+                                         int slot, int n) {
   const int s = (int)(k % stages);
   const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
-  levels_mbarrier::mbar_expect_tx(&full[s], bytes * count);
-  for (int a = 0; a < count; ++a)
-    levels_mbarrier::bulk_load(ring + ((int64_t)s * count + a) * seg, src[a] + row * stride[a], bytes,
-                               &full[s]);
+  uint32_t total = 0;
+  for (int a = 0; a < count; ++a) total += V6Piece<T, VECT>(src[a] + row * stride[a], n).bytes;
+  levels_mbarrier::mbar_expect_tx(&full[s], total);
+  for (int a = 0; a < count; ++a) {
+    const V6Piece<T, VECT> piece(src[a] + row * stride[a], n);
+    levels_mbarrier::bulk_load(ring + ((int64_t)s * count + a) * slot, piece.from, piece.bytes, &full[s]);
+  }
 }
 
 // The ring's barriers, the resident pieces (weight, and the forward's bias) and the first
 // `stages` rows' pieces, all asked for by thread 0 before anyone waits.
-template <typename T>
+template <typename T, bool VECT>
 __device__ __forceinline__ void v6_start(uint64_t* full, uint64_t* kept_bar, int stages, T* kept,
                                          const T* const* resident, int n_resident, T* ring,
                                          int64_t rows, const T* const* src, const int64_t* stride,
-                                         int count, int seg, uint32_t bytes) {
+                                         int count, int slot, int n) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) levels_mbarrier::mbar_init(&full[s], 1);
     levels_mbarrier::mbar_init(kept_bar, 1);
     levels_mbarrier::mbar_init_fence();
-    levels_mbarrier::mbar_expect_tx(kept_bar, bytes * n_resident);
-    for (int a = 0; a < n_resident; ++a)
-      levels_mbarrier::bulk_load(kept + (int64_t)a * seg, resident[a], bytes, kept_bar);
+    uint32_t total = 0;
+    for (int a = 0; a < n_resident; ++a) total += V6Piece<T, VECT>(resident[a], n).bytes;
+    levels_mbarrier::mbar_expect_tx(kept_bar, total);
+    for (int a = 0; a < n_resident; ++a) {
+      const V6Piece<T, VECT> piece(resident[a], n);
+      levels_mbarrier::bulk_load(kept + (int64_t)a * slot, piece.from, piece.bytes, kept_bar);
+    }
     for (int64_t k = 0; k < stages && k < rows; ++k)
-      v6_fetch(ring, full, stages, k, src, stride, count, seg, bytes);
+      v6_fetch<T, VECT>(ring, full, stages, k, src, stride, count, slot, n);
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
   levels_mbarrier::mbar_wait(kept_bar, 0);
 }
 
+// A thread's columns of a piece, as `units` of U elements: 16-byte vectors (VECT) or single
+// elements, unit u at element u * U of the piece (after its phase). get(p, u) / put(p, u, v):
+// unit u of the piece that starts at p.
+template <typename T, bool VECT>
+struct V6Units {
+  static constexpr int U = VECT ? vec_width<T>() : 1;
+  using V = Vec<T, U>;
+  __device__ __forceinline__ static V get(const T* p, int u) {
+    if constexpr (VECT) {
+      return reinterpret_cast<const V*>(p)[u];
+    } else {
+      V v;
+      v.v[0] = p[u];
+      return v;
+    }
+  }
+  __device__ __forceinline__ static void put(T* p, int u, const V& v) {
+    if constexpr (VECT) reinterpret_cast<V*>(p)[u] = v;
+    else p[u] = v.v[0];
+  }
+};
+
 // v6 forward: cluster (blockIdx.y) visits rows blockIdx.y, + gridDim.y, ...; block `rank`
-// (blockIdx.x) owns columns [rank * seg, + seg). The row's two sums cross the cluster as in
-// version 4's SPLIT (ClusterSum2; a cluster of one block is a block).
-// Launcher guarantees: clusters of (gridDim.x, 1, 1), blockDim.x == LN6_THREADS; x, weight,
-// bias, y 16-byte aligned, stride_x, N and seg multiples of VEC, (gridDim.x - 1) * seg < N;
-// dynamic shared memory (2 + stages) * seg elements, stages <= LN6_MAX_STAGES.
-template <typename T>
+// (blockIdx.x) owns columns [rank * seg, + seg). The row's two sums cross the cluster by
+// ClusterSum2 (a cluster of one block is a block).
+// Launcher guarantees: clusters of (gridDim.x, 1, 1), blockDim.x == LN6_THREADS; seg a
+// multiple of VEC and (gridDim.x - 1) * seg < N; (VECT) x, weight, bias, y 16-byte aligned,
+// stride_x and N multiples of VEC; dynamic shared memory (2 + stages) * slot elements, slot
+// = seg (VECT) or seg + VEC; stages <= LN6_MAX_STAGES.
+template <typename T, bool VECT>
 __global__ void __launch_bounds__(LN6_THREADS, 3)  // three blocks an SM: <= 85 registers
 fwd_v6_bulk(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
             T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
             int64_t M, int N, int64_t stride_x, float eps, int seg, int stages) {
 #ifdef LEVELS_LN_CLUSTERS
-  constexpr int VEC = vec_width<T>();
-  using V = Vec<T, VEC>;
+  using Un = V6Units<T, VECT>;
+  constexpr int U = Un::U;
   extern __shared__ __align__(128) unsigned char v6_smem[];
   __shared__ float2 scratch[32];
   __shared__ ClusterInbox inbox;
   __shared__ uint64_t full[LN6_MAX_STAGES], kept_bar;
   const int col0 = (int)blockIdx.x * seg;
-  const int n = N - col0 < seg ? N - col0 : seg;  // >= VEC: the launcher's guarantee
-  const int nv = n / VEC;
-  const uint32_t bytes = (uint32_t)n * sizeof(T);
+  const int n = N - col0 < seg ? N - col0 : seg;  // >= 1: the launcher's guarantee
+  const int units = (n + U - 1) / U;                // n is whole vectors when VECT
+  const int slot = VECT ? seg : seg + vec_width<T>();
   T* kept = reinterpret_cast<T*>(v6_smem);  // weight, bias
-  T* ring = kept + 2 * (int64_t)seg;
-  const V* ws = reinterpret_cast<const V*>(kept);
-  const V* bs = reinterpret_cast<const V*>(kept + seg);
+  T* ring = kept + 2 * (int64_t)slot;
   const int64_t rows = v6_rows(M);
   const T* resident[2] = {weight + col0, bias + col0};
   const T* src[1] = {x + col0};
   const int64_t stride[1] = {stride_x};
-  v6_start(full, &kept_bar, stages, kept, resident, 2, ring, rows, src, stride, 1, seg, bytes);
+  v6_start<T, VECT>(full, &kept_bar, stages, kept, resident, 2, ring, rows, src, stride, 1, slot, n);
+  const T* ws = kept + V6Piece<T, VECT>(weight + col0, n).phase;
+  const T* bs = kept + slot + V6Piece<T, VECT>(bias + col0, n).phase;
   ClusterSum2 sums(&inbox, scratch);
-  auto total = [&](float v, int) { return sums(v, 0.0f).x; };
+  auto total = [&](float v) { return sums(v, 0.0f).x; };
 #pragma unroll 1
   for (int64_t k = 0; k < rows; ++k) {
     const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
     levels_mbarrier::mbar_wait(&full[k % stages], (int)((k / stages) & 1));
-    const V* xs = reinterpret_cast<const V*>(ring + (k % stages) * seg);
+    const T* xs = ring + (k % stages) * slot + V6Piece<T, VECT>(x + row * stride_x + col0, n).phase;
     float s = 0.0f;
-    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
-      const V a = xs[v];
+    for (int u = threadIdx.x; u < units; u += LN6_THREADS) {
+      const typename Un::V a = Un::get(xs, u);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += to_f32(a.v[j]);
+      for (int j = 0; j < U; ++j) s += to_f32(a.v[j]);
     }
-    const float mu = total(s, 0) / (float)N;
+    const float mu = total(s) / (float)N;
     float sq = 0.0f;
-    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
-      const V a = xs[v];
+    for (int u = threadIdx.x; u < units; u += LN6_THREADS) {
+      const typename Un::V a = Un::get(xs, u);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
+      for (int j = 0; j < U; ++j) {
         const float d = to_f32(a.v[j]) - mu;
         sq += d * d;
       }
     }
-    const float rs = 1.0f / sqrtf(total(sq, 1) / (float)N + eps);
-    V* yr = reinterpret_cast<V*>(y + row * (int64_t)N + col0);
-    for (int v = threadIdx.x; v < nv; v += LN6_THREADS) {
-      const V a = xs[v], wk = ws[v], bk = bs[v];
-      V out;
+    const float rs = 1.0f / sqrtf(total(sq) / (float)N + eps);
+    T* yr = y + row * (int64_t)N + col0;
+    for (int u = threadIdx.x; u < units; u += LN6_THREADS) {
+      const typename Un::V a = Un::get(xs, u), wk = Un::get(ws, u), bk = Un::get(bs, u);
+      typename Un::V out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
+      for (int j = 0; j < U; ++j)
         out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * rs * to_f32(wk.v[j]) + to_f32(bk.v[j]));
-      yr[v] = out;
+      Un::put(yr, u, out);
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       mean_out[row] = mu;
@@ -1336,62 +1404,64 @@ fwd_v6_bulk(const T* __restrict__ x, const T* __restrict__ weight, const T* __re
     }
     __syncthreads();  // every thread is done with the buffer before it is refilled
     if (threadIdx.x == 0 && k + stages < rows)
-      v6_fetch(ring, full, stages, k + stages, src, stride, 1, seg, bytes);
+      v6_fetch<T, VECT>(ring, full, stages, k + stages, src, stride, 1, slot, n);
   }
   cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
 #endif
 }
 
 // v6 backward: as the forward, with x's and dy's pieces side by side in each buffer, the
-// weight's piece resident, and the thread's dw/db partial sums for its columns (vectors
-// threadIdx.x + i * LN6_THREADS, i < LN6_VPT) in registers across all the cluster's rows.
-// The cluster writes partial row blockIdx.y. Launcher guarantees as the forward's (dy, x,
-// weight, dx), plus seg <= LN6_VPT * VEC * LN6_THREADS; dynamic shared memory
-// (1 + 2 * stages) * seg elements; part_dw/part_db hold gridDim.y rows.
-template <typename T>
+// weight's piece resident, and the thread's dw/db partial sums for its columns (units
+// threadIdx.x + i * LN6_THREADS, i < LN6_VPT * VEC / U) in registers across all the
+// cluster's rows. The cluster writes partial row blockIdx.y. Launcher guarantees as the
+// forward's (dy, x, weight, dx), plus seg <= LN6_VPT * VEC * LN6_THREADS; dynamic shared
+// memory (1 + 2 * stages) * slot elements; part_dw/part_db hold gridDim.y rows.
+template <typename T, bool VECT>
 __global__ void __launch_bounds__(LN6_THREADS, 2)  // two blocks an SM: <= 128 registers
 bwd_v6_bulk(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
             const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
             float* __restrict__ part_dw, float* __restrict__ part_db, int64_t M, int N,
             int64_t stride_dy, int64_t stride_x, int seg, int stages) {
 #ifdef LEVELS_LN_CLUSTERS
-  constexpr int VEC = vec_width<T>();
-  using V = Vec<T, VEC>;
+  using Un = V6Units<T, VECT>;
+  constexpr int U = Un::U;
+  constexpr int PER = LN6_VPT * vec_width<T>() / U;  // units a thread covers
   extern __shared__ __align__(128) unsigned char v6_smem[];
   __shared__ float2 scratch[32];
   __shared__ ClusterInbox inbox;
   __shared__ uint64_t full[LN6_MAX_STAGES], kept_bar;
   const int col0 = (int)blockIdx.x * seg;
   const int n = N - col0 < seg ? N - col0 : seg;
-  const int nv = n / VEC;
-  const uint32_t bytes = (uint32_t)n * sizeof(T);
+  const int units = (n + U - 1) / U;
+  const int slot = VECT ? seg : seg + vec_width<T>();
   T* kept = reinterpret_cast<T*>(v6_smem);  // weight
-  T* ring = kept + seg;
-  const V* ws = reinterpret_cast<const V*>(kept);
+  T* ring = kept + slot;
   const int64_t rows = v6_rows(M);
   const T* resident[1] = {weight + col0};
   const T* src[2] = {x + col0, dy + col0};
   const int64_t stride[2] = {stride_x, stride_dy};
-  v6_start(full, &kept_bar, stages, kept, resident, 1, ring, rows, src, stride, 2, seg, bytes);
+  v6_start<T, VECT>(full, &kept_bar, stages, kept, resident, 1, ring, rows, src, stride, 2, slot, n);
+  const T* ws = kept + V6Piece<T, VECT>(weight + col0, n).phase;
   ClusterSum2 sums(&inbox, scratch);
-  float dw[LN6_VPT * VEC], db[LN6_VPT * VEC];
+  float dw[PER * U], db[PER * U];
 #pragma unroll
-  for (int e = 0; e < LN6_VPT * VEC; ++e) dw[e] = db[e] = 0.0f;
+  for (int e = 0; e < PER * U; ++e) dw[e] = db[e] = 0.0f;
 #pragma unroll 1
   for (int64_t k = 0; k < rows; ++k) {
     const int64_t row = (int64_t)blockIdx.y + k * gridDim.y;
     const float mu = mean[row], rs = rstd[row];
     levels_mbarrier::mbar_wait(&full[k % stages], (int)((k / stages) & 1));
-    const V* xs = reinterpret_cast<const V*>(ring + (k % stages) * 2 * seg);
-    const V* gs = reinterpret_cast<const V*>(ring + ((k % stages) * 2 + 1) * seg);
+    const T* xs = ring + (k % stages) * 2 * slot + V6Piece<T, VECT>(x + row * stride_x + col0, n).phase;
+    const T* gs = ring + ((k % stages) * 2 + 1) * slot +
+                  V6Piece<T, VECT>(dy + row * stride_dy + col0, n).phase;
     float c1 = 0.0f, c2 = 0.0f;
 #pragma unroll
-    for (int i = 0; i < LN6_VPT; ++i) {
-      const int v = (int)threadIdx.x + i * LN6_THREADS;
-      if (v >= nv) break;
-      const V a = xs[v], g = gs[v], wk = ws[v];
+    for (int i = 0; i < PER; ++i) {
+      const int u = (int)threadIdx.x + i * LN6_THREADS;
+      if (u >= units) break;
+      const typename Un::V a = Un::get(xs, u), g = Un::get(gs, u), wk = Un::get(ws, u);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
+      for (int j = 0; j < U; ++j) {
         const float wdy = to_f32(wk.v[j]) * to_f32(g.v[j]);
         c1 += (to_f32(a.v[j]) - mu) * rs * wdy;
         c2 += wdy;
@@ -1400,36 +1470,36 @@ bwd_v6_bulk(const T* __restrict__ dy, const T* __restrict__ x, const T* __restri
     const float2 row_sums = sums(c1, c2);
     c1 = row_sums.x / (float)N;
     c2 = row_sums.y / (float)N;
-    V* dxr = reinterpret_cast<V*>(dx + row * (int64_t)N + col0);
+    T* dxr = dx + row * (int64_t)N + col0;
 #pragma unroll
-    for (int i = 0; i < LN6_VPT; ++i) {
-      const int v = (int)threadIdx.x + i * LN6_THREADS;
-      if (v >= nv) break;
-      const V a = xs[v], g = gs[v], wk = ws[v];
-      V out;
+    for (int i = 0; i < PER; ++i) {
+      const int u = (int)threadIdx.x + i * LN6_THREADS;
+      if (u >= units) break;
+      const typename Un::V a = Un::get(xs, u), g = Un::get(gs, u), wk = Un::get(ws, u);
+      typename Un::V out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
+      for (int j = 0; j < U; ++j) {
         const float xhat = (to_f32(a.v[j]) - mu) * rs, gj = to_f32(g.v[j]);
         out.v[j] = from_f32<T>((to_f32(wk.v[j]) * gj - xhat * c1 - c2) * rs);
-        dw[i * VEC + j] += gj * xhat;
-        db[i * VEC + j] += gj;
+        dw[i * U + j] += gj * xhat;
+        db[i * U + j] += gj;
       }
-      dxr[v] = out;
+      Un::put(dxr, u, out);
     }
     __syncthreads();  // every thread is done with the buffer before it is refilled
     if (threadIdx.x == 0 && k + stages < rows)
-      v6_fetch(ring, full, stages, k + stages, src, stride, 2, seg, bytes);
+      v6_fetch<T, VECT>(ring, full, stages, k + stages, src, stride, 2, slot, n);
   }
   float* pdw = part_dw + (int64_t)blockIdx.y * N + col0;
   float* pdb = part_db + (int64_t)blockIdx.y * N + col0;
 #pragma unroll
-  for (int i = 0; i < LN6_VPT; ++i) {
-    const int v = (int)threadIdx.x + i * LN6_THREADS;
-    if (v >= nv) break;
+  for (int i = 0; i < PER; ++i) {
+    const int u = (int)threadIdx.x + i * LN6_THREADS;
+    if (u >= units) break;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      pdw[v * VEC + j] = dw[i * VEC + j];
-      pdb[v * VEC + j] = db[i * VEC + j];
+    for (int j = 0; j < U; ++j) {
+      pdw[u * U + j] = dw[i * U + j];
+      pdb[u * U + j] = db[i * U + j];
     }
   }
   cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
@@ -1827,8 +1897,9 @@ static int bwd_v4_go(const LnPlan& p, const T* dy, const T* x, const T* w, const
 // ---- version 6 ----
 
 template <typename T>
-static const void* v6_kernel(bool backward) {
-  return backward ? (const void*)bwd_v6_bulk<T> : (const void*)fwd_v6_bulk<T>;
+static const void* v6_kernel(bool backward, bool aligned) {
+  if (aligned) return backward ? (const void*)bwd_v6_bulk<T, true> : (const void*)fwd_v6_bulk<T, true>;
+  return backward ? (const void*)bwd_v6_bulk<T, false> : (const void*)fwd_v6_bulk<T, false>;
 }
 
 // The launch of a version 6 plan: (C, clusters) blocks in clusters of (C, 1, 1).
@@ -1844,8 +1915,8 @@ static cudaLaunchConfig_t v6_config(const Ln6Plan& p, int64_t clusters, cudaStre
 // persistent: one wave), at most one per row. The occupancy answer is asked once per device
 // and plan (levels_occupancy_once); the shared-memory opt-in once per kernel and size.
 template <typename T>
-static int64_t v6_clusters(bool backward, const Ln6Plan& p, int64_t M) {
-  const void* kernel = v6_kernel<T>(backward);
+static int64_t v6_clusters(bool backward, bool aligned, const Ln6Plan& p, int64_t M) {
+  const void* kernel = v6_kernel<T>(backward, aligned);
   int count = 0;
   if (levels_smem_opt_in_once(kernel, (int)p.smem) == cudaSuccess)
     count = levels_occupancy_once(kernel, p.C, p.smem, [&] {
@@ -1864,31 +1935,41 @@ static int64_t v6_clusters(bool backward, const Ln6Plan& p, int64_t M) {
 }
 
 // Version 6's copy-engine plan for this call, or none (ok == false: version 5 runs): the
-// rule's choice (force 1: wherever a plan exists), for 16-byte rows on a GPU with clusters.
+// rule's choice (force 1: wherever a plan exists), on a GPU with clusters. aligned: the
+// rows load as 16-byte vectors (else the kernels' VECT = false instantiations run).
 template <typename T>
 static Ln6Plan v6_choose(bool backward, int force, int64_t N, bool aligned) {
   const Ln6Plan none{false, 0, 0, 0, 0};
-  if (!aligned || !v4_clusters()) return none;
+  if (!v4_clusters()) return none;
   if (!force && !ln_v6_bulk(backward, N, (int)sizeof(T), aligned)) return none;
-  return ln_v6_plan(backward, N, (int)sizeof(T));
+  return ln_v6_plan(backward, N, (int)sizeof(T), aligned);
 }
 
 template <typename T>
-static int fwd_v6_launch(const Ln6Plan& p, const T* x, const T* w, const T* b, T* y, float* mean,
-                         float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
-                         cudaStream_t stream) {
+static int fwd_v6_launch(const Ln6Plan& p, bool aligned, const T* x, const T* w, const T* b, T* y,
+                         float* mean, float* rstd, int64_t M, int64_t N, int64_t stride_x,
+                         float eps, cudaStream_t stream) {
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = v6_config(p, v6_clusters<T>(false, p, M), stream, attr);
-  return (int)cudaLaunchKernelEx(&cfg, fwd_v6_bulk<T>, x, w, b, y, mean, rstd, M, (int)N, stride_x,
-                                 eps, (int)p.seg, p.stages);
+  const cudaLaunchConfig_t cfg = v6_config(p, v6_clusters<T>(false, aligned, p, M), stream, attr);
+  if (aligned)
+    return (int)cudaLaunchKernelEx(&cfg, fwd_v6_bulk<T, true>, x, w, b, y, mean, rstd, M, (int)N,
+                                   stride_x, eps, (int)p.seg, p.stages);
+  return (int)cudaLaunchKernelEx(&cfg, fwd_v6_bulk<T, false>, x, w, b, y, mean, rstd, M, (int)N,
+                                 stride_x, eps, (int)p.seg, p.stages);
 }
 
 // The partial rows version 6's backward needs (its copy-engine kernel's clusters), counted
-// before the launch knows the layout: as if the rows were aligned. 0: it would not run.
+// before the launch knows the layout: enough for either layout's plan. 0: it would not run.
 template <typename T>
 static int64_t bwd_v6_partials(int force, int64_t M, int64_t N) {
-  const Ln6Plan p = v6_choose<T>(true, force, N, N % vec_width<T>() == 0);
-  return p.ok ? v6_clusters<T>(true, p, M) : 0;
+  int64_t most = 0;
+  for (const bool aligned : {true, false}) {
+    if (aligned && N % vec_width<T>()) continue;
+    const Ln6Plan p = v6_choose<T>(true, force, N, aligned);
+    const int64_t G = p.ok ? v6_clusters<T>(true, aligned, p, M) : 0;
+    if (G > most) most = G;
+  }
+  return most;
 }
 
 template <typename T>
@@ -1910,18 +1991,20 @@ static int bwd_launch(int version, int force, const T* dy, const T* x, const T* 
   // kernel's one wave.
   int64_t blocks = P;
   if (version == 6) {  // the copy-engine kernel where the rule (or force) says; else version 5
-    const Ln6Plan p6 = v6_choose<T>(true, force, N, v4_rows_aligned<T>(M, N, {dy, x, w, dx},
-                                                                       {stride_dy, stride_x}));
+    const bool aligned = v4_rows_aligned<T>(M, N, {dy, x, w, dx}, {stride_dy, stride_x});
+    const Ln6Plan p6 = v6_choose<T>(true, force, N, aligned);
     if (p6.ok) {
-      const int64_t G = v6_clusters<T>(true, p6, M);
+      const int64_t G = v6_clusters<T>(true, aligned, p6, M);
       if (G > P) return LEVELS_UNSUPPORTED;  // the caller's buffer: levels_layer_norm_bwd_partials
       float* part_dw = partials;
       float* part_db = partials + P * N;
       cudaLaunchAttribute attr[1];
       const cudaLaunchConfig_t cfg = v6_config(p6, G, stream, attr);
       const cudaError_t e =
-          cudaLaunchKernelEx(&cfg, bwd_v6_bulk<T>, dy, x, w, mean, rstd, dx, part_dw, part_db, M,
-                             (int)N, stride_dy, stride_x, (int)p6.seg, p6.stages);
+          aligned ? cudaLaunchKernelEx(&cfg, bwd_v6_bulk<T, true>, dy, x, w, mean, rstd, dx, part_dw,
+                                       part_db, M, (int)N, stride_dy, stride_x, (int)p6.seg, p6.stages)
+                  : cudaLaunchKernelEx(&cfg, bwd_v6_bulk<T, false>, dy, x, w, mean, rstd, dx, part_dw,
+                                       part_db, M, (int)N, stride_dy, stride_x, (int)p6.seg, p6.stages);
       if (e != cudaSuccess) return (int)e;
       sum_partials<T><<<(unsigned)levels_cdiv(N, SUM_COLS), dim3(SUM_COLS, SUM_LANES), 0,
                         stream>>>(part_dw, part_db, dw, db, G, N);
@@ -2046,9 +2129,10 @@ extern "C" int levels_layer_norm_fwd(int dtype, int version, int force, const vo
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     if (version == 6) {  // the copy-engine kernel where the rule (or force) says; else version 5
-      const Ln6Plan p6 =
-          v6_choose<T>(false, force, N, v4_rows_aligned<T>(M, N, {xt, wt, bt, yt}, {stride_x}));
-      if (p6.ok) return fwd_v6_launch<T>(p6, xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
+      const bool aligned = v4_rows_aligned<T>(M, N, {xt, wt, bt, yt}, {stride_x});
+      const Ln6Plan p6 = v6_choose<T>(false, force, N, aligned);
+      if (p6.ok)
+        return fwd_v6_launch<T>(p6, aligned, xt, wt, bt, yt, mean, rstd, M, N, stride_x, eps, stream);
       if (force) return LEVELS_UNSUPPORTED;
       version = 5;
     }

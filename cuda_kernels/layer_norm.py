@@ -17,7 +17,7 @@ version, each selectable so that `levels bench` can time them side by side:
         rows an iteration                   norm's two sums)
     v6  v5, and for rows too wide for one  (the next rows' pieces always on their way: no
         block's registers a ring of         registers held, no barrier leaves DRAM idle;
-        shared-memory buffers the copy      sm_90, 16-byte rows, one block an SM)
+        shared-memory buffers the copy      sm_90, 16-byte rows, up to 3 blocks an SM)
         engine (TMA) fills rows ahead
 
 A call is one op, `levels_cuda::layer_norm` (autograd_binding.cpp): it runs the forward op
@@ -33,8 +33,9 @@ v3 forward 2.93 TB/s fp32 (0.99x a device copy, 0.99x torch.compile), 2.83 TB/s 
 v1 is 10-40x slower than v3, v2 2-3x.
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_LAYER_NORM, else the measured rule
-(version 6 for aligned rows of 256 columns or more, version 4 elsewhere), which the op applies in
-C++ where x's address is known (Python reading data_ptr() would break torch.compile's trace).
+(version 6 for rows of 256 columns or more, version 4 for narrower ones), which the op applies in
+C++; version 6 then picks its kernel there from x's width and address (Python reading
+data_ptr() would break torch.compile's trace).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ PATHS = {4: {1: "rows in registers (lane groups or a block per row)",
              5: "rows in registers, element loads",
              6: "split over a cluster, element loads",
              7: "v3's loop by elements / v2's backward"},
-         6: {1: "the copy-engine kernel at any width (16-byte rows, sm_90)"}}
+         6: {1: "the copy-engine kernel at any width and alignment (sm_90)"}}
 ENV_VERSION = "LEVELS_CUDA_VERSION_LAYER_NORM"
 
 _REGISTERED = False
@@ -78,21 +79,15 @@ RULE = 0  # the ops' version 0: the measured rule below, applied in C++ at the l
 
 
 def default_version(x=None) -> int:
-    """The version a call runs when nobody chose one: version 6 (version 5, and its
-    copy-engine kernel for the widest rows) for rows of 256 columns or more that load as
-    16-byte vectors, version 4 for narrower rows and every other alignment
-    (measured: layer_norm_plan.h ln_default_version has the figures). The ops apply the rule
-    themselves (version 0), where x's address is known: this is its mirror for the bench and
-    the tests, which check that both agree (tests/test_cuda_layer_norm.py)."""
+    """The version a call runs when nobody chose one: version 6 for rows of 256 columns or
+    more (version 5, which is version 4 wherever rows do not load as 16-byte vectors, and
+    version 6's copy-engine kernels for the widest rows, aligned or not), version 4 for
+    narrower rows (measured: layer_norm_plan.h ln_default_version and ln_v6_bulk have the
+    figures). The ops apply the rule themselves (version 0); this is its mirror for the
+    bench and the tests, which check that both agree (tests/test_cuda_layer_norm.py)."""
     if x is None:
         return DEFAULT_VERSION
-    N = x.shape[-1]
-    if N < 256:  # decided by the width alone
-        return 4
-    vec = 16 // x.element_size()
-    rows_aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (
-        x.dim() == 1 or x.is_contiguous() or x.stride(-2) % vec == 0)
-    return DEFAULT_VERSION if rows_aligned else 4
+    return 4 if x.shape[-1] < 256 else DEFAULT_VERSION
 
 
 def resolve_version(version=None) -> int:

@@ -6,8 +6,9 @@
 // hands over x as an (M, N) view with adjacent columns and weight/bias contiguous):
 //   layer_norm_fwd(x, weight, bias, eps, version, path=0) -> (y, mean, rstd)
 //   layer_norm_bwd(dy, x, weight, mean, rstd, version, path=0) -> (dx, dweight, dbias)
-// version: 1-6, or 0 for the measured rule (version 6 or 4 by x's width and alignment,
-// layer_norm_plan.h ln_default_version), resolved here where x's address is known.
+// version: 1-6, or 0 for the measured rule (version 6 or 4 by x's width,
+// layer_norm_plan.h ln_default_version), resolved here; version 6 picks its kernel from x's
+// width and address.
 // path: 0 lets the version's rule choose its kernel; version 4 takes 1-7 to force one
 // (layer_norm_plan.h), version 6 takes 1 (its copy-engine kernel at any width), for the
 // tests and the sweep (scripts/sweep_layer_norm.py); other versions take 0 only.

@@ -56,9 +56,9 @@ inline int64_t ln_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // the first that leaves room for 2 buffers). Several blocks an SM because one block's rows
 // are a chain (wait, sum, barriers, squares, barriers, store): with one block an SM the
 // chain, not DRAM, set the pace (0.26-0.39x copy at 4096-8192 bf16 columns). The backward's
-// dw/db partial sums live in registers, at most LN6_VPT 16-byte vectors of columns a
-// thread. Rows must load as 16-byte vectors (the bulk copy's contract: 16-byte aligned
-// addresses and sizes).
+// dw/db partial sums live in registers, at most LN6_VPT 16-byte vectors' worth of columns a
+// thread. The bulk copy wants 16-byte addresses and sizes: misaligned rows are copied with
+// the 16-byte granules around them (a buffer one vector longer).
 constexpr int LN6_THREADS = 256;
 constexpr int64_t LN6_STAGE_BYTES = 16 * 1024;
 constexpr int64_t LN6_SMEM_BYTES[3] = {72 * 1024, 110 * 1024, 200 * 1024};  // of the H100's 227 KB an SM
@@ -73,17 +73,20 @@ struct Ln6Plan {
   int64_t smem;   // dynamic shared memory per block, bytes
 };
 
-inline Ln6Plan ln_v6_plan(bool backward, int64_t N, int elem_size) {
+// aligned: the rows load as 16-byte vectors (ln_rows_aligned). Otherwise each buffer holds a
+// piece with the 16-byte granules around it: one vector more (layer_norm.cu's version 6).
+inline Ln6Plan ln_v6_plan(bool backward, int64_t N, int elem_size, bool aligned = true) {
   Ln6Plan p{false, 0, 0, 0, 0};
   const int64_t vec = 16 / elem_size, arrays = backward ? 2 : 1, resident = backward ? 1 : 2;
-  if (N < 1 || N % vec) return p;
+  if (N < 1 || (aligned && N % vec)) return p;
   int64_t C = ln_cdiv(N * arrays * elem_size, LN6_STAGE_BYTES);
   if (C > LN_MAX_CLUSTER) C = LN_MAX_CLUSTER;
   if (C < 1) C = 1;
   p.seg = ln_cdiv(ln_cdiv(N, C), vec) * vec;
   p.C = (int)ln_cdiv(N, p.seg);  // rounding seg up may leave a block with nothing: drop it
   if (backward && p.seg > (int64_t)LN6_VPT * vec * LN6_THREADS) return p;
-  const int64_t stage = arrays * p.seg * elem_size, kept = resident * p.seg * elem_size;
+  const int64_t slot = (p.seg + (aligned ? 0 : vec)) * elem_size;
+  const int64_t stage = arrays * slot, kept = resident * slot;
   for (const int64_t budget : LN6_SMEM_BYTES) {
     const int64_t fit = (budget - kept) / stage;
     if (fit < 2) continue;
@@ -104,8 +107,14 @@ inline Ln6Plan ln_v6_plan(bool backward, int64_t N, int elem_size) {
 //     fp32 16384 0.90 vs 0.94).
 //   backward, rows wider than 4096: 12288 0.85 vs 0.81, 32768 0.84 vs 0.78, 65536 0.78 vs
 //     0.74; fp32 4096-32768 0.86-0.92 vs 0.75-0.88; 6144-8192 bf16 within 3% either way.
+//   misaligned rows (odd widths, views) wider than 8192, but fp32 backwards (call 7, the
+//     element-by-element kernel against version 4's element loads): 8193 0.50 / 0.57 vs
+//     0.38 / 0.49, 16385 0.56 / 0.61 vs 0.31 / 0.52, fp32 8193 forward 0.74 vs 0.64. At
+//     4097 version 4 wins (0.68 / 0.64 vs 0.61 / 0.55; fp32 0.95 / 0.88 vs 0.66 / 0.74), and
+//     in fp32 backwards (8193: 0.84 vs 0.79): one element a shared-memory load costs more
+//     instructions than a 16-byte one, and the kernel is then bound by them.
 inline bool ln_v6_bulk(bool backward, int64_t N, int elem_size, bool rows_aligned) {
-  if (!rows_aligned) return false;
+  if (!rows_aligned) return N > 8192 && !(backward && elem_size == 4);
   if (backward) return N > 4096;
   return N > (elem_size == 2 ? 12288 : 16384);
 }
@@ -118,8 +127,9 @@ inline bool ln_v6_bulk(bool backward, int64_t N, int elem_size, bool rows_aligne
 // 0.80 / 0.79); version 4 everywhere else, where version 3 falls to a loop that re-reads the
 // row (1023 columns: 0.88 / 0.86 against 0.29 / 0.41; 64: 0.92 / 0.73 against 0.32 / 0.27;
 // 4097: 0.52 / 0.64 against 0.36 / 0.28; past 8192 the backward, 16384: 0.66 against 0.30).
-// It is decided here, where the launch is, because it reads x's address: a rule in Python
-// would have to read data_ptr(), which torch.compile cannot trace.
+// Now version 6 (below) for 256 columns or more, whose kernel is decided at the launch
+// because it reads x's address: a rule in Python would have to read data_ptr(), which
+// torch.compile cannot trace.
 // rows_aligned: x starts on 16 bytes, N is a whole number of 16-byte vectors, and so is the
 // row stride (or there is one row).
 inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x, int elem_size) {
@@ -132,10 +142,12 @@ inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x,
 inline int ln_v5_forward(int64_t N, bool rows_aligned) {
   return N >= 256 && N <= 8192 && rows_aligned ? 3 : 4;
 }
-// Version 6 is version 5 plus its copy-engine kernels for wide 16-byte rows (ln_v6_bulk):
-// the default for aligned rows of 256 columns or more, version 4 for the rest.
+// Version 6 is version 5 plus its copy-engine kernels for wide rows (ln_v6_bulk), and
+// version 5 is version 4 wherever rows are misaligned: the default for rows of 256 columns
+// or more, version 4 for narrower ones (whose lane groups version 5 hands to version 4 too).
 inline int ln_default_version(int64_t N, bool rows_aligned) {
-  return rows_aligned && N >= 256 ? 6 : 4;
+  (void)rows_aligned;  // decided inside version 6 (ln_v6_bulk) and version 5 (ln_v5_forward)
+  return N >= 256 ? 6 : 4;
 }
 
 // The elements per thread the kernels are instantiated for, smallest first (0 ends a list).

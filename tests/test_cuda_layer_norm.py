@@ -80,10 +80,10 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     assert len(v4) == 29 + 30 + 12, sorted(v4)
     spilled = {k: v for k, v in v4.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
-    # version 6: its forward and backward, 3 dtypes each (the backward's dw/db partials are
-    # registers: a spill would put them in local memory once per row)
+    # version 6: its forward and backward, 3 dtypes x 2 load widths each (the backward's dw/db
+    # partials are registers: a spill would put them in local memory once per row)
     v6 = {k: v for k, v in report.items() if "_v6_" in k}
-    assert len(v6) == 6, sorted(v6)
+    assert len(v6) == 12, sorted(v6)
     spilled = {k: v for k, v in v6.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
 
@@ -177,8 +177,9 @@ def test_version4_rule_picks(plan, case, want):
 
 _V6_SHIM = r"""
 #include "layer_norm_plan.h"
-extern "C" void plan6(int backward, long long N, int elem, long long* out) {
-  const levels_layer_norm::Ln6Plan p = levels_layer_norm::ln_v6_plan(backward != 0, N, elem);
+extern "C" void plan6(int backward, long long N, int elem, int aligned, long long* out) {
+  const levels_layer_norm::Ln6Plan p =
+      levels_layer_norm::ln_v6_plan(backward != 0, N, elem, aligned != 0);
   const long long v[5] = {p.ok, p.C, p.seg, p.stages, p.smem};
   for (int i = 0; i < 5; ++i) out[i] = v[i];
 }
@@ -207,8 +208,8 @@ def plan6(tmp_path_factory):
     lib.limits6.restype = ctypes.c_longlong
     out = (ctypes.c_longlong * 5)()
 
-    def call(N, elem, backward=False):
-        lib.plan6(int(backward), N, elem, out)
+    def call(N, elem, backward=False, aligned=True):
+        lib.plan6(int(backward), N, elem, int(aligned), out)
         return dict(zip(("ok", "C", "seg", "stages", "smem"), list(out)))
     call.bulk = lambda N, elem, backward, aligned: bool(lib.bulk6(int(backward), N, elem, int(aligned)))
     call.limits = dict(zip(("threads", "smem", "stages", "vpt", "cluster"),
@@ -232,9 +233,8 @@ def plan6(tmp_path_factory):
     # rounding seg up to whole vectors must not leave the last block with no columns
     (24584, 2, False, dict(ok=1, C=4, seg=6152)),
     (8, 2, True, dict(ok=1, C=1, seg=8, stages=8)),
-    # no plan: rows that are no whole number of 16-byte vectors, and backward rows whose
-    # dw/db partials would need more registers than a thread keeps (fp32 past 8 x 4096)
-    (4097, 2, False, dict(ok=0)),
+    # no plan: backward rows whose dw/db partials would need more registers than a thread
+    # keeps (fp32 past 8 x 4096)
     (65536, 4, True, dict(ok=0)),
 ])
 def test_version6_plan_picks(plan6, N, elem, backward, want):
@@ -242,15 +242,18 @@ def test_version6_plan_picks(plan6, N, elem, backward, want):
     assert {k: got[k] for k in want} == want, f"{N} x {elem} B, backward={backward}: {got}"
 
 
+@pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("elem", [2, 4])
 @pytest.mark.parametrize("backward", [False, True])
-def test_version6_plans_are_ones_the_kernels_can_run(plan6, elem, backward):
-    # Every plan: each block has columns ((C - 1) seg < N <= C seg), whole vectors, a cluster
-    # of at most 8, 2-8 buffers, shared memory within the budget (the kernels' guarantees).
+def test_version6_plans_are_ones_the_kernels_can_run(plan6, elem, backward, aligned):
+    # Every plan: each block has columns ((C - 1) seg < N <= C seg), seg whole vectors, a
+    # cluster of at most 8, 2-8 buffers of one piece (and, misaligned, one vector more for
+    # the granules around it), shared memory within the budget (the kernels' guarantees).
     lim = plan6.limits
     vec = 16 // elem
-    for N in list(range(vec, 4096, vec * 7)) + list(range(4096, 70000, vec * 331)) + [65536]:
-        p = plan6(N, elem, backward)
+    step = vec if aligned else 1
+    for N in list(range(step, 4096, step * 7)) + list(range(4096, 70000, step * 331)) + [65536]:
+        p = plan6(N, elem, backward, aligned)
         fits = not backward or N <= lim["cluster"] * lim["vpt"] * vec * lim["threads"]
         assert bool(p["ok"]) == fits, (N, p)
         if not p["ok"]:
@@ -259,21 +262,36 @@ def test_version6_plans_are_ones_the_kernels_can_run(plan6, elem, backward):
         assert 1 <= p["C"] <= lim["cluster"] and 2 <= p["stages"] <= lim["stages"], (N, p)
         assert p["smem"] <= lim["smem"], (N, p)
         arrays, kept = (2, 1) if backward else (1, 2)
-        assert p["smem"] == (kept + arrays * p["stages"]) * p["seg"] * elem, (N, p)
+        slot = p["seg"] + (0 if aligned else vec)
+        assert p["smem"] == (kept + arrays * p["stages"]) * slot * elem, (N, p)
         if backward:
             assert p["seg"] <= lim["vpt"] * vec * lim["threads"], (N, p)
-    assert plan6(4097 * vec, elem, backward)["ok"] == 1
-    assert plan6(4097 * vec + 1, elem, backward)["ok"] == 0  # not whole vectors
+    assert plan6(4097 * vec, elem, backward, aligned)["ok"] == 1
+    assert plan6(4097 * vec + 1, elem, backward, aligned)["ok"] == (0 if aligned else 1)
 
 
-def test_version6_takes_its_kernel_for_wide_aligned_rows_only(plan6):
+@pytest.mark.parametrize("N,elem,backward,want", [
+    # misaligned rows: each buffer one vector longer (the 16-byte granules around a piece)
+    (4097, 2, False, dict(ok=1, C=1, seg=4104, stages=6, smem=(2 + 6) * (4104 + 8) * 2)),
+    (16385, 2, True, dict(ok=1, C=5, seg=3280, stages=5)),
+    (1023, 4, False, dict(ok=1, C=1, seg=1024, stages=8)),
+    (32769, 4, True, dict(ok=0)),  # seg 4104 fp32: more partials than a thread keeps
+])
+def test_version6_plan_picks_misaligned(plan6, N, elem, backward, want):
+    got = plan6(N, elem, backward, aligned=False)
+    assert {k: got[k] for k in want} == want, f"{N} x {elem} B, backward={backward}: {got}"
+
+
+def test_version6_takes_its_kernel_for_wide_rows_only(plan6):
     # the widths the H100 sweep measured it faster (layer_norm_plan.h ln_v6_bulk)
     assert plan6.bulk(16384, 2, False, True) and plan6.bulk(32768, 4, False, True)
     assert not plan6.bulk(12288, 2, False, True) and not plan6.bulk(16384, 4, False, True)
     assert plan6.bulk(6144, 2, True, True) and plan6.bulk(4104, 4, True, True)
     assert not plan6.bulk(4096, 2, True, True) and not plan6.bulk(1024, 4, True, True)
-    assert not plan6.bulk(65536, 2, False, False)  # misaligned rows: version 5's kernels
-    assert not plan6.bulk(65536, 2, True, False)
+    # misaligned rows past 8192 columns, but fp32 backwards (version 4's element loads)
+    assert plan6.bulk(8193, 2, False, False) and plan6.bulk(16385, 2, True, False)
+    assert plan6.bulk(16385, 4, False, False) and not plan6.bulk(16385, 4, True, False)
+    assert not plan6.bulk(4097, 2, False, False) and not plan6.bulk(1023, 4, True, False)
 
 
 # What each kernel of layer_norm.cu is instantiated for (its launcher's switches): a plan
@@ -615,10 +633,11 @@ def test_version4_every_path(path, N, layout, dtype, plan):
 # per row and clusters of 2-8; buffers of 16 bytes to 64 KB), in rows that wrap its ring of
 # buffers several times (2500 rows over about 132 clusters: the mbarrier parities of rounds
 # 0, 1, 0, ...), in one row, on aligned rows and on rows of a wider buffer (aligned,
-# strided). Misaligned rows have no copy-engine plan, nor have fp32 backward rows past
-# 8 x 4096 columns: forced, the op refuses them.
+# strided) and on misaligned rows (x[:, 1:] of a wider tensor: every row a different
+# phase, copied with the 16-byte granules around it). fp32 backward rows past 8 x 4096
+# columns have no copy-engine plan: forced, the op refuses them.
 V6_CASES = [(2500, 8), (2500, 256), (1001, 1024), (37, 4096), (37, 6144), (1, 16384),
-            (9, 12288), (5, 20000), (3, 65536)]
+            (9, 12288), (5, 20000), (3, 65536), (513, 1), (513, 7), (37, 4097), (5, 16385)]
 
 
 @pytest.mark.gpu
@@ -631,8 +650,10 @@ def test_version6_copy_engine_kernel_forced(rows, N, dtype, layout, plan6):
     args = _v4_layout(_args((rows,), N, dtype, seed=N + 6), layout)
     fn = functools.partial(ln.layer_norm, version=6, path=1)
     elem = torch.empty((), dtype=dtype).element_size()
-    planned = plan6(N, elem)["ok"] and plan6(N, elem, backward=True)["ok"]
-    if layout == "sliced" or not planned or torch.cuda.get_device_capability()[0] < 9:
+    x, vec = args["x"], 16 // elem
+    aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (rows == 1 or x.stride(0) % vec == 0)
+    planned = plan6(N, elem, aligned=aligned)["ok"] and plan6(N, elem, True, aligned)["ok"]
+    if not planned or torch.cuda.get_device_capability()[0] < 9:
         with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
             w = args["weight"].detach().requires_grad_(True)
             fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
@@ -641,22 +662,22 @@ def test_version6_copy_engine_kernel_forced(rows, N, dtype, layout, plan6):
     assert r.passed, f"v6 forced, {rows} x {N} {dtype} {layout}: {r.summary()}"
 
 
-def test_default_version_is_6_for_aligned_rows_of_256_columns_or_more_else_4(monkeypatch):
+def test_default_version_is_6_for_rows_of_256_columns_or_more_else_4(monkeypatch):
     # cuda_kernels/layer_norm.py default_version: the rule read off the H100 sweeps (version 6:
-    # version 5 where version 3's fast path runs, its copy-engine kernel for wider rows;
-    # version 4 for narrow rows and wherever 16-byte loads cannot run). A call that names
-    # no version hands the op version 0, which applies the rule in C++ (checked against this
-    # mirror below); the environment still overrides it.
+    # version 5 where version 3's fast path runs, version 4's kernels where rows are
+    # misaligned, its copy-engine kernels for wider rows, aligned or not; version 4 for
+    # narrow rows). A call that names no version hands the op version 0, which applies the
+    # rule in C++ (checked against this mirror below); the environment still overrides it.
     monkeypatch.delenv("LEVELS_CUDA_VERSION_LAYER_NORM", raising=False)
     for N, dtype, want in [(768, torch.bfloat16, 6), (4096, torch.float32, 6), (8192, torch.bfloat16, 6),
-                           (16384, torch.bfloat16, 6), (65536, torch.float32, 6),
-                           (64, torch.bfloat16, 4), (255, torch.float32, 4), (1023, torch.bfloat16, 4),
-                           (1023, torch.float32, 4), (4097, torch.bfloat16, 4), (16385, torch.float32, 4)]:
+                           (16384, torch.bfloat16, 6), (65536, torch.float32, 6), (256, torch.float32, 6),
+                           (1023, torch.bfloat16, 6), (4097, torch.bfloat16, 6), (16385, torch.float32, 6),
+                           (64, torch.bfloat16, 4), (255, torch.float32, 4), (1, torch.float32, 4)]:
         x = torch.empty(3, N, dtype=dtype)
         assert ln.default_version(x) == want, (N, dtype)
     wide = torch.empty(3, 4104, dtype=torch.bfloat16)
-    assert ln.default_version(wide[:, 1:4097]) == 4  # a slice one element in: unaligned rows
-    assert ln.default_version(wide[:, 8:4104]) == 6  # 16 bytes in, row stride 4104: aligned
+    assert ln.default_version(wide[:, 1:4097]) == 6  # misaligned rows: version 6 (4's kernels)
+    assert ln.default_version(wide[:, 8:4104]) == 6
     assert ln.resolve_version() == ln.RULE == 0
     monkeypatch.setenv("LEVELS_CUDA_VERSION_LAYER_NORM", "2")
     assert ln.resolve_version() == 2
