@@ -104,18 +104,23 @@ PLAN_FIELDS = ("path", "vec", "E", "G", "R", "C", "seg")
 ROWS, SPLIT, LOOP, NONE = 1, 2, 3, 0
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    """layer_norm_plan.h's ln_plan, compiled by g++ for this CPU (the header is plain C++:
-    the launchers in layer_norm.cu call the same function)."""
+def _plan_library(directory: Path, source: str) -> ctypes.CDLL:
+    """A C++ shim over layer_norm_plan.h, compiled by g++ for this CPU (the header is plain
+    C++: the launchers in layer_norm.cu call the same functions) and loaded."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
-    d = tmp_path_factory.mktemp("ln-plan")
-    (d / "shim.cpp").write_text(_PLAN_SHIM)
+    (directory / "shim.cpp").write_text(source)
     subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
-                    str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
-    lib = ctypes.CDLL(str(d / "plan.so"))
+                    str(directory / "shim.cpp"), "-o", str(directory / "shim.so")], check=True,
+                   timeout=120)
+    return ctypes.CDLL(str(directory / "shim.so"))
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """layer_norm_plan.h's ln_plan (version 4's rule)."""
+    lib = _plan_library(tmp_path_factory.mktemp("ln-plan"), _PLAN_SHIM)
     out = (ctypes.c_longlong * 7)()
 
     def call(M, N, dtype, aligned=True, backward=False, clusters=True, sms=132, force=0):
@@ -196,15 +201,8 @@ extern "C" long long limits6(int i) {
 
 @pytest.fixture(scope="module")
 def plan6(tmp_path_factory):
-    """layer_norm_plan.h's ln_v6_plan and ln_v6_bulk, compiled by g++ for this CPU."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
-    d = tmp_path_factory.mktemp("ln-plan6")
-    (d / "shim.cpp").write_text(_V6_SHIM)
-    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
-                    str(d / "shim.cpp"), "-o", str(d / "plan6.so")], check=True, timeout=120)
-    lib = ctypes.CDLL(str(d / "plan6.so"))
+    """layer_norm_plan.h's ln_v6_plan and ln_v6_bulk (version 6's plan and rule)."""
+    lib = _plan_library(tmp_path_factory.mktemp("ln-plan6"), _V6_SHIM)
     lib.limits6.restype = ctypes.c_longlong
     out = (ctypes.c_longlong * 5)()
 
@@ -697,14 +695,7 @@ def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
     # of its first element and its row stride); default_version reads the same off the tensor.
     # Both must agree on every width, dtype and alignment, or the bench would time one version
     # and call it the other.
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
-    (tmp_path / "shim.cpp").write_text(_RULE_SHIM)
-    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
-                    str(tmp_path / "shim.cpp"), "-o", str(tmp_path / "rule.so")], check=True,
-                   timeout=120)
-    rule = ctypes.CDLL(str(tmp_path / "rule.so")).rule
+    rule = _plan_library(tmp_path, _RULE_SHIM).rule
     rule.argtypes = [ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
                      ctypes.c_int]
     seen = set()
