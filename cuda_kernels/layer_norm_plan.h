@@ -145,10 +145,9 @@ inline int ln_v5_forward(int64_t N, bool rows_aligned) {
 // Version 6 is version 5 plus its copy-engine kernels for wide rows (ln_v6_bulk), and
 // version 5 is version 4 wherever rows are misaligned: the default for rows of 256 columns
 // or more, version 4 for narrower ones (whose lane groups version 5 hands to version 4 too).
-inline int ln_default_version(int64_t N, bool rows_aligned) {
-  (void)rows_aligned;  // decided inside version 6 (ln_v6_bulk) and version 5 (ln_v5_forward)
-  return N >= 256 ? 6 : 4;
-}
+// The width alone decides; the alignment is read inside version 6 (ln_v6_bulk) and
+// version 5 (ln_v5_forward).
+inline int ln_default_version(int64_t N) { return N >= 256 ? 6 : 4; }
 
 // The elements per thread the kernels are instantiated for, smallest first (0 ends a list).
 // A thread carries at least 32 bytes of the row in the forward (two 16-byte vectors: with
