@@ -37,7 +37,8 @@
 //              consumer warpgroups run version 5's wgmma; a ring of shared-memory stages with
 //              `full` / `empty` mbarriers and parity waits replaces the block-wide barriers,
 //              and setmaxnreg moves registers from the producer (40) to the consumers (232).
-//              Same epilogues, same tile choice (128x256 / 128x128). Costs: 384 threads per
+//              Same epilogues, same tile choice (128x256 / 128x128; a 128x256 tile issues
+//              one m64n256k16 per k16 slice, WIDE_MMA below). Costs: 384 threads per
 //              block, a tensor-map encode per operand per launch on the host (a few us of
 //              CPU), Hopper only, the mbarrier phase bookkeeping (a wrong parity is a hang:
 //              -DLEVELS_GEMM6_TIMEOUT=n makes every wait trap after n million polls).
@@ -1215,6 +1216,21 @@ __device__ __forceinline__ void tma_load_stage(T* sA, T* sB, int s, const V6Oper
   }
 }
 
+// Version 6's (and 7's) instruction width. A 128x256 tile's consumer issued two m64n128k16 per
+// k16 slice; it now issues one m64n256k16, which reads the A slice from shared memory once
+// instead of twice: per stage of 64 k the two consumers read 80 KB instead of 96 KB, beside
+// the TMA's 48 KB of writes. A count of bytes (128 a cycle, ~1024 tensor-core cycles a stage)
+// said shared memory would run short first. The A/B says it did not: the same bits, and
+// +0.6-1.2% TFLOP/s at 8192^3, 4096^3 and the MLP's GEMMs, inside the run-to-run spread
+// (reports/level5-gemm-users-and-norms-2026-11-27/). Kept: one issue instead of two, the
+// instruction the public Hopper GEMMs use. -DLEVELS_WGMMA_N128=1 builds the two-instruction
+// form again.
+#if defined(LEVELS_WGMMA_N128) && LEVELS_WGMMA_N128
+constexpr bool WIDE_MMA = false;
+#else
+constexpr bool WIDE_MMA = true;
+#endif
+
 // A consumer warpgroup's MMAs on stage s: its 64 rows of A times all BN rows of B, 4 k16
 // slices, issued (and committed) asynchronously. K-major tiles: a k16 slice is 32 bytes into
 // each 128-byte row. MN-major tiles (A_MN, B_MN): a k16 slice is 16 k-rows, 2048 bytes into
@@ -1228,14 +1244,23 @@ __device__ __forceinline__ void wgmma_stage(const T* sA, const T* sB, int s, int
   const uint32_t b_base = smem_addr(sB + s * BN * V4_BK);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < V4_BK / 16; ++kk)
+  for (int kk = 0; kk < V4_BK / 16; ++kk) {
+    const uint64_t da = A_MN ? wgmma_desc_mn(a_base + kk * 16 * 128, ATOM) : wgmma_desc(a_base + kk * 32);
+    if constexpr (WIDE_MMA && NB == 2) {
+      // one m64n256k16 over the whole B tile: its rows (K-major: 256 rows of 128 bytes) or
+      // its four 64-column atoms (MN-major, ATOM apart) are what one descriptor walks; the
+      // accumulators acc[0][i], acc[1][i] are its d[i], d[64 + i] (wgmma.cuh)
+      const uint64_t db = B_MN ? wgmma_desc_mn(b_base + kk * 16 * 128, ATOM) : wgmma_desc(b_base + kk * 32);
+      wgmma_m64n256k16<T, A_MN, B_MN>(reinterpret_cast<float(&)[128]>(acc), da, db);
+    } else {
 #pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      const uint64_t da = A_MN ? wgmma_desc_mn(a_base + kk * 16 * 128, ATOM) : wgmma_desc(a_base + kk * 32);
-      const uint64_t db = B_MN ? wgmma_desc_mn(b_base + j * 2 * ATOM + kk * 16 * 128, ATOM)
-                               : wgmma_desc(b_base + j * 128 * 128 + kk * 32);
-      wgmma_m64n128k16<T, A_MN, B_MN>(acc[j], da, db);
+      for (int j = 0; j < NB; ++j) {
+        const uint64_t db = B_MN ? wgmma_desc_mn(b_base + j * 2 * ATOM + kk * 16 * 128, ATOM)
+                                 : wgmma_desc(b_base + j * 128 * 128 + kk * 32);
+        wgmma_m64n128k16<T, A_MN, B_MN>(acc[j], da, db);
+      }
     }
+  }
   wgmma_commit();
 }
 

@@ -73,9 +73,13 @@ std::tuple<at::Tensor, at::Tensor> grad(const at::Tensor& dy_in, const at::Tenso
   }
   const bool tc = uses_tensor_cores(version, dy_in);
   const at::Tensor dy = tc ? levels_cuda_mlp::k_major(dy_in) : dy_in;
-  // B = W_down as the (N, hidden) matrix of dY · W_down; K-major for version 4 means
-  // contiguous along N, i.e. W_downᵀ's rows: one copy of the weight.
-  const at::Tensor b = tc ? levels_cuda_mlp::k_major(w_down.t()).t() : w_down;
+  // B = W_down as the (N, hidden) matrix of dY · W_down; K-major for versions 4 and 5 means
+  // contiguous along N, i.e. W_downᵀ's rows: one copy of the weight (a transposing copy of
+  // hidden x N elements: 0.45 ms at Llama 3 8B, 7% of the whole forward+backward on an
+  // H100: reports/level5-gemm-users-and-norms-2026-11-27/). Version 6 reads an nn.Linear
+  // weight as it lies (hidden contiguous: MN-major tiles, as mlp_binding.cpp's matmul_into).
+  const bool b_as_lies = version == 6 && tc && dy_in.size(1) > 0 && levels_cuda_mlp::is_k_major(w_down);
+  const at::Tensor b = tc && !b_as_lies ? levels_cuda_mlp::k_major(w_down.t()).t() : w_down;
   at::Tensor g = g_in, u = u_in;
   if (g.strides() != u.strides()) {  // the epilogue reads both with one set of strides
     g = g.contiguous();

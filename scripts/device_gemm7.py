@@ -18,6 +18,7 @@ polls) to get an error naming the block and thread instead.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
@@ -297,6 +298,22 @@ def run_timings(report, versions=(5, 6, 7), batched=True):
     report["newton_schulz"] = ns_rows
 
 
+@contextlib.contextmanager
+def written(out: Path, report: dict, tag: str):
+    """Runs the body; whatever happens in it (a failure, a fault, Ctrl-C), `report` is written
+    to `out` with the body's seconds, and a fatal error is recorded in it before it goes on."""
+    t0 = time.perf_counter()
+    try:
+        yield t0
+    except BaseException as exc:
+        report["fatal"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
+        raise
+    finally:
+        report["total_s"] = time.perf_counter() - t0
+        out.write_text(json.dumps(report, indent=1, default=str))
+        print(f"[{tag}] wrote {out} ({report['total_s']:.0f} s)", flush=True)
+
+
 def main(V=V, versions=(5, 6, 7), batched=True, shapes=None, doc=__doc__):
     """The run; scripts/device_gemm8.py calls it for version 8 (no batched kernel of its own).
     shapes: None (CHECK_SHAPES) or a function of the GPU's SM count giving the (M, N, K) list."""
@@ -311,8 +328,7 @@ def main(V=V, versions=(5, 6, 7), batched=True, shapes=None, doc=__doc__):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "version_under_test": V, "mlp_versions": mlp.VERSIONS,
               "newton_schulz_versions": newton_schulz.VERSIONS, "check_only": check_only}
-    t0 = time.perf_counter()
-    try:
+    with written(out, report, f"gemm{V}") as t0:
         build.load()
         report["build_s"] = time.perf_counter() - t0
         print(f"[gemm{V}] {report['gpu']}: built in {report['build_s']:.0f} s; checks", flush=True)
@@ -329,13 +345,6 @@ def main(V=V, versions=(5, 6, 7), batched=True, shapes=None, doc=__doc__):
             t2 = time.perf_counter()
             run_timings(report, versions, batched)
             report["timings_s"] = time.perf_counter() - t2
-    except BaseException as exc:  # the report is written whatever happened
-        report["fatal"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
-        raise
-    finally:
-        report["total_s"] = time.perf_counter() - t0
-        out.write_text(json.dumps(report, indent=1, default=str))
-        print(f"[gemm{V}] wrote {out} ({report['total_s']:.0f} s)", flush=True)
     if report.get("check_failures"):
         raise SystemExit(f"version {V} failed {len(report['check_failures'])} check(s): see {out}")
 

@@ -130,6 +130,9 @@ def test_version_5_uses_wgmma_on_sm90a():
     ptx = build.compile_ptx(GEMM_CU, "90a")
     for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+                        # version 6's 128x256 tiles: one m64n256k16 per k16 slice (WIDE_MMA)
+                        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+                        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
                         "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned", "fence.proxy.async.shared::cta"):
         assert instruction in ptx, instruction

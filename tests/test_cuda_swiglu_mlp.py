@@ -128,6 +128,35 @@ def test_fused_ops_against_float64(version, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["as allocated", "transposed view", "odd row stride"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+def test_grad_reads_w_down_in_any_layout(layout, dtype):
+    """swiglu_mlp_grad at version 6 reads an nn.Linear W_down (hidden contiguous) as it lies
+    (MN-major tiles, no copy: swiglu_mlp_binding.cpp); any other layout is copied to the
+    K-major one first. Every layout gives dG and dU of the float64 math."""
+    g = torch.Generator().manual_seed(11)
+    M, N, hidden = 257, 136, 328
+    if layout == "odd row stride":  # a slice of a wider weight: rows 329 elements apart
+        wd = torch.randn(N, hidden + 1, generator=g).mul(0.1).to("cuda", dtype)[:, :hidden]
+    elif layout == "transposed view":
+        wd = torch.randn(hidden, N, generator=g).mul(0.1).to("cuda", dtype).t()
+    else:
+        wd = torch.randn(N, hidden, generator=g).mul(0.1).to("cuda", dtype)
+    dy = torch.randn(M, N, generator=g).to("cuda", dtype)
+    gs, us = (torch.randn(M, hidden, generator=g).to("cuda", dtype) for _ in range(2))
+    # NaN in the blocks the allocator hands out next (dG and dU are this size): an element the
+    # kernel does not write fails the check
+    poison = [torch.full((M, hidden), float("nan"), device="cuda", dtype=dtype) for _ in range(2)]
+    del poison
+    dg, du = K5._ops().swiglu_mlp_grad(dy, wd, gs, us, 6)
+    Gs, Us = gs.double(), us.double()
+    s, dA = torch.sigmoid(Gs), dy.double() @ wd.double()
+    for name, got, want in (("dG", dg, dA * Us * s * (1 + Gs * (1 - s))), ("dU", du, dA * Gs * s)):
+        c = compare(name, got, want, tolerance(dtype), dtype)
+        assert c.ok, c
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_opcheck_kernel_ops_and_the_call(version):
     ops = K5._ops()

@@ -103,6 +103,23 @@ def test_backward_tilings(dtype, tiling):
     _passes(_args(dict(rows=rows, N=N), dtype, seed=tiling[0]), fn=_pinned(backward_tiling=tiling))
 
 
+def test_second_stage_covers_the_sms():
+    """The dweight partials are summed by sum_partials_kernel with enough programs to cover
+    an H100's 132 SMs where the row allows (32 columns a program at the least), not 16 of
+    256 columns at 4096 as before, and up to 8K partials a step; every tile is a power of two
+    that the kernel's masks make safe for any N and P."""
+    from triton_kernels.layer_norm import partials_tile_rule as tile
+    assert tile(4096, 264, 1, 132) == (32, 256) and tile(4096, 264, 2, 132) == (32, 256)
+    assert tile(16384, 264, 1, 132) == (64, 128) and tile(65536, 264, 2, 132) == (256, 32)
+    assert tile(768, 264, 1, 132)[0] == 32 and tile(1, 3, 1, 132) == (1, 32)
+    for N in (1, 33, 768, 1000, 4096, 5120, 65536):
+        for P in (1, 2, 264, 1000):
+            for halves in (1, 2):
+                w, p = tile(N, P, halves, 132)
+                assert w & (w - 1) == 0 and (w >= 32 or w >= N) and w <= 256
+                assert p & (p - 1) == 0 and 32 <= p and w * p <= max(8192, 32 * w)
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

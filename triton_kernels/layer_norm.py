@@ -139,6 +139,28 @@ def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N:
              mask=cols < N)
 
 
+def partials_tile(N: int, P: int, device: torch.device, halves: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_P) of sum_partials_kernel for P partial rows of N columns (halves: 2
+    for dweight and dbias, 1 for rms_norm's dweight alone). The second stage reads P x N fp32
+    partials that sit in L2: little work, in series after the main kernel. At 256 columns and
+    32 partial rows a step, a 4096-wide row gave it 16 programs (32 with two halves), an
+    eighth of an H100's SMs, each reading ~300 KB from L2 in nine dependent steps: 16 us
+    alone (scripts/probe_partials_tile.py). Columns a program are halved (down to 32: one
+    128-byte segment of a partials row) until the programs cover the SMs, and each step reads
+    up to 8K partials (BLOCK_P rows), so a program's loads are in flight together."""
+    if INTERPRETED or device.type != "cuda":
+        return min(next_power_of_2(N), 64), 32
+    return partials_tile_rule(N, P, halves, sm_count(device))
+
+
+def partials_tile_rule(N: int, P: int, halves: int, sms: int) -> tuple[int, int]:
+    """partials_tile on a GPU with `sms` SMs (testable without one)."""
+    width = min(next_power_of_2(N), 256)
+    while width > 32 and cdiv(N, width) * halves < sms:
+        width //= 2
+    return width, max(32, min(next_power_of_2(P), 8192 // width))
+
+
 # ---------------------------------------------------------------------------------------
 # Rows wider than registers hold (N > WIDE): the row in chunks
 # ---------------------------------------------------------------------------------------
@@ -401,8 +423,8 @@ def _backward_wide(dy2, x2, weight, stats, dx, stride_xm):
         x2, weight, dy2, dx, stats, dots, parts, M, N, stride_xm, dy2.stride(0), N, rows,
         programs, CHUNK=CHUNK, num_warps=WIDE_WARPS)
     dwb = weight.new_empty((2, N))
-    RB_N = 64 if INTERPRETED else 256
-    sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)
+    RB_N, RB_P = partials_tile(N, programs, parts.device, 2)
+    sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=RB_P, BLOCK_N=RB_N)
     return dwb
 
 
@@ -440,8 +462,8 @@ class _LayerNorm(torch.autograd.Function):
             x2, weight, dy2, dx, stats, parts, M, N, stride_xm, dy2.stride(0), N, rows, programs,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
         dwb = weight.new_empty((2, N))  # dweight, dbias: one allocation, one launch
-        RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
-        sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=32, BLOCK_N=RB_N)
+        RB_N, RB_P = partials_tile(N, programs, parts.device, 2)
+        sum_partials_kernel[(cdiv(N, RB_N), 2)](parts, dwb, programs, N, BLOCK_P=RB_P, BLOCK_N=RB_N)
         return dx.reshape(ctx.x_shape), dwb[0], dwb[1], None, None, None
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from . import layer_norm
 from .launch import apply_ahead, cdiv, fast_launch, forward_ahead, needs_grad
-from .layer_norm import (INTERPRETED, _backward_tiling, _n_programs, _rows, _tiling,
+from .layer_norm import (_backward_tiling, _n_programs, _rows, _tiling,
                          sum_partials_kernel)
 
 
@@ -140,9 +140,9 @@ def _backward(dy, x2, weight, rstd, backward_tiling=None):
         x2, weight, dy2, dx, rstd, parts, M, N, x2.stride(0), dy2.stride(0), N, rows,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=num_warps)
     dweight = weight.new_empty((N,))
-    RB_N = min(BLOCK_N, 64 if INTERPRETED else 256)
+    RB_N, RB_P = layer_norm.partials_tile(N, programs, parts.device, 1)
     # grid axis 1 of size 1: sum_partials adds up its first (and here only) half
-    sum_partials_kernel[(cdiv(N, RB_N), 1)](parts, dweight, programs, N, BLOCK_P=32,
+    sum_partials_kernel[(cdiv(N, RB_N), 1)](parts, dweight, programs, N, BLOCK_P=RB_P,
                                             BLOCK_N=RB_N)
     return dx, dweight
 

@@ -88,6 +88,32 @@ def _finish(acc, acc2, offs_m, offs_n, c_ptr, c2_ptr, g_ptr, u_ptr, M, N, stride
 
 
 @triton.jit
+def _load_k(ptrs, offs_k, k_left, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """One K step's tile; offs_k shaped along the tile's K axis. Only K is masked (rows and
+    columns past the edge are wrapped by the caller)."""
+    if EVEN_K:
+        t = tl.load(ptrs)
+    else:
+        t = tl.load(ptrs, mask=offs_k < k_left, other=0.0)
+    if UPCAST:
+        t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def _k_loop(acc, a_ptrs, b_ptrs, stride_ak, stride_bk, offs_k, K, EVEN_K: tl.constexpr,
+            UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += A B over all of K, one (A, B) pair of tiles a step."""
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = _load_k(a_ptrs, offs_k[None, :], K - k * BLOCK_K, EVEN_K, UPCAST)
+        b = _load_k(b_ptrs, offs_k[:, None], K - k * BLOCK_K, EVEN_K, UPCAST)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak  # pointers step on: no k * stride product to overflow
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
 def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(left, right) column halves of a tile: a relabelling of registers (gemm.py SPLIT_N)."""
     return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
@@ -107,7 +133,7 @@ def swiglu_gemm_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr,  # operands: (M, K), (K, N)
                        GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr):
     """MODE GATE_UP:    acc = A B, acc2 = A B2 (two accumulators, A read once)  -> silu-mul
        MODE SWIGLU_GRAD: acc = A B                                               -> dG, dU
-       MODE SUM_OF_TWO:  acc = A B + A2 B2 (one accumulator, two K loops in one)  -> c"""
+       MODE SUM_OF_TWO:  acc = A B, then acc += A2 B2 (one accumulator, two K loops) -> c"""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -123,39 +149,28 @@ def swiglu_gemm_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr,  # operands: (M, K), (K, N)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATE_UP only (dead code otherwise)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        if MODE != 1:  # the second B (gate/up: the up weight; sum: the second product's)
-            if EVEN_K:
-                b2 = tl.load(b2_ptrs)
-            else:
-                b2 = tl.load(b2_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if UPCAST:
-                b2 = b2.to(tl.float32)
-            if MODE == 0:
-                acc2 = tl.dot(a, b2, acc2, input_precision=DOT_PRECISION)
-            else:
-                if EVEN_K:
-                    a2 = tl.load(a2_ptrs)
-                else:
-                    a2 = tl.load(a2_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                if UPCAST:
-                    a2 = a2.to(tl.float32)
-                acc = tl.dot(a2, b2, acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-        a2_ptrs += BLOCK_K * stride_a2k
-        b2_ptrs += BLOCK_K * stride_b2k
+    if MODE == 0:
+        # one tile of A, two of B a step: the gate and up accumulators share A's loads
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = _load_k(a_ptrs, offs_k[None, :], K - k * BLOCK_K, EVEN_K, UPCAST)
+            b = _load_k(b_ptrs, offs_k[:, None], K - k * BLOCK_K, EVEN_K, UPCAST)
+            b2 = _load_k(b2_ptrs, offs_k[:, None], K - k * BLOCK_K, EVEN_K, UPCAST)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            acc2 = tl.dot(a, b2, acc2, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+            b2_ptrs += BLOCK_K * stride_b2k
+    else:
+        acc = _k_loop(acc, a_ptrs, b_ptrs, stride_ak, stride_bk, offs_k, K, EVEN_K, UPCAST,
+                      DOT_PRECISION, BLOCK_K)
+        if MODE == 2:
+            # the second product after the first, into the same accumulator: each loop
+            # streams one pair of tiles a step, so its pipeline holds gemm.py's stages. One
+            # loop loading both pairs a step needed twice the shared memory a stage and ran
+            # with half the stages: ~1.8 ms of the 6.7 ms forward+backward at Llama 3 8B on
+            # the H100, 1.22 ms as two loops (reports/level5-gemm-users-and-norms-2026-11-27/).
+            acc = _k_loop(acc, a2_ptrs, b2_ptrs, stride_a2k, stride_b2k, offs_k, K, EVEN_K, UPCAST,
+                          DOT_PRECISION, BLOCK_K)
 
     # ---- epilogue: registers only until the stores ----
     if SPLIT_N == 2:
@@ -194,30 +209,12 @@ def tile(M: int, N: int, K: int, dtype: torch.dtype, device, mode: int) -> dict:
 def size_rule(M: int, N: int, K: int, mode: int, sms: int) -> dict:
     """The 16-bit tile on a GPU with `sms` SMs (tile's rule, testable without one)."""
     if M <= SMALL_M:  # decode: bound by reading the weights; 64 columns per accumulator
-        return _two_pairs_fit(small_m_tile(M, K), mode)
+        return small_m_tile(M, K)
     width = 2 * N if mode == GATE_UP else N
     cfg = _TILE_ARGS[id(tile_for(M, width, sms))]
-    return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2) if mode == GATE_UP else _two_pairs_fit(cfg, mode)
-
-
-def _two_pairs_fit(cfg: dict, mode: int) -> dict:
-    """SUM_OF_TWO reads two operand pairs per K step (dG, W_gate and dU, W_up), so each
-    pipeline stage holds twice the shared memory gemm.py's tile does: at gemm's 128x256x64
-    tile with 4 stages that asked an H100 for 384 KB (it has 227 KB a block; Triton's
-    interpreter never checks). Its stages, then its K step, are cut until the kernel holds
-    no more than gemm.py's own tile, which fits."""
-    if mode != SUM_OF_TWO:
-        return cfg
-    bm, bn, bk, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"]
-    budget = stages * (bm * bk + bk * bn)
-    while 2 * stages * (bm * bk + bk * bn) > budget:
-        if stages > 2:
-            stages -= 1
-        elif bk > 16:
-            bk //= 2
-        else:
-            break
-    return dict(cfg, num_stages=stages, BLOCK_K=bk)
+    # GATE_UP: two accumulators of half the width. SUM_OF_TWO streams one operand pair a
+    # step (its two products one after the other), so gemm.py's tile and stages fit as they are.
+    return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2) if mode == GATE_UP else cfg
 
 
 def _launch(mode, a, b, c, a2=None, b2=None, c2=None, g=None, u=None, save=False, config=None):
