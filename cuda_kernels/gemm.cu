@@ -120,7 +120,7 @@
 // Output C is the input dtype or fp32 (c_fp32: the LSTM's input projection wants fp32);
 // aux is always the input dtype.
 //
-// Versions 5-7 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2-4):
+// Versions 5-7 also run batched (levels_gemm_batched, for newton_schulz.cu's versions 2-5):
 // the same main loop (v5_main_loop / v6_main_loop / version 7's) in a sibling kernel with a batch axis (blockIdx.y; version 7: its tile index; a batch
 // stride per operand), one more epilogue, EPI_AXPBY: c = alpha * acc + beta * y[m, n] (fp32
 // math, stored in T), an optional transposed copy of the output (ct: the staged tile read
@@ -1356,9 +1356,11 @@ gemm_v6_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant_
 #endif
 }
 
-// The batched version 6 (newton_schulz.cu's version 3): gemm_v5_batched_kernel's schedule and
-// epilogue on the TMA / warp-specialized loop; the batch is the tensor maps' third coordinate.
-template <typename T, int BN>
+// The batched version 6 (newton_schulz.cu's versions 3 and 5): gemm_v5_batched_kernel's
+// schedule and epilogue on the TMA / warp-specialized loop; the batch is the tensor maps' third
+// coordinate. B_MN: b is a (K, N) matrix with N contiguous, read as it lies (version 6's
+// MN-major tiles: newton_schulz.cu's version 5 reads X itself as the B of B·X).
+template <typename T, int BN, bool B_MN = false>
 __global__ void __launch_bounds__(V6_THREADS, 1)
 gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                        int64_t M, int64_t N, int64_t K, BatchArgs ba) {
@@ -1376,7 +1378,7 @@ gemm_v6_batched_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_c
   batched_tile<BM, BN>(blockIdx.x, M, N, ba, c, m0, n0, ct, stn, stm);
   float acc[BN / 128][64];
   const V6Operands op{&map_a, &map_b, &map_b, ba.stride_ab ? (int)b : 0, ba.stride_bb ? (int)b : 0};
-  if (!v6_main_loop<T, BN, false>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
+  if (!v6_main_loop<T, BN, false, false, B_MN>(sA, sB, full, empty, op, m0, n0, K, acc)) return;
   epilogue_sync<true>();
   batched_epilogue<T, BN, true>(acc, reinterpret_cast<float*>(sA), m0, n0, M, N, c, ct, stn, stm, y, ba);
 #endif
@@ -2177,19 +2179,22 @@ int launch_v5_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, i
   return levels_launch_status();
 }
 
-template <typename T, int BN>
+// B_MN: b is (K, N) with N contiguous and ldb its k-row stride (64-column boxes, as plain_maps).
+template <typename T, int BN, bool B_MN = false>
 int launch_v6_batched_config(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M,
                              int64_t N, int64_t K, const BatchArgs& ba, cudaStream_t stream) {
   constexpr int smem = v6_smem<BN>();
   static_assert(128 * (BN + 8) * 4 <= smem - 1024, "the staged epilogue tile fits in the ring");
-  auto kernel = gemm_v6_batched_kernel<T, BN>;
+  auto kernel = gemm_v6_batched_kernel<T, BN, B_MN>;
   int status = opt_in_smem(kernel, smem);
   const int64_t t = cdiv(M, 128);
   const int64_t blocks = ba.symmetric ? t * (t + 1) / 2 : t * cdiv(N, BN);
   if (blocks > 0x7fffffff) return LEVELS_UNSUPPORTED;
   CUtensorMap map_a, map_b;
   if (status == LEVELS_OK) status = make_map<T>(&map_a, A, M, K, lda, batch, ba.stride_ab, 128);
-  if (status == LEVELS_OK) status = make_map<T>(&map_b, B, N, K, ldb, batch, ba.stride_bb, BN);
+  if (status == LEVELS_OK)
+    status = B_MN ? make_map<T>(&map_b, B, K, N, ldb, batch, ba.stride_bb, V4_BK)
+                  : make_map<T>(&map_b, B, N, K, ldb, batch, ba.stride_bb, BN);
   if (status != LEVELS_OK) return status;
   kernel<<<dim3((unsigned)blocks, (unsigned)batch), V6_THREADS, smem, stream>>>(map_a, map_b, M, N, K, ba);
   return levels_launch_status();
@@ -2214,16 +2219,21 @@ int launch_v7_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t 
   return levels_launch_status();
 }
 
+// b_mn: b is MN-major (version 6 only: levels_gemm_batched checks).
 template <typename T, int VERSION>
 int launch_hopper_batched(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t batch, int64_t M, int64_t N,
-                          int64_t K, const BatchArgs& ba, cudaStream_t stream) {
+                          int64_t K, const BatchArgs& ba, cudaStream_t stream, bool b_mn = false) {
   // The symmetric schedule needs square tiles (tile (i, j)'s mirror is tile (j, i)); the
   // plain one takes 128x256 tiles when they give every SM one, as launch_hopper.
   const bool small = ba.symmetric || batch * cdiv(M, 128) * cdiv(N, 256) < num_sms();
   if constexpr (VERSION == 7) return launch_v7_batched<T>(A, lda, B, ldb, batch, M, N, K, ba, stream);
-  if constexpr (VERSION == 6)
+  if constexpr (VERSION == 6) {
+    if (b_mn)
+      return small ? launch_v6_batched_config<T, 128, true>(A, lda, B, ldb, batch, M, N, K, ba, stream)
+                   : launch_v6_batched_config<T, 256, true>(A, lda, B, ldb, batch, M, N, K, ba, stream);
     return small ? launch_v6_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream)
                  : launch_v6_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
+  }
   return small ? launch_v5_batched_config<T, 128>(A, lda, B, ldb, batch, M, N, K, ba, stream)
                : launch_v5_batched_config<T, 256>(A, lda, B, ldb, batch, M, N, K, ba, stream);
 }
@@ -2338,8 +2348,10 @@ extern "C" int levels_gemm_column_sum(int dtype, int version, const void* x, int
 //   fp16 / bf16 only (wgmma has no fp32 path: LEVELS_BAD_DTYPE); an sm_90 GPU
 //   (LEVELS_BAD_ARCH); a and b K-major: stride_ak == stride_bk == 1, row strides and batch
 //   strides multiples of 8 elements, 16-byte aligned bases (LEVELS_UNSUPPORTED, version 4's
-//   rule); batch <= 65535 (grid y). c, ct and y take any strides (16-byte stores where
-//   contiguous and aligned). M, N, K or batch may be 0.
+//   rule), except that version 6 also reads a non-symmetric product's b as it lies when b is
+//   MN-major (stride_bn == 1, stride_bk a multiple of 8: the (K, N) matrix itself, as
+//   version 6's plain kernels do); batch <= 65535 (grid y). c, ct and y take any strides
+//   (16-byte stores where contiguous and aligned). M, N, K or batch may be 0.
 extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_t batch, int64_t M, int64_t N, int64_t K,
                                    const void* a, int64_t stride_ab, int64_t stride_am, int64_t stride_ak,
                                    const void* b, int64_t stride_bb, int64_t stride_bn, int64_t stride_bk,
@@ -2355,8 +2367,11 @@ extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (major != 9) return LEVELS_BAD_ARCH;  // wgmma exists on sm_90 only
   if (symmetric && (M != N || ct != nullptr)) return LEVELS_UNSUPPORTED;
-  const bool rows_ok = stride_ak == 1 && stride_bk == 1 && stride_am % 8 == 0 && stride_bn % 8 == 0 &&
-                       stride_ab % 8 == 0 && stride_bb % 8 == 0;
+  const bool b_k = stride_bk == 1 && stride_bn % 8 == 0;
+  // version 6 also reads b as a (K, N) matrix with N contiguous (MN-major: not symmetric)
+  const bool b_mn = version == 6 && !symmetric && !b_k && stride_bn == 1 && stride_bk % 8 == 0;
+  const bool rows_ok = stride_ak == 1 && stride_am % 8 == 0 && (b_k || b_mn) && stride_ab % 8 == 0 &&
+                       stride_bb % 8 == 0;
   if (!rows_ok || !levels_aligned16(a) || !levels_aligned16(b) || batch > 65535) return LEVELS_UNSUPPORTED;
   if (batch <= 0 || M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
   const BatchArgs ba{stride_ab, stride_bb, c, stride_cb, stride_cm, stride_cn, ct, stride_tb, stride_tn,
@@ -2368,9 +2383,12 @@ extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_
   if (version == 7)
     return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 7>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
                                : launch_hopper_batched<__nv_bfloat16, 7>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
-  if (version == 6)
-    return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 6>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
-                               : launch_hopper_batched<__nv_bfloat16, 6>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
+  if (version == 6) {
+    const int64_t ldb = b_mn ? stride_bk : stride_bn;
+    return dtype == LEVELS_F16
+               ? launch_hopper_batched<__half, 6>(ah, stride_am, bh, ldb, batch, M, N, K, ba, stream, b_mn)
+               : launch_hopper_batched<__nv_bfloat16, 6>(ab, stride_am, bb, ldb, batch, M, N, K, ba, stream, b_mn);
+  }
   return dtype == LEVELS_F16 ? launch_hopper_batched<__half, 5>(ah, stride_am, bh, stride_bn, batch, M, N, K, ba, stream)
                              : launch_hopper_batched<__nv_bfloat16, 5>(ab, stride_am, bb, stride_bn, batch, M, N, K, ba, stream);
 }

@@ -1,6 +1,6 @@
 // newton_schulz.cu — Muon's Newton–Schulz orthogonalization, X <- aX + (bA + cA^2)X with
 // A = X X^T, from X0 = G / (||G||_F + eps): Level 4's design (triton_kernels/newton_schulz.py)
-// in CUDA, a ladder of three versions.
+// in CUDA, a ladder of five versions.
 //
 //   version 1  shared-memory tiles on the CUDA cores (gemm.cu's version 2 per tile, fp32
 //              accumulation for every dtype). What it keeps from Level 4: the symmetric
@@ -44,13 +44,28 @@
 //              the GEMM. Costs: version 6's (a tensor map encoded on the host per operand
 //              per launch: 3 x 2 per step). Measured on the H100 (bf16, reports/h100-gemm6.json):
 //              1.32x native at 4096^2, 1.14x at 4096x11008 (version 2: 0.98x, 0.91x). The
-//              default on sm_90; Level 4 (1.66x, 1.46x) is still ahead: version 6 is 0.8-0.9x
-//              cuBLAS per product where Level 4's Triton GEMMs come closer at these shapes.
+//              default on sm_90 until version 5; Level 4 (1.66x, 1.46x) is still ahead:
+//              version 6 is 0.8-0.9x cuBLAS per product where Level 4's Triton GEMMs come
+//              closer at these shapes.
 //   version 4  version 2's plan on gemm.cu's version-7 GEMM (a persistent grid: one block per
 //              SM walks (matrix, tile) pairs, the epilogue of one tile under the TMA loads of
 //              the next; 128x128 tiles). Again only the version argument changes. Costs:
-//              version 7's (4 ring stages at 128x128 where version 6 has 6). Measured: (to be
-//              filled by the lead from reports/h100-gemm7.json).
+//              version 7's (4 ring stages at 128x128 where version 6 has 6). Measured on the
+//              H100 (bf16, reports/h100-gemm7.json): 1.31x native at 4096^2, 1.16x at
+//              4096x11008 (version 3 in the same run: 1.34x, 1.18x): no gain.
+//   version 5  version 3 with the iterate kept once. Versions 2-4 keep X^T because version 5's
+//              GEMM read K-major operands only; version 6 also reads an MN-major operand as it
+//              lies (TMA boxes of 64 columns, wgmma's transpose flag). So X' = B X + a X takes
+//              X itself as its B, the (K = M, N) matrix with N contiguous, and nothing writes
+//              X^T: not the prepare launch, not the updates (the last step of a tall G still
+//              writes its result transposed, into G's layout). Saves an M x N store per step
+//              and half of the prepare launch's stores; the products are version 3's, and so
+//              are the bits. Measured on the H100 (bf16, version 3 in the same run,
+//              reports/level5-gemm-users-and-norms-2026-11-27/): 1.04x / 1.39x / 1.24x native at
+//              1024^2, 4096^2, 4096x11008 (version 3: 1.02x, 1.37x, 1.20x); at 4096^2 the five
+//              updates 1049 us against 1115, the prepare launch 58 us against 65. The default
+//              on sm_90. Still below Level 4 (1.59-1.66x): each tile's epilogue runs after its
+//              mainloop, and at 1024^2 36-64 tiles meet 132 SMs.
 //
 // Operands are read through both element strides (any view: a tall G is iterated as G^T by
 // swapping its strides, no copy); scratch (A, B, the iterates) is contiguous and allocated by
@@ -276,9 +291,9 @@ inline int64_t padded(int64_t n) { return levels_cdiv(n, 8) * 8; }
 
 template <typename T> constexpr int dtype_code() { return std::is_same<T, __half>::value ? LEVELS_F16 : LEVELS_BF16; }
 
-// X0 = s G into X (M, ldx) and X^T (N, ldt), matrix blockIdx.z: one 32x32 tile of G per block,
-// read along whichever of G's dimensions is contiguous, turned around in shared memory so
-// that both writes are along rows too.
+// X0 = s G into X (M, ldx) and, unless XT is nullptr (version 5), X^T (N, ldt), matrix
+// blockIdx.z: one 32x32 tile of G per block, read along whichever of G's dimensions is
+// contiguous, turned around in shared memory so that both writes are along rows too.
 constexpr int PREP_ROWS = 8;  // prepare_v2's block: TILE x PREP_ROWS threads
 
 template <typename T>
@@ -289,7 +304,7 @@ prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const
   const int64_t b = blockIdx.z;
   G += b * sgb;
   X += b * M * ldx;
-  XT += b * N * ldt;
+  if (XT != nullptr) XT += b * N * ldt;  // version 5 keeps no X^T
   const float s = scale[b];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t m0 = (int64_t)blockIdx.y * TILE, n0 = (int64_t)blockIdx.x * TILE;
@@ -306,7 +321,7 @@ prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const
 #pragma unroll
   for (int r = ty; r < TILE; r += PREP_ROWS) {
     if (m0 + r < M && n0 + tx < N) X[(m0 + r) * ldx + n0 + tx] = from_f32<T>(t[r][tx]);
-    if (n0 + r < N && m0 + tx < M) XT[(n0 + r) * ldt + m0 + tx] = from_f32<T>(t[tx][r]);
+    if (XT != nullptr && n0 + r < N && m0 + tx < M) XT[(n0 + r) * ldt + m0 + tx] = from_f32<T>(t[tx][r]);
   }
 }
 
@@ -315,11 +330,14 @@ prepare_v2(const T* __restrict__ G, int64_t sgb, int64_t sgm, int64_t sgn, const
 // X0, XT0 (batch, M, ldn) and (batch, N, ldm) for steps >= 1; X1, XT1 the same for steps >= 2.
 // gemm_version: 5 (Newton–Schulz version 2), 6 (version 3) or 7 (version 4), the GEMM every
 // product runs on.
+// keep_t = false (version 5): XT0 and XT1 are not given; X' = B X + a X reads X itself as the
+// MN-major B operand (version 6's batched GEMM reads a (K, N) matrix with N contiguous as it
+// lies), so no X^T is written, neither by the prepare launch nor by the updates.
 template <typename T>
 int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, T* out, int64_t sob, int64_t som,
            int64_t son, int64_t batch, int64_t M, int64_t N, int steps, float a, float b, float c,
            float eps, T* A, T* Bm, T* X0, T* X1, T* XT0, T* XT1, float* partials, float* scale,
-           cudaStream_t stream) {
+           cudaStream_t stream, bool keep_t = true) {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -343,7 +361,7 @@ int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, 
     // The result of the last step is contiguous in G's shape: for a wide G that is X' (c),
     // for a tall one X'^T (ct); any other strides go through c element by element.
     T* c_out = !last ? X[cur ^ 1] : (son == 1 || som != 1 ? out : nullptr);
-    T* ct_out = !last ? XT[cur ^ 1] : (c_out == nullptr ? out : nullptr);
+    T* ct_out = !last ? (keep_t ? XT[cur ^ 1] : nullptr) : (c_out == nullptr ? out : nullptr);
     const int64_t scb = last ? sob : M * ldn, scm = last ? som : ldn, scn = last ? son : 1;
     const int64_t stb = last ? sob : N * ldm, stn = last ? son : ldm, stm = last ? som : 1;
     // ### BEGIN SOLUTION
@@ -354,9 +372,13 @@ int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, 
     if (status == LEVELS_OK)
       status = levels_gemm_batched(dt, gemm_version, 1, batch, M, M, M, A, M * ldm, ldm, 1, A, M * ldm, ldm, 1, Bm, M * ldm,
                                    ldm, 1, nullptr, 0, 0, 0, A, M * ldm, ldm, 1, c, b, stream);
-    // X' = B X + a X: rows of B and rows of X^T (the (N, K = M) K-major operand); X' and X'^T
-    if (status == LEVELS_OK)
+    // X' = B X + a X: rows of B and rows of X^T (the (N, K = M) K-major operand); X' and X'^T.
+    // Version 5: X itself as B (stride_bn = 1, stride_bk = ldn: MN-major); X' alone.
+    if (status == LEVELS_OK && keep_t)
       status = levels_gemm_batched(dt, gemm_version, 0, batch, M, N, M, Bm, M * ldm, ldm, 1, XT[cur], N * ldm, ldm, 1, c_out,
+                                   scb, scm, scn, ct_out, stb, stn, stm, X[cur], M * ldn, ldn, 1, 1.0f, a, stream);
+    else if (status == LEVELS_OK)
+      status = levels_gemm_batched(dt, gemm_version, 0, batch, M, N, M, Bm, M * ldm, ldm, 1, X[cur], M * ldn, 1, ldn, c_out,
                                    scb, scm, scn, ct_out, stb, stn, stm, X[cur], M * ldn, ldn, 1, 1.0f, a, stream);
     // ### END SOLUTION
   }
@@ -373,11 +395,11 @@ int run_v2(int gemm_version, const T* G, int64_t sgb, int64_t sgm, int64_t sgn, 
 // through strides (sgb, sgm, sgn) (the binding passes a tall G transposed; a 2-D G is a batch
 // of one), out viewed likewise through (sob, som, son). batch >= 0, M, N >= 1, steps >= 0.
 // Scratch, all contiguous, allocated by the caller:
-//   version 1 and fp32 at versions 2-4: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
+//   version 1 and fp32 at versions 2-5: A and Bm (batch, M, M), X0 and X1 (batch, M, N) (unused
 //     for steps <= 1 and <= 2); XT0, XT1 unused;
-//   versions 2-4 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
+//   versions 2-5 (fp16, bf16; sm_90): rows padded to a multiple of 8 (ldm = M, ldn = N rounded
 //     up): A and Bm (batch, M, ldm), X0 and X1 (batch, M, ldn), XT0 and XT1 (batch, N, ldm)
-//     (X0, XT0 unused for steps 0; X1, XT1 for steps <= 1);
+//     (X0, XT0 unused for steps 0; X1, XT1 for steps <= 1; XT0 and XT1 unused at version 5);
 //   partials (batch * 1024 floats), scale (batch floats).
 extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, int64_t sgb,
                                     int64_t sgm, int64_t sgn, void* out, int64_t sob, int64_t som,
@@ -386,16 +408,16 @@ extern "C" int levels_newton_schulz_run(int dtype, int version, const void* G, i
                                     void* X0, void* X1, void* XT0, void* XT1, float* partials,
                                     float* scale, cudaStream_t stream) {
   using namespace levels_newton_schulz;
-  if (version < 1 || version > 4) return LEVELS_BAD_VERSION;
+  if (version < 1 || version > 5) return LEVELS_BAD_VERSION;
   LEVELS_DISPATCH(dtype, T, {
     if constexpr (!std::is_same<T, float>::value) {
-      if (version >= 2)
-        return run_v2<T>(version + 3, static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
-                         batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
-                         static_cast<T*>(X0), static_cast<T*>(X1), static_cast<T*>(XT0),
-                         static_cast<T*>(XT1), partials, scale, stream);
+      if (version >= 2)  // the GEMM version each runs on: 2 -> 5, 3 -> 6, 4 -> 7, 5 -> 6
+        return run_v2<T>(version == 5 ? 6 : version + 3, static_cast<const T*>(G), sgb, sgm, sgn,
+                         static_cast<T*>(out), sob, som, son, batch, M, N, steps, a, b, c, eps,
+                         static_cast<T*>(A), static_cast<T*>(Bm), static_cast<T*>(X0), static_cast<T*>(X1),
+                         static_cast<T*>(XT0), static_cast<T*>(XT1), partials, scale, stream, version != 5);
     }
-    // version 1, and fp32 at versions 2-4 (exact fp32 on the CUDA cores: wgmma has no fp32)
+    // version 1, and fp32 at versions 2-5 (exact fp32 on the CUDA cores: wgmma has no fp32)
     return run<T>(static_cast<const T*>(G), sgb, sgm, sgn, static_cast<T*>(out), sob, som, son,
                   batch, M, N, steps, a, b, c, eps, static_cast<T*>(A), static_cast<T*>(Bm),
                   static_cast<T*>(X0), static_cast<T*>(X1), partials, scale, stream);

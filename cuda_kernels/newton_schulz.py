@@ -21,16 +21,24 @@ and its transpose), a tall G is read transposed through its strides. One call is
         and two consumer warpgroups on mbarriers: levels_gemm_batched's version argument
         picks the GEMM); the same scratch, launches and epilogues. sm_90 only; fp32 as v2.
         H100, bf16 (reports/h100-gemm6.json): 1.32x native at 4096^2, 1.14x at 4096x11008
-        (version 2 in the same run: 0.98x, 0.91x): the default on sm_90
+        (version 2 in the same run: 0.98x, 0.91x): the default on sm_90 until version 5
     v4  version 2's plan on gemm.cu's version-7 GEMM (persistent blocks walking (matrix, tile)
         pairs, each tile's epilogue under the next tile's TMA loads; 128x128 tiles). sm_90
         only; fp32 as v2. H100, bf16 (reports/h100-gemm7.json): 1.31x native at 4096^2,
         1.16x at 4096x11008 (version 3 in the same run: 1.34x, 1.18x): the GEMM's persistent
         grid bought nothing, so version 3 stays the default
+    v5  version 3 with the iterate kept once: X' = B X + a X reads X itself as the MN-major B
+        operand (gemm.cu version 6's batched kernel loads a (K, N) matrix with N contiguous
+        as it lies, TMA boxes of 64 columns), so no X^T is written, not by the prepare launch
+        and not by any update. What it saves: an M x N store per step and half the prepare
+        launch's stores. sm_90 only; fp32 as v2. H100, bf16, version 3 in the same run
+        (reports/level5-gemm-users-and-norms-2026-11-27/): the same bits; 1.04x / 1.39x /
+        1.24x native at 1024^2, 4096^2, 4096x11008 (version 3: 1.02x, 1.37x, 1.20x), the
+        update 1049 us a call at 4096^2 against 1115: the default on sm_90
 
 Version: the `version` argument, else $LEVELS_CUDA_VERSION_NEWTON_SCHULZ, else
-default_version(): HOPPER_VERSION (3) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
-rule of cuda_kernels/mlp.py. Asking for version 2, 3 or 4 on another GPU is an error, never a
+default_version(): HOPPER_VERSION (5) on an sm_90 GPU, DEFAULT_VERSION (1) elsewhere, the
+rule of cuda_kernels/mlp.py. Asking for version 2, 3, 4 or 5 on another GPU is an error, never a
 silent run of version 1.
 """
 
@@ -52,11 +60,13 @@ VERSIONS = {
        "warpgroups on mbarriers (sm_90 only; fp32 runs version 1)",
     4: "version 2's plan on gemm.cu's version-7 GEMM: persistent blocks, each tile's epilogue "
        "under the next tile's loads (sm_90 only; fp32 runs version 1)",
+    5: "version 3 with the iterate kept once: the update reads X as the MN-major B operand, so "
+       "no X^T is written (sm_90 only; fp32 runs version 1)",
 }
 # the GEMM version (gemm.cu, levels_gemm_batched) each wgmma version's products run on
-GEMM_VERSION = {2: 5, 3: 6, 4: 7}
+GEMM_VERSION = {2: 5, 3: 6, 4: 7, 5: 6}
 DEFAULT_VERSION = 1  # every GPU
-HOPPER_VERSION = 3   # the default where wgmma and TMA exist (sm_90: H100, H200)
+HOPPER_VERSION = 5   # the default where wgmma and TMA exist (sm_90: H100, H200)
 ENV_VERSION = versions.env_name("newton_schulz")
 _registered = False
 

@@ -35,17 +35,18 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, double a, double b,
   const int64_t sgb = batched ? G.stride(0) : 0;
   const int64_t sgm = tall ? G.stride(-1) : G.stride(-2), sgn = tall ? G.stride(-2) : G.stride(-1);
   const int64_t som = tall ? 1 : N, son = tall ? M : 1;  // result is contiguous in G's shape
-  // Scratch (levels_newton_schulz_run's contract): versions 2-4 on 16-bit G keep X and
-  // X^T, rows padded to a multiple of 8 elements; version 1 (and fp32 at 2-4) X alone.
-  const bool wgmma = version >= 2 && version <= 4 && G.scalar_type() != at::kFloat;
+  // Scratch (levels_newton_schulz_run's contract): versions 2-5 on 16-bit G pad rows to a
+  // multiple of 8 elements, and 2-4 keep X^T beside X; version 1 (and fp32 at 2-5) X alone.
+  const bool wgmma = version >= 2 && version <= 5 && G.scalar_type() != at::kFloat;
+  const bool keeps_t = wgmma && version <= 4;
   const int64_t ldm = wgmma ? (M + 7) / 8 * 8 : M, ldn = wgmma ? (N + 7) / 8 * 8 : N;
   const int64_t first = wgmma ? 1 : 2;  // the steps from which X0 (then X1) is used
   at::Tensor A = at::empty({batch, M, ldm}, G.options());
   at::Tensor Bm = at::empty({batch, M, ldm}, G.options());
   at::Tensor X0 = at::empty({steps >= first ? batch : 0, M, ldn}, G.options());
   at::Tensor X1 = at::empty({steps >= first + 1 ? batch : 0, M, ldn}, G.options());
-  at::Tensor XT0 = at::empty({wgmma && steps >= 1 ? batch : 0, N, ldm}, G.options());
-  at::Tensor XT1 = at::empty({wgmma && steps >= 2 ? batch : 0, N, ldm}, G.options());
+  at::Tensor XT0 = at::empty({keeps_t && steps >= 1 ? batch : 0, N, ldm}, G.options());
+  at::Tensor XT1 = at::empty({keeps_t && steps >= 2 ? batch : 0, N, ldm}, G.options());
   at::Tensor partials = at::empty({batch, 1024}, G.options().dtype(at::kFloat));
   at::Tensor scale = at::empty({batch}, G.options().dtype(at::kFloat));
   const int status = levels_newton_schulz_run(

@@ -1,6 +1,7 @@
 """Where the time of a whole call goes, launch by launch: Newton-Schulz (five steps, bf16) and
-the SwiGLU MLP's forward+backward at Level 1 (eager), Level 4 and Level 5, each call profiled
-with torch.profiler (CUDA activity) after warm-up. Per call: the GPU time of every kernel
+the SwiGLU MLP's forward+backward at Level 1 (eager), Level 4 and Level 5 (Newton-Schulz: also
+Level 5's other Hopper versions), each call profiled with torch.profiler (CUDA activity) after
+warm-up. Per call: the GPU time of every kernel
 (grouped by name), their sum, and the call's own span on the GPU (first kernel start to last
 kernel end): span - sum is time the GPU sat idle inside the call (launch gaps, host work).
 
@@ -93,6 +94,11 @@ def main():
         G = torch.randn(*shape, device=dev, generator=gen).to(dt)
         for name, mod in lv.items():
             record(f"newton_schulz {shape[0]}x{shape[1]}", name, lambda mod=mod: mod.newton_schulz(G))
+        # Level 5's other wgmma versions than its default, by the kernels' entry
+        from cuda_kernels import newton_schulz as k5
+        for v in sorted(set(k5.GEMM_VERSION) - {k5.default_version()}):
+            record(f"newton_schulz {shape[0]}x{shape[1]}", f"cuda v{v}",
+                   lambda v=v: k5.newton_schulz(G, 5, 3.4445, -4.7750, 2.0315, 1e-7, version=v))
 
     M, d, H = 4096, 4096, 14336  # Llama 3 8B's MLP, 4096 tokens
     x = torch.randn(M, d, device=dev, generator=gen).to(dt).requires_grad_()

@@ -1,4 +1,4 @@
-"""Level 5 (CUDA): newton_schulz, versions 1-4 of cuda_kernels/newton_schulz.cu.
+"""Level 5 (CUDA): newton_schulz, versions 1-5 of cuda_kernels/newton_schulz.cu.
 
 On a CPU: the level says why it cannot run (the harness's skip), and the kernel op's
 contract is held by its CPU twin in tests/test_cuda_autograd_cpu.py. On a GPU (marked `gpu`):
@@ -8,8 +8,9 @@ NaN where a mirror store should have written. Version 2 (Hopper wgmma through ge
 batched version-5 GEMM) is checked the same way at odd sizes (rows not a multiple of 8 or of
 the 128-row tile, K tails), wide and tall, batched, steps 0/1/5, against the float64
 reference with the card's bound, with the memory the result lands in filled with NaN first;
-every version-2 test runs versions 3 and 4 too (the same plan on gemm.cu's version-6 and
-persistent version-7 GEMMs), which must also give version 2's bits.
+every version-2 test runs versions 3, 4 and 5 too (the same plan on gemm.cu's version-6 and
+persistent version-7 GEMMs, and version 3 with X read as the MN-major operand of the update
+instead of a kept X^T), which must also give version 2's bits.
 """
 
 from __future__ import annotations
@@ -132,27 +133,28 @@ def _hopper():
 hopper = pytest.mark.skipif(not _hopper(), reason="version 2 needs an sm_90 GPU (wgmma)")
 
 
-@pytest.fixture(params=[2, 3, 4], ids=["v2", "v3", "v4"])
+@pytest.fixture(params=[2, 3, 4, 5], ids=["v2", "v3", "v4", "v5"])
 def v2(request, monkeypatch):
     """Every Level 5 call in the test runs version 2, then version 3 (the same plan on gemm.cu's
     version-6 GEMM: TMA, warp specialization), then version 4 (on the persistent version-7
-    GEMM: batches and products of many tiles per block); the caching allocator's free blocks hold NaN,
+    GEMM: batches and products of many tiles per block), then version 5 (version 3 reading X
+    as the update's MN-major operand, no X^T); the caching allocator's free blocks hold NaN,
     so the result (allocated by the op) starts as NaN wherever it lands in them."""
     monkeypatch.setenv(K5.ENV_VERSION, str(request.param))
     poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB of NaN, then freed
     del poison
 
 
-def test_version_3_is_the_default_on_hopper_only(monkeypatch):
+def test_version_5_is_the_default_on_hopper_only(monkeypatch):
     monkeypatch.delenv(K5.ENV_VERSION, raising=False)
-    expected = 3 if _hopper() else 1
+    expected = 5 if _hopper() else 1
     assert K5.default_version() == K5.resolve_version() == expected
-    assert K5.HOPPER_VERSION == 3 and K5.DEFAULT_VERSION == 1
+    assert K5.HOPPER_VERSION == 5 and K5.DEFAULT_VERSION == 1
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_hopper() or not torch.cuda.is_available(), reason="needs a GPU other than sm_90")
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_gpu_version_2_elsewhere_is_a_clear_error(version):
     with pytest.raises(RuntimeError, match="wgmma"):
         K5.newton_schulz(torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), 5, 3.4445,
@@ -209,7 +211,7 @@ def test_gpu_v2_model_shapes(v2, dtype, shape):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix(version):
     # 3 x 512 x 1536: batched and alone, the update runs 128x128 tiles (launch_hopper_batched
     # picks 128x256 only when they fill every SM), so each element sums in the same order
@@ -222,7 +224,9 @@ def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix(versio
     loop = torch.stack([K5.newton_schulz(g, 5, *COEFFICIENTS, 1e-7, version=version) for g in G])
     assert torch.equal(v2, loop.float())  # the same kernels per matrix: the same bits
     if version >= 3:  # the same MMAs in the same order as the version below's GEMM: the same bits
-        assert torch.equal(v2, K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=version - 1).float())
+        # (version 5's update reads X MN-major where version 3 read X^T K-major: the same sums)
+        below = 3 if version == 5 else version - 1
+        assert torch.equal(v2, K5.newton_schulz(G, 5, *COEFFICIENTS, 1e-7, version=below).float())
 
 
 @pytest.mark.gpu
@@ -230,7 +234,7 @@ def test_gpu_v2_agrees_with_version_1_and_level_4_and_one_call_per_matrix(versio
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, cols", [(1, 8), (130, 72), (300, 264), (1000, 512),
                                         (4096, 136)])  # 528 lower tiles: ~4 per persistent block
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_gpu_v2_symmetric_product_alone(dtype, rows, cols, version):
     X = torch.randn(rows, cols, device="cuda", dtype=dtype)
     torch.full((64 << 20,), float("nan"), device="cuda")  # freed NaN blocks: A may land there
