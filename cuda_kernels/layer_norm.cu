@@ -56,10 +56,17 @@
 //         still read once. Few rows (2M < SMs, N >= 4096) split too, so more SMs stream.
 //       * the next row prefetched into L2 (prefetch.global.L2) while this row's sums cross
 //         the block or the cluster: no registers held, no extra DRAM traffic.
-//       Costs: 71 kernels (dtype x elements a thread x load width x lane stride: the cold
-//       build's nvcc time); sm_90 for the split (elsewhere rows too wide for one block take
-//       v3's loop; so do rows wider than 8 x 8192); the ops take a forcing `path` argument so
-//       that tests and scripts/sweep_layer_norm.py reach every kernel.
+//       * misaligned rows of a contiguous x (odd widths), phased (their section below): moved
+//         as the 16-byte vectors that cover them, y at the same phase as x, weight and bias put
+//         together for a block's phase once. The forward takes them where they hold as many
+//         rows in flight as the element kernels (fwd_v4_ph_pays): bf16 6145-7001 columns
+//         0.77-0.84x copy against 0.59-0.63x; at 1023-4097 the element kernels keep more rows
+//         in flight and stay (0.68-0.80x). The backward keeps the element kernels.
+//       Costs: 71 kernels, 89 with the phased forward (dtype x elements a thread x load width
+//       x lane stride: the cold build's nvcc time); sm_90 for the split (elsewhere rows too
+//       wide for one block take v3's loop; so do rows wider than 8 x 8192); the ops take a
+//       forcing `path` argument so that tests and scripts/sweep_layer_norm.py reach every
+//       kernel (paths 1 and 2 take the phased forward wherever it runs).
 //
 // Backward versions (the same version number; forward vN pairs with backward vN):
 //   dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)),   xhat = (x - mean) * rstd
@@ -777,6 +784,7 @@ struct RowPart {
   static constexpr int STRIDE = S;
   static_assert(E % VEC == 0, "a thread holds whole vectors");
   using V = Vec<T, VEC>;
+  using Elem = T;
   V v[CH];
 
   __device__ __forceinline__ static int col(int first, int c) { return (first + c * S) * VEC; }
@@ -906,11 +914,12 @@ __device__ __forceinline__ void prefetch_l2(const T* p, int64_t n, int t, int la
     asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
-// A row's mean and rstd from the thread's share xr (columns [0, n) of the row's piece) and
-// `total(value, k)`, the row's sum of every thread's value (k: which of the two sums).
-template <typename P, typename Total>
-__device__ __forceinline__ float2 fwd_v4_stats(const P& xr, int first, int n, int N, float eps,
-                                               Total total) {
+// A row's mean and rstd from the thread's share xr and `total(value, k)`, the row's sum of
+// every thread's value (k: which of the two sums). `own(c, j)`: element j of vector c is one
+// of the row's columns (else it holds 0: padding, or a neighbour row's element the phased
+// kernels zeroed).
+template <typename P, typename Total, typename Own>
+__device__ __forceinline__ float2 fwd_v4_stats(const P& xr, int N, float eps, Total total, Own own) {
   float2 stats = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
   // ### BEGIN SOLUTION
   float s = 0.0f;
@@ -921,43 +930,66 @@ __device__ __forceinline__ float2 fwd_v4_stats(const P& xr, int first, int n, in
   const float mean = total(s, 0) / (float)N;
   float sq = 0.0f;
 #pragma unroll
-  for (int c = 0; c < P::CH; ++c) {
-    if (!P::in(first, c, n)) continue;  // padding holds 0, not the mean: keep it out
+  for (int c = 0; c < P::CH; ++c)
 #pragma unroll
     for (int j = 0; j < P::VEC; ++j) {
+      if (!own(c, j)) continue;  // padding holds 0, not the mean: keep it out
       const float d = xr.f(c, j) - mean;
       sq += d * d;
     }
-  }
   stats = make_float2(mean, 1.0f / sqrtf(total(sq, 1) / (float)N + eps));
   // ### END SOLUTION
   return stats;  // (mean, rstd); NaN until the lines between the markers are written
 }
 
-// y for the thread's columns. weight and bias are loaded chunk by chunk beside the store
-// that uses them: loaded as a whole share up front, ptxas issued all their loads at once and
-// held them in registers (119 registers at 32 fp32 a thread: fewer rows in flight per SM).
-// They are the same columns for every row, so these loads hit L1.
+// y for the thread's columns. `fetch(c, wk, bk)` gives vector c's weight and bias (false:
+// the vector is not this share's, skip it); `put(c, out)` stores vector c of y. weight and
+// bias are loaded chunk by chunk beside the store that uses them: loaded as a whole share up
+// front, ptxas issued all their loads at once and held them in registers (119 registers at
+// 32 fp32 a thread: fewer rows in flight per SM). They are the same columns for every row,
+// so these loads hit L1.
+template <typename P, typename T, typename Fetch, typename Put>
+__device__ __forceinline__ void fwd_v4_out(const P& xr, float mean, float rstd, Fetch fetch, Put put) {
+  // ### BEGIN SOLUTION
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    typename P::V wk, bk;
+    if (!fetch(c, wk, bk)) continue;
+    typename P::V out;
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j)
+      out.v[j] = from_f32<T>((xr.f(c, j) - mean) * rstd * to_f32(wk.v[j]) + to_f32(bk.v[j]));
+    put(c, out);
+  }
+  // ### END SOLUTION
+}
+
+// fwd_v4_out's weight, bias and y for an aligned share: vector c at the share's own place.
 template <typename P, typename T>
 __device__ __forceinline__ void fwd_v4_out(T* __restrict__ y, const P& xr,
                                            const T* __restrict__ weight,
                                            const T* __restrict__ bias, int first, int n,
                                            float mean, float rstd) {
-  const typename P::V* wq = reinterpret_cast<const typename P::V*>(weight) + first;
-  const typename P::V* bq = reinterpret_cast<const typename P::V*>(bias) + first;
-  // ### BEGIN SOLUTION
-#pragma unroll
-  for (int c = 0; c < P::CH; ++c) {
-    if (!P::in(first, c, n)) continue;
-    const typename P::V wk = wq[c * P::STRIDE], bk = bq[c * P::STRIDE];
-    typename P::V out;
-#pragma unroll
-    for (int j = 0; j < P::VEC; ++j)
-      out.v[j] = from_f32<T>((xr.f(c, j) - mean) * rstd * to_f32(wk.v[j]) + to_f32(bk.v[j]));
-    P::put(y, first, c, out);
-  }
-  // ### END SOLUTION
+  using V = typename P::V;
+  const V* wq = reinterpret_cast<const V*>(weight) + first;
+  const V* bq = reinterpret_cast<const V*>(bias) + first;
+  fwd_v4_out<P, T>(
+      xr, mean, rstd,
+      [&](int c, V& wk, V& bk) {
+        if (!P::in(first, c, n)) return false;
+        wk = wq[c * P::STRIDE];
+        bk = bq[c * P::STRIDE];
+        return true;
+      },
+      [&](int c, const V& out) { P::put(y, first, c, out); });
 }
+
+// The share's own elements when its vectors are all in or all out (aligned rows, element loads).
+template <typename P>
+struct OwnVectors {
+  int first, n;
+  __device__ __forceinline__ bool operator()(int c, int) const { return P::in(first, c, n); }
+};
 
 // Blocks per SM the ROWS kernels are compiled for (ptxas caps registers to fit them):
 // groups (256 threads) 3, a block per row of 8 elements a thread 2 (of up to 512 threads,
@@ -1001,7 +1033,7 @@ fwd_v4_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __re
     xr.load(x + r * stride_x, first, n);
     const int64_t next = row + (int64_t)gridDim.x * R;
     if (next < M) prefetch_l2(x + next * stride_x, N, lanes.t, lanes.count);
-    const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
+    const float2 stats = fwd_v4_stats(xr, N, eps, total, OwnVectors<P>{first, n});
     fwd_v4_out(y + r * (int64_t)N, xr, weight, bias, first, n, stats.x, stats.y);
     if (live && first == 0) {
       mean_out[row] = stats.x;
@@ -1036,12 +1068,280 @@ fwd_v4_split(const T* __restrict__ x, const T* __restrict__ weight, const T* __r
     xr.load(x + row * stride_x + col0, first, n);
     if (row + gridDim.y < M)
       prefetch_l2(x + (row + gridDim.y) * stride_x + col0, n, threadIdx.x, blockDim.x);
-    const float2 stats = fwd_v4_stats(xr, first, n, N, eps, total);
+    const float2 stats = fwd_v4_stats(xr, N, eps, total, OwnVectors<P>{first, n});
     fwd_v4_out(y + row * (int64_t)N + col0, xr, weight + col0, bias + col0, first, n, stats.x,
                stats.y);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       mean_out[row] = stats.x;
       rstd_out[row] = stats.y;
+    }
+  }
+  cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
+#endif
+}
+
+// ---- version 4, phased: misaligned rows moved as the 16-byte vectors that cover them ----
+// An odd width puts every row at its own offset from a 16-byte boundary (bf16, N = 4097: row
+// r starts r mod 8 elements past one), so the kernels above read such rows one element a
+// load: 8 (16-bit) or 4 (fp32) times the load and store instructions of a 16-byte vector,
+// and at 4097 columns the forward stopped at 0.68x copy. But y is laid out like x whenever x
+// is contiguous (or its row stride keeps every row's offset: the launcher checks), so row r
+// of x and row r of y start at the same phase ph (elements past a 16-byte boundary). A
+// thread can then move the row as the aligned vectors that cover [row - ph, row + N): a
+// vector straddling either end holds a neighbour row's elements, which are zeroed after the
+// load (kept out of both sums) and never stored (those two vectors store element by
+// element). Only weight and bias sit at another phase, the same for every row of phase ph:
+// a block takes the rows of one phase (rows r with r mod K = its class, K = VEC: rows K apart
+// are 16 x stride bytes apart), puts each vector of weight and bias together once from the
+// two aligned vectors around it (shifted_vec) and keeps them in shared memory for all its
+// rows. What it costs: a row's span is N + VEC - 1 columns (one more vector, sometimes one
+// more warp), the masks, element stores at a row's two ends, shared memory, a persistent
+// grid, and 18 kernels of their own (the aligned kernels' code is unchanged). What it
+// measured: it wins only where it holds as many rows in flight as the element kernel
+// (fwd_v4_ph_pays, the rule for the forward; the backward keeps the element kernels, whose
+// phased form lost at every 16-bit width: reports/phased-rows-and-bands-2026-11-27/). Eligible
+// rows: x and y agree in phase, weight and bias aligned (layer_norm_plan.h ln_rows_phased);
+// a view whose rows sit at other phases than y's (x[:, 1:]) takes the element kernels.
+
+// out[j] = (a ++ b)[VEC + j - PH]: the VEC elements PH before b's first.
+template <typename T, int VEC, int PH>
+__device__ __forceinline__ Vec<T, VEC> shift_pick(const Vec<T, VEC>& a, const Vec<T, VEC>& b) {
+  Vec<T, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out.v[j] = j < PH ? a.v[VEC + j - PH] : b.v[j - PH];
+  return out;
+}
+
+// Elements w[e0 + j - ph], j < VEC, of a 16-byte aligned w of n elements (e0 a multiple of
+// VEC, 0 <= ph < VEC), from the aligned vectors at e0 - VEC and e0. Lanes whose element
+// falls outside [0, n) hold whatever was there: the callers never store them.
+template <typename T>
+__device__ __forceinline__ Vec<T, vec_width<T>()> shifted_vec(const T* __restrict__ w, int e0, int ph,
+                                                              int n) {
+  constexpr int VEC = vec_width<T>();
+  using V = Vec<T, VEC>;
+  const V* q = reinterpret_cast<const V*>(w) + e0 / VEC;
+  V a, b;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) a.v[j] = b.v[j] = from_f32<T>(0.0f);
+  if (e0 < n) b = q[0];
+  if (ph == 0) return b;
+  if (e0 >= VEC) a = q[-1];
+  switch (ph) {
+#define LEVELS_LN_PICK(k) \
+  case k:                 \
+    if constexpr (k < VEC) return shift_pick<T, VEC, k>(a, b); else return b;
+    LEVELS_LN_PICK(1) LEVELS_LN_PICK(2) LEVELS_LN_PICK(3) LEVELS_LN_PICK(4)
+    LEVELS_LN_PICK(5) LEVELS_LN_PICK(6) LEVELS_LN_PICK(7)
+#undef LEVELS_LN_PICK
+    default: return b;
+  }
+}
+
+// The phase of a row: how many elements past a 16-byte boundary it starts.
+template <typename T>
+__device__ __forceinline__ int row_phase(const T* row) {
+  return (int)((reinterpret_cast<uintptr_t>(row) & 15) / sizeof(T));
+}
+
+// Where a phased share's elements belong: the share's vectors start at memory index e_base
+// of the row's span [row - ph, row + N) (a SPLIT block's piece: e_base = its first column),
+// and only vectors before `span` (the piece's extent) are the share's. Element j of vector
+// c is column e - ph, e = e_base + col(c) + j: the share's iff its vector is and
+// 0 <= e - ph < n (n = N, or 0 for a group past the last row).
+template <typename P>
+struct PhasedShare {
+  int first, e_base, ph, span, n;
+  __device__ __forceinline__ int e0(int c) const { return e_base + P::col(first, c); }
+  __device__ __forceinline__ bool has(int c) const { return P::col(first, c) < span; }
+  __device__ __forceinline__ bool operator()(int c, int j) const {
+    return has(c) && (unsigned)(e0(c) + j - ph) < (unsigned)n;
+  }
+  // Store vector c of a row whose span starts (moved back by ph, plus e_base) at yb: whole
+  // where all VEC elements are the row's, else element by element (a row's two ends).
+  template <typename T>
+  __device__ __forceinline__ void put(T* __restrict__ yb, int c, const typename P::V& out) const {
+    const int e = e0(c);
+    if (!has(c)) return;  // another block's piece (SPLIT)
+    if (e >= ph && e + P::VEC - ph <= n) {
+      P::put(yb, first, c, out);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j)
+      if ((*this)(c, j)) yb[P::col(first, c) + j] = out.v[j];
+  }
+};
+
+// Zero the elements of a loaded share that are not the row's (a neighbour row's, in the
+// vectors at either end): they must count in neither sum, and a NaN there must not leak in.
+template <typename P>
+__device__ __forceinline__ void mask_phase(P& xr, const PhasedShare<P>& sh) {
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c)
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j)
+      if (!sh(c, j)) xr.v[c].v[j] = from_f32<typename P::Elem>(0.0f);
+}
+
+// A share of weight (or bias) for a phase, put together from aligned vectors (shifted_vec).
+// Lanes that are no column of the row hold 0, not what lay past the weight's end: never
+// used for a stored element, but a NaN from there once reached a row's sums (a phased
+// backward, not kept, multiplied them by dy = 0: the H100 tests found it, fp16, 4097 columns).
+template <typename P, typename T>
+__device__ __forceinline__ void load_weight_ph(P& w, const T* __restrict__ weight, const PhasedShare<P>& sh,
+                                               int N) {
+#pragma unroll
+  for (int c = 0; c < P::CH; ++c) {
+    if (sh.has(c)) w.v[c] = shifted_vec(weight, sh.e0(c), sh.ph, N);
+#pragma unroll
+    for (int j = 0; j < P::VEC; ++j)
+      if (!sh(c, j)) w.v[c].v[j] = from_f32<T>(0.0f);
+  }
+}
+
+// The block's weight and bias for its phase, put together once into shared memory (the
+// dynamic shared memory of the phased forward: 2 x the share's vectors), vector i of the
+// share (its index along the row, P::col / VEC) at ws[i] and bs[i]. Every group of a block
+// holds the same columns: group 0 writes them. Held in registers instead (call 3), they
+// took 16 of them at 16 bf16 elements a thread (91 in all, against 56 for the element
+// kernel): 2 blocks an SM at 4097 columns instead of 4, and 0.25x copy.
+template <typename P, typename T>
+__device__ __forceinline__ void stage_params_ph(typename P::V* ws, typename P::V* bs, const T* __restrict__ weight,
+                                                const T* __restrict__ bias, const PhasedShare<P>& whole,
+                                                int N, bool writer) {
+  P w, b;
+  load_weight_ph(w, weight, whole, N);
+  load_weight_ph(b, bias, whole, N);
+  if (writer)
+#pragma unroll
+    for (int c = 0; c < P::CH; ++c)
+      if (whole.has(c)) {
+        ws[P::col(whole.first, c) / P::VEC] = w.v[c];
+        bs[P::col(whole.first, c) / P::VEC] = b.v[c];
+      }
+  __syncthreads();
+}
+
+// y for a phased share (yb: y's row at x's phase, moved back by ph, plus e_base), weight and
+// bias from the block's copy for its phase (stage_params_ph).
+template <typename P, typename T>
+__device__ __forceinline__ void fwd_ph_out(T* __restrict__ yb, const P& xr, const typename P::V* ws,
+                                           const typename P::V* bs, const PhasedShare<P>& sh,
+                                           float mean, float rstd) {
+  using V = typename P::V;
+  fwd_v4_out<P, T>(
+      xr, mean, rstd,
+      [&](int c, V& wk, V& bk) {
+        if (!sh.has(c)) return false;
+        wk = ws[P::col(sh.first, c) / P::VEC];
+        bk = bs[P::col(sh.first, c) / P::VEC];
+        return true;
+      },
+      [&](int c, const V& out) { sh.put(yb, c, out); });
+}
+
+// Blocks an SM the phased forward is compiled for: ln_fwd_min_blocks's two 512-thread blocks
+// (64 registers) at 16 elements a thread, and four 256-thread group blocks (64) where
+// ln_min_blocks asks three (85): at 84 and 71 registers (call 4's build) a row of 288
+// threads (4097 bf16 columns) got 2 blocks an SM, and the lane groups 3, against the
+// element kernels' 4 and 5.
+constexpr int ln_fwd_ph_min_blocks(int S, int E) {
+  return S < 32 ? 4 : (E == 16 ? 2 : ln_min_blocks(S, E));
+}
+
+// fwd_v4_rows on phased rows: block b takes the rows r = b mod K + K k (its phase class),
+// so weight and bias are put together for its phase once (stage_params_ph). Put together per
+// row instead (call 1 of reports/phased-rows-and-bands-2026-11-27/), the two loads and the switch
+// of each vector of weight and of bias ran one after the other after the row's sums, and the
+// kernel lost to the element loads it replaced (bf16 1023 columns 0.43x copy against 0.78x).
+// Launcher guarantees: weight, bias 16-byte aligned; row r of y (contiguous) at the phase of
+// row r of x; N + VEC - 1 <= E * (threads of a row); gridDim.x a multiple of K; dynamic
+// shared memory for 2 x (threads of a row) x E elements.
+template <typename T, int E, int S>
+__global__ void __launch_bounds__(S < 32 ? LN_GROUP_BLOCK : LN_MAX_THREADS, ln_fwd_ph_min_blocks(S, E))
+fwd_v4_rows_ph(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+               T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+               int64_t M, int N, int64_t stride_x, float eps, int R) {
+  using P = RowPart<T, E, true, S>;
+  using V = typename P::V;
+  constexpr int K = P::VEC;
+  __shared__ float2 scratch[32];
+  const RowLanes<S, P::CH> lanes(R);
+  const int first = lanes.first;
+  auto total = [&](float v, int) {
+    return lanes.block_mode ? block_sum2(v, 0.0f, scratch).x : group_sum2<S>(v, 0.0f).x;
+  };
+  const int cls = (int)(blockIdx.x % K);
+  const int64_t peers = gridDim.x / K, rows = M > cls ? (M - cls + K - 1) / K : 0;
+  const int ph = row_phase(x + cls * stride_x);
+  const PhasedShare<P> whole{first, 0, ph, N + ph, N};
+  extern __shared__ __align__(16) unsigned char ln_ph_smem[];
+  V* ws = reinterpret_cast<V*>(ln_ph_smem);
+  V* bs = ws + (lanes.block_mode ? (int)blockDim.x : S) * P::CH;
+  stage_params_ph(ws, bs, weight, bias, whole, N, lanes.g == 0);
+#pragma unroll 1
+  for (int64_t base = (int64_t)(blockIdx.x / K) * R; base < rows; base += peers * R) {
+    const int64_t k = base + lanes.g;
+    const bool live = k < rows;
+    const int64_t r = cls + (int64_t)K * (live ? k : base);
+    const PhasedShare<P> sh{first, 0, ph, live ? N + ph : 0, live ? N : 0};
+    P xr;
+    xr.load(x + r * stride_x - ph, first, sh.span);
+    mask_phase(xr, sh);
+    const int64_t next = k + peers * R;
+    if (next < rows) prefetch_l2(x + (cls + K * next) * stride_x, N, lanes.t, lanes.count);
+    const float2 stats = fwd_v4_stats(xr, N, eps, total, sh);
+    fwd_ph_out(y + r * (int64_t)N - ph, xr, ws, bs, sh, stats.x, stats.y);
+    if (live && first == 0) {
+      mean_out[r] = stats.x;
+      rstd_out[r] = stats.y;
+    }
+  }
+}
+
+// fwd_v4_split on phased rows: cluster p (blockIdx.y) takes rows of class p mod K, its block
+// `rank` memory elements [rank * seg, +seg) of each row's span [row - ph, row + N), with
+// that piece of weight and bias in shared memory. Launcher guarantees as fwd_v4_rows_ph
+// (gridDim.y a multiple of K), seg a multiple of VEC, C * seg >= N + VEC - 1,
+// seg <= E * blockDim.x.
+template <typename T, int E>
+__global__ void __launch_bounds__(512)
+fwd_v4_split_ph(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                int64_t M, int N, int64_t stride_x, float eps, int seg) {
+#ifdef LEVELS_LN_CLUSTERS
+  using P = RowPart<T, E, true, 32>;
+  using V = typename P::V;
+  constexpr int K = P::VEC;
+  __shared__ float2 scratch[32];
+  __shared__ ClusterInbox inbox;
+  const int first = (int)(threadIdx.x >> 5) * 32 * P::CH + (int)(threadIdx.x & 31);
+  const int col0 = (int)blockIdx.x * seg;
+  const int cls = (int)(blockIdx.y % K);
+  const int64_t peers = gridDim.y / K, rows = M > cls ? (M - cls + K - 1) / K : 0;
+  const int ph = row_phase(x + cls * stride_x);
+  const int rest = N + ph - col0;
+  const PhasedShare<P> sh{first, col0, ph, rest < 0 ? 0 : (rest < seg ? rest : seg), N};
+  ClusterSum2 sums(&inbox, scratch);
+  auto total = [&](float v, int) { return sums(v, 0.0f).x; };
+  extern __shared__ __align__(16) unsigned char ln_ph_smem[];
+  V* ws = reinterpret_cast<V*>(ln_ph_smem);
+  V* bs = ws + (int)blockDim.x * P::CH;
+  stage_params_ph(ws, bs, weight, bias, sh, N, true);
+#pragma unroll 1
+  for (int64_t k = blockIdx.y / K; k < rows; k += peers) {
+    const int64_t r = cls + (int64_t)K * k;
+    P xr;
+    xr.load(x + r * stride_x - ph + col0, first, sh.span);
+    mask_phase(xr, sh);
+    if (k + peers < rows)
+      prefetch_l2(x + (r + K * peers) * stride_x - ph + col0, sh.span, threadIdx.x, blockDim.x);
+    const float2 stats = fwd_v4_stats(xr, N, eps, total, sh);
+    fwd_ph_out(y + r * (int64_t)N - ph + col0, xr, ws, bs, sh, stats.x, stats.y);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      mean_out[r] = stats.x;
+      rstd_out[r] = stats.y;
     }
   }
   cooperative_groups::this_cluster().sync();  // no block leaves while a peer may still push to it
@@ -1797,12 +2097,129 @@ static int fwd_v4_go(const LnPlan& p, const T* x, const T* w, const T* b, T* y, 
   });
 }
 
+// fn(kernel): the phased ROWS kernel of plan p (made for the row's span, N + VEC - 1
+// columns), as fwd_v4_rows_kernel: the first width of the list at the plan's G for lane
+// groups, the plan's E at stride 32 for a block; none for fp32's 32 elements a thread, whose
+// weight and bias held in registers (64 of them, the first form) spilled.
+template <typename T, typename Fn>
+static int fwd_v4_ph_rows_kernel(const LnPlan& p, Fn fn) {
+  constexpr int E0 = sizeof(T) == 4 ? 8 : 16;
+  if (p.R > 1) {
+    if (p.E != E0) return LEVELS_UNSUPPORTED;
+    switch (p.G) {
+      case 4: return fn(fwd_v4_rows_ph<T, E0, 4>);
+      case 8: return fn(fwd_v4_rows_ph<T, E0, 8>);
+      case 16: return fn(fwd_v4_rows_ph<T, E0, 16>);
+      case 32: return fn(fwd_v4_rows_ph<T, E0, 32>);
+      default: return LEVELS_UNSUPPORTED;
+    }
+  }
+  if (p.E == E0) return fn(fwd_v4_rows_ph<T, E0, 32>);
+  if (p.E == 2 * E0) return fn(fwd_v4_rows_ph<T, 2 * E0, 32>);
+  return LEVELS_UNSUPPORTED;
+}
+
+// The phased kernels' dynamic shared memory: weight and bias for the block's phase, the
+// share's vectors twice.
+template <typename T>
+static size_t fwd_v4_ph_smem(const LnPlan& p) {
+  return 2 * (size_t)p.G * (size_t)(p.path == LN_SPLIT ? LN_SPLIT_E : p.E) * sizeof(T);
+}
+
+// The phased forward (fwd_v4_rows_ph, fwd_v4_split_ph) of plan p.
+template <typename T>
+static int fwd_v4_go_ph(const LnPlan& p, const T* x, const T* w, const T* b, T* y, float* mean,
+                        float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
+                        cudaStream_t stream) {
+  constexpr int K = vec_width<T>();
+  const int n = (int)N;
+  const int64_t per_class = levels_cdiv(M, K);  // rows of the largest phase class
+  const size_t smem = fwd_v4_ph_smem<T>(p);
+  if (p.path == LN_SPLIT) {  // K x (clusters a class) clusters: the class is blockIdx.y mod K
+    const void* kernel = (const void*)fwd_v4_split_ph<T, LN_SPLIT_E>;
+    if (const cudaError_t e = levels_smem_opt_in_once(kernel, (int)smem)) return (int)e;
+    const int fit = levels_occupancy_once(kernel, p.C, p.G, [&] {
+      int clusters = 0;
+      cudaLaunchAttribute attr[1];
+      cudaLaunchConfig_t cfg = v4_cluster_config(p, 1, nullptr, attr);
+      cfg.dynamicSmemBytes = smem;
+      if (cudaOccupancyMaxActiveClusters(&clusters, fwd_v4_split_ph<T, LN_SPLIT_E>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+      return clusters;
+    });
+    const int64_t wave = levels_cdiv(fit > 0 ? fit : v4_sm_count() / p.C, K);
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg =
+        v4_cluster_config(p, K * (per_class < wave ? per_class : wave), stream, attr);
+    cfg.dynamicSmemBytes = smem;
+    return (int)cudaLaunchKernelEx(&cfg, fwd_v4_split_ph<T, LN_SPLIT_E>, x, w, b, y, mean, rstd, M,
+                                   n, stride_x, eps, (int)p.seg);
+  }
+  // Persistent: one wave of blocks (a multiple of K), each putting weight and bias together
+  // once for its phase and then walking its class's rows. One block a row (the aligned
+  // kernels' grid) paid that setup per row, ahead of the row's loads: bf16 4097 columns fell
+  // to 0.23x copy (call 2 of reports/phased-rows-and-bands-2026-11-27/).
+  const int64_t want = levels_cdiv(per_class, p.R);
+  return fwd_v4_ph_rows_kernel<T>(p, [&](auto kernel) -> int {
+    if (const cudaError_t e = levels_smem_opt_in_once((const void*)kernel, (int)smem)) return (int)e;
+    const int per_sm = levels_blocks_per_sm((const void*)kernel, p.G * p.R, smem);
+    const int64_t wave = levels_cdiv((int64_t)(per_sm > 0 ? per_sm : 1) * v4_sm_count(), K);
+    const unsigned blocks = (unsigned)(K * (want < wave ? want : wave));  // a multiple of K
+    kernel<<<blocks, p.G * p.R, smem, stream>>>(x, w, b, y, mean, rstd, M, n, stride_x, eps, p.R);
+    return levels_launch_status();
+  });
+}
+
+// When the rule (force 0) takes the phased kernel: where its rows in flight, blocks an SM x
+// rows a block, are at least the element kernel's. Both kernels are latency-bound at these
+// widths (a row's loads, two reductions, its stores, then the next row), so the rows an SM
+// holds at once set the bandwidth; the phased kernel moves 16-byte vectors but may hold
+// fewer rows: its span is N + VEC - 1 columns (at 1023 bf16 columns 3 warps a row against
+// 2), its registers 64 against the element kernel's 56 (at 4097: 3 blocks an SM against 4),
+// its shared memory the phase's weight and bias. Measured on the H100 (call 5 of
+// reports/phased-rows-and-bands-2026-11-27/, forward, fraction of copy, phased against element
+// loads): bf16 6145 / 7001 columns 0.78 / 0.83 against 0.59 / 0.63 (as many rows in flight:
+// the rule takes them), but 4097 0.54 against 0.68, 2047 0.70 against 0.80, 1023 0.59
+// against 0.78, 127 0.48 against 0.51 (fewer rows in flight: the rule does not). The rule
+// misses at 5001 (3 blocks an SM each, phased 0.61 against 0.69): a tie in rows in flight
+// is not always a win. Cluster (SPLIT) plans: the element kernel, unless forced.
+template <typename T>
+static bool fwd_v4_ph_pays(const LnPlan& ph, const LnPlan& el) {
+  if (ph.path != LN_ROWS || el.path != LN_ROWS) return false;
+  const size_t smem = fwd_v4_ph_smem<T>(ph);
+  int rows_ph = 0, rows_el = 0;
+  if (fwd_v4_ph_rows_kernel<T>(ph, [&](auto kernel) {
+        if (levels_smem_opt_in_once((const void*)kernel, (int)smem) != cudaSuccess) return 1;
+        rows_ph = ph.R * levels_blocks_per_sm((const void*)kernel, ph.G * ph.R, smem);
+        return 0;
+      }) != 0)
+    return false;
+  if (fwd_v4_rows_kernel<T, false>(el, [&](auto kernel) {
+        rows_el = el.R * levels_blocks_per_sm((const void*)kernel, el.G * el.R, 0);
+        return 0;
+      }) != 0)
+    return true;
+  return rows_ph >= rows_el;
+}
+
 template <typename T>
 static int fwd_v4_launch(int force, const T* x, const T* w, const T* b, T* y, float* mean,
                          float* rstd, int64_t M, int64_t N, int64_t stride_x, float eps,
                          cudaStream_t stream) {
   constexpr int VEC = vec_width<T>();
   const bool aligned = v4_rows_aligned<T>(M, N, {x, w, b, y}, {stride_x});
+  if (!aligned && !(force & LN_FORCE_ELEMENTS) &&
+      ln_rows_phased(reinterpret_cast<uintptr_t>(x), reinterpret_cast<uintptr_t>(y),
+                     reinterpret_cast<uintptr_t>(w), reinterpret_cast<uintptr_t>(b), M, N, stride_x,
+                     (int)sizeof(T))) {
+    const LnPlan ph = v4_plan<T>(false, M, N + VEC - 1, true, force);
+    const bool runs = ph.path == LN_SPLIT ||
+                      (ph.path == LN_ROWS && fwd_v4_ph_rows_kernel<T>(ph, [](auto) { return 0; }) == 0);
+    if (runs && (force || fwd_v4_ph_pays<T>(ph, v4_plan<T>(false, M, N, false, 0))))
+      return fwd_v4_go_ph<T>(ph, x, w, b, y, mean, rstd, M, N, stride_x, eps, stream);
+  }
   const LnPlan p = v4_plan<T>(false, M, N, aligned, force);
   if (p.path == LN_NONE) return LEVELS_UNSUPPORTED;
   if (p.path == LN_LOOP) {  // version 3's loop: wider than any register plan

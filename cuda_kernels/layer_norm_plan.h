@@ -136,6 +136,18 @@ inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x,
   const int64_t vec = 16 / elem_size;
   return x % 16 == 0 && N % vec == 0 && (M == 1 || stride_x % vec == 0);
 }
+// Misaligned rows that can still move as 16-byte vectors (layer_norm.cu's phased kernels):
+// row r of x and row r of the output (contiguous, N elements a row) start at the same offset
+// from a 16-byte boundary for every r, and weight and bias are aligned. Then one switch
+// over a row's phase puts weight and bias in line with it; x and y are moved by the aligned
+// vectors that cover each row. (A contiguous x with an odd width qualifies; a view such as
+// x[:, 1:] does not: its rows sit one element later than the output's.)
+inline bool ln_rows_phased(uintptr_t x, uintptr_t y, uintptr_t w, uintptr_t b, int64_t M, int64_t N,
+                           int64_t stride_x, int elem_size) {
+  const int64_t vec = 16 / elem_size;
+  if (N < 1 || w % 16 || b % 16 || (x - y) % 16 || x % elem_size || y % elem_size) return false;
+  return M == 1 || (stride_x - N) % vec == 0;
+}
 // Version 5 is version 3's forward where version 3 runs its fast path, version 4's elsewhere,
 // with a backward of its own (R rows an iteration) for aligned rows up to 8192 wide: the
 // default wherever version 3 was (measured: layer_norm.cu's header).

@@ -31,6 +31,7 @@ from cuda_kernels import build
 from cuda_kernels import layer_norm as ln
 from equivalence import cards
 from equivalence.check import check, check_args
+from equivalence.tolerances import tolerance
 
 ENV = ln.ENV_VERSION
 CU = Path(ln.__file__).with_suffix(".cu")
@@ -76,9 +77,13 @@ def test_register_resident_kernels_do_not_spill_on_sm90a():
     # version 4: every instantiation its launchers can pick, none spilling: forward rows 11
     # (fp32) + 9 + 9 (16-bit: no 32 element loads), backward rows 10 a dtype, and the two
     # split kernels x 2 load widths x 3 dtypes
-    v4 = {k: v for k, v in report.items() if "_v4_" in k}
+    v4 = {k: v for k, v in report.items() if "_v4_" in k and "_ph<" not in k}
     assert len(v4) == 29 + 30 + 12, sorted(v4)
-    spilled = {k: v for k, v in v4.items() if v[1] or v[2]}
+    # its phased forward (misaligned rows by 16-byte vectors): rows 5 a dtype (a 32-lane group
+    # is also the block kernel's first width) and the split kernel, x 3 dtypes
+    v4_ph = {k: v for k, v in report.items() if "_v4_" in k and "_ph<" in k}
+    assert len(v4_ph) == 15 + 3, sorted(v4_ph)
+    spilled = {k: v for k, v in {**v4, **v4_ph}.items() if v[1] or v[2]}
     assert not spilled, f"(registers, spill stores, spill loads): {spilled}"
     # version 6: its forward and backward, 3 dtypes x 2 load widths each (the backward's dw/db
     # partials are registers: a spill would put them in local memory once per row)
@@ -572,6 +577,37 @@ def test_no_rows_give_torchs_result():
     assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()
 
 
+_PHASED_SHIM = r"""
+#include "layer_norm_plan.h"
+extern "C" int phased(unsigned long long x, unsigned long long y, unsigned long long w,
+                      unsigned long long b, long long M, long long N, long long stride_x, int elem) {
+  return levels_layer_norm::ln_rows_phased(x, y, w, b, M, N, stride_x, elem);
+}
+"""
+
+
+# Misaligned rows move as 16-byte vectors (version 4's phased kernels) only where row r of x
+# and row r of the contiguous output start at the same phase for every r, and weight and bias
+# are aligned: a contiguous x of odd width yes; x[:, 1:] of a wider tensor no (its rows sit
+# one element later than y's); any misaligned parameter no.
+@pytest.mark.parametrize("x,y,w,b,M,N,stride,elem,want", [
+    (4096, 8192, 0, 16, 1000, 4097, 4097, 2, True),       # contiguous, odd width
+    (4096, 8192, 0, 16, 1000, 1023, 1023, 4, True),       # fp32
+    (4098, 8192, 0, 16, 1000, 4097, 4098, 2, False),      # x[:, 1:] of (M, 4098)
+    (4098, 8194, 0, 16, 1, 4097, 4098, 2, True),          # one row: its stride means nothing
+    (4096, 8192, 2, 16, 1000, 4097, 4097, 2, False),      # weight misaligned
+    (4096, 8192, 0, 4, 1000, 4097, 4097, 2, False),       # bias misaligned
+    (4096, 8192, 0, 16, 1000, 4097, 4097 + 8, 2, True),   # rows 8 elements further apart: same phases
+    (4096, 8192, 0, 16, 1000, 4097, 4097 + 4, 2, False),  # 4 further: not y's
+    (4096, 8192, 0, 16, 0, 0, 0, 2, False),               # no columns
+])
+def test_version4_phased_rows_rule(tmp_path, x, y, w, b, M, N, stride, elem, want):
+    lib = _plan_library(tmp_path, _PHASED_SHIM)
+    assert bool(lib.phased(ctypes.c_ulonglong(x), ctypes.c_ulonglong(y), ctypes.c_ulonglong(w),
+                           ctypes.c_ulonglong(b), ctypes.c_longlong(M), ctypes.c_longlong(N),
+                           ctypes.c_longlong(stride), elem)) is want
+
+
 # Version 4: every path forced at widths that land on every kernel shape (one element, a
 # lane group, a block, element loads at odd widths, a cluster split, the widest), on aligned
 # rows, on x[:, 1:] of a wider tensor (no 16-byte loads, odd row stride) and on rows of a
@@ -625,6 +661,92 @@ def test_version4_every_path(path, N, layout, dtype, plan):
         return
     r = check_args("layer_norm", args, fn=fn)
     assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
+
+
+# Version 4's phased forward (misaligned rows moved by the 16-byte vectors that cover them):
+# contiguous x of widths that are no multiple of a vector, so row r starts r*N elements past a
+# boundary, every phase in turn. Row counts below and above the K = 16 / element-size phase
+# classes the kernels assign to blocks (1, 3, K + 1, many); the lane-group, block and cluster
+# (SPLIT) kernels by forcing paths 1 and 2 (a forced path runs the phased kernel wherever it
+# has one), and the rule (0), through the harness (float64 reference, NaN-poisoned outputs;
+# the backward is the element kernels').
+PHASED_WIDTHS = [7, 127, 1023, 4097, 9001]
+PHASED_ROWS = [(1,), (3,), (9,), (1000,)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("path", [0, 1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", PHASED_WIDTHS)
+@pytest.mark.parametrize("rows", PHASED_ROWS)
+def test_version4_phased_rows(rows, N, dtype, path, plan):
+    import functools
+    args = _args(rows, N, dtype, seed=N + rows[0] + path)
+    elem = torch.empty((), dtype=dtype).element_size()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    clusters = torch.cuda.get_device_capability()[0] >= 9
+    fn = functools.partial(ln.layer_norm, version=4, path=path)
+    plans = [plan(rows[0], N + 16 // elem - 1, dtype, aligned=True, backward=bw, clusters=clusters,
+                  sms=sms, force=path) for bw in (False, True)]
+    elements = [plan(rows[0], N, dtype, aligned=False, backward=bw, clusters=clusters, sms=sms,
+                     force=path) for bw in (False, True)]
+    e0 = 8 if dtype == torch.float32 else 16
+    phased_runs = plans[0]["path"] == SPLIT or (plans[0]["path"] == ROWS and plans[0]["E"] <= 2 * e0)
+    if elements[1]["path"] == NONE or (elements[0]["path"] == NONE and not phased_runs):
+        # refused: the backward by elements, or the forward by either kernel family
+        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+            w = args["weight"].detach().requires_grad_(True)
+            fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        return
+    r = check_args("layer_norm", args, fn=fn)
+    assert r.passed, f"v4 phased, path {path} ({plans}): {r.summary()}"
+
+
+# A vector at either end of a phased row holds the neighbour row's elements (or, past the
+# last row and past weight's last column, whatever lies there): they are zeroed after the
+# load, so a NaN or inf in one row reaches no other row's y or dx, and none from past the
+# tensors' ends reaches any. Every tensor here is the head of a buffer padded with NaN. Paths
+# 1 and 2 force the phased kernels (lane groups or a block, a cluster); 0 at 1000 x 6145 is
+# the rule's choice (the phased kernel for 16-bit rows: as many rows in flight).
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,N,path", [(37, 127, 1), (37, 4097, 1), (37, 4097, 2), (37, 1023, 1),
+                                      (1, 4097, 1), (3, 4097, 2), (9, 33, 1), (1000, 6145, 0)])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_version4_phased_rows_keep_to_their_row(M, N, path, dtype, poison):
+    g = torch.Generator(device="cpu").manual_seed(N)
+
+    def padded(*shape):  # contiguous, 16-byte aligned, NaN in the 64 bytes after it
+        numel = int(torch.tensor(shape).prod())
+        buf = torch.full((numel + 64 // torch.empty((), dtype=dtype).element_size(),),
+                         float("nan"), dtype=dtype, device="cuda")
+        buf[:numel] = torch.randn(numel, generator=g).to("cuda", dtype)
+        return buf[:numel].view(*shape)
+    x, w, b, dy = padded(M, N), padded(N), padded(N), padded(M, N)
+    bad = min(5, M - 1) if M > 1 else None
+    if bad is not None:
+        x[bad] = poison
+    x.requires_grad_(True)
+    y = ln.layer_norm(x, w, b, 1e-5, version=4, path=path)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    x64 = x.detach().double().requires_grad_(True)
+    y64 = torch.nn.functional.layer_norm(x64, (N,), w.double(), b.double(), 1e-5)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    others = [r for r in range(M) if r != bad]
+    tol = tolerance(dtype)  # the harness's bound per dtype
+    for got, ref in ((y, y64), (dx, dx64)):
+        got, ref = got.detach().double()[others], ref.detach()[others]
+        assert torch.isfinite(got).all(), f"row {bad}'s {poison}, or a NaN past an end, got in"
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err < tol, f"relative error {err:.2e} >= {tol:g}"
+    if bad is not None:
+        assert not torch.isfinite(y.detach()[bad]).all()
+    else:  # no poisoned row: dweight and dbias too
+        (dw,) = torch.autograd.grad(ln.layer_norm(x, w.requires_grad_(True), b, 1e-5, version=4,
+                                                  path=path), w, dy)
+        assert torch.isfinite(dw).all(), "a NaN past an end reached dweight"
 
 
 # Version 6's copy-engine kernel forced at widths from one vector to 65536 columns (a block

@@ -158,6 +158,49 @@ def test_lower_tile_launches_each_tile_of_the_triangle_once():
     assert got == sorted(got)  # row by row: the order the kernel documents
 
 
+@triton.jit
+def _banded_tile_of(out_ptr, T, GROUP: tl.constexpr):
+    pid = tl.program_id(0)
+    i, j = K.banded_lower_tile(pid, T, GROUP)
+    tl.store(out_ptr + 2 * pid, i)
+    tl.store(out_ptr + 2 * pid + 1, j)
+
+
+@pytest.mark.parametrize("tiles, group", [(1, 8), (7, 8), (8, 8), (21, 8), (40, 8), (13, 4),
+                                          (40, 1)])
+def test_banded_lower_tile_launches_each_tile_once_band_by_band(tiles, group):
+    # bands of `group` tile rows (the last one shorter when tiles is no multiple of it), each
+    # its rectangle column by column, then its own triangle
+    programs = tiles * (tiles + 1) // 2
+    out = torch.full((programs, 2), -1, dtype=torch.int32, device=DEVICE)
+    _banded_tile_of[(programs,)](out, tiles, GROUP=group)
+    got = [tuple(r) for r in out.tolist()]
+    assert sorted(got) == [(i, j) for i in range(tiles) for j in range(i + 1)]
+    want = []
+    for b in range(0, tiles, group):
+        rows = range(b, min(b + group, tiles))
+        want += [(i, j) for j in range(b) for i in rows]
+        want += [(i, j) for i in rows for j in range(b, i + 1)]
+    assert got == want
+
+
+@pytest.mark.parametrize("M, K_, want", [(4096, 4096, 1), (4096, 11008, K.SYM_GROUP),
+                                         (8192, 8192, K.SYM_GROUP), (1024, 65536, 1),
+                                         (512, 1 << 20, 1)])
+def test_bands_where_x_does_not_fit_in_l2(M, K_, want):
+    # bf16 on an H100 (50 MB of L2): 32 MB row by row, 86 and 128 MB in bands; a matrix of 8
+    # tile rows or fewer is one band already (1024 rows: 8 tiles of 128; 512 rows, any K)
+    tiles = -(-M // 128)
+    assert K._sym_group(tiles, M * K_ * 2, "cpu") == want
+
+
+def test_symmetric_product_in_bands_is_the_same_bits():
+    x = torch.randn(100, 24, device=DEVICE)
+    plain = K.symmetric_product(x)
+    banded = K.symmetric_product(x, group=2)
+    assert torch.equal(plain, banded)
+
+
 # ---- on a GPU -------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -10,6 +10,9 @@ Level 1 runs it as three cuBLAS GEMMs and three pointwise passes a step. What th
   of the m_t^2 tiles, and each program stores its tile twice: at (i, j) and, transposed,
   at (j, i). The two symmetric products, 2 m^2 n + 2 m^3 of a step's 4 m^2 n + 2 m^3 FLOPs,
   then cost about half: at m = n a step drops from 6 m^3 to about 4 m^3 multiply-adds.
+  Where X is larger than L2 the tiles are launched in bands of SYM_GROUP tile rows
+  (`banded_lower_tile`), so a wave of programs re-reads fewer of X's panels from DRAM
+  (4096 x 11008 bf16: 1.62x torch.matmul(X, X.T), 1.49x row by row).
 - The pointwise work in the epilogues. b*A + c*(A A) is one `sym_kernel` launch whose
   epilogue reads the (i, j) tile of A and adds it before the store; a*X + B X is one
   `update_kernel` launch (a GEMM whose epilogue reads X's tile). No pointwise pass over
@@ -45,6 +48,8 @@ operands and intermediates of >= 2**31 elements.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -109,6 +114,25 @@ def lower_tile(pid):
     ### END SOLUTION
 
 
+@triton.jit
+def banded_lower_tile(pid, T, GROUP: tl.constexpr):
+    """(i, j), j <= i: the pid-th tile of the lower triangle of T x T tiles, in bands of GROUP
+    tile rows, each band column by column (its rectangle left of the diagonal: j < b, GROUP
+    rows a column), then its own small triangle row by row. Programs run roughly in pid order,
+    so a wave of them reads X_i for GROUP rows and X_j for about wave / GROUP columns: at 8192
+    x 8192 bf16 (2 MB a 128-row panel) 8 + 17 panels a wave of 132, where row by row a wave
+    spans 1-2 rows and up to all 64 columns (128 MB, past the H100's 50 MB of L2). A band is
+    the same set of rows in both orders, so lower_tile finds it."""
+    row, _ = lower_tile(pid)
+    b = (row // GROUP) * GROUP  # the band's first tile row
+    p = pid - b * (b + 1) // 2
+    g = tl.minimum(GROUP, T - b)  # its rows (the last band may have fewer)
+    li, lj = lower_tile(tl.maximum(p - b * g, 0))
+    i = tl.where(p < b * g, b + p % g, b + li)
+    j = tl.where(p < b * g, p // g, b + lj)
+    return i, j
+
+
 @fast_launch
 @triton.jit
 def sym_kernel(x_ptr,  # X (batch, M, K), any strides
@@ -120,13 +144,17 @@ def sym_kernel(x_ptr,  # X (batch, M, K), any strides
                stride_ob, stride_om, stride_on,
                alpha, beta,
                SCALED: tl.constexpr, HAS_Y: tl.constexpr, UPCAST: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP: tl.constexpr = 1):
     """out = alpha * s^2 * (X X^T) + beta * Y for X (M, K) and a symmetric Y (M, M); s = scale[0]
     if SCALED else 1. One program per tile (i, j) with j <= i; it stores its tile and, off the
     diagonal, the tile's transpose at (j, i). A = X X^T is (alpha, beta) = (1, 0); B = bA + cA^2
     is X = A, Y = A, (alpha, beta) = (c, b), since A A = A A^T. The grid's second axis is
     the batch: program (p, b) computes tile p of matrix b."""
-    ti, tj = lower_tile(tl.program_id(0))
+    if GROUP > 1:
+        ti, tj = banded_lower_tile(tl.program_id(0), tl.cdiv(M, BLOCK), GROUP)
+    else:
+        ti, tj = lower_tile(tl.program_id(0))
     batch = tl.program_id(1).to(tl.int64)
     x_ptr += batch * stride_xb
     y_ptr += batch * stride_yb
@@ -253,6 +281,35 @@ _UPDATE_FP32 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=
 _SYM_INTERPRETED = dict(BLOCK=32, BLOCK_K=32, num_warps=4, num_stages=1)
 _UPDATE_INTERPRETED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)
 LONG_K = 8192  # a symmetric product summing over more columns than this takes _SYM_LONG_K
+SYM_GROUP = 8  # tile rows a band of the symmetric kernel's launch order (banded_lower_tile)
+
+
+# The symmetric kernel's launch order. Row by row, a wave of programs reads X_j for up to
+# all m_t column panels; once X (m x k) is larger than L2 those panels are read from DRAM
+# again by every wave. In bands of SYM_GROUP tile rows a wave reads SYM_GROUP row panels and
+# about wave / SYM_GROUP column panels. Measured on the H100 (scripts/probe_sym_order.py,
+# reports/phased-rows-and-bands-2026-11-27/call6-sym-order.json, bf16, against torch.matmul(X,
+# X.T)): X of 86 MB (4096 x 11008) 1.62x in bands against 1.49x row by row, 128 MB (8192^2)
+# 1.66x against 1.53x; 64-72 MB (8192 x 4096, 6144^2) within 2% either way (the bench's
+# figure of record at 8192 x 4096, in bands, 1.51x: call6-bench-newton_schulz.txt); 32 MB
+# (4096^2) the same. So bands where X is larger than L2 (50 MB on the H100), row by row
+# elsewhere.
+def _sym_group(tiles: int, x_bytes: int, device) -> int:
+    if tiles <= SYM_GROUP or x_bytes <= _l2_bytes(device):
+        return 1
+    return SYM_GROUP
+
+
+def _l2_bytes(device) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 50 * 2 ** 20  # the interpreter: an H100's, so that the rule reads the same
+    return _l2_bytes_of(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes_of(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 50 * 2 ** 20))
 
 
 def _sym_tiles(M: int, K: int, batch: int, dtype: torch.dtype, sms: int) -> dict:
@@ -290,7 +347,7 @@ def _batched(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: float = 1.0,
                       beta: float = 0.0, scale: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, group: int | None = None) -> torch.Tensor:
     """alpha * s^2 * x x^T + beta * y (y symmetric, or None) for x (m, k) or a batch
     (batch, m, k) of any strides: one launch of m_t (m_t + 1) / 2 tile programs per matrix
     (m_t = ceil(m / BLOCK)). Public: the bench times it against torch.matmul(x, x.T)."""
@@ -300,10 +357,12 @@ def symmetric_product(x: torch.Tensor, y: torch.Tensor | None = None, alpha: flo
     xb, yb, ob = _batched(x), _batched(out if y is None else y), _batched(out)
     t = _sym_tiles(M, K, xb.shape[0], x.dtype, sm_count(x.device))
     tiles = cdiv(M, t["BLOCK"])
+    if group is None:  # bands where X's panels do not fit in L2 (_sym_group)
+        group = _sym_group(tiles, M * K * x.element_size(), x.device)
     sym_kernel[(tiles * (tiles + 1) // 2, xb.shape[0])](
         xb, yb, ob, ob if scale is None else scale, M, K, *xb.stride(), *yb.stride(),
         *ob.stride(), float(alpha), float(beta),
-        SCALED=scale is not None, HAS_Y=y is not None, **_common(x.dtype), **t)
+        SCALED=scale is not None, HAS_Y=y is not None, GROUP=group, **_common(x.dtype), **t)
     return out
 
 
