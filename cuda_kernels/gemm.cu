@@ -126,7 +126,10 @@
 // math, stored in T), an optional transposed copy of the output (ct: the staged tile read
 // column-wise, so its stores are 16-byte vectors along m too), and a symmetric tile
 // schedule for products known to be symmetric (X X^T, A·A with A = A^T): only the tiles on
-// and below the diagonal run, each stored at (i, j) and mirrored at (j, i). 16-bit only.
+// and below the diagonal run, each stored at (i, j) and mirrored at (j, i), launched row by
+// row, or in bands of 8 tile rows where X is larger than L2 (tile_order.h: Newton-Schulz
+// at 8192^2 19.7 ms against 21.6 row by row, the same bits; reports/phased-rows-and-bands-
+// 2026-11-27/call9-*). 16-bit only.
 //
 // Also: column_sum (bias gradients), x.sum(0) accumulated in fp32, deterministic.
 //
@@ -145,6 +148,7 @@
 #define LEVELS_MBAR_TIMEOUT LEVELS_GEMM8_TIMEOUT
 #endif
 #include "mbarrier.cuh"
+#include "tile_order.h"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver function comes from the runtime)
 #include <cstdio>
@@ -944,16 +948,8 @@ struct BatchArgs {
   int64_t stride_yb, stride_ym, stride_yn;
   float alpha, beta;
   int symmetric;
+  int band;  // symmetric: the launch order's band of tile rows (tile_order.h; 1: row by row)
 };
-
-// Tile (i, j), j <= i, of the lower triangle, numbered i (i + 1) / 2 + j: i is the
-// triangular root of p, from a double square root corrected by one either way.
-__device__ __forceinline__ void lower_tile(int64_t p, int64_t& i, int64_t& j) {
-  i = (int64_t)((sqrt(8.0 * (double)p + 1.0) - 1.0) * 0.5);
-  while ((i + 1) * (i + 2) / 2 <= p) ++i;
-  while (i * (i + 1) / 2 > p) --i;
-  j = p - i * (i + 1) / 2;
-}
 
 // Row-wise pass of the batched epilogue over the staged (transposable) tile: each thread
 // takes 8 neighbouring columns of one row, applies c = alpha * acc + beta * y, stores c
@@ -1041,7 +1037,10 @@ __device__ __forceinline__ void batched_tile(int64_t p, int64_t M, int64_t N, co
                                              int64_t& m0, int64_t& n0, void*& ct, int64_t& stn, int64_t& stm) {
   if (ba.symmetric) {
     int64_t i, j;
-    lower_tile(p, i, j);
+    if (ba.band > 1)
+      levels_tiles::banded_lower_tile(p, cdiv(M, BM), ba.band, i, j);
+    else
+      levels_tiles::lower_tile(p, i, j);
     m0 = i * BM;
     n0 = j * BN;
     ct = i != j ? c : nullptr;
@@ -1864,6 +1863,18 @@ inline int num_sms() {
   return sms;
 }
 
+// The GPU's L2 bytes (the symmetric schedule's band rule), asked once as num_sms.
+inline int64_t l2_bytes() {
+  static int bytes = 0;
+  if (bytes == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev);
+    if (bytes <= 0) bytes = 50 << 20;
+  }
+  return bytes;
+}
+
 template <typename T, typename TC>
 int launch_v1(const T* A, int64_t sam, int64_t sak, const T* B, int64_t sbk, int64_t sbn,
               int64_t M, int64_t N, int64_t K, const EpiArgs& ep, cudaStream_t stream, const T* B2 = nullptr) {
@@ -2374,8 +2385,10 @@ extern "C" int levels_gemm_batched(int dtype, int version, int symmetric, int64_
                        stride_bb % 8 == 0;
   if (!rows_ok || !levels_aligned16(a) || !levels_aligned16(b) || batch > 65535) return LEVELS_UNSUPPORTED;
   if (batch <= 0 || M <= 0 || N <= 0) return LEVELS_OK;  // nothing to write
+  // A symmetric product's tiles in bands where its X (a, M x K) is larger than L2 (tile_order.h)
+  const int band = symmetric ? (int)levels_tiles::sym_band(cdiv(M, 128), M * K * 2, l2_bytes()) : 1;
   const BatchArgs ba{stride_ab, stride_bb, c, stride_cb, stride_cm, stride_cn, ct, stride_tb, stride_tn,
-                     stride_tm, y, stride_yb, stride_ym, stride_yn, alpha, beta, symmetric};
+                     stride_tm, y, stride_yb, stride_ym, stride_yn, alpha, beta, symmetric, band};
   const __half* ah = static_cast<const __half*>(a);
   const __half* bh = static_cast<const __half*>(b);
   const __nv_bfloat16* ab = static_cast<const __nv_bfloat16*>(a);

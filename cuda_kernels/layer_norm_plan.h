@@ -138,10 +138,11 @@ inline bool ln_rows_aligned(uintptr_t x, int64_t M, int64_t N, int64_t stride_x,
 }
 // Misaligned rows that can still move as 16-byte vectors (layer_norm.cu's phased kernels):
 // row r of x and row r of the output (contiguous, N elements a row) start at the same offset
-// from a 16-byte boundary for every r, and weight and bias are aligned. Then one switch
-// over a row's phase puts weight and bias in line with it; x and y are moved by the aligned
-// vectors that cover each row. (A contiguous x with an odd width qualifies; a view such as
-// x[:, 1:] does not: its rows sit one element later than the output's.)
+// from a 16-byte boundary for every r, and weight and bias are aligned. Then x and y move as
+// the aligned vectors that cover each row, and weight and bias, put in line with a phase
+// once, serve every row of that phase. (A contiguous x with an odd width qualifies; a view
+// such as x[:, 1:] does not: its rows sit one element later than the output's.) Eligible
+// rows take the phased forward only where it pays (layer_norm.cu fwd_v4_ph_pays).
 inline bool ln_rows_phased(uintptr_t x, uintptr_t y, uintptr_t w, uintptr_t b, int64_t M, int64_t N,
                            int64_t stride_x, int elem_size) {
   const int64_t vec = 16 / elem_size;

@@ -1,7 +1,8 @@
 """Level 5 (CUDA): newton_schulz, versions 1-5 of cuda_kernels/newton_schulz.cu.
 
-On a CPU: the level says why it cannot run (the harness's skip), and the kernel op's
-contract is held by its CPU twin in tests/test_cuda_autograd_cpu.py. On a GPU (marked `gpu`):
+On a CPU: the level says why it cannot run (the harness's skip), the kernel op's contract
+is held by its CPU twin in tests/test_cuda_autograd_cpu.py, and gemm.cu's symmetric launch
+order (cuda_kernels/tile_order.h, compiled by g++) takes every tile once. On a GPU (marked `gpu`):
 the harness at every dtype and layout, odd and model shapes wide and tall, every number of
 steps, views read through their strides, and the symmetric kernel's output never leaving a
 NaN where a mirror store should have written. Version 2 (Hopper wgmma through gemm.cu's
@@ -30,6 +31,70 @@ COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 def _passes(args):
     r = check_args(COMPONENT, "cuda", args)
     assert r.passed, r.summary()
+
+
+_TILE_SHIM = r"""
+#include "tile_order.h"
+extern "C" void tiles(long long T, long long group, long long* out) {
+  const long long n = T * (T + 1) / 2;
+  for (long long p = 0; p < n; ++p) {
+    int64_t i, j;
+    if (group > 1) levels_tiles::banded_lower_tile(p, T, group, i, j);
+    else levels_tiles::lower_tile(p, i, j);
+    out[2 * p] = i;
+    out[2 * p + 1] = j;
+  }
+}
+extern "C" long long band(long long T, long long x_bytes, long long l2) {
+  return levels_tiles::sym_band(T, x_bytes, l2);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tile_order(tmp_path_factory):
+    """cuda_kernels/tile_order.h (gemm.cu's symmetric launch order), compiled by g++."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ to compile cuda_kernels/tile_order.h")
+    d = tmp_path_factory.mktemp("tile-order")
+    (d / "shim.cpp").write_text(_TILE_SHIM)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC",
+                    f"-I{Path(K5.__file__).parent}", str(d / "shim.cpp"), "-o", str(d / "shim.so")],
+                   check=True, timeout=120)
+    lib = ctypes.CDLL(str(d / "shim.so"))
+    lib.band.restype = ctypes.c_longlong
+    return lib
+
+
+@pytest.mark.parametrize("T, group", [(1, 8), (8, 8), (9, 8), (32, 8), (63, 8), (13, 4), (40, 1)])
+def test_symmetric_launch_order_takes_each_tile_once(tile_order, T, group):
+    # Level 5's symmetric schedule, row by row (group 1) or in bands of `group` tile rows:
+    # every tile on or below the diagonal once, in the order tile_order.h states (the same
+    # order as Level 4's banded_lower_tile)
+    import ctypes
+    n = T * (T + 1) // 2
+    out = (ctypes.c_longlong * (2 * n))()
+    tile_order.tiles(T, group, out)
+    got = [(out[2 * p], out[2 * p + 1]) for p in range(n)]
+    want = []
+    for b in range(0, T, group):
+        rows = range(b, min(b + group, T))
+        want += [(i, j) for j in range(b) for i in rows]
+        want += [(i, j) for i in rows for j in range(b, i + 1)]
+    assert got == want
+    assert sorted(got) == [(i, j) for i in range(T) for j in range(i + 1)]
+
+
+def test_symmetric_launch_bands_where_x_outgrows_l2(tile_order):
+    l2 = 50 << 20  # an H100's
+    assert tile_order.band(32, 4096 * 4096 * 2, l2) == 1      # 32 MB: row by row
+    assert tile_order.band(32, 4096 * 11008 * 2, l2) == 8     # 86 MB: bands
+    assert tile_order.band(8, 1024 * 65536 * 2, l2) == 1      # one band's worth of tile rows
 
 
 def test_without_a_gpu_the_level_says_why():
