@@ -1,5 +1,9 @@
+import ctypes
 import os
+import shutil
+import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,3 +132,28 @@ def assignment_build(tmp_path_factory):
     copy = assignment.build(ROUND_TRIP["components"], ROUND_TRIP["levels"], root / "student",
                             instructor_dir=root / "instructor")
     return copy
+
+
+@pytest.fixture(scope="session")
+def host_library(tmp_path_factory):
+    """compile(source, name) -> ctypes.CDLL: a C++ shim over cuda_kernels' plain-C++ headers
+    (layer_norm_plan.h, conv_bn_plan.h, tile_order.h: the rules and orders the launchers
+    run), compiled by g++ for this CPU and loaded, so the CPU tests call the very functions
+    the kernels' launchers call. Skips the test where g++ is missing. One compile per name
+    a session: a parametrized test asks for its shim in every case."""
+    kernels = Path(__file__).resolve().parent.parent / "cuda_kernels"
+    built: dict[str, ctypes.CDLL] = {}
+
+    def compile_(source: str, name: str) -> ctypes.CDLL:
+        if name in built:
+            return built[name]
+        gxx = shutil.which("g++")
+        if gxx is None:
+            pytest.skip(f"needs g++ to compile the {name} shim over cuda_kernels' headers")
+        d = tmp_path_factory.mktemp(name)
+        (d / "shim.cpp").write_text(source)
+        subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{kernels}",
+                        str(d / "shim.cpp"), "-o", str(d / "shim.so")], check=True, timeout=120)
+        built[name] = ctypes.CDLL(str(d / "shim.so"))
+        return built[name]
+    return compile_

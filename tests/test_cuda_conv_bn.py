@@ -479,18 +479,8 @@ BK = 64  # conv_bn_plan.h's CB_BK
 
 
 @pytest.fixture(scope="module")
-def plan_lib(tmp_path_factory):
-    import ctypes
-    import shutil
-    import subprocess
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++ to compile cuda_kernels/conv_bn_plan.h")
-    d = tmp_path_factory.mktemp("conv-bn-plan")
-    (d / "shim.cpp").write_text(_PLAN_SHIM)
-    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
-                    str(d / "shim.cpp"), "-o", str(d / "plan.so")], check=True, timeout=120)
-    return ctypes.CDLL(str(d / "plan.so"))
+def plan_lib(host_library):
+    return host_library(_PLAN_SHIM, "conv-bn-plan")
 
 
 def _plan_caller(fn):

@@ -109,23 +109,10 @@ PLAN_FIELDS = ("path", "vec", "E", "G", "R", "C", "seg")
 ROWS, SPLIT, LOOP, NONE = 1, 2, 3, 0
 
 
-def _plan_library(directory: Path, source: str) -> ctypes.CDLL:
-    """A C++ shim over layer_norm_plan.h, compiled by g++ for this CPU (the header is plain
-    C++: the launchers in layer_norm.cu call the same functions) and loaded."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++ to compile cuda_kernels/layer_norm_plan.h")
-    (directory / "shim.cpp").write_text(source)
-    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{CU.parent}",
-                    str(directory / "shim.cpp"), "-o", str(directory / "shim.so")], check=True,
-                   timeout=120)
-    return ctypes.CDLL(str(directory / "shim.so"))
-
-
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory):
+def plan(host_library):
     """layer_norm_plan.h's ln_plan (version 4's rule)."""
-    lib = _plan_library(tmp_path_factory.mktemp("ln-plan"), _PLAN_SHIM)
+    lib = host_library(_PLAN_SHIM, "ln-plan")
     out = (ctypes.c_longlong * 7)()
 
     def call(M, N, dtype, aligned=True, backward=False, clusters=True, sms=132, force=0):
@@ -205,9 +192,9 @@ extern "C" long long limits6(int i) {
 
 
 @pytest.fixture(scope="module")
-def plan6(tmp_path_factory):
+def plan6(host_library):
     """layer_norm_plan.h's ln_v6_plan and ln_v6_bulk (version 6's plan and rule)."""
-    lib = _plan_library(tmp_path_factory.mktemp("ln-plan6"), _V6_SHIM)
+    lib = host_library(_V6_SHIM, "ln-plan6")
     lib.limits6.restype = ctypes.c_longlong
     out = (ctypes.c_longlong * 5)()
 
@@ -601,8 +588,8 @@ extern "C" int phased(unsigned long long x, unsigned long long y, unsigned long 
     (4096, 8192, 0, 16, 1000, 4097, 4097 + 4, 2, False),  # 4 further: not y's
     (4096, 8192, 0, 16, 0, 0, 0, 2, False),               # no columns
 ])
-def test_version4_phased_rows_rule(tmp_path, x, y, w, b, M, N, stride, elem, want):
-    lib = _plan_library(tmp_path, _PHASED_SHIM)
+def test_version4_phased_rows_rule(host_library, x, y, w, b, M, N, stride, elem, want):
+    lib = host_library(_PHASED_SHIM, "ln-phased")  # compiled by the first case only
     assert bool(lib.phased(ctypes.c_ulonglong(x), ctypes.c_ulonglong(y), ctypes.c_ulonglong(w),
                            ctypes.c_ulonglong(b), ctypes.c_longlong(M), ctypes.c_longlong(N),
                            ctypes.c_longlong(stride), elem)) is want
@@ -813,12 +800,12 @@ extern "C" int rule(unsigned long long x, long long M, long long N, long long st
 """
 
 
-def test_the_ops_rule_in_cpp_is_the_python_mirrors(tmp_path):
+def test_the_ops_rule_in_cpp_is_the_python_mirrors(host_library):
     # The op applies layer_norm_plan.h's rule to the (M, N) row view it is handed (the address
     # of its first element and its row stride); default_version reads the same off the tensor.
     # Both must agree on every width, dtype and alignment, or the bench would time one version
     # and call it the other.
-    rule = _plan_library(tmp_path, _RULE_SHIM).rule
+    rule = host_library(_RULE_SHIM, "ln-rule").rule
     rule.argtypes = [ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
                      ctypes.c_int]
     seen = set()

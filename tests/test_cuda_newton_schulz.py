@@ -52,21 +52,10 @@ extern "C" long long band(long long T, long long x_bytes, long long l2) {
 
 
 @pytest.fixture(scope="module")
-def tile_order(tmp_path_factory):
+def tile_order(host_library):
     """cuda_kernels/tile_order.h (gemm.cu's symmetric launch order), compiled by g++."""
     import ctypes
-    import shutil
-    import subprocess
-    from pathlib import Path
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++ to compile cuda_kernels/tile_order.h")
-    d = tmp_path_factory.mktemp("tile-order")
-    (d / "shim.cpp").write_text(_TILE_SHIM)
-    subprocess.run([gxx, "-std=c++17", "-O1", "-shared", "-fPIC",
-                    f"-I{Path(K5.__file__).parent}", str(d / "shim.cpp"), "-o", str(d / "shim.so")],
-                   check=True, timeout=120)
-    lib = ctypes.CDLL(str(d / "shim.so"))
+    lib = host_library(_TILE_SHIM, "tile-order")
     lib.band.restype = ctypes.c_longlong
     return lib
 

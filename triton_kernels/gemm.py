@@ -237,6 +237,21 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def l2_bytes(device) -> int:
+    """L2 bytes of a CUDA device (an H100's 50 MB for any other, so that a rule reads the same
+    in the interpreter), cached per GPU as sm_count."""
+    if device.__class__ is not torch.device:
+        device = torch.device(device)
+    if device.type != "cuda":
+        return 50 * 2 ** 20
+    return _l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 50 * 2 ** 20))
+
+
 # How fast each tile computes per SM, relative to the big one, at the same number of
 # rounds (waves) of programs: measured at GPT-2 small's six MLP GEMMs on an H200
 # (scripts/sweep_gemm_tiles.py, reports/gemm-tiles-and-layer-norm-backward/): 128x128 ran

@@ -49,13 +49,11 @@ operands and intermediates of >= 2**31 elements.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .gemm import INTERPRETED, grouped_tile, sm_count
+from .gemm import INTERPRETED, grouped_tile, l2_bytes, sm_count
 from .launch import cdiv, fast_launch, forward_ahead
 
 
@@ -295,21 +293,9 @@ SYM_GROUP = 8  # tile rows a band of the symmetric kernel's launch order (banded
 # (4096^2) the same. So bands where X is larger than L2 (50 MB on the H100), row by row
 # elsewhere.
 def _sym_group(tiles: int, x_bytes: int, device) -> int:
-    if tiles <= SYM_GROUP or x_bytes <= _l2_bytes(device):
+    if tiles <= SYM_GROUP or x_bytes <= l2_bytes(device):
         return 1
     return SYM_GROUP
-
-
-def _l2_bytes(device) -> int:
-    device = torch.device(device)
-    if device.type != "cuda":
-        return 50 * 2 ** 20  # the interpreter: an H100's, so that the rule reads the same
-    return _l2_bytes_of(torch.cuda.current_device() if device.index is None else device.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes_of(index: int) -> int:
-    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 50 * 2 ** 20))
 
 
 def _sym_tiles(M: int, K: int, batch: int, dtype: torch.dtype, sms: int) -> dict:
