@@ -113,6 +113,17 @@
 // Head dims D in {16, 32, 64, 128} at v2-v5 and v7 (one register tile spans D), {64, 128}
 // at v6; v1 takes any D.
 
+// Two translation units (the cold build's longest step, measured): this file's forward, and
+// attention_backward.cu, which defines LEVELS_ATTENTION_BACKWARD_UNIT and includes this file
+// for its backward. The kernels below are templates, compiled only where a launcher
+// instantiates them, so the forward kernels become machine code in this file's nvcc process
+// and the backward kernels in the other one; ninja runs the two at once. Alone, this file
+// was 41 of the 42 s of the H100's cold build (cicc and ptxas of ~220 kernels); see
+// cuda_kernels/build.py. The guard keeps the kernels to one copy where the loader's
+// `inline` builder puts every .cu file into one unit.
+#ifndef LEVELS_ATTENTION_KERNELS_
+#define LEVELS_ATTENTION_KERNELS_
+
 #include "common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -2325,6 +2336,9 @@ inline bool set_rope(Params& p, const void* cos, int64_t csr, int64_t csc, const
 }
 
 }  // namespace levels_attention
+#endif  // LEVELS_ATTENTION_KERNELS_
+
+#ifndef LEVELS_ATTENTION_BACKWARD_UNIT  // this file alone: the forward
 
 // Forward: out (B, H, Nq, D) contiguous and lse (B, H, Nq) fp32 (base 2, see the top).
 // q (B, H, Nq, D), k and v (B, H, Nk, D) with element strides (batch, head, row) and
@@ -2375,6 +2389,7 @@ extern "C" int levels_attention_fwd(int dtype, int version,
   return LEVELS_OK;  // not reached
 }
 
+#else  // included by attention_backward.cu: the backward
 // Backward: dq (B, H, Nq, D), dk and dv (B, H, Nk, D), contiguous. dout and out (B, H,
 // Nq, D) with strides like q; lse from the forward; delta a (B*H*Nq) fp32 scratch.
 // Version 1-2 (and fp32): the CUDA-core kernels; 3: mma.sync; 4, 5 and 6: mma.sync +
@@ -2427,3 +2442,4 @@ extern "C" int levels_attention_bwd(int dtype, int version,
   LEVELS_DISPATCH(dtype, T, return backward<T>(version, p, B, stream));
   return LEVELS_OK;  // not reached
 }
+#endif  // LEVELS_ATTENTION_BACKWARD_UNIT

@@ -132,7 +132,7 @@ HOPPER_VERSION = 6  # wgmma: sm_90 only, D in HOPPER_HEAD_DIMS, no RoPE
 HOPPER_HEAD_DIMS = (64, 128)  # a 128-byte swizzled row is 64 elements: D is one or two of them
 HOPPER_FALLBACK = 5  # what version=None runs where version 6 cannot (else GROWN_VERSION)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
-KERNEL_FILES = ("attention.cu",)
+KERNEL_FILES = ("attention.cu", "attention_backward.cu")  # the second: the backward's unit
 
 _registered = False
 

@@ -3,7 +3,7 @@ torch/CUDA/GPU by torch's JIT extension builder (`torch.utils.cpp_extension.load
 `load_inline` with LEVELS_CUDA_BUILDER=inline), loaded as torch custom ops.
 
     from cuda_kernels import build
-    ops = build.ops()                 # builds on first use (~20 s cold on 16 cores, < 1 s warm)
+    ops = build.ops()                 # builds on first use (30-40 s cold on 16 cores, < 1 s warm)
     ops.layer_norm_fwd(x, w, b, 1e-5, 3)
     build.last_build()                # {"seconds": 0.4, "cached": True, "dir": "..."}
     build.ptxas_report("cuda_kernels/layer_norm.cu")   # registers/smem/spills; nvcc only
@@ -31,7 +31,18 @@ files and one binding; for the real kernel files it is nvcc's optimizer):
     holds many independent kernels for the threads to share;
   * `no_implicit_headers=True` so load_inline adds no <torch/extension.h>, and
     `is_python_module=False`: the ops register through TORCH_LIBRARY, no pybind11 module;
-  * the binding's host code at -O1 (it is glue; -O0 vs -O3 host code saved 6 s);
+  * the binding's host code at -O1 (it is glue; -O0 vs -O3 host code saved 6 s), and the
+    .cu files' host code too: nvcc's -O is the HOST compiler's level. The device code is
+    cicc's and ptxas's (-O3 by default whatever -O says): rms_norm.cu's PTX is the same at
+    -O0, -O1 and -O3, its cubin the same at -O1 and -O3. The host half of a .cu file (the
+    launchers and a stub per kernel) took g++ 4.1 s at -O3 and 2.5 s at -O1 (layer_norm.cu,
+    one core), and it runs after the device code, on the longest file's path;
+  * attention.cu compiled as two units (attention_backward.cu includes it for the backward's
+    kernels: that file says how), because one nvcc process of its ~220 kernels was the cold
+    build's longest step: 41 of its 42 s on the H100 (ninja's log; conv_bn.cu, gemm.cu,
+    layer_norm.cu and autograd_all.cpp were done by 22-25 s). With both changes, on one H100
+    host: 52-53 s before, 32-36 s after; the units now end within seconds of each other, so
+    what is left is the CPU's total work (reports/cold-build-and-norm-backward-2026-11-27/);
   * one `-gencode` for the GPU present (sm_90a on an H100: the `a` unlocks wgmma/setmaxnreg),
     with TORCH_CUDA_ARCH_LIST set to the same single arch while building: an arch flag in
     extra_cuda_cflags already makes torch add none of its own (`_get_cuda_arch_flags`
@@ -100,7 +111,8 @@ FRAGMENT_SUFFIX = "_binding.cpp"
 AUTOGRAD = "autograd.cpp"  # the ops users call, autograd in C++: its own unit, torch only
 AUTOGRAD_FRAGMENT_SUFFIX = "_autograd.cpp"  # a component's part of that unit (appended to it)
 
-CUDA_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "--split-compile=0"]  # + one -gencode for the GPU
+CUDA_FLAGS = ["-O1", "-lineinfo", "-std=c++17", "--split-compile=0"]  # + one -gencode for the GPU
+# (-O1: the host code's level; the device code is optimized either way: the docstring says why)
 HOST_FLAGS = ["-O1"]
 # The macros torch's build adds to every nvcc command (cpp_extension.COMMON_NVCC_FLAGS):
 # with them, __half/__nv_bfloat16 have no arithmetic operators and no implicit conversions,
@@ -632,7 +644,7 @@ def run_build(directory: Path, builder, stamp: str, arch: str = "", timeout: flo
     host path, triton_kernels/replay.py, is built here too)."""
     name = what or "Level 5"
     starting = (f"levels: building {what} (first time only, ~40 s)..." if what else
-                f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, ~20 s on 16 cores)...")
+                f"levels: building Level 5 CUDA kernels for sm_{arch} (first time only, 30-40 s on 16 cores)...")
     directory = private_dir(directory)
     so = Path(library) if library is not None else _library_file(directory)
     start = time.perf_counter()

@@ -548,9 +548,10 @@ needs_nvcc = pytest.mark.skipif(_nvcc_reason() is not None, reason=f"needs nvcc:
 
 @pytest.fixture(scope="module")
 def ptxas():
-    """One nvcc call for the whole module (build.ptxas_report caches it on disk as well)."""
+    """One nvcc call a unit for the whole module (build.ptxas_report caches it on disk as
+    well): attention.cu compiles the forward's kernels, attention_backward.cu the backward's."""
     from cuda_kernels import build
-    return build.ptxas_report(CU, "90a")
+    return [k for name in K5.KERNEL_FILES for k in build.ptxas_report(CU.with_name(name), "90a")]
 
 
 @needs_nvcc
