@@ -50,7 +50,10 @@
 //   (cp.async.bulk.prefetch.L2, a thread a row): 0.62-0.78x, slower at every width; the next
 //   row's loads issued into a second set of registers before this row's math: 0.87x at 4096,
 //   no better than R = 2, and 0.70x at 5120; x, dy and dx moved with the streaming cache hint
-//   (ld/st.global.cs): 0.85x at 4096.
+//   (ld/st.global.cs): 0.85x at 4096; four accumulators in sum_partials' walk down a column
+//   (four loads in flight a thread): no gain, the stage is 3.4 us of the call's 158 us at
+//   bf16 16384 x 4096; ncu puts the row kernel at 81% of DRAM peak, 47% occupancy
+//   (scripts/probe_norm_backward.py; reports/cold-build-and-norm-backward-2026-11-27/).
 #include "common.cuh"
 
 namespace levels_rms_norm {
