@@ -11,28 +11,19 @@ a few microseconds, so the host sets the pace), median of 5 repetitions, CPU-sid
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 
 import torch
 
 from cuda_kernels import layer_norm as ln
+from equivalence.commands.host_probe import _host_us
 
 CALLS, REPS = 2000, 5
 
 
 def per_call_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / CALLS * 1e6)
-    return statistics.median(runs)
+    # host_probe's timer: CALLS calls back to back a batch, REPS batches, the median
+    return _host_us(fn, batch=CALLS, reps=REPS)
 
 
 def main(out: str) -> None:

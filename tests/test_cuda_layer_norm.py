@@ -604,6 +604,14 @@ V4_WIDTHS = [1, 7, 33, 1023, 1024, 4097, 16385, 65536]
 V4_PATHS = [0, 1, 2, 3, 5, 6]  # 0: the rule's choice; 5, 6: 1, 2 with element loads
 
 
+def _refuses(fn, args: dict) -> None:
+    """fn's forward and backward refuse args with the launchers' message. detach(), not
+    clone(): a clone of a sliced x would be contiguous (realigned)."""
+    with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
+        w = args["weight"].detach().requires_grad_(True)
+        fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+
+
 def _v4_layout(args: dict, layout: str) -> dict:
     x = args["x"]
     M, N = x.shape
@@ -641,10 +649,7 @@ def test_version4_every_path(path, N, layout, dtype, plan):
     bwd_plan = plan(rows[0], N, dtype, aligned=aligned, backward=True, clusters=clusters,
                     sms=sms, force=path)
     if fwd_plan["path"] == NONE or bwd_plan["path"] == NONE:
-        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
-            # detach(), not clone(): a clone of a sliced x would be contiguous (realigned)
-            w = args["weight"].detach().requires_grad_(True)
-            fn(x.detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        _refuses(fn, args)
         return
     r = check_args("layer_norm", args, fn=fn)
     assert r.passed, f"v4 path {path} ({fwd_plan}, backward {bwd_plan}): {r.summary()}"
@@ -682,9 +687,7 @@ def test_version4_phased_rows(rows, N, dtype, path, plan):
     phased_runs = plans[0]["path"] == SPLIT or (plans[0]["path"] == ROWS and plans[0]["E"] <= 2 * e0)
     if elements[1]["path"] == NONE or (elements[0]["path"] == NONE and not phased_runs):
         # refused: the backward by elements, or the forward by either kernel family
-        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
-            w = args["weight"].detach().requires_grad_(True)
-            fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        _refuses(fn, args)
         return
     r = check_args("layer_norm", args, fn=fn)
     assert r.passed, f"v4 phased, path {path} ({plans}): {r.summary()}"
@@ -761,9 +764,7 @@ def test_version6_copy_engine_kernel_forced(rows, N, dtype, layout, plan6):
     aligned = x.data_ptr() % 16 == 0 and N % vec == 0 and (rows == 1 or x.stride(0) % vec == 0)
     planned = plan6(N, elem, aligned=aligned)["ok"] and plan6(N, elem, True, aligned)["ok"]
     if not planned or torch.cuda.get_device_capability()[0] < 9:
-        with pytest.raises(RuntimeError, match="does not support these sizes or layouts"):
-            w = args["weight"].detach().requires_grad_(True)
-            fn(args["x"].detach().requires_grad_(True), w, args["bias"], 1e-5).sum().backward()
+        _refuses(fn, args)
         return
     r = check_args("layer_norm", args, fn=fn)
     assert r.passed, f"v6 forced, {rows} x {N} {dtype} {layout}: {r.summary()}"

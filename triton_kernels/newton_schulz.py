@@ -131,6 +131,17 @@ def banded_lower_tile(pid, T, GROUP: tl.constexpr):
     return i, j
 
 
+def banded_order(T: int, group: int) -> list[tuple[int, int]]:
+    """banded_lower_tile's launch order written out in Python, tile by tile: what Level 4's
+    kernel and Level 5's schedule (cuda_kernels/tile_order.h) are tested against."""
+    order = []
+    for b in range(0, T, group):
+        rows = range(b, min(b + group, T))
+        order += [(i, j) for j in range(b) for i in rows]  # the band's rectangle, column by column
+        order += [(i, j) for i in rows for j in range(b, i + 1)]  # then its own triangle
+    return order
+
+
 @fast_launch
 @triton.jit
 def sym_kernel(x_ptr,  # X (batch, M, K), any strides
